@@ -1,0 +1,29 @@
+# Two commands from a fresh clone: `make run` (the embedded console) and `make test` (the suite).
+SHELL := /bin/bash
+export SSL_CERT_FILE ?= /etc/ssl/certs/ca-certificates.crt
+export UV_PYTHON_DOWNLOADS := never
+export UV_LINK_MODE := copy
+VENV := .venv
+PY := $(VENV)/bin/python
+UV := python3 -m uv
+
+.PHONY: run test lint format bench-pipeline
+
+$(VENV)/.synced: pyproject.toml uv.lock
+	@python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet --disable-pip-version-check uv
+	$(UV) sync --locked --quiet
+	@touch $@
+
+run: $(VENV)/.synced
+	$(PY) manage.py run_console
+
+test: $(VENV)/.synced
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.synced
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(VENV)/.synced
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .

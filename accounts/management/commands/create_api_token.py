@@ -1,0 +1,19 @@
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from accounts import services
+
+
+class Command(BaseCommand):
+    help = "Creates an API token for USERNAME and prints it once (only its hash is stored)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("username")
+        parser.add_argument("--label", default="cli")
+
+    def handle(self, *args, username: str, label: str, **options):
+        user = get_user_model().objects.filter(username=username, is_active=True).first()
+        if user is None:
+            raise CommandError(f"no active user named {username!r}")
+        _, token = services.create_api_token(user=user, label=label)
+        self.stdout.write(token)

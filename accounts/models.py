@@ -1,0 +1,60 @@
+"""Teams, their members and per-user API tokens."""
+
+from django.conf import settings
+from django.db import models
+
+
+class Team(models.Model):
+    name = models.CharField(max_length=80, unique=True)
+    slug = models.SlugField(max_length=80, unique=True)
+    # Fair-share weight: the scheduler normalises shares over the teams with work.
+    share = models.FloatField(default=1.0)
+    # Monthly GPU-hour budget; null means none. enforce=False only warns.
+    monthly_budget_gpu_hours = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
+    budget_enforced = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        MEMBER = "member", "Member"
+        ADMIN = "admin", "Team admin"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    joined_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="one_membership_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
+
+class ApiToken(models.Model):
+    """A bearer token. Only its SHA-256 is stored; the token itself is shown once."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    label = models.CharField(max_length=80)
+    prefix = models.CharField(max_length=12, help_text="First characters, to tell tokens apart.")
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.label})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None

@@ -1,0 +1,79 @@
+"""Writers for teams, memberships and API tokens."""
+
+import hashlib
+import secrets
+from datetime import datetime
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils.text import slugify
+
+from accounts.models import ApiToken, Membership, Team
+
+TOKEN_PREFIX = "e31_"
+
+
+def digest_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@transaction.atomic
+def create_api_token(*, user, label: str) -> tuple[ApiToken, str]:
+    """Returns the stored row and the plain token, which is never stored and never shown again."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken.objects.create(
+        user=user, label=label[:80] or "token", prefix=token[:10], digest=digest_token(token)
+    )
+    return row, token
+
+
+def revoke_api_token(*, token_id: int, user, now: datetime) -> bool:
+    """Revokes one of the user's own tokens; False if it was not theirs or already revoked."""
+    return bool(
+        ApiToken.objects.filter(id=token_id, user=user, revoked_at__isnull=True).update(revoked_at=now)
+    )
+
+
+def user_for_token(*, token: str, now: datetime):
+    """The active user owning this token, or None."""
+    row = (
+        ApiToken.objects.select_related("user")
+        .filter(digest=digest_token(token), revoked_at__isnull=True, user__is_active=True)
+        .first()
+    )
+    if row is None:
+        return None
+    ApiToken.objects.filter(id=row.id).update(last_used_at=now)
+    return row.user
+
+
+@transaction.atomic
+def create_team(*, name: str, share: float = 1.0) -> Team:
+    return Team.objects.create(name=name, slug=slugify(name) or "team", share=share)
+
+
+@transaction.atomic
+def add_member(*, team: Team, user, role: str = Membership.Role.MEMBER) -> Membership:
+    membership, _ = Membership.objects.update_or_create(team=team, user=user, defaults={"role": role})
+    return membership
+
+
+@transaction.atomic
+def ensure_demo_accounts(*, password: str) -> dict[str, str]:
+    """Creates the demo operator and team member if missing; returns {username: password} of new ones."""
+    User = get_user_model()
+    created: dict[str, str] = {}
+    team = Team.objects.filter(slug="demo").first() or create_team(name="demo")
+    operator, made = User.objects.get_or_create(username="operator", defaults={"is_staff": True})
+    if made:
+        operator.set_password(password)
+        operator.is_superuser = True
+        operator.save()
+        created["operator"] = password
+    demo, made = User.objects.get_or_create(username="demo")
+    if made:
+        demo.set_password(password)
+        demo.save()
+        created["demo"] = password
+    add_member(team=team, user=demo, role=Membership.Role.ADMIN)
+    return created

@@ -1,0 +1,200 @@
+"""Settings for the E31 Network console.
+
+One file, read from the environment. The defaults run the embedded console (SQLite and a
+filesystem broker under ``var/``); production differences are environment values, not a
+second settings tree.
+"""
+
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+# Secrets may come from files (E31_SECRET_KEY_FILE=/run/secrets/...) as well as the environment.
+environ.Env.smart_cast = True
+
+
+def _env_or_file(name: str, default: str | None = None) -> str | None:
+    path = env.str(f"{name}_FILE", default="")
+    if path:
+        return Path(path).read_text().strip()
+    return env.str(name, default=default)
+
+
+def _path_list(name: str, default: str) -> list[Path]:
+    """Colon-separated absolute directories, resolved (symlinks followed) once at start-up."""
+    raw = env.str(name, default=default)
+    paths = [Path(p).resolve() for p in raw.split(":") if p.strip()]
+    if any(not Path(p).is_absolute() for p in raw.split(":") if p.strip()):
+        raise ImproperlyConfigured(f"{name} must list absolute paths, got {raw!r}")
+    return paths
+
+
+DEBUG = env.bool("E31_DEBUG", default=False)
+STATE_DIR = Path(env.str("E31_STATE_DIR", default=str(BASE_DIR / "var"))).resolve()
+
+SECRET_KEY = _env_or_file("SECRET_KEY") or _env_or_file("E31_SECRET_KEY")
+if not SECRET_KEY:
+    if env.bool("E31_PRODUCTION", default=False):
+        raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set in production")
+    SECRET_KEY = "e31-development-only-not-secret"
+
+ALLOWED_HOSTS = env.list("E31_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("E31_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "django_htmx",
+    "template_partials",
+    "accounts",
+    "jobs",
+    "metering",
+    "e31web",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "e31web.urls"
+WSGI_APPLICATION = "e31web.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "accounts.context_processors.membership",
+            ],
+        },
+    },
+]
+
+# --- Database: SQLite by default, DATABASE_URL switches to PostgreSQL with no code change.
+STATE_DIR.mkdir(parents=True, exist_ok=True)
+DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{STATE_DIR / 'e31.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Web, workers and agents share the file: WAL lets readers run beside the single writer,
+    # IMMEDIATE takes the write lock up front so two scheduler passes serialise instead of deadlocking.
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("E31_CONN_MAX_AGE", default=60))
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    if test_name := env.str("E31_TEST_DB_NAME", default=""):
+        DATABASES["default"]["TEST"] = {"NAME": test_name}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = STATE_DIR / "staticfiles"
+
+LOGIN_URL = "accounts:login"
+LOGIN_REDIRECT_URL = "jobs:list"
+LOGOUT_REDIRECT_URL = "home"
+
+# --- Caches: the rate limits of the public forms and the scheduler's coalescing live here.
+CACHES = {"default": env.cache_url("E31_CACHE_URL", default="locmemcache://e31")}
+
+# --- Email: the console backend in development.
+EMAIL_BACKEND = env.str("E31_EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env.str("E31_FROM_EMAIL", default="E31 Network <noreply@e31.invalid>")
+
+# --- Celery. The broker only rings the doorbell: PostgreSQL holds every state.
+BROKER_DIR = STATE_DIR / "broker"
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    for sub in ("in", "processed", "control"):
+        (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(BROKER_DIR / "in"),
+        "data_folder_out": str(BROKER_DIR / "in"),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "control_folder": str(BROKER_DIR / "control"),
+        "store_processed": False,
+        "polling_interval": 0.1,
+    }
+else:
+    # A broker that is down must not hang a web request: the submission commits and the
+    # reconciler dispatches it later.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = env.str("E31_CONTROL_QUEUE", default="control")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TIMEZONE = "UTC"
+CELERY_ENABLE_UTC = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# --- The pool and its jobs.
+E31_DATA_ROOTS = _path_list("E31_DATA_ROOTS", str(STATE_DIR / "datasets"))
+E31_OUTPUT_ROOTS = _path_list("E31_OUTPUT_ROOTS", str(STATE_DIR / "outputs"))
+for _root in (*E31_DATA_ROOTS, *E31_OUTPUT_ROOTS):
+    try:
+        _root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # a root on a mount the web process cannot create: validation still refuses paths outside it
+E31_AGENT_ROOT = Path(env.str("E31_AGENT_ROOT", default=str(STATE_DIR / "agents"))).resolve()
+E31_MAX_JOB_HOURS = env.float("E31_MAX_JOB_HOURS", default=168.0)
+E31_HEARTBEAT_S = env.float("E31_HEARTBEAT_S", default=5.0)
+E31_NODE_TIMEOUT_S = env.float("E31_NODE_TIMEOUT_S", default=30.0)
+E31_KILL_GRACE_S = env.float("E31_KILL_GRACE_S", default=10.0)
+E31_RECONCILE_AFTER_S = env.float("E31_RECONCILE_AFTER_S", default=60.0)
+E31_RECONCILE_EVERY_S = env.float("E31_RECONCILE_EVERY_S", default=15.0)
+E31_SCHEDULER_TICK_S = env.float("E31_SCHEDULER_TICK_S", default=30.0)
+E31_FAIRSHARE_HALF_LIFE_S = env.float("E31_FAIRSHARE_HALF_LIFE_S", default=7 * 86400.0)
+E31_MAX_ATTEMPTS = env.int("E31_MAX_ATTEMPTS", default=3)
+E31_LOG_CAP_BYTES = env.int("E31_LOG_CAP_BYTES", default=10 * 1024 * 1024)
+E31_ALLOW_UNSANDBOXED = env.bool("E31_ALLOW_UNSANDBOXED", default=False)
+E31_DEMO_PASSWORD = env.str("E31_DEMO_PASSWORD", default="")
+# A rate card is display-only and unset by default: no money appears anywhere without it.
+E31_RATE_PER_GPU_HOUR = env.str("E31_RATE_PER_GPU_HOUR", default="")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("E31_LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,13 @@
+from django.contrib import admin
+from django.urls import include, path
+
+from e31web import views
+from e31web.api import api
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("accounts/", include("accounts.urls")),
+    path("jobs/", include("jobs.urls")),
+    path("api/v1/", api.urls),
+    path("admin/", admin.site.urls),
+]

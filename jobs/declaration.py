@@ -1,0 +1,328 @@
+"""The job declaration's rules, in one place.
+
+The browser form, the TOML job file and the API all turn their input into the same plain
+mapping and call ``validate``; every error names its field path (``data[1].uri``) so each
+channel can show it where the user typed it. Nothing here touches the database: the pool's
+limits and the allowed roots are passed in.
+"""
+
+import math
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from jobs.units import parse_size
+
+MAX_JOB_FILE_BYTES = 256 * 1024
+MAX_ARGS = 256
+MAX_ARG_CHARS = 4096
+MAX_ENV = 128
+MAX_INPUTS = 64
+DATA_SCHEMES = ("file", "http", "https", "s3")
+OUTPUT_SCHEMES = ("file", "s3")
+RESERVED_ENV = re.compile(r"^(E31_.*|CUDA_VISIBLE_DEVICES)$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Limits:
+    pool_gpus: int
+    max_hours: float
+    data_roots: Sequence[Path]
+    output_roots: Sequence[Path]
+
+
+@dataclass(frozen=True)
+class DataInput:
+    name: str
+    uri: str
+    bytes: int
+    sha256: str = ""
+
+
+@dataclass(frozen=True)
+class Declaration:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    image: str
+    workdir: str
+    data: list[DataInput]
+    gpus: int
+    gpu_model: str
+    hours: float
+    min_gpus: int | None
+    preemptible: bool
+    requeue: bool
+    output_uri: str
+    output_bytes: int
+
+
+@dataclass
+class DeclarationInvalid(Exception):
+    errors: list[tuple[str, str]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return "; ".join(f"{path}: {message}" for path, message in self.errors)
+
+    def as_dict(self) -> dict[str, str]:
+        """First message per field path, for forms."""
+        out: dict[str, str] = {}
+        for path, message in self.errors:
+            out.setdefault(path, message)
+        return out
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.errors: list[tuple[str, str]] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.errors.append((path, message))
+
+
+def parse_job_file(text: str) -> dict[str, Any]:
+    """TOML text -> the declaration mapping; DeclarationInvalid with path ``file`` if it is not TOML."""
+    if len(text.encode("utf-8", "replace")) > MAX_JOB_FILE_BYTES:
+        raise DeclarationInvalid([("file", f"a job file is at most {MAX_JOB_FILE_BYTES // 1024} KB")])
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise DeclarationInvalid([("file", f"not valid TOML: {exc}")]) from exc
+
+
+def validate(raw: Any, *, limits: Limits) -> Declaration:
+    """Checks every rule of the four parts; raises DeclarationInvalid listing all that fail."""
+    errs = _Collector()
+    if not isinstance(raw, Mapping):
+        raise DeclarationInvalid([("", "a job is an object with name, work, data, request and output")])
+    name = _name(raw.get("name"), errs)
+    work = _part(raw, "work", errs)
+    request = _part(raw, "request", errs)
+    output = _part(raw, "output", errs)
+    argv = _argv(work.get("argv"), errs)
+    env = _env(work.get("env", {}), errs)
+    image = _short_text(work.get("image"), "work.image", 200, errs)
+    workdir = _workdir(work.get("workdir"), errs)
+    data = _inputs(raw.get("data", []), limits, errs)
+    gpus, min_gpus = _gpus(request, limits, errs)
+    hours = _hours(request.get("hours"), limits, errs)
+    output_uri = _output_uri(output.get("uri"), limits, errs)
+    output_bytes = _size(output.get("bytes"), "output.bytes", errs)
+    flags = {key: _flag(request.get(key), f"request.{key}", errs) for key in ("preemptible", "requeue")}
+    if errs.errors:
+        raise DeclarationInvalid(errs.errors)
+    return Declaration(
+        name=name, argv=argv, env=env, image=image, workdir=workdir, data=data,
+        gpus=gpus, gpu_model=_short_text(request.get("gpu_model"), "request.gpu_model", 60, errs),
+        hours=hours, min_gpus=min_gpus,
+        preemptible=flags["preemptible"], requeue=flags["requeue"],
+        output_uri=output_uri, output_bytes=output_bytes,
+    )  # fmt: skip
+
+
+def _part(raw: Mapping, key: str, errs: _Collector) -> Mapping:
+    value = raw.get(key)
+    if isinstance(value, Mapping):
+        return value
+    errs.add(key, f"the {key} part is missing" if value is None else f"{key} must be an object")
+    return {}
+
+
+def _name(value: Any, errs: _Collector) -> str:
+    if not isinstance(value, str) or not value.strip():
+        errs.add("name", "give the job a name")
+        return ""
+    value = value.strip()
+    if len(value) > 120:
+        errs.add("name", "a name is at most 120 characters")
+    elif not value.isprintable():
+        errs.add("name", "a name cannot hold control characters")
+    return value
+
+
+def _argv(value: Any, errs: _Collector) -> list[str]:
+    if isinstance(value, str):
+        errs.add("work.argv", "argv is a list of arguments, never a shell string")
+        return []
+    if not isinstance(value, list) or not value:
+        errs.add("work.argv", "argv needs at least the program to run")
+        return []
+    if len(value) > MAX_ARGS:
+        errs.add("work.argv", f"at most {MAX_ARGS} arguments")
+        return []
+    for i, arg in enumerate(value):
+        if not isinstance(arg, str):
+            errs.add(f"work.argv[{i}]", "every argument is a string")
+        elif "\x00" in arg or len(arg) > MAX_ARG_CHARS:
+            errs.add(f"work.argv[{i}]", f"an argument has no NUL byte and at most {MAX_ARG_CHARS} characters")
+    if isinstance(value[0], str) and not value[0].strip():
+        errs.add("work.argv[0]", "the program to run cannot be empty")
+    return [str(a) for a in value]
+
+
+def _env(value: Any, errs: _Collector) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        errs.add("work.env", "env maps names to values")
+        return {}
+    if len(value) > MAX_ENV:
+        errs.add("work.env", f"at most {MAX_ENV} variables")
+    for key, val in value.items():
+        path = f"work.env.{str(key)[:40]}"
+        if not isinstance(key, str) or not ENV_NAME.match(key):
+            errs.add(path, "a variable name is letters, digits and _, not starting with a digit")
+        elif RESERVED_ENV.match(key):
+            errs.add(path, f"{key} is set by the platform and cannot be declared")
+        if not isinstance(val, str) or "\x00" in val or len(val) > MAX_ARG_CHARS:
+            errs.add(path, f"a value is a string of at most {MAX_ARG_CHARS} characters")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def _workdir(value: Any, errs: _Collector) -> str:
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or value.startswith("/") or ".." in Path(value).parts or "\x00" in value:
+        errs.add("work.workdir", "a relative directory inside the job's own directory")
+        return ""
+    return value
+
+
+def _short_text(value: Any, path: str, limit: int, errs: _Collector) -> str:
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or len(value) > limit or not value.isprintable():
+        errs.add(path, f"text of at most {limit} printable characters")
+        return ""
+    return value.strip()
+
+
+def _inputs(value: Any, limits: Limits, errs: _Collector) -> list[DataInput]:
+    if not isinstance(value, list):
+        errs.add("data", "data is a list of inputs")
+        return []
+    if len(value) > MAX_INPUTS:
+        errs.add("data", f"at most {MAX_INPUTS} inputs")
+        return []
+    seen: set[str] = set()
+    inputs = []
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            errs.add(f"data[{i}]", "each input has name, uri and bytes")
+            continue
+        name = item.get("name")
+        if not isinstance(name, str) or not INPUT_NAME.match(name):
+            errs.add(f"data[{i}].name", "a name of letters, digits, '.', '_' or '-' (at most 64)")
+        elif name in seen:
+            errs.add(f"data[{i}].name", f"another input is already named {name!r}")
+        else:
+            seen.add(name)
+        uri = _data_uri(item.get("uri"), f"data[{i}].uri", limits, errs)
+        size = _size(item.get("bytes"), f"data[{i}].bytes", errs)
+        sha = item.get("sha256") or ""
+        if not isinstance(sha, str) or (sha and not SHA256.match(sha.lower())):
+            errs.add(f"data[{i}].sha256", "a sha256 is 64 hexadecimal characters")
+            sha = ""
+        inputs.append(DataInput(name=str(name), uri=uri, bytes=size, sha256=sha.lower()))
+    return inputs
+
+
+def _size(value: Any, path: str, errs: _Collector) -> int:
+    if value is None or value == "":
+        errs.add(path, "declare the size in bytes (units such as 20 GB are accepted)")
+        return 0
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        errs.add(path, str(exc))
+        return 0
+
+
+def _data_uri(value: Any, path: str, limits: Limits, errs: _Collector) -> str:
+    return _uri(value, path, DATA_SCHEMES, limits.data_roots, "E31_DATA_ROOTS", errs)
+
+
+def _output_uri(value: Any, limits: Limits, errs: _Collector) -> str:
+    return _uri(value, "output.uri", OUTPUT_SCHEMES, limits.output_roots, "E31_OUTPUT_ROOTS", errs)
+
+
+def _uri(
+    value: Any, path: str, schemes: tuple, roots: Sequence[Path], roots_name: str, errs: _Collector
+) -> str:
+    if not isinstance(value, str) or not value.strip():
+        errs.add(path, "a URI is required")
+        return ""
+    if len(value) > 2000 or not value.isprintable():
+        errs.add(path, "a URI is at most 2000 printable characters")
+        return ""
+    parts = urlsplit(value.strip())
+    if parts.scheme not in schemes:
+        errs.add(path, f"scheme must be one of {', '.join(schemes)}")
+        return ""
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost") or not unquote(parts.path).startswith("/"):
+            errs.add(path, "a file URI is file:///absolute/path")
+        elif resolve_under_roots(unquote(parts.path), roots) is None:
+            errs.add(
+                path, f"not under an allowed root ({roots_name}): {', '.join(map(str, roots)) or 'none set'}"
+            )
+    elif not parts.netloc:
+        errs.add(path, f"a {parts.scheme} URI names a host or bucket")
+    return value.strip()
+
+
+def resolve_under_roots(raw_path: str, roots: Sequence[Path]) -> Path | None:
+    """The real path (``..`` and symlinks resolved) if it lies under one of the roots, else None."""
+    real = Path(os.path.realpath(raw_path))
+    for root in roots:
+        if real == root or real.is_relative_to(root):
+            return real
+    return None
+
+
+def _gpus(request: Mapping, limits: Limits, errs: _Collector) -> tuple[int, int | None]:
+    gpus = request.get("gpus")
+    if not _is_int(gpus) or gpus < 1:
+        errs.add("request.gpus", "at least 1 GPU")
+        return 0, None
+    if gpus > limits.pool_gpus:
+        errs.add("request.gpus", f"the pool can place at most {limits.pool_gpus} GPUs for one job")
+    min_gpus = request.get("min_gpus")
+    if min_gpus in (None, ""):
+        return gpus, None
+    if not _is_int(min_gpus) or not 1 <= min_gpus <= gpus:
+        errs.add("request.min_gpus", f"an elastic minimum is between 1 and the {gpus} GPUs requested")
+        return gpus, None
+    return gpus, (None if min_gpus == gpus else min_gpus)
+
+
+def _hours(value: Any, limits: Limits, errs: _Collector) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        errs.add("request.hours", "a time limit in hours, more than 0")
+        return 0.0
+    if value > limits.max_hours:
+        errs.add("request.hours", f"at most {limits.max_hours:g} hours on this pool")
+    return float(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**31
+
+
+def _flag(value: Any, path: str, errs: _Collector) -> bool:
+    if value not in (None, True, False):
+        errs.add(path, "true or false")
+    return value is True

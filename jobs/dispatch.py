@@ -1,0 +1,57 @@
+"""Rings the doorbell: enqueues work for other processes after the current transaction commits.
+
+PostgreSQL holds the truth, so a lost or refused message only delays work: the reconciler finds
+the job still waiting and rings again. That is also why a broker outage is logged, not raised:
+a team's submission must commit even while the broker is down.
+"""
+
+import logging
+
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+
+
+def _after_commit(send, what: str) -> None:
+    def ring() -> None:
+        try:
+            send()
+        except Exception as exc:  # the broker is down or refused: the reconciler will re-drive it
+            log.warning("could not enqueue %s (%s); the reconciler will retry", what, exc)
+
+    transaction.on_commit(ring)
+
+
+def stage_job(job_id: int) -> None:
+    from jobs import tasks
+
+    _after_commit(lambda: tasks.stage_job.delay(job_id), f"stage_job({job_id})")
+
+
+def request_scheduler_pass() -> None:
+    """Asks for a scheduler pass; passes coalesce, so many requests cost one pass."""
+    from jobs import scheduler
+
+    scheduler.mark_pass_requested()
+
+
+def run_allocation(allocation_id: int, node_name: str) -> None:
+    from jobs import tasks
+
+    _after_commit(
+        lambda: tasks.run_allocation.apply_async((allocation_id,), queue=node_queue(node_name)),
+        f"run_allocation({allocation_id})",
+    )
+
+
+def deliver_outputs(job_id: int, node_name: str) -> None:
+    from jobs import tasks
+
+    _after_commit(
+        lambda: tasks.deliver_outputs.apply_async((job_id,), queue=node_queue(node_name)),
+        f"deliver_outputs({job_id})",
+    )
+
+
+def node_queue(node_name: str) -> str:
+    return f"node.{node_name}"

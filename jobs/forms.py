@@ -1,0 +1,181 @@
+"""The browser intake form: flat HTML fields <-> the declaration mapping.
+
+Field names are the declaration's own paths (``data[1].uri``), so an error from
+``declaration.validate`` lands beside the field the user typed it in, and a job file
+fills the same fields.
+"""
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_FORM_INPUTS = 64
+_DATA_FIELD = re.compile(r"^data\[(\d{1,2})\]\.(name|uri|bytes|sha256)$")
+
+
+@dataclass
+class JobForm:
+    """Values as the user typed them, plus errors keyed by field path."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    rows: list[dict[str, str]] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def blank(cls) -> "JobForm":
+        return cls(values={"request.gpus": "1", "request.hours": "1"}, rows=[_blank_row()])
+
+    @classmethod
+    def from_post(cls, post: Mapping[str, str]) -> "JobForm":
+        rows: dict[int, dict[str, str]] = {}
+        for key in post:
+            if match := _DATA_FIELD.match(key):
+                rows.setdefault(int(match.group(1)), {})[match.group(2)] = post.get(key, "")
+        values = {k: post.get(k, "") for k in _SCALARS if k in post}
+        for flag in _FLAGS:
+            values[flag] = "on" if post.get(flag) else ""
+        ordered = [rows[i] for i in sorted(rows)][:MAX_FORM_INPUTS]
+        return cls(values=values, rows=[r for r in ordered if any(v.strip() for v in r.values())])
+
+    @classmethod
+    def from_declaration(cls, raw: Mapping[str, Any]) -> "JobForm":
+        """Fills the form from a parsed job file (what the user would have typed)."""
+        work = _mapping(raw.get("work"))
+        request = _mapping(raw.get("request"))
+        output = _mapping(raw.get("output"))
+        argv = work.get("argv")
+        env = work.get("env")
+        values = {
+            "name": _text(raw.get("name")),
+            "work.argv": "\n".join(map(str, argv)) if isinstance(argv, list) else _text(argv),
+            "work.env": "\n".join(f"{k}={v}" for k, v in env.items()) if isinstance(env, Mapping) else "",
+            "work.image": _text(work.get("image")),
+            "work.workdir": _text(work.get("workdir")),
+            "request.gpus": _text(request.get("gpus")),
+            "request.min_gpus": _text(request.get("min_gpus")),
+            "request.hours": _text(request.get("hours")),
+            "request.gpu_model": _text(request.get("gpu_model")),
+            "request.preemptible": "on" if request.get("preemptible") is True else "",
+            "request.requeue": "on" if request.get("requeue") is True else "",
+            "output.uri": _text(output.get("uri")),
+            "output.bytes": _size_text(output.get("bytes")),
+        }
+        data = raw.get("data") if isinstance(raw.get("data"), list) else []
+        rows = [
+            {
+                "name": _text(d.get("name")),
+                "uri": _text(d.get("uri")),
+                "bytes": _size_text(d.get("bytes")),
+                "sha256": _text(d.get("sha256")),
+            }
+            for d in data[:MAX_FORM_INPUTS]
+            if isinstance(d, Mapping)
+        ]
+        return cls(values=values, rows=rows or [_blank_row()])
+
+    def to_declaration(self) -> dict[str, Any]:
+        """The mapping ``declaration.validate`` checks; typing mistakes become errors here."""
+        v = self.values
+        return {
+            "name": v.get("name", ""),
+            "work": {
+                "argv": [line for line in v.get("work.argv", "").splitlines() if line.strip()],
+                "env": self._env(v.get("work.env", "")),
+                "image": v.get("work.image", ""),
+                "workdir": v.get("work.workdir", ""),
+            },
+            "data": [dict(row) for row in self.rows],
+            "request": {
+                "gpus": self._number("request.gpus", int),
+                "min_gpus": self._number("request.min_gpus", int, optional=True),
+                "hours": self._number("request.hours", float),
+                "gpu_model": v.get("request.gpu_model", ""),
+                "preemptible": bool(v.get("request.preemptible")),
+                "requeue": bool(v.get("request.requeue")),
+            },
+            "output": {"uri": v.get("output.uri", ""), "bytes": v.get("output.bytes", "")},
+        }
+
+    def _number(self, key: str, kind: type, *, optional: bool = False) -> Any:
+        raw = self.values.get(key, "").strip()
+        if not raw:
+            return None if optional else ""
+        try:
+            return kind(raw)
+        except ValueError:
+            self.errors[key] = "a whole number" if kind is int else "a number"
+            return None
+
+    def _env(self, text: str) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            name, sep, value = line.partition("=")
+            if not sep:
+                self.errors["work.env"] = f"write each variable as NAME=value (line {line[:30]!r})"
+                continue
+            env[name.strip()] = value
+        return env
+
+    def add_row(self) -> None:
+        if len(self.rows) < MAX_FORM_INPUTS:
+            self.rows.append(_blank_row())
+
+    def error_for_row(self, index: int, part: str) -> str:
+        return self.errors.get(f"data[{index}].{part}", "")
+
+
+_SCALARS = (
+    "name", "work.argv", "work.env", "work.image", "work.workdir",
+    "request.gpus", "request.min_gpus", "request.hours", "request.gpu_model",
+    "output.uri", "output.bytes",
+)  # fmt: skip
+_FLAGS = ("request.preemptible", "request.requeue")
+
+
+def _blank_row() -> dict[str, str]:
+    return {"name": "", "uri": "", "bytes": "", "sha256": ""}
+
+
+def _mapping(value: Any) -> Mapping:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _size_text(value: Any) -> str:
+    """Sizes are shown exactly as declared: a byte count stays a byte count."""
+    return _text(value)
+
+
+def bound_fields(form: JobForm) -> dict[str, Any]:
+    """Values and errors per field for the template: ``work.argv`` -> ``f.work_argv.value/.error``.
+
+    An error on a sub-path (``work.argv[2]``, ``work.env.PATH``) shows on the field that holds it.
+    """
+
+    def error_for(path: str) -> str:
+        return "; ".join(
+            msg for key, msg in form.errors.items() if key == path or key.startswith((path + "[", path + "."))
+        )
+
+    fields = {
+        key.replace(".", "_"): {"value": form.values.get(key, ""), "error": error_for(key)}
+        for key in (*_SCALARS, *_FLAGS)
+    }
+    fields["rows"] = [
+        {
+            part: {"value": row.get(part, ""), "error": error_for(f"data[{i}].{part}")}
+            for part in ("name", "uri", "bytes", "sha256")
+        }
+        | {"index": i, "error": form.errors.get(f"data[{i}]", "")}
+        for i, row in enumerate(form.rows)
+    ]
+    fields["data_error"] = form.errors.get("data", "")
+    fields["team_error"] = form.errors.get("team", "")
+    fields["file_error"] = form.errors.get("file", "")
+    return fields

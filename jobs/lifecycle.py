@@ -1,0 +1,102 @@
+"""The job lifecycle: states, the transition table and typed end reasons.
+
+Pure Python, no Django: services consult it before every conditional UPDATE, the tests
+explore it with hypothesis, and the simulator shares its vocabulary.
+
+    SUBMIT -> STAGE -> QUEUE -> RENT -> RUN -> OUTPUT -> RELEASE
+    submitted  staging  queued  rented  running  output  released
+
+A job that ends before RENT is ``ended`` and was never metered; every job that reached RENT
+finishes ``released``, whatever happened, so the meter always stops. A job that lost its node
+(or yielded to a reservation) and may be requeued goes back to ``queued`` as a new attempt.
+"""
+
+from enum import StrEnum
+
+
+class State(StrEnum):
+    SUBMITTED = "submitted"
+    STAGING = "staging"
+    QUEUED = "queued"
+    RENTED = "rented"
+    RUNNING = "running"
+    OUTPUT = "output"
+    RELEASED = "released"
+    ENDED = "ended"
+
+
+class EndReason(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    NODE_LOST = "node_lost"
+    STAGING_FAILED = "staging_failed"
+    OUTPUT_FAILED = "output_failed"
+    REJECTED = "rejected"
+
+
+# Reasons that move a job without ending it.
+REQUEUED = "requeued"
+PREEMPTED = "preempted"
+
+TERMINAL = frozenset({State.RELEASED, State.ENDED})
+HOLDS_COMPUTE = frozenset({State.RENTED, State.RUNNING, State.OUTPUT})
+BEFORE_RENT = frozenset({State.SUBMITTED, State.STAGING, State.QUEUED})
+ALIVE = frozenset(State) - TERMINAL
+
+# The only end reasons each terminal state can carry.
+ENDED_REASONS = frozenset({EndReason.CANCELLED, EndReason.STAGING_FAILED, EndReason.REJECTED})
+RELEASED_REASONS = frozenset(EndReason) - {EndReason.STAGING_FAILED, EndReason.REJECTED}
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.SUBMITTED: frozenset({State.STAGING, State.ENDED}),
+    State.STAGING: frozenset({State.QUEUED, State.ENDED}),
+    State.QUEUED: frozenset({State.RENTED, State.ENDED}),
+    State.RENTED: frozenset({State.RUNNING, State.RELEASED, State.QUEUED}),
+    State.RUNNING: frozenset({State.OUTPUT, State.RELEASED, State.QUEUED}),
+    State.OUTPUT: frozenset({State.RELEASED, State.QUEUED}),
+    State.RELEASED: frozenset(),
+    State.ENDED: frozenset(),
+}
+
+# The seven steps a team sees on the timeline, in order, with the state that begins each.
+STEPS: tuple[tuple[str, State], ...] = (
+    ("Submit", State.SUBMITTED),
+    ("Stage", State.STAGING),
+    ("Queue", State.QUEUED),
+    ("Rent", State.RENTED),
+    ("Run", State.RUNNING),
+    ("Output", State.OUTPUT),
+    ("Release", State.RELEASED),
+)
+
+
+class IllegalTransition(ValueError):
+    pass
+
+
+def check_transition(current: State | str, target: State | str, reason: str | None = None) -> None:
+    """Raises IllegalTransition unless ``current -> target`` (with that reason) is in the table."""
+    current, target = State(current), State(target)
+    if target not in TRANSITIONS[current]:
+        raise IllegalTransition(f"{current} -> {target} is not a job transition")
+    if target is State.ENDED and EndReason(reason) not in ENDED_REASONS:
+        raise IllegalTransition(f"a job that ends before RENT cannot end as {reason!r}")
+    if target is State.RELEASED and EndReason(reason) not in RELEASED_REASONS:
+        raise IllegalTransition(f"a released job cannot end as {reason!r}")
+    if target is State.QUEUED and current in HOLDS_COMPUTE and reason not in (REQUEUED, PREEMPTED):
+        raise IllegalTransition("a job goes back to the queue only when requeued or preempted")
+
+
+def is_terminal(state: State | str) -> bool:
+    return State(state) in TERMINAL
+
+
+def can_cancel(state: State | str) -> bool:
+    return State(state) in ALIVE
+
+
+def end_state_for_cancel(state: State | str) -> State:
+    """Cancelling before RENT ends the job unmetered; after it, the compute must be released."""
+    return State.ENDED if State(state) in BEFORE_RENT else State.RELEASED

@@ -1,0 +1,249 @@
+"""Jobs, their inputs and events, and the pool they run on (nodes, allocations, GPU holds)."""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from accounts.models import Team
+from jobs.lifecycle import EndReason, State
+
+
+class Job(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    name = models.CharField(max_length=120)
+    state = models.CharField(
+        max_length=12, choices=[(s.value, s.value) for s in State], default=State.SUBMITTED
+    )
+    end_reason = models.CharField(max_length=16, choices=[(r.value, r.value) for r in EndReason], blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    end_detail = models.CharField(max_length=500, blank=True)
+    submitted_at = models.DateTimeField(db_index=True)
+    state_changed_at = models.DateTimeField()
+    # Bumped on every requeue: an attempt's allocations, log and exit belong to it alone.
+    attempt = models.PositiveIntegerField(default=0)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    preempt_requested_at = models.DateTimeField(null=True, blank=True)
+    # Last sign of the worker handling this job (staging, agent, delivery); the reconciler re-drives stale ones.
+    worker_seen_at = models.DateTimeField(null=True, blank=True)
+
+    # work
+    argv = models.JSONField()
+    env = models.JSONField(default=dict, blank=True)
+    image = models.CharField(max_length=200, blank=True)
+    workdir = models.CharField(max_length=200, blank=True)
+    # request
+    gpus = models.PositiveIntegerField()
+    gpu_model = models.CharField(max_length=60, blank=True)
+    hours = models.FloatField()
+    min_gpus = models.PositiveIntegerField(null=True, blank=True)
+    preemptible = models.BooleanField(default=False)
+    requeue = models.BooleanField(default=False)
+    # output
+    output_uri = models.CharField(max_length=2000)
+    output_bytes = models.BigIntegerField()
+    outputs = models.JSONField(default=list, blank=True, help_text="Sealed manifest: path, bytes, sha256.")
+    delivery_state = models.CharField(max_length=12, blank=True)  # "", delivering, delivered, failed
+    delivery_detail = models.CharField(max_length=500, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    # What the scheduler last said about a queued job, shown to its team.
+    estimated_start = models.DateTimeField(null=True, blank=True)
+    pending_reason = models.CharField(max_length=300, blank=True)
+    log_tail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        indexes = [
+            models.Index(fields=["team", "-submitted_at"]),
+            models.Index(fields=["state", "state_changed_at"]),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive"),
+            models.CheckConstraint(condition=Q(hours__gt=0), name="job_hours_positive"),
+            models.CheckConstraint(
+                condition=Q(min_gpus__isnull=True) | Q(min_gpus__gte=1, min_gpus__lte=models.F("gpus")),
+                name="job_min_gpus_in_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(state__in=[State.RELEASED, State.ENDED]) | Q(end_reason=""),
+                name="job_end_reason_only_when_terminal",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+    @property
+    def is_alive(self) -> bool:
+        return self.state not in (State.RELEASED, State.ENDED)
+
+    def outputs_pending(self) -> bool:
+        """Sealed files that still have to reach the declared destination."""
+        return bool(self.outputs) and not self.delivered_at
+
+
+class DataInput(models.Model):
+    """A dataset the job reads, and its staging progress."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="inputs")
+    position = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=64)
+    uri = models.CharField(max_length=2000)
+    bytes = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64, blank=True)
+    # staging progress
+    stage_state = models.CharField(max_length=12, blank=True)  # "", staging, staged, cached, failed
+    bytes_done = models.BigIntegerField(default=0)
+    rate_bytes_s = models.FloatField(default=0)
+    stage_started_at = models.DateTimeField(null=True, blank=True)
+    stage_finished_at = models.DateTimeField(null=True, blank=True)
+    stage_detail = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["position"]
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="input_name_unique_per_job")]
+
+    def __str__(self) -> str:
+        return f"{self.name} <- {self.uri}"
+
+
+class JobEvent(models.Model):
+    """One row per transition: the job's history, in order."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    from_state = models.CharField(max_length=12, blank=True)
+    to_state = models.CharField(max_length=12)
+    at = models.DateTimeField()
+    reason = models.CharField(max_length=300, blank=True)
+    actor = models.CharField(
+        max_length=150, blank=True
+    )  # a username, "scheduler", "agent:<node>", "reconciler"
+    attempt = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["job", "at"])]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.from_state} -> {self.to_state}"
+
+
+class Node(models.Model):
+    class NodeState(models.TextChoices):
+        UP = "up"
+        DRAINING = "draining"
+        DRAINED = "drained"
+        DOWN = "down"
+
+    name = models.CharField(max_length=63, unique=True)
+    gpus = models.PositiveIntegerField()
+    gpu_model = models.CharField(max_length=60, blank=True)
+    state = models.CharField(max_length=10, choices=NodeState.choices, default=NodeState.UP)
+    address = models.CharField(max_length=255, blank=True)
+    agent_version = models.CharField(max_length=40, blank=True)
+    sandbox = models.CharField(max_length=20, blank=True)  # "bubblewrap", or "none" when allowed unsandboxed
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    registered_at = models.DateTimeField()
+    state_changed_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Allocation(models.Model):
+    """GPUs of one node held by one attempt of a job: RENT opens it, RELEASE closes it."""
+
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="allocations")
+    attempt = models.PositiveIntegerField()
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
+    rank = models.PositiveSmallIntegerField(default=0)  # this node's rank in a multi-node job
+    gpu_indices = models.JSONField()
+    rented_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    sealed_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(max_length=16, blank=True)
+    # Set on node loss: the last sign of life, so an operator can credit the gap.
+    last_heartbeat_at_release = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["rented_at", "rank"]
+        indexes = [models.Index(fields=["released_at"]), models.Index(fields=["node", "released_at"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "node"], name="one_allocation_per_node_per_attempt"
+            ),
+            models.CheckConstraint(
+                condition=Q(released_at__isnull=True) | Q(released_at__gte=models.F("rented_at")),
+                name="allocation_released_after_rented",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt} on {self.node_id} {self.gpu_indices}"
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpu_indices)
+
+
+class GpuHold(models.Model):
+    """One GPU of one node held by one allocation. The database refuses a GPU held twice."""
+
+    allocation = models.ForeignKey(Allocation, on_delete=models.PROTECT, related_name="holds")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="holds")
+    gpu_index = models.PositiveSmallIntegerField()
+    active = models.BooleanField(default=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "gpu_index"], condition=Q(active=True), name="gpu_held_at_most_once"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}:{self.gpu_index} ({'held' if self.active else 'freed'})"
+
+
+class SchedulerState(models.Model):
+    """A single row: the coalescing doorbell for scheduler passes and the last pass's figures."""
+
+    pass_requested = models.BooleanField(default=False)
+    last_pass_at = models.DateTimeField(null=True, blank=True)
+    last_pass_ms = models.FloatField(null=True, blank=True)
+    last_pass_started = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"scheduler (last pass {self.last_pass_at})"
+
+
+class TeamUsage(models.Model):
+    """A team's GPU-seconds, decayed with the fair-share half-life, as of ``as_of``."""
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="usage")
+    gpu_seconds = models.FloatField(default=0)
+    as_of = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.team_id}: {self.gpu_seconds:.0f} GPU-s as of {self.as_of}"
+
+    def decayed(self, now) -> float:
+        elapsed = max(0.0, (now - self.as_of).total_seconds())
+        return self.gpu_seconds * 0.5 ** (elapsed / settings.E31_FAIRSHARE_HALF_LIFE_S)
+
+    @classmethod
+    def add(cls, *, team_id: int, gpu_seconds: float, now) -> None:
+        """Folds a released allocation's GPU-seconds into the team's decayed usage."""
+        row, _ = cls.objects.select_for_update().get_or_create(team_id=team_id, defaults={"as_of": now})
+        row.gpu_seconds = row.decayed(now) + gpu_seconds
+        row.as_of = now
+        row.save(update_fields=["gpu_seconds", "as_of"])

@@ -1,0 +1,67 @@
+"""What the job pages show, computed from rows: timeline steps, GPU-time so far, live flags."""
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from jobs.lifecycle import HOLDS_COMPUTE, STEPS, State
+from jobs.models import Job
+
+LIST_FIELDS = (
+    "id", "name", "state", "end_reason", "gpus", "hours", "submitted_at", "state_changed_at",
+    "estimated_start", "pending_reason", "team__name",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Step:
+    label: str
+    state: str
+    began_at: datetime | None
+    took: timedelta | None
+    status: str  # "done", "current", "todo", "skipped"
+
+
+def any_alive(page) -> bool:
+    return any(job.is_alive for job in page)
+
+
+def job_page(job: Job, *, now: datetime) -> dict:
+    events = list(job.events.all())
+    allocations = list(job.allocations.select_related("node").order_by("attempt", "rank"))
+    return {
+        "job": job,
+        "inputs": list(job.inputs.all()),
+        "events": events,
+        "allocations": allocations,
+        "steps": timeline(job, events, now=now),
+        "gpu_seconds": held_gpu_seconds(allocations, now=now),
+        "live": job.is_alive or job.delivery_state == "delivering",
+    }
+
+
+def timeline(job: Job, events, *, now: datetime) -> list[Step]:
+    """The seven steps of the current attempt: when each began, how long it took, where the job is."""
+    began: dict[str, datetime] = {}
+    for event in events:
+        if event.to_state == State.QUEUED and event.from_state in HOLDS_COMPUTE:
+            began = {k: v for k, v in began.items() if k in (State.SUBMITTED, State.STAGING, State.QUEUED)}
+            began[State.QUEUED] = event.at  # a requeue starts a new attempt's wait
+        began.setdefault(event.to_state, event.at)
+    ended_at = began.get(State.ENDED) or began.get(State.RELEASED)
+    steps = []
+    for position, (label, state) in enumerate(STEPS):
+        start = began.get(state)
+        later = [began[s] for _, s in STEPS[position + 1 :] if s in began]
+        end = min(later) if later else (ended_at if ended_at and ended_at != start else None)
+        if start is None:
+            status = "todo" if job.is_alive else "never"
+        else:
+            status = "current" if state == job.state else "done"
+        took = ((end or now) - start) if start and state != State.RELEASED else None
+        steps.append(Step(label, state, start, took, status))
+    return steps
+
+
+def held_gpu_seconds(allocations, *, now: datetime) -> float:
+    """GPU-seconds held so far, counting running allocations up to now (the ledger is exact; this is live)."""
+    return sum(((a.released_at or now) - a.rented_at).total_seconds() * a.gpu_count for a in allocations)

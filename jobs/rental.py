@@ -1,0 +1,232 @@
+"""RENT, RUN, OUTPUT and RELEASE: the services that hold and free GPUs.
+
+Invariants: a GPU is held by at most one active allocation (a partial unique index refuses the
+second); every allocation that was rented is released, whatever happened, and releasing closes
+its meter at that instant; an attempt's allocations are all released together, so a job never
+runs two attempts at once.
+"""
+
+import logging
+from datetime import datetime
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from jobs import dispatch
+from jobs.lifecycle import HOLDS_COMPUTE, PREEMPTED, REQUEUED, EndReason, State
+from jobs.models import Allocation, GpuHold, Job, JobEvent, Node, TeamUsage
+from jobs.services import transition
+from metering import services as metering
+
+log = logging.getLogger(__name__)
+
+
+def rent_job(
+    *, job_id: int, gpus_by_node: dict[str, tuple[int, ...]], now: datetime, reason: str = ""
+) -> bool:
+    """QUEUED -> RENTED: holds the GPUs and starts the meter. False if the job or a GPU was taken."""
+    try:
+        with transaction.atomic():
+            job = Job.objects.select_for_update().filter(id=job_id, state=State.QUEUED).first()
+            if job is None or Allocation.objects.filter(job=job, released_at__isnull=True).exists():
+                return False
+            nodes = {n.name: n for n in Node.objects.filter(name__in=gpus_by_node, state=Node.NodeState.UP)}
+            if len(nodes) != len(gpus_by_node):
+                return False
+            attempt = job.attempt + 1
+            allocations = [
+                _hold(job=job, attempt=attempt, node=nodes[name], rank=rank, indices=indices, now=now)
+                for rank, (name, indices) in enumerate(gpus_by_node.items())
+            ]
+            transition(
+                job_id=job.id, source=State.QUEUED, target=State.RENTED, now=now, actor="scheduler",
+                reason=reason or "GPUs rented", attempt=attempt, estimated_start=None, pending_reason="",
+            )  # fmt: skip
+    except IntegrityError:
+        log.info("job %s: a GPU was taken meanwhile; the next pass will place it", job_id)
+        return False
+    for allocation in allocations:
+        dispatch.run_allocation(allocation.id, allocation.node.name)
+    return True
+
+
+def _hold(*, job: Job, attempt: int, node: Node, rank: int, indices, now: datetime) -> Allocation:
+    allocation = Allocation.objects.create(
+        job=job, attempt=attempt, node=node, rank=rank, gpu_indices=sorted(indices), rented_at=now
+    )
+    GpuHold.objects.bulk_create(GpuHold(allocation=allocation, node=node, gpu_index=i) for i in indices)
+    return allocation
+
+
+def start_allocation(*, allocation_id: int, now: datetime) -> bool:
+    """Claims an allocation for its node agent; the first part to start moves the job to RUNNING."""
+    with transaction.atomic():
+        claimed = Allocation.objects.filter(
+            id=allocation_id, started_at__isnull=True, released_at__isnull=True
+        ).update(started_at=now)
+        if not claimed:
+            return False
+        allocation = Allocation.objects.select_related("node").get(id=allocation_id)
+        transition(
+            job_id=allocation.job_id, source=State.RENTED, target=State.RUNNING, now=now,
+            actor=f"agent:{allocation.node.name}", reason="process started",
+        )  # fmt: skip
+        return True
+
+
+def finish_allocation(
+    *, allocation_id: int, exit_code: int | None, outcome: EndReason, now: datetime
+) -> None:
+    """Records a part's exit; when every part of the attempt has exited the job enters OUTPUT."""
+    with transaction.atomic():
+        Allocation.objects.filter(id=allocation_id, finished_at__isnull=True).update(
+            finished_at=now, exit_code=exit_code, end_reason=outcome
+        )
+        allocation = Allocation.objects.select_related("node").get(id=allocation_id)
+        job = Job.objects.select_for_update().get(id=allocation.job_id)
+        if _attempt_parts(job).filter(finished_at__isnull=True).exists():
+            return
+        transition(
+            job_id=job.id, source=State.RUNNING, target=State.OUTPUT, now=now,
+            actor=f"agent:{allocation.node.name}", reason=f"run ended: {outcome}",
+        )  # fmt: skip
+
+
+def seal_allocation(*, allocation_id: int, manifest: list[dict], now: datetime) -> None:
+    """Adds a part's sealed outputs to the job; the last part sealed releases the attempt."""
+    with transaction.atomic():
+        allocation = Allocation.objects.select_related("node").get(id=allocation_id)
+        job = Job.objects.select_for_update().get(id=allocation.job_id)
+        if job.state != State.OUTPUT or job.attempt != allocation.attempt:
+            return
+        Job.objects.filter(id=job.id).update(outputs=[*job.outputs, *manifest])
+        Allocation.objects.filter(id=allocation_id).update(sealed_at=now)
+        parts = list(_attempt_parts(job))
+        if any(p.sealed_at is None and p.id != allocation_id for p in parts):
+            return
+        reason, exit_code = _attempt_outcome(parts)
+        release_job(
+            job_id=job.id, end_reason=reason, now=now, actor=f"agent:{allocation.node.name}",
+            exit_code=exit_code, deliver=True,
+        )  # fmt: skip
+
+
+def _attempt_parts(job: Job):
+    return Allocation.objects.filter(job=job, attempt=job.attempt)
+
+
+def _attempt_outcome(parts) -> tuple[EndReason, int | None]:
+    """Timed out beats failed beats succeeded; the exit code is the first failing part's."""
+    reasons = {p.end_reason for p in parts}
+    failing = next(
+        (p.exit_code for p in sorted(parts, key=lambda p: p.rank) if p.exit_code not in (0, None)), None
+    )
+    if EndReason.TIMED_OUT in reasons:
+        return EndReason.TIMED_OUT, failing
+    if EndReason.FAILED in reasons or failing is not None:
+        return EndReason.FAILED, failing
+    return EndReason.SUCCEEDED, 0
+
+
+def release_job(
+    *, job_id: int, end_reason: EndReason, now: datetime, actor: str, exit_code: int | None = None,
+    detail: str = "", deliver: bool = False, requeue_as: str = "", last_heartbeat: datetime | None = None,
+) -> bool:  # fmt: skip
+    """RELEASE: frees every GPU of the attempt and closes its meter at ``now``; then requeues or ends.
+
+    ``requeue_as`` (REQUEUED after a node loss, PREEMPTED for a reservation) sends the job back to
+    the queue for a new attempt instead of ending it.
+    """
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(id=job_id, state__in=HOLDS_COMPUTE).first()
+        if job is None:
+            return False
+        for allocation in Allocation.objects.filter(job=job, released_at__isnull=True):
+            _release_allocation(allocation, now=now, end_reason=end_reason, last_heartbeat=last_heartbeat)
+        if requeue_as:
+            moved = transition(
+                job_id=job.id, source=job.state, target=State.QUEUED, now=now, actor=actor,
+                reason=f"{requeue_as}: {detail or end_reason}", cancel_requested_at=None, preempt_requested_at=None,
+            )  # fmt: skip
+        else:
+            moved = transition(
+                job_id=job.id, source=job.state, target=State.RELEASED, now=now, actor=actor,
+                end_reason=end_reason, reason=detail or str(end_reason), exit_code=exit_code,
+                end_detail=detail[:500], delivery_state="delivering" if deliver and job.outputs_pending() else "",
+            )  # fmt: skip
+        dispatch.request_scheduler_pass()
+        if deliver and not requeue_as and moved:
+            node = Allocation.objects.filter(job=job, attempt=job.attempt).select_related("node").first().node
+            dispatch.deliver_outputs(job.id, node.name)
+        return moved
+
+
+def _release_allocation(allocation: Allocation, *, now: datetime, end_reason: str, last_heartbeat) -> None:
+    released = Allocation.objects.filter(id=allocation.id, released_at__isnull=True).update(
+        released_at=now,
+        end_reason=allocation.end_reason or end_reason,
+        last_heartbeat_at_release=last_heartbeat,
+    )
+    if not released:
+        return
+    GpuHold.objects.filter(allocation=allocation, active=True).update(active=False)
+    metering.close_meter(allocation_id=allocation.id, released_at=now)
+    held_s = (now - allocation.rented_at).total_seconds() * len(allocation.gpu_indices)
+    TeamUsage.add(team_id=allocation.job.team_id, gpu_seconds=held_s, now=now)
+
+
+def request_preemption(*, job_id: int, now: datetime) -> bool:
+    """Asks the node agent to stop a preemptible job (TERM, grace) so a reserved job can start."""
+    with transaction.atomic():
+        marked = Job.objects.filter(
+            id=job_id, preemptible=True, state__in=HOLDS_COMPUTE, preempt_requested_at__isnull=True
+        ).update(preempt_requested_at=now)
+        if marked:
+            JobEvent.objects.create(
+                job_id=job_id, from_state=State.RUNNING, to_state=State.RUNNING, at=now, actor="scheduler",
+                reason="preemption requested: a reserved job needs these GPUs",
+                attempt=Job.objects.values_list("attempt", flat=True).get(id=job_id),
+            )  # fmt: skip
+        return bool(marked)
+
+
+def lose_node_allocations(*, node: Node, now: datetime, detail: str) -> int:
+    """A node was declared down: release its jobs' attempts now and requeue those that allow it."""
+    job_ids = set(
+        Allocation.objects.filter(node=node, released_at__isnull=True).values_list("job_id", flat=True)
+    )
+    for job in Job.objects.filter(id__in=job_ids):
+        requeue = job.requeue and job.attempt < settings.E31_MAX_ATTEMPTS
+        release_job(
+            job_id=job.id, end_reason=EndReason.NODE_LOST, now=now, actor="reaper",
+            detail=detail, requeue_as=REQUEUED if requeue else "", last_heartbeat=node.last_heartbeat,
+        )  # fmt: skip
+    return len(job_ids)
+
+
+def stop_reason(*, allocation_id: int, now: datetime) -> str:
+    """Why the agent should stop this part now, or '' to keep running (polled every second)."""
+    row = (
+        Allocation.objects.filter(id=allocation_id)
+        .values(
+            "released_at", "started_at", "attempt", "job__attempt", "job__hours",
+            "job__cancel_requested_at", "job__preempt_requested_at", "job_id",
+        )
+        .first()
+    )  # fmt: skip
+    if row is None or row["released_at"] is not None or row["attempt"] != row["job__attempt"]:
+        return "released"
+    if row["job__cancel_requested_at"]:
+        return EndReason.CANCELLED
+    if row["job__preempt_requested_at"]:
+        return PREEMPTED
+    if row["started_at"] and (now - row["started_at"]).total_seconds() >= row["job__hours"] * 3600:
+        return EndReason.TIMED_OUT
+    failed_sibling = Allocation.objects.filter(
+        job_id=row["job_id"], attempt=row["attempt"], finished_at__isnull=False
+    ).exclude(end_reason=EndReason.SUCCEEDED)
+    return "sibling_failed" if failed_sibling.exclude(id=allocation_id).exists() else ""
+
+
+def note_worker_alive(*, job_id: int, now: datetime) -> None:
+    Job.objects.filter(id=job_id).update(worker_seen_at=now)

@@ -1,0 +1,109 @@
+"""The live scheduler: coalesced passes of the pure policy over the pool's current state.
+
+A pass reads a snapshot (nodes, running allocations, the ready queue, teams' decayed usage),
+asks ``scheduling.policy.plan`` what to start, and applies each start through the RENT service,
+where the database still refuses a double-booked GPU. One pass runs at a time across every
+process: a PostgreSQL advisory lock (on SQLite, its single writer under BEGIN IMMEDIATE).
+
+Passes are requested on every submit, staging completion, release and node change; requests
+coalesce through one flag row, and beat runs a safety pass on a timer in case a doorbell was lost.
+"""
+
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.db import connection
+
+from jobs import dispatch
+from jobs.models import SchedulerState
+
+log = logging.getLogger(__name__)
+ADVISORY_LOCK_KEY = 0x0E31_5C4E  # any constant unique to the scheduler pass
+
+
+@dataclass(frozen=True)
+class PassResult:
+    started: int
+    preempted: int
+    pending: int
+    elapsed_ms: float
+
+
+def mark_pass_requested() -> None:
+    """Flags that a pass is wanted; only the request that flips the flag rings the doorbell."""
+    state = _state_row()
+    flipped = SchedulerState.objects.filter(id=state.id, pass_requested=False).update(pass_requested=True)
+    if flipped:
+        from jobs import tasks
+
+        dispatch._after_commit(lambda: tasks.schedule_pass.delay(), "schedule_pass")
+
+
+def claim_requested_pass() -> bool:
+    """Clears the flag before a pass, so requests made during it ring again."""
+    return bool(SchedulerState.objects.filter(pass_requested=True).update(pass_requested=False))
+
+
+def _state_row() -> SchedulerState:
+    state = SchedulerState.objects.first()
+    return state or SchedulerState.objects.create()
+
+
+@contextmanager
+def pass_lock():
+    """Yields True while holding the one-pass-at-a-time lock, False if another process holds it."""
+    if connection.vendor != "postgresql":
+        yield True  # SQLite serialises writers; each RENT is its own IMMEDIATE transaction
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_KEY])
+        held = cursor.fetchone()[0]
+    try:
+        yield held
+    finally:
+        if held:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_KEY])
+
+
+def run_pass(*, now: datetime) -> PassResult | None:
+    """One pass: snapshot, plan, rent what starts, preempt what must yield, store every estimate."""
+    from jobs import rental, snapshot
+    from jobs.scheduling import policy
+
+    with pass_lock() as held:
+        if not held:
+            return None
+        began = time.perf_counter()
+        view = snapshot.take(now=now)
+        plan = policy.plan(
+            now=now.timestamp(), nodes=view.nodes, running=view.running, pending=view.pending,
+            usage=view.usage, shares=view.shares, config=view.config,
+        )  # fmt: skip
+        started = sum(
+            rental.rent_job(
+                job_id=s.job_id, gpus_by_node=s.gpus_by_node, now=now, reason=_start_reason(s, view)
+            )
+            for s in plan.starts
+        )
+        preempted = sum(rental.request_preemption(job_id=job_id, now=now) for job_id in plan.preemptions)
+        snapshot.store_estimates(plan, now=now)
+        elapsed = (time.perf_counter() - began) * 1000
+        SchedulerState.objects.filter(id=_state_row().id).update(
+            last_pass_at=now, last_pass_ms=elapsed, last_pass_started=started
+        )
+    return PassResult(started=started, preempted=preempted, pending=len(view.pending), elapsed_ms=elapsed)
+
+
+def _start_reason(start, view) -> str:
+    held = sum(len(ix) for ix in start.gpus_by_node.values())
+    wanted = view.requested_gpus.get(start.job_id, held)
+    where = ", ".join(f"{node} GPUs {','.join(map(str, ix))}" for node, ix in start.gpus_by_node.items())
+    return f"placed on {where}" + (f" (elastic: {held} of {wanted} GPUs)" if held < wanted else "")
+
+
+def as_datetime(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC)

@@ -1,0 +1,103 @@
+"""The API's shapes for jobs. Types are checked here; the rules live in jobs.declaration."""
+
+from datetime import datetime
+
+from ninja import Field, Schema
+from pydantic import StrictBool
+
+
+class WorkIn(Schema):
+    argv: list[str] = Field(..., description="The program and its arguments, never a shell string.")
+    env: dict[str, str] = Field(default_factory=dict, description="Non-secret variables; E31_* are reserved.")
+    image: str = ""
+    workdir: str = ""
+
+
+class DataIn(Schema):
+    name: str = Field(..., description="Mounted under $E31_DATA_DIR/<name>.")
+    uri: str = Field(..., description="file:// (under E31_DATA_ROOTS), http(s):// or s3://")
+    bytes: int = Field(..., description="Declared size in bytes; staging refuses a larger source.")
+    sha256: str = ""
+
+
+class RequestIn(Schema):
+    gpus: int
+    hours: float = Field(..., description="Time limit; the scheduler plans with it.")
+    min_gpus: int | None = Field(None, description="Elastic: may start with as few as this.")
+    gpu_model: str = ""
+    preemptible: StrictBool = False
+    requeue: StrictBool = Field(False, description="Requeue as a new attempt after a node loss (at most 3).")
+
+
+class OutputIn(Schema):
+    uri: str = Field(..., description="file:// (under E31_OUTPUT_ROOTS) or s3://")
+    bytes: int
+
+
+class JobIn(Schema):
+    name: str
+    team: str = Field("", description="Team slug; needed only by members of several teams.")
+    work: WorkIn
+    data: list[DataIn] = Field(default_factory=list)
+    request: RequestIn
+    output: OutputIn
+
+
+class FieldError(Schema):
+    field: str
+    message: str
+
+
+class ErrorOut(Schema):
+    detail: str
+    errors: list[FieldError] = Field(default_factory=list)
+
+
+class EventOut(Schema):
+    state: str
+    at: datetime
+    reason: str
+
+
+class DataOut(DataIn):
+    stage_state: str
+    bytes_done: int
+    rate_bytes_s: float
+    eta_s: float | None
+
+
+class AllocationOut(Schema):
+    attempt: int
+    node: str
+    gpu_indices: list[int]
+    rented_at: datetime
+    released_at: datetime | None
+    end_reason: str
+
+
+class OutputFileOut(Schema):
+    path: str
+    bytes: int
+    sha256: str
+
+
+class JobOut(Schema):
+    id: int
+    name: str
+    team: str
+    state: str
+    end_reason: str
+    exit_code: int | None
+    end_detail: str
+    submitted_at: datetime
+    attempt: int
+    work: WorkIn
+    data: list[DataOut]
+    request: RequestIn
+    output: OutputIn
+    events: list[EventOut]
+    allocations: list[AllocationOut]
+    outputs: list[OutputFileOut]
+    delivery_state: str
+    estimated_start: datetime | None
+    pending_reason: str

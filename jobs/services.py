@@ -1,0 +1,101 @@
+"""Job intake and lifecycle writers. The only code that changes a job's state.
+
+Every transition is a conditional UPDATE (``WHERE id=? AND state=?``) plus an event row, in
+one transaction; a second worker, or a redelivered task, finds the state already moved and
+gets False back. Work for other processes is enqueued after commit, carrying ids only.
+"""
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+
+from jobs import declaration, dispatch
+from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, EndReason, State, check_transition
+from jobs.models import DataInput, Job, JobEvent, Node
+
+
+def pool_limits() -> declaration.Limits:
+    """What a declaration is checked against: the GPUs of every node not down, and the configured roots."""
+    pool_gpus = Node.objects.exclude(state=Node.NodeState.DOWN).aggregate(total=Sum("gpus"))["total"] or 0
+    return declaration.Limits(
+        pool_gpus=pool_gpus,
+        max_hours=settings.E31_MAX_JOB_HOURS,
+        data_roots=settings.E31_DATA_ROOTS,
+        output_roots=settings.E31_OUTPUT_ROOTS,
+    )
+
+
+@transaction.atomic
+def submit_job(*, team, user, spec: declaration.Declaration, now: datetime) -> Job:
+    """Stores a validated declaration as a submitted job and rings for staging after commit."""
+    job = Job.objects.create(
+        team=team, submitted_by=user, name=spec.name, state=State.SUBMITTED,
+        submitted_at=now, state_changed_at=now,
+        argv=spec.argv, env=spec.env, image=spec.image, workdir=spec.workdir,
+        gpus=spec.gpus, gpu_model=spec.gpu_model, hours=spec.hours, min_gpus=spec.min_gpus,
+        preemptible=spec.preemptible, requeue=spec.requeue,
+        output_uri=spec.output_uri, output_bytes=spec.output_bytes,
+    )  # fmt: skip
+    DataInput.objects.bulk_create(
+        DataInput(job=job, position=i, name=d.name, uri=d.uri, bytes=d.bytes, sha256=d.sha256)
+        for i, d in enumerate(spec.data)
+    )
+    JobEvent.objects.create(job=job, to_state=State.SUBMITTED, at=now, actor=_actor(user), reason="submitted")
+    dispatch.stage_job(job.id)
+    return job
+
+
+def transition(
+    *, job_id: int, source: State | Iterable[State], target: State, now: datetime,
+    reason: str = "", actor: str = "", end_reason: str = "", **fields,
+) -> bool:  # fmt: skip
+    """Moves a job from one of ``source`` to ``target`` if it is still there; logs the event."""
+    sources = [source] if isinstance(source, State) else list(source)
+    for s in sources:
+        check_transition(s, target, end_reason or reason)
+    with transaction.atomic():
+        job = Job.objects.filter(id=job_id, state__in=sources).values("state", "attempt").first()
+        if job is None:
+            return False
+        claimed = Job.objects.filter(id=job_id, state=job["state"]).update(
+            state=target, state_changed_at=now, end_reason=end_reason, **fields
+        )
+        if claimed:
+            JobEvent.objects.create(
+                job_id=job_id, from_state=job["state"], to_state=target, at=now,
+                reason=(reason or end_reason)[:300], actor=actor[:150], attempt=fields.get("attempt", job["attempt"]),
+            )  # fmt: skip
+        return bool(claimed)
+
+
+@transaction.atomic
+def cancel_job(*, job_id: int, user, now: datetime) -> bool:
+    """Cancels a live job. Before RENT it ends unmetered; after, the node agent stops it and releases."""
+    job = Job.objects.select_for_update().filter(id=job_id).first()
+    if job is None or not job.is_alive:
+        return False
+    if job.state in BEFORE_RENT:
+        ended = transition(
+            job_id=job_id, source=job.state, target=State.ENDED, now=now, actor=_actor(user),
+            end_reason=EndReason.CANCELLED, reason=f"cancelled by {_actor(user)}", pending_reason="",
+        )  # fmt: skip
+        if ended:
+            dispatch.request_scheduler_pass()
+        return ended
+    marked = Job.objects.filter(id=job_id, cancel_requested_at__isnull=True, state__in=HOLDS_COMPUTE).update(
+        cancel_requested_at=now
+    )
+    if marked:
+        JobEvent.objects.create(
+            job_id=job_id, from_state=job.state, to_state=job.state, at=now,
+            reason=f"cancel requested by {_actor(user)}", actor=_actor(user), attempt=job.attempt,
+        )  # fmt: skip
+        # The node agent watching this attempt polls the flag every second and stops the process group.
+    return bool(marked)
+
+
+def _actor(user) -> str:
+    return getattr(user, "username", "") or "system"

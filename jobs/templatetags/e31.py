@@ -1,0 +1,39 @@
+"""Small display filters shared by the console's templates."""
+
+from datetime import timedelta
+
+from django import template
+
+from jobs.units import format_size
+
+register = template.Library()
+
+
+@register.filter
+def size(value) -> str:
+    return format_size(value)
+
+
+@register.filter
+def duration(value: timedelta | float | None) -> str:
+    """1 h 04 min, 12 min 03 s, 4.2 s."""
+    if value is None:
+        return "—"
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+@register.filter
+def gpu_hours(seconds: float | int | None) -> str:
+    return "—" if seconds is None else f"{seconds / 3600:.3f}"
+
+
+@register.filter
+def percent(done, total) -> int:
+    return 100 if not total else max(0, min(100, int(100 * (done or 0) / total)))

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from jobs import views
+
+app_name = "jobs"
+
+urlpatterns = [
+    path("", views.job_list, name="list"),
+    path("new/", views.job_new, name="new"),
+    path("<int:job_id>/", views.job_detail, name="detail"),
+    path("<int:job_id>/live/", views.job_live, name="live"),
+    path("<int:job_id>/cancel/", views.job_cancel, name="cancel"),
+]

@@ -1,0 +1,140 @@
+"""Team-facing job pages: list, intake form, job page and its live fragments."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods, require_POST
+
+from accounts import scoping
+from jobs import declaration, presenters, services
+from jobs.forms import JobForm, bound_fields
+from jobs.lifecycle import State
+from jobs.models import Job
+
+PAGE_SIZE = 25
+
+
+@login_required
+def job_list(request: HttpRequest) -> HttpResponse:
+    jobs = scoping.visible_to(request.user, Job.objects.select_related("team"))
+    state = request.GET.get("state", "")
+    if state in State.__members__.values():
+        jobs = jobs.filter(state=state)
+    page = Paginator(jobs.only(*presenters.LIST_FIELDS), PAGE_SIZE).get_page(request.GET.get("page"))
+    context = {
+        "page": page,
+        "state": state,
+        "states": [s.value for s in State],
+        "live": presenters.any_alive(page),
+    }
+    template = "jobs/list.html#job-rows" if request.htmx else "jobs/list.html"
+    return render(request, template, context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_new(request: HttpRequest) -> HttpResponse:
+    teams = list(scoping.teams_of(request.user))
+    if not teams:
+        return render(request, "jobs/no_team.html", status=403)
+    if request.method == "GET":
+        return _render_form(request, JobForm.blank(), teams)
+    form = JobForm.from_post(request.POST)
+    action = request.POST.get("action", "submit")
+    if action == "add-input":
+        form.add_row()
+        return _render_form(request, form, teams)
+    if action.startswith("remove-input-"):
+        index = action.removeprefix("remove-input-")
+        if index.isdigit() and int(index) < len(form.rows):
+            form.rows.pop(int(index))
+        return _render_form(request, form, teams)
+    if action == "load-file":
+        return _load_job_file(request, teams)
+    return _submit(request, form, teams)
+
+
+def _load_job_file(request: HttpRequest, teams) -> HttpResponse:
+    upload = request.FILES.get("job_file_upload")
+    try:
+        if upload is not None:
+            if upload.size > declaration.MAX_JOB_FILE_BYTES:
+                raise declaration.DeclarationInvalid([("file", "a job file is at most 256 KB")])
+            text = upload.read().decode("utf-8")
+        else:
+            text = request.POST.get("job_file", "")
+        raw = declaration.parse_job_file(text)
+    except UnicodeDecodeError:
+        return _render_form(request, JobForm(errors={"file": "a job file is UTF-8 text"}), teams, status=400)
+    except declaration.DeclarationInvalid as exc:
+        form = JobForm.blank()
+        form.errors = exc.as_dict()
+        return _render_form(request, form, teams, status=400)
+    form = JobForm.from_declaration(raw)
+    messages.info(request, "Job file loaded. Check the fields, then submit.")
+    return _render_form(request, form, teams)
+
+
+def _submit(request: HttpRequest, form: JobForm, teams) -> HttpResponse:
+    team = _chosen_team(request, teams)
+    raw = form.to_declaration()
+    try:
+        spec = declaration.validate(raw, limits=services.pool_limits())
+    except declaration.DeclarationInvalid as exc:
+        form.errors = {**exc.as_dict(), **form.errors}
+    if form.errors or team is None:
+        if team is None:
+            form.errors["team"] = "choose one of your teams"
+        return _render_form(request, form, teams, status=422)
+    job = services.submit_job(team=team, user=request.user, spec=spec, now=timezone.now())
+    messages.success(request, f"Job #{job.id} submitted.")
+    response = redirect("jobs:detail", job_id=job.id)
+    if request.htmx:
+        response = HttpResponse(status=204, headers={"HX-Redirect": response["Location"]})
+    return response
+
+
+def _chosen_team(request: HttpRequest, teams):
+    wanted = request.POST.get("team", "")
+    if len(teams) == 1 and not wanted:
+        return teams[0]
+    return next((t for t in teams if str(t.id) == wanted), None)
+
+
+def _render_form(request: HttpRequest, form: JobForm, teams, *, status: int = 200) -> HttpResponse:
+    context = {
+        "form": form,
+        "f": bound_fields(form),
+        "teams": teams,
+        "chosen_team": request.POST.get("team", ""),
+    }
+    template = "jobs/new.html#job-form" if request.htmx else "jobs/new.html"
+    return render(request, template, context, status=status)
+
+
+@login_required
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = scoping.get_visible_or_404(request.user, Job.objects.select_related("team"), id=job_id)
+    context = presenters.job_page(job, now=timezone.now())
+    return render(request, "jobs/detail.html", context)
+
+
+@login_required
+def job_live(request: HttpRequest, job_id: int) -> HttpResponse:
+    """The self-refreshing part of the job page; it stops polling once the job has ended."""
+    job = scoping.get_visible_or_404(request.user, Job.objects.select_related("team"), id=job_id)
+    return render(request, "jobs/detail.html#job-live", presenters.job_page(job, now=timezone.now()))
+
+
+@login_required
+@require_POST
+def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = scoping.get_visible_or_404(request.user, Job.objects.all(), id=job_id)
+    if services.cancel_job(job_id=job.id, user=request.user, now=timezone.now()):
+        messages.success(request, f"Job #{job.id}: cancel requested.")
+    else:
+        messages.warning(request, f"Job #{job.id} has already ended.")
+    return redirect("jobs:detail", job_id=job.id)

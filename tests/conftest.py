@@ -1,0 +1,85 @@
+"""Shared fixtures: a team with a member and an admin, a second team, an operator, a pool."""
+
+import pytest
+from django.test import Client
+
+from accounts import services as accounts
+from tests.factories import MembershipFactory, NodeFactory, TeamFactory, UserFactory
+
+PASSWORD = "correct horse battery"
+
+
+@pytest.fixture
+def team(db):
+    return TeamFactory(name="vision", slug="vision")
+
+
+@pytest.fixture
+def other_team(db):
+    return TeamFactory(name="audio", slug="audio")
+
+
+@pytest.fixture
+def member(team):
+    return MembershipFactory(team=team, user=UserFactory(username="alice")).user
+
+
+@pytest.fixture
+def team_admin(team):
+    return MembershipFactory(team=team, user=UserFactory(username="adele"), role="admin").user
+
+
+@pytest.fixture
+def outsider(other_team):
+    """A member of another team: must never see the first team's objects."""
+    return MembershipFactory(team=other_team, user=UserFactory(username="bob")).user
+
+
+@pytest.fixture
+def operator(db):
+    return UserFactory(username="olga", is_staff=True)
+
+
+def _client_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def member_client(member) -> Client:
+    return _client_for(member)
+
+
+@pytest.fixture
+def outsider_client(outsider) -> Client:
+    return _client_for(outsider)
+
+
+@pytest.fixture
+def operator_client(operator) -> Client:
+    return _client_for(operator)
+
+
+@pytest.fixture
+def member_token(member) -> str:
+    _, token = accounts.create_api_token(user=member, label="tests")
+    return token
+
+
+@pytest.fixture
+def pool(db):
+    """Two up nodes of 4 GPUs: the pool can place at most 8 GPUs for one job."""
+    return [NodeFactory(name="gpu-01"), NodeFactory(name="gpu-02")]
+
+
+@pytest.fixture
+def roots(settings, tmp_path):
+    """Fresh data and output roots for declaration checks."""
+    data = tmp_path / "datasets"
+    out = tmp_path / "outputs"
+    data.mkdir()
+    out.mkdir()
+    settings.E31_DATA_ROOTS = [data.resolve()]
+    settings.E31_OUTPUT_ROOTS = [out.resolve()]
+    return data.resolve(), out.resolve()
