@@ -165,6 +165,8 @@ CELERY_RESULT_BACKEND = None
 CELERY_TIMEZONE = "UTC"
 CELERY_ENABLE_UTC = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TASK_PUBLISH_RETRY = False
+CELERY_BROKER_CONNECTION_TIMEOUT = 2
 
 # --- The pool and its jobs.
 E31_DATA_ROOTS = _path_list("E31_DATA_ROOTS", str(STATE_DIR / "datasets"))
@@ -197,4 +199,12 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("E31_LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+# --- Beat: the periodic safety nets. Every state lives in the database; these only re-drive it.
+CELERY_BEAT_SCHEDULE = {
+    "reap-silent-nodes": {"task": "jobs.tasks.reap_nodes", "schedule": max(1.0, E31_HEARTBEAT_S)},
+    "reconcile-stuck-jobs": {"task": "jobs.tasks.reconcile", "schedule": E31_RECONCILE_EVERY_S},
+    "scheduler-safety-pass": {"task": "jobs.tasks.safety_pass", "schedule": E31_SCHEDULER_TICK_S},
+    "accrue-meter-hourly": {"task": "metering.tasks.accrue_meter", "schedule": env.float("E31_ACCRUE_EVERY_S", default=300.0)},
 }
