@@ -17,7 +17,11 @@ $(VENV)/.synced: pyproject.toml uv.lock
 run: $(VENV)/.synced
 	$(PY) manage.py run_console
 
+# The suite runs on PostgreSQL and a real Redis-backed Celery worker (started here if stopped).
+test: export DATABASE_URL ?= postgres://e31:e31@127.0.0.1:5432/e31
+test: export CELERY_BROKER_URL ?= redis://127.0.0.1:6379/0
 test: $(VENV)/.synced
+	@bin/ensure-services
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.synced

@@ -125,6 +125,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = STATE_DIR / "staticfiles"
+# Serve static files straight from the source folders, so `make run` needs no collectstatic step.
+WHITENOISE_USE_FINDERS = True
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
 LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "jobs:list"
@@ -132,6 +135,9 @@ LOGOUT_REDIRECT_URL = "home"
 
 # --- Caches: the rate limits of the public forms and the scheduler's coalescing live here.
 CACHES = {"default": env.cache_url("E31_CACHE_URL", default="locmemcache://e31")}
+# Public forms (waitlist, design-partner application): at most LIMIT posts per address per window.
+E31_PUBLIC_FORM_LIMIT = env.int("E31_PUBLIC_FORM_LIMIT", default=5)
+E31_PUBLIC_FORM_WINDOW_S = env.int("E31_PUBLIC_FORM_WINDOW_S", default=600)
 
 # --- Email: the console backend in development.
 EMAIL_BACKEND = env.str("E31_EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
@@ -177,6 +183,7 @@ for _root in (*E31_DATA_ROOTS, *E31_OUTPUT_ROOTS):
     except OSError:
         pass  # a root on a mount the web process cannot create: validation still refuses paths outside it
 E31_AGENT_ROOT = Path(env.str("E31_AGENT_ROOT", default=str(STATE_DIR / "agents"))).resolve()
+E31_STAGING_ROOT = Path(env.str("E31_STAGING_ROOT", default=str(STATE_DIR / "staging"))).resolve()
 E31_MAX_JOB_HOURS = env.float("E31_MAX_JOB_HOURS", default=168.0)
 E31_HEARTBEAT_S = env.float("E31_HEARTBEAT_S", default=5.0)
 E31_NODE_TIMEOUT_S = env.float("E31_NODE_TIMEOUT_S", default=30.0)
@@ -185,6 +192,8 @@ E31_RECONCILE_AFTER_S = env.float("E31_RECONCILE_AFTER_S", default=60.0)
 E31_RECONCILE_EVERY_S = env.float("E31_RECONCILE_EVERY_S", default=15.0)
 E31_SCHEDULER_TICK_S = env.float("E31_SCHEDULER_TICK_S", default=30.0)
 E31_FAIRSHARE_HALF_LIFE_S = env.float("E31_FAIRSHARE_HALF_LIFE_S", default=7 * 86400.0)
+# Until a transfer reports its own rate, staging ETAs assume this many bytes per second.
+E31_ASSUMED_STAGE_RATE = env.float("E31_ASSUMED_STAGE_RATE", default=200e6)
 E31_MAX_ATTEMPTS = env.int("E31_MAX_ATTEMPTS", default=3)
 E31_LOG_CAP_BYTES = env.int("E31_LOG_CAP_BYTES", default=10 * 1024 * 1024)
 E31_ALLOW_UNSANDBOXED = env.bool("E31_ALLOW_UNSANDBOXED", default=False)

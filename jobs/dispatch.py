@@ -7,12 +7,13 @@ a team's submission must commit even while the broker is down.
 
 import logging
 
+from django.conf import settings
 from django.db import transaction
 
 log = logging.getLogger(__name__)
 
 
-def _after_commit(send, what: str) -> None:
+def after_commit(send, what: str) -> None:
     def ring() -> None:
         try:
             send()
@@ -25,7 +26,9 @@ def _after_commit(send, what: str) -> None:
 def stage_job(job_id: int) -> None:
     from jobs import tasks
 
-    _after_commit(lambda: tasks.stage_job.delay(job_id), f"stage_job({job_id})")
+    after_commit(
+        lambda: tasks.stage_job.apply_async((job_id,), queue=control_queue()), f"stage_job({job_id})"
+    )
 
 
 def request_scheduler_pass() -> None:
@@ -38,19 +41,23 @@ def request_scheduler_pass() -> None:
 def run_allocation(allocation_id: int, node_name: str) -> None:
     from jobs import tasks
 
-    _after_commit(
+    after_commit(
         lambda: tasks.run_allocation.apply_async((allocation_id,), queue=node_queue(node_name)),
         f"run_allocation({allocation_id})",
     )
 
 
-def deliver_outputs(job_id: int, node_name: str) -> None:
+def deliver_outputs(allocation_id: int, node_name: str) -> None:
     from jobs import tasks
 
-    _after_commit(
-        lambda: tasks.deliver_outputs.apply_async((job_id,), queue=node_queue(node_name)),
-        f"deliver_outputs({job_id})",
+    after_commit(
+        lambda: tasks.deliver_outputs.apply_async((allocation_id,), queue=node_queue(node_name)),
+        f"deliver_outputs({allocation_id})",
     )
+
+
+def control_queue() -> str:
+    return settings.CELERY_TASK_DEFAULT_QUEUE
 
 
 def node_queue(node_name: str) -> str:

@@ -52,6 +52,8 @@ class Job(models.Model):
     # What the scheduler last said about a queued job, shown to its team.
     estimated_start = models.DateTimeField(null=True, blank=True)
     pending_reason = models.CharField(max_length=300, blank=True)
+    priority = models.FloatField(null=True, blank=True)
+    priority_detail = models.JSONField(default=dict, blank=True)
     log_tail = models.TextField(blank=True)
 
     class Meta:
@@ -169,6 +171,7 @@ class Allocation(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     sealed_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
     released_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=16, blank=True)
     # Set on node loss: the last sign of life, so an operator can credit the gap.

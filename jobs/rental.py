@@ -155,9 +155,9 @@ def release_job(
                 end_detail=detail[:500], delivery_state="delivering" if deliver and job.outputs_pending() else "",
             )  # fmt: skip
         dispatch.request_scheduler_pass()
-        if deliver and not requeue_as and moved:
-            node = Allocation.objects.filter(job=job, attempt=job.attempt).select_related("node").first().node
-            dispatch.deliver_outputs(job.id, node.name)
+        if deliver and not requeue_as and moved and job.outputs_pending():
+            for part in Allocation.objects.filter(job=job, attempt=job.attempt).select_related("node"):
+                dispatch.deliver_outputs(part.id, part.node.name)
         return moved
 
 

@@ -39,7 +39,9 @@ def mark_pass_requested() -> None:
     if flipped:
         from jobs import tasks
 
-        dispatch._after_commit(lambda: tasks.schedule_pass.delay(), "schedule_pass")
+        dispatch.after_commit(
+            lambda: tasks.schedule_pass.apply_async(queue=dispatch.control_queue()), "schedule_pass"
+        )
 
 
 def claim_requested_pass() -> bool:

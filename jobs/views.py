@@ -3,15 +3,16 @@
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
+from django.db.models import F
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts import scoping
-from jobs import declaration, presenters, services
+from jobs import declaration, estimates, presenters, services
 from jobs.forms import JobForm, bound_fields
-from jobs.lifecycle import State
+from jobs.lifecycle import BEFORE_RENT, State
 from jobs.models import Job
 
 PAGE_SIZE = 25
@@ -52,12 +53,13 @@ def job_new(request: HttpRequest) -> HttpResponse:
         if index.isdigit() and int(index) < len(form.rows):
             form.rows.pop(int(index))
         return _render_form(request, form, teams)
-    if action == "load-file":
-        return _load_job_file(request, teams)
+    if action in ("load-file", "submit-file"):
+        return _job_file(request, teams, submit=action == "submit-file")
     return _submit(request, form, teams)
 
 
-def _load_job_file(request: HttpRequest, teams) -> HttpResponse:
+def _job_file(request: HttpRequest, teams, *, submit: bool) -> HttpResponse:
+    """A TOML job file fills the form; with "submit" it is submitted as it is, if valid."""
     upload = request.FILES.get("job_file_upload")
     try:
         if upload is not None:
@@ -74,13 +76,15 @@ def _load_job_file(request: HttpRequest, teams) -> HttpResponse:
         form.errors = exc.as_dict()
         return _render_form(request, form, teams, status=400)
     form = JobForm.from_declaration(raw)
+    if submit:
+        return _submit(request, form, teams, raw=raw)
     messages.info(request, "Job file loaded. Check the fields, then submit.")
     return _render_form(request, form, teams)
 
 
-def _submit(request: HttpRequest, form: JobForm, teams) -> HttpResponse:
+def _submit(request: HttpRequest, form: JobForm, teams, *, raw: dict | None = None) -> HttpResponse:
     team = _chosen_team(request, teams)
-    raw = form.to_declaration()
+    raw = form.to_declaration() if raw is None else raw
     try:
         spec = declaration.validate(raw, limits=services.pool_limits())
     except declaration.DeclarationInvalid as exc:
@@ -138,3 +142,49 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     else:
         messages.warning(request, f"Job #{job.id} has already ended.")
     return redirect("jobs:detail", job_id=job.id)
+
+
+SIZE_CLASSES = {"1": (1, 1), "2-4": (2, 4), "5-8": (5, 8), ">8": (9, 10**6)}
+
+
+@login_required
+def queue(request: HttpRequest) -> HttpResponse:
+    """Waiting jobs in priority order, each with its estimated start and the reason it is not running yet."""
+    waiting = scoping.visible_to(
+        request.user, Job.objects.filter(state__in=BEFORE_RENT).select_related("team")
+    ).order_by(F("priority").desc(nulls_last=True), "submitted_at")
+    team = request.GET.get("team", "")
+    size = request.GET.get("size", "")
+    if team:
+        waiting = waiting.filter(team__slug=team)
+    if size in SIZE_CLASSES:
+        low, high = SIZE_CLASSES[size]
+        waiting = waiting.filter(gpus__gte=low, gpus__lte=high)
+    page = Paginator(waiting, 50).get_page(request.GET.get("page"))
+    context = {
+        "page": page, "team": team, "size": size, "sizes": list(SIZE_CLASSES),
+        "teams": scoping.teams_of(request.user).only("name", "slug"), "now": timezone.now(),
+    }  # fmt: skip
+    return render(request, "jobs/queue.html#queue-rows" if request.htmx else "jobs/queue.html", context)
+
+
+@login_required
+@require_POST
+def estimate(request: HttpRequest) -> HttpResponse:
+    """The submit form's preview: when the draft would start, and what would make it sooner."""
+    form = JobForm.from_post(request.POST)
+    raw = form.to_declaration()["request"]
+    teams = list(scoping.teams_of(request.user))
+    team = _chosen_team(request, teams)
+    gpus, hours = raw.get("gpus"), raw.get("hours")
+    context = {"options": [], "now": timezone.now(), "problem": ""}
+    if not isinstance(gpus, int) or not isinstance(hours, float) or gpus < 1 or hours <= 0 or team is None:
+        context["problem"] = "Enter GPUs and a time limit to see an estimated start."
+    elif gpus > services.pool_limits().pool_gpus:
+        context["problem"] = "This pool cannot place that many GPUs for one job."
+    else:
+        context["options"] = estimates.draft_options(
+            team=team.name, gpus=gpus, hours=hours, min_gpus=raw.get("min_gpus"),
+            preemptible=bool(raw.get("preemptible")), now=context["now"],
+        )  # fmt: skip
+    return render(request, "jobs/new.html#estimate", context)

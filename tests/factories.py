@@ -14,7 +14,7 @@ class UserFactory(factory.django.DjangoModelFactory):
         django_get_or_create = ("username",)
 
     username = factory.Sequence(lambda n: f"user{n}")
-    password = factory.PostGenerationMethodCall("set_password", "correct horse battery")
+    password = factory.django.Password("correct horse battery")
 
 
 class TeamFactory(factory.django.DjangoModelFactory):

@@ -1,0 +1,227 @@
+"""The node agent's work: run one part of an attempt, watch it, seal its outputs, deliver them.
+
+An agent is a Celery worker on queue ``node.<name>`` (threads pool, one thread per running
+part). Each part is watched once a second against the database: cancel, preemption, time limit,
+a failed sibling on another node, or the allocation released under it (node declared down).
+"""
+
+import collections
+import hashlib
+import logging
+import os
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.utils import timezone
+
+from jobs import rental, sandbox
+from jobs.lifecycle import PREEMPTED, EndReason
+from jobs.models import Allocation, Job
+
+log = logging.getLogger(__name__)
+TAIL_BYTES = 8 * 1024
+POLL_S = 0.2
+CHECK_EVERY_S = 1.0
+SEEN_EVERY_S = 5.0
+
+
+def agent_root(node_name: str) -> Path:
+    return settings.E31_AGENT_ROOT / node_name
+
+
+def attempt_dirs(allocation: Allocation) -> sandbox.AttemptDirs:
+    root = agent_root(allocation.node.name) / "jobs" / f"{allocation.job_id}-{allocation.attempt}"
+    return sandbox.AttemptDirs(
+        root=root,
+        work=root / "work",
+        output=root / "output",
+        data=settings.E31_STAGING_ROOT / str(allocation.job_id),
+    )
+
+
+class LogCapture(threading.Thread):
+    """Drains the job's output into a capped log file and keeps a rolling tail for the job page."""
+
+    def __init__(self, stream, path: Path, cap: int) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.path, self.cap = stream, path, cap
+        self.tail: collections.deque[bytes] = collections.deque()
+        self.tail_size = 0
+        self.written = 0
+        self.capped = False
+
+    def run(self) -> None:
+        with self.path.open("wb") as out:
+            for chunk in iter(lambda: self.stream.read1(65536), b""):
+                self._keep_tail(chunk)
+                room = self.cap - self.written
+                if room > 0:
+                    out.write(chunk[:room])
+                    self.written += min(room, len(chunk))
+                elif not self.capped:
+                    self.capped = True
+                    out.write(f"\n[log capped at {self.cap} bytes; further output discarded]\n".encode())
+
+    def _keep_tail(self, chunk: bytes) -> None:
+        self.tail.append(chunk)
+        self.tail_size += len(chunk)
+        while self.tail_size - len(self.tail[0]) >= TAIL_BYTES:
+            self.tail_size -= len(self.tail.popleft())
+
+    def text(self) -> str:
+        data = b"".join(self.tail)[-TAIL_BYTES:]
+        note = (
+            f"[log capped at {self.cap} bytes; the tail below is the latest output]\n" if self.capped else ""
+        )
+        return note + data.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class Part:
+    allocation: Allocation
+    job: Job
+    rank: int
+    num_nodes: int
+    coordinator: str
+
+
+def run_part(*, allocation_id: int, mode: str) -> None:
+    """Runs one allocation's process to its end, then finishes, seals and (last part) releases."""
+    if not rental.start_allocation(allocation_id=allocation_id, now=timezone.now()):
+        return  # a duplicate delivery, or released before it could start
+    part = _load_part(allocation_id)
+    dirs = attempt_dirs(part.allocation)
+    dirs.create()
+    try:
+        outcome, exit_code = _run(part, dirs, mode)
+    except Exception as exc:  # the agent itself failed: never leave GPUs held
+        log.exception("allocation %s: the agent failed", allocation_id)
+        rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(),
+                           actor=_actor(part), detail=f"the node agent failed: {exc}"[:300])  # fmt: skip
+        return
+    _after_exit(part, dirs, outcome, exit_code)
+
+
+def _load_part(allocation_id: int) -> Part:
+    allocation = Allocation.objects.select_related("node", "job").get(id=allocation_id)
+    siblings = list(
+        Allocation.objects.filter(job_id=allocation.job_id, attempt=allocation.attempt)
+        .select_related("node")
+        .order_by("rank")
+    )
+    first = siblings[0].node
+    return Part(allocation, allocation.job, allocation.rank, len(siblings), first.address or first.name)
+
+
+def _run(part: Part, dirs: sandbox.AttemptDirs, mode: str) -> tuple[str, int | None]:
+    env = _job_env(part, dirs)
+    cmd = sandbox.command(
+        argv=part.job.argv, env=env, dirs=dirs, workdir=part.job.workdir, mode=mode,
+        hidden=_hidden_paths(), share_network=part.num_nodes > 1,
+    )  # fmt: skip
+    try:
+        proc = sandbox.launch(cmd, env=env, cwd=dirs.work, mode=mode)
+    except OSError as exc:  # unsandboxed and the program does not exist
+        (dirs.root / "job.log").write_text(f"could not start {part.job.argv[0]!r}: {exc}\n")
+        _store_tail(part, f"could not start {part.job.argv[0]!r}: {exc}")
+        return EndReason.FAILED, 127
+    capture = LogCapture(proc.stdout, dirs.root / "job.log", settings.E31_LOG_CAP_BYTES)
+    capture.start()
+    stop = _watch(part, proc, capture)
+    code = sandbox.terminate(proc, grace_s=settings.E31_KILL_GRACE_S, mode=mode) if stop else proc.wait()
+    sandbox.kill_tree(proc)  # children that outlived the job go with its process group
+    capture.join(timeout=5)
+    _store_tail(part, capture.text())
+    if stop:
+        return stop, code
+    return (EndReason.SUCCEEDED if code == 0 else EndReason.FAILED), code
+
+
+def _watch(part: Part, proc: subprocess.Popen, capture: LogCapture) -> str:
+    """Waits for the process; returns why it must be stopped early, or '' once it has exited."""
+    next_check = next_seen = 0.0
+    while proc.poll() is None:
+        clock = time.monotonic()
+        if clock >= next_check:
+            next_check = clock + CHECK_EVERY_S
+            now = timezone.now()
+            if reason := rental.stop_reason(allocation_id=part.allocation.id, now=now):
+                return reason
+            _store_tail(part, capture.text())
+            if clock >= next_seen:
+                next_seen = clock + SEEN_EVERY_S
+                rental.note_worker_alive(job_id=part.job.id, now=now)
+        time.sleep(POLL_S)
+    return ""
+
+
+def _after_exit(part: Part, dirs: sandbox.AttemptDirs, outcome: str, exit_code: int | None) -> None:
+    now = timezone.now()
+    job_id = part.job.id
+    if outcome == "released":
+        return  # the node was declared down or the attempt replaced: RELEASE already happened
+    if outcome == EndReason.CANCELLED:
+        rental.release_job(job_id=job_id, end_reason=EndReason.CANCELLED, now=now, actor=_actor(part),
+                           exit_code=exit_code, detail="cancelled while running")  # fmt: skip
+        return
+    if outcome == PREEMPTED:
+        rental.release_job(job_id=job_id, end_reason=PREEMPTED, now=now, actor=_actor(part),
+                           requeue_as=PREEMPTED, detail="yielded its GPUs to a reserved job")  # fmt: skip
+        return
+    if outcome == "sibling_failed":
+        outcome = EndReason.FAILED
+    rental.finish_allocation(allocation_id=part.allocation.id, exit_code=exit_code, outcome=outcome, now=now)
+    manifest = seal(dirs.output, prefix=f"rank{part.rank}/" if part.num_nodes > 1 else "")
+    rental.seal_allocation(allocation_id=part.allocation.id, manifest=manifest, now=timezone.now())
+
+
+def seal(output_dir: Path, *, prefix: str = "") -> list[dict]:
+    """The manifest of everything the job wrote to its output directory: path, bytes, sha256."""
+    manifest = []
+    for path in sorted(p for p in output_dir.rglob("*") if p.is_file() and not p.is_symlink()):
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        rel = prefix + path.relative_to(output_dir).as_posix()
+        manifest.append({"path": rel, "bytes": path.stat().st_size, "sha256": digest.hexdigest()})
+    return manifest
+
+
+def _job_env(part: Part, dirs: sandbox.AttemptDirs) -> dict[str, str]:
+    """Only what the job declared plus what the platform owes it; none of the agent's own settings."""
+    return {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": str(dirs.work),
+        "TMPDIR": "/tmp",
+        **part.job.env,
+        "CUDA_VISIBLE_DEVICES": ",".join(map(str, part.allocation.gpu_indices)),
+        "E31_JOB_ID": str(part.job.id),
+        "E31_ATTEMPT": str(part.allocation.attempt),
+        "E31_DATA_DIR": str(dirs.data),
+        "E31_OUTPUT_DIR": str(dirs.output),
+        "E31_NODE_RANK": str(part.rank),
+        "E31_NUM_NODES": str(part.num_nodes),
+        "E31_COORDINATOR": part.coordinator,
+    }
+
+
+def _hidden_paths() -> list[Path]:
+    """The platform's own state (database files, broker folders, other jobs, staging) is never visible."""
+    paths = [settings.STATE_DIR, settings.E31_AGENT_ROOT, settings.E31_STAGING_ROOT]
+    if secret_file := os.environ.get("SECRET_KEY_FILE"):
+        paths.append(Path(secret_file).parent)
+    return paths
+
+
+def _store_tail(part: Part, text: str) -> None:
+    if part.rank == 0:
+        Job.objects.filter(id=part.job.id, attempt=part.allocation.attempt).update(log_tail=text)
+
+
+def _actor(part: Part) -> str:
+    return f"agent:{part.allocation.node.name}"

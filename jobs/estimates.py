@@ -1,0 +1,62 @@
+"""Dry runs of the scheduling policy for a draft job: when would it start, and what would be sooner.
+
+The submit form shows these before anything is stored, so a team sees what declaring fewer hours,
+fewer GPUs or an elastic range would change.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from jobs import snapshot
+from jobs.scheduling import policy
+
+DRAFT_ID = -1
+
+
+@dataclass(frozen=True)
+class Option:
+    label: str
+    gpus: int
+    hours: float
+    min_gpus: int | None
+    start_at: datetime | None
+    reason: str
+
+    def wait(self, now: datetime) -> timedelta | None:
+        return None if self.start_at is None else max(timedelta(0), self.start_at - now)
+
+
+def draft_options(
+    *, team: str, gpus: int, hours: float, min_gpus: int | None, preemptible: bool, now: datetime
+) -> list[Option]:
+    """The draft as declared, then the variations that could start it sooner."""
+    view = snapshot.take(now=now)
+    variants = [("as declared", gpus, hours, min_gpus)]
+    if hours > 0.5:
+        variants.append((f"with a {hours / 2:g} h limit", gpus, hours / 2, min_gpus))
+    if gpus > 1:
+        variants.append((f"with {max(1, gpus // 2)} GPUs", max(1, gpus // 2), hours, None))
+        if not min_gpus:
+            variants.append((f"elastic, {max(1, gpus // 2)}-{gpus} GPUs", gpus, hours, max(1, gpus // 2)))
+    return [_estimate(view, team, label, g, h, m, preemptible, now) for label, g, h, m in variants]
+
+
+def _estimate(view, team, label, gpus, hours, min_gpus, preemptible, now) -> Option:
+    draft = policy.PendingJob(
+        job_id=DRAFT_ID, team=team, gpus=gpus, hours=hours, submitted_at=now.timestamp(),
+        min_gpus=min_gpus, preemptible=preemptible,
+    )  # fmt: skip
+    plan = policy.plan(
+        now=now.timestamp(), nodes=view.nodes, running=view.running, pending=[*view.pending, draft],
+        usage=view.usage, shares=view.shares, config=view.config,
+    )  # fmt: skip
+    estimate = plan.estimates.get(DRAFT_ID)
+    started = any(s.job_id == DRAFT_ID for s in plan.starts)
+    if started:
+        return Option(
+            label, gpus, hours, min_gpus, now, "GPUs are free: it would start as soon as its data is staged"
+        )
+    if estimate is None:
+        return Option(label, gpus, hours, min_gpus, None, "no estimate")
+    start = None if estimate.start_at is None else datetime.fromtimestamp(estimate.start_at, now.tzinfo)
+    return Option(label, gpus, hours, min_gpus, start, estimate.reason)

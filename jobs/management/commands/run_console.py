@@ -1,0 +1,90 @@
+"""`make run`: migrates, creates the demo accounts, and starts web, worker, beat and a local pool."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from jobs import sandbox
+
+
+class Command(BaseCommand):
+    help = (
+        "Runs the whole console locally: web, control worker, beat and virtual GPU nodes. Ctrl-C stops all."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--nodes", type=int, default=int(os.environ.get("E31_LOCAL_NODES", 2)))
+        parser.add_argument("--gpus-per-node", type=int, default=int(os.environ.get("E31_LOCAL_GPUS", 4)))
+        parser.add_argument("--port", default=os.environ.get("PORT", "8000"))
+
+    def handle(self, *args, nodes: int, gpus_per_node: int, port: str, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        self.stdout.write(
+            self.style.SUCCESS("Database ready: " + settings.DATABASES["default"]["NAME"].__str__())
+        )
+        call_command("ensure_demo_accounts")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        agent_flags = []
+        if not sandbox.available_mode():
+            self.stdout.write(self.style.WARNING(
+                "bubblewrap is not installed: the local nodes run jobs UNSANDBOXED (the pool page says so). "
+                "apt-get install bubblewrap to sandbox them."
+            ))  # fmt: skip
+            agent_flags = ["--allow-unsandboxed"]
+        py = [sys.executable, "manage.py"]
+        celery = [sys.executable, "-m", "celery", "-A", "e31web"]
+        beat_file = str(settings.STATE_DIR / "celerybeat-schedule")
+        commands = {
+            "web": [sys.executable, "-m", "gunicorn", "e31web.wsgi", "--bind", f"127.0.0.1:{port}",
+                    "--workers", "2", "--threads", "4", "--access-logfile", "-"],
+            "worker": [*celery, "worker", "--queues", "control", "--pool", "threads", "--concurrency", "4",
+                       "--hostname", "control@%h", "--loglevel", "INFO"],
+            "beat": [*celery, "beat", "--schedule", beat_file, "--loglevel", "INFO"],
+        }  # fmt: skip
+        for i in range(1, nodes + 1):
+            commands[f"local-{i}"] = [
+                *py,
+                "node_agent",
+                "--name",
+                f"local-{i}",
+                "--gpus",
+                str(gpus_per_node),
+                *agent_flags,
+            ]
+        procs = {name: subprocess.Popen(cmd, env=env) for name, cmd in commands.items()}
+        self.stdout.write(self.style.SUCCESS(
+            f"\nE31 Network console: http://127.0.0.1:{port}/  ({nodes} local nodes x {gpus_per_node} virtual GPUs)\n"
+            "Sign in as 'operator' (operator) or 'demo' (member of team demo). Ctrl-C stops everything.\n"
+        ))  # fmt: skip
+        self._wait(procs)
+
+    def _wait(self, procs: dict[str, subprocess.Popen]) -> None:
+        stopping = False
+
+        def stop(*_):
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        while not stopping:
+            dead = [name for name, p in procs.items() if p.poll() is not None]
+            if dead:
+                self.stderr.write(f"{', '.join(dead)} exited; stopping the console")
+                break
+            time.sleep(0.5)
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for p in procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()

@@ -1,0 +1,94 @@
+"""Node registration, heartbeats, and the reaper that declares silent nodes down."""
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+
+from jobs import dispatch, rental
+from jobs.models import Allocation, Node
+
+log = logging.getLogger(__name__)
+LIVE_STATES = (Node.NodeState.UP, Node.NodeState.DRAINING, Node.NodeState.DRAINED)
+
+
+@transaction.atomic
+def register_node(
+    *, name: str, gpus: int, gpu_model: str, address: str, agent_version: str, sandbox: str, now: datetime
+) -> Node:
+    """An agent (re)starting: the node is up, and any attempt it held before is lost with the old process."""
+    node, created = Node.objects.select_for_update().get_or_create(
+        name=name,
+        defaults={
+            "gpus": gpus, "gpu_model": gpu_model, "address": address, "agent_version": agent_version,
+            "sandbox": sandbox, "registered_at": now, "state_changed_at": now, "last_heartbeat": now,
+        },
+    )  # fmt: skip
+    if not created:
+        rental.lose_node_allocations(node=node, now=now, detail=f"the agent on {name} restarted")
+        state = Node.NodeState.UP if node.state == Node.NodeState.DOWN else node.state
+        Node.objects.filter(id=node.id).update(
+            gpus=gpus, gpu_model=gpu_model, address=address, agent_version=agent_version, sandbox=sandbox,
+            last_heartbeat=now, registered_at=now, state=state,
+            state_changed_at=now if state != node.state else node.state_changed_at,
+        )  # fmt: skip
+        node.refresh_from_db()
+    dispatch.request_scheduler_pass()
+    return node
+
+
+def heartbeat(*, name: str, now: datetime) -> bool:
+    """Records a sign of life; False if the node was declared down meanwhile (the agent must re-register)."""
+    return bool(Node.objects.filter(name=name, state__in=LIVE_STATES).update(last_heartbeat=now))
+
+
+def reap_silent_nodes(*, now: datetime) -> list[str]:
+    """Declares down every node silent past the timeout: its allocations are released at this instant."""
+    cutoff = now - timedelta(seconds=settings.E31_NODE_TIMEOUT_S)
+    silent = Node.objects.filter(state__in=LIVE_STATES, last_heartbeat__lt=cutoff).values_list(
+        "id", flat=True
+    )
+    return [name for node_id in silent if (name := _declare_down(node_id=node_id, cutoff=cutoff, now=now))]
+
+
+@transaction.atomic
+def _declare_down(*, node_id: int, cutoff: datetime, now: datetime) -> str:
+    moved = Node.objects.filter(id=node_id, state__in=LIVE_STATES, last_heartbeat__lt=cutoff).update(
+        state=Node.NodeState.DOWN, state_changed_at=now
+    )
+    if not moved:
+        return ""
+    node = Node.objects.get(id=node_id)
+    silent_s = (now - node.last_heartbeat).total_seconds()
+    lost = rental.lose_node_allocations(node=node, now=now, detail=f"{node.name} silent for {silent_s:.0f} s")
+    log.warning(
+        "node %s declared down after %.0f s of silence; %d job(s) affected", node.name, silent_s, lost
+    )
+    return node.name
+
+
+@transaction.atomic
+def set_node_state(*, name: str, target: str, now: datetime, actor: str) -> bool:
+    """Operator actions: drain (no new work), resume, mark down (a node loss, now)."""
+    allowed_from = {
+        Node.NodeState.DRAINING: (Node.NodeState.UP,),
+        Node.NodeState.UP: (Node.NodeState.DRAINING, Node.NodeState.DRAINED),
+        Node.NodeState.DOWN: LIVE_STATES,
+    }[target]
+    moved = Node.objects.filter(name=name, state__in=allowed_from).update(state=target, state_changed_at=now)
+    if moved and target == Node.NodeState.DOWN:
+        rental.lose_node_allocations(
+            node=Node.objects.get(name=name), now=now, detail=f"marked down by {actor}"
+        )
+    if moved:
+        dispatch.request_scheduler_pass()
+    return bool(moved)
+
+
+def settle_drains(*, now: datetime) -> None:
+    """A draining node with nothing left running is drained."""
+    busy = Allocation.objects.filter(released_at__isnull=True).values("node_id")
+    Node.objects.filter(state=Node.NodeState.DRAINING).exclude(id__in=busy).update(
+        state=Node.NodeState.DRAINED, state_changed_at=now
+    )

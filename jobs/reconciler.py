@@ -1,0 +1,79 @@
+"""Re-drives any job stuck in a state longer than it should be: a lost message delays, never loses."""
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Q
+
+from jobs import dispatch, rental
+from jobs.lifecycle import REQUEUED, EndReason, State
+from jobs.models import Allocation, Job
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Findings:
+    """What one reconciler run found and re-drove, for the health page and logs."""
+
+    restaged: list[int] = field(default_factory=list)
+    restarted: list[int] = field(default_factory=list)
+    abandoned: list[int] = field(default_factory=list)
+    redelivered: list[int] = field(default_factory=list)
+
+    def total(self) -> int:
+        return len(self.restaged) + len(self.restarted) + len(self.abandoned) + len(self.redelivered)
+
+
+def reconcile(*, now: datetime) -> Findings:
+    stale = now - timedelta(seconds=settings.E31_RECONCILE_AFTER_S)
+    findings = Findings()
+    _restage(stale, findings)
+    _restart_unstarted(stale, findings)
+    _abandon_silent(stale, now, findings)
+    _redeliver(stale, findings)
+    dispatch.request_scheduler_pass()
+    if findings.total():
+        log.warning("reconciler re-drove %s", findings)
+    return findings
+
+
+def _restage(stale: datetime, findings: Findings) -> None:
+    submitted = Q(state=State.SUBMITTED, state_changed_at__lt=stale)
+    staging = Q(state=State.STAGING) & (Q(worker_seen_at__lt=stale) | Q(worker_seen_at__isnull=True))
+    for job_id in Job.objects.filter(submitted | staging).values_list("id", flat=True)[:500]:
+        dispatch.stage_job(job_id)
+        findings.restaged.append(job_id)
+
+
+def _restart_unstarted(stale: datetime, findings: Findings) -> None:
+    """RENTED but never started: the run message was lost; a duplicate is harmless (the start is a claim)."""
+    rows = Allocation.objects.filter(released_at__isnull=True, started_at__isnull=True, rented_at__lt=stale)
+    for allocation_id, node in rows.values_list("id", "node__name")[:500]:
+        dispatch.run_allocation(allocation_id, node)
+        findings.restarted.append(allocation_id)
+
+
+def _abandon_silent(stale: datetime, now: datetime, findings: Findings) -> None:
+    """Running or sealing with no word from its agent although the node still beats: release it."""
+    silent = Job.objects.filter(
+        state__in=(State.RUNNING, State.OUTPUT), worker_seen_at__lt=stale, state_changed_at__lt=stale
+    )
+    for job in silent[:100]:
+        requeue = job.requeue and job.attempt < settings.E31_MAX_ATTEMPTS
+        rental.release_job(
+            job_id=job.id, end_reason=EndReason.NODE_LOST, now=now, actor="reconciler",
+            detail="its node agent stopped reporting on it", requeue_as=REQUEUED if requeue else "",
+        )  # fmt: skip
+        findings.abandoned.append(job.id)
+
+
+def _redeliver(stale: datetime, findings: Findings) -> None:
+    rows = Allocation.objects.filter(
+        job__delivery_state="delivering", delivered_at__isnull=True, released_at__lt=stale
+    ).values_list("id", "node__name")
+    for allocation_id, node in rows[:200]:
+        dispatch.deliver_outputs(allocation_id, node)
+        findings.redelivered.append(allocation_id)

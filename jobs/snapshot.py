@@ -1,0 +1,156 @@
+"""Reads the pool into the scheduling policy's plain views, and stores what the policy said.
+
+The policy core knows nothing of Django; this module is the only translation between rows and
+its dataclasses, so the live scheduler and the trace simulator run the same policy.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+
+from accounts.models import Team
+from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, State
+from jobs.models import Allocation, DataInput, GpuHold, Job, Node, TeamUsage
+from jobs.scheduling import policy
+
+
+@dataclass(frozen=True)
+class PoolView:
+    nodes: list[policy.NodeView]
+    running: list[policy.RunningView]
+    pending: list[policy.PendingJob]
+    usage: dict[str, float]
+    shares: dict[str, float]
+    config: policy.PolicyConfig
+    requested_gpus: dict[int, int]
+
+
+def config() -> policy.PolicyConfig:
+    return policy.PolicyConfig(half_life_s=settings.E31_FAIRSHARE_HALF_LIFE_S)
+
+
+def take(*, now: datetime) -> PoolView:
+    """One consistent read of nodes, holds, running allocations, the queue and usage."""
+    pending = _pending(now)
+    return PoolView(
+        nodes=_nodes(),
+        running=_running(),
+        pending=pending,
+        usage=_usage(now),
+        shares=dict(Team.objects.values_list("name", "share")),
+        config=config(),
+        requested_gpus={p.job_id: p.gpus for p in pending},
+    )
+
+
+def _nodes() -> list[policy.NodeView]:
+    held: dict[int, set[int]] = defaultdict(set)
+    for node_id, index in GpuHold.objects.filter(active=True).values_list("node_id", "gpu_index"):
+        held[node_id].add(index)
+    return [
+        policy.NodeView(
+            name=node.name,
+            gpus=node.gpus,
+            free=tuple(i for i in range(node.gpus) if i not in held[node.id]),
+            schedulable=node.state == Node.NodeState.UP,
+        )
+        for node in Node.objects.exclude(state=Node.NodeState.DOWN).only("id", "name", "gpus", "state")
+    ]
+
+
+def _running() -> list[policy.RunningView]:
+    by_job: dict[int, dict] = {}
+    rows = Allocation.objects.filter(released_at__isnull=True, job__state__in=HOLDS_COMPUTE).values_list(
+        "job_id",
+        "job__team__name",
+        "node__name",
+        "gpu_indices",
+        "rented_at",
+        "job__hours",
+        "job__preemptible",
+    )
+    for job_id, team, node, indices, rented_at, hours, preemptible in rows:
+        entry = by_job.setdefault(
+            job_id,
+            {
+                "team": team,
+                "nodes": {},
+                "rented": rented_at.timestamp(),
+                "hours": hours,
+                "preemptible": preemptible,
+            },
+        )
+        entry["nodes"][node] = tuple(indices)
+    return [
+        policy.RunningView(
+            job_id=job_id,
+            team=e["team"],
+            gpus_by_node=e["nodes"],
+            started_at=e["rented"],
+            expected_end=e["rented"] + e["hours"] * 3600,
+            preemptible=e["preemptible"],
+        )
+        for job_id, e in by_job.items()
+    ]
+
+
+def _pending(now: datetime) -> list[policy.PendingJob]:
+    """Queued jobs are ready; staging ones are planned from their staging ETA."""
+    jobs = Job.objects.filter(state__in=(State.QUEUED, State.STAGING, State.SUBMITTED)).values_list(
+        "id", "team__name", "gpus", "hours", "submitted_at", "min_gpus", "preemptible", "state"
+    )
+    etas = staging_etas(now)
+    return [
+        policy.PendingJob(
+            job_id=job_id, team=team, gpus=gpus, hours=hours, submitted_at=submitted.timestamp(),
+            min_gpus=min_gpus, preemptible=preemptible,
+            ready_at=None if state == State.QUEUED else etas.get(job_id, now.timestamp() + 60),
+        )
+        for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state in jobs
+    ]  # fmt: skip
+
+
+def staging_etas(now: datetime) -> dict[int, float]:
+    """When each staging job's data should be in place, from its inputs' bytes left and rates."""
+    left: dict[int, float] = defaultdict(float)
+    rows = DataInput.objects.filter(job__state__in=BEFORE_RENT).values_list(
+        "job_id", "bytes", "bytes_done", "rate_bytes_s"
+    )
+    for job_id, size, done, rate in rows:
+        seconds = (size - done) / rate if rate > 0 else (size - done) / settings.E31_ASSUMED_STAGE_RATE
+        left[job_id] = max(left[job_id], seconds)
+    return {job_id: now.timestamp() + seconds for job_id, seconds in left.items()}
+
+
+def _usage(now: datetime) -> dict[str, float]:
+    """Each team's decayed GPU-seconds: released work folded into TeamUsage, plus what is held now."""
+    usage = {u.team.name: u.decayed(now) for u in TeamUsage.objects.select_related("team")}
+    for team, rented_at, indices in Allocation.objects.filter(released_at__isnull=True).values_list(
+        "job__team__name", "rented_at", "gpu_indices"
+    ):
+        usage[team] = usage.get(team, 0.0) + (now - rented_at).total_seconds() * len(indices)
+    return usage
+
+
+def store_estimates(plan: policy.Plan, *, now: datetime) -> None:
+    """Writes each waiting job's estimated start, reason and priority (only jobs not yet rented)."""
+    waiting = Job.objects.filter(id__in=list(plan.estimates), state__in=BEFORE_RENT).only("id")
+    rows = []
+    for job in waiting:
+        estimate = plan.estimates[job.id]
+        job.estimated_start = _at(estimate.start_at, now)
+        job.pending_reason = estimate.reason[:300]
+        job.priority_detail = plan.priority.get(job.id, {})
+        job.priority = job.priority_detail.get("total")
+        rows.append(job)
+    Job.objects.bulk_update(
+        rows, ["estimated_start", "pending_reason", "priority", "priority_detail"], batch_size=1000
+    )
+
+
+def _at(ts: float | None, now: datetime) -> datetime | None:
+    if ts is None:
+        return None
+    return now + timedelta(seconds=max(0.0, ts - now.timestamp()))

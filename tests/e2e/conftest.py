@@ -1,0 +1,121 @@
+"""A real pool for end-to-end tests: a Celery control worker, beat and node agents on Redis.
+
+Each test gets its own processes, queues and directories, pointed at the test database, with
+timeouts compressed to seconds (heartbeat 0.5 s, node timeout 3 s, kill grace 1 s).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+
+from jobs.models import Job, Node
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPRESSED = {
+    "E31_HEARTBEAT_S": "0.5",
+    "E31_NODE_TIMEOUT_S": "3",
+    "E31_KILL_GRACE_S": "1",
+    "E31_RECONCILE_AFTER_S": "6",
+    "E31_RECONCILE_EVERY_S": "1",
+    "E31_SCHEDULER_TICK_S": "2",
+    "E31_ACCRUE_EVERY_S": "2",
+    "E31_LOG_CAP_BYTES": "1000000",
+}
+
+
+@dataclass
+class LivePool:
+    tag: str
+    env: dict[str, str]
+    nodes: list[str]
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def start(self, name: str, cmd: list[str]) -> None:
+        log = open(Path(self.env["E31_STATE_DIR"]) / f"{name}.log", "wb")
+        self.procs[name] = subprocess.Popen(cmd, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+    def start_agent(self, node: str, gpus: int = 4) -> None:
+        self.start(node, [sys.executable, "manage.py", "node_agent", "--name", node, "--gpus", str(gpus)])
+
+    def kill(self, name: str) -> None:
+        """SIGKILL, as a crashed machine would: no clean-up of any kind."""
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait()
+
+    def log(self, name: str) -> str:
+        return (Path(self.env["E31_STATE_DIR"]) / f"{name}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def wait_for(predicate, *, timeout: float = 30, every: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := predicate():
+            return result
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def wait_for_state(job_id: int, *states: str, timeout: float = 40) -> Job:
+    return wait_for(
+        lambda: Job.objects.filter(id=job_id, state__in=states).first(), timeout=timeout,
+        what=f"job {job_id} to reach {states} (now {Job.objects.filter(id=job_id).values_list('state', flat=True).first()})",
+    )  # fmt: skip
+
+
+@pytest.fixture
+def live_pool(transactional_db, settings, tmp_path):
+    if not django_settings.CELERY_BROKER_URL.startswith("redis://"):
+        pytest.fail("end-to-end tests need CELERY_BROKER_URL=redis://… (make test sets it)")
+    tag = uuid.uuid4().hex[:6]
+    state = tmp_path / "state"
+    data, outputs = tmp_path / "datasets", tmp_path / "outputs"
+    for path in (state, data, outputs):
+        path.mkdir()
+    db = connection.settings_dict
+    env = {
+        **os.environ, **COMPRESSED,
+        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "E31_CONTROL_QUEUE": f"control-{tag}", "E31_STATE_DIR": str(state),
+        "E31_DATA_ROOTS": str(data), "E31_OUTPUT_ROOTS": str(outputs),
+        "SECRET_KEY": "e2e-secret-never-visible-to-jobs", "PYTHONUNBUFFERED": "1",
+    }  # fmt: skip
+    env.pop("E31_TEST_DB_NAME", None)
+    settings.CELERY_TASK_DEFAULT_QUEUE = env["E31_CONTROL_QUEUE"]
+    settings.E31_DATA_ROOTS, settings.E31_OUTPUT_ROOTS = [data.resolve()], [outputs.resolve()]
+    settings.E31_STAGING_ROOT = (state / "staging").resolve()
+    settings.E31_AGENT_ROOT = (state / "agents").resolve()
+    settings.E31_MAX_ATTEMPTS = 3
+    pool = LivePool(tag=tag, env=env, nodes=[f"e2e-{tag}-1", f"e2e-{tag}-2"])
+    celery = [sys.executable, "-m", "celery", "-A", "e31web"]
+    pool.start("worker", [*celery, "worker", "-Q", env["E31_CONTROL_QUEUE"], "--pool", "threads", "-c", "4",
+                          "-n", f"control-{tag}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat"])  # fmt: skip
+    pool.start("beat", [*celery, "beat", "--schedule", str(state / "beat-schedule")])
+    for node in pool.nodes:
+        pool.start_agent(node)
+    try:
+        wait_for(
+            lambda: Node.objects.filter(name__in=pool.nodes, state="up").count() == 2,
+            what="agents to register",
+        )
+        yield pool
+    finally:
+        pool.stop()

@@ -1,0 +1,189 @@
+"""Every rule of the job declaration, through the form, the job file and the API alike."""
+
+import copy
+import os
+
+import pytest
+from django.urls import reverse
+
+from jobs.models import DataInput, Job
+from tests.jobs.intake_channels import error_fields, submit_api, submit_file, submit_form
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def good(roots):
+    data_root, out_root = roots
+    (data_root / "corpus.bin").write_bytes(b"x" * 64)
+    return {
+        "name": "retrain-q3",
+        "work": {"argv": ["python3", "train.py", "--epochs=3"], "env": {"SEED": "7"}},
+        "data": [{"name": "corpus", "uri": f"file://{data_root}/corpus.bin", "bytes": 64}],
+        "request": {"gpus": 2, "hours": 1.5},
+        "output": {"uri": f"file://{out_root}/retrain", "bytes": 1000},
+    }
+
+
+def _with(raw: dict, path: str, value) -> dict:
+    """A copy of the declaration with one field replaced (or removed when value is ...)."""
+    out = copy.deepcopy(raw)
+    *parents, leaf = path.split(".")
+    target = out
+    for part in parents:
+        target = target[int(part)] if part.isdigit() else target[part]
+    if value is ...:
+        del target[leaf if not leaf.isdigit() else int(leaf)]
+    else:
+        target[int(leaf) if leaf.isdigit() else leaf] = value
+    return out
+
+
+def _bad_cases(data_root, out_root, outside):
+    return {
+        "argv empty": ("work.argv", [], "work.argv"),
+        "argv as a shell string": ("work.argv", "python train.py && rm -rf /", "work.argv"),
+        "reserved env E31_": ("work.env", {"E31_JOB_ID": "1"}, "work.env.E31_JOB_ID"),
+        "reserved env CUDA": ("work.env", {"CUDA_VISIBLE_DEVICES": "0"}, "work.env.CUDA_VISIBLE_DEVICES"),
+        "invalid env name": ("work.env", {"1BAD": "x"}, "work.env.1BAD"),
+        "duplicate input names": ("data", [
+            {"name": "a", "uri": f"file://{data_root}/corpus.bin", "bytes": 64},
+            {"name": "a", "uri": f"file://{data_root}/corpus.bin", "bytes": 64}], "data[1].name"),
+        "unknown scheme": ("data.0.uri", "ftp://example.com/x", "data[0].uri"),
+        "etc passwd": ("data.0.uri", "file:///etc/passwd", "data[0].uri"),
+        "dot-dot out of the root": ("data.0.uri", f"file://{data_root}/../../../etc/passwd", "data[0].uri"),
+        "symlink out of the root": ("data.0.uri", f"file://{data_root}/escape", "data[0].uri"),
+        "negative size": ("data.0.bytes", -5, "data[0].bytes"),
+        "absurd size": ("data.0.bytes", "900 EB", "data[0].bytes"),
+        "bad sha256": ("data.0.sha256", "abc", "data[0].sha256"),
+        "zero gpus": ("request.gpus", 0, "request.gpus"),
+        "more gpus than the pool": ("request.gpus", 999, "request.gpus"),
+        "zero hours": ("request.hours", 0, "request.hours"),
+        "too many hours": ("request.hours", 10_000, "request.hours"),
+        "min_gpus above gpus": ("request.min_gpus", 5, "request.min_gpus"),
+        "output outside its roots": ("output.uri", f"file://{outside}/out", "output.uri"),
+        "output over http": ("output.uri", "https://example.com/up", "output.uri"),
+        "missing request part": ("request", ..., "request"),
+        "missing name": ("name", "", "name"),
+        "control characters in name": ("name", "bad\x07name", "name"),
+    }  # fmt: skip
+
+
+CASES = list(_bad_cases("D", "O", "X"))
+
+
+@pytest.mark.parametrize("channel", ["form", "file", "api"])
+@pytest.mark.parametrize("case", CASES)
+def test_every_rule_is_refused_naming_the_field_and_nothing_is_written(
+    case, channel, good, roots, pool, member_client, member_token, tmp_path
+):
+    data_root, out_root = roots
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    os.symlink("/etc/passwd", data_root / "escape")
+    path, value, field = _bad_cases(data_root, out_root, outside)[case]
+    raw = _with(good, path, value)
+    if channel == "form" and case == "missing request part":
+        raw = _with(good, "request", {})
+        field = "request.gpus"
+    response = {
+        "form": lambda: submit_form(member_client, raw),
+        "file": lambda: submit_file(member_client, raw),
+        "api": lambda: submit_api(member_client, raw, member_token),
+    }[channel]()
+    assert response.status_code == 422, response.content[:500]
+    assert field in error_fields(response) or any(f.startswith(field) for f in error_fields(response))
+    assert Job.objects.count() == 0 and DataInput.objects.count() == 0
+
+
+@pytest.mark.parametrize("channel", ["form", "file", "api"])
+def test_a_valid_declaration_is_stored_the_same_through_every_channel(
+    channel, good, pool, member_client, member_token
+):
+    response = {
+        "form": lambda: submit_form(member_client, good),
+        "file": lambda: submit_file(member_client, good),
+        "api": lambda: submit_api(member_client, good, member_token),
+    }[channel]()
+    assert response.status_code in (201, 302), response.content[:500]
+    job = Job.objects.get()
+    assert job.argv == ["python3", "train.py", "--epochs=3"]
+    assert job.env == {"SEED": "7"}
+    assert (job.gpus, job.hours, job.output_bytes) == (2, 1.5, 1000)
+    assert list(job.inputs.values_list("name", "bytes")) == [("corpus", 64)]
+    assert job.events.get().to_state == "submitted"
+
+
+def test_the_form_accepts_sizes_with_units(good, pool, member_client):
+    raw = _with(good, "data.0.bytes", "1.5 TB")
+    response = submit_form(member_client, raw)
+    assert response.status_code == 302
+    assert DataInput.objects.get().bytes == 1_500_000_000_000
+
+
+def test_unicode_names_are_kept(good, pool, member_client, member_token):
+    raw = _with(good, "name", "résumé-训练-🚀")
+    assert submit_api(member_client, raw, member_token).status_code == 201
+    assert Job.objects.get().name == "résumé-训练-🚀"
+
+
+def test_malformed_json_is_a_400_naming_the_problem(member_client, member_token):
+    response = member_client.post(
+        "/api/v1/jobs",
+        data="{not json",
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {member_token}",
+    )
+    assert response.status_code == 400
+    assert "parse" in response.json()["detail"].lower()
+
+
+def test_a_job_file_that_is_not_toml_is_a_400(member_client):
+    response = member_client.post(
+        reverse("jobs:new"), {"action": "load-file", "job_file": "name = [unclosed"}
+    )
+    assert response.status_code == 400
+    assert "not valid TOML" in response.context["form"].errors["file"]
+    assert Job.objects.count() == 0
+
+
+def test_a_ten_megabyte_paste_is_refused_cleanly(member_client):
+    response = member_client.post(
+        reverse("jobs:new"), {"action": "load-file", "job_file": "x" * (10 * 1024 * 1024)}
+    )
+    assert response.status_code == 400
+    assert Job.objects.count() == 0
+
+
+def test_loading_a_job_file_fills_the_form_without_submitting(good, pool, member_client):
+    import tomli_w
+
+    response = member_client.post(
+        reverse("jobs:new"), {"action": "load-file", "job_file": tomli_w.dumps(good)}
+    )
+    assert response.status_code == 200
+    form = response.context["form"]
+    assert form.values["name"] == "retrain-q3"
+    assert form.values["work.argv"] == "python3\ntrain.py\n--epochs=3"
+    assert form.rows[0]["uri"].endswith("corpus.bin")
+    assert Job.objects.count() == 0
+
+
+def test_inputs_are_added_and_removed_in_place(member_client):
+    response = member_client.post(
+        reverse("jobs:new"), {"action": "add-input", "data[0].name": "a"}, HTTP_HX_REQUEST="true"
+    )
+    assert response.status_code == 200
+    assert len(response.context["form"].rows) == 2
+    assert 'id="data-row-1"' in response.content.decode()
+    response = member_client.post(
+        reverse("jobs:new"), {"action": "remove-input-0", "data[0].name": "a", "data[1].name": "b"}
+    )
+    assert [r["name"] for r in response.context["form"].rows] == ["b"]
+
+
+def test_the_job_page_shows_the_declaration_and_its_events(good, pool, member_client):
+    response = submit_form(member_client, good)
+    page = member_client.get(response["Location"])
+    html = page.content.decode()
+    assert "python3 train.py --epochs=3" in html and "submitted" in html
