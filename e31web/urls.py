@@ -6,6 +6,8 @@ from e31web.api import api
 
 urlpatterns = [
     path("", views.home, name="home"),
+    # The public pages (unsolved problems, design partners), invitations and their operator pages.
+    path("", include("e31web.page_urls")),
     path("accounts/", include("accounts.urls")),
     path("jobs/", include("jobs.urls")),
     path("api/v1/", api.urls),

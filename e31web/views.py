@@ -1,8 +1,398 @@
-"""Public pages of the console."""
+"""Public pages (home, unsolved problems, design-partner intake, invitations) and the operators' pages."""
 
+import json
+import logging
+from collections.abc import Callable
+from functools import wraps
+from smtplib import SMTPException
+
+from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.db import IntegrityError
+from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods, require_POST
+
+from e31web import emails, forms, services
+from e31web.models import Application, Problem, ProblemRevision, WaitlistEntry
+from e31web.ratelimit import limit_posts
+
+logger = logging.getLogger(__name__)
 
 
 def home(request: HttpRequest) -> HttpResponse:
     return render(request, "pages/home.html")
+
+
+# --- The unsolved-problems page -------------------------------------------------------------------
+
+
+def _with_history(problems) -> list[Problem]:
+    return list(
+        problems.prefetch_related(
+            Prefetch("revisions", queryset=ProblemRevision.objects.order_by("at", "id"))
+        )
+    )
+
+
+def _figure_text(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return str(value)
+
+
+def _attach_measurements(problems: list[Problem]) -> None:
+    """Each problem gets ``measured``: per key, the latest stored measurement (or None) and its figures."""
+    latest = services.latest_measurements(key for problem in problems for key in problem.measurement_keys)
+    for problem in problems:
+        problem.measured = [
+            {
+                "key": key,
+                "m": latest.get(key),
+                "rows": [(name, _figure_text(v)) for name, v in latest[key].figures.items()]
+                if key in latest
+                else [],
+            }
+            for key in problem.measurement_keys
+        ]
+
+
+def unsolved(request: HttpRequest) -> HttpResponse:
+    problems = _with_history(Problem.objects.all())
+    _attach_measurements(problems)
+    context = {
+        "open_problems": [p for p in problems if not p.is_solved],
+        "solved_problems": sorted(
+            (p for p in problems if p.is_solved), key=lambda p: p.solved_on, reverse=True
+        ),
+    }
+    return render(request, "pages/unsolved.html", context)
+
+
+# --- Operators: editing problems ------------------------------------------------------------------
+
+
+def operator_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Sign-in for visitors; 403 for signed-in users who are not operators (is_staff)."""
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        if not request.user.is_staff:
+            raise PermissionDenied
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def _render_problem_form(request: HttpRequest, context: dict, *, status: int = 200) -> HttpResponse:
+    # The htmx Preview button swaps in the preview alone (its errors included, with 200 because htmx
+    # does not swap a 4xx); without JavaScript the whole page comes back.
+    if request.htmx and request.POST.get("action") == "preview":
+        return render(request, "pages/problem_form.html#problem-preview", context)
+    return render(request, "pages/problem_form.html", context, status=status)
+
+
+def _preview_of(form: forms.ProblemForm, base: Problem | None) -> Problem:
+    """An unsaved problem as the edit would make it read."""
+    data = form.cleaned_data
+    problem = Problem(
+        slug=base.slug if base else "preview",
+        status=base.status if base else Problem.Status.OPEN,
+        solution=base.solution if base else "",
+        solved_on=base.solved_on if base else None,
+        added_at=base.added_at if base else timezone.now(),
+        reviewed_at=timezone.now(),
+        **{
+            name: data[name]
+            for name in ("title", "summary", "why_hard", "open_questions", "measurement_keys")
+        },
+    )
+    return problem
+
+
+@operator_required
+@require_http_methods(["GET", "POST"])
+def problem_new(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return _render_problem_form(request, {"form": forms.ProblemForm(), "mode": "new"})
+    form = forms.ProblemForm(request.POST)
+    if not form.is_valid():
+        return _render_problem_form(request, {"form": form, "mode": "new"}, status=422)
+    if request.POST.get("action") == "preview":
+        return _render_problem_form(
+            request, {"form": form, "mode": "new", "preview": _preview_of(form, None)}
+        )
+    problem = services.add_problem(
+        **form.cleaned_data, author=request.user.get_username(), now=timezone.now()
+    )
+    messages.success(request, f"Added “{problem.title}” to the open problems.")
+    return redirect(f"{reverse('unsolved')}#problem-{problem.slug}")
+
+
+@operator_required
+@require_http_methods(["GET", "POST"])
+def problem_edit(request: HttpRequest, slug: str) -> HttpResponse:
+    problem = get_object_or_404(Problem, slug=slug)
+    context = {"problem": problem, "mode": "edit"}
+    if request.method == "GET":
+        return _render_problem_form(request, {**context, "form": forms.ProblemForm.for_problem(problem)})
+    form = forms.ProblemForm(request.POST)
+    if not form.is_valid():
+        return _render_problem_form(request, {**context, "form": form}, status=422)
+    if request.POST.get("action") == "preview":
+        return _render_problem_form(request, {**context, "form": form, "preview": _preview_of(form, problem)})
+    revision = services.reword_problem(
+        problem_id=problem.id, **form.cleaned_data, author=request.user.get_username(), now=timezone.now()
+    )
+    if revision is None:
+        messages.info(request, "Nothing changed, so nothing was recorded.")
+    else:
+        messages.success(request, f"Reworded “{revision.title}”; the edit is in its history and the feed.")
+    return redirect(f"{reverse('unsolved')}#problem-{problem.slug}")
+
+
+@operator_required
+@require_http_methods(["GET", "POST"])
+def problem_solve(request: HttpRequest, slug: str) -> HttpResponse:
+    problem = get_object_or_404(Problem, slug=slug)
+    context = {"problem": problem, "mode": "solve"}
+    if problem.is_solved:
+        messages.info(request, "This problem is already marked solved.")
+        return redirect(f"{reverse('unsolved')}#problem-{problem.slug}")
+    if request.method == "GET":
+        form = forms.SolveForm(initial={"solved_on": timezone.now().date()})
+        return _render_problem_form(request, {**context, "form": form})
+    form = forms.SolveForm(request.POST)
+    if not form.is_valid():
+        return _render_problem_form(request, {**context, "form": form}, status=422)
+    if request.POST.get("action") == "preview":
+        preview = Problem(**{f.attname: getattr(problem, f.attname) for f in Problem._meta.concrete_fields})
+        preview.status, preview.solution = Problem.Status.SOLVED, form.cleaned_data["solution"]
+        preview.solved_on = form.cleaned_data["solved_on"]
+        return _render_problem_form(request, {**context, "form": form, "preview": preview})
+    services.mark_problem_solved(
+        problem_id=problem.id, **form.cleaned_data, author=request.user.get_username(), now=timezone.now()
+    )
+    messages.success(request, f"Marked “{problem.title}” solved; it stays on the page under Solved.")
+    return redirect(f"{reverse('unsolved')}#problem-{problem.slug}")
+
+
+@operator_required
+@require_POST
+def problem_reviewed(request: HttpRequest, slug: str) -> HttpResponse:
+    problem = get_object_or_404(Problem, slug=slug)
+    services.mark_problem_reviewed(
+        problem_id=problem.id, author=request.user.get_username(), now=timezone.now()
+    )
+    messages.success(request, f"Recorded a review of “{problem.title}”.")
+    return redirect(f"{reverse('unsolved')}#problem-{problem.slug}")
+
+
+# --- Design-partner intake (public) ---------------------------------------------------------------
+
+
+def _render_partners(request: HttpRequest, form, *, status: int = 200) -> HttpResponse:
+    context = {
+        "intake_open": services.intake_is_open(),
+        "form": form,
+        "honeypot": forms.HONEYPOT,
+    }
+    return render(request, "pages/partners.html", context, status=status)
+
+
+def _thanks(kind: str) -> HttpResponse:
+    return redirect(f"{reverse('partners-thanks')}?for={kind}")
+
+
+@limit_posts()
+@require_http_methods(["GET", "POST"])
+def partners(request: HttpRequest) -> HttpResponse:
+    is_open = services.intake_is_open()
+    if request.method == "GET":
+        return _render_partners(request, forms.ApplicationForm() if is_open else forms.WaitlistForm())
+    kind = "application" if request.POST.get("form") == "application" else "waitlist"
+    if request.POST.get(forms.HONEYPOT):
+        return _thanks(kind)  # looks accepted to the bot; nothing is saved or sent
+    if kind == "waitlist":
+        return _join_waitlist(request)
+    if not is_open:
+        messages.warning(request, "Intake closed while you were filling in the form; nothing was saved.")
+        return _render_partners(request, forms.WaitlistForm(), status=409)
+    return _apply(request)
+
+
+def _join_waitlist(request: HttpRequest) -> HttpResponse:
+    form = forms.WaitlistForm(request.POST)
+    if not form.is_valid():
+        return _render_partners(request, form, status=422)
+    services.join_waitlist(**form.cleaned_data, now=timezone.now())
+    return _thanks("waitlist")
+
+
+def _apply(request: HttpRequest) -> HttpResponse:
+    form = forms.ApplicationForm(request.POST)
+    if not form.is_valid():
+        return _render_partners(request, form, status=422)
+    data = dict(form.cleaned_data)
+    problem_ids = [p.id for p in data.pop("problems")]
+    application = services.submit_application(**data, problem_ids=problem_ids, now=timezone.now())
+    try:
+        emails.application_received(application=application)
+    except (SMTPException, OSError):
+        # The application is saved and operators see it; a mail outage must not turn that into an error page.
+        logger.warning("confirmation email to application %s failed", application.id, exc_info=True)
+    return _thanks("application")
+
+
+def partners_thanks(request: HttpRequest) -> HttpResponse:
+    kind = "application" if request.GET.get("for") == "application" else "waitlist"
+    return render(request, "pages/partners_thanks.html", {"kind": kind})
+
+
+# --- Operators: review ----------------------------------------------------------------------------
+
+
+@operator_required
+def partners_review(request: HttpRequest) -> HttpResponse:
+    applications = Application.objects.prefetch_related("problems")
+    context = {
+        "intake_open": services.intake_is_open(),
+        "pending": applications.filter(status=Application.Status.PENDING).order_by("created_at"),
+        "decided": applications.exclude(status=Application.Status.PENDING)[:50],
+        "waitlist": WaitlistEntry.objects.all()[:200],
+        "waitlist_count": WaitlistEntry.objects.count(),
+    }
+    return render(request, "pages/partners_review.html", context)
+
+
+@operator_required
+@require_POST
+def partners_intake(request: HttpRequest) -> HttpResponse:
+    is_open = request.POST.get("open") == "1"
+    services.set_intake_open(is_open=is_open, by=request.user.get_username(), now=timezone.now())
+    messages.success(request, "Design-partner intake is now " + ("open." if is_open else "closed."))
+    return redirect("partners-review")
+
+
+def _render_application(
+    request: HttpRequest, application: Application, *, status: int = 200, **forms_
+) -> HttpResponse:
+    context = {
+        "application": application,
+        "accept_form": forms_.get("accept_form")
+        or forms.AcceptForm(initial={"team_name": application.team_name}),
+        "decline_form": forms_.get("decline_form") or forms.DeclineForm(),
+    }
+    return render(request, "pages/partners_application.html", context, status=status)
+
+
+@operator_required
+def partners_application(request: HttpRequest, application_id: int) -> HttpResponse:
+    application = get_object_or_404(Application.objects.prefetch_related("problems"), id=application_id)
+    return _render_application(request, application)
+
+
+@operator_required
+@require_POST
+def partners_accept(request: HttpRequest, application_id: int) -> HttpResponse:
+    application = get_object_or_404(Application, id=application_id)
+    form = forms.AcceptForm(request.POST)
+    if not form.is_valid():
+        return _render_application(request, application, status=422, accept_form=form)
+    now = timezone.now()
+    try:
+        application, token = services.accept_application(
+            application_id=application.id,
+            team_name=form.cleaned_data["team_name"],
+            by=request.user.get_username(),
+            now=now,
+        )
+    except services.IntakeError as exc:
+        messages.error(request, str(exc))
+        return redirect("partners-application", application_id=application.id)
+    except IntegrityError:  # another accept created a team of that name a moment ago
+        messages.error(request, "A team with this name was just created: choose another name.")
+        return redirect("partners-application", application_id=application.id)
+    link = request.build_absolute_uri(reverse("invite", args=[token]))
+    _send_invitation(request, application, link)
+    return redirect("partners-application", application_id=application.id)
+
+
+def _send_invitation(request: HttpRequest, application: Application, link: str) -> None:
+    try:
+        emails.invitation(application=application, link=link, expires_at=application.invitation.expires_at)
+    except (SMTPException, OSError):
+        # The token exists only now: if the mail cannot go, the operator passes the link on by hand.
+        messages.warning(
+            request, f"Accepted, but the email could not be sent. Send this link yourself: {link}"
+        )
+        return
+    messages.success(
+        request, f"Accepted: team “{application.team.name}” created, invitation sent to {application.email}."
+    )
+
+
+@operator_required
+@require_POST
+def partners_decline(request: HttpRequest, application_id: int) -> HttpResponse:
+    application = get_object_or_404(Application, id=application_id)
+    form = forms.DeclineForm(request.POST)
+    if not form.is_valid():
+        return _render_application(request, application, status=422, decline_form=form)
+    try:
+        application = services.decline_application(
+            application_id=application.id,
+            note=form.cleaned_data["note"],
+            by=request.user.get_username(),
+            now=timezone.now(),
+        )
+    except services.IntakeError as exc:
+        messages.error(request, str(exc))
+        return redirect("partners-application", application_id=application.id)
+    try:
+        emails.application_declined(application=application)
+    except (SMTPException, OSError):
+        messages.warning(request, "Declined, but the email to the applicant could not be sent.")
+    else:
+        messages.success(request, f"Declined; {application.email} was told, with your note.")
+    return redirect("partners-application", application_id=application.id)
+
+
+# --- Invitations ----------------------------------------------------------------------------------
+
+
+def _refused(request: HttpRequest) -> HttpResponse:
+    # One answer for unknown, altered, used and expired links: the page reveals nothing about which.
+    return render(request, "pages/invite.html", {"refused": True}, status=410)
+
+
+@limit_posts(scope="invite")
+@require_http_methods(["GET", "POST"])
+def invite(request: HttpRequest, token: str) -> HttpResponse:
+    invitation = services.usable_invitation(token=token, now=timezone.now())
+    if invitation is None:
+        return _refused(request)
+    if request.method == "GET":
+        form = forms.SetPasswordForm(email=invitation.email)
+        return render(request, "pages/invite.html", {"invitation": invitation, "form": form})
+    form = forms.SetPasswordForm(request.POST, email=invitation.email)
+    if not form.is_valid():
+        return render(request, "pages/invite.html", {"invitation": invitation, "form": form}, status=422)
+    try:
+        user = services.redeem_invitation(
+            token=token, password=form.cleaned_data["password1"], now=timezone.now()
+        )
+    except services.InvitationRefused as exc:
+        return render(request, "pages/invite.html", {"refused": True, "reason": str(exc)}, status=410)
+    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    messages.success(request, f"Welcome. You are the admin of team “{invitation.team.name}”.")
+    return redirect("jobs:list")

@@ -1,0 +1,38 @@
+"""Plain-text emails to applicants, sent through Django's email backend (the console in development)."""
+
+from django.core.mail import send_mail
+from django.template.loader import render_to_string
+
+from e31web.models import Application
+
+
+def _send(*, to: str, subject: str, template: str, context: dict) -> None:
+    body = render_to_string(template, context)
+    send_mail(subject, body, None, [to], fail_silently=False)
+
+
+def application_received(*, application: Application) -> None:
+    _send(
+        to=application.email,
+        subject="E31 Network: we received your design-partner application",
+        template="pages/email/application_received.txt",
+        context={"application": application},
+    )
+
+
+def invitation(*, application: Application, link: str, expires_at) -> None:
+    _send(
+        to=application.email,
+        subject="E31 Network: your design-partner application was accepted",
+        template="pages/email/invitation.txt",
+        context={"application": application, "link": link, "expires_at": expires_at},
+    )
+
+
+def application_declined(*, application: Application) -> None:
+    _send(
+        to=application.email,
+        subject="E31 Network: about your design-partner application",
+        template="pages/email/declined.txt",
+        context={"application": application},
+    )

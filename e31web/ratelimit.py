@@ -1,0 +1,47 @@
+"""A per-address limit on posts to the public forms, counted in the Django cache.
+
+A fixed window per address: the first post opens it, and past ``E31_PUBLIC_FORM_LIMIT`` posts
+within ``E31_PUBLIC_FORM_WINDOW_S`` seconds the address gets HTTP 429 until the window ends.
+Counting in the cache (not the database) keeps a flood from writing rows.
+"""
+
+from collections.abc import Callable
+from functools import wraps
+
+from django.conf import settings
+from django.core.cache import cache
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+
+def _count_post(*, scope: str, addr: str) -> int:
+    key = f"e31:public-form:{scope}:{addr}"
+    window = settings.E31_PUBLIC_FORM_WINDOW_S
+    cache.add(key, 0, timeout=window)  # only the first post of a window sets the expiry
+    try:
+        return cache.incr(key)
+    except ValueError:  # the window expired between add and incr
+        cache.set(key, 1, timeout=window)
+        return 1
+
+
+def over_limit(request: HttpRequest, *, scope: str = "public") -> bool:
+    addr = request.META.get("REMOTE_ADDR") or "unknown"
+    return _count_post(scope=scope, addr=addr) > settings.E31_PUBLIC_FORM_LIMIT
+
+
+def limit_posts(scope: str = "public") -> Callable:
+    """Decorator for a public form view: every POST counts, valid or not."""
+
+    def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @wraps(view)
+        def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            if request.method == "POST" and over_limit(request, scope=scope):
+                response = render(request, "pages/too_many.html", status=429)
+                response["Retry-After"] = str(settings.E31_PUBLIC_FORM_WINDOW_S)
+                return response
+            return view(request, *args, **kwargs)
+
+        return wrapped
+
+    return decorator

@@ -1,0 +1,333 @@
+"""Writers for the public record and design-partner intake.
+
+The only code that writes these models: keyword-only arguments, one transaction each, ``now`` passed in.
+"""
+
+import json
+import re
+import secrets
+from collections.abc import Iterable
+from datetime import date, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models import Max, Q
+from django.utils.text import slugify
+
+from accounts import services as accounts
+from accounts.models import Membership, Team
+from e31web.models import (
+    Application,
+    IntakeChange,
+    Invitation,
+    Measurement,
+    Problem,
+    ProblemRevision,
+    WaitlistEntry,
+)
+
+MEASUREMENT_KEY = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,79}$")
+MAX_FIGURES_BYTES = 20_000  # figures are a handful of numbers shown on a public page, not a raw dump
+INVITATION_TTL_S = 7 * 86400
+
+
+class IntakeError(Exception):
+    """An intake step that cannot happen as asked; the message is meant for the person who asked."""
+
+
+class InvitationRefused(Exception):
+    """The invitation link is unknown, altered, already used or expired."""
+
+
+# --- Measurements ---------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def record_measurement(*, key: str, title: str, figures: dict, command: str, now: datetime) -> Measurement:
+    """Appends one measurement; the public page shows the latest per key. Rows are never changed."""
+    if not MEASUREMENT_KEY.match(key):
+        raise ValueError(f"measurement key {key!r}: lower-case letters, digits, '.', '_' or '-', at most 80")
+    if not isinstance(figures, dict) or not figures:
+        raise ValueError("figures must be a non-empty dict")
+    if len(json.dumps(figures, default=str)) > MAX_FIGURES_BYTES:
+        raise ValueError(f"figures must serialise to at most {MAX_FIGURES_BYTES} bytes of JSON")
+    # Round-trip through JSON so what is stored is exactly what the page will show.
+    stored = json.loads(json.dumps(figures, default=str))
+    return Measurement.objects.create(
+        key=key, title=title.strip()[:200] or key, figures=stored, command=command[:2000], measured_at=now
+    )
+
+
+def latest_measurements(keys: Iterable[str]) -> dict[str, Measurement]:
+    """The newest measurement for each key that has one (one small query per key)."""
+    latest = {}
+    for key in dict.fromkeys(keys):
+        row = Measurement.objects.filter(key=key).order_by("-measured_at", "-id").first()
+        if row is not None:
+            latest[key] = row
+    return latest
+
+
+# --- Unsolved problems ----------------------------------------------------------------------------
+
+_WORDING = ("title", "summary", "why_hard", "open_questions", "measurement_keys")
+
+
+def _revise(*, problem_id: int, kind: str, author: str, note: str, now: datetime) -> ProblemRevision:
+    """Keeps the problem as it reads after this edit."""
+    problem = Problem.objects.get(id=problem_id)
+    return ProblemRevision.objects.create(
+        problem=problem,
+        kind=kind,
+        at=now,
+        author=author[:150],
+        note=note[:300],
+        status=problem.status,
+        solution=problem.solution,
+        solved_on=problem.solved_on,
+        **{name: getattr(problem, name) for name in _WORDING},
+    )
+
+
+def _free_slug(title: str) -> str:
+    base = slugify(title)[:70] or "problem"
+    slug, n = base, 2
+    while Problem.objects.filter(slug=slug).exists():
+        slug, n = f"{base}-{n}", n + 1
+    return slug
+
+
+@transaction.atomic
+def add_problem(
+    *,
+    title: str,
+    summary: str,
+    why_hard: str,
+    open_questions: list[str],
+    measurement_keys: list[str],
+    author: str,
+    now: datetime,
+    note: str = "",
+) -> Problem:
+    """A new open problem, at the end of the list, with its 'added' revision."""
+    position = (Problem.objects.aggregate(last=Max("position"))["last"] or 0) + 1
+    problem = Problem.objects.create(
+        slug=_free_slug(title),
+        title=title,
+        summary=summary,
+        why_hard=why_hard,
+        open_questions=list(open_questions),
+        measurement_keys=list(measurement_keys),
+        position=position,
+        added_at=now,
+        reviewed_at=now,
+    )
+    _revise(problem_id=problem.id, kind=ProblemRevision.Kind.ADDED, author=author, note=note, now=now)
+    return problem
+
+
+@transaction.atomic
+def reword_problem(
+    *,
+    problem_id: int,
+    title: str,
+    summary: str,
+    why_hard: str,
+    open_questions: list[str],
+    measurement_keys: list[str],
+    note: str,
+    author: str,
+    now: datetime,
+) -> ProblemRevision | None:
+    """Rewords a problem and keeps the edit; None if nothing changed (no empty revisions)."""
+    problem = Problem.objects.select_for_update().get(id=problem_id)
+    wording = {
+        "title": title,
+        "summary": summary,
+        "why_hard": why_hard,
+        "open_questions": list(open_questions),
+        "measurement_keys": list(measurement_keys),
+    }
+    if all(getattr(problem, name) == value for name, value in wording.items()):
+        return None
+    Problem.objects.filter(id=problem_id).update(**wording, reviewed_at=now)
+    return _revise(
+        problem_id=problem_id, kind=ProblemRevision.Kind.REWORDED, author=author, note=note, now=now
+    )
+
+
+@transaction.atomic
+def mark_problem_solved(
+    *, problem_id: int, solution: str, solved_on: date, author: str, now: datetime, note: str = ""
+) -> ProblemRevision | None:
+    """OPEN -> SOLVED with the solution and its date; None if it was already solved."""
+    if not solution.strip():
+        raise ValueError("a problem is marked solved only with a description of the solution")
+    claimed = Problem.objects.filter(id=problem_id, status=Problem.Status.OPEN).update(
+        status=Problem.Status.SOLVED, solution=solution, solved_on=solved_on, reviewed_at=now
+    )
+    if not claimed:
+        return None
+    return _revise(problem_id=problem_id, kind=ProblemRevision.Kind.SOLVED, author=author, note=note, now=now)
+
+
+@transaction.atomic
+def mark_problem_reviewed(*, problem_id: int, author: str, now: datetime, note: str = "") -> ProblemRevision:
+    """Records that an operator read the problem again and it still stands as written."""
+    Problem.objects.filter(id=problem_id).update(reviewed_at=now)
+    return _revise(
+        problem_id=problem_id, kind=ProblemRevision.Kind.REVIEWED, author=author, note=note, now=now
+    )
+
+
+# --- Design-partner intake ------------------------------------------------------------------------
+
+
+def intake_is_open() -> bool:
+    latest = IntakeChange.objects.order_by("-at", "-id").first()
+    return bool(latest and latest.is_open)
+
+
+@transaction.atomic
+def set_intake_open(*, is_open: bool, by: str, now: datetime) -> IntakeChange:
+    """Opens or closes intake; every change is kept, the latest wins."""
+    return IntakeChange.objects.create(is_open=is_open, by=by[:150], at=now)
+
+
+@transaction.atomic
+def join_waitlist(*, email: str, note: str, now: datetime) -> WaitlistEntry:
+    """One entry per address: signing up again keeps the first entry (and says nothing different)."""
+    entry, _ = WaitlistEntry.objects.get_or_create(
+        email=email.strip().lower(), defaults={"note": note[:500], "created_at": now}
+    )
+    return entry
+
+
+@transaction.atomic
+def submit_application(
+    *,
+    team_name: str,
+    contact_name: str,
+    email: str,
+    work: str,
+    data_bytes: int,
+    data_location: str,
+    compute_request: str,
+    output: str,
+    output_bytes: int,
+    can_run_when: str,
+    problem_ids: Iterable[int],
+    now: datetime,
+) -> Application:
+    """A pending application; refused while intake is closed. Only open problems can be ticked."""
+    if not intake_is_open():
+        raise IntakeError("design-partner intake is closed")
+    application = Application.objects.create(
+        team_name=team_name,
+        contact_name=contact_name,
+        email=email.strip().lower(),
+        work=work,
+        data_bytes=data_bytes,
+        data_location=data_location,
+        compute_request=compute_request,
+        output=output,
+        output_bytes=output_bytes,
+        can_run_when=can_run_when,
+        created_at=now,
+    )
+    application.problems.set(Problem.objects.open().filter(id__in=list(problem_ids)))
+    return application
+
+
+def team_name_problem(name: str) -> str:
+    """Why this team name cannot be used for a new team, or '' if it can."""
+    slug = slugify(name)
+    if not slug:
+        return "a team name needs at least one letter or digit"
+    if Team.objects.filter(Q(name__iexact=name) | Q(slug=slug)).exists():
+        return "a team with this name already exists"
+    return ""
+
+
+@transaction.atomic
+def accept_application(
+    *, application_id: int, team_name: str, by: str, now: datetime
+) -> tuple[Application, str]:
+    """PENDING -> ACCEPTED: creates the team and a single-use invitation; returns the plain token once."""
+    team_name = team_name.strip()
+    if problem := team_name_problem(team_name):
+        raise IntakeError(problem)
+    claimed = Application.objects.filter(id=application_id, status=Application.Status.PENDING).update(
+        status=Application.Status.ACCEPTED, decided_at=now, decided_by=by[:150]
+    )
+    if not claimed:
+        raise IntakeError("this application has already been decided")
+    team = accounts.create_team(name=team_name)
+    Application.objects.filter(id=application_id).update(team=team)
+    application = Application.objects.get(id=application_id)
+    token = secrets.token_urlsafe(32)
+    Invitation.objects.create(
+        application=application,
+        team=team,
+        email=application.email,
+        digest=accounts.digest_token(token),
+        created_at=now,
+        expires_at=now + _invitation_ttl(),
+    )
+    return application, token
+
+
+def _invitation_ttl() -> timedelta:
+    # Read at call time so an environment (or a test) can shorten it without a code change.
+    return timedelta(seconds=getattr(settings, "E31_INVITATION_TTL_S", INVITATION_TTL_S))
+
+
+@transaction.atomic
+def decline_application(*, application_id: int, note: str, by: str, now: datetime) -> Application:
+    """PENDING -> DECLINED with the operators' note."""
+    claimed = Application.objects.filter(id=application_id, status=Application.Status.PENDING).update(
+        status=Application.Status.DECLINED, decided_at=now, decided_by=by[:150], decision_note=note[:1000]
+    )
+    if not claimed:
+        raise IntakeError("this application has already been decided")
+    return Application.objects.get(id=application_id)
+
+
+def usable_invitation(*, token: str, now: datetime) -> Invitation | None:
+    """The invitation this token opens, if it is still unused and unexpired."""
+    if not token or len(token) > 100:
+        return None
+    return (
+        Invitation.objects.select_related("application", "team")
+        .filter(digest=accounts.digest_token(token), used_at__isnull=True, expires_at__gt=now)
+        .first()
+    )
+
+
+@transaction.atomic
+def redeem_invitation(*, token: str, password: str, now: datetime) -> Any:
+    """Uses the invitation once: creates the contact's account and makes it the team's admin."""
+    invitation = usable_invitation(token=token, now=now)
+    if invitation is None:
+        raise InvitationRefused("this invitation link is not valid")
+    # The claim is the conditional UPDATE: of two redemptions racing, only one sees a row change.
+    claimed = Invitation.objects.filter(id=invitation.id, used_at__isnull=True, expires_at__gt=now).update(
+        used_at=now
+    )
+    if not claimed:
+        raise InvitationRefused("this invitation link has already been used")
+    User = get_user_model()
+    if User.objects.filter(username__iexact=invitation.email).exists():
+        # Never hand an existing account to whoever holds a link; an operator adds that user instead.
+        raise InvitationRefused("an account with this email already exists: sign in, and ask an operator")
+    user = User.objects.create_user(
+        username=invitation.email,
+        email=invitation.email,
+        password=password,
+        first_name=invitation.application.contact_name[:150],
+    )
+    accounts.add_member(team=invitation.team, user=user, role=Membership.Role.ADMIN)
+    Invitation.objects.filter(id=invitation.id).update(user=user)
+    return user

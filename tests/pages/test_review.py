@@ -1,0 +1,222 @@
+"""Operators review applications; an accepted contact follows a single-use link into the console."""
+
+import re
+from datetime import timedelta
+
+import pytest
+import time_machine
+from django.contrib.auth import get_user_model
+from django.core import mail
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from accounts.models import Membership, Team
+from e31web import services
+from e31web.models import Application, Invitation
+from tests.pages.factories import ApplicationFactory, WaitlistEntryFactory
+
+PASSWORD = "a long and unusual passphrase 31"
+LINK = re.compile(r"http://testserver(/invite/[^/\s]+/)")
+
+
+def _accept(operator_client: Client, application: Application, team_name: str = "") -> str:
+    """Accepts through the page and returns the invitation path from the email."""
+    url = reverse("partners-accept", args=[application.id])
+    operator_client.post(url, {"team_name": team_name or application.team_name})
+    return LINK.search(mail.outbox[-1].body).group(1)
+
+
+def _set_password(client: Client, path: str, password: str = PASSWORD, again: str | None = None):
+    return client.post(path, {"password1": password, "password2": again or password})
+
+
+@pytest.mark.django_db
+def test_operators_see_pending_applications_decided_ones_and_the_waitlist(operator_client):
+    pending = ApplicationFactory(team_name="Footage Lab")
+    ApplicationFactory(team_name="Old Lab", status="declined", decided_by="olga", decided_at=timezone.now())
+    WaitlistEntryFactory(email="wait@example.com", note="later please")
+    response = operator_client.get(reverse("partners-review"))
+    html = response.content.decode()
+    assert list(response.context["pending"]) == [pending]
+    assert "Footage Lab" in html and "Old Lab" in html
+    assert "wait@example.com" in html and "later please" in html
+    assert "40.0 TB" in html or "40 TB" in html
+    detail = operator_client.get(reverse("partners-application", args=[pending.id])).content.decode()
+    assert "python render.py --backlog" in detail and "any weekend next month" in detail
+
+
+@pytest.mark.django_db
+def test_members_and_visitors_cannot_see_or_decide_applications(member_client, client, application):
+    for url in (reverse("partners-review"), reverse("partners-application", args=[application.id])):
+        assert member_client.get(url).status_code == 403
+        assert client.get(url).status_code == 302
+    assert (
+        member_client.post(reverse("partners-accept", args=[application.id]), {"team_name": "x"}).status_code
+        == 403
+    )
+    assert (
+        member_client.post(reverse("partners-decline", args=[application.id]), {"note": "x"}).status_code
+        == 403
+    )
+    application.refresh_from_db()
+    assert application.status == "pending"
+
+
+@pytest.mark.django_db
+def test_accepting_creates_the_team_and_emails_a_link_whose_token_is_stored_only_as_a_hash(
+    operator_client, application
+):
+    path = _accept(operator_client, application, team_name="Footage Lab Prime")
+    application.refresh_from_db()
+    assert (application.status, application.decided_by) == ("accepted", "olga")
+    assert application.team == Team.objects.get(name="Footage Lab Prime")
+    invitation = Invitation.objects.get()
+    token = path.split("/")[2]
+    assert token not in invitation.digest and len(invitation.digest) == 64
+    assert timedelta(days=6) < invitation.expires_at - timezone.now() <= timedelta(days=7)
+    assert mail.outbox[-1].to == [application.email]
+    assert not Membership.objects.filter(
+        team=application.team
+    ).exists()  # nobody is in it until the link is used
+
+
+@pytest.mark.django_db
+def test_the_invited_contact_sets_a_password_becomes_team_admin_and_lands_on_the_jobs_list(
+    operator_client, application
+):
+    path = _accept(operator_client, application)
+    contact = Client()
+    page = contact.get(path)
+    assert page.status_code == 200 and application.email in page.content.decode()
+    response = _set_password(contact, path)
+    assert response.status_code == 302 and response["Location"] == reverse("jobs:list")
+    assert contact.get(reverse("jobs:list")).status_code == 200  # logged in by the link
+    user = get_user_model().objects.get(username=application.email)
+    membership = Membership.objects.get(user=user)
+    assert (membership.team.name, membership.role) == (application.team_name, "admin")
+    assert Client().login(username=application.email, password=PASSWORD)  # and can sign in again later
+
+
+@pytest.mark.django_db
+def test_an_invitation_link_used_twice_is_refused(operator_client, application):
+    path = _accept(operator_client, application)
+    assert _set_password(Client(), path).status_code == 302
+    second = Client()
+    assert second.get(path).status_code == 410
+    response = _set_password(second, path, password="another long passphrase 99")
+    assert response.status_code == 410
+    assert "_auth_user_id" not in second.session
+    assert get_user_model().objects.filter(email=application.email).count() == 1
+
+
+@pytest.mark.django_db
+def test_an_expired_invitation_link_is_refused(operator_client, application):
+    path = _accept(operator_client, application)
+    with time_machine.travel(timezone.now() + timedelta(days=7, seconds=1)):
+        contact = Client()
+        assert contact.get(path).status_code == 410
+        assert _set_password(contact, path).status_code == 410
+    assert not get_user_model().objects.filter(email=application.email).exists()
+
+
+@pytest.mark.django_db
+def test_an_altered_invitation_link_is_refused(operator_client, application):
+    path = _accept(operator_client, application)
+    token = path.split("/")[2]
+    altered = reverse("invite", args=[token[:-1] + ("A" if token[-1] != "A" else "B")])
+    contact = Client()
+    assert contact.get(altered).status_code == 410
+    assert _set_password(contact, altered).status_code == 410
+    assert contact.get(reverse("invite", args=["x" * 500])).status_code == 410
+    assert Invitation.objects.get().used_at is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "password, again, message",
+    [
+        ("short", "short", "too short"),
+        (PASSWORD, PASSWORD + "x", "the two passwords differ"),
+        ("password123", "password123", "too common"),
+    ],
+)
+def test_a_weak_or_mismatched_password_is_refused_and_the_link_still_works(
+    operator_client, application, password, again, message
+):
+    path = _accept(operator_client, application)
+    response = _set_password(Client(), path, password=password, again=again)
+    assert response.status_code == 422 and message in response.content.decode()
+    assert Invitation.objects.get().used_at is None
+    assert _set_password(Client(), path).status_code == 302
+
+
+@pytest.mark.django_db
+def test_an_existing_account_with_the_contacts_email_is_never_handed_over(operator_client, application):
+    get_user_model().objects.create_user(username=application.email, password="original password 42")
+    path = _accept(operator_client, application)
+    response = _set_password(Client(), path)
+    assert response.status_code == 410
+    assert Client().login(username=application.email, password="original password 42")
+    assert Invitation.objects.get().used_at is None
+
+
+@pytest.mark.django_db
+def test_the_invitation_form_needs_csrf(operator_client, application):
+    path = _accept(operator_client, application)
+    assert _set_password(Client(enforce_csrf_checks=True), path).status_code == 403
+
+
+@pytest.mark.django_db
+def test_declining_keeps_the_note_and_tells_the_applicant(operator_client, application):
+    url = reverse("partners-decline", args=[application.id])
+    response = operator_client.post(url, {"note": "Your data cannot be moved yet."})
+    assert response.status_code == 302
+    application.refresh_from_db()
+    assert (application.status, application.decision_note) == ("declined", "Your data cannot be moved yet.")
+    assert mail.outbox[-1].to == [application.email]
+    assert "Your data cannot be moved yet." in mail.outbox[-1].body
+    assert not Team.objects.filter(name=application.team_name).exists()
+
+
+@pytest.mark.django_db
+def test_a_decline_needs_a_note(operator_client, application):
+    response = operator_client.post(reverse("partners-decline", args=[application.id]), {"note": ""})
+    assert response.status_code == 422
+    application.refresh_from_db()
+    assert application.status == "pending"
+
+
+@pytest.mark.django_db
+def test_an_application_is_decided_only_once(operator_client, application):
+    operator_client.post(reverse("partners-decline", args=[application.id]), {"note": "no"})
+    operator_client.post(
+        reverse("partners-accept", args=[application.id]), {"team_name": application.team_name}
+    )
+    application.refresh_from_db()
+    assert application.status == "declined"
+    assert not Invitation.objects.exists() and not Team.objects.filter(name=application.team_name).exists()
+    with pytest.raises(services.IntakeError):
+        services.decline_application(
+            application_id=application.id, note="again", by="olga", now=timezone.now()
+        )
+
+
+@pytest.mark.django_db
+def test_accepting_under_a_team_name_already_taken_is_refused_with_422(operator_client, application, team):
+    response = operator_client.post(
+        reverse("partners-accept", args=[application.id]), {"team_name": "Vision"}
+    )
+    assert response.status_code == 422
+    assert "a team with this name already exists" in response.content.decode()
+    application.refresh_from_db()
+    assert application.status == "pending" and not mail.outbox
+
+
+@pytest.mark.django_db
+def test_the_accept_form_needs_csrf(operator, application):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(operator)
+    assert (
+        client.post(reverse("partners-accept", args=[application.id]), {"team_name": "x"}).status_code == 403
+    )
