@@ -145,7 +145,7 @@ def release_job(
             _release_allocation(allocation, now=now, end_reason=end_reason, last_heartbeat=last_heartbeat)
         if requeue_as:
             moved = transition(
-                job_id=job.id, source=job.state, target=State.QUEUED, now=now, actor=actor,
+                job_id=job.id, source=job.state, target=State.QUEUED, now=now, actor=actor, via=requeue_as,
                 reason=f"{requeue_as}: {detail or end_reason}", cancel_requested_at=None, preempt_requested_at=None,
             )  # fmt: skip
         else:

@@ -50,12 +50,15 @@ def submit_job(*, team, user, spec: declaration.Declaration, now: datetime) -> J
 
 def transition(
     *, job_id: int, source: State | Iterable[State], target: State, now: datetime,
-    reason: str = "", actor: str = "", end_reason: str = "", **fields,
+    reason: str = "", actor: str = "", end_reason: str = "", via: str = "", **fields,
 ) -> bool:  # fmt: skip
-    """Moves a job from one of ``source`` to ``target`` if it is still there; logs the event."""
-    sources = [source] if isinstance(source, State) else list(source)
+    """Moves a job from one of ``source`` to ``target`` if it is still there; logs the event.
+
+    ``via`` names a non-ending cause the table checks (REQUEUED, PREEMPTED) when ``reason`` is prose.
+    """
+    sources = [State(source)] if isinstance(source, str) else [State(s) for s in source]
     for s in sources:
-        check_transition(s, target, end_reason or reason)
+        check_transition(s, target, end_reason or via or reason)
     with transaction.atomic():
         job = Job.objects.filter(id=job_id, state__in=sources).values("state", "attempt").first()
         if job is None:
