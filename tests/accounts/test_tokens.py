@@ -1,0 +1,58 @@
+"""Per-user API tokens: shown once, stored hashed, revocable, sent as a Bearer header."""
+
+import hashlib
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.urls import reverse
+
+from accounts.models import ApiToken
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_command_prints_a_token_once_and_stores_only_its_hash(member):
+    out = StringIO()
+    call_command("create_api_token", "alice", stdout=out)
+    token = out.getvalue().strip()
+    row = ApiToken.objects.get(user=member)
+    assert token.startswith("e31_") and len(token) > 40
+    assert row.digest == hashlib.sha256(token.encode()).hexdigest()
+    assert token not in {row.digest, row.prefix, row.label}
+
+
+def test_the_command_refuses_an_unknown_user(db):
+    with pytest.raises(CommandError, match="no active user"):
+        call_command("create_api_token", "nobody")
+
+
+def test_a_token_created_on_the_page_works_until_it_is_revoked(member_client, member, client):
+    page = member_client.post(reverse("accounts:tokens"), {"label": "laptop"})
+    token = page.context["new_token"]
+    assert token in page.content.decode()
+    assert client.get("/api/v1/jobs", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
+    row = ApiToken.objects.get(user=member)
+    member_client.post(reverse("accounts:revoke-token", args=[row.id]))
+    assert client.get("/api/v1/jobs", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 401
+    assert token not in member_client.get(reverse("accounts:tokens")).content.decode()
+
+
+def test_nobody_can_revoke_another_users_token(member, outsider_client):
+    row, _ = __import__("accounts.services", fromlist=["x"]).create_api_token(user=member, label="x")
+    outsider_client.post(reverse("accounts:revoke-token", args=[row.id]))
+    row.refresh_from_db()
+    assert row.revoked_at is None
+
+
+def test_a_wrong_or_missing_token_is_a_401_with_json(client):
+    assert client.get("/api/v1/jobs").status_code == 401
+    response = client.get("/api/v1/jobs", HTTP_AUTHORIZATION="Bearer e31_not-a-token")
+    assert response.status_code == 401 and "detail" in response.json()
+
+
+def test_the_login_page_signs_a_member_in(client, member):
+    response = client.post(
+        reverse("accounts:login"), {"username": "alice", "password": "correct horse battery"}
+    )
+    assert response.status_code == 302 and response["Location"] == reverse("jobs:list")

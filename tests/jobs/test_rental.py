@@ -1,0 +1,142 @@
+"""RENT and RELEASE on PostgreSQL: the database refuses a GPU held twice; every release closes the meter."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from jobs import nodes, rental, scheduler
+from jobs.lifecycle import REQUEUED, EndReason
+from jobs.models import Allocation, GpuHold, Job
+from tests.factories import JobFactory, NodeFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_database_refuses_a_gpu_in_two_active_allocations(pool):
+    a, b = JobFactory(), JobFactory()
+    assert rental.rent_job(job_id=a.id, gpus_by_node={"gpu-01": (0, 1)}, now=timezone.now())
+    with pytest.raises(IntegrityError), transaction.atomic():
+        allocation = Allocation.objects.create(
+            job=b, attempt=1, node=pool[0], gpu_indices=[1], rented_at=timezone.now()
+        )
+        GpuHold.objects.create(allocation=allocation, node=pool[0], gpu_index=1)
+
+
+def test_rent_refuses_a_taken_gpu_and_leaves_the_job_queued(pool):
+    a, b = JobFactory(), JobFactory()
+    assert rental.rent_job(job_id=a.id, gpus_by_node={"gpu-01": (0,)}, now=timezone.now())
+    assert not rental.rent_job(job_id=b.id, gpus_by_node={"gpu-01": (0,)}, now=timezone.now())
+    b.refresh_from_db()
+    assert b.state == "queued" and not b.allocations.exists()
+
+
+def test_rent_refuses_a_drained_node(pool):
+    nodes.set_node_state(name="gpu-01", target="draining", now=timezone.now(), actor="olga")
+    assert not rental.rent_job(job_id=JobFactory().id, gpus_by_node={"gpu-01": (0,)}, now=timezone.now())
+
+
+def test_release_frees_the_gpus_closes_the_meter_exactly_and_records_the_reason(pool):
+    job = JobFactory()
+    rented = timezone.now() - timedelta(hours=2, minutes=7, microseconds=3)
+    rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0, 1, 2)}, now=rented)
+    allocation = job.allocations.get()
+    rental.start_allocation(allocation_id=allocation.id, now=rented)
+    released = timezone.now()
+    assert rental.release_job(job_id=job.id, end_reason=EndReason.CANCELLED, now=released, actor="test")
+    job.refresh_from_db()
+    allocation.refresh_from_db()
+    assert (job.state, job.end_reason) == ("released", "cancelled")
+    assert allocation.released_at == released and not GpuHold.objects.filter(active=True).exists()
+    from metering.models import MeterEntry
+
+    held_us = (released - rented) // timedelta(microseconds=1)
+    rows = list(MeterEntry.objects.filter(allocation=allocation).order_by("period_start"))
+    assert sum(r.microseconds for r in rows) == held_us
+    assert rows[0].period_start == rented and rows[-1].period_end == released
+    assert all(
+        a.period_end == b.period_start for a, b in zip(rows, rows[1:], strict=False)
+    )  # no gap, no overlap
+    assert {r.gpus for r in rows} == {3}
+    assert not rental.release_job(job_id=job.id, end_reason=EndReason.FAILED, now=released, actor="again")
+
+
+def test_a_lost_node_requeues_a_job_that_allows_it_and_never_runs_two_attempts(pool):
+    job = JobFactory(requeue=True)
+    now = timezone.now()
+    rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=now)
+    rental.lose_node_allocations(node=pool[0], now=now + timedelta(seconds=5), detail="silent")
+    job.refresh_from_db()
+    assert job.state == "queued" and job.attempt == 1
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
+    assert job.events.last().reason.startswith(REQUEUED)
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-02": (0,)}, now=now + timedelta(seconds=6))
+    job.refresh_from_db()
+    assert job.attempt == 2 and Allocation.objects.filter(job=job, released_at__isnull=True).count() == 1
+
+
+def test_a_lost_node_ends_a_job_without_requeue_as_node_lost(pool):
+    job = JobFactory(requeue=False)
+    now = timezone.now()
+    rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=now)
+    rental.lose_node_allocations(node=pool[0], now=now, detail="silent")
+    job.refresh_from_db()
+    assert (job.state, job.end_reason) == ("released", "node_lost")
+
+
+def test_requeue_stops_after_the_attempt_limit(pool, settings):
+    settings.E31_MAX_ATTEMPTS = 2
+    job = JobFactory(requeue=True)
+    for attempt in (1, 2):
+        now = timezone.now()
+        assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=now)
+        rental.lose_node_allocations(node=pool[0], now=now, detail=f"loss {attempt}")
+    job.refresh_from_db()
+    assert (job.state, job.end_reason, job.attempt) == ("released", "node_lost", 2)
+
+
+def test_the_reaper_declares_a_silent_node_down_and_records_its_last_heartbeat(pool, settings):
+    settings.E31_NODE_TIMEOUT_S = 10
+    job = JobFactory()
+    now = timezone.now()
+    rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=now)
+    pool[0].__class__.objects.filter(name="gpu-01").update(last_heartbeat=now - timedelta(seconds=30))
+    assert nodes.reap_silent_nodes(now=now) == ["gpu-01"]
+    allocation = job.allocations.get()
+    assert allocation.released_at == now and allocation.last_heartbeat_at_release == now - timedelta(
+        seconds=30
+    )
+    assert nodes.reap_silent_nodes(now=now) == []  # idempotent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_scheduler_passes_never_double_book(settings):
+    """Four passes at once over 12 one-GPU jobs and 8 GPUs: exactly 8 start, each GPU once."""
+    for i in range(2):
+        NodeFactory(name=f"n{i}", gpus=4)
+    team = JobFactory().team
+    Job.objects.all().delete()
+    for _ in range(12):
+        JobFactory(team=team, gpus=1)
+    errors = []
+
+    def one_pass():
+        try:
+            scheduler.run_pass(now=timezone.now())
+        except Exception as exc:  # a failure in a thread must fail the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=one_pass) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert GpuHold.objects.filter(active=True).count() == 8
+    assert Job.objects.filter(state="rented").count() == 8
+    held = list(GpuHold.objects.filter(active=True).values_list("node_id", "gpu_index"))
+    assert len(held) == len(set(held))
