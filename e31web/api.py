@@ -7,6 +7,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from accounts.auth import API_AUTH
 from jobs import declaration
 from jobs.api import router as jobs_router
+from metering.api import router as metering_router
 
 api = NinjaAPI(
     title="E31 Network console API",
@@ -17,6 +18,7 @@ api = NinjaAPI(
     "Authenticate with `Authorization: Bearer <token>` (create one on the API tokens page).",
 )
 api.add_router("/", jobs_router)
+api.add_router("/", metering_router)
 
 
 def field_path(loc: tuple | list) -> str:

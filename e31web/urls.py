@@ -10,6 +10,7 @@ urlpatterns = [
     path("", include("e31web.page_urls")),
     path("accounts/", include("accounts.urls")),
     path("jobs/", include("jobs.urls")),
+    path("ledger/", include("metering.urls")),
     path("api/v1/", api.urls),
     path("admin/", admin.site.urls),
 ]

@@ -1,0 +1,130 @@
+"""Monthly GPU-hour budgets: what a team has used, holds and has queued, and whether a job fits.
+
+Usage comes from the ledger (closed periods) plus the unclosed part of held allocations up to
+now, so the figure a team sees agrees with the ledger to the microsecond once accrual runs.
+"""
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import transaction
+from django.db.models import F, FloatField, OuterRef, Subquery, Sum
+
+from accounts.models import Team
+from jobs.lifecycle import BEFORE_RENT
+from jobs.models import Allocation, Job
+from metering.models import MeterEntry
+from metering.periods import MICROS_PER_HOUR, micros, month_start, next_month, utc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A team's GPU-hours this UTC month, with ``extra_gpu_hours`` added, against its budget."""
+
+    team: str
+    used_gpu_hours: float  # closed ledger rows this month, adjustments included
+    running_gpu_hours: float  # held allocations, from their last closed period up to now
+    queued_gpu_hours: float  # jobs not yet rented, at gpus x hours
+    extra_gpu_hours: float  # the job being asked about
+    budget_gpu_hours: float | None
+    enforced: bool
+    would_exceed: bool
+    message: str
+
+    @property
+    def total_gpu_hours(self) -> float:
+        return self.used_gpu_hours + self.running_gpu_hours + self.queued_gpu_hours + self.extra_gpu_hours
+
+    @property
+    def refused(self) -> bool:
+        """Over an enforced budget: the caller refuses the job. Over an unenforced one it only warns."""
+        return self.would_exceed and self.enforced
+
+
+def projection(*, team: Team, extra_gpu_hours: float, now: datetime) -> Projection:
+    """Used + running + queued + extra against the team's monthly budget; call it before the job is stored."""
+    start = month_start(utc(now))
+    used = _used_micros(team=team, start=start) / MICROS_PER_HOUR
+    running = _running_micros(team=team, start=start, now=now) / MICROS_PER_HOUR
+    queued = _queued_gpu_hours(team=team)
+    budget = None if team.monthly_budget_gpu_hours is None else float(team.monthly_budget_gpu_hours)
+    total = used + running + queued + extra_gpu_hours
+    exceed = budget is not None and total > budget
+    message = _message(team, used, running, queued, extra_gpu_hours, budget, exceed=exceed)
+    return Projection(
+        team.slug, used, running, queued, extra_gpu_hours, budget, team.budget_enforced, exceed, message
+    )
+
+
+def _used_micros(*, team: Team, start: datetime) -> int:
+    rows = MeterEntry.objects.filter(team=team, period_start__gte=start, period_start__lt=next_month(start))
+    return int(rows.aggregate(total=Sum(F("gpus") * F("microseconds")))["total"] or 0)
+
+
+def _running_micros(*, team: Team, start: datetime, now: datetime) -> int:
+    last_end = (
+        MeterEntry.objects.filter(allocation=OuterRef("pk"))
+        .exclude(kind=MeterEntry.Kind.ADJUSTMENT)
+        .order_by("-period_start")
+        .values("period_end")[:1]
+    )
+    held = (
+        Allocation.objects.filter(job__team=team, released_at__isnull=True)
+        .annotate(last_end=Subquery(last_end))
+        .values_list("rented_at", "last_end", "gpu_indices")
+    )
+    # Only this month's share of what accrual has not closed yet; the rest is in the ledger.
+    return sum(
+        len(indices) * max(0, micros(now - max(last_end or rented_at, start)))
+        for rented_at, last_end, indices in held
+    )
+
+
+def _queued_gpu_hours(*, team: Team) -> float:
+    queued = Job.objects.filter(team=team, state__in=BEFORE_RENT).aggregate(
+        total=Sum(F("gpus") * F("hours"), output_field=FloatField())
+    )
+    return float(queued["total"] or 0.0)
+
+
+def _message(team: Team, used, running, queued, extra, budget, *, exceed: bool) -> str:
+    parts = f"used {_n(used)}, running {_n(running)}, queued {_n(queued)}"
+    parts += f", this job {_n(extra)}" if extra else ""
+    subject = f"This job would bring team {team.name} to" if extra else f"Team {team.name} is at"
+    total = used + running + queued + extra
+    if budget is None:
+        return f"{subject} {_n(total)} GPU-hours this month ({parts}); the team has no monthly budget."
+    sentence = f"{subject} {_n(total)} of {_n(budget)} GPU-hours this month ({parts})."
+    if not exceed:
+        return sentence
+    if team.budget_enforced:
+        verdict = "so this job is refused" if extra else "so new jobs are refused"
+        return f"{sentence} The budget is enforced, {verdict}."
+    return f"{sentence} The budget is not enforced: this is a warning only."
+
+
+def _n(hours: float) -> str:
+    """412, 12.5: GPU-hours to one decimal, without a trailing .0."""
+    return f"{hours:,.1f}".removesuffix(".0")
+
+
+@transaction.atomic
+def set_budget(*, team_id: int, gpu_hours: Decimal | None, enforced: bool, operator, now: datetime) -> Team:
+    """Sets a team's monthly GPU-hour budget and whether it refuses jobs; operators only."""
+    if not getattr(operator, "is_staff", False):
+        raise PermissionError("only operators set budgets")
+    if gpu_hours is not None and gpu_hours < 0:
+        raise ValueError("a budget cannot be negative")
+    team = Team.objects.select_for_update().get(id=team_id)
+    team.monthly_budget_gpu_hours = gpu_hours
+    team.budget_enforced = enforced
+    team.save(update_fields=["monthly_budget_gpu_hours", "budget_enforced"])
+    log.info(
+        "budget: %s set team %s to %s GPU-hours/month (enforced=%s) at %s",
+        operator, team.slug, gpu_hours, enforced, now.isoformat(),
+    )  # fmt: skip
+    return team

@@ -1,0 +1,126 @@
+"""The meter ledger: append-only rows of held GPU-time, one per allocation per UTC hour."""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from accounts.models import Team
+from jobs.models import Allocation, Job
+from metering.periods import MICROS_PER_HOUR
+
+
+class LedgerIsAppendOnly(Exception):
+    """Raised on any attempt to change or remove a ledger row; corrections are adjustment rows."""
+
+
+class LedgerQuerySet(models.QuerySet):
+    # The database trigger refuses these too; refusing here gives a clear error before any SQL.
+    def update(self, **kwargs):
+        raise LedgerIsAppendOnly("ledger rows are never updated; append an adjustment instead")
+
+    def delete(self):
+        raise LedgerIsAppendOnly("ledger rows are never deleted; append an adjustment instead")
+
+    def bulk_update(self, objs, fields, batch_size=None):
+        raise LedgerIsAppendOnly("ledger rows are never updated; append an adjustment instead")
+
+    def update_or_create(self, defaults=None, create_defaults=None, **kwargs):
+        raise LedgerIsAppendOnly("ledger rows are never updated; append an adjustment instead")
+
+
+class MeterEntry(models.Model):
+    """Held GPU-time of one allocation in one period: ``gpus`` GPUs for ``microseconds`` each.
+
+    Metered rows (accrual, final) tile RENT..RELEASE exactly, one per UTC hour; adjustment rows
+    are signed corrections with a reason and the operator who made them.
+    """
+
+    class Kind(models.TextChoices):
+        ACCRUAL = "accrual", "Accrual"
+        FINAL = "final", "Final"
+        ADJUSTMENT = "adjustment", "Adjustment"
+
+    allocation = models.ForeignKey(Allocation, on_delete=models.PROTECT, related_name="meter_entries")
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="meter_entries")
+    # Indexed together with period_start below; a lone team index would be redundant.
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="meter_entries", db_index=False)
+    period_start = models.DateTimeField()
+    period_end = models.DateTimeField()
+    gpus = models.PositiveSmallIntegerField()
+    microseconds = models.BigIntegerField(
+        help_text="Held time in the period, per GPU. Negative only on an adjustment that credits."
+    )
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    reason = models.CharField(max_length=300, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField()
+
+    objects = LedgerQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["period_start", "allocation_id", "id"]
+        verbose_name_plural = "meter entries"
+        indexes = [
+            # Statement, chart and team exports read a team's rows by period; operators' views
+            # read every team's by period. (No INCLUDE columns: SQLite, the embedded default,
+            # has none, and the bench meets its target without them.)
+            models.Index(fields=["team", "period_start"], name="meter_team_period"),
+            models.Index(fields=["period_start"], name="meter_period"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["allocation", "period_start"],
+                condition=~Q(kind="adjustment"),
+                name="meter_one_row_per_allocation_period",
+            ),
+            models.CheckConstraint(
+                condition=Q(kind__in=["accrual", "final", "adjustment"]), name="meter_kind"
+            ),
+            models.CheckConstraint(condition=Q(gpus__gte=1), name="meter_gpus_positive"),
+            models.CheckConstraint(
+                condition=Q(period_end__gte=models.F("period_start")), name="meter_period_ordered"
+            ),
+            models.CheckConstraint(
+                condition=Q(kind="adjustment")
+                | Q(
+                    microseconds__gt=0, microseconds__lte=MICROS_PER_HOUR, reason="", created_by__isnull=True
+                ),
+                name="meter_metered_row_within_an_hour",
+            ),
+            models.CheckConstraint(
+                condition=~Q(kind="adjustment")
+                | (~Q(microseconds=0) & ~Q(reason="") & Q(created_by__isnull=False)),
+                name="meter_adjustment_has_reason_and_author",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.kind} allocation {self.allocation_id} {self.period_start:%Y-%m-%d %H:%M} {self.seconds} s"
+        )
+
+    def save(self, *args, **kwargs) -> None:
+        if not self._state.adding:
+            raise LedgerIsAppendOnly("ledger rows are never updated; append an adjustment instead")
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise LedgerIsAppendOnly("ledger rows are never deleted; append an adjustment instead")
+
+    @property
+    def seconds(self) -> str:
+        """The exact held seconds per GPU, as a decimal string with six places."""
+        return format_seconds(self.microseconds)
+
+    @property
+    def gpu_microseconds(self) -> int:
+        return self.gpus * self.microseconds
+
+
+def format_seconds(micros: int) -> str:
+    sign = "-" if micros < 0 else ""
+    whole, frac = divmod(abs(micros), 1_000_000)
+    return f"{sign}{whole}.{frac:06d}"

@@ -1,0 +1,333 @@
+"""What the ledger pages, exports and API read: totals by month, day, job and team, and the live hour.
+
+Read-only. Every figure is a sum of ledger rows in exact GPU-microseconds; conversion to GPU-hours
+(and to money, only when a rate is configured) happens at display time.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db.models import CharField, F, Func, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.functions import TruncDay, TruncMonth
+
+from accounts.models import Team
+from jobs.models import Allocation
+from metering.models import MeterEntry
+from metering.periods import (
+    MICROS_PER_HOUR,
+    day_start,
+    floor_hour,
+    micros,
+    months_back,
+    next_month,
+)
+
+GPU_MICROS = Sum(F("gpus") * F("microseconds"))
+ADJUSTMENT = MeterEntry.Kind.ADJUSTMENT
+JOB_LIMIT = 200
+
+
+@dataclass(frozen=True)
+class Bucket:
+    start: datetime
+    gpu_micros: int
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpu_micros / MICROS_PER_HOUR
+
+
+def entries(team: Team | None) -> QuerySet:
+    """The ledger of one team, or of every team (``None``, for operators)."""
+    return MeterEntry.objects.all() if team is None else MeterEntry.objects.filter(team=team)
+
+
+def in_range(team: Team | None, start: datetime, end: datetime) -> QuerySet:
+    """Rows by the period they meter; a metered row never crosses an hour, so days and months split cleanly."""
+    return entries(team).filter(period_start__gte=start, period_start__lt=end)
+
+
+def by_month(*, team: Team | None, until: datetime, months: int = 12) -> list[Bucket]:
+    """The ``months`` months ending with ``until``'s month, oldest first, empty months included."""
+    first = months_back(until, months - 1)
+    rows = (
+        in_range(team, first, next_month(until))
+        .annotate(month=TruncMonth("period_start", tzinfo=UTC))
+        .values("month")
+        .annotate(total=GPU_MICROS)
+    )
+    totals = {r["month"]: int(r["total"]) for r in rows}
+    starts = [months_back(until, n) for n in range(months - 1, -1, -1)]
+    return [Bucket(s, totals.get(s, 0)) for s in starts]
+
+
+def by_day(*, team: Team | None, month: datetime) -> list[Bucket]:
+    """Every day of ``month`` with its GPU-micros, empty days included."""
+    rows = (
+        in_range(team, month, next_month(month))
+        .annotate(day=TruncDay("period_start", tzinfo=UTC))
+        .values("day")
+        .annotate(total=GPU_MICROS)
+    )
+    totals = {r["day"]: int(r["total"]) for r in rows}
+    days = (next_month(month) - month).days
+    return [Bucket(month + timedelta(days=d), totals.get(month + timedelta(days=d), 0)) for d in range(days)]
+
+
+@dataclass(frozen=True)
+class JobLine:
+    job_id: int
+    name: str
+    team: str
+    metered: int
+    adjusted: int
+
+    @property
+    def gpu_micros(self) -> int:
+        return self.metered + self.adjusted
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One team's (or every team's) month: the total, its adjustments, and the jobs behind it."""
+
+    month: datetime
+    metered: int
+    adjusted: int
+    jobs: list[JobLine]
+    job_count: int
+
+    @property
+    def gpu_micros(self) -> int:
+        return self.metered + self.adjusted
+
+
+def statement(*, team: Team | None, month: datetime) -> Statement:
+    """Totals and the per-job breakdown of a month, from one grouped query."""
+    rows = (
+        in_range(team, month, next_month(month))
+        .values("job_id", "job__name", "team__slug")
+        .annotate(metered=Sum(F("gpus") * F("microseconds"), filter=~Q(kind=ADJUSTMENT)))
+        .annotate(adjusted=Sum(F("gpus") * F("microseconds"), filter=Q(kind=ADJUSTMENT)))
+        .order_by()
+    )
+    lines = [
+        JobLine(r["job_id"], r["job__name"], r["team__slug"], int(r["metered"] or 0), int(r["adjusted"] or 0))
+        for r in rows
+    ]
+    lines.sort(key=lambda line: (-line.gpu_micros, line.job_id))
+    return Statement(
+        month, sum(x.metered for x in lines), sum(x.adjusted for x in lines), lines[:JOB_LIMIT], len(lines)
+    )
+
+
+def by_team(*, month: datetime) -> dict[int, int]:
+    """Operators' overview: each team's GPU-micros in the month."""
+    rows = in_range(None, month, next_month(month)).values("team_id").annotate(total=GPU_MICROS).order_by()
+    return {r["team_id"]: int(r["total"]) for r in rows}
+
+
+@dataclass(frozen=True)
+class LivePart:
+    """A held allocation: what the ledger has closed, and what is accruing now."""
+
+    allocation: Allocation
+    closed_to: datetime
+    unclosed_micros: int  # per GPU, from the last closed period to now
+    this_hour_micros: int  # per GPU, in the current UTC hour
+
+    @property
+    def gpus(self) -> int:
+        return self.allocation.gpu_count
+
+    @property
+    def unclosed_gpu_micros(self) -> int:
+        return self.gpus * self.unclosed_micros
+
+    @property
+    def this_hour_gpu_micros(self) -> int:
+        return self.gpus * self.this_hour_micros
+
+
+def live(*, team: Team | None, now: datetime) -> list[LivePart]:
+    """Held allocations, accruing: the current hour is only written when it completes (or at RELEASE)."""
+    last_end = (
+        MeterEntry.objects.filter(allocation=OuterRef("pk"))
+        .exclude(kind=ADJUSTMENT)
+        .order_by("-period_start")
+        .values("period_end")[:1]
+    )
+    held = Allocation.objects.filter(released_at__isnull=True).select_related("job__team", "node")
+    held = held if team is None else held.filter(job__team=team)
+    hour = floor_hour(now)
+    return [
+        LivePart(a, a.last_end or a.rented_at, micros(now - (a.last_end or a.rented_at)), micros(now - max(hour, a.rented_at)))
+        for a in held.annotate(last_end=Subquery(last_end)).order_by("rented_at", "id")
+    ]  # fmt: skip
+
+
+def node_losses(*, team: Team | None, month: datetime) -> QuerySet:
+    """Allocations whose meter closed on node loss this month, with the node's last heartbeat."""
+    lost = Allocation.objects.filter(
+        end_reason="node_lost", released_at__gte=month, released_at__lt=next_month(month)
+    ).select_related("job__team", "node")
+    return (lost if team is None else lost.filter(job__team=team)).order_by("-released_at")
+
+
+# --- exports
+
+EXPORT_COLUMNS = (
+    "period_start", "period_end", "team", "job", "allocation", "gpus", "seconds", "gpu_hours",
+    "kind", "reason", "created_by", "created_at",
+)  # fmt: skip
+
+
+class UtcIso(Func):
+    """A timestamp as fixed-width ISO 8601 UTC text, formatted by the database.
+
+    Parsing a million timestamps into datetimes only to print them again was most of an export's
+    time; the database writes the text directly, the same on both backends.
+    """
+
+    output_field = CharField()
+    template = "to_char(%(expressions)s AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+
+    def as_sqlite(self, compiler, connection, **extra):
+        # Django stores UTC as 'YYYY-MM-DD HH:MM:SS[.ffffff]' text on SQLite.
+        return self.as_sql(compiler, connection, template=SQLITE_ISO, **extra)
+
+
+SQLITE_ISO = (
+    "(substr(%(expressions)s, 1, 10) || 'T' || substr(%(expressions)s, 12, 8) || '.' "
+    "|| substr(%(expressions)s || '.000000', 21, 6) || 'Z')"
+)
+
+
+def export_rows(*, team: Team | None, start: datetime, end: datetime) -> Iterator[dict]:
+    """Ledger rows in [start, end) as plain dicts of text and numbers, streamed from a server-side cursor."""
+    teams = dict(Team.objects.values_list("id", "slug"))
+    fields = (
+        "start_text", "end_text", "team_id", "job_id", "allocation_id", "gpus", "microseconds",
+        "kind", "reason", "created_by__username", "at_text",
+    )  # fmt: skip
+    rows = (
+        in_range(team, start, end)
+        .order_by("period_start", "allocation_id", "id")
+        .annotate(
+            start_text=UtcIso("period_start"), end_text=UtcIso("period_end"), at_text=UtcIso("created_at")
+        )
+        .values_list(*fields)
+        .iterator(chunk_size=5000)
+    )
+    for ps, pe, team_id, job_id, alloc_id, gpus, us, kind, reason, author, created in rows:
+        yield {
+            "period_start": ps, "period_end": pe, "team": teams.get(team_id, ""),
+            "job": job_id, "allocation": alloc_id, "gpus": gpus, "seconds": _seconds(us),
+            "gpu_hours": _gpu_hours(gpus * us), "kind": kind, "reason": reason,
+            "created_by": author or "", "created_at": created,
+        }  # fmt: skip
+
+
+def _seconds(us: int) -> str:
+    sign = "-" if us < 0 else ""
+    whole, frac = divmod(abs(us), 1_000_000)
+    return f"{sign}{whole}.{frac:06d}"
+
+
+def _gpu_hours(gpu_us: int) -> str:
+    """GPU-hours to nine places, rounded half-even, in integer arithmetic (no float, no Decimal context)."""
+    nano, rest = divmod(abs(gpu_us) * 10, 36)  # GPU-nanohours: 1 GPU-hour = 3.6e9 GPU-us = 1e9 nanohours
+    if rest * 2 > 36 or (rest * 2 == 36 and nano % 2):
+        nano += 1
+    whole, frac = divmod(nano, 1_000_000_000)
+    return f"{'-' if gpu_us < 0 and nano else ''}{whole}.{frac:09d}"
+
+
+def parse_range(start: str | None, end: str | None, *, today: date) -> tuple[datetime, datetime]:
+    """YYYY-MM-DD..YYYY-MM-DD, both days included, as [start, end) instants; defaults to this month."""
+    first = date.fromisoformat(start) if start else today.replace(day=1)
+    last = date.fromisoformat(end) if end else (next_month(day_start(first)) - timedelta(days=1)).date()
+    if last < first:
+        raise ValueError("the end date is before the start date")
+    return day_start(first), day_start(last) + timedelta(days=1)
+
+
+# --- rates: display only, never stored
+
+
+def rate() -> Decimal | None:
+    """The configured price of one GPU-hour, or None: then no money appears anywhere."""
+    raw = str(getattr(settings, "E31_RATE_PER_GPU_HOUR", "") or "").strip()
+    if not raw:
+        return None
+    try:
+        value = Decimal(raw)
+    except InvalidOperation as exc:
+        raise ImproperlyConfigured(f"E31_RATE_PER_GPU_HOUR must be a number, got {raw!r}") from exc
+    if value < 0:
+        raise ImproperlyConfigured("E31_RATE_PER_GPU_HOUR cannot be negative")
+    return value
+
+
+def cost(gpu_micros: int) -> Decimal | None:
+    price = rate()
+    if price is None:
+        return None
+    return (Decimal(gpu_micros) * price / MICROS_PER_HOUR).quantize(Decimal("0.01"))
+
+
+# --- the daily chart, as geometry for an inline SVG (no script: CSP allows only our own files)
+
+
+@dataclass(frozen=True)
+class Bar:
+    x: float
+    y: float
+    width: float
+    height: float
+    label: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    width: int
+    height: int
+    baseline: float
+    bars: list[Bar]
+    peak: str
+    ticks: list[tuple[float, str]]
+
+
+def day_chart(days: list[Bucket], *, width: int = 720, height: int = 180) -> Chart:
+    """Bars scaled to the busiest day; labels on the 1st and every 5th day."""
+    top, bottom, left = 12.0, 22.0, 4.0
+    plot = height - top - bottom
+    peak = max((d.gpu_hours for d in days), default=0.0) or 1.0
+    slot = (width - left) / max(1, len(days))
+    bars = [_bar(d, i, slot=slot, left=left, top=top, plot=plot, peak=peak) for i, d in enumerate(days)]
+    ticks = [
+        (round(left + i * slot + slot / 2, 2), f"{d.start.day}") for i, d in enumerate(days) if _labelled(d)
+    ]
+    return Chart(width, height, height - bottom, bars, f"{peak:,.1f}", ticks)
+
+
+def _labelled(day: Bucket) -> bool:
+    return day.start.day == 1 or day.start.day % 5 == 0
+
+
+def _bar(day: Bucket, i: int, *, slot: float, left: float, top: float, plot: float, peak: float) -> Bar:
+    h = max(0.0, day.gpu_hours) / peak * plot
+    title = f"{day.start:%Y-%m-%d}: {day.gpu_hours:,.3f} GPU-hours"
+    return Bar(
+        round(left + i * slot + 1, 2),
+        round(top + plot - h, 2),
+        round(max(1.0, slot - 2), 2),
+        round(h, 2),
+        f"{day.start.day}",
+        title,
+    )

@@ -1,0 +1,185 @@
+"""The meter's writers: accrual, the final period at RELEASE, corrections, and the reconciliation.
+
+Invariants: metered rows (accrual, final) tile each allocation's RENT..RELEASE exactly, one row
+per UTC hour, in microseconds, so their sum equals RELEASE - RENT with no rounding; no row is
+ever updated or deleted (the model and a database trigger refuse); every writer inserts with
+ON CONFLICT DO NOTHING against the unique (allocation, period start), so running any of them
+twice, or two at once, adds nothing.
+"""
+
+import itertools
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import OuterRef, Q, Subquery
+from django.utils import timezone
+
+from jobs.models import Allocation
+from metering import invariants
+from metering.models import MeterEntry
+from metering.periods import floor_hour, hour_slices, micros
+
+log = logging.getLogger(__name__)
+
+ACCRUAL = MeterEntry.Kind.ACCRUAL
+FINAL = MeterEntry.Kind.FINAL
+ADJUSTMENT = MeterEntry.Kind.ADJUSTMENT
+METERED = (ACCRUAL, FINAL)
+BATCH = 2000
+# Accrual leaves the last minute alone: a RELEASE whose `now` was taken just before an hour
+# boundary may still be on its way, and its final row must not find that hour already closed.
+ACCRUAL_GRACE = timedelta(seconds=60)
+
+
+def accrue_meter(*, now: datetime) -> int:
+    """Closes every completed UTC hour of every held allocation; idempotent, and back-fills any outage."""
+    cutoff = floor_hour(now - ACCRUAL_GRACE)
+    with transaction.atomic():
+        rows = [row for held in _held_behind(cutoff) for row in _accrual_rows(held, cutoff=cutoff, now=now)]
+        MeterEntry.objects.bulk_create(rows, batch_size=BATCH, ignore_conflicts=True)
+    if rows:
+        log.info("meter: offered %d hourly rows up to %s", len(rows), cutoff)
+    return len(rows)
+
+
+def _held_behind(cutoff: datetime) -> list[Allocation]:
+    """Held allocations with hours before ``cutoff`` not closed yet, locked against a concurrent RELEASE.
+
+    The allocation and its job are both locked, SKIP LOCKED: RELEASE locks the job first, so an
+    allocation being released is skipped (RELEASE closes every hour itself) and accrual never
+    waits on a RELEASE, which rules out a deadlock; a second accrual skips what the first holds.
+    """
+    last_end = (
+        MeterEntry.objects.filter(allocation=OuterRef("pk"), kind__in=METERED)
+        .order_by("-period_start")
+        .values("period_end")[:1]
+    )
+    return list(
+        Allocation.objects.select_for_update(skip_locked=True, no_key=True, of=("self", "job"))
+        .filter(released_at__isnull=True, rented_at__lt=cutoff)
+        .annotate(last_end=Subquery(last_end))
+        .filter(Q(last_end__isnull=True) | Q(last_end__lt=cutoff))
+        .select_related("job")
+        .only("id", "gpu_indices", "rented_at", "job__id", "job__team_id")
+        .order_by("id")
+    )
+
+
+def _accrual_rows(held: Allocation, *, cutoff: datetime, now: datetime) -> Iterator[MeterEntry]:
+    for period_start, period_end in hour_slices(held.last_end or held.rented_at, cutoff):
+        yield MeterEntry(
+            allocation_id=held.id, job_id=held.job_id, team_id=held.job.team_id,
+            period_start=period_start, period_end=period_end, gpus=held.gpu_count,
+            microseconds=micros(period_end - period_start), kind=ACCRUAL, created_at=now,
+        )  # fmt: skip
+
+
+def close_meter(*, allocation_id: int, released_at: datetime) -> int:
+    """Writes every period of RENT..RELEASE not closed yet, the last one final: the metered rows then sum to RELEASE - RENT exactly."""
+    allocation = Allocation.objects.select_related("job").get(id=allocation_id)
+    rows = [
+        MeterEntry(
+            allocation_id=allocation.id, job_id=allocation.job_id, team_id=allocation.job.team_id,
+            period_start=start, period_end=end, gpus=allocation.gpu_count,
+            microseconds=micros(end - start), kind=FINAL if end == released_at else ACCRUAL,
+            created_at=released_at,
+        )
+        for start, end in hour_slices(allocation.rented_at, released_at)
+    ]  # fmt: skip
+    # From RENT, not from the last closed hour: the conflicts cost nothing and any gap is filled.
+    MeterEntry.objects.bulk_create(rows, batch_size=BATCH, ignore_conflicts=True)
+    _report_overshoot(allocation_id=allocation_id, released_at=released_at)
+    return len(rows)
+
+
+def _report_overshoot(*, allocation_id: int, released_at: datetime) -> None:
+    # Rows are never removed, so a period closed past a late RELEASE can only be reported;
+    # check_ledger lists it and an operator credits it with an adjustment.
+    beyond = MeterEntry.objects.filter(
+        allocation_id=allocation_id, kind__in=METERED, period_end__gt=released_at
+    )
+    if beyond.exists():
+        log.error("meter: allocation %s has rows past its RELEASE at %s", allocation_id, released_at)
+
+
+@transaction.atomic
+def adjust_meter(*, allocation_id: int, microseconds: int, reason: str, author, now: datetime) -> MeterEntry:
+    """Appends a signed correction with its reason and author; metered rows are never touched, and the allocation's total never goes below zero."""
+    reason = reason.strip()
+    if not reason or microseconds == 0:
+        raise ValueError("an adjustment needs a reason and a non-zero amount")
+    if not getattr(author, "is_staff", False):
+        raise PermissionError("only operators adjust the ledger")
+    allocation = Allocation.objects.select_for_update().select_related("job").get(id=allocation_id)
+    if _gpu_micros(allocation_id) + allocation.gpu_count * microseconds < 0:
+        raise ValueError("this credit is larger than the GPU-time the allocation was metered")
+    end = allocation.released_at or now
+    start = max(allocation.rented_at, end - timedelta(microseconds=abs(microseconds)))
+    return MeterEntry.objects.create(
+        allocation=allocation, job_id=allocation.job_id, team_id=allocation.job.team_id,
+        period_start=start, period_end=end, gpus=allocation.gpu_count, microseconds=microseconds,
+        kind=ADJUSTMENT, reason=reason[:300], created_by=author, created_at=now,
+    )  # fmt: skip
+
+
+def _gpu_micros(allocation_id: int) -> int:
+    rows = MeterEntry.objects.filter(allocation_id=allocation_id).values_list("gpus", "microseconds")
+    return sum(gpus * us for gpus, us in rows)
+
+
+def accrual_lag() -> timedelta:
+    """How far behind the clock accrual may legitimately be: its beat interval plus its grace."""
+    entry = settings.CELERY_BEAT_SCHEDULE.get("accrue-meter-hourly", {})
+    every = entry.get("schedule", 300.0)
+    every_s = every.total_seconds() if isinstance(every, timedelta) else float(every)
+    return timedelta(seconds=every_s) + ACCRUAL_GRACE + timedelta(minutes=1)
+
+
+def find_violations(*, now: datetime | None = None) -> list[str]:
+    """Every breach of the ledger's invariants, one line each; an empty list means every allocation's rows tile RENT..RELEASE exactly."""
+    closed_until = (now or timezone.now()) - accrual_lag()
+    with _snapshot():
+        return [
+            f"allocation {held.id} (job {held.job_id}): {problem}"
+            for held, rows in _allocations_with_rows()
+            for problem in invariants.problems(held, rows, closed_until=closed_until)
+        ]
+
+
+@contextmanager
+def _snapshot() -> Iterator[None]:
+    """One consistent view for both cursors, so a RELEASE committing midway is not a false alarm."""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if outermost and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        yield
+
+
+def _allocations_with_rows() -> Iterator[tuple[invariants.Held, list[invariants.Row]]]:
+    """Allocations and their ledger rows, merged in id order from two streaming cursors."""
+    allocations = (
+        Allocation.objects.order_by("id")
+        .values_list("id", "job_id", "job__team_id", "gpu_indices", "rented_at", "released_at")
+        .iterator(chunk_size=BATCH)
+    )
+    entries = (
+        MeterEntry.objects.order_by("allocation_id", "period_start", "id")
+        .values_list(
+            "allocation_id", "job_id", "team_id", "period_start", "period_end", "gpus", "microseconds", "kind"
+        )
+        .iterator(chunk_size=BATCH * 5)
+    )
+    groups = itertools.groupby(entries, key=lambda e: e[0])
+    pending = next(groups, None)
+    for id_, job_id, team_id, indices, rented_at, released_at in allocations:
+        rows: list[invariants.Row] = []
+        if pending is not None and pending[0] == id_:
+            rows = [invariants.Row(*e[1:]) for e in pending[1]]
+            pending = next(groups, None)
+        yield invariants.Held(id_, job_id, team_id, len(indices), rented_at, released_at), rows

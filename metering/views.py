@@ -1,0 +1,318 @@
+"""The ledger pages: a team's GPU-hours by month, day and job, the live hour, exports, and operators' tools."""
+
+import csv
+import io
+import json
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from functools import wraps
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods
+
+from accounts import scoping
+from accounts.models import Team
+from jobs.models import Allocation
+from metering import budgets, reports, services
+from metering.models import format_seconds
+from metering.periods import micros, month_start, months_back, next_month, utc
+
+
+class NoTeam(Exception):
+    pass
+
+
+def _scope(request: HttpRequest) -> Team | None:
+    """The team asked for (404 unless visible), else the member's first team; ``None`` is every team, for operators."""
+    slug = request.GET.get("team", "")
+    if slug:
+        team = scoping.teams_of(request.user).filter(slug=slug).first()
+        if team is None:
+            raise Http404("No such team")
+        return team
+    if request.user.is_staff:
+        return None
+    team = scoping.teams_of(request.user).first()
+    if team is None:
+        raise NoTeam
+    return team
+
+
+def _month(request: HttpRequest, now: datetime) -> datetime:
+    """?month=YYYY-MM, or the current UTC month when absent, malformed or implausible."""
+    try:
+        year, month = (int(p) for p in request.GET.get("month", "").split("-"))
+        if 2000 <= year <= 9000:  # keeps the month arithmetic (previous, twelve back) in range
+            return datetime(year, month, 1, tzinfo=UTC)
+    except ValueError:
+        pass
+    return month_start(utc(now))
+
+
+def _team_pages(view: Callable) -> Callable:
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except NoTeam:
+            return render(request, "metering/no_team.html", status=403)
+
+    return login_required(wrapped)
+
+
+def staff_only(view: Callable) -> Callable:
+    """Operators' pages do not exist for anyone else (404, as for another team's objects)."""
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if not request.user.is_staff:
+            raise Http404("No such page")
+        return view(request, *args, **kwargs)
+
+    return login_required(wrapped)
+
+
+@_team_pages
+def ledger(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    team, month = _scope(request), _month(request, now)
+    context = {**_live_context(team, now), **_month_context(team, month, now=now)}
+    context["teams"] = list(scoping.teams_of(request.user).only("id", "name", "slug"))
+    if team is None:
+        context["by_team"] = _team_totals(context["teams"], month)
+    elif month == month_start(utc(now)):
+        context["projection"] = budgets.projection(team=team, extra_gpu_hours=0.0, now=now)
+    return render(request, "metering/ledger.html", context)
+
+
+def _month_context(team: Team | None, month: datetime, *, now: datetime) -> dict:
+    days = reports.by_day(team=team, month=month)
+    return {
+        "month": month,
+        "prev_month": months_back(month, 1),
+        "next_month": next_month(month) if next_month(month) <= now else None,
+        "months": reports.by_month(team=team, until=month),
+        "days": days,
+        "chart": reports.day_chart(days),
+        "statement": reports.statement(team=team, month=month),
+        "losses": list(reports.node_losses(team=team, month=month)),
+        "team_query": f"team={team.slug}&" if team else "",
+        "export_start": month.date(),
+        "export_end": (next_month(month) - timedelta(days=1)).date(),
+    }
+
+
+def _team_totals(teams: list[Team], month: datetime) -> list[tuple[Team, int]]:
+    totals = reports.by_team(month=month)
+    return sorted(((t, totals.get(t.id, 0)) for t in teams), key=lambda pair: (-pair[1], pair[0].name))
+
+
+@_team_pages
+def ledger_live(request: HttpRequest) -> HttpResponse:
+    """The self-refreshing current hour of the team's running jobs."""
+    team = _scope(request)
+    return render(request, "metering/ledger.html#ledger-live", _live_context(team, timezone.now()))
+
+
+def _live_context(team: Team | None, now: datetime) -> dict:
+    parts = reports.live(team=team, now=now)
+    return {
+        "team": team,
+        "now": now,
+        "live_parts": parts,
+        "live_this_hour": sum(p.this_hour_gpu_micros for p in parts),
+        "live_unclosed": sum(p.unclosed_gpu_micros for p in parts),
+        "rate": reports.rate(),
+    }
+
+
+# --- exports
+
+
+def _export_scope(request: HttpRequest) -> tuple[Team | None, datetime, datetime] | HttpResponse:
+    team = _scope(request)
+    try:
+        start, end = reports.parse_range(
+            request.GET.get("start"), request.GET.get("end"), today=utc(timezone.now()).date()
+        )
+    except ValueError as exc:
+        return HttpResponse(f"Bad date range: {exc}. Use start=YYYY-MM-DD&end=YYYY-MM-DD.\n", status=400)
+    return team, start, end
+
+
+def _filename(team: Team | None, start: datetime, end: datetime, ext: str) -> str:
+    last = end - timedelta(days=1)
+    return f"e31-ledger-{team.slug if team else 'all-teams'}-{start:%Y%m%d}-{last:%Y%m%d}.{ext}"
+
+
+CHUNK = 64 * 1024  # bytes per streamed piece: one write per row would dominate the export's cost
+
+
+def _csv_lines(rows: Iterator[dict], columns: list[str]) -> Iterator[str]:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([row[c] for c in columns])
+        if buffer.tell() >= CHUNK:
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+    yield buffer.getvalue()
+
+
+def _with_cost(rows: Iterator[dict]) -> Iterator[dict]:
+    price = reports.rate()
+    for row in rows:
+        row["cost"] = str((Decimal(row["gpu_hours"]) * price).quantize(Decimal("0.01")))
+        yield row
+
+
+def _export(request: HttpRequest) -> tuple[Iterator[dict], list[str], tuple] | HttpResponse:
+    scope = _export_scope(request)
+    if isinstance(scope, HttpResponse):
+        return scope
+    team, start, end = scope
+    rows = reports.export_rows(team=team, start=start, end=end)
+    columns = list(reports.EXPORT_COLUMNS)
+    if reports.rate() is not None:  # a display-time figure: computed here, never stored
+        rows, columns = _with_cost(rows), [*columns, "cost"]
+    return rows, columns, scope
+
+
+@_team_pages
+def export_csv(request: HttpRequest) -> HttpResponse:
+    result = _export(request)
+    if isinstance(result, HttpResponse):
+        return result
+    rows, columns, scope = result
+    response = StreamingHttpResponse(_csv_lines(rows, columns), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{_filename(*scope, "csv")}"'
+    return response
+
+
+def _json_lines(rows: Iterator[dict]) -> Iterator[str]:
+    pieces, size = ["["], 1
+    for n, row in enumerate(rows):
+        piece = ("," if n else "") + "\n" + json.dumps(row)
+        pieces.append(piece)
+        size += len(piece)
+        if size >= CHUNK:
+            yield "".join(pieces)
+            pieces, size = [], 0
+    pieces.append("\n]\n")
+    yield "".join(pieces)
+
+
+@_team_pages
+def export_json(request: HttpRequest) -> HttpResponse:
+    result = _export(request)
+    if isinstance(result, HttpResponse):
+        return result
+    rows, _, scope = result
+    response = StreamingHttpResponse(_json_lines(rows), content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="{_filename(*scope, "json")}"'
+    return response
+
+
+# --- operators: budgets, adjustments, reconciliation
+
+
+class BudgetForm(forms.Form):
+    monthly_budget_gpu_hours = forms.DecimalField(
+        label="Monthly budget (GPU-hours)", required=False, min_value=0, max_digits=12, decimal_places=2,
+        help_text="Leave empty for no budget.",
+    )  # fmt: skip
+    budget_enforced = forms.BooleanField(
+        label="Enforced: refuse jobs that would exceed it (otherwise warn only)", required=False
+    )
+
+
+@staff_only
+@require_http_methods(["GET", "POST"])
+def budget(request: HttpRequest, slug: str) -> HttpResponse:
+    team = get_object_or_404(Team, slug=slug)
+    initial = {
+        "monthly_budget_gpu_hours": team.monthly_budget_gpu_hours,
+        "budget_enforced": team.budget_enforced,
+    }
+    form = BudgetForm(request.POST if request.method == "POST" else None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        budgets.set_budget(
+            team_id=team.id, gpu_hours=form.cleaned_data["monthly_budget_gpu_hours"],
+            enforced=form.cleaned_data["budget_enforced"], operator=request.user, now=timezone.now(),
+        )  # fmt: skip
+        messages.success(request, f"Budget of team {team.name} saved.")
+        return redirect(f"{reverse('metering:ledger')}?team={team.slug}")
+    context = {
+        "team": team,
+        "form": form,
+        "projection": budgets.projection(team=team, extra_gpu_hours=0.0, now=timezone.now()),
+    }
+    return render(request, "metering/budget.html", context, status=422 if form.is_bound else 200)
+
+
+class AdjustForm(forms.Form):
+    seconds = forms.DecimalField(
+        label="Seconds per GPU (negative credits the team)", max_digits=16, decimal_places=6,
+    )  # fmt: skip
+    reason = forms.CharField(label="Reason", max_length=300)
+
+    def clean_seconds(self) -> int:
+        try:
+            us = int(self.cleaned_data["seconds"] * 1_000_000)
+        except (InvalidOperation, TypeError) as exc:
+            raise forms.ValidationError("a number of seconds") from exc
+        if us == 0:
+            raise forms.ValidationError("an adjustment is not zero")
+        return us
+
+
+@staff_only
+@require_http_methods(["GET", "POST"])
+def adjust(request: HttpRequest, allocation_id: int) -> HttpResponse:
+    allocation = get_object_or_404(Allocation.objects.select_related("job__team", "node"), id=allocation_id)
+    form = AdjustForm(request.POST if request.method == "POST" else None, initial=_gap_credit(allocation))
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.adjust_meter(
+                allocation_id=allocation.id, microseconds=form.cleaned_data["seconds"],
+                reason=form.cleaned_data["reason"], author=request.user, now=timezone.now(),
+            )  # fmt: skip
+        except ValueError as exc:
+            form.add_error("seconds", str(exc))
+        else:
+            messages.success(request, f"Adjustment recorded on job #{allocation.job_id}.")
+            return redirect("jobs:detail", job_id=allocation.job_id)
+    context = {"allocation": allocation, "form": form, "gap": _gap(allocation)}
+    return render(request, "metering/adjust.html", context, status=422 if form.is_bound else 200)
+
+
+def _gap(allocation: Allocation) -> timedelta | None:
+    if allocation.last_heartbeat_at_release and allocation.released_at:
+        return allocation.released_at - allocation.last_heartbeat_at_release
+    return None
+
+
+def _gap_credit(allocation: Allocation) -> dict:
+    """A node loss pre-fills a credit of the silent gap, from the last heartbeat to RELEASE."""
+    gap = _gap(allocation)
+    if not gap or gap.total_seconds() <= 0:
+        return {}
+    return {
+        "seconds": format_seconds(-micros(gap)),
+        "reason": "node lost: credit from the last heartbeat to the node declared down",
+    }
+
+
+@staff_only
+def check(request: HttpRequest) -> HttpResponse:
+    violations = services.find_violations(now=timezone.now())
+    return render(request, "metering/check.html", {"violations": violations})

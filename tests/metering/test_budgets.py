@@ -1,0 +1,82 @@
+"""Budget projections: used (ledger) + running + queued + this job, against the monthly budget."""
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+from accounts.models import Team
+from jobs.lifecycle import State
+from metering import budgets, services
+from tests.factories import JobFactory
+from tests.metering.conftest import release, rent
+
+pytestmark = pytest.mark.django_db
+
+NOW = datetime(2024, 5, 20, 12, 30, tzinfo=UTC)
+
+
+@pytest.fixture
+def busy_team(team, node):
+    """300 GPU-hours released this month, 4 GPUs held for 3 h, 2 x 10 h queued; 50 GPU-hours in April."""
+    done = rent(team=team, node=node, at=datetime(2024, 5, 3, tzinfo=UTC), gpus=4)
+    release(done, at=datetime(2024, 5, 6, 3, tzinfo=UTC))  # 75 h x 4 GPUs
+    old = rent(
+        team=team,
+        node=node,
+        at=datetime(2024, 4, 30, 23, tzinfo=UTC) - timedelta(hours=24),
+        gpus=2,
+        name="old",
+    )
+    release(old, at=datetime(2024, 5, 1, tzinfo=UTC))  # ends on the month boundary: all April
+    rent(team=team, node=node, at=NOW - timedelta(hours=3), gpus=4, name="running")
+    services.accrue_meter(now=NOW)
+    JobFactory(team=team, state=State.QUEUED, gpus=2, hours=10.0)
+    JobFactory(team=team, state=State.RELEASED, end_reason="succeeded", gpus=8, hours=100.0)
+    return team
+
+
+def _budget(team: Team, hours: str | None, enforced: bool) -> Team:
+    team.monthly_budget_gpu_hours = None if hours is None else Decimal(hours)
+    team.budget_enforced = enforced
+    team.save()
+    return team
+
+
+def test_the_projection_counts_ledger_running_and_queued_hours_of_this_month_only(busy_team):
+    p = budgets.projection(team=_budget(busy_team, "400", True), extra_gpu_hours=20.0, now=NOW)
+    assert p.used_gpu_hours == pytest.approx(300 + 4 * 2.5)  # April excluded; closed hours of the running job
+    assert p.running_gpu_hours == pytest.approx(4 * 0.5)  # 12:00 to 12:30, not closed yet
+    assert p.queued_gpu_hours == pytest.approx(20.0)
+    assert p.total_gpu_hours == pytest.approx(352.0)
+    assert not p.would_exceed and not p.refused
+
+
+def test_an_enforced_budget_refuses_with_a_clear_sentence(busy_team):
+    p = budgets.projection(team=_budget(busy_team, "400", True), extra_gpu_hours=80.0, now=NOW)
+    assert p.would_exceed and p.enforced and p.refused
+    assert p.message == (
+        "This job would bring team vision to 412 of 400 GPU-hours this month "
+        "(used 310, running 2, queued 20, this job 80). The budget is enforced, so this job is refused."
+    )
+
+
+def test_an_unenforced_budget_only_warns(busy_team):
+    p = budgets.projection(team=_budget(busy_team, "400", False), extra_gpu_hours=80.0, now=NOW)
+    assert p.would_exceed and not p.refused
+    assert p.message.endswith("The budget is not enforced: this is a warning only.")
+    assert "412 of 400 GPU-hours" in p.message
+
+
+def test_a_team_without_a_budget_never_exceeds(busy_team):
+    p = budgets.projection(team=_budget(busy_team, None, True), extra_gpu_hours=10_000.0, now=NOW)
+    assert not p.would_exceed and p.budget_gpu_hours is None
+    assert "no monthly budget" in p.message
+
+
+def test_set_budget_is_for_operators_only(team, member, operator):
+    with pytest.raises(PermissionError):
+        budgets.set_budget(team_id=team.id, gpu_hours=Decimal("5"), enforced=True, operator=member, now=NOW)
+    budgets.set_budget(team_id=team.id, gpu_hours=Decimal("12.5"), enforced=False, operator=operator, now=NOW)
+    team.refresh_from_db()
+    assert (team.monthly_budget_gpu_hours, team.budget_enforced) == (Decimal("12.5"), False)

@@ -1,0 +1,71 @@
+"""Two beat processes at once, and accrual racing a RELEASE: separate connections, real commits."""
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+from metering import services
+from metering.models import MeterEntry
+from metering.periods import floor_hour, hour_slices, micros
+from tests.metering.conftest import T0, metered_micros, release, rent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def at_once(*calls: Callable[[], object]) -> list[BaseException]:
+    """Runs each call on its own thread (so its own database connection), released by one barrier."""
+    barrier = threading.Barrier(len(calls))
+    errors: list[BaseException] = []
+
+    def run(call: Callable[[], object]) -> None:
+        try:
+            barrier.wait()
+            call()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return errors
+
+
+def test_two_accruals_at_once_write_each_hour_exactly_once(team, node):
+    allocations = [
+        rent(team=team, node=node, at=T0 + timedelta(minutes=7 * i), name=f"job-{i}") for i in range(6)
+    ]
+    now = T0 + timedelta(days=2, minutes=3)
+    for _ in range(3):
+        assert at_once(lambda: services.accrue_meter(now=now), lambda: services.accrue_meter(now=now)) == []
+    for allocation in allocations:
+        expected = list(hour_slices(allocation.rented_at, floor_hour(now)))
+        rows = MeterEntry.objects.filter(allocation=allocation).order_by("period_start")
+        assert [(r.period_start, r.period_end) for r in rows] == expected
+    assert services.find_violations(now=now) == []
+
+
+def test_accrual_racing_a_release_keeps_the_sum_exact(team, node):
+    allocations = [
+        rent(team=team, node=node, at=T0 + timedelta(seconds=i), name=f"race-{i}") for i in range(4)
+    ]
+    released_at = T0 + timedelta(hours=26, minutes=59, seconds=59)
+    later = released_at + timedelta(minutes=5)
+    errors = at_once(
+        lambda: services.accrue_meter(now=later),
+        *[lambda a=a: release(a, at=released_at) for a in allocations[:2]],
+        lambda: services.accrue_meter(now=later),
+    )
+    assert errors == []
+    for allocation in allocations[2:]:
+        release(allocation, at=later)
+    assert services.find_violations(now=later + timedelta(hours=1)) == []
+    for allocation in allocations:
+        allocation.refresh_from_db()
+        assert metered_micros(allocation) == micros(allocation.released_at - allocation.rented_at)

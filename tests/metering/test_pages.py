@@ -1,0 +1,229 @@
+"""The ledger pages, the live hour, exports, operators' tools and the job page's meter block."""
+
+import csv
+import io
+import json
+import sqlite3
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.http import StreamingHttpResponse
+from django.template import Context, Template
+from django.urls import reverse
+
+from jobs import rental
+from jobs.models import Node
+from metering import reports, services
+from metering.models import MeterEntry
+from tests.factories import UserFactory
+from tests.metering.conftest import release, rent
+
+pytestmark = pytest.mark.django_db
+
+NOW = datetime(2024, 5, 20, 12, 30, tzinfo=UTC)
+LEDGER = reverse("metering:ledger")
+
+
+@pytest.fixture(autouse=True)
+def frozen(time_machine):
+    time_machine.move_to(NOW, tick=False)
+
+
+@pytest.fixture
+def ledger(team, other_team, node):
+    """vision: a finished 4-GPU job in May, one in April, a 2-GPU job running; audio: one job."""
+    done = rent(team=team, node=node, at=datetime(2024, 5, 3, 10, tzinfo=UTC), gpus=4, name="finetune")
+    release(done, at=datetime(2024, 5, 3, 12, 30, 0, 250000, tzinfo=UTC))
+    april = rent(team=team, node=node, at=datetime(2024, 4, 28, 8, tzinfo=UTC), gpus=1, name="april-run")
+    release(april, at=datetime(2024, 4, 28, 9, tzinfo=UTC))
+    rent(team=team, node=node, at=NOW - timedelta(hours=2, minutes=10), gpus=2, name="pretrain")
+    secret = rent(
+        team=other_team, node=node, at=datetime(2024, 5, 4, tzinfo=UTC), gpus=8, name="audio-secret"
+    )
+    release(secret, at=datetime(2024, 5, 4, 6, tzinfo=UTC))
+    services.accrue_meter(now=NOW)
+    return done
+
+
+def test_the_ledger_page_shows_the_month_by_day_by_job_and_by_month(member_client, ledger):
+    page = member_client.get(LEDGER).content.decode()
+    assert "Ledger · team vision" in page and "May 2024" in page
+    assert "finetune" in page and "pretrain" in page and "audio-secret" not in page
+    assert '<rect class="meter-bar"' in page and "<svg" in page
+    assert "13.334 GPU-hours" in page  # finetune 4 x 2.5000694 h + pretrain 2 x 1 h 40 min closed
+    assert "April 2024" in page and "1.000" in page
+    assert " style=" not in page and "<script>" not in page  # CSP: our own static files only
+
+
+def test_the_live_hour_polls_itself_with_a_plain_link_fallback(member_client, team, ledger):
+    page = member_client.get(reverse("metering:live"), {"team": "vision"}).content.decode()
+    assert page.lstrip().startswith(f'<section id="team-{team.pk}-live"')
+    assert 'hx-trigger="every 5s"' in page and 'hx-swap="outerHTML"' in page
+    assert f'hx-get="{reverse("metering:live")}?team=vision"' in page
+    assert f'href="{LEDGER}?team=vision">Refresh</a>' in page
+    assert "pretrain" in page and "1.000 GPU-hours" in page  # 2 GPUs x 30 min this hour
+
+
+def test_the_ledger_page_runs_the_same_few_queries_however_big_the_ledger(
+    member_client, team, node, ledger, django_assert_num_queries
+):
+    with django_assert_num_queries(13):
+        assert member_client.get(LEDGER).status_code == 200
+    for i in range(12):
+        job = rent(team=team, node=node, at=datetime(2024, 5, 1 + i, tzinfo=UTC), gpus=1, name=f"sweep-{i}")
+        release(job, at=datetime(2024, 5, 1 + i, 5, tzinfo=UTC))
+    with django_assert_num_queries(13):
+        assert member_client.get(LEDGER).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "name", ["metering:ledger", "metering:live", "metering:export_csv", "metering:export_json"]
+)
+def test_another_teams_ledger_is_a_404(outsider_client, ledger, name):
+    assert outsider_client.get(reverse(name), {"team": "vision"}).status_code == 404
+
+
+def test_a_member_without_a_team_parameter_sees_only_their_own_team(outsider_client, ledger):
+    page = outsider_client.get(LEDGER).content.decode()
+    assert "audio-secret" in page and "finetune" not in page and "pretrain" not in page
+
+
+def test_operators_see_every_teams_totals_and_each_ledger(operator_client, ledger):
+    page = operator_client.get(LEDGER).content.decode()
+    assert "Ledger · all teams" in page and "audio-secret" in page and "finetune" in page
+    assert "48.000" in page  # audio: 8 GPUs x 6 h
+    assert "finetune" in operator_client.get(LEDGER, {"team": "vision"}).content.decode()
+
+
+def _csv(response) -> list[dict]:
+    assert isinstance(response, StreamingHttpResponse)
+    return list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+
+
+def test_the_csv_export_streams_exact_rows_of_the_date_range(member_client, ledger):
+    response = member_client.get(reverse("metering:export_csv"), {"start": "2024-05-03", "end": "2024-05-03"})
+    assert response["Content-Type"].startswith("text/csv")
+    assert 'filename="e31-ledger-vision-20240503-20240503.csv"' in response["Content-Disposition"]
+    rows = _csv(response)
+    assert [(r["period_start"], r["seconds"], r["kind"]) for r in rows] == [
+        ("2024-05-03T10:00:00.000000Z", "3600.000000", "accrual"),
+        ("2024-05-03T11:00:00.000000Z", "3600.000000", "accrual"),
+        ("2024-05-03T12:00:00.000000Z", "1800.250000", "final"),
+    ]
+    assert {r["team"] for r in rows} == {"vision"} and rows[2]["gpu_hours"] == "2.000277778"
+    assert "cost" not in rows[0]
+
+
+def test_the_json_export_streams_the_same_rows(member_client, ledger):
+    response = member_client.get(
+        reverse("metering:export_json"), {"start": "2024-04-01", "end": "2024-05-31"}
+    )
+    assert isinstance(response, StreamingHttpResponse)
+    rows = json.loads(b"".join(response.streaming_content))
+    assert {r["job"] for r in rows} >= {ledger.job_id} and all(r["team"] == "vision" for r in rows)
+    assert rows[0]["period_start"] == "2024-04-28T08:00:00.000000Z"
+    assert rows[-1]["period_end"] == "2024-05-20T12:00:00.000000Z"
+
+
+def test_a_malformed_export_range_is_a_400(member_client, ledger):
+    response = member_client.get(reverse("metering:export_csv"), {"start": "2024-05-09", "end": "2024-05-01"})
+    assert response.status_code == 400
+    assert member_client.get(reverse("metering:export_csv"), {"start": "May"}).status_code == 400
+
+
+def test_no_money_appears_unless_a_rate_is_configured(member_client, settings, ledger):
+    settings.E31_RATE_PER_GPU_HOUR = ""
+    assert "Cost" not in member_client.get(LEDGER).content.decode()
+    settings.E31_RATE_PER_GPU_HOUR = "2.50"
+    assert "<th>Cost</th>" in member_client.get(LEDGER).content.decode()
+    rows = _csv(
+        member_client.get(reverse("metering:export_csv"), {"start": "2024-05-03", "end": "2024-05-03"})
+    )
+    assert rows[0]["cost"] == "10.00"  # 4 GPU-hours at 2.50: computed at display time
+    assert not any("cost" in f.name or "rate" in f.name for f in MeterEntry._meta.get_fields())
+
+
+def test_an_operator_sets_a_budget_and_members_cannot_see_the_form(operator_client, member_client, team):
+    url = reverse("metering:budget", args=["vision"])
+    assert member_client.get(url).status_code == 404
+    assert operator_client.get(url).status_code == 200
+    response = operator_client.post(url, {"monthly_budget_gpu_hours": "400", "budget_enforced": "on"})
+    assert response.status_code == 302
+    team.refresh_from_db()
+    assert (str(team.monthly_budget_gpu_hours), team.budget_enforced) == ("400.00", True)
+    assert operator_client.post(url, {"monthly_budget_gpu_hours": "-3"}).status_code == 422
+
+
+def test_the_team_ledger_shows_the_budget_sentence(member_client, team, ledger):
+    team.monthly_budget_gpu_hours = 10
+    team.save()
+    page = member_client.get(LEDGER).content.decode()
+    assert "Team vision is at" in page and "of 10 GPU-hours this month" in page
+
+
+def test_an_operator_credits_a_node_loss_gap_with_an_adjustment(operator_client, member_client, team, node):
+    allocation = rent(team=team, node=node, at=NOW - timedelta(hours=3), gpus=2)
+    Node.objects.filter(id=node.id).update(last_heartbeat=NOW - timedelta(seconds=40))
+    node.refresh_from_db()
+    rental.lose_node_allocations(node=node, now=NOW, detail="silent")
+    url = reverse("metering:adjust", args=[allocation.id])
+    assert member_client.get(url).status_code == 404
+    form = operator_client.get(url).content.decode()
+    assert 'value="-40.000000"' in form and "node lost" in form
+    response = operator_client.post(url, {"seconds": "-40", "reason": "node lost: silent gap"})
+    assert response.status_code == 302
+    credit = MeterEntry.objects.get(kind="adjustment")
+    assert (credit.microseconds, credit.gpus, credit.created_by.username) == (-40_000_000, 2, "olga")
+    assert (credit.period_start, credit.period_end) == (NOW - timedelta(seconds=40), NOW)
+    assert operator_client.post(url, {"seconds": "0", "reason": "x"}).status_code == 422
+
+
+def test_the_reconciliation_page_is_for_operators(operator_client, member_client, ledger):
+    assert member_client.get(reverse("metering:check")).status_code == 404
+    assert "0 violations" in operator_client.get(reverse("metering:check")).content.decode()
+
+
+def test_the_job_meter_tag_shows_when_and_why_the_meter_stopped_and_the_last_heartbeat(team, node, member):
+    allocation = rent(team=team, node=node, at=NOW - timedelta(hours=2), gpus=2, name="lost-one")
+    Node.objects.filter(id=node.id).update(last_heartbeat=NOW - timedelta(seconds=31))
+    node.refresh_from_db()
+    rental.lose_node_allocations(node=node, now=NOW, detail="silent")
+    html = Template("{% load meter %}{% job_meter job %}").render(
+        Context({"job": allocation.job, "user": member})
+    )
+    assert f'id="job-{allocation.job_id}-meter"' in html
+    assert "2024-05-20 10:30:00.000000 UTC" in html  # started (RENT)
+    assert "2024-05-20 12:30:00.000000 UTC" in html and "node_lost" in html  # stopped, and why
+    assert "2024-05-20 12:29:29.000000 UTC" in html and "31.0 s before the node was declared down" in html
+    assert "4.000 GPU-hours" in html and "Credit the gap" not in html  # members cannot adjust
+    operator = UserFactory(username="olga", is_staff=True)
+    assert "Credit the gap" in Template("{% load meter %}{% job_meter job %}").render(
+        Context({"job": allocation.job, "user": operator})
+    )
+
+
+def test_the_navigation_links_to_the_ledger(member_client):
+    assert f'href="{LEDGER}">Ledger</a>' in member_client.get(LEDGER).content.decode()
+
+
+def test_sqlite_formats_export_timestamps_like_postgresql():
+    db = sqlite3.connect(":memory:")
+    sql = "SELECT " + reports.SQLITE_ISO % {"expressions": ":v"}
+    assert db.execute(sql, {"v": "2024-05-03 10:00:00"}).fetchone() == ("2024-05-03T10:00:00.000000Z",)
+    assert db.execute(sql, {"v": "2024-05-03 12:00:00.250000"}).fetchone() == ("2024-05-03T12:00:00.250000Z",)
+
+
+def test_an_earlier_month_shows_its_own_jobs(member_client, ledger):
+    page = member_client.get(LEDGER, {"month": "2024-04"}).content.decode()
+    assert "April 2024" in page and "april-run" in page and "finetune" not in page
+
+
+@pytest.mark.parametrize("month", ["0001-01", "2024-13", "May"])
+def test_an_implausible_month_falls_back_to_the_current_one(member_client, ledger, month):
+    response = member_client.get(LEDGER, {"month": month})
+    assert response.status_code == 200 and "May 2024" in response.content.decode()
+
+
+def test_a_user_without_a_team_is_told_so(client):
+    client.force_login(UserFactory(username="lonely"))
+    assert client.get(LEDGER).status_code == 403
