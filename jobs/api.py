@@ -89,7 +89,7 @@ def submit_job(request: HttpRequest, payload: JobIn):
     team = _submitting_team(request, payload.team)
     spec = declaration.validate(payload.model_dump(), limits=services.pool_limits())
     job = services.submit_job(team=team, user=request.user, spec=spec, now=timezone.now())
-    return Status(201, job_json(job_queryset().get(id=job.id)))
+    return Status(201, {**job_json(job_queryset().get(id=job.id)), "budget_note": job.budget_note})
 
 
 @router.get("/jobs", response={200: list[JobOut], **ERRORS}, summary="List your team's jobs, newest first")

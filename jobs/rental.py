@@ -84,31 +84,35 @@ def finish_allocation(
         )
         allocation = Allocation.objects.select_related("node").get(id=allocation_id)
         job = Job.objects.select_for_update().get(id=allocation.job_id)
-        if _attempt_parts(job).filter(finished_at__isnull=True).exists():
+        if job.attempt != allocation.attempt or _attempt_parts(job).filter(finished_at__isnull=True).exists():
             return
         transition(
             job_id=job.id, source=State.RUNNING, target=State.OUTPUT, now=now,
             actor=f"agent:{allocation.node.name}", reason=f"run ended: {outcome}",
         )  # fmt: skip
+        _release_when_sealed(job.id, now=now, actor=f"agent:{allocation.node.name}")
 
 
 def seal_allocation(*, allocation_id: int, manifest: list[dict], now: datetime) -> None:
-    """Adds a part's sealed outputs to the job; the last part sealed releases the attempt."""
+    """Adds a part's sealed outputs to the job; once every part is sealed and the run is over, RELEASE."""
     with transaction.atomic():
         allocation = Allocation.objects.select_related("node").get(id=allocation_id)
         job = Job.objects.select_for_update().get(id=allocation.job_id)
-        if job.state != State.OUTPUT or job.attempt != allocation.attempt:
+        if job.state not in (State.RUNNING, State.OUTPUT) or job.attempt != allocation.attempt:
             return
         Job.objects.filter(id=job.id).update(outputs=[*job.outputs, *manifest])
-        Allocation.objects.filter(id=allocation_id).update(sealed_at=now)
-        parts = list(_attempt_parts(job))
-        if any(p.sealed_at is None and p.id != allocation_id for p in parts):
-            return
-        reason, exit_code = _attempt_outcome(parts)
-        release_job(
-            job_id=job.id, end_reason=reason, now=now, actor=f"agent:{allocation.node.name}",
-            exit_code=exit_code, deliver=True,
-        )  # fmt: skip
+        Allocation.objects.filter(id=allocation_id, sealed_at__isnull=True).update(sealed_at=now)
+        _release_when_sealed(job.id, now=now, actor=f"agent:{allocation.node.name}")
+
+
+def _release_when_sealed(job_id: int, *, now: datetime, actor: str) -> None:
+    """Parts finish and seal in any order on different nodes; the last of them releases the attempt."""
+    job = Job.objects.get(id=job_id)
+    parts = list(_attempt_parts(job))
+    if job.state != State.OUTPUT or any(p.sealed_at is None for p in parts):
+        return
+    reason, exit_code = _attempt_outcome(parts)
+    release_job(job_id=job_id, end_reason=reason, now=now, actor=actor, exit_code=exit_code, deliver=True)
 
 
 def _attempt_parts(job: Job):

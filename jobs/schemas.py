@@ -101,3 +101,6 @@ class JobOut(Schema):
     delivery_state: str
     estimated_start: datetime | None
     pending_reason: str
+    budget_note: str = Field(
+        "", description="Set on submission when the job takes its team past a budget that only warns."
+    )

@@ -15,6 +15,7 @@ from django.db.models import Sum
 from jobs import declaration, dispatch
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, EndReason, State, check_transition
 from jobs.models import DataInput, Job, JobEvent, Node
+from metering import budgets
 
 
 def pool_limits() -> declaration.Limits:
@@ -30,7 +31,14 @@ def pool_limits() -> declaration.Limits:
 
 @transaction.atomic
 def submit_job(*, team, user, spec: declaration.Declaration, now: datetime) -> Job:
-    """Stores a validated declaration as a submitted job and rings for staging after commit."""
+    """Stores a validated declaration as a submitted job and rings for staging after commit.
+
+    A job that would take its team past an enforced monthly budget is refused like any invalid
+    field; past a budget that only warns, it is stored and ``job.budget_note`` says so.
+    """
+    budget = budgets.projection(team=team, extra_gpu_hours=spec.gpus * spec.hours, now=now)
+    if budget.refused:
+        raise declaration.DeclarationInvalid([("request.hours", budget.message)])
     job = Job.objects.create(
         team=team, submitted_by=user, name=spec.name, state=State.SUBMITTED,
         submitted_at=now, state_changed_at=now,
@@ -45,6 +53,7 @@ def submit_job(*, team, user, spec: declaration.Declaration, now: datetime) -> J
     )
     JobEvent.objects.create(job=job, to_state=State.SUBMITTED, at=now, actor=_actor(user), reason="submitted")
     dispatch.stage_job(job.id)
+    job.budget_note = budget.message if budget.would_exceed else ""
     return job
 
 

@@ -14,6 +14,7 @@ from jobs import declaration, estimates, presenters, services
 from jobs.forms import JobForm, bound_fields
 from jobs.lifecycle import BEFORE_RENT, State
 from jobs.models import Job
+from metering import budgets
 
 PAGE_SIZE = 25
 
@@ -93,8 +94,14 @@ def _submit(request: HttpRequest, form: JobForm, teams, *, raw: dict | None = No
         if team is None:
             form.errors["team"] = "choose one of your teams"
         return _render_form(request, form, teams, status=422)
-    job = services.submit_job(team=team, user=request.user, spec=spec, now=timezone.now())
+    try:
+        job = services.submit_job(team=team, user=request.user, spec=spec, now=timezone.now())
+    except declaration.DeclarationInvalid as exc:  # over an enforced budget
+        form.errors = exc.as_dict()
+        return _render_form(request, form, teams, status=422)
     messages.success(request, f"Job #{job.id} submitted.")
+    if job.budget_note:
+        messages.warning(request, job.budget_note)
     response = redirect("jobs:detail", job_id=job.id)
     if request.htmx:
         response = HttpResponse(status=204, headers={"HX-Redirect": response["Location"]})
@@ -187,4 +194,5 @@ def estimate(request: HttpRequest) -> HttpResponse:
             team=team.name, gpus=gpus, hours=hours, min_gpus=raw.get("min_gpus"),
             preemptible=bool(raw.get("preemptible")), now=context["now"],
         )  # fmt: skip
+        context["budget"] = budgets.projection(team=team, extra_gpu_hours=gpus * hours, now=context["now"])
     return render(request, "jobs/new.html#estimate", context)

@@ -194,3 +194,23 @@ print(json.dumps(out))
     assert seen["other_jobs"] == []
     assert "e31.sqlite3" not in seen["state_dir"] and "broker" not in seen["state_dir"]
     services.cancel_job(job_id=other.id, user=member, now=timezone.now())
+
+
+def test_a_job_larger_than_a_node_runs_one_process_per_node_with_ranks(live_pool, member):
+    code = (
+        "import os, json; d = {k: os.environ[k] for k in ('E31_NODE_RANK', 'E31_NUM_NODES', 'E31_COORDINATOR', 'CUDA_VISIBLE_DEVICES')};"
+        "open(os.environ['E31_OUTPUT_DIR'] + '/rank.json', 'w').write(json.dumps(d))"
+    )
+    job = wait_for_state(submit(member, py(code), gpus=8).id, "released")
+    assert job.end_reason == "succeeded"
+    parts = list(job.allocations.order_by("rank"))
+    assert [p.rank for p in parts] == [0, 1] and len({p.node_id for p in parts}) == 2
+    assert sorted(o["path"] for o in job.outputs) == ["rank0/rank.json", "rank1/rank.json"]
+
+
+def test_when_one_node_of_a_job_fails_the_others_are_stopped(live_pool, member):
+    code = "import os, sys, time\nif os.environ['E31_NODE_RANK'] == '1': sys.exit(7)\ntime.sleep(120)"
+    job = wait_for_state(submit(member, py(code), gpus=8).id, "released", timeout=30)
+    assert (job.end_reason, job.exit_code) == ("failed", 7)
+    rank0 = job.allocations.get(rank=0)
+    assert (rank0.finished_at - rank0.started_at).total_seconds() < 15

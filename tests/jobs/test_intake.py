@@ -188,3 +188,40 @@ def test_the_job_page_shows_the_declaration_and_its_events(good, pool, member_cl
     page = member_client.get(response["Location"])
     html = page.content.decode()
     assert "python3 train.py --epochs=3" in html and "submitted" in html
+
+
+def test_a_job_past_an_enforced_budget_is_refused_in_the_form_and_the_api(
+    good, pool, team, member_client, member_token
+):
+    team.monthly_budget_gpu_hours = 2
+    team.budget_enforced = True
+    team.save()
+    for response in (submit_form(member_client, good), submit_api(member_client, good, member_token)):
+        assert response.status_code == 422
+        assert "request.hours" in error_fields(response)
+        assert "refused" in response.content.decode()
+    assert Job.objects.count() == 0
+
+
+def test_a_job_past_a_warning_budget_is_stored_with_a_note(good, pool, team, member_client, member_token):
+    team.monthly_budget_gpu_hours = 2
+    team.budget_enforced = False
+    team.save()
+    response = submit_api(member_client, good, member_token)
+    assert response.status_code == 201
+    assert "warning only" in response.json()["budget_note"]
+
+
+def test_the_form_previews_the_estimated_start_and_the_budget(pool, member_client):
+    response = member_client.post(
+        reverse("jobs:estimate"), {"request.gpus": "2", "request.hours": "3"}, HTTP_HX_REQUEST="true"
+    )
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "Estimated start if submitted now" in html and "Monthly GPU-hours" in html
+    assert "with a 1.5 h limit" in html and "elastic, 1-2 GPUs" in html
+
+
+def test_the_preview_says_when_a_draft_is_larger_than_the_pool(pool, member_client):
+    response = member_client.post(reverse("jobs:estimate"), {"request.gpus": "64", "request.hours": "1"})
+    assert "cannot place that many GPUs" in response.content.decode()

@@ -1,0 +1,118 @@
+"""`make run`'s console with no service at all: SQLite, the filesystem broker, beat and a local pool."""
+
+import http.cookiejar
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError(f"{url} did not answer within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory):
+    """One console for the module: starting it (migrate, five processes) is the slow part."""
+    tmp_path = tmp_path_factory.mktemp("embedded")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "E31_TEST_DB_NAME")
+    }
+    env.update(E31_STATE_DIR=str(tmp_path / "var"), PORT=str(free_port()), E31_DEMO_PASSWORD="demo-pass-123",
+               E31_HEARTBEAT_S="1", E31_SCHEDULER_TICK_S="2", PYTHONUNBUFFERED="1")  # fmt: skip
+    log = open(tmp_path / "console.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "run_console"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    base = f"http://127.0.0.1:{env['PORT']}"
+    try:
+        wait_http(base + "/")
+        yield base, env, tmp_path / "console.log"
+    finally:
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        try:
+            proc.wait(timeout=20)
+        finally:
+            log.close()
+
+
+def test_the_embedded_console_serves_prints_the_demo_users_and_runs_a_job(embedded):
+    base, env, log_path = embedded
+    output = log_path.read_text()
+    assert "created 'operator' with password demo-pass-123" in output
+    assert "created 'demo' with password demo-pass-123" in output
+    token = subprocess.run(
+        [sys.executable, "manage.py", "create_api_token", "demo"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    out_root = Path(env["E31_STATE_DIR"]) / "outputs"
+    body = {
+        "name": "embedded", "work": {"argv": ["/usr/bin/python3", "-c", "print('hello from the local pool')"]},
+        "request": {"gpus": 2, "hours": 0.1}, "output": {"uri": f"file://{out_root}/embedded", "bytes": 10},
+    }  # fmt: skip
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    deadline = time.monotonic() + 30  # the agents register a moment after the web process answers
+    while True:
+        request = urllib.request.Request(
+            base + "/api/v1/jobs", data=json.dumps(body).encode(), headers=headers
+        )
+        try:
+            job = json.load(urllib.request.urlopen(request, timeout=10))
+            break
+        except urllib.error.HTTPError as exc:
+            if exc.code != 422 or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+    deadline = time.monotonic() + 60
+    while job["state"] != "released" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        get = urllib.request.Request(f"{base}/api/v1/jobs/{job['id']}", headers=headers)
+        job = json.load(urllib.request.urlopen(get, timeout=10))
+    assert (job["state"], job["end_reason"]) == ("released", "succeeded"), job
+
+
+def test_the_demo_member_can_sign_in_and_open_the_form(embedded):
+    base, _, _ = embedded
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    page = opener.open(base + "/accounts/login/").read().decode()
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    data = urllib.parse.urlencode(
+        {"username": "demo", "password": "demo-pass-123", "csrfmiddlewaretoken": csrf}
+    ).encode()
+    request = urllib.request.Request(
+        base + "/accounts/login/", data=data, headers={"Referer": base + "/accounts/login/"}
+    )
+    landed = opener.open(request).read().decode()
+    assert "Jobs" in landed and "demo" in landed
+    assert "Submit the job" in opener.open(base + "/jobs/new/").read().decode()
