@@ -164,9 +164,9 @@ def test_a_duplicated_run_message_does_nothing_the_second_time(live_pool, member
 
 
 def test_the_sandbox_hides_secrets_other_jobs_and_the_platform_and_is_read_only(live_pool, member, settings):
-    probe = """
+    probe = f"""
 import json, os, glob
-out = {}
+out = {{}}
 out['env'] = sorted(os.environ)
 out['secret_in_proc'] = any('e2e-secret' in open(p, errors='ignore').read() for p in glob.glob('/proc/*/environ') if os.access(p, os.R_OK))
 try:
@@ -175,9 +175,9 @@ except OSError:
     out['wrote_etc'] = False
 agents = os.path.dirname(os.path.dirname(os.environ['E31_OUTPUT_DIR']))
 out['other_jobs'] = [d for d in os.listdir(agents) if d != os.path.basename(os.path.dirname(os.environ['E31_OUTPUT_DIR']))]
-out['state_dir'] = os.listdir(%r) if os.path.isdir(%r) else 'missing'
+out['state_dir'] = os.listdir({str(settings.E31_STAGING_ROOT.parent)!r}) if os.path.isdir({str(settings.E31_STAGING_ROOT.parent)!r}) else 'missing'
 print(json.dumps(out))
-""" % (str(settings.E31_STAGING_ROOT.parent), str(settings.E31_STAGING_ROOT.parent))
+"""
     other = submit(member, py("import time; time.sleep(15)"), name="neighbour")
     wait_for_state(other.id, "running")
     job = wait_for_state(submit(member, py(probe)).id, "released")

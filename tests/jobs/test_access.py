@@ -46,10 +46,10 @@ def test_the_owning_team_and_operators_see_the_job(job, member_client, operator_
 
 
 def test_anonymous_users_are_sent_to_login_and_api_callers_get_401(job, client):
-    for method, url in html_urls(job) + [("get", reverse("jobs:list")), ("get", reverse("jobs:new"))]:
+    for method, url in [*html_urls(job), ("get", reverse("jobs:list")), ("get", reverse("jobs:new"))]:
         response = getattr(client, method)(url)
         assert response.status_code == 302 and response["Location"].startswith(reverse("accounts:login")), url
-    for method, url in api_urls(job) + [("get", "/api/v1/jobs"), ("post", "/api/v1/jobs")]:
+    for method, url in [*api_urls(job), ("get", "/api/v1/jobs"), ("post", "/api/v1/jobs")]:
         assert getattr(client, method)(url).status_code == 401, url
 
 

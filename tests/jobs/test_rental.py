@@ -1,5 +1,6 @@
 """RENT and RELEASE on PostgreSQL: the database refuses a GPU held twice; every release closes the meter."""
 
+import itertools
 import threading
 from datetime import timedelta
 
@@ -57,7 +58,7 @@ def test_release_frees_the_gpus_closes_the_meter_exactly_and_records_the_reason(
     assert sum(r.microseconds for r in rows) == held_us
     assert rows[0].period_start == rented and rows[-1].period_end == released
     assert all(
-        a.period_end == b.period_start for a, b in zip(rows, rows[1:], strict=False)
+        a.period_end == b.period_start for a, b in itertools.pairwise(rows)
     )  # no gap, no overlap
     assert {r.gpus for r in rows} == {3}
     assert not rental.release_job(job_id=job.id, end_reason=EndReason.FAILED, now=released, actor="again")
