@@ -34,15 +34,20 @@ def _path_list(name: str, default: str) -> list[Path]:
 
 
 DEBUG = env.bool("E31_DEBUG", default=False)
+PRODUCTION = env.bool("E31_PRODUCTION", default=False)
+if PRODUCTION and DEBUG:
+    raise ImproperlyConfigured("E31_DEBUG must be off when E31_PRODUCTION is set")
 STATE_DIR = Path(env.str("E31_STATE_DIR", default=str(BASE_DIR / "var"))).resolve()
 
 SECRET_KEY = _env_or_file("SECRET_KEY") or _env_or_file("E31_SECRET_KEY")
 if not SECRET_KEY:
-    if env.bool("E31_PRODUCTION", default=False):
+    if PRODUCTION:
         raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) must be set in production")
     SECRET_KEY = "e31-development-only-not-secret"
 
 ALLOWED_HOSTS = env.list("E31_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
+if PRODUCTION and not env.str("E31_ALLOWED_HOSTS", default=""):
+    raise ImproperlyConfigured("E31_ALLOWED_HOSTS must name the console's host names in production")
 CSRF_TRUSTED_ORIGINS = env.list("E31_CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
@@ -55,6 +60,7 @@ INSTALLED_APPS = [
     "django.contrib.humanize",
     "django_htmx",
     "template_partials",
+    "ninja",  # serves the API docs' Swagger UI from our own static files (CSP allows no CDN)
     "accounts",
     "jobs",
     "metering",
@@ -63,6 +69,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -94,7 +101,9 @@ TEMPLATES = [
 
 # --- Database: SQLite by default, DATABASE_URL switches to PostgreSQL with no code change.
 STATE_DIR.mkdir(parents=True, exist_ok=True)
-DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{STATE_DIR / 'e31.sqlite3'}")}
+# The URL carries a password, so it may come from a file too (DATABASE_URL_FILE=/run/secrets/...).
+_SQLITE_URL = f"sqlite:///{STATE_DIR / 'e31.sqlite3'}"
+DATABASES = {"default": env.db_url_config(_env_or_file("DATABASE_URL", _SQLITE_URL))}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Web, workers and agents share the file: WAL lets readers run beside the single writer,
     # IMMEDIATE takes the write lock up front so two scheduler passes serialise instead of deadlocking.
@@ -129,12 +138,53 @@ STATIC_ROOT = STATE_DIR / "staticfiles"
 WHITENOISE_USE_FINDERS = True
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
+# --- Security. Headers on every response; HTTPS-only cookies and HSTS when E31_PRODUCTION is set.
+# The CSP allows only the console's own static files: no inline script or style, no CDN, no framing.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "object-src": ["'none'"],
+        "frame-ancestors": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+    }
+}
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+# No script reads either cookie: htmx sends the CSRF token from the template (hx-headers on <body>).
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+# A session lasts a working day at most, and ends with the browser in production.
+SESSION_COOKIE_AGE = env.int("E31_SESSION_AGE_S", default=12 * 3600)
+SESSION_EXPIRE_AT_BROWSER_CLOSE = env.bool("E31_SESSION_EXPIRE_AT_BROWSER_CLOSE", default=PRODUCTION)
+# Sign-in: at most LIMIT failed posts per username and address per window, then 429 (accounts.throttle).
+E31_LOGIN_FAILURE_LIMIT = env.int("E31_LOGIN_FAILURE_LIMIT", default=10)
+E31_LOGIN_WINDOW_S = env.int("E31_LOGIN_WINDOW_S", default=15 * 60)
+if PRODUCTION:
+    SECURE_SSL_REDIRECT = env.bool("E31_SSL_REDIRECT", default=True)
+    # Load balancers probe over plain HTTP; the probe reads nothing private.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env.int("E31_HSTS_SECONDS", default=365 * 86400)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("E31_HSTS_INCLUDE_SUBDOMAINS", default=True)
+    SECURE_HSTS_PRELOAD = env.bool("E31_HSTS_PRELOAD", default=True)
+    # Only behind a proxy that sets X-Forwarded-Proto itself (and drops the client's own).
+    if env.bool("E31_TRUST_X_FORWARDED_PROTO", default=False):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
 LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "jobs:list"
 LOGOUT_REDIRECT_URL = "home"
 
 # --- Caches: the rate limits of the public forms and the scheduler's coalescing live here.
-CACHES = {"default": env.cache_url("E31_CACHE_URL", default="locmemcache://e31")}
+CACHES = {"default": env.cache_url_config(_env_or_file("E31_CACHE_URL", "locmemcache://e31"))}
 # Public forms (waitlist, design-partner application): at most LIMIT posts per address per window.
 E31_PUBLIC_FORM_LIMIT = env.int("E31_PUBLIC_FORM_LIMIT", default=5)
 E31_PUBLIC_FORM_WINDOW_S = env.int("E31_PUBLIC_FORM_WINDOW_S", default=600)
@@ -145,7 +195,7 @@ DEFAULT_FROM_EMAIL = env.str("E31_FROM_EMAIL", default="E31 Network <noreply@e31
 
 # --- Celery. The broker only rings the doorbell: PostgreSQL holds every state.
 BROKER_DIR = STATE_DIR / "broker"
-CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
+CELERY_BROKER_URL = _env_or_file("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     for sub in ("in", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)

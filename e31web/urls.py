@@ -1,11 +1,12 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from e31web import views
+from e31web import health, views
 from e31web.api import api
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("healthz", health.healthz, name="healthz"),
     # The public pages (unsolved problems, design partners), invitations and their operator pages.
     path("", include("e31web.page_urls")),
     path("accounts/", include("accounts.urls")),

@@ -1,0 +1,206 @@
+"""Who may open what: one expectation per URL of the console, and how to request it.
+
+A new URL fails the matrix until it is added here with the objects its arguments name, so no
+page or endpoint ships without its authorization being checked for every kind of visitor.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from django.test import Client
+from django.urls import reverse
+
+from tests.security.conftest import World
+from tests.security.routes import Route, build_path
+
+
+class Policy(Enum):
+    PUBLIC = "everyone"
+    SIGNED_IN = "any signed-in user"
+    TEAM_A = "team A's members, its admin and operators; 404 for team B"
+    STAFF = "operators only; other signed-in users refused (403 or 404)"
+    ADMIN_SITE = "Django admin: staff only, everybody else sent to its sign-in"
+
+
+LOGIN = "login redirect"
+REFUSED = frozenset({403, 404})
+
+
+@dataclass(frozen=True)
+class Case:
+    policy: Policy
+    ok: frozenset[int] = frozenset({200})
+    method: str = "GET"
+    kwargs: Callable[[World], dict] = lambda w: {}
+    query: Callable[[World], str] = lambda w: ""
+    data: dict = field(default_factory=dict)
+
+    def expected(self, visitor: str, *, api: bool) -> frozenset[int] | str:
+        if self.policy is Policy.PUBLIC or (visitor != "anonymous" and self.policy is Policy.SIGNED_IN):
+            return self.ok
+        if visitor == "anonymous":
+            return frozenset({401}) if api else LOGIN
+        if self.policy is Policy.TEAM_A:
+            return frozenset({404}) if visitor == "member_b" else self.ok
+        return self.ok if visitor == "operator" else REFUSED
+
+
+def C(policy: Policy, *ok: int, **options) -> Case:
+    return Case(policy, frozenset(ok or {200}), **options)
+
+
+P, S, T, ST = Policy.PUBLIC, Policy.SIGNED_IN, Policy.TEAM_A, Policy.STAFF
+JOB = {"kwargs": lambda w: {"job_id": w.job_a.id}}
+PROBLEM = {"kwargs": lambda w: {"slug": w.problem.slug}}
+APPLICATION = {"kwargs": lambda w: {"application_id": w.application.id}}
+TEAM_A_QUERY = {"query": lambda w: f"team={w.team_a.slug}"}
+RANGE = "start=2020-01-01&end=2030-12-31"
+
+EXPECTATIONS: dict[str, list[Case]] = {
+    "home": [C(P)],
+    "healthz": [C(P)],
+    "unsolved": [C(P)],
+    "unsolved-feed": [C(P)],
+    "problem-new": [C(ST)],
+    "problem-edit": [C(ST, **PROBLEM)],
+    "problem-solve": [C(ST, **PROBLEM)],
+    "problem-reviewed": [C(ST, 302, method="POST", **PROBLEM)],
+    "partners": [C(P)],
+    "partners-thanks": [C(P)],
+    "partners-review": [C(ST)],
+    "partners-intake": [C(ST, 302, method="POST")],
+    "partners-application": [C(ST, **APPLICATION)],
+    "partners-accept": [C(ST, 422, method="POST", **APPLICATION)],  # an empty form: refused, nothing decided
+    "partners-decline": [C(ST, 422, method="POST", **APPLICATION)],
+    "invite": [C(P, kwargs=lambda w: {"token": w.invitation_token})],
+    "accounts:login": [C(P)],
+    "accounts:logout": [C(P, 302, method="POST")],
+    "accounts:tokens": [C(S)],
+    # Another user's token id is a silent no-op (the token stays live: checked in the test).
+    "accounts:revoke-token": [C(S, 302, method="POST", kwargs=lambda w: {"token_id": w.token_a.id})],
+    "jobs:list": [C(S)],
+    "jobs:new": [C(S)],
+    "jobs:estimate": [C(S, method="POST")],
+    "jobs:queue": [C(S), C(S, **TEAM_A_QUERY)],
+    "jobs:detail": [C(T, **JOB)],
+    "jobs:live": [C(T, **JOB)],
+    "jobs:cancel": [C(T, 302, method="POST", **JOB)],
+    "metering:ledger": [C(S), C(T, **TEAM_A_QUERY)],
+    "metering:live": [C(S), C(T, **TEAM_A_QUERY)],
+    "metering:export_csv": [
+        C(S, query=lambda w: RANGE),
+        C(T, query=lambda w: f"team={w.team_a.slug}&{RANGE}"),
+    ],
+    "metering:export_json": [
+        C(S, query=lambda w: RANGE),
+        C(T, query=lambda w: f"team={w.team_a.slug}&{RANGE}"),
+    ],
+    "metering:check": [C(ST)],
+    "metering:budget": [C(ST, kwargs=lambda w: {"slug": w.team_a.slug})],
+    "metering:adjust": [C(ST, kwargs=lambda w: {"allocation_id": w.allocation_a.id})],
+    "api:openapi-json": [C(P)],
+    "api:openapi-view": [C(P)],
+    "api:api-root": [C(P, 404)],
+    "api:submit_job": [C(S, 422, method="POST")],  # an empty body: refused by validation, never stored
+    "api:list_jobs": [C(S)],
+    "api:get_job": [C(T, **JOB)],
+    "api:cancel_job": [C(T, 409, method="POST", **JOB)],  # the job has ended: nothing to cancel
+    "api:job_meter": [C(T, **JOB)],
+    "api:ledger": [C(S, query=lambda w: RANGE), C(T, query=lambda w: f"team={w.team_a.slug}&{RANGE}")],
+    # The operator dashboard (operations/): staff only, 404 for everyone else. GET on an action: its confirm page.
+    "operations:pool": [C(ST)],
+    "operations:node-action": [C(ST, kwargs=lambda w: {"name": w.node.name, "action": "drain"})],
+    "operations:queue": [C(ST)],
+    "operations:utilisation": [C(ST)],
+    "operations:jobs": [C(ST)],
+    # Team A's job has ended: there is nothing to cancel (409), the page still opens for operators.
+    "operations:job-action": [C(ST, 409, kwargs=lambda w: {"job_id": w.job_a.id, "action": "cancel"})],
+    "operations:teams": [C(ST)],
+    "operations:team": [C(ST, kwargs=lambda w: {"slug": w.team_a.slug})],
+    "operations:health": [C(ST)],
+    "operations:ledger-check": [C(ST, 302, method="POST")],
+    "operations:audit": [C(ST)],
+}
+
+ADMIN_PUBLIC = {"admin:login": C(P, 200, 302)}  # operators are sent on to the admin index
+
+
+def cases_for(route: Route) -> list[Case]:
+    if route.key in EXPECTATIONS:
+        return EXPECTATIONS[route.key]
+    if route.key in ADMIN_PUBLIC:
+        return [ADMIN_PUBLIC[route.key]]
+    if route.route.startswith("admin/"):
+        return [Case(Policy.ADMIN_SITE)]
+    raise LookupError(
+        f"URL {route.route!r} ({route.key}) has no expectation: add it to EXPECTATIONS in "
+        "tests/security/matrix.py with the objects its arguments need"
+    )
+
+
+def admin_kwargs(route: Route, world: World) -> dict:
+    """The admin's routes are generated per registered model: fill them from the route itself."""
+    from django.apps import apps
+    from django.contrib.contenttypes.models import ContentType
+
+    parts = route.route.split("/")
+    values: dict[str, object] = {"url": "no-such-admin-page/", "id": world.users["member_a"].pk}
+    if "app_label" in route.args:
+        values["app_label"] = route.route.split("(?P<app_label>")[1].split("|")[0]
+    if "content_type_id" in route.args:
+        values["content_type_id"] = ContentType.objects.get_for_model(world.team_a).id
+        values["object_id"] = world.team_a.pk
+    elif "object_id" in route.args:
+        model = apps.get_model(parts[1], parts[2])
+        first = model.objects.order_by("pk").first()
+        values["object_id"] = first.pk if first else 1
+    return values
+
+
+def path_for(route: Route, case: Case, world: World) -> str:
+    kwargs = admin_kwargs(route, world) if route.route.startswith("admin/") else case.kwargs(world)
+    try:
+        path = build_path(route, kwargs)
+    except LookupError as exc:
+        raise AssertionError(
+            f"URL {route.route!r} ({route.key}): cannot fill its arguments ({exc}); give its case in "
+            "tests/security/matrix.py a kwargs= with a real object"
+        ) from exc
+    query = case.query(world)
+    return f"{path}?{query}" if query else path
+
+
+def is_api(route: Route) -> bool:
+    return route.route.startswith(reverse("api:api-root").lstrip("/"))
+
+
+def problem_with(route: Route, case: Case, visitor: str, response) -> str | None:
+    """What is wrong with this answer to this visitor, or None."""
+    status, location = response.status_code, response.get("Location", "")
+    if case.policy is Policy.ADMIN_SITE:
+        if visitor == "operator":
+            good = status < 500
+        else:  # to its sign-in, or (logout) to its index, which sends them on to sign in
+            good = status == 302 and location.startswith((reverse("admin:login"), reverse("admin:index")))
+        want = "< 500" if visitor == "operator" else "a redirect to the admin's sign-in"
+    else:
+        want = case.expected(visitor, api=is_api(route))
+        if want == LOGIN:
+            good = status == 302 and location.startswith(reverse("accounts:login"))
+        else:
+            good = status in want
+    if good:
+        return None
+    return f"{case.method} {route.key} as {visitor}: got {status} {location}, expected {want}"
+
+
+def request(world: World, visitor: str, route: Route, case: Case):
+    path = path_for(route, case, world)
+    if is_api(route):
+        client = Client(raise_request_exception=False)
+        headers = {"Authorization": f"Bearer {world.bearer[visitor]}"} if visitor != "anonymous" else {}
+        body = "{}" if case.method == "POST" else None
+        return client.generic(case.method, path, body or "", content_type="application/json", headers=headers)
+    client = world.client(visitor)
+    return client.post(path, case.data) if case.method == "POST" else client.get(path)
