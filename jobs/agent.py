@@ -21,6 +21,7 @@ from django.utils import timezone
 from jobs import rental, sandbox
 from jobs.lifecycle import PREEMPTED, EndReason
 from jobs.models import Allocation, Job
+from jobs.rental import STOPPED
 
 log = logging.getLogger(__name__)
 TAIL_BYTES = 8 * 1024
@@ -173,7 +174,7 @@ def _after_exit(part: Part, dirs: sandbox.AttemptDirs, outcome: str, exit_code: 
                            requeue_as=PREEMPTED, detail="yielded its GPUs to a reserved job")  # fmt: skip
         return
     if outcome == "sibling_failed":
-        outcome = EndReason.FAILED
+        outcome = STOPPED  # not this part's failure: the attempt's exit code is the failing part's
     rental.finish_allocation(allocation_id=part.allocation.id, exit_code=exit_code, outcome=outcome, now=now)
     manifest = seal(dirs.output, prefix=f"rank{part.rank}/" if part.num_nodes > 1 else "")
     rental.seal_allocation(allocation_id=part.allocation.id, manifest=manifest, now=timezone.now())

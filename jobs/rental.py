@@ -19,6 +19,7 @@ from jobs.services import transition
 from metering import services as metering
 
 log = logging.getLogger(__name__)
+STOPPED = "stopped"  # a part stopped because another part of its attempt failed
 
 
 def rent_job(
@@ -120,14 +121,15 @@ def _attempt_parts(job: Job):
 
 
 def _attempt_outcome(parts) -> tuple[EndReason, int | None]:
-    """Timed out beats failed beats succeeded; the exit code is the first failing part's."""
+    """Timed out beats failed beats succeeded; the exit code is that of the part that failed first."""
     reasons = {p.end_reason for p in parts}
-    failing = next(
-        (p.exit_code for p in sorted(parts, key=lambda p: p.rank) if p.exit_code not in (0, None)), None
+    failed = sorted(
+        (p for p in parts if p.end_reason == EndReason.FAILED), key=lambda p: (p.finished_at, p.rank)
     )
+    failing = failed[0].exit_code if failed else None
     if EndReason.TIMED_OUT in reasons:
         return EndReason.TIMED_OUT, failing
-    if EndReason.FAILED in reasons or failing is not None:
+    if EndReason.FAILED in reasons or STOPPED in reasons:
         return EndReason.FAILED, failing
     return EndReason.SUCCEEDED, 0
 

@@ -97,6 +97,12 @@ def cancel_job(*, job_id: int, user, now: datetime) -> bool:
         if ended:
             dispatch.request_scheduler_pass()
         return ended
+    if job.state == State.RENTED and not job.allocations.filter(started_at__isnull=False).exists():
+        # GPUs are held but no process started yet: nothing to stop, so release now.
+        from jobs import rental
+
+        return rental.release_job(job_id=job_id, end_reason=EndReason.CANCELLED, now=now, actor=_actor(user),
+                                  detail=f"cancelled by {_actor(user)} before its process started")  # fmt: skip
     marked = Job.objects.filter(id=job_id, cancel_requested_at__isnull=True, state__in=HOLDS_COMPUTE).update(
         cancel_requested_at=now
     )

@@ -214,3 +214,9 @@ def test_when_one_node_of_a_job_fails_the_others_are_stopped(live_pool, member):
     assert (job.end_reason, job.exit_code) == ("failed", 7)
     rank0 = job.allocations.get(rank=0)
     assert (rank0.finished_at - rank0.started_at).total_seconds() < 15
+
+
+def test_a_job_writing_outside_its_directories_fails_with_the_reason_in_its_log(live_pool, member):
+    job = wait_for_state(submit(member, py("open('/usr/e31-escape', 'w')")).id, "released")
+    assert (job.end_reason, job.exit_code) == ("failed", 1)
+    assert "Read-only file system" in job.log_tail

@@ -57,9 +57,7 @@ def test_release_frees_the_gpus_closes_the_meter_exactly_and_records_the_reason(
     rows = list(MeterEntry.objects.filter(allocation=allocation).order_by("period_start"))
     assert sum(r.microseconds for r in rows) == held_us
     assert rows[0].period_start == rented and rows[-1].period_end == released
-    assert all(
-        a.period_end == b.period_start for a, b in itertools.pairwise(rows)
-    )  # no gap, no overlap
+    assert all(a.period_end == b.period_start for a, b in itertools.pairwise(rows))  # no gap, no overlap
     assert {r.gpus for r in rows} == {3}
     assert not rental.release_job(job_id=job.id, end_reason=EndReason.FAILED, now=released, actor="again")
 
@@ -141,3 +139,14 @@ def test_concurrent_scheduler_passes_never_double_book(settings):
     assert Job.objects.filter(state="rented").count() == 8
     held = list(GpuHold.objects.filter(active=True).values_list("node_id", "gpu_index"))
     assert len(held) == len(set(held))
+
+
+def test_cancelling_a_rented_job_whose_process_has_not_started_releases_at_once(pool, member):
+    job = JobFactory(team=member.memberships.first().team)
+    rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=timezone.now())
+    from jobs import services
+
+    assert services.cancel_job(job_id=job.id, user=member, now=timezone.now())
+    job.refresh_from_db()
+    assert (job.state, job.end_reason) == ("released", "cancelled")
+    assert not rental.start_allocation(allocation_id=job.allocations.get().id, now=timezone.now())
