@@ -86,6 +86,7 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "jobs:detail": [C(T, **JOB)],
     "jobs:live": [C(T, **JOB)],
     "jobs:cancel": [C(T, 302, method="POST", **JOB)],
+    "jobs:transfers": [C(ST)],
     "metering:ledger": [C(S), C(T, **TEAM_A_QUERY)],
     "metering:live": [C(S), C(T, **TEAM_A_QUERY)],
     "metering:export_csv": [
