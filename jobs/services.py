@@ -53,6 +53,7 @@ def submit_job(*, team, user, spec: declaration.Declaration, now: datetime) -> J
     )
     JobEvent.objects.create(job=job, to_state=State.SUBMITTED, at=now, actor=_actor(user), reason="submitted")
     dispatch.stage_job(job.id)
+    dispatch.request_scheduler_pass()  # an estimated start for the team at once, even while staging
     job.budget_note = budget.message if budget.would_exceed else ""
     return job
 
