@@ -22,6 +22,8 @@ test: export DATABASE_URL ?= postgres://e31:e31@127.0.0.1:5432/e31
 test: export CELERY_BROKER_URL ?= redis://127.0.0.1:6379/0
 test: $(VENV)/.synced
 	@bin/ensure-services
+	@# axe-core for the browser tests' accessibility audit (package-lock.json pins it); skipped without npm.
+	@if command -v npm >/dev/null 2>&1; then npm ci --no-audit --no-fund --silent; fi
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.synced
