@@ -1,0 +1,155 @@
+"""The health page's checks: each green or red, with the reason in a sentence.
+
+Every check is read-only and bounded: the reconciler's findings are its own queries run without
+re-driving anything, and the ledger's invariant check (a scan of every allocation) runs in a
+beat task whose last verdict is read here.
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Q
+
+from jobs.lifecycle import State
+from jobs.models import Allocation, Job, Node
+from jobs.reconciler import Findings
+from operations.models import HealthProbe
+
+SHOWN_IDS = 20
+# Beat entries (e31web/settings.py) whose results this page reads; their staleness follows their period.
+BEAT_ENTRY = "operations-beat-heartbeat"
+LEDGER_ENTRY = "operations-ledger-check"
+
+
+def beat_period_s(entry: str, default: float) -> float:
+    schedule = settings.CELERY_BEAT_SCHEDULE.get(entry, {}).get("schedule", default)
+    return schedule.total_seconds() if isinstance(schedule, timedelta) else float(schedule)
+
+
+@dataclass(frozen=True)
+class Check:
+    key: str
+    name: str
+    ok: bool
+    summary: str
+    detail: list[str] = field(default_factory=list)
+
+
+def run_all(*, now: datetime) -> list[Check]:
+    probes = {p.name: p for p in HealthProbe.objects.all()}
+    return [
+        broker(),
+        database(),
+        agents(now=now),
+        beat(probes.get("beat"), now=now),
+        reconciler(now=now),
+        ledger(probes.get("ledger"), now=now),
+    ]
+
+
+def broker() -> Check:
+    from e31web.celery import app
+
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=0)  # one attempt, bounded by the connect timeout
+            transport = conn.transport_cls
+    except Exception as exc:  # any failure to connect is the finding itself
+        return Check("broker", "Broker", False, f"unreachable: {type(exc).__name__}: {exc}")
+    return Check("broker", "Broker", True, f"reachable ({transport} transport)")
+
+
+def database() -> Check:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except Exception as exc:  # the page may still render from cache-free parts; say why
+        return Check("database", "Database", False, f"unreachable: {type(exc).__name__}: {exc}")
+    return Check("database", "Database", True, f"reachable ({connection.vendor})")
+
+
+def agents(*, now: datetime) -> Check:
+    """Live nodes whose agent beat within the reaper's timeout, against every live node."""
+    cutoff = now - timedelta(seconds=settings.E31_NODE_TIMEOUT_S)
+    live = Node.objects.exclude(state=Node.NodeState.DOWN)
+    fresh = Q(last_heartbeat__gte=cutoff)
+    counts = live.aggregate(total=Count("id"), fresh=Count("id", filter=fresh))
+    total, ok = counts["total"], counts["fresh"]
+    if total == 0:
+        return Check("agents", "Agents reporting", False, "no live nodes: no agent has registered")
+    summary = f"{ok} of {total} live nodes beat within {settings.E31_NODE_TIMEOUT_S:g} s"
+    silent = list(live.exclude(fresh).order_by("name").values_list("name", flat=True)[:SHOWN_IDS])
+    return Check("agents", "Agents reporting", ok == total, summary, [f"silent: {n}" for n in silent])
+
+
+def beat(probe: HealthProbe | None, *, now: datetime) -> Check:
+    # Three missed heartbeats, and never under a minute: one late tick is not an outage.
+    limit = timedelta(seconds=max(60.0, 3 * beat_period_s(BEAT_ENTRY, 15.0)))
+    if probe is None:
+        return Check("beat", "Beat", False, "no heartbeat recorded yet: is celery beat running?")
+    age = (now - probe.at).total_seconds()
+    ok = now - probe.at <= limit
+    state = "alive" if ok else f"silent past {limit.total_seconds():g} s"
+    return Check("beat", "Beat", ok, f"{state}: last heartbeat {age:.0f} s ago")
+
+
+def stuck(*, now: datetime) -> Findings:
+    """What the reconciler would re-drive now: the same queries as jobs.reconciler, read-only."""
+    stale = now - timedelta(seconds=settings.E31_RECONCILE_AFTER_S)
+    submitted = Q(state=State.SUBMITTED, state_changed_at__lt=stale)
+    staging = Q(state=State.STAGING) & (Q(worker_seen_at__lt=stale) | Q(worker_seen_at__isnull=True))
+    unstarted = Allocation.objects.filter(
+        released_at__isnull=True, started_at__isnull=True, rented_at__lt=stale
+    )
+    silent = Job.objects.filter(
+        state__in=(State.RUNNING, State.OUTPUT), worker_seen_at__lt=stale, state_changed_at__lt=stale
+    )
+    undelivered = Allocation.objects.filter(
+        job__delivery_state="delivering", delivered_at__isnull=True, released_at__lt=stale
+    )
+    return Findings(
+        restaged=list(Job.objects.filter(submitted | staging).values_list("id", flat=True)[: SHOWN_IDS + 1]),
+        restarted=list(unstarted.values_list("id", flat=True)[: SHOWN_IDS + 1]),
+        abandoned=list(silent.values_list("id", flat=True)[: SHOWN_IDS + 1]),
+        redelivered=list(undelivered.values_list("id", flat=True)[: SHOWN_IDS + 1]),
+    )
+
+
+def reconciler(*, now: datetime) -> Check:
+    findings = stuck(now=now)
+    after = f"{settings.E31_RECONCILE_AFTER_S:g} s"
+    if not findings.total():
+        return Check("reconciler", "Reconciler findings", True, f"nothing stuck past {after}")
+    detail = [
+        _ids(f"jobs stuck before staging (the reconciler restages them past {after})", findings.restaged),
+        _ids("allocations rented but never started (run message re-sent)", findings.restarted),
+        _ids("jobs whose agent stopped reporting (released, requeued if allowed)", findings.abandoned),
+        _ids("allocations whose outputs are not delivered (delivery re-sent)", findings.redelivered),
+    ]
+    return Check(
+        "reconciler", "Reconciler findings", False, f"work stuck past {after}", [d for d in detail if d]
+    )
+
+
+def _ids(label: str, ids: list[int]) -> str:
+    if not ids:
+        return ""
+    more = "+" if len(ids) > SHOWN_IDS else ""
+    return f"{min(len(ids), SHOWN_IDS)}{more} {label}: " + ", ".join(f"#{i}" for i in ids[:SHOWN_IDS])
+
+
+def ledger(probe: HealthProbe | None, *, now: datetime) -> Check:
+    limit = timedelta(seconds=2 * beat_period_s(LEDGER_ENTRY, 600.0) + 60)
+    if probe is None:
+        return Check("ledger", "Ledger check", False, "not run yet: beat runs it periodically, or check now")
+    when = f"checked {probe.at:%Y-%m-%d %H:%M:%S} UTC"
+    if now - probe.at > limit:
+        return Check("ledger", "Ledger check", False, f"stale: last {when}", probe.detail.splitlines())
+    if not probe.ok:
+        return Check(
+            "ledger", "Ledger check", False, f"invariants broken ({when})", probe.detail.splitlines()
+        )
+    return Check("ledger", "Ledger check", True, f"every allocation's rows tile RENT..RELEASE ({when})")

@@ -1,0 +1,118 @@
+"""The operator dashboard's own rows: the audit log, utilisation samples and health probes."""
+
+import json
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+
+
+class AuditIsAppendOnly(Exception):
+    """Raised on any attempt to change or remove an audit entry."""
+
+
+class AuditQuerySet(models.QuerySet):
+    # A database trigger refuses these too; refusing here gives a clear error before any SQL.
+    def update(self, **kwargs):
+        raise AuditIsAppendOnly("audit entries are never updated")
+
+    def delete(self):
+        raise AuditIsAppendOnly("audit entries are never deleted")
+
+    def bulk_update(self, objs, fields, batch_size=None):
+        raise AuditIsAppendOnly("audit entries are never updated")
+
+
+class AuditEntry(models.Model):
+    """One operator action: who, what, on what, when, and the target before and after. Append-only."""
+
+    # The actor is copied, not a foreign key: an entry must outlive the account, and a
+    # SET_NULL would be an UPDATE, which the trigger refuses.
+    actor_user_id = models.IntegerField(null=True, blank=True)
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=40, db_index=True)
+    target = models.CharField(max_length=200)
+    before = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
+    after = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
+    at = models.DateTimeField(db_index=True)
+
+    objects = AuditQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"
+
+    def save(self, *args, **kwargs) -> None:
+        if not self._state.adding:
+            raise AuditIsAppendOnly("audit entries are never updated")
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AuditIsAppendOnly("audit entries are never deleted")
+
+    @property
+    def before_text(self) -> str:
+        return json.dumps(self.before, sort_keys=True, cls=DjangoJSONEncoder)
+
+    @property
+    def after_text(self) -> str:
+        return json.dumps(self.after, sort_keys=True, cls=DjangoJSONEncoder)
+
+
+class UtilisationSample(models.Model):
+    """The pool in one UTC minute, written by beat; the utilisation charts read only these rows.
+
+    ``total = busy + reserved + idle_while_waiting + other_idle`` where other idle GPUs are free
+    with nothing ready to use them, or on a draining/drained node. ``reservations`` is the plan's
+    reservations at that minute, so pages can show them without running the policy.
+    """
+
+    minute = models.BigIntegerField(unique=True)  # whole minutes since the epoch: one row per minute
+    at = models.DateTimeField()
+    total_gpus = models.PositiveIntegerField()
+    busy_gpus = models.PositiveIntegerField()
+    reserved_gpus = models.PositiveIntegerField()
+    idle_while_waiting_gpus = models.PositiveIntegerField()
+    queued_jobs = models.PositiveIntegerField()
+    reservations = models.JSONField(default=dict)  # {job id: {"start_at": iso, "gpus_by_node": {...}}}
+
+    class Meta:
+        ordering = ["-minute"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M} {self.busy_gpus}/{self.total_gpus} busy"
+
+    @property
+    def other_idle_gpus(self) -> int:
+        return max(0, self.total_gpus - self.busy_gpus - self.reserved_gpus - self.idle_while_waiting_gpus)
+
+
+class TeamBusySample(models.Model):
+    """GPUs one team held in one sampled minute (teams holding none get no row)."""
+
+    sample = models.ForeignKey(UtilisationSample, on_delete=models.CASCADE, related_name="teams")
+    minute = models.BigIntegerField()  # copied from the sample so range scans need no join
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
+    busy_gpus = models.PositiveIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["minute", "team"])]
+        constraints = [models.UniqueConstraint(fields=["sample", "team"], name="one_team_row_per_sample")]
+
+    def __str__(self) -> str:
+        return f"minute {self.minute}: team {self.team_id} {self.busy_gpus} GPUs"
+
+
+class HealthProbe(models.Model):
+    """The last result of a periodic check that is too costly for a page view (beat, ledger)."""
+
+    name = models.CharField(max_length=40, unique=True)
+    ok = models.BooleanField()
+    detail = models.TextField(blank=True)
+    at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name}: {'ok' if self.ok else 'failing'} at {self.at}"

@@ -1,0 +1,182 @@
+"""The operator's writers: node actions, job cancel and requeue, team shares, health probes.
+
+Each action runs in one transaction with its audit entry (``operations.audit.record``), so the
+log holds exactly the actions that took effect. The state changes themselves go through the
+jobs services (``jobs.nodes.set_node_state``, ``jobs.services.cancel_job`` and ``submit_job``):
+this module adds the operator's view of them, never a second path to a job's state.
+"""
+
+import math
+from datetime import datetime
+
+from django.db import transaction
+
+from accounts.models import Team
+from jobs import declaration, dispatch, nodes
+from jobs import services as jobs_services
+from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE
+from jobs.models import Allocation, Job, Node
+from metering import services as metering
+from operations import audit
+from operations.models import HealthProbe
+
+# What each node action asks of jobs.nodes.set_node_state, and the states it is offered from
+# (the same table set_node_state enforces; a stale page just gets False back).
+NODE_ACTIONS: dict[str, str] = {
+    "drain": Node.NodeState.DRAINING,
+    "resume": Node.NodeState.UP,
+    "mark-down": Node.NodeState.DOWN,
+}
+ACTIONS_BY_STATE: dict[str, tuple[str, ...]] = {
+    Node.NodeState.UP: ("drain", "mark-down"),
+    Node.NodeState.DRAINING: ("resume", "mark-down"),
+    Node.NodeState.DRAINED: ("resume", "mark-down"),
+    Node.NodeState.DOWN: (),  # a down node comes back when its agent registers again
+}
+MAX_SHARE = 1000.0
+LEDGER_DETAIL_LINES = 20
+
+
+class RequeueRefused(Exception):
+    """The job holds GPUs: it must be cancelled (and released) before it can be requeued."""
+
+
+def _username(actor) -> str:
+    return getattr(actor, "get_username", lambda: str(actor))() or "system"
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+@transaction.atomic
+def change_node_state(*, name: str, action: str, actor, now: datetime) -> bool:
+    """Drains, resumes or marks down a node; False (and no audit entry) if its state did not allow it.
+
+    Marking down is a node loss at ``now``: its allocations are released (meter closed) and each
+    job is requeued or ended as its declaration allows.
+    """
+    node = Node.objects.select_for_update().filter(name=name).first()
+    if node is None or action not in ACTIONS_BY_STATE.get(node.state, ()):
+        return False
+    before = {"state": node.state, "jobs_holding_gpus": _jobs_on(node)}
+    moved = nodes.set_node_state(name=name, target=NODE_ACTIONS[action], now=now, actor=_username(actor))
+    if not moved:
+        return False
+    node.refresh_from_db(fields=["state"])
+    after = {"state": node.state, "jobs_holding_gpus": _jobs_on(node)}
+    if before["jobs_holding_gpus"] and action == "mark-down":
+        after["jobs_after_loss"] = dict(
+            Job.objects.filter(id__in=before["jobs_holding_gpus"]).values_list("id", "state")
+        )
+    audit.record(
+        actor=actor, action=f"node.{action}", target=f"node:{name}", before=before, after=after, now=now
+    )
+    return True
+
+
+def _jobs_on(node: Node) -> list[int]:
+    held = Allocation.objects.filter(node=node, released_at__isnull=True)
+    return sorted(set(held.values_list("job_id", flat=True)))
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+@transaction.atomic
+def cancel_job(*, job_id: int, actor, now: datetime) -> bool:
+    """Cancels a live job through jobs.services.cancel_job; audited only when it took effect."""
+    before = Job.objects.filter(id=job_id).values("state", "cancel_requested_at").first()
+    if before is None or not jobs_services.cancel_job(job_id=job_id, user=actor, now=now):
+        return False
+    after = Job.objects.values("state", "cancel_requested_at").get(id=job_id)
+    audit.record(
+        actor=actor, action="job.cancel", target=f"job:{job_id}", before=before, after=after, now=now
+    )
+    return True
+
+
+@transaction.atomic
+def requeue_job(*, job_id: int, actor, now: datetime) -> Job:
+    """Submits the job's declaration again as a new job of the same team; returns the new job.
+
+    Requeue means: a job that has ended or been released is copied as it is; a job still waiting
+    (submitted, staging, queued) is cancelled first, so exactly one copy waits, staged afresh;
+    a job holding GPUs is refused with RequeueRefused (cancel it, and requeue once released).
+    The new job waits from ``now``: it does not inherit the old job's age.
+    """
+    job = Job.objects.select_for_update().select_related("team").get(id=job_id)
+    if job.state in HOLDS_COMPUTE:
+        raise RequeueRefused(f"job {job_id} holds GPUs ({job.state}); cancel it first")
+    before = {"state": job.state, "end_reason": job.end_reason}
+    if job.state in BEFORE_RENT:
+        jobs_services.cancel_job(job_id=job_id, user=actor, now=now)
+    copy = jobs_services.submit_job(team=job.team, user=actor, spec=declaration_of(job), now=now)
+    after = {**Job.objects.values("state", "end_reason").get(id=job_id), "requeued_as": copy.id}
+    audit.record(
+        actor=actor, action="job.requeue", target=f"job:{job_id}", before=before, after=after, now=now
+    )
+    return copy
+
+
+def declaration_of(job: Job) -> declaration.Declaration:
+    """The declaration a stored job was submitted with (it was validated then; the record is it)."""
+    return declaration.Declaration(
+        name=job.name, argv=list(job.argv), env=dict(job.env), image=job.image, workdir=job.workdir,
+        data=[declaration.DataInput(name=d.name, uri=d.uri, bytes=d.bytes, sha256=d.sha256) for d in job.inputs.all()],
+        gpus=job.gpus, gpu_model=job.gpu_model, hours=job.hours, min_gpus=job.min_gpus,
+        preemptible=job.preemptible, requeue=job.requeue, output_uri=job.output_uri, output_bytes=job.output_bytes,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- teams
+
+
+@transaction.atomic
+def set_team_share(*, team_id: int, share: float, actor, now: datetime) -> Team:
+    """Sets a team's fair-share weight (finite, above 0, at most MAX_SHARE); the next pass ranks by it."""
+    if not (math.isfinite(share) and 0 < share <= MAX_SHARE):
+        raise ValueError(f"a share is a number above 0 and at most {MAX_SHARE:g}")
+    team = Team.objects.select_for_update().get(id=team_id)
+    before = {"share": team.share}
+    Team.objects.filter(id=team_id).update(share=share)
+    team.share = share
+    audit.record(
+        actor=actor, action="team.share", target=f"team:{team.slug}", before=before, after={"share": share}, now=now
+    )  # fmt: skip
+    dispatch.request_scheduler_pass()
+    return team
+
+
+# --------------------------------------------------------------------------- health probes
+
+
+def record_probe(*, name: str, ok: bool, detail: str, now: datetime) -> HealthProbe:
+    """Stores the latest result of a periodic check (one row per check, overwritten)."""
+    probe, _ = HealthProbe.objects.update_or_create(
+        name=name, defaults={"ok": ok, "detail": detail, "at": now}
+    )
+    return probe
+
+
+def beat_heartbeat(*, now: datetime) -> HealthProbe:
+    """Beat's sign of life: written by a periodic task, so a fresh row means beat is running."""
+    return record_probe(name="beat", ok=True, detail="", now=now)
+
+
+def check_ledger(*, now: datetime, actor=None) -> HealthProbe:
+    """Runs metering's invariant check and stores its verdict; audited when an operator asked for it."""
+    violations = metering.find_violations(now=now)
+    detail = "\n".join(violations[:LEDGER_DETAIL_LINES])
+    if len(violations) > LEDGER_DETAIL_LINES:
+        detail += (
+            f"\n… and {len(violations) - LEDGER_DETAIL_LINES} more (manage.py check_ledger lists them all)"
+        )
+    with transaction.atomic():
+        previous = HealthProbe.objects.filter(name="ledger").values("ok", "at").first()
+        probe = record_probe(name="ledger", ok=not violations, detail=detail, now=now)
+        if actor is not None:
+            audit.record(
+                actor=actor, action="health.ledger-check", target="ledger", before=previous or {},
+                after={"ok": probe.ok, "violations": len(violations)}, now=now,
+            )  # fmt: skip
+    return probe

@@ -1,0 +1,218 @@
+"""The operator dashboard: pool, queue, utilisation, jobs and teams, health, audit log.
+
+Operators only: visitors are sent to sign in, and for anyone else signed in these pages do not
+exist (404, as for metering's operator pages and another team's objects). Every page renders a
+fixed number of queries whatever the pool's size; its live part is a named fragment that polls
+itself. Every action is a POST behind a confirmation step and goes through ``services``, which
+writes the audit entry in the same transaction.
+"""
+
+from collections.abc import Callable
+from functools import wraps
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods, require_POST
+
+from accounts.models import Team
+from jobs.models import Job, Node
+from operations import health, pages, pool, services, utilisation
+from operations.models import AuditEntry
+
+PAGE_SIZE = 50
+
+
+def operator_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Sign-in for visitors; 404 for signed-in users who are not operators (is_staff)."""
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if not request.user.is_staff:
+            raise Http404("No such page")
+        return view(request, *args, **kwargs)
+
+    return login_required(wrapped)
+
+
+def _page(
+    request: HttpRequest, template: str, fragment: str, context: dict, *, status: int = 200
+) -> HttpResponse:
+    """The whole page, or only its live fragment when htmx polls for it."""
+    name = f"operations/{template}.html"
+    return render(request, f"{name}#{fragment}" if request.htmx else name, context, status=status)
+
+
+def _confirmed(request: HttpRequest) -> bool:
+    return request.POST.get("confirm") == "yes"
+
+
+# --------------------------------------------------------------------------- pool
+
+
+@operator_only
+def pool_view(request: HttpRequest) -> HttpResponse:
+    state = request.GET.get("state", "")
+    state = state if state in Node.NodeState.values else ""
+    context = {
+        "pool": pool.pool_page(now=timezone.now(), state=state),
+        "state": state,
+        "states": Node.NodeState.values,
+    }
+    return _page(request, "pool", "pool-grid", context)
+
+
+@operator_only
+@require_http_methods(["GET", "POST"])
+def node_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
+    """GET: what the action will do, and a confirm box. POST with the box ticked: do it."""
+    if action not in services.NODE_ACTIONS:
+        raise Http404("No such action")
+    node = get_object_or_404(Node, name=name)
+    if action not in services.ACTIONS_BY_STATE.get(node.state, ()):
+        messages.warning(request, f"{node.name} is {node.state}: “{action}” does not apply now.")
+        return redirect("operations:pool")
+    context = {"node": node, "action": action, "jobs": pages.jobs_on_node(node)}
+    if request.method == "GET":
+        return render(request, "operations/node_confirm.html", context)
+    if not _confirmed(request):
+        context["error"] = "Tick the box to confirm."
+        return render(request, "operations/node_confirm.html", context, status=422)
+    if services.change_node_state(name=name, action=action, actor=request.user, now=timezone.now()):
+        messages.success(request, f"{node.name}: {action} done.")
+    else:
+        messages.warning(request, f"{node.name} changed meanwhile: nothing was done.")
+    return redirect("operations:pool")
+
+
+# --------------------------------------------------------------------------- queue and utilisation
+
+
+@operator_only
+def queue_view(request: HttpRequest) -> HttpResponse:
+    filters = pages.QueueFilters.from_query(request.GET)
+    page = Paginator(filters.apply(pages.waiting_jobs()), PAGE_SIZE).get_page(request.GET.get("page"))
+    pages.attach_reservations(page)
+    context = {
+        "page": page, "filters": filters, "teams": Team.objects.only("name", "slug"), "now": timezone.now(),
+        "sizes": list(pages.SIZE_CLASSES), "states": pages.WAITING_STATES,
+    }  # fmt: skip
+    return _page(request, "queue", "queue-rows", context)
+
+
+@operator_only
+def utilisation_view(request: HttpRequest) -> HttpResponse:
+    window = utilisation.WINDOWS.get(request.GET.get("range", ""), utilisation.WINDOWS["24h"])
+    context = {"charts": pages.utilisation_charts(window=window, now=timezone.now()), "window": window}
+    context["windows"] = utilisation.WINDOWS.values()
+    return _page(request, "utilisation", "utilisation-charts", context)
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+@operator_only
+def jobs_view(request: HttpRequest) -> HttpResponse:
+    filters = pages.JobFilters.from_query(request.GET)
+    page = Paginator(filters.apply(pages.all_jobs()), PAGE_SIZE).get_page(request.GET.get("page"))
+    pages.attach_nodes(page)
+    context = {
+        "page": page,
+        "filters": filters,
+        "teams": Team.objects.only("name", "slug"),
+        **pages.JobFilters.choices(),
+    }
+    return _page(request, "jobs", "job-rows", context)
+
+
+@operator_only
+@require_http_methods(["GET", "POST"])
+def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
+    """Cancel or requeue one job: GET shows what will happen; POST with the box ticked does it."""
+    if action not in ("cancel", "requeue"):
+        raise Http404("No such action")
+    job = get_object_or_404(Job.objects.select_related("team"), id=job_id)
+    context = {"job": job, "action": action, "allowed": pages.job_action_allowed(job, action)}
+    if request.method == "GET" or not context["allowed"]:
+        return render(
+            request, "operations/job_confirm.html", context, status=200 if context["allowed"] else 409
+        )
+    if not _confirmed(request):
+        context["error"] = "Tick the box to confirm."
+        return render(request, "operations/job_confirm.html", context, status=422)
+    return _do_job_action(request, job, action)
+
+
+def _do_job_action(request: HttpRequest, job: Job, action: str) -> HttpResponse:
+    now = timezone.now()
+    if action == "cancel":
+        if services.cancel_job(job_id=job.id, actor=request.user, now=now):
+            messages.success(request, f"Job #{job.id}: cancelled (a job holding GPUs stops and is released).")
+        else:
+            messages.warning(request, f"Job #{job.id} had already ended or was already cancelling.")
+        return redirect("operations:jobs")
+    try:
+        copy = services.requeue_job(job_id=job.id, actor=request.user, now=now)
+    except services.RequeueRefused as exc:
+        messages.warning(request, str(exc))
+        return redirect("operations:jobs")
+    messages.success(request, f"Job #{job.id} requeued as job #{copy.id}.")
+    return redirect("jobs:detail", job_id=copy.id)
+
+
+# --------------------------------------------------------------------------- teams
+
+
+@operator_only
+def teams_view(request: HttpRequest) -> HttpResponse:
+    return render(request, "operations/teams.html", {"rows": pages.team_rows(now=timezone.now())})
+
+
+@operator_only
+@require_http_methods(["GET", "POST"])
+def team_view(request: HttpRequest, slug: str) -> HttpResponse:
+    team = get_object_or_404(Team, slug=slug)
+    error, status = "", 200
+    if request.method == "POST":
+        share = pages.parse_number(request.POST.get("share", ""))
+        try:
+            services.set_team_share(team_id=team.id, share=share, actor=request.user, now=timezone.now())
+        except ValueError as exc:
+            error, status = str(exc), 422
+        else:
+            messages.success(request, f"{team.name}: share set to {share:g}.")
+            return redirect("operations:team", slug=team.slug)
+    context = pages.team_page(team=team, now=timezone.now())
+    context.update(error=error, share_input=request.POST.get("share", ""))
+    return render(request, "operations/team.html", context, status=status)
+
+
+# --------------------------------------------------------------------------- health and audit
+
+
+@operator_only
+def health_view(request: HttpRequest) -> HttpResponse:
+    checks = health.run_all(now=timezone.now())
+    context = {"checks": checks, "all_ok": all(c.ok for c in checks), "now": timezone.now()}
+    return _page(request, "health", "health-checks", context)
+
+
+@operator_only
+@require_POST
+def ledger_check(request: HttpRequest) -> HttpResponse:
+    probe = services.check_ledger(now=timezone.now(), actor=request.user)
+    if probe.ok:
+        messages.success(request, "Ledger check passed.")
+    else:
+        messages.warning(request, "Ledger check found violations: see Ledger check below.")
+    return redirect("operations:health")
+
+
+@operator_only
+def audit_view(request: HttpRequest) -> HttpResponse:
+    filters = pages.AuditFilters.from_query(request.GET)
+    page = Paginator(filters.apply(AuditEntry.objects.all()), PAGE_SIZE).get_page(request.GET.get("page"))
+    return _page(request, "audit", "audit-rows", {"page": page, "filters": filters})

@@ -1,0 +1,100 @@
+"""The health page: broker, database, agents, beat, the reconciler's findings, the ledger check."""
+
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from e31web.celery import app
+from jobs.lifecycle import State
+from jobs.models import Allocation, Job
+from operations import health, services
+from operations.models import AuditEntry
+from tests.factories import JobFactory, NodeFactory
+from tests.operations.conftest import HTMX
+
+pytestmark = pytest.mark.django_db
+HEALTH = reverse("operations:health")
+
+
+def checks(now) -> dict[str, health.Check]:
+    return {c.key: c for c in health.run_all(now=now)}
+
+
+def test_a_healthy_console_is_all_green(operator_client, pool, now):
+    services.beat_heartbeat(now=now)
+    services.check_ledger(now=now)
+    found = checks(timezone.now())
+    assert {k: c.ok for k, c in found.items()} == dict.fromkeys(
+        ("broker", "database", "agents", "beat", "reconciler", "ledger"), True
+    )
+    assert "2 of 2 live nodes" in found["agents"].summary
+    page = operator_client.get(HEALTH).content.decode()
+    assert "all green" in page and page.count(">green</span>") == 6
+
+
+def test_an_unreachable_broker_is_red_with_the_reason(monkeypatch):
+    # Celery reads CELERY_BROKER_URL from the environment before its own settings.
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setitem(app.conf, "broker_url", "redis://127.0.0.1:1/0")
+    check = health.broker()
+    assert not check.ok and "unreachable" in check.summary
+
+
+def test_silent_agents_are_red_and_named(pool, now):
+    NodeFactory(name="gpu-quiet", last_heartbeat=now - timedelta(minutes=3))
+    check = checks(now)["agents"]
+    assert not check.ok and "2 of 3 live nodes" in check.summary and check.detail == ["silent: gpu-quiet"]
+
+
+def test_beat_is_red_until_it_beats_and_again_when_it_falls_silent(now):
+    assert not checks(now)["beat"].ok
+    services.beat_heartbeat(now=now - timedelta(seconds=10))
+    assert checks(now)["beat"].ok
+    assert not checks(now + timedelta(minutes=5))["beat"].ok
+
+
+def test_the_reconcilers_findings_are_shown_without_redriving_anything(
+    django_capture_on_commit_callbacks, team, pool, now
+):
+    stale = now - timedelta(minutes=10)
+    stuck = JobFactory(team=team, state=State.SUBMITTED, submitted_at=stale, state_changed_at=stale)
+    silent = JobFactory(team=team, state=State.RUNNING, state_changed_at=stale, worker_seen_at=stale)
+    with django_capture_on_commit_callbacks() as enqueued:
+        check = checks(now)["reconciler"]
+    assert not check.ok
+    assert f"#{stuck.id}" in check.detail[0] and f"#{silent.id}" in check.detail[1]
+    assert enqueued == []
+    assert Job.objects.get(id=silent.id).state == State.RUNNING and not Allocation.objects.exists()
+
+
+def test_the_ledger_check_reports_violations_in_red(team, pool, now):
+    job = JobFactory(team=team, state=State.RELEASED, end_reason="succeeded")
+    # Released, but never metered: no ledger row tiles its RENT..RELEASE.
+    Allocation.objects.create(
+        job=job, attempt=1, node=pool[0], gpu_indices=[0],
+        rented_at=now - timedelta(hours=1), released_at=now - timedelta(minutes=1),
+    )  # fmt: skip
+    services.check_ledger(now=now)
+    check = checks(now)["ledger"]
+    assert not check.ok and "invariants broken" in check.summary
+    assert any("allocation" in line and f"job {job.id}" in line for line in check.detail)
+
+
+def test_a_ledger_check_never_run_or_long_ago_is_red(now):
+    assert not checks(now)["ledger"].ok
+    services.check_ledger(now=now - timedelta(days=1))
+    assert "stale" in checks(now)["ledger"].summary
+
+
+def test_check_now_runs_the_ledger_check_and_records_who_asked(operator_client):
+    response = operator_client.post(reverse("operations:ledger-check"))
+    assert response.status_code == 302
+    entry = AuditEntry.objects.get(action="health.ledger-check")
+    assert entry.actor == "olga" and entry.after == {"ok": True, "violations": 0}
+
+
+def test_the_health_checks_are_a_self_polling_fragment(operator_client):
+    fragment = operator_client.get(HEALTH, **HTMX).content.decode()
+    assert fragment.lstrip().startswith('<section id="health-checks"') and 'hx-trigger="every 5s"' in fragment

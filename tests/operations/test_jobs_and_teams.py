@@ -1,0 +1,158 @@
+"""All jobs with filters; cancel and requeue from the list; team pages with share, budget and use."""
+
+from datetime import UTC, datetime
+
+import pytest
+from django.urls import reverse
+
+from jobs.lifecycle import EndReason, State
+from jobs.models import DataInput, Job
+from operations import services
+from operations.models import AuditEntry
+from tests.factories import JobFactory, MembershipFactory, UserFactory
+from tests.operations.conftest import HTMX, running_job
+
+pytestmark = pytest.mark.django_db
+JOBS = reverse("operations:jobs")
+
+
+def job_action(job: Job, action: str) -> str:
+    return reverse("operations:job-action", args=[job.id, action])
+
+
+def test_the_jobs_list_filters_by_team_state_end_reason_node_and_date(
+    operator_client, team, other_team, pool, now
+):
+    old = JobFactory(team=team, name="old-one", state=State.ENDED, end_reason=EndReason.CANCELLED,
+                     submitted_at=datetime(2024, 1, 5, 12, tzinfo=UTC))  # fmt: skip
+    JobFactory(team=other_team, name="audio-queued")
+    on_node = running_job(team=team, node=pool[1], now=now, name="on-gpu-02")
+
+    def listed(**query) -> str:
+        return operator_client.get(JOBS, query).content.decode()
+
+    assert "audio-queued" in listed(team="audio") and "old-one" not in listed(team="audio")
+    assert "old-one" in listed(state="ended") and "on-gpu-02" not in listed(state="ended")
+    assert "old-one" in listed(end_reason="cancelled") and "audio-queued" not in listed(
+        end_reason="cancelled"
+    )
+    by_node = listed(node="gpu-02")
+    assert "on-gpu-02" in by_node and "old-one" not in by_node and "audio-queued" not in by_node
+    assert f'id="job-{old.id}-row"' in listed(since="2024-01-05", until="2024-01-05")
+    assert "on-gpu-02" not in listed(since="2024-01-05", until="2024-01-05")
+    assert "on-gpu-02" in listed(since="not-a-date")  # a malformed filter is ignored
+    assert f'id="job-{on_node.id}-row"' in listed(until="2999-02-31")
+
+
+def test_cancel_from_the_list_is_confirmed_recorded_and_ends_a_waiting_job(operator_client, team):
+    job = JobFactory(team=team, state=State.QUEUED)
+    assert 'name="confirm"' in operator_client.get(job_action(job, "cancel")).content.decode()
+    assert operator_client.post(job_action(job, "cancel")).status_code == 422
+    job.refresh_from_db()
+    assert job.state == State.QUEUED
+
+    operator_client.post(job_action(job, "cancel"), {"confirm": "yes"})
+    job.refresh_from_db()
+    assert (job.state, job.end_reason) == (State.ENDED, EndReason.CANCELLED)
+    entry = AuditEntry.objects.get(action="job.cancel")
+    assert (
+        entry.target == f"job:{job.id}"
+        and entry.before["state"] == "queued"
+        and entry.after["state"] == "ended"
+    )
+
+
+def test_cancelling_a_running_job_asks_its_agent_to_stop_it(operator_client, team, pool, now):
+    job = running_job(team=team, node=pool[0], now=now)
+    operator_client.post(job_action(job, "cancel"), {"confirm": "yes"})
+    job.refresh_from_db()
+    assert job.state == State.RUNNING and job.cancel_requested_at is not None
+    assert AuditEntry.objects.get(action="job.cancel").after["cancel_requested_at"]
+
+
+def test_requeue_resubmits_an_ended_jobs_declaration_as_a_new_job(operator_client, operator, team, pool, now):
+    job = running_job(team=team, node=pool[0], gpus=2, now=now, argv=["python", "train.py"], env={"SEED": "1"},
+                      hours=3.0, min_gpus=1, output_uri="file:///tmp/out/run")  # fmt: skip
+    DataInput.objects.create(job=job, position=0, name="imagenet", uri="file:///data/imagenet", bytes=10**9)
+    job.allocations.update(released_at=now)  # as if released: the test needs only its declaration
+    Job.objects.filter(id=job.id).update(state=State.RELEASED, end_reason=EndReason.FAILED)
+
+    response = operator_client.post(job_action(job, "requeue"), {"confirm": "yes"})
+
+    copy = Job.objects.exclude(id=job.id).get()
+    assert response["Location"] == reverse("jobs:detail", args=[copy.id])
+    assert (copy.team, copy.state, copy.submitted_by) == (team, State.SUBMITTED, operator)
+    fields = ("name", "argv", "env", "gpus", "hours", "min_gpus", "output_uri", "requeue", "preemptible")
+    assert [getattr(copy, f) for f in fields] == [getattr(job, f) for f in fields]
+    assert list(copy.inputs.values_list("name", "uri", "bytes")) == [
+        ("imagenet", "file:///data/imagenet", 10**9)
+    ]
+    entry = AuditEntry.objects.get(action="job.requeue")
+    assert entry.before == {"state": "released", "end_reason": "failed"}
+    assert entry.after["requeued_as"] == copy.id
+
+
+def test_requeue_of_a_waiting_job_cancels_it_so_only_its_copy_waits(operator, team, now):
+    job = JobFactory(team=team, state=State.STAGING)
+    copy = services.requeue_job(job_id=job.id, actor=operator, now=now)
+    job.refresh_from_db()
+    assert (job.state, job.end_reason) == (State.ENDED, EndReason.CANCELLED)
+    assert (
+        copy.state == State.SUBMITTED and Job.objects.filter(state__in=["submitted", "staging"]).count() == 1
+    )
+
+
+def test_requeue_of_a_job_holding_gpus_is_refused(operator_client, team, pool, now):
+    job = running_job(team=team, node=pool[0], now=now)
+    assert operator_client.get(job_action(job, "requeue")).status_code == 409
+    assert operator_client.post(job_action(job, "requeue"), {"confirm": "yes"}).status_code == 409
+    assert Job.objects.count() == 1 and not AuditEntry.objects.exists()
+    with pytest.raises(services.RequeueRefused):
+        services.requeue_job(job_id=job.id, actor="olga", now=now)
+
+
+def test_the_jobs_list_offers_actions_by_state_and_polls_itself(operator_client, team, pool, now):
+    waiting = JobFactory(team=team, state=State.QUEUED)
+    running = running_job(team=team, node=pool[0], now=now)
+    fragment = operator_client.get(JOBS, **HTMX).content.decode()
+    assert fragment.lstrip().startswith('<section id="op-job-rows"')
+    assert job_action(waiting, "cancel") in fragment and job_action(waiting, "requeue") in fragment
+    assert job_action(running, "cancel") in fragment and job_action(running, "requeue") not in fragment
+    assert "gpu-01" in fragment  # the node it runs on
+
+
+def test_the_teams_page_lists_members_share_budget_and_use(
+    operator_client, team, other_team, member, pool, now
+):
+    team.monthly_budget_gpu_hours = 500
+    team.save()
+    running_job(team=team, node=pool[0], gpus=3, now=now)
+    page = operator_client.get(reverse("operations:teams")).content.decode()
+    assert "vision" in page and "audio" in page and "500 GPU-h" in page and "3 GPUs" in page
+    detail = operator_client.get(reverse("operations:team", args=["vision"])).content.decode()
+    assert "alice" in detail and reverse("metering:budget", args=["vision"]) in detail
+    assert "3 GPUs held now" in detail
+
+
+def test_an_operator_sets_a_teams_share_and_it_is_audited(operator_client, team):
+    response = operator_client.post(reverse("operations:team", args=["vision"]), {"share": "2.5"})
+    assert response.status_code == 302
+    team.refresh_from_db()
+    assert team.share == 2.5
+    entry = AuditEntry.objects.get(action="team.share")
+    assert (entry.target, entry.before, entry.after) == ("team:vision", {"share": 1.0}, {"share": 2.5})
+    assert "2.5" in operator_client.get(reverse("operations:team", args=["vision"])).content.decode()
+
+
+@pytest.mark.parametrize("share", ["0", "-1", "abc", "inf", "nan", "5000"])
+def test_a_share_that_is_not_a_positive_number_is_refused(operator_client, team, share):
+    response = operator_client.post(reverse("operations:team", args=["vision"]), {"share": share})
+    assert response.status_code == 422 and "a share is a number above 0" in response.content.decode()
+    team.refresh_from_db()
+    assert team.share == 1.0 and not AuditEntry.objects.exists()
+
+
+def test_a_team_member_who_is_also_staff_sees_every_team(team, other_team, client):
+    staff_member = MembershipFactory(team=team, user=UserFactory(username="sam", is_staff=True)).user
+    client.force_login(staff_member)
+    assert client.get(reverse("operations:team", args=["audio"])).status_code == 200
