@@ -1,20 +1,18 @@
 """Ledger rows are never updated or deleted: the model refuses, and so does the database."""
 
-import importlib
 import sqlite3
 from datetime import timedelta
 
 import pytest
 from django.db import IntegrityError, connection, transaction
 
+from e31web import append_only
 from metering import services
 from metering.models import LedgerIsAppendOnly, MeterEntry
 from tests.factories import UserFactory
 from tests.metering.conftest import T0, release, rent
 
 pytestmark = pytest.mark.django_db
-
-trigger_migration = importlib.import_module("metering.migrations.0002_ledger_append_only")
 
 
 @pytest.fixture
@@ -123,7 +121,13 @@ def test_a_credit_larger_than_the_metered_time_is_refused(entry):
 def test_the_sqlite_triggers_refuse_update_and_delete_too():
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE metering_meterentry (id INTEGER PRIMARY KEY, microseconds INTEGER)")
-    for sql in trigger_migration.SQLITE_FORWARD:
+    for sql in append_only._statements(
+        "sqlite",
+        table="metering_meterentry",
+        what="the meter ledger",
+        events=("UPDATE", "DELETE"),
+        forward=True,
+    ):
         db.execute(sql)
     db.execute("INSERT INTO metering_meterentry (microseconds) VALUES (5)")
     for sql in ("UPDATE metering_meterentry SET microseconds = 6", "DELETE FROM metering_meterentry"):
