@@ -211,8 +211,13 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     }
 else:
     # A broker that is down must not hang a web request: the submission commits and the
-    # reconciler dispatches it later.
+    # reconciler dispatches it later. A hung Redis (connections accepted, never answered) would
+    # block a publish forever without socket timeouts; they stay above kombu's 1 s BRPOP wait.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2}
+    if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+        CELERY_BROKER_TRANSPORT_OPTIONS |= {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+# After a failed publish a process skips the broker this long (jobs.dispatch); the reconciler re-drives.
+E31_BROKER_QUIET_S = env.float("E31_BROKER_QUIET_S", default=5.0)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = env.str("E31_CONTROL_QUEUE", default="control")
 CELERY_TASK_ACKS_LATE = True

@@ -6,18 +6,27 @@ a team's submission must commit even while the broker is down.
 """
 
 import logging
+import time
 
 from django.conf import settings
 from django.db import transaction
 
 log = logging.getLogger(__name__)
+# After a refused publish this process leaves the broker alone for E31_BROKER_QUIET_S: otherwise every
+# request of an outage would wait out the broker's socket timeout again (50 submissions, 100 s).
+_quiet_until = 0.0
 
 
 def after_commit(send, what: str) -> None:
     def ring() -> None:
+        global _quiet_until
+        if time.monotonic() < _quiet_until:
+            log.info("broker unreachable a moment ago: %s is left to the reconciler", what)
+            return
         try:
             send()
         except Exception as exc:  # the broker is down or refused: the reconciler will re-drive it
+            _quiet_until = time.monotonic() + settings.E31_BROKER_QUIET_S
             log.warning("could not enqueue %s (%s); the reconciler will retry", what, exc)
 
     transaction.on_commit(ring)
