@@ -39,7 +39,9 @@ def production_env(tmp_path) -> dict[str, str]:
     key_file.write_text(secrets.token_urlsafe(50) + "\n")
     db_file = tmp_path / "database_url"
     db_file.write_text(f"sqlite:///{tmp_path / 'prod.sqlite3'}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("E31_", "DATABASE_URL", "SECRET_KEY"))}
+    # Nothing of the test run leaks in (the browser tests set DJANGO_ALLOW_ASYNC_UNSAFE, which check --deploy refuses).
+    dev_only = ("E31_", "DATABASE_URL", "SECRET_KEY", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(dev_only)}
     return {
         **env, "DJANGO_SETTINGS_MODULE": "e31web.settings", "E31_PRODUCTION": "1",
         "SECRET_KEY_FILE": str(key_file), "DATABASE_URL_FILE": str(db_file),
