@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 
 from jobs import rental, sandbox
@@ -104,7 +105,7 @@ def run_part(*, allocation_id: int, mode: str) -> None:
         rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(),
                            actor=_actor(part), detail=f"the node agent failed: {exc}"[:300])  # fmt: skip
         return
-    _after_exit(part, dirs, outcome, exit_code)
+    _with_database(lambda: _after_exit(part, dirs, outcome, exit_code))
 
 
 def _load_part(allocation_id: int) -> Part:
@@ -136,28 +137,55 @@ def _run(part: Part, dirs: sandbox.AttemptDirs, mode: str) -> tuple[str, int | N
     code = sandbox.terminate(proc, grace_s=settings.E31_KILL_GRACE_S, mode=mode) if stop else proc.wait()
     sandbox.kill_tree(proc)  # children that outlived the job go with its process group
     capture.join(timeout=5)
-    _store_tail(part, capture.text())
+    _with_database(lambda: _store_tail(part, capture.text()))
     if stop:
         return stop, code
     return (EndReason.SUCCEEDED if code == 0 else EndReason.FAILED), code
 
 
 def _watch(part: Part, proc: subprocess.Popen, capture: LogCapture) -> str:
-    """Waits for the process; returns why it must be stopped early, or '' once it has exited."""
+    """Waits for the process; returns why it must be stopped early, or '' once it has exited.
+
+    A database that is restarting does not stop the job: the checks resume when it is back.
+    """
     next_check = next_seen = 0.0
     while proc.poll() is None:
         clock = time.monotonic()
         if clock >= next_check:
             next_check = clock + CHECK_EVERY_S
-            now = timezone.now()
-            if reason := rental.stop_reason(allocation_id=part.allocation.id, now=now):
-                return reason
-            _store_tail(part, capture.text())
+            try:
+                if reason := _check(part, capture, seen=clock >= next_seen):
+                    return reason
+            except DatabaseError:
+                close_old_connections()
+                continue
             if clock >= next_seen:
                 next_seen = clock + SEEN_EVERY_S
-                rental.note_worker_alive(job_id=part.job.id, now=now)
         time.sleep(POLL_S)
     return ""
+
+
+def _check(part: Part, capture: LogCapture, *, seen: bool) -> str:
+    now = timezone.now()
+    if reason := rental.stop_reason(allocation_id=part.allocation.id, now=now):
+        return reason
+    _store_tail(part, capture.text())
+    if seen:
+        rental.note_worker_alive(job_id=part.job.id, now=now)
+    return ""
+
+
+def _with_database(call, *, attempts: int = 30, wait_s: float = 1.0):
+    """Runs a service call, waiting out a database restart (up to ~30 s) instead of losing the attempt."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except (OperationalError, InterfaceError):
+            if attempt == attempts - 1:
+                raise
+            close_old_connections()
+            time.sleep(wait_s)
+    return None
 
 
 def _after_exit(part: Part, dirs: sandbox.AttemptDirs, outcome: str, exit_code: int | None) -> None:

@@ -117,11 +117,12 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     output_uri = _output_uri(output.get("uri"), limits, errs)
     output_bytes = _size(output.get("bytes"), "output.bytes", errs)
     flags = {key: _flag(request.get(key), f"request.{key}", errs) for key in ("preemptible", "requeue")}
+    gpu_model = _short_text(request.get("gpu_model"), "request.gpu_model", 60, errs)
     if errs.errors:
         raise DeclarationInvalid(errs.errors)
     return Declaration(
         name=name, argv=argv, env=env, image=image, workdir=workdir, data=data,
-        gpus=gpus, gpu_model=_short_text(request.get("gpu_model"), "request.gpu_model", 60, errs),
+        gpus=gpus, gpu_model=gpu_model,
         hours=hours, min_gpus=min_gpus,
         preemptible=flags["preemptible"], requeue=flags["requeue"],
         output_uri=output_uri, output_bytes=output_bytes,
