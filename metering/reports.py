@@ -15,7 +15,7 @@ from django.db.models import CharField, F, Func, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import TruncDay, TruncMonth
 
 from accounts.models import Team
-from jobs.models import Allocation
+from jobs.models import Allocation, Job
 from metering.models import MeterEntry
 from metering.periods import (
     MICROS_PER_HOUR,
@@ -107,22 +107,29 @@ class Statement:
 
 
 def statement(*, team: Team | None, month: datetime) -> Statement:
-    """Totals and the per-job breakdown of a month, from one grouped query."""
+    """Totals and the per-job breakdown of a month: one grouped query on the ledger alone, then the
+    names of the jobs shown (joining the jobs table before grouping scanned every job)."""
     rows = (
         in_range(team, month, next_month(month))
-        .values("job_id", "job__name", "team__slug")
+        .values("job_id")
         .annotate(metered=Sum(F("gpus") * F("microseconds"), filter=~Q(kind=ADJUSTMENT)))
         .annotate(adjusted=Sum(F("gpus") * F("microseconds"), filter=Q(kind=ADJUSTMENT)))
         .order_by()
     )
+    totals = [(r["job_id"], int(r["metered"] or 0), int(r["adjusted"] or 0)) for r in rows]
+    totals.sort(key=lambda t: (-(t[1] + t[2]), t[0]))
+    shown = totals[:JOB_LIMIT]
+    names = {
+        job_id: (name, slug)
+        for job_id, name, slug in Job.objects.filter(id__in=[t[0] for t in shown]).values_list(
+            "id", "name", "team__slug"
+        )
+    }
     lines = [
-        JobLine(r["job_id"], r["job__name"], r["team__slug"], int(r["metered"] or 0), int(r["adjusted"] or 0))
-        for r in rows
+        JobLine(job_id, *names.get(job_id, ("?", "?")), metered, adjusted)
+        for job_id, metered, adjusted in shown
     ]
-    lines.sort(key=lambda line: (-line.gpu_micros, line.job_id))
-    return Statement(
-        month, sum(x.metered for x in lines), sum(x.adjusted for x in lines), lines[:JOB_LIMIT], len(lines)
-    )
+    return Statement(month, sum(t[1] for t in totals), sum(t[2] for t in totals), lines, len(totals))
 
 
 def by_team(*, month: datetime) -> dict[int, int]:
