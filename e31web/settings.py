@@ -251,6 +251,26 @@ E31_SCHEDULER_TICK_S = env.float("E31_SCHEDULER_TICK_S", default=30.0)
 E31_FAIRSHARE_HALF_LIFE_S = env.float("E31_FAIRSHARE_HALF_LIFE_S", default=7 * 86400.0)
 # Until a transfer reports its own rate, staging ETAs assume this many bytes per second.
 E31_ASSUMED_STAGE_RATE = env.float("E31_ASSUMED_STAGE_RATE", default=200e6)
+# Staging and delivery transfers (jobs.staging, jobs.delivery, jobs.transfers).
+# The pool-wide staging cache: least recently used entries no unreleased job pins are evicted past
+# this many bytes, and any unpinned entry once unused for the retention period.
+E31_STAGE_CACHE_BYTES = env.int("E31_STAGE_CACHE_BYTES", default=200 * 10**9)
+E31_STAGE_RETENTION_S = env.float("E31_STAGE_RETENTION_S", default=7 * 86400.0)
+# Inputs copied at once across the pool, and deliveries at once per node.
+E31_STAGE_CONCURRENCY = env.int("E31_STAGE_CONCURRENCY", default=4)
+E31_DELIVERY_CONCURRENCY = env.int("E31_DELIVERY_CONCURRENCY", default=2)
+# Transient errors (dropped connections, 5xx, timeouts) are retried this often, backing off from this delay.
+E31_TRANSFER_RETRIES = env.int("E31_TRANSFER_RETRIES", default=4)
+E31_TRANSFER_BACKOFF_S = env.float("E31_TRANSFER_BACKOFF_S", default=1.0)
+E31_TRANSFER_TIMEOUT_S = env.float("E31_TRANSFER_TIMEOUT_S", default=30.0)
+# http(s) sources on loopback, link-local or private addresses reach the pool's own network: off by default.
+E31_ALLOW_PRIVATE_SOURCES = env.bool("E31_ALLOW_PRIVATE_SOURCES", default=False)
+# A file:// source with several hard links may have a name outside the data roots: refused by default.
+E31_ALLOW_HARDLINKED_SOURCES = env.bool("E31_ALLOW_HARDLINKED_SOURCES", default=False)
+if min(E31_STAGE_CONCURRENCY, E31_DELIVERY_CONCURRENCY) < 1 or E31_STAGE_CACHE_BYTES < 0:
+    raise ImproperlyConfigured(
+        "E31_STAGE_CONCURRENCY and E31_DELIVERY_CONCURRENCY are at least 1; E31_STAGE_CACHE_BYTES is not negative"
+    )
 E31_MAX_ATTEMPTS = env.int("E31_MAX_ATTEMPTS", default=3)
 E31_LOG_CAP_BYTES = env.int("E31_LOG_CAP_BYTES", default=10 * 1024 * 1024)
 E31_ALLOW_UNSANDBOXED = env.bool("E31_ALLOW_UNSANDBOXED", default=False)

@@ -1,16 +1,31 @@
-"""Output delivery after RELEASE, off the meter: sealed files to the declared destination, verified."""
+"""Output delivery after RELEASE, off the meter: sealed files to the declared destination, verified there.
+
+Runs on the node that sealed them (its agent's queue), at most E31_DELIVERY_CONCURRENCY at once
+per node. Each file is written beside its final name, hashed as it lands and renamed into place
+only when its sha256 matches the manifest (file://); on s3:// it is read back and hashed. Transient
+errors are retried with backoff; progress (bytes and files done) is kept on an OutputTransfer row
+whose lease lets a re-driven task take over from a silent one, never run beside a live one.
+"""
 
 import hashlib
-import shutil
-from datetime import datetime
+import os
+import time
+import uuid
+from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
 
-from jobs import agent, declaration
-from jobs.models import Allocation, Job
+from jobs import agent, declaration, staging, transfers
+from jobs.models import Allocation, Job, OutputTransfer
+
+WAITING, DELIVERING, DELIVERED, FAILED = "waiting", "delivering", "delivered", "failed"
+SLOT_LOCK_BASE = 0x0E31_D000  # plus the node id: one advisory lock per node's delivery slots
+WAIT_S = 0.5
 
 
 class DeliveryFailed(Exception):
@@ -23,46 +38,218 @@ def deliver_part(*, allocation_id: int, now: datetime) -> None:
     job = allocation.job
     if job.delivered_at or job.delivery_state != "delivering":
         return
+    files = _part_files(allocation)
+    transfer = _lease(allocation, files, now)
+    if transfer is None:
+        return  # delivered already, or a live task holds it
+    watch = _Watch(transfer)
     try:
-        destination = _destination(job.output_uri)
-        _copy_verified(allocation, destination)
-    except (DeliveryFailed, OSError) as exc:
-        Job.objects.filter(id=job.id).update(delivery_state="failed", delivery_detail=str(exc)[:500])
+        _wait_for_slot(transfer, allocation.node_id, watch)
+        _deliver(job.output_uri, files, watch)
+    except transfers.TransferStopped:
+        return  # a re-driven task took the lease over
+    except (DeliveryFailed, transfers.TransferFailed, OSError) as exc:
+        _failed(transfer, job, str(exc))
         return
+    _delivered(transfer, allocation)
+
+
+def _part_files(allocation: Allocation) -> list[tuple[dict, Path]]:
+    """This part's manifest entries with their sealed files on this node."""
+    source = agent.attempt_dirs(allocation).output
+    prefix = f"rank{allocation.rank}/"
+    multi = Allocation.objects.filter(job_id=allocation.job_id, attempt=allocation.attempt).count() > 1
+    files = []
+    for entry in allocation.job.outputs:
+        if multi and not entry["path"].startswith(prefix):
+            continue
+        files.append((entry, source / (entry["path"].removeprefix(prefix) if multi else entry["path"])))
+    return files
+
+
+def _lease(allocation: Allocation, files: list, now: datetime) -> OutputTransfer | None:
+    """Takes the part's transfer row for this task: new, or left by a task silent past the reconcile delay."""
+    transfer, _ = OutputTransfer.objects.get_or_create(
+        allocation=allocation,
+        defaults={"job_id": allocation.job_id, "updated_at": now, "files_total": len(files),
+                  "bytes_total": sum(e["bytes"] for e, _ in files)},
+    )  # fmt: skip
+    token = uuid.uuid4().hex
+    stale = now - timedelta(seconds=settings.E31_RECONCILE_AFTER_S)
+    taken = OutputTransfer.objects.filter(
+        Q(token="") | Q(updated_at__lt=stale), id=transfer.id, state__in=(WAITING, DELIVERING)
+    ).update(token=token, updated_at=now, state=WAITING)
+    if not taken:
+        return None
+    transfer.token = token
+    return transfer
+
+
+class _Watch:
+    """Progress of the whole part; False (stop) once another task holds the lease."""
+
+    def __init__(self, transfer: OutputTransfer) -> None:
+        self.transfer = transfer
+        self.base = 0  # bytes of the files already delivered
+        self.began = time.monotonic()
+
+    def __call__(self, done: int) -> bool:
+        total = self.base + done
+        return self.beat(bytes_done=total, rate_bytes_s=total / max(time.monotonic() - self.began, 1e-6))
+
+    def beat(self, **fields) -> bool:
+        with staging.progress_transaction():
+            return bool(
+                OutputTransfer.objects.filter(id=self.transfer.id, token=self.transfer.token).update(
+                    updated_at=timezone.now(), **fields
+                )
+            )
+
+
+def _wait_for_slot(transfer: OutputTransfer, node_id: int, watch: _Watch) -> None:
+    limit = settings.E31_DELIVERY_CONCURRENCY
+    while not claim_slot(transfer=transfer, node_id=node_id, now=timezone.now()):
+        time.sleep(WAIT_S)
+        if not watch.beat(detail=f"waiting for a delivery slot: {limit} at once per node"):
+            raise transfers.TransferStopped()
+    watch.began = time.monotonic()
+
+
+def claim_slot(*, transfer: OutputTransfer, node_id: int, now: datetime) -> bool:
+    """WAITING -> DELIVERING only while fewer than E31_DELIVERY_CONCURRENCY of the node's deliveries run."""
+    stale = now - timedelta(seconds=settings.E31_RECONCILE_AFTER_S)
     with transaction.atomic():
-        Allocation.objects.filter(id=allocation_id).update(delivered_at=now)
-        if not Allocation.objects.filter(job=job, attempt=job.attempt, delivered_at__isnull=True).exists():
-            Job.objects.filter(id=job.id).update(delivery_state="delivered", delivered_at=now)
+        if connection.vendor == "postgresql":  # SQLite's single writer already serialises this
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SLOT_LOCK_BASE + node_id])
+        running = OutputTransfer.objects.filter(
+            state=DELIVERING, allocation__node_id=node_id, updated_at__gte=stale
+        ).exclude(id=transfer.id)
+        if running.count() >= settings.E31_DELIVERY_CONCURRENCY:
+            return False
+        return bool(
+            OutputTransfer.objects.filter(id=transfer.id, token=transfer.token).update(
+                state=DELIVERING, started_at=now, updated_at=now, detail=""
+            )
+        )
 
 
-def _destination(uri: str) -> Path:
-    parts = urlsplit(uri)
-    if parts.scheme != "file":
-        raise DeliveryFailed(f"delivery to {parts.scheme}:// is not configured on this pool")
-    real = declaration.resolve_under_roots(unquote(parts.path), settings.E31_OUTPUT_ROOTS)
+def _deliver(output_uri: str, files: list[tuple[dict, Path]], watch: _Watch) -> None:
+    scheme = urlsplit(output_uri).scheme
+    if scheme not in ("file", "s3"):
+        raise DeliveryFailed(f"delivery to {scheme}:// is not configured on this pool")
+    root = _file_destination(output_uri) if scheme == "file" else None
+    for count, (entry, source) in enumerate(files, start=1):
+        if root is not None:
+            _deliver_file(source, _safe_target(root, entry["path"]), entry, watch)
+        else:
+            _deliver_s3(source, output_uri.rstrip("/") + "/" + entry["path"], entry, watch)
+        watch.base += entry["bytes"]
+        watch.beat(files_done=count, bytes_done=watch.base)
+
+
+def _file_destination(uri: str) -> Path:
+    real = declaration.resolve_under_roots(unquote(urlsplit(uri).path), settings.E31_OUTPUT_ROOTS)
     if real is None:
         raise DeliveryFailed("the destination is no longer under an allowed output root")
     return real
 
 
-def _copy_verified(allocation: Allocation, destination: Path) -> None:
-    source = agent.attempt_dirs(allocation).output
-    prefix = f"rank{allocation.rank}/"
-    multi = Allocation.objects.filter(job_id=allocation.job_id, attempt=allocation.attempt).count() > 1
-    for entry in allocation.job.outputs:
-        if multi and not entry["path"].startswith(prefix):
-            continue
-        rel = entry["path"].removeprefix(prefix) if multi else entry["path"]
-        target = destination / entry["path"]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source / rel, target)
-        if _sha256(target) != entry["sha256"]:
-            raise DeliveryFailed(f"{entry['path']}: checksum differs at the destination")
+def _safe_target(root: Path, rel: str) -> Path:
+    """The file's place under the destination; a planted link in between cannot lead it elsewhere."""
+    target = root / rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not Path(os.path.realpath(target.parent)).is_relative_to(root):
+        raise DeliveryFailed(f"{rel}: its folder at the destination leads outside it")
+    return target
 
 
-def _sha256(path: Path) -> str:
+def _deliver_file(source: Path, target: Path, entry: dict, watch: _Watch) -> None:
+    """Lands the file beside its name, hashed as it is written, and renames it in only when it matches."""
+    part = target.with_name(f".{target.name}.e31part")
+    for attempt in range(settings.E31_TRANSFER_RETRIES + 1):
+        local = transfers.LocalSource(source)
+        try:
+            copied = transfers.copy(
+                local, part, limit=entry["bytes"], want_sha256=True, progress=watch,
+                retries=settings.E31_TRANSFER_RETRIES, backoff_s=settings.E31_TRANSFER_BACKOFF_S,
+            )  # fmt: skip
+        finally:
+            local.close()
+        if copied.bytes == entry["bytes"] and copied.sha256 == entry["sha256"]:
+            os.replace(part, target)
+            return
+        _note_retry(watch, attempt, f"{entry['path']}: the copy's checksum differs from the manifest")
+    part.unlink(missing_ok=True)
+    raise DeliveryFailed(f"{entry['path']}: checksum differs at the destination")
+
+
+def _deliver_s3(source: Path, url: str, entry: dict, watch: _Watch) -> None:
+    """Uploads through fsspec (s3fs), then reads the object back: its sha256 must match the manifest."""
+    fs = transfers.filesystem_for(url)
+    for attempt in range(settings.E31_TRANSFER_RETRIES + 1):
+        try:
+            _upload(fs, source, url, watch)
+            if _remote_sha256(fs, url) == entry["sha256"]:
+                return
+            problem = f"{entry['path']}: the object's checksum differs from the manifest"
+        except (OSError, transfers.Transient) as exc:
+            problem = f"{entry['path']}: {exc}"
+        _note_retry(watch, attempt, problem)
+    raise DeliveryFailed(problem)
+
+
+def _upload(fs, source: Path, url: str, watch: _Watch) -> None:
+    done, last = 0, time.monotonic()
+    with source.open("rb") as src, fs.open(url, "wb") as dst:
+        while block := src.read(transfers.CHUNK):
+            dst.write(block)
+            done += len(block)
+            if time.monotonic() - last >= transfers.PROGRESS_EVERY_S:
+                last = time.monotonic()
+                if not watch(done):
+                    raise transfers.TransferStopped()
+
+
+def _remote_sha256(fs, url: str) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
+    with fs.open(url, "rb", block_size=transfers.CHUNK) as handle:
+        while block := handle.read(transfers.CHUNK):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _note_retry(watch: _Watch, attempt: int, problem: str) -> None:
+    if attempt < settings.E31_TRANSFER_RETRIES:
+        watch.beat(detail=f"retrying: {problem}"[:500], retries=attempt + 1)
+        time.sleep(min(transfers.MAX_BACKOFF_S, settings.E31_TRANSFER_BACKOFF_S * 2**attempt))
+
+
+def _failed(transfer: OutputTransfer, job: Job, message: str) -> None:
+    now = timezone.now()
+    OutputTransfer.objects.filter(id=transfer.id, token=transfer.token).update(
+        state=FAILED, detail=message[:500], finished_at=now, updated_at=now
+    )
+    Job.objects.filter(id=job.id).update(delivery_state="failed", delivery_detail=message[:500])
+
+
+@transaction.atomic
+def _delivered(transfer: OutputTransfer, allocation: Allocation) -> None:
+    now = timezone.now()
+    OutputTransfer.objects.filter(id=transfer.id).update(
+        state=DELIVERED, bytes_done=transfer.bytes_total, files_done=transfer.files_total, finished_at=now,
+        updated_at=now, detail="",
+    )  # fmt: skip
+    Allocation.objects.filter(id=allocation.id).update(delivered_at=now)
+    job = allocation.job
+    if not Allocation.objects.filter(job=job, attempt=job.attempt, delivered_at__isnull=True).exists():
+        Job.objects.filter(id=job.id).update(delivery_state="delivered", delivered_at=now)
+
+
+def in_flight():
+    """Deliveries waiting for a slot or copying now, for the operators' transfers page."""
+    return (
+        OutputTransfer.objects.filter(state__in=(WAITING, DELIVERING))
+        .select_related("job", "job__team", "allocation__node")
+        .order_by("updated_at")
+    )

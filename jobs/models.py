@@ -250,3 +250,62 @@ class TeamUsage(models.Model):
         row.gpu_seconds = row.decayed(now) + gpu_seconds
         row.as_of = now
         row.save(update_fields=["gpu_seconds", "as_of"])
+
+
+class DatasetCacheEntry(models.Model):
+    """A dataset kept in the pool's staging cache (E31_STAGING_ROOT/cache/<key>), shared by the jobs that read it.
+
+    The key addresses content: the declared sha256 and size, or the URI, size and the source's
+    validator (ETag, Last-Modified, inode and mtime). Each job's data dir holds hard links to the
+    entry's file; a job not yet released or ended pins the entries its inputs link to.
+    """
+
+    key = models.CharField(max_length=64, unique=True)
+    uri = models.CharField(max_length=2000)
+    bytes = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64, blank=True)
+    validator = models.CharField(max_length=300, blank=True)
+    state = models.CharField(max_length=8, default="filling")  # filling, ready
+    # The transfer filling it; a filler silent past E31_RECONCILE_AFTER_S loses it to the next.
+    filler = models.CharField(max_length=32, blank=True)
+    filling_input = models.ForeignKey(
+        DataInput, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    inputs = models.ManyToManyField(DataInput, related_name="cache_entries", blank=True)
+    hits = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["-last_used_at"]
+
+    def __str__(self) -> str:
+        return f"{self.key[:12]} {self.uri} ({self.state})"
+
+
+class OutputTransfer(models.Model):
+    """Delivery of one allocation's sealed outputs after RELEASE, off the meter: progress and its lease."""
+
+    allocation = models.OneToOneField(Allocation, on_delete=models.CASCADE, related_name="output_transfer")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="output_transfers")
+    state = models.CharField(max_length=12, default="waiting")  # waiting, delivering, delivered, failed
+    files_total = models.PositiveIntegerField(default=0)
+    files_done = models.PositiveIntegerField(default=0)
+    bytes_total = models.BigIntegerField(default=0)
+    bytes_done = models.BigIntegerField(default=0)
+    rate_bytes_s = models.FloatField(default=0)
+    retries = models.PositiveIntegerField(default=0)
+    # The task delivering it; one silent past E31_RECONCILE_AFTER_S loses it to a re-driven task.
+    token = models.CharField(max_length=32, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    detail = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["allocation_id"]
+        indexes = [models.Index(fields=["state", "updated_at"])]
+
+    def __str__(self) -> str:
+        return f"delivery of allocation {self.allocation_id}: {self.state}"

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from accounts.models import Team
+from jobs import staging
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, State
 from jobs.models import Allocation, DataInput, GpuHold, Job, Node, TeamUsage
 from jobs.scheduling import policy
@@ -35,7 +36,7 @@ def take(*, now: datetime) -> PoolView:
     """One consistent read of nodes, holds, running allocations, the queue and usage."""
     pending = _pending(now)
     return PoolView(
-        nodes=_nodes(),
+        nodes=_nodes(frozenset().union(*(p.datasets for p in pending))),
         running=_running(),
         pending=pending,
         usage=_usage(now),
@@ -45,7 +46,8 @@ def take(*, now: datetime) -> PoolView:
     )
 
 
-def _nodes() -> list[policy.NodeView]:
+def _nodes(pool_cached: frozenset[str] = frozenset()) -> list[policy.NodeView]:
+    """``pool_cached``: the waiting jobs' datasets in the pool-wide staging cache, which every node reads."""
     held: dict[int, set[int]] = defaultdict(set)
     for node_id, index in GpuHold.objects.filter(active=True).values_list("node_id", "gpu_index"):
         held[node_id].add(index)
@@ -55,6 +57,7 @@ def _nodes() -> list[policy.NodeView]:
             gpus=node.gpus,
             free=tuple(i for i in range(node.gpus) if i not in held[node.id]),
             schedulable=node.state == Node.NodeState.UP,
+            cached_datasets=pool_cached,
         )
         for node in Node.objects.exclude(state=Node.NodeState.DOWN).only("id", "name", "gpus", "state")
     ]
@@ -102,11 +105,13 @@ def _pending(now: datetime) -> list[policy.PendingJob]:
         "id", "team__name", "gpus", "hours", "submitted_at", "min_gpus", "preemptible", "state"
     )
     etas = staging_etas(now)
+    datasets = staging.job_datasets([row[0] for row in jobs])
     return [
         policy.PendingJob(
             job_id=job_id, team=team, gpus=gpus, hours=hours, submitted_at=submitted.timestamp(),
             min_gpus=min_gpus, preemptible=preemptible,
             ready_at=None if state == State.QUEUED else etas.get(job_id, now.timestamp() + 60),
+            datasets=datasets.get(job_id, frozenset()),
         )
         for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state in jobs
     ]  # fmt: skip

@@ -9,6 +9,7 @@ urlpatterns = [
     path("new/", views.job_new, name="new"),
     path("new/estimate/", views.estimate, name="estimate"),
     path("queue/", views.queue, name="queue"),
+    path("transfers/", views.transfers, name="transfers"),
     path("<int:job_id>/", views.job_detail, name="detail"),
     path("<int:job_id>/live/", views.job_live, name="live"),
     path("<int:job_id>/cancel/", views.job_cancel, name="cancel"),

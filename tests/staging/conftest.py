@@ -1,0 +1,63 @@
+"""Fixtures for staging and delivery: fresh roots, a local HTTP server, jobs with inputs."""
+
+import hashlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from django.utils import timezone
+
+from jobs.models import DataInput, Job
+from tests.factories import JobFactory
+from tests.staging.httpserver import DataServer
+
+
+@pytest.fixture
+def roots(settings, tmp_path):
+    """Data, output, staging and agent roots of their own; quick retries."""
+    paths = SimpleNamespace(
+        **{n: (tmp_path / n) for n in ("datasets", "outputs", "staging", "agents", "outside")}
+    )
+    for path in vars(paths).values():
+        path.mkdir()
+    settings.E31_DATA_ROOTS = [paths.datasets.resolve()]
+    settings.E31_OUTPUT_ROOTS = [paths.outputs.resolve()]
+    settings.E31_STAGING_ROOT = paths.staging.resolve()
+    settings.E31_AGENT_ROOT = paths.agents.resolve()
+    settings.E31_TRANSFER_RETRIES = 3
+    settings.E31_TRANSFER_BACKOFF_S = 0.01
+    settings.E31_ALLOW_PRIVATE_SOURCES = False
+    settings.E31_ALLOW_HARDLINKED_SOURCES = False
+    return paths
+
+
+@pytest.fixture
+def server(tmp_path):
+    data = DataServer(tmp_path / "served").start()
+    yield data
+    data.stop()
+
+
+@pytest.fixture
+def private_ok(settings):
+    """The local server is on 127.0.0.1: tests that use it allow private sources, as an operator may."""
+    settings.E31_ALLOW_PRIVATE_SOURCES = True
+
+
+def write(path: Path, content: bytes) -> tuple[Path, str]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path, hashlib.sha256(content).hexdigest()
+
+
+def make_job(team, *inputs: dict, state: str = "submitted", name: str = "stage-me") -> Job:
+    """A job with declared inputs: each a dict of name, uri, bytes and optional sha256."""
+    job = JobFactory(team=team, name=name, state=state, submitted_at=timezone.now())
+    for position, spec in enumerate(inputs):
+        DataInput.objects.create(job=job, position=position, sha256=spec.get("sha256", ""),
+                                 **{k: spec[k] for k in ("name", "uri", "bytes")})  # fmt: skip
+    return job
+
+
+def file_uri(path: Path) -> str:
+    return f"file://{path}"

@@ -1,0 +1,104 @@
+"""Delivery after RELEASE, off the meter: progress, verification at the destination, retries, leases."""
+
+import hashlib
+import os
+
+import pytest
+from django.utils import timezone
+
+from jobs import agent, delivery
+from jobs.models import Allocation, Job, OutputTransfer
+from tests.factories import JobFactory, NodeFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def released_job(team, roots, files: dict[str, bytes], *, uri: str = "") -> Allocation:
+    """A released job whose one part sealed ``files`` on its node, awaiting delivery."""
+    now = timezone.now()
+    manifest = [
+        {"path": p, "bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()} for p, b in files.items()
+    ]
+    job = JobFactory(team=team, state="released", end_reason="succeeded", attempt=1, outputs=manifest,
+                     delivery_state="delivering", output_uri=uri or f"file://{roots.outputs}/run1")  # fmt: skip
+    allocation = Allocation.objects.create(job=job, attempt=1, node=NodeFactory(), gpu_indices=[0],
+                                           rented_at=now, released_at=now, sealed_at=now)  # fmt: skip
+    output = agent.attempt_dirs(allocation).output
+    for rel, content in files.items():
+        (output / rel).parent.mkdir(parents=True, exist_ok=True)
+        (output / rel).write_bytes(content)
+    return allocation
+
+
+def deliver(allocation: Allocation) -> Job:
+    delivery.deliver_part(allocation_id=allocation.id, now=timezone.now())
+    return Job.objects.get(id=allocation.job_id)
+
+
+def test_outputs_are_delivered_with_progress_and_checked_at_the_destination(roots, team):
+    files = {"model.bin": os.urandom(300_000), "logs/train.txt": b"loss 0.1\n"}
+    allocation = released_job(team, roots, files)
+    job = deliver(allocation)
+    assert (job.delivery_state, job.delivered_at is not None) == ("delivered", True)
+    assert job.delivered_at >= allocation.released_at  # off the meter
+    for rel, content in files.items():
+        assert (roots.outputs / "run1" / rel).read_bytes() == content
+    transfer = OutputTransfer.objects.get(allocation=allocation)
+    assert (transfer.state, transfer.bytes_done, transfer.bytes_total) == ("delivered", 300_009, 300_009)
+    assert (transfer.files_done, transfer.files_total) == (2, 2)
+    assert not list((roots.outputs / "run1").rglob("*.e31part"))
+
+
+def test_a_file_that_differs_from_its_manifest_is_never_put_in_place(roots, team, settings):
+    settings.E31_TRANSFER_RETRIES = 1
+    allocation = released_job(team, roots, {"a.bin": b"good" * 100})
+    (agent.attempt_dirs(allocation).output / "a.bin").write_bytes(b"evil" * 100)  # changed after sealing
+    job = deliver(allocation)
+    assert job.delivery_state == "failed" and "checksum differs" in job.delivery_detail
+    assert not (roots.outputs / "run1" / "a.bin").exists()
+    assert list((roots.outputs / "run1").iterdir()) == []
+    transfer = OutputTransfer.objects.get(allocation=allocation)
+    assert transfer.state == "failed" and transfer.retries == 1
+
+
+def test_a_planted_link_at_the_destination_cannot_lead_outside_it(roots, team):
+    (roots.outputs / "run1").mkdir()
+    (roots.outputs / "run1" / "sub").symlink_to(roots.outside)
+    job = deliver(released_job(team, roots, {"sub/x.bin": b"x"}))
+    assert job.delivery_state == "failed" and "leads outside" in job.delivery_detail
+    assert list(roots.outside.iterdir()) == []
+
+
+def test_s3_delivery_without_the_optional_extra_fails_with_a_clear_reason(roots, team, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "s3fs", None)
+    job = deliver(released_job(team, roots, {"a.bin": b"a"}, uri="s3://bucket/run1"))
+    assert job.delivery_state == "failed" and "optional 's3' extra (s3fs)" in job.delivery_detail
+
+
+def test_a_duplicate_task_does_nothing_while_a_live_one_holds_the_lease(roots, team):
+    allocation = released_job(team, roots, {"a.bin": b"a"})
+    OutputTransfer.objects.create(allocation=allocation, job=allocation.job, token="live", state="delivering",
+                                  updated_at=timezone.now())  # fmt: skip
+    job = deliver(allocation)
+    assert job.delivery_state == "delivering" and not (roots.outputs / "run1" / "a.bin").exists()
+
+
+def test_a_silent_task_loses_its_lease_to_the_next(roots, team):
+    allocation = released_job(team, roots, {"a.bin": b"a"})
+    OutputTransfer.objects.create(allocation=allocation, job=allocation.job, token="dead", state="delivering",
+                                  updated_at=timezone.now() - timezone.timedelta(hours=1))  # fmt: skip
+    assert deliver(allocation).delivery_state == "delivered"
+
+
+def test_no_more_than_the_configured_deliveries_run_at_once_per_node(roots, team, settings):
+    settings.E31_DELIVERY_CONCURRENCY = 1
+    first = released_job(team, roots, {"a.bin": b"a"})
+    now = timezone.now()
+    busy = OutputTransfer.objects.create(allocation=first, job=first.job, token="t1", updated_at=now)
+    assert delivery.claim_slot(transfer=busy, node_id=first.node_id, now=now)
+    second = Allocation.objects.create(job=JobFactory(team=team, state="released", end_reason="succeeded"),
+                                       attempt=1, node=first.node, gpu_indices=[1], rented_at=now, released_at=now)  # fmt: skip
+    waiting = OutputTransfer.objects.create(allocation=second, job=second.job, token="t2", updated_at=now)
+    assert not delivery.claim_slot(transfer=waiting, node_id=first.node_id, now=now)
+    other_node = NodeFactory()
+    assert delivery.claim_slot(transfer=waiting, node_id=other_node.id, now=now)  # the limit is per node

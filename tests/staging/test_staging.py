@@ -1,0 +1,279 @@
+"""STAGE as a service: inputs land in the pool cache, checked, linked into the job's data dir."""
+
+import os
+
+import pytest
+from django.utils import timezone
+
+from jobs import services, snapshot, staging, transfers
+from jobs.models import DataInput, DatasetCacheEntry, Job
+from tests.factories import NodeFactory
+from tests.staging.conftest import file_uri, make_job, write
+
+pytestmark = pytest.mark.django_db
+
+MB = 1024 * 1024
+
+
+def stage(job: Job) -> Job:
+    staging.stage_job(job_id=job.id, now=timezone.now())
+    job.refresh_from_db()
+    return job
+
+
+def nothing_left_behind(roots, job: Job) -> None:
+    assert not (roots.staging / str(job.id)).exists()
+    assert not list((roots.staging / "cache").glob("*.part")) if (roots.staging / "cache").exists() else True
+
+
+def test_a_file_input_is_staged_checked_and_hard_linked_into_the_job_dir(roots, team):
+    path, digest = write(roots.datasets / "train.bin", os.urandom(3 * MB + 17))
+    job = stage(
+        make_job(team, {"name": "train", "uri": file_uri(path), "bytes": 3 * MB + 17, "sha256": digest})
+    )
+    assert job.state == "queued"
+    data = job.inputs.get()
+    assert (data.stage_state, data.bytes_done) == ("staged", 3 * MB + 17)
+    assert data.rate_bytes_s > 0 and data.stage_finished_at is not None
+    staged = roots.staging / str(job.id) / "train"
+    entry = DatasetCacheEntry.objects.get()
+    cached = roots.staging / "cache" / entry.key
+    assert staged.read_bytes() == path.read_bytes()
+    assert staged.stat().st_ino == cached.stat().st_ino  # a hard link: visible inside the read-only bind
+    assert (entry.state, list(entry.inputs.all())) == ("ready", [data])
+
+
+def test_the_staging_eta_the_scheduler_reads_is_now_once_inputs_are_staged(roots, team):
+    path, _ = write(roots.datasets / "a.bin", b"x" * 1000)
+    job = stage(make_job(team, {"name": "a", "uri": file_uri(path), "bytes": 1000}))
+    now = timezone.now()
+    assert snapshot.staging_etas(now)[job.id] == pytest.approx(now.timestamp())
+
+
+def test_a_checksum_mismatch_ends_the_job_staging_failed_unmetered_and_leaves_nothing(roots, team):
+    path, _ = write(roots.datasets / "a.bin", b"abc" * 1000)
+    job = stage(make_job(team, {"name": "a", "uri": file_uri(path), "bytes": 3000, "sha256": "0" * 64}))
+    assert (job.state, job.end_reason) == ("ended", "staging_failed")
+    assert "sha256 mismatch" in job.end_detail
+    assert not job.allocations.exists()
+    assert job.inputs.get().stage_state == "failed"
+    assert not DatasetCacheEntry.objects.exists()
+    nothing_left_behind(roots, job)
+
+
+def test_a_source_smaller_than_declared_is_refused_before_any_copy(roots, team):
+    path, _ = write(roots.datasets / "a.bin", b"a" * 999)
+    job = stage(make_job(team, {"name": "a", "uri": file_uri(path), "bytes": 1000}))
+    assert job.end_reason == "staging_failed"
+    assert "the source has 999 bytes, 1000 were declared" in job.end_detail
+
+
+def test_a_source_larger_than_declared_is_cut_off_and_refused(roots, team, server, private_ok):
+    server.head_allowed = False  # the size is learnt only by reading: the copy must stop itself
+    write(server.root / "big.bin", b"b" * (2 * MB))
+    job = stage(make_job(team, {"name": "big", "uri": server.url("big.bin"), "bytes": MB}))
+    assert job.end_reason == "staging_failed"
+    assert "larger than the 1048576 bytes declared: cut off" in job.end_detail
+    nothing_left_behind(roots, job)
+
+
+def test_an_http_input_is_staged_and_verified(roots, team, server, private_ok):
+    _, digest = write(server.root / "w.bin", os.urandom(MB))
+    job = stage(make_job(team, {"name": "w", "uri": server.url("w.bin"), "bytes": MB, "sha256": digest}))
+    assert job.state == "queued", job.end_detail
+    assert (roots.staging / str(job.id) / "w").read_bytes() == (server.root / "w.bin").read_bytes()
+
+
+def test_a_download_that_drops_midway_resumes_from_the_bytes_already_written(roots, team, server, private_ok):
+    content = os.urandom(4 * MB)
+    _, digest = write(server.root / "flaky.bin", content)
+    server.drop_after["flaky.bin"] = 3 * MB
+    job = stage(
+        make_job(team, {"name": "f", "uri": server.url("flaky.bin"), "bytes": 4 * MB, "sha256": digest})
+    )
+    assert job.state == "queued", job.end_detail
+    first, second = server.gets("flaky.bin")
+    assert first["range"] is None and second["range"] == f"bytes={3 * MB}-"
+    assert second["if_range"]  # a changed file would come back whole, never spliced
+    assert server.bytes_sent == 4 * MB  # nothing was fetched twice
+    assert (roots.staging / str(job.id) / "f").read_bytes() == content
+    assert "1 transient error retried" in job.inputs.get().stage_detail
+
+
+def test_a_download_that_stalls_is_given_up_after_the_timeout_and_resumed(
+    roots, team, server, private_ok, settings
+):
+    settings.E31_TRANSFER_TIMEOUT_S = 0.3
+    content = os.urandom(2 * MB)
+    _, digest = write(server.root / "slow.bin", content)
+    server.stall_after["slow.bin"] = (MB, 3.0)
+    job = stage(
+        make_job(team, {"name": "s", "uri": server.url("slow.bin"), "bytes": 2 * MB, "sha256": digest})
+    )
+    assert job.state == "queued", job.end_detail
+    assert [r["range"] for r in server.gets("slow.bin")] == [None, f"bytes={MB}-"]
+    assert (roots.staging / str(job.id) / "s").read_bytes() == content
+
+
+def test_a_server_that_ignores_range_is_read_again_from_the_start_and_still_verified(
+    roots, team, server, private_ok
+):
+    content = os.urandom(2 * MB)
+    _, digest = write(server.root / "norange.bin", content)
+    server.drop_after["norange.bin"], server.ignore_range = MB, True
+    job = stage(
+        make_job(team, {"name": "n", "uri": server.url("norange.bin"), "bytes": 2 * MB, "sha256": digest})
+    )
+    assert job.state == "queued", job.end_detail
+    assert (roots.staging / str(job.id) / "n").read_bytes() == content
+
+
+def test_transient_errors_are_retried_with_backoff_but_not_found_is_final(roots, team, server, private_ok):
+    write(server.root / "busy.bin", b"z" * 5000)
+    server.fail_next["busy.bin"] = [503, 502]
+    job = stage(make_job(team, {"name": "busy", "uri": server.url("busy.bin"), "bytes": 5000}))
+    assert job.state == "queued", job.end_detail
+    missing = stage(make_job(team, {"name": "gone", "uri": server.url("gone.bin"), "bytes": 5}))
+    assert missing.end_reason == "staging_failed" and "HTTP 404: not found" in missing.end_detail
+    assert len([r for r in server.requests if r["path"] == "gone.bin"]) == 1
+
+
+def test_giving_up_after_the_configured_retries_fails_staging(roots, team, server, private_ok, settings):
+    settings.E31_TRANSFER_RETRIES = 2
+    write(server.root / "down.bin", b"z" * 10)
+    server.fail_next["down.bin"] = [503] * 10
+    job = stage(make_job(team, {"name": "d", "uri": server.url("down.bin"), "bytes": 10}))
+    assert job.end_reason == "staging_failed" and "did not answer" in job.end_detail
+    assert len(server.requests) == 3
+
+
+def test_a_second_job_on_the_same_dataset_moves_zero_bytes_and_shows_cached(roots, team, server, private_ok):
+    write(server.root / "shared.bin", os.urandom(2 * MB))
+    spec = {"name": "shared", "uri": server.url("shared.bin"), "bytes": 2 * MB}
+    first = stage(make_job(team, spec))
+    sent = server.bytes_sent
+    second = stage(make_job(team, spec, name="again"))
+    assert second.state == "queued"
+    assert server.bytes_sent == sent == 2 * MB  # the second job read 0 bytes of body
+    data = second.inputs.get()
+    assert data.stage_state == "cached" and "0 bytes moved" in data.stage_detail
+    a, b = (roots.staging / str(j.id) / "shared" for j in (first, second))
+    assert a.stat().st_ino == b.stat().st_ino
+    assert DatasetCacheEntry.objects.get().hits == 1
+
+
+def test_the_same_declared_sha256_is_shared_whatever_the_uri(roots, team):
+    one, digest = write(roots.datasets / "one.bin", b"same bytes" * 100)
+    two, _ = write(roots.datasets / "copy" / "two.bin", b"same bytes" * 100)
+    stage(make_job(team, {"name": "d", "uri": file_uri(one), "bytes": 1000, "sha256": digest}))
+    job = stage(make_job(team, {"name": "d", "uri": file_uri(two), "bytes": 1000, "sha256": digest}))
+    assert job.inputs.get().stage_state == "cached"
+
+
+def test_a_changed_source_is_copied_again_not_served_stale(roots, team):
+    path, _ = write(roots.datasets / "live.bin", b"v1" * 500)
+    stage(make_job(team, {"name": "d", "uri": file_uri(path), "bytes": 1000}))
+    path.write_bytes(b"v2" * 500)
+    os.utime(path, ns=(1, 1))  # a different mtime, as any rewrite gives
+    job = stage(make_job(team, {"name": "d", "uri": file_uri(path), "bytes": 1000}))
+    assert job.inputs.get().stage_state == "staged"
+    assert (roots.staging / str(job.id) / "d").read_bytes() == b"v2" * 500
+
+
+def test_eviction_takes_the_least_recently_used_unpinned_entry_and_never_a_pinned_one(roots, team, settings):
+    settings.E31_STAGE_CACHE_BYTES = 2500
+    paths = {n: write(roots.datasets / f"{n}.bin", n.encode() * 1000)[0] for n in ("a", "b", "c")}
+    pinned = stage(
+        make_job(team, {"name": "a", "uri": file_uri(paths["a"]), "bytes": 1000})
+    )  # oldest, queued
+    done = stage(make_job(team, {"name": "b", "uri": file_uri(paths["b"]), "bytes": 1000}))
+    Job.objects.filter(id=done.id).update(state="ended", end_reason="cancelled")
+    stage(make_job(team, {"name": "c", "uri": file_uri(paths["c"]), "bytes": 1000}))
+    kept = set(DatasetCacheEntry.objects.values_list("uri", flat=True))
+    assert kept == {file_uri(paths["a"]), file_uri(paths["c"])}
+    assert len(list((roots.staging / "cache").iterdir())) == 2
+    assert (roots.staging / str(pinned.id) / "a").read_bytes() == b"a" * 1000
+    assert not (roots.staging / str(done.id)).exists()  # a finished job's data dir goes too
+
+
+def test_entries_unused_past_the_retention_period_are_evicted_unless_pinned(roots, team, settings):
+    settings.E31_STAGE_RETENTION_S = 3600
+    old, _ = write(roots.datasets / "old.bin", b"o" * 100)
+    held, _ = write(roots.datasets / "held.bin", b"h" * 100)
+    ended = stage(make_job(team, {"name": "o", "uri": file_uri(old), "bytes": 100}))
+    Job.objects.filter(id=ended.id).update(state="ended", end_reason="cancelled")
+    stage(make_job(team, {"name": "h", "uri": file_uri(held), "bytes": 100}))
+    DatasetCacheEntry.objects.update(last_used_at=timezone.now() - timezone.timedelta(hours=2))
+    assert staging.sweep_cache(now=timezone.now()) == 1
+    assert list(DatasetCacheEntry.objects.values_list("uri", flat=True)) == [file_uri(held)]
+
+
+def test_cancel_during_staging_stops_the_copy_and_removes_partial_files(roots, team, member, monkeypatch):
+    monkeypatch.setattr(transfers, "CHUNK", 64 * 1024)
+    monkeypatch.setattr(transfers, "PROGRESS_EVERY_S", 0)
+    path, _ = write(roots.datasets / "big.bin", os.urandom(2 * MB))
+    job = make_job(team, {"name": "big", "uri": file_uri(path), "bytes": 2 * MB})
+    original = staging._Watch.__call__
+
+    def cancel_at_first_progress(self, done):
+        services.cancel_job(job_id=job.id, user=member, now=timezone.now())
+        return original(self, done)
+
+    monkeypatch.setattr(staging._Watch, "__call__", cancel_at_first_progress)
+    job = stage(job)
+    assert (job.state, job.end_reason) == ("ended", "cancelled")
+    data = job.inputs.get()
+    assert data.stage_state == "cancelled" and data.bytes_done < 2 * MB
+    assert not DatasetCacheEntry.objects.exists()
+    assert list((roots.staging / "cache").iterdir()) == []
+    nothing_left_behind(roots, job)
+
+
+def test_no_more_than_the_configured_inputs_are_copied_at_once(roots, team, settings):
+    settings.E31_STAGE_CONCURRENCY = 1
+    now = timezone.now()
+    busy = make_job(team, {"name": "a", "uri": "file:///x", "bytes": 1}, state="staging")
+    Job.objects.filter(id=busy.id).update(worker_seen_at=now)
+    assert staging.claim_slot(data_input_id=busy.inputs.get().id, now=now)
+    other = make_job(team, {"name": "b", "uri": "file:///y", "bytes": 1}, state="staging")
+    assert not staging.claim_slot(data_input_id=other.inputs.get().id, now=now)
+    Job.objects.filter(id=busy.id).update(worker_seen_at=now - timezone.timedelta(hours=1))
+    assert staging.claim_slot(data_input_id=other.inputs.get().id, now=now)  # a silent stager's slot is free
+
+
+def test_a_stager_waits_for_another_filling_the_same_dataset_unless_it_went_silent(roots, team):
+    a = make_job(team, {"name": "a", "uri": "file:///x", "bytes": 1}).inputs.get()
+    b = make_job(team, {"name": "b", "uri": "file:///x", "bytes": 1}).inputs.get()
+    now = timezone.now()
+    outcome, _ = staging._try_claim(key="k" * 64, data_input=a, token="t1", validator="v", now=now)
+    assert outcome == staging.FILL
+    outcome, entry = staging._try_claim(key="k" * 64, data_input=b, token="t2", validator="v", now=now)
+    assert outcome == staging.WAIT and entry.filling_input_id == a.id
+    later = now + timezone.timedelta(hours=1)
+    outcome, _ = staging._try_claim(key="k" * 64, data_input=b, token="t2", validator="v", now=later)
+    assert outcome == staging.FILL and DatasetCacheEntry.objects.get().filler == "t2"
+
+
+def test_an_s3_input_without_the_optional_extra_fails_with_a_clear_reason(roots, team, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "s3fs", None)  # as if the extra were not installed
+    job = stage(make_job(team, {"name": "s", "uri": "s3://bucket/key.bin", "bytes": 10}))
+    assert job.end_reason == "staging_failed"
+    assert "optional 's3' extra (s3fs)" in job.end_detail
+
+
+def test_the_scheduler_sees_the_pool_cache_on_every_node(roots, team):
+    nodes = [NodeFactory(name="n1"), NodeFactory(name="n2")]
+    path, _ = write(roots.datasets / "d.bin", b"d" * 10)
+    job = stage(make_job(team, {"name": "d", "uri": file_uri(path), "bytes": 10}))
+    key = DatasetCacheEntry.objects.get().key
+    view = snapshot.take(now=timezone.now())
+    assert next(p for p in view.pending if p.job_id == job.id).datasets == {key}
+    assert all(n.cached_datasets == {key} for n in view.nodes) and len(view.nodes) == len(nodes)
+
+
+def test_a_restaged_job_keeps_inputs_already_in_place(roots, team):
+    path, _ = write(roots.datasets / "d.bin", b"d" * 10)
+    job = stage(make_job(team, {"name": "d", "uri": file_uri(path), "bytes": 10}))
+    Job.objects.filter(id=job.id).update(state="submitted")
+    stage(job)
+    assert DataInput.objects.get(job=job).stage_state == "staged"
