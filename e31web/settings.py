@@ -291,6 +291,7 @@ LOGGING = {
 CELERY_BEAT_SCHEDULE = {
     "reap-silent-nodes": {"task": "jobs.tasks.reap_nodes", "schedule": max(1.0, E31_HEARTBEAT_S)},
     "reconcile-stuck-jobs": {"task": "jobs.tasks.reconcile", "schedule": E31_RECONCILE_EVERY_S},
+    "sweep-staging-cache": {"task": "jobs.tasks.sweep_staging_cache", "schedule": 600.0},
     "scheduler-safety-pass": {"task": "jobs.tasks.safety_pass", "schedule": E31_SCHEDULER_TICK_S},
     "accrue-meter-hourly": {"task": "metering.tasks.accrue_meter", "schedule": env.float("E31_ACCRUE_EVERY_S", default=300.0)},
     # The operator dashboard: beat's own sign of life, a utilisation sample per minute, the ledger check.

@@ -51,3 +51,9 @@ def reap_nodes() -> None:
 @shared_task
 def reconcile() -> None:
     reconciler.reconcile(now=timezone.now())
+
+
+@shared_task
+def sweep_staging_cache() -> None:
+    """Retention and capacity hold while the pool is idle too, not only when a job stages."""
+    staging.sweep_cache(now=timezone.now())
