@@ -7,14 +7,18 @@ The default policy, in order of precedence:
 
 1. **Starvation bound** - a job queued longer than ``starvation_s`` goes to the front (oldest first)
    and holds a reservation whatever its team's fair share or its size.
-2. **Priority** - ``fairshare_weight * F + age_weight * days_waited + size_weight * S`` where
+2. **Priority** - ``fairshare_weight * F + age_weight * days_waited + length_weight * S`` where
    ``F = 2 ** -(usage_share / share)`` (usage decayed with ``half_life_s``, both normalised over the
-   teams with queued or running jobs) and ``S = 1 / (1 + log2(1 + declared GPU-hours))`` favours
-   small, short requests. Age grows without limit, so no job is overtaken by newer ones forever.
-3. **Reservations and backfill** - the top ``reserve_top`` blocked jobs (and every starved job)
-   get a reservation: the earliest time their GPUs are free by declared hours, on named nodes.
+   teams with queued or running jobs) and ``S = 1 / (1 + log2(1 + declared hours))`` favours short
+   requests, because a short job's slowdown suffers most from a wait. Width (GPUs) is not
+   penalised: wide jobs already wait for space, and their reservations protect them. Age grows
+   without limit, so no job is overtaken by newer ones forever.
+3. **Reservations and backfill** - the top ``reserve_top`` blocked jobs and the starved ones (up to
+   ``max_reservations`` in all) get a reservation, in priority order: each at the earliest time,
+   by declared hours, at or after the one before it when its GPUs are free, on named nodes
+   (conservative backfilling for the few that matter; one walk over releases per pass).
    Any other job may start now only if it ends (by declared hours) before the earliest
-   reservation, or uses GPUs no reservation counts on.
+   reservation, or uses idle GPUs no reservation counts on.
 4. **Placement** - a job that fits one node stays on one node, best-fit (fewest free GPUs left);
    nodes caching the job's datasets first. Larger jobs take whole free nodes of the largest size,
    plus a best-fit node for any remainder.
@@ -34,6 +38,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from heapq import heappop, heappush
+from itertools import compress, count, repeat
+from operator import and_, attrgetter, le, or_
 
 HOUR_S = 3600.0
 DAY_S = 86400.0
@@ -85,21 +92,28 @@ class PendingJob:
 class PolicyConfig:
     """Knobs of the default policy (see the module docstring for how they combine).
 
-    ``fairshare_weight`` scales F in (0, 1]; ``age_weight`` is priority per day waited, so with the
-    defaults one day of waiting outweighs any fair-share or size difference; ``size_weight`` scales
-    S in (0, 1]. ``max_reservations`` caps reservations per pass (starved jobs beyond it get theirs
-    once those ahead start). ``explain=False`` skips estimates, reasons and the priority breakdown
-    (the simulator's setting); starts, preemptions and reservations are the same either way.
+    ``length_weight`` scales S in (0, 1]: a 10-minute job gets 0.8, a 1-hour job 0.5, a 3-day job
+    0.14. ``age_weight`` is priority per day waited: at 0.25, four days of waiting outweigh the
+    whole length range, and two days (``starvation_s``) end the contest anyway.
+    ``fairshare_weight`` scales F in (0, 1]; at 0.2 a team far over its share loses about as much
+    as 19 hours of waiting - a tie-breaker among similar jobs, not a wall: heavier weights made
+    teams' slowdowns less equal in replays (see ``bench``/simulator), not more.
+    ``max_reservations`` caps reservations per pass (starved jobs beyond it get theirs once those
+    ahead start). ``explain=False`` skips estimates, reasons and the priority breakdown (the
+    simulator's setting); starts, preemptions and reservations are the same either way.
     """
 
     half_life_s: float = 7 * DAY_S
-    fairshare_weight: float = 1.0
-    age_weight: float = 1.0
-    size_weight: float = 1.0
-    starvation_s: float = 1 * DAY_S
+    fairshare_weight: float = 0.2
+    age_weight: float = 0.25
+    length_weight: float = 1.0
+    starvation_s: float = 2 * DAY_S
     reserve_top: int = 1
-    max_reservations: int = 32
+    max_reservations: int = 8
     explain: bool = True
+
+
+DEFAULT_CONFIG = PolicyConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +178,9 @@ def fairshare_factors(
     return {t: 2.0 ** -((used[t] / total_used) / (share[t] / total_share)) for t in teams}
 
 
-def size_factor(*, gpus: int, hours: float) -> float:
-    """S in (0, 1]: 1 for a tiny request, halving roughly per doubling of declared GPU-hours."""
-    return 1.0 / (1.0 + math.log2(1.0 + gpus * max(hours, 0.0)))
+def length_factor(hours: float) -> float:
+    """S in (0, 1]: 1 for an instant job, 0.5 for one declared hour, falling slowly (log) after."""
+    return 1.0 / (1.0 + math.log2(1.0 + max(hours, 0.0)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,26 +200,31 @@ def _rank(
     shares: Mapping[str, float],
     config: PolicyConfig,
 ) -> _Ranking:
-    """Priority order: starved jobs first (oldest first), then by total priority, then age, id."""
-    teams = {j.team for j in pending}
-    teams.update(r.team for r in running)
-    fs = fairshare_factors(teams=teams, usage=usage, shares=shares)
-    fs_w, age_w, size_w = config.fairshare_weight, config.age_weight, config.size_weight
-    age_per_s = age_w / DAY_S
+    """Priority order: starved jobs first (oldest first), then by total priority (ties: caller order).
+
+    Age is linear and shared by all, so the order only needs age_w * submitted/day - fs_w * F(team)
+    - length_w * S: one float per job (this runs every pass over the whole queue), sorted in C.
+    """
+    fs = fairshare_factors(
+        teams=set(map(_team, pending)).union(map(_team, running)), usage=usage, shares=shares
+    )
+    fs_term = {t: config.fairshare_weight * f for t, f in fs.items()}
+    # Declared hours take few distinct values: one dict lookup per job instead of a log.
+    length_term = {h: config.length_weight * length_factor(h) for h in set(map(_hours, pending))}
+    age_per_s = config.age_weight / DAY_S
     starve_before = now - config.starvation_s
-    keyed = []
-    for j in pending:
-        total = (
-            fs_w * fs[j.team]
-            + age_per_s * (now - j.submitted_at)
-            + size_w * size_factor(gpus=j.gpus, hours=j.hours)
-        )
-        starved = j.submitted_at < starve_before
-        # Starved jobs sort among themselves by submit time so the bound is first-come-first-served.
-        keyed.append(((not starved, j.submitted_at if starved else -total, j.submitted_at, j.job_id), j))
-    keyed.sort(key=_first)
-    order = [j for _, j in keyed]
-    starved_ids = frozenset(j.job_id for key, j in keyed if not key[0])
+    keys = [
+        -1e30 + j.submitted_at  # starved: before everyone else, oldest first
+        if j.submitted_at < starve_before
+        else age_per_s * j.submitted_at - fs_term[j.team] - length_term[j.hours]
+        for j in pending
+    ]
+    ranked = sorted(range(len(pending)), key=keys.__getitem__)
+    order = list(map(pending.__getitem__, ranked))
+    starved = 0  # starved jobs are a prefix of the order
+    while starved < len(ranked) and keys[ranked[starved]] < -1e29:
+        starved += 1
+    starved_ids = frozenset(j.job_id for j in order[:starved])
 
     def components() -> dict[int, dict[str, float]]:
         return {
@@ -214,6 +233,14 @@ def _rank(
         }
 
     return _Ranking(order=order, starved=starved_ids, fairshare=fs, components=components)
+
+
+_team = attrgetter("team")
+_cached = attrgetter("cached_datasets")
+_hours = attrgetter("hours")
+_submitted = attrgetter("submitted_at")
+_gpus = attrgetter("gpus")
+_min_gpus = attrgetter("min_gpus")
 
 
 def _first(pair: tuple) -> object:
@@ -225,12 +252,12 @@ def _components(
 ) -> dict[str, float]:
     fairshare = config.fairshare_weight * fs
     age = config.age_weight * max(now - job.submitted_at, 0.0) / DAY_S
-    size = config.size_weight * size_factor(gpus=job.gpus, hours=job.hours)
+    length = config.length_weight * length_factor(job.hours)
     return {
         "fairshare": fairshare,
         "age": age,
-        "size": size,
-        "total": fairshare + age + size,
+        "length": length,
+        "total": fairshare + age + length,
         "starved": 1.0 if starved else 0.0,
     }
 
@@ -246,10 +273,12 @@ class _FreeIndex:
 
     __slots__ = ("buckets", "count", "top")
 
-    def __init__(self, max_gpus: int) -> None:
-        self.count: dict[str, int] = {}
+    def __init__(self, max_gpus: int, count: dict[str, int] | None = None) -> None:
+        self.count: dict[str, int] = count if count is not None else {}
         self.buckets: list[dict[str, None]] = [{} for _ in range(max_gpus + 1)]
-        self.top = 0  # largest non-empty bucket
+        for node, k in self.count.items():
+            self.buckets[k][node] = None
+        self.top = max(self.count.values(), default=0)  # largest non-empty bucket
 
     def set(self, node: str, k: int) -> None:
         old = self.count.get(node, 0)
@@ -301,25 +330,24 @@ class _Pass:
 
     def __init__(self, *, now: float, nodes: Sequence[NodeView], running: Sequence[RunningView]) -> None:
         self.now = now
-        self.capacity: dict[str, int] = {}
-        self.free: dict[str, list[int]] = {}
+        # Comprehensions rather than one loop: this runs every pass over every node.
+        usable = [n for n in nodes if n.schedulable]
+        self.all_schedulable = len(usable) == len(nodes)
+        self.capacity: dict[str, int] = {n.name: n.gpus for n in usable}
+        self.free: dict[str, list[int]] = {n.name: list(n.free) for n in usable if n.free}
         self.cache_nodes: dict[str, list[str]] = {}
-        for n in nodes:
-            if n.schedulable:
-                self.capacity[n.name] = n.gpus
-                if n.free:
-                    self.free[n.name] = list(n.free)
+        if any(map(_cached, usable)):
+            for n in usable:
                 for key in n.cached_datasets:
                     self.cache_nodes.setdefault(key, []).append(n.name)
-        self.node_gpus = max(self.capacity.values(), default=0)
-        self.big_nodes = sum(1 for g in self.capacity.values() if g == self.node_gpus)
-        self.second_gpus = max((g for g in self.capacity.values() if g < self.node_gpus), default=0)
-        self.total_gpus = sum(self.capacity.values())
-        self.short = _FreeIndex(self.node_gpus)
-        self.long = _FreeIndex(self.node_gpus)
-        for name, idx in self.free.items():
-            self.short.set(name, len(idx))
-            self.long.set(name, len(idx))
+        sizes = list(self.capacity.values())
+        self.node_gpus = max(sizes, default=0)
+        self.big_nodes = sizes.count(self.node_gpus)
+        self.second_gpus = max((g for g in set(sizes) if g < self.node_gpus), default=0)
+        self.total_gpus = sum(sizes)
+        free_count = {name: len(idx) for name, idx in self.free.items()}
+        self.short = _FreeIndex(self.node_gpus, free_count)
+        self.long = _FreeIndex(self.node_gpus, dict(free_count))
         self.running = running
         self.soft: dict[str, int] = {}
         self.soft_jobs: dict[str, list[RunningView]] = {}
@@ -331,7 +359,6 @@ class _Pass:
                         self.soft_jobs.setdefault(name, []).append(r)
         self.reserved_hard: dict[str, int] = {}
         self.reserved_soft: dict[str, int] = {}
-        self.debt: dict[str, int] = {}
         self.first_reservation = INF
         self.held: list[_Held] = []
         self.local_events: list[tuple[float, dict[str, int]]] = []  # ends of this pass's starts/holds
@@ -341,12 +368,16 @@ class _Pass:
         self.preempt_spare: dict[str, list[int]] = {}  # GPUs of preempted jobs no hold claimed yet
         self.preempt_ready: dict[int, dict[str, tuple[int, ...]]] = {}
         self._releases: list[RunningView] | None = None
+        self._flat: list[tuple[float, str, int]] | None = None
+        self._sweep: _Sweep | None = None
         self._by_node: dict[str, list[RunningView]] | None = None
 
     # ----- feasibility
 
     def ever_fits(self, g: int) -> bool:
         """Whether the schedulable pool could hold ``g`` GPUs under the placement rules."""
+        if self.node_gpus == 0:
+            return False
         if g <= self.node_gpus:
             return g > 0
         whole, rest = divmod(g, self.node_gpus)
@@ -416,6 +447,8 @@ class _Pass:
     def start(self, job: PendingJob, counts: Mapping[str, int]) -> None:
         end = self.now + job.hours * HOUR_S
         self.starts.append(Start(job_id=job.job_id, gpus_by_node=self.take(job, counts, end=end)))
+        if self._sweep is not None:
+            self._sweep.note_start(counts, end)
         self.started_gpus[job.job_id] = sum(counts.values())
 
     def try_start(self, job: PendingJob) -> bool:
@@ -446,21 +479,49 @@ class _Pass:
     def releases(self) -> list[RunningView]:
         """Non-preemptible running jobs by expected end (preemptible ones count as free already)."""
         if self._releases is None:
-            self._releases = sorted((r for r in self.running if not r.preemptible), key=_expected_end)
+            running = self.running if not self.soft_jobs else [r for r in self.running if not r.preemptible]
+            self._releases = sorted(running, key=_expected_end)
         return self._releases
 
+    def timeline(self) -> list[tuple[float, str, int]]:
+        """(expected end, node, GPUs) of running jobs, in time order; built once per pass."""
+        if self._flat is None:
+            flat: list[tuple[float, str, int]] = []
+            extend = flat.extend
+            for r in self.releases():
+                extend(_releases_of(r))
+            if not self.all_schedulable:
+                flat = [e for e in flat if e[1] in self.capacity]
+            _prune_release_memo(len(self.running))
+            self._flat = flat
+        return self._flat
+
+    def base_avail(self) -> dict[str, int]:
+        """Per node: idle + backlog GPUs now, less what holds of this pass captured now."""
+        avail = dict(self.short.count)
+        for node, k in self.soft.items():
+            avail[node] = avail.get(node, 0) + k
+        for held in (self.reserved_hard, self.reserved_soft):
+            for node, k in held.items():
+                avail[node] = avail.get(node, 0) - k
+        return avail
+
     def reserve(self, job: PendingJob) -> _Held | None:
-        """Earliest start of ``job`` by declared hours, without moving any earlier reservation."""
-        found = _Walk(self, job.gpus).run()
+        """Earliest start of ``job`` by declared hours at or after the holds made before it in this
+        pass, without moving any of them; None if the schedulable pool never fits it."""
+        if self._sweep is None:
+            self._sweep = _Sweep(self)
+        found = self._sweep.hold(job.gpus, hours=job.hours)
         if found is None:
             return None
-        start_at, need, gained = found
+        start_at, need, released = found
         hold = _Held(job=job, start_at=start_at, need=need)
         due_now = start_at <= self.now
-        parts = {
-            node: self._capture(node, k, from_releases=min(k, gained.get(node, 0)), idle_first=due_now)
-            for node, k in need.items()
-        }
+        parts = {}
+        for node, k in need.items():
+            from_releases = released.get(node, 0)
+            if from_releases < k:  # a busy node's hold comes all from releases: nothing idle is touched
+                parts[node] = self._capture(node, k, from_releases=from_releases, idle_first=due_now)
         self.held.append(hold)
         self.first_reservation = min(self.first_reservation, start_at)
         self.local_events.append((start_at + job.hours * HOUR_S, dict(need)))
@@ -475,7 +536,6 @@ class _Pass:
         backfill; a hold due now takes idle GPUs first so that it preempts as little as possible.
         Returns (idle, soft) GPUs counted.
         """
-        self.debt[node] = self.debt.get(node, 0) + from_releases
         now_part = k - from_releases
         soft_left = max(self.soft.get(node, 0) - self.reserved_soft.get(node, 0), 0)
         idle_left = max(len(self.free.get(node, ())) - self.reserved_hard.get(node, 0), 0)
@@ -528,113 +588,156 @@ class _Pass:
                 if r.expected_end <= hold.start_at
                 for i in r.gpus_by_node[node]
             ]
-            out[node] = tuple(sorted((ending + self.free.get(node, []))[:k]))
+            backlog = [i for r in self.soft_jobs.get(node, ()) for i in r.gpus_by_node[node]]
+            out[node] = tuple(sorted((ending + backlog + self.free.get(node, []))[:k]))
         return out
 
 
-def _expected_end(r: RunningView) -> float:
-    return r.expected_end
+_expected_end = attrgetter("expected_end")
 
 
-class _Walk:
-    """Walks releases in time order until ``g`` GPUs fit, net of what earlier holds captured.
+# A running job's releases never change, and a busy pool keeps most jobs from one pass to the
+# next: memoise them per RunningView. Entries hold the view itself, so an id cannot be reused
+# while cached, and the identity check makes a hit exact. Callers must not mutate a RunningView's
+# gpus_by_node in place (the live scheduler builds new views each pass; the simulator never
+# mutates them). Pure otherwise: plan()'s result never depends on what is cached.
+_RELEASE_MEMO: dict[int, tuple[RunningView, list[tuple[float, str, int]]]] = {}
 
-    Availability per node starts at idle + soft - captured-now, and grows with each release
-    (after paying off GPUs earlier holds expect from releases) and with each earlier hold's end.
-    Holds are treated as occupying their GPUs from now to their end: conservative, never a clash.
+
+def _releases_of(r: RunningView) -> list[tuple[float, str, int]]:
+    hit = _RELEASE_MEMO.get(id(r))
+    if hit is not None and hit[0] is r:
+        return hit[1]
+    events = [(r.expected_end, n, len(ix)) for n, ix in r.gpus_by_node.items()]
+    _RELEASE_MEMO[id(r)] = (r, events)
+    return events
+
+
+def _prune_release_memo(running: int) -> None:
+    if len(_RELEASE_MEMO) > 4 * running + 4096:
+        _RELEASE_MEMO.clear()  # rebuilt on demand from the jobs still running
+
+
+class _Sweep:
+    """One forward walk per pass over releases, placing holds in priority order.
+
+    Availability per node starts at idle + backlog (soft) GPUs now and changes as the walk moves
+    forward: running jobs' expected ends and this pass's starts' ends add GPUs, each hold takes its
+    GPUs at its start and returns them at its end. Each hold is the earliest time at or after the
+    previous one when its job fits - so holds never move each other, and starved jobs keep
+    first-come-first-served order - at the cost of one walk per pass instead of one per hold.
+    ``released`` per node records how many of a hold's GPUs come from releases (the rest are
+    idle or backlog GPUs now), which is what the backfill views need.
     """
 
-    def __init__(self, p: _Pass, g: int) -> None:
-        self.p, self.g = p, g
-        self.avail: dict[str, int] = dict(p.short.count)
-        for node, k in p.soft.items():
-            self.avail[node] = self.avail.get(node, 0) + k
-        for held in (p.reserved_hard, p.reserved_soft):
-            for node, k in held.items():
-                self.avail[node] = self.avail.get(node, 0) - k
-        self.debt = dict(p.debt)
-        self.gained: dict[str, int] = {}
-        self.multi = g > p.node_gpus
-        self.whole, self.rest = divmod(g, p.node_gpus) if self.multi else (0, 0)
-        self.whole_nodes: dict[str, None] = {}
-        self.rest_nodes: dict[str, None] = {}
-        self.found: dict[str, int] | None = None
-        if self.multi:
-            for node, k in self.avail.items():
-                self._check(node, -INF, k)
-        else:
-            self._fit_now()
+    def __init__(self, p: _Pass) -> None:
+        self.p = p
+        self.avail = p.base_avail()
+        self.t = p.now
+        self.events = p.timeline()
+        self.i = 0
+        self.later: list[tuple[float, str, int]] = []  # ends of this pass's starts and holds (heap)
+        for end, counts in p.local_events:
+            for node, k in counts.items():
+                heappush(self.later, (end, node, k))
+        self.gained: dict[str, int] = {}  # GPUs added by releases so far, per node
+        self.owed: dict[str, int] = {}  # of those, what earlier holds took
 
-    def _fit_now(self) -> None:
-        """Single-node job that fits at once (on backlog GPUs): the best fit, fewest preempted."""
-        cap, soft, g = self.p.capacity, self.p.soft, self.g
-        fits = [(k, soft.get(n, 0), n) for n, k in self.avail.items() if k >= g and cap.get(n, 0) >= g]
-        if fits:
-            self.found = {min(fits)[2]: g}
+    def note_start(self, counts: Mapping[str, int], end: float) -> None:
+        """A start made now after the walk has moved on: it holds its GPUs until ``end``."""
+        if end <= self.t:
+            return  # back before the walk's present: no effect on what is available then
+        for node, k in counts.items():
+            self.avail[node] = self.avail.get(node, 0) - k
+            heappush(self.later, (end, node, k))
 
-    def run(self) -> tuple[float, dict[str, int], dict[str, int]] | None:
-        now = self.p.now
-        if self.found is not None:
-            return now, self.found, self.gained
-        local = sorted(self.p.local_events, key=_first)
-        li = 0
-        for r in self.p.releases():
-            t = r.expected_end
-            while li < len(local) and local[li][0] <= t:
-                if self._apply(local[li][1]):
-                    return max(local[li][0], now), self.found, self.gained
-                li += 1
-            if self._apply(r.gpus_by_node, running=True):
-                return max(t, now), self.found, self.gained
-        for t, counts in local[li:]:
-            if self._apply(counts):
-                return max(t, now), self.found, self.gained
+    def hold(self, g: int, *, hours: float) -> tuple[float, dict[str, int], dict[str, int]] | None:
+        """Place a hold for ``g`` GPUs for ``hours``: (start, GPUs per node, of which released)."""
+        multi = g > self.p.node_gpus
+        need = _fit_multi(self.p, g, self.avail) if multi else _fit_single_now(self.p, g, self.avail)
+        if need is None:
+            need = self._advance_multi(g) if multi else self._advance_single(g)
+            if need is None:
+                return None
+        released = {}
+        end = self.t + hours * HOUR_S
+        for node, k in need.items():
+            spare = self.gained.get(node, 0) - self.owed.get(node, 0)
+            if spare > 0:
+                released[node] = min(k, spare)
+                self.owed[node] = self.owed.get(node, 0) + released[node]
+            self.avail[node] -= k
+            heappush(self.later, (end, node, k))
+        return max(self.t, self.p.now), need, released
+
+    def _next(self) -> tuple[float, str, int] | None:
+        events, later = self.events, self.later
+        if self.i < len(events) and (not later or events[self.i][0] <= later[0][0]):
+            self.i += 1
+            return events[self.i - 1]
+        return heappop(later) if later else None
+
+    def _add(self, node: str, k: int) -> int:
+        old = self.avail.get(node, 0)
+        self.avail[node] = old + k
+        self.gained[node] = self.gained.get(node, 0) + k
+        return old
+
+    def _advance_single(self, g: int) -> dict[str, int] | None:
+        cap = self.p.capacity
+        while (event := self._next()) is not None:
+            self.t, node, k = event
+            if self._add(node, k) + k >= g and cap.get(node, 0) >= g:
+                return {node: g}
         return None
 
-    def _apply(self, counts: Mapping[str, Sequence[int] | int], *, running: bool = False) -> bool:
-        capacity = self.p.capacity
-        for node, v in counts.items():
-            if node not in capacity:
+    def _advance_multi(self, g: int) -> dict[str, int] | None:
+        """Counts whole nodes (and nodes able to take the remainder) as releases come in."""
+        whole_gpus, cap, avail = self.p.node_gpus, self.p.capacity, self.avail
+        whole, rest = divmod(g, whole_gpus)
+        n_whole = sum(1 for n, a in avail.items() if a >= whole_gpus and cap.get(n, 0) == whole_gpus)
+        n_rest = sum(1 for n, a in avail.items() if a >= rest and cap.get(n, 0) >= rest) if rest else 0
+        while (event := self._next()) is not None:
+            self.t, node, k = event
+            old = self._add(node, k)
+            size = cap.get(node, 0)  # 0: a node the pool no longer lists
+            grew_whole = old < whole_gpus <= old + k and size == whole_gpus
+            grew_rest = bool(rest) and old < rest <= old + k and size >= rest
+            if not (grew_whole or grew_rest):
                 continue
-            k = len(v) if running else v
-            owed = self.debt.get(node, 0)
-            if owed:
-                paid = min(owed, k)
-                self.debt[node] = owed - paid
-                k -= paid
-            if k <= 0:
-                continue
-            old = self.avail.get(node, 0)
-            self.avail[node] = old + k
-            self.gained[node] = self.gained.get(node, 0) + k
-            if self._check(node, old, old + k):
-                return True
-        return False
+            n_whole += grew_whole
+            n_rest += grew_rest
+            if n_whole >= whole and (not rest or n_rest > whole):
+                return _fit_multi(self.p, g, avail)
+        return None
 
-    def _check(self, node: str, old: float, new: int) -> bool:
-        """Record threshold crossings of ``node``; True once the job fits somewhere."""
-        cap = self.p.capacity.get(node, 0)
-        if not self.multi:
-            if old < self.g <= new and cap >= self.g and self.found is None:
-                self.found = {node: self.g}
-            return self.found is not None
-        if cap == self.p.node_gpus and old < cap <= new:
-            self.whole_nodes[node] = None
-        if self.rest and old < self.rest <= new:
-            self.rest_nodes[node] = None
-        return self._multi_fits()
 
-    def _multi_fits(self) -> bool:
-        if len(self.whole_nodes) < self.whole:
-            return False
-        chosen = dict.fromkeys(list(self.whole_nodes)[: self.whole], self.p.node_gpus)
-        if self.rest:
-            extra = next((n for n in self.rest_nodes if n not in chosen), None)
-            if extra is None:
-                return False
-            chosen[extra] = self.rest
-        self.found = chosen
-        return True
+def _fit_single_now(p: _Pass, g: int, avail: Mapping[str, int]) -> dict[str, int] | None:
+    """A single-node job that fits at once (on backlog GPUs): best fit, then fewest preempted."""
+    cap, soft = p.capacity, p.soft
+    fits = [(k, soft.get(n, 0), n) for n, k in avail.items() if k >= g and cap.get(n, 0) >= g]
+    return {min(fits)[2]: g} if fits else None
+
+
+def _fit_multi(p: _Pass, g: int, avail: Mapping[str, int]) -> dict[str, int] | None:
+    """Whole nodes of the largest size, plus one node for any remainder, if ``avail`` has them.
+
+    Among candidates it takes the nodes with the fewest GPUs idle now: a hold then counts on
+    GPUs that are busy anyway, and idle GPUs stay free for backfill.
+    """
+    whole_gpus, cap, idle = p.node_gpus, p.capacity, p.short.count
+    whole, rest = divmod(g, whole_gpus)
+    wholes = [n for n, a in avail.items() if a >= whole_gpus and cap.get(n, 0) == whole_gpus]
+    if len(wholes) < whole:
+        return None
+    wholes.sort(key=lambda n: idle.get(n, 0))
+    chosen = dict.fromkeys(wholes[:whole], whole_gpus)
+    if rest:
+        extras = [n for n, a in avail.items() if a >= rest and cap.get(n, 0) >= rest and n not in chosen]
+        if not extras:
+            return None
+        chosen[min(extras, key=lambda n: (idle.get(n, 0), avail[n]))] = rest
+    return chosen
 
 
 # --------------------------------------------------------------------------- the pass
@@ -669,7 +772,7 @@ def schedule(
         Reservation(
             job_id=h.job.job_id,
             start_at=h.start_at,
-            gpus_by_node=p.reservation_gpus(h) if config.explain or h.start_at <= now else None,
+            gpus_by_node=p.reservation_gpus(h) if config.explain or h.job.job_id in p.preempt_ready else None,
         )
         for h in p.held
     ]
@@ -688,41 +791,123 @@ def schedule(
 def _place_all(
     p: _Pass, order: Sequence[PendingJob], *, config: PolicyConfig, starved: frozenset[int], backfill: bool
 ) -> _Outcome:
-    """Non-preemptible jobs in priority order, then backlog jobs on whatever is still idle."""
-    held: dict[int, _Held] = {}
-    never: set[int] = set()
-    blocked: list[PendingJob] = []
+    """Non-preemptible jobs in priority order, then backlog jobs on whatever is still idle.
+
+    Phase 1 walks the order while reservations are still due (starved jobs, then the top
+    ``reserve_top`` blocked jobs). Phase 2 only backfills: a cheap size/length test skips jobs
+    that cannot fit, and the scan ends when nothing later could fit on what is idle.
+    """
+    out = _Outcome(started={}, held={}, never=set(), blocked=[])
     backlog: list[PendingJob] = []
+    if not backfill:
+        return _strict(p, order, out, backlog, config)
     top_holds = 0
-    stopped = False
-    for job in order:
-        if not p.ever_fits(job.min_gpus or job.gpus):
-            never.add(job.job_id)
-            continue
-        if stopped or (job.ready_at is not None and job.ready_at > p.now):
-            blocked.append(job)
-            continue
-        if job.preemptible:
-            backlog.append(job)
-            continue
-        if p.short.top and p.try_start(job):
-            continue
+    resume = len(order)
+    for i, job in enumerate(order):
         is_starved = job.job_id in starved
-        wants_hold = is_starved or top_holds < config.reserve_top
-        if wants_hold and len(held) < config.max_reservations:
-            hold = p.reserve(job)
-            if hold is not None:
-                held[job.job_id] = hold
-                top_holds += not is_starved
-                continue
-        blocked.append(job)
-        # Strict FCFS stops at the first blocked job; otherwise stop scanning once nothing is
-        # idle and no more reservations are due (the rest only need estimates).
-        stopped = not backfill or (p.short.top == 0 and top_holds >= config.reserve_top and not is_starved)
+        if not (is_starved or top_holds < config.reserve_top) or len(out.held) >= config.max_reservations:
+            resume = i
+            break
+        if not _consider(p, job, out, backlog):
+            continue
+        hold = p.reserve(job)
+        if hold is None:
+            out.blocked.append(job)
+        else:
+            out.held[job.job_id] = hold
+            top_holds += not is_starved
+    _backfill(p, order[resume:], out, backlog, config)
+    return _finish(p, out, backlog, (), config)
+
+
+def _strict(
+    p: _Pass, order: Sequence[PendingJob], out: _Outcome, backlog: list[PendingJob], config: PolicyConfig
+) -> _Outcome:
+    """First-come-first-served without backfill: stop at the first job that has to wait."""
+    for i, job in enumerate(order):
+        if _consider(p, job, out, backlog):
+            out.blocked.append(job)
+            return _finish(p, out, backlog, order[i + 1 :], config)
+    return _finish(p, out, backlog, (), config)
+
+
+def _consider(p: _Pass, job: PendingJob, out: _Outcome, backlog: list[PendingJob]) -> bool:
+    """Start ``job`` now if it can; True when it is still waiting for GPUs (not started, possible)."""
+    if not p.ever_fits(job.min_gpus or job.gpus):
+        out.never.add(job.job_id)
+        return False
+    if job.ready_at is not None and job.ready_at > p.now:
+        out.blocked.append(job)
+        return False
+    if job.preemptible:
+        backlog.append(job)
+        return False
+    return not p.try_start(job)
+
+
+def _backfill(
+    p: _Pass, jobs: Sequence[PendingJob], out: _Outcome, backlog: list[PendingJob], config: PolicyConfig
+) -> None:
+    """Start whatever fits without touching a reservation; the hot loop of a busy pool.
+
+    A job is a candidate if it fits the unreserved idle GPUs, or fits the idle ones and ends (by
+    declared hours) before the first reservation. Candidates are found with C-level maps, so the
+    Python loop only visits jobs that may start; it re-checks each against what is left.
+    """
+    horizon = (p.first_reservation - p.now) / HOUR_S + 1e-9  # hours until the first reservation
+    short_top, long_top = _widest(p, p.short), _widest(p, p.long)
+    visited: set[int] = set()
+    hours = list(map(_hours, jobs)) if jobs and short_top else []
+    if hours and (long_top or min(hours) <= horizon):
+        sizes = [j.min_gpus or j.gpus for j in jobs] if any(map(_min_gpus, jobs)) else list(map(_gpus, jobs))
+        fits_long = map(le, sizes, repeat(long_top))
+        fits_short = map(and_, map(le, sizes, repeat(short_top)), map(le, hours, repeat(horizon)))
+        for i in compress(count(), map(or_, fits_long, fits_short)):
+            g = sizes[i]
+            if g > short_top or (g > long_top and hours[i] > horizon):
+                continue  # what was idle is gone
+            job = jobs[i]
+            visited.add(i)
+            if _consider(p, job, out, backlog):
+                out.blocked.append(job)
+            else:
+                short_top, long_top = _widest(p, p.short), _widest(p, p.long)
+                if not short_top:
+                    break
+    if config.explain:
+        out.blocked.extend(_rest(p, [j for i, j in enumerate(jobs) if i not in visited], out.never))
+
+
+def _widest(p: _Pass, view: _FreeIndex) -> int:
+    """An upper bound on the widest job ``view`` could place now: a node's worth, or whole nodes
+    plus a remainder when some node is wholly idle."""
+    if view.top < p.node_gpus:
+        return view.top
+    return (len(view.buckets[p.node_gpus]) + 1) * p.node_gpus - 1
+
+
+def _finish(
+    p: _Pass, out: _Outcome, backlog: list[PendingJob], unreached: Sequence[PendingJob], config: PolicyConfig
+) -> _Outcome:
+    """Backlog jobs take what is still idle; record the starts."""
     for job in backlog:
         if not p.try_start(job):
-            blocked.append(job)
-    return _Outcome(started=dict(p.started_gpus), held=held, never=never, blocked=blocked)
+            out.blocked.append(job)
+    if config.explain:
+        out.blocked.extend(_rest(p, unreached, out.never))
+    out.started.update(p.started_gpus)
+    return out
+
+
+def _rest(p: _Pass, jobs: Sequence[PendingJob], never: set[int]) -> list[PendingJob]:
+    """Jobs the scan did not reach: impossible ones go to ``never``, the others are returned."""
+    rest = []
+    for job in jobs:
+        if p.ever_fits(job.min_gpus or job.gpus):
+            rest.append(job)
+        else:
+            never.add(job.job_id)
+    return rest
 
 
 def plan(
@@ -872,6 +1057,9 @@ class _Explainer:
 
     def _never(self, p: _Pass, job: PendingJob) -> Estimate:
         g = job.min_gpus or job.gpus
+        if not p.capacity:
+            reason = "no node in the pool is taking jobs now (all draining, drained or down)"
+            return Estimate(job.job_id, None, "no_nodes", reason)
         reason = (
             f"larger than the pool can ever place: needs {g} GPUs, the schedulable pool has "
             f"{p.total_gpus} on {len(p.capacity)} nodes of up to {p.node_gpus} GPUs"

@@ -1,0 +1,387 @@
+"""Replay a real workload trace through the scheduling policy and its baselines, and compare them.
+
+    python -m jobs.scheduling.simulate --trace FILE [--nodes N --gpus-per-node G | --load L]
+        --policies default,fcfs,easy,sjf --json [--plot out.svg] [--limit N]
+
+Event-driven with a simulated clock: at each distinct submit or finish time the policy's
+``plan()`` runs once (the same function the live scheduler calls) and its starts are applied.
+Jobs run for their trace run time; the policy only knows their declared hours. Team usage is
+metered exactly (decayed GPU-seconds, updated at each start and finish). The last stdout line is
+the JSON summary; the lines before it say what was assumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import sys
+import time
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+
+from jobs.scheduling import baselines, plot, traces
+from jobs.scheduling.policy import HOUR_S, NodeView, PendingJob, Plan, PolicyConfig, RunningView
+from jobs.scheduling.traces import TraceJob
+
+REPLAY_CONFIG = PolicyConfig(explain=False)  # decisions only: the replay needs no sentences
+SIZE_CLASSES = (("1", 1, 1), ("2-4", 2, 4), ("5-8", 5, 8), (">8", 9, math.inf))
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to one trace job in a replay (``start`` is its first start)."""
+
+    job: TraceJob
+    start: float = math.nan
+    end: float = math.nan
+    gpu_seconds: float = 0.0
+
+
+class UsageMeter(Mapping[str, float]):
+    """Decayed GPU-seconds per team, exact for piecewise-constant use, O(1) per start or finish.
+
+    Between changes a team's usage u with r GPUs busy follows du/dt = r - k u (k = ln 2 / half
+    life), so u(t) = u0 d + r (1 - d) / k with d = exp(-k (t - t0)). Reads are at ``self.now``.
+    """
+
+    def __init__(self, *, half_life_s: float) -> None:
+        self.k = math.log(2.0) / half_life_s
+        self.value: dict[str, float] = {}
+        self.since: dict[str, float] = {}
+        self.rate: dict[str, int] = {}
+        self.now = 0.0
+
+    def _at(self, team: str, t: float) -> float:
+        d = math.exp(-self.k * (t - self.since[team]))
+        return self.value[team] * d + self.rate[team] * (1.0 - d) / self.k
+
+    def change(self, team: str, t: float, delta_gpus: int) -> None:
+        if team in self.value:
+            self.value[team] = self._at(team, t)
+        else:
+            self.value[team], self.rate[team] = 0.0, 0
+        self.since[team] = t
+        self.rate[team] += delta_gpus
+
+    def __getitem__(self, team: str) -> float:
+        if team not in self.value:
+            raise KeyError(team)
+        return self._at(team, self.now)
+
+    def get(self, team: str, default: float = 0.0) -> float:  # type: ignore[override]
+        return self._at(team, self.now) if team in self.value else default
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.value)
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+
+class _Pool:
+    """Simulated nodes: free GPU indices and the NodeView list handed to the policy."""
+
+    def __init__(self, *, nodes: int, gpus_per_node: int) -> None:
+        self.gpus = gpus_per_node
+        names = [f"gpu-{i:04d}" for i in range(nodes)]
+        self.free = {n: set(range(gpus_per_node)) for n in names}
+        self.pos = {n: i for i, n in enumerate(names)}
+        self.views = [NodeView(name=n, gpus=gpus_per_node, free=tuple(range(gpus_per_node))) for n in names]
+
+    def _refresh(self, node: str) -> None:
+        self.views[self.pos[node]] = NodeView(name=node, gpus=self.gpus, free=tuple(sorted(self.free[node])))
+
+    def claim(self, gpus_by_node: Mapping[str, Sequence[int]]) -> None:
+        for node, idx in gpus_by_node.items():
+            free = self.free[node]
+            if not free.issuperset(idx):
+                raise AssertionError(f"policy started a job on busy GPUs {idx} of {node}")
+            free.difference_update(idx)
+            self._refresh(node)
+
+    def release(self, gpus_by_node: Mapping[str, Sequence[int]]) -> None:
+        for node, idx in gpus_by_node.items():
+            self.free[node].update(idx)
+            self._refresh(node)
+
+
+def replay(
+    jobs: Sequence[TraceJob],
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    policy: baselines.PolicyFn,
+    config: PolicyConfig = REPLAY_CONFIG,
+    shares: Mapping[str, float] | None = None,
+    on_plan: Callable[[float, Plan], None] | None = None,
+) -> list[Outcome]:
+    """Replay ``jobs`` (sorted by submit time) on ``nodes`` x ``gpus_per_node``; outcomes in job order.
+
+    ``policy`` runs at every distinct event time with jobs pending. Elastic starts run for
+    ``run_s * requested / allocated`` (work conserved); preempted jobs requeue with the run time
+    they had left (checkpointed) and the policy runs again at the same instant.
+    """
+    state = _Replay(jobs, nodes=nodes, gpus_per_node=gpus_per_node, half_life_s=config.half_life_s)
+    nxt = 0
+    while nxt < len(jobs) or state.finishes:
+        now = min(jobs[nxt].submit_s if nxt < len(jobs) else math.inf, state.next_finish())
+        state.finish_until(now)
+        while nxt < len(jobs) and jobs[nxt].submit_s <= now:
+            state.submit(nxt)
+            nxt += 1
+        for _ in range(8):  # preemptions free GPUs at once: plan again at the same instant
+            if not state.pending:
+                break
+            state.meter.now = now
+            result = policy(
+                now=now,
+                nodes=state.pool.views,
+                running=state.by_end,
+                pending=list(state.pending.values()),
+                usage=state.meter,
+                shares=shares or {},
+                config=config,
+            )
+            if on_plan is not None:
+                on_plan(now, result)
+            for s in result.starts:
+                state.start(s.job_id, s.gpus_by_node, now)
+            if not result.preemptions:
+                break
+            for jid in result.preemptions:
+                state.preempt(jid, now)
+    return state.outcomes
+
+
+_end_key = attrgetter("expected_end", "job_id")
+
+
+class _Replay:
+    """The simulated world: queue, running jobs (kept in expected-end order), pool, meter, outcomes."""
+
+    def __init__(
+        self, jobs: Sequence[TraceJob], *, nodes: int, gpus_per_node: int, half_life_s: float
+    ) -> None:
+        self.jobs = jobs
+        self.pool = _Pool(nodes=nodes, gpus_per_node=gpus_per_node)
+        self.meter = UsageMeter(half_life_s=half_life_s)
+        self.outcomes = [Outcome(job=j) for j in jobs]
+        self.remaining = [j.run_s for j in jobs]
+        self.pending: dict[int, PendingJob] = {}
+        self.running: dict[int, RunningView] = {}
+        self.by_end: list[RunningView] = []  # sorted, so the policy's sort of it is linear
+        self.ends: dict[int, float] = {}
+        self.finishes: list[tuple[float, int]] = []
+
+    def next_finish(self) -> float:
+        return self.finishes[0][0] if self.finishes else math.inf
+
+    def submit(self, index: int, *, preemptible: bool | None = None) -> None:
+        j = self.jobs[index]
+        self.pending[index] = PendingJob(
+            index,
+            j.team,
+            j.gpus,
+            j.declared_hours,
+            j.submit_s,
+            min_gpus=j.min_gpus,
+            preemptible=j.preemptible if preemptible is None else preemptible,
+        )
+
+    def start(self, jid: int, gpus_by_node: Mapping[str, tuple[int, ...]], now: float) -> None:
+        job = self.pending.pop(jid)
+        self.pool.claim(gpus_by_node)
+        got = sum(len(v) for v in gpus_by_node.values())
+        run = self.remaining[jid] * job.gpus / got  # elastic: fewer GPUs, proportionally longer
+        rv = RunningView(jid, job.team, dict(gpus_by_node), now, now + job.hours * HOUR_S, job.preemptible)
+        self.running[jid] = rv
+        insort(self.by_end, rv, key=_end_key)
+        self.ends[jid] = now + run
+        heapq.heappush(self.finishes, (now + run, jid))
+        self.meter.change(job.team, now, got)
+        out = self.outcomes[jid]
+        if math.isnan(out.start):
+            out.start = now
+
+    def finish_until(self, now: float) -> None:
+        while self.finishes and self.finishes[0][0] <= now:
+            end, jid = heapq.heappop(self.finishes)
+            if self.ends.get(jid) == end:  # else a stale entry of a preempted run
+                self._stop(jid, now)
+
+    def _stop(self, jid: int, now: float) -> RunningView:
+        rv = self.running.pop(jid)
+        i = bisect_left(self.by_end, _end_key(rv), key=_end_key)
+        del self.by_end[i]
+        del self.ends[jid]
+        self.pool.release(rv.gpus_by_node)
+        got = sum(len(v) for v in rv.gpus_by_node.values())
+        self.meter.change(rv.team, now, -got)
+        self.outcomes[jid].end = now
+        self.outcomes[jid].gpu_seconds += got * (now - rv.started_at)
+        return rv
+
+    def preempt(self, jid: int, now: float) -> None:
+        """Stop a backlog job and requeue it with the work it had left (checkpointed)."""
+        rv = self._stop(jid, now)
+        job = self.outcomes[jid].job
+        got = sum(len(v) for v in rv.gpus_by_node.values())
+        self.remaining[jid] = max(self.remaining[jid] - (now - rv.started_at) * got / job.gpus, 1.0)
+        self.submit(jid, preemptible=True)
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of an ascending list (0 for an empty one)."""
+    if not sorted_values:
+        return 0.0
+    rank = max(math.ceil(p / 100.0 * len(sorted_values)), 1)
+    return float(sorted_values[rank - 1])
+
+
+def bounded_slowdown(wait: float, run: float) -> float:
+    return max((wait + run) / max(run, 10.0), 1.0)
+
+
+def jain(values: Sequence[float]) -> float:
+    """Jain's fairness index: 1 when all equal, 1/n when one value holds everything."""
+    square_sum = sum(v * v for v in values)
+    return (sum(values) ** 2) / (len(values) * square_sum) if square_sum else 1.0
+
+
+def summarize(outcomes: Sequence[Outcome], *, pool_gpus: int) -> dict:
+    """The JSON metrics of one policy's replay (definitions in the module docstring of the CLI)."""
+    waits = [o.start - o.job.submit_s for o in outcomes]
+    bslds = [bounded_slowdown(w, o.job.run_s) for w, o in zip(waits, outcomes, strict=True)]
+    first_submit = min(o.job.submit_s for o in outcomes)
+    makespan = max(o.end for o in outcomes) - first_submit
+    used = sum(o.gpu_seconds for o in outcomes)
+    last = max(outcomes, key=lambda o: (o.job.submit_s, o.job.run_s)).job
+    bound = max(
+        sum(o.job.run_s * o.job.gpus for o in outcomes) / pool_gpus, last.submit_s + last.run_s - first_submit
+    )
+    by_team: dict[str, list[float]] = {}
+    for b, o in zip(bslds, outcomes, strict=True):
+        by_team.setdefault(o.job.team, []).append(b)
+    ordered = sorted(waits)
+    return {
+        "mean_wait_s": round(sum(waits) / len(waits), 1),
+        "p95_wait_s": round(percentile(ordered, 95), 1),
+        "p99_wait_s": round(percentile(ordered, 99), 1),
+        "max_wait_s": round(ordered[-1], 1),
+        "mean_bsld": round(sum(bslds) / len(bslds), 3),
+        "utilization": round(used / (pool_gpus * makespan), 4),
+        "makespan_ratio": round(makespan / bound, 4),
+        "jain_teams": round(jain([sum(v) / len(v) for v in by_team.values()]), 4),
+        "by_size": _by_size(waits, outcomes),
+    }
+
+
+def _by_size(waits: Sequence[float], outcomes: Sequence[Outcome]) -> dict:
+    out = {}
+    for label, lo, hi in SIZE_CLASSES:
+        w = sorted(wt for wt, o in zip(waits, outcomes, strict=True) if lo <= o.job.gpus <= hi)
+        out[label] = {
+            "jobs": len(w),
+            "mean_wait_s": round(sum(w) / len(w), 1) if w else 0.0,
+            "p99_wait_s": round(percentile(w, 99), 1),
+        }
+    return out
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def size_pool(jobs: Sequence[TraceJob], *, load: float, gpus_per_node: int) -> tuple[int, str]:
+    """Whole nodes so that offered load = GPU-seconds / (pool GPUs x submit span) is about ``load``."""
+    work = sum(j.run_s * j.gpus for j in jobs)
+    span = max(jobs[-1].submit_s - jobs[0].submit_s, 1.0)
+    nodes = max(round(work / (load * span) / gpus_per_node), 1)
+    needed = math.ceil(max(j.gpus for j in jobs) / gpus_per_node)
+    note = ""
+    if nodes < needed:
+        note = f" (raised from {nodes} nodes so that the largest job fits)"
+        nodes = needed
+    actual = work / (nodes * gpus_per_node * span)
+    return (
+        nodes,
+        f"pool sized for offered load {load:g}: {nodes} nodes x {gpus_per_node} GPUs, actual load {actual:.3f}{note}",
+    )
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m jobs.scheduling.simulate", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("--trace", required=True, help="SWF (.swf, .swf.gz) or ITP CSV file")
+    ap.add_argument("--nodes", type=int, help="pool size in nodes (default: the SWF header's machine)")
+    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--load", type=float, help="size the pool for this offered load instead")
+    ap.add_argument("--policies", default="default,fcfs,easy,sjf")
+    ap.add_argument("--json", action="store_true", help="(the JSON summary is always the last line)")
+    ap.add_argument("--plot", help="write an SVG chart here")
+    ap.add_argument("--limit", type=int, help="replay only the first N jobs")
+    ap.add_argument("--procs-per-gpu", type=int, default=1, help="SWF: processors per GPU (default 1)")
+    ap.add_argument("--itp-overestimate", type=float, default=1.0, help="ITP: declared = duration x this")
+    return ap.parse_args(argv)
+
+
+def _choose_pool(args: argparse.Namespace, trace: traces.Trace, jobs: Sequence[TraceJob]) -> tuple[int, str]:
+    g = args.gpus_per_node
+    if args.load:
+        return size_pool(jobs, load=args.load, gpus_per_node=g)
+    if args.nodes:
+        return args.nodes, f"pool: {args.nodes} nodes x {g} GPUs (given)"
+    if trace.machine_gpus:
+        nodes = trace.machine_gpus // g
+        return nodes, f"pool: the trace's machine, {trace.machine_gpus} GPUs = {nodes} nodes x {g} GPUs"
+    raise SystemExit("no pool size: pass --nodes or --load (the trace does not name its machine)")
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = _parse_args(argv)
+    trace = traces.read_trace(
+        args.trace, procs_per_gpu=args.procs_per_gpu, itp_overestimate=args.itp_overestimate
+    )
+    jobs = trace.jobs[: args.limit] if args.limit else trace.jobs
+    for note in trace.notes:
+        print(note)
+    nodes, note = _choose_pool(args, trace, jobs)
+    print(note)
+    pool_gpus = nodes * args.gpus_per_node
+    kept = [j for j in jobs if j.gpus <= pool_gpus]
+    print(
+        f"dropped {len(jobs) - len(kept)} jobs larger than the pool ({pool_gpus} GPUs); replaying {len(kept)}"
+    )
+    summary: dict = {"trace": trace.name, "jobs": len(kept), "pool_gpus": pool_gpus, "policies": {}}
+    replays = {}
+    for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
+        began = time.perf_counter()
+        outcomes = replay(
+            kept, nodes=nodes, gpus_per_node=args.gpus_per_node, policy=baselines.POLICIES[name]
+        )
+        wall = time.perf_counter() - began
+        metrics = summarize(outcomes, pool_gpus=pool_gpus)
+        metrics["wall_s"] = round(wall, 1)
+        summary["policies"][name] = metrics
+        replays[name] = outcomes
+        print(
+            f"{name}: mean wait {metrics['mean_wait_s']:.0f} s, mean bsld {metrics['mean_bsld']:.2f}, "
+            f"utilisation {metrics['utilization']:.3f}, jain {metrics['jain_teams']:.3f}, replay {wall:.1f} s",
+            flush=True,
+        )
+    if args.plot:
+        plot.write_svg(args.plot, summary=summary, replays=replays, pool_gpus=pool_gpus)
+        print(f"wrote {args.plot}")
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

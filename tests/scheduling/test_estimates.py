@@ -1,0 +1,143 @@
+"""Every pending job gets an estimate with a sentence its owner can act on."""
+
+from datetime import UTC, datetime
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jobs.scheduling.policy import NodeView, PendingJob, PolicyConfig, RunningView, format_utc, plan
+
+NOW = datetime(2026, 5, 4, 12, 0, tzinfo=UTC).timestamp()
+HOUR = 3600.0
+
+
+def _busy_pool():
+    nodes = [NodeView("gpu-01", 8, ()), NodeView("gpu-02", 8, (6, 7)), NodeView("gpu-03", 8, ())]
+    running = [
+        RunningView(100, "ml-ops", {"gpu-01": tuple(range(8))}, NOW - HOUR, NOW + 2 * HOUR + 20 * 60),
+        RunningView(101, "ml-ops", {"gpu-02": tuple(range(6))}, NOW - HOUR, NOW + 5 * HOUR),
+        RunningView(102, "vision", {"gpu-03": tuple(range(8))}, NOW - HOUR, NOW + 8 * HOUR),
+    ]
+    return nodes, running
+
+
+def test_a_reserved_job_is_told_where_and_when():
+    nodes, running = _busy_pool()
+    result = plan(
+        now=NOW,
+        nodes=nodes,
+        running=running,
+        pending=[PendingJob(1, "vision", 8, 4.0, NOW - 60)],
+        usage={},
+        shares={},
+    )
+    e = result.estimates[1]
+    assert e.reason_code == "reserved" and e.start_at == NOW + 2 * HOUR + 20 * 60
+    assert e.reason == "needs 8 GPUs on one node; reserved on gpu-01 from 14:20 UTC"
+    assert result.reservations[0].gpus_by_node == {"gpu-01": tuple(range(8))}
+
+
+def test_a_job_behind_another_team_is_told_its_teams_usage_and_share():
+    nodes, running = _busy_pool()
+    pending = [PendingJob(1, "ml-ops", 8, 4.0, NOW - 60), PendingJob(2, "vision", 8, 4.0, NOW - 60)]
+    result = plan(
+        now=NOW,
+        nodes=nodes,
+        running=running,
+        pending=pending,
+        usage={"ml-ops": 320 * HOUR, "vision": 10 * HOUR},
+        shares={"ml-ops": 1.0, "vision": 3.0},
+    )
+    assert result.estimates[2].reason_code == "reserved"
+    e = result.estimates[1]
+    assert e.reason_code == "fairshare"
+    assert e.reason.startswith("behind team vision (your team used 320 GPU-h")
+    assert "against a 25% share" in e.reason
+    assert e.start_at is not None and e.start_at >= result.estimates[2].start_at
+
+
+def test_a_job_larger_than_the_pool_is_told_so_and_has_no_start():
+    nodes, running = _busy_pool()
+    result = plan(
+        now=NOW, nodes=nodes, running=running, pending=[PendingJob(1, "a", 64, 1.0, NOW)], usage={}, shares={}
+    )
+    e = result.estimates[1]
+    assert e.start_at is None and e.reason_code == "too_large"
+    assert e.reason.startswith("larger than the pool can ever place")
+
+
+def test_with_every_node_drained_nothing_starts_and_the_reason_says_why():
+    nodes = [NodeView("gpu-01", 8, tuple(range(8)), schedulable=False)]
+    result = plan(
+        now=NOW, nodes=nodes, running=[], pending=[PendingJob(1, "a", 1, 1.0, NOW)], usage={}, shares={}
+    )
+    assert result.starts == [] and result.estimates[1].reason_code == "no_nodes"
+
+
+def test_a_staging_job_does_not_start_and_is_estimated_after_its_data_arrives():
+    nodes = [NodeView("gpu-01", 8, tuple(range(8)))]
+    ready = NOW + HOUR + 5 * 60
+    result = plan(
+        now=NOW,
+        nodes=nodes,
+        running=[],
+        pending=[PendingJob(1, "a", 2, 1.0, NOW, ready_at=ready)],
+        usage={},
+        shares={},
+    )
+    assert result.starts == []
+    e = result.estimates[1]
+    assert e.reason_code == "staging" and e.start_at >= ready
+    assert "waiting for its data to finish staging (ETA 13:05 UTC)" in e.reason
+
+
+def test_times_on_another_day_carry_the_date():
+    assert format_utc(NOW + 26 * HOUR, now=NOW) == "14:00 UTC on 5 May"
+    assert format_utc(NOW + HOUR, now=NOW) == "13:00 UTC"
+
+
+@st.composite
+def pools(draw):
+    nodes, running = [], []
+    for i in range(draw(st.integers(1, 4))):
+        busy = draw(st.integers(0, 8))
+        nodes.append(NodeView(f"n{i}", 8, tuple(range(busy, 8)), schedulable=draw(st.booleans()) or i == 0))
+        if busy:
+            end = NOW + draw(st.integers(-600, 20 * 3600))
+            pre = draw(st.booleans())
+            running.append(RunningView(1000 + i, "r", {f"n{i}": tuple(range(busy))}, NOW - 60, end, pre))
+    pending = [
+        PendingJob(
+            job_id=j,
+            team=draw(st.sampled_from(["a", "b", "c"])),
+            gpus=(g := draw(st.integers(1, 40))),
+            hours=draw(st.sampled_from([0.5, 1.0, 8.0])),
+            submitted_at=NOW - draw(st.integers(0, 3 * 86400)),
+            min_gpus=draw(st.one_of(st.none(), st.integers(1, g))),
+            preemptible=draw(st.booleans()),
+            ready_at=draw(st.one_of(st.none(), st.just(NOW + 1800))),
+        )
+        for j in range(draw(st.integers(0, 10)))
+    ]
+    return nodes, running, pending
+
+
+@settings(max_examples=150, deadline=None)
+@given(pools())
+def test_every_pending_job_gets_an_estimate_and_decisions_do_not_depend_on_explaining(pool):
+    nodes, running, pending = pool
+    kwargs = dict(now=NOW, nodes=nodes, running=running, pending=pending, usage={"a": 5e5}, shares={})
+    full = plan(**kwargs)
+    quiet = plan(**kwargs, config=PolicyConfig(explain=False))
+    assert set(full.estimates) == {j.job_id for j in pending}
+    for e in full.estimates.values():
+        assert e.reason and (e.start_at is not None or e.reason_code == "too_large")
+        assert e.start_at is None or e.start_at >= NOW
+    assert full.starts == quiet.starts
+    assert full.preemptions == quiet.preemptions
+    assert [(r.job_id, r.start_at) for r in full.reservations] == [
+        (r.job_id, r.start_at) for r in quiet.reservations
+    ]
+    free = {(n.name, i) for n in nodes if n.schedulable for i in n.free}
+    used = [(node, i) for s in full.starts for node, ix in s.gpus_by_node.items() for i in ix]
+    assert len(used) == len(set(used)) and set(used) <= free

@@ -1,0 +1,98 @@
+"""Priority: fair share follows decayed usage against shares; age and the starvation bound."""
+
+import pytest
+
+from jobs.scheduling.policy import (
+    NodeView,
+    PendingJob,
+    PolicyConfig,
+    decay_usage,
+    fairshare_factors,
+    plan,
+)
+
+NOW = 5_000_000.0
+DAY = 86400.0
+
+
+def test_usage_halves_every_half_life():
+    assert decay_usage(usage=800.0, elapsed_s=7 * DAY, half_life_s=7 * DAY) == pytest.approx(400.0)
+    assert decay_usage(usage=800.0, elapsed_s=21 * DAY, half_life_s=7 * DAY) == pytest.approx(100.0)
+    assert decay_usage(usage=800.0, elapsed_s=0.0, half_life_s=7 * DAY) == 800.0
+
+
+def test_fair_share_factor_falls_as_usage_rises_against_equal_shares():
+    f = fairshare_factors(teams=["a", "b", "c"], usage={"a": 0.0, "b": 100.0, "c": 900.0}, shares={})
+    assert f["a"] == 1.0 > f["b"] > f["c"] > 0.0
+
+
+def test_a_bigger_share_buys_priority_at_equal_usage():
+    f = fairshare_factors(teams=["a", "b"], usage={"a": 500.0, "b": 500.0}, shares={"a": 3.0})
+    assert f["a"] > f["b"]
+    assert f["b"] == pytest.approx(0.5 ** (0.5 / 0.25))
+
+
+def _queue(teams):
+    return [
+        PendingJob(job_id=i, team=t, gpus=1, hours=1.0, submitted_at=NOW - 600) for i, t in enumerate(teams)
+    ]
+
+
+def test_fair_share_orders_teams_as_their_decayed_usage_says():
+    # Usage as the caller decays it: "old" used more GPU-hours, but long ago.
+    usage = {
+        "old": decay_usage(usage=9000 * 3600, elapsed_s=28 * DAY, half_life_s=7 * DAY),
+        "recent": 1000 * 3600,
+        "idle": 0.0,
+    }
+    result = plan(
+        now=NOW,
+        nodes=[NodeView("n", 8, ())],
+        running=[],
+        pending=_queue(["recent", "old", "idle"]),
+        usage=usage,
+        shares={},
+    )
+    by_total = sorted(result.priority, key=lambda j: -result.priority[j]["total"])
+    assert by_total == [2, 1, 0]  # idle, then old (decayed to 562 GPU-h), then recent
+
+
+def test_the_team_with_the_least_usage_gets_the_one_free_gpu():
+    result = plan(
+        now=NOW,
+        nodes=[NodeView("n", 8, (3,))],
+        running=[],
+        pending=_queue(["heavy", "light"]),
+        usage={"heavy": 3.6e6, "light": 3.6e4},
+        shares={},
+    )
+    assert [s.job_id for s in result.starts] == [1]
+    reason = result.estimates[0].reason
+    assert result.estimates[0].reason_code in {"reserved", "fairshare"}
+    assert "1 GPU" in reason
+
+
+def test_a_job_past_the_starvation_bound_goes_first_whatever_its_fair_share():
+    pending = [
+        PendingJob(1, "heavy", 8, 10.0, NOW - 2 * DAY),
+        PendingJob(2, "light", 1, 0.1, NOW - 60),
+    ]
+    result = plan(
+        now=NOW,
+        nodes=[NodeView("n", 8, tuple(range(8)))],
+        running=[],
+        pending=pending,
+        usage={"heavy": 1e9, "light": 0.0},
+        shares={},
+        config=PolicyConfig(starvation_s=DAY, age_weight=0.0),
+    )
+    assert [s.job_id for s in result.starts] == [1]
+    assert result.priority[1]["starved"] == 1.0
+
+
+def test_priority_reports_its_components():
+    result = plan(
+        now=NOW, nodes=[NodeView("n", 8, ())], running=[], pending=_queue(["a"]), usage={}, shares={}
+    )
+    parts = result.priority[0]
+    assert parts["total"] == pytest.approx(parts["fairshare"] + parts["age"] + parts["length"])
