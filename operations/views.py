@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.models import Team
+from e31web.models import Measurement
 from jobs.models import Job, Node
 from operations import health, pages, pool, services, utilisation
 from operations.models import AuditEntry
@@ -99,6 +100,7 @@ def queue_view(request: HttpRequest) -> HttpResponse:
     context = {
         "page": page, "filters": filters, "teams": Team.objects.only("name", "slug"), "now": timezone.now(),
         "sizes": list(pages.SIZE_CLASSES), "states": pages.WAITING_STATES,
+        "simulation": Measurement.objects.filter(key="scheduler.simulation").first(),
     }  # fmt: skip
     return _page(request, "queue", "queue-rows", context)
 

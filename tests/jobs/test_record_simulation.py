@@ -1,0 +1,32 @@
+"""The simulator's figures reach the console from a run, never typed in by hand."""
+
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+from e31web.models import Measurement
+
+pytestmark = pytest.mark.django_db
+
+TINY_ITP = "job_id,submission_time,duration,num_gpu\n" + "\n".join(
+    f"j{i},{i * 60},{600 + 60 * (i % 5)},{1 + (i % 4) * 2}" for i in range(40)
+)
+
+
+def test_a_replay_is_recorded_as_the_scheduler_measurement(tmp_path):
+    trace = tmp_path / "tiny.csv"
+    trace.write_text(TINY_ITP + "\n")
+    call_command("record_simulation", "--trace", str(trace), "--load", "0.9", stdout=StringIO())
+    measurement = Measurement.objects.filter(key="scheduler.simulation").latest("measured_at")
+    assert measurement.figures["jobs"] == 40
+    assert set(measurement.figures["policies"]) == {"default", "fcfs", "easy", "sjf"}
+    assert measurement.command.startswith("python manage.py record_simulation --trace")
+
+
+def test_the_operator_queue_page_shows_the_latest_replay(tmp_path, operator_client):
+    trace = tmp_path / "tiny.csv"
+    trace.write_text(TINY_ITP + "\n")
+    call_command("record_simulation", "--trace", str(trace), "--policies", "default,easy", stdout=StringIO())
+    html = operator_client.get("/operator/queue/").content.decode()
+    assert "Latest trace replay" in html and "tiny.csv" in html and "<td>easy</td>" in html
