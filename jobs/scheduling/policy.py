@@ -6,7 +6,8 @@ Pure core: standard library only, no clock (``now`` is POSIX seconds passed in),
 The default policy, in order of precedence:
 
 1. **Starvation bound** - a job queued longer than ``starvation_s`` goes to the front (oldest first)
-   and holds a reservation whatever its team's fair share or its size.
+   and holds a reservation whatever its team's fair share or its size (at most
+   ``max_reservations`` per pass; later ones get theirs as those ahead start).
 2. **Priority** - ``fairshare_weight * F + age_weight * days_waited + length_weight * S`` where
    ``F = 2 ** -(usage_share / share)`` (usage decayed with ``half_life_s``, both normalised over the
    teams with queued or running jobs) and ``S = 1 / (1 + log2(1 + declared hours))`` favours short
@@ -35,10 +36,10 @@ estimate, with ``start_at`` None only when the pool can never place it.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from heapq import heappop, heappush
 from itertools import compress, count, repeat
 from operator import and_, attrgetter, le, or_
 
@@ -96,8 +97,8 @@ class PolicyConfig:
     0.14. ``age_weight`` is priority per day waited: at 0.25, four days of waiting outweigh the
     whole length range, and two days (``starvation_s``) end the contest anyway.
     ``fairshare_weight`` scales F in (0, 1]; at 0.2 a team far over its share loses about as much
-    as 19 hours of waiting - a tie-breaker among similar jobs, not a wall: heavier weights made
-    teams' slowdowns less equal in replays (see ``bench``/simulator), not more.
+    as 19 hours of waiting - it orders similar jobs, it is not a wall: in trace replays heavier
+    weights made teams' slowdowns less equal, not more.
     ``max_reservations`` caps reservations per pass (starved jobs beyond it get theirs once those
     ahead start). ``explain=False`` skips estimates, reasons and the priority breakdown (the
     simulator's setting); starts, preemptions and reservations are the same either way.
@@ -109,7 +110,7 @@ class PolicyConfig:
     length_weight: float = 1.0
     starvation_s: float = 2 * DAY_S
     reserve_top: int = 1
-    max_reservations: int = 8
+    max_reservations: int = 6
     explain: bool = True
 
 
@@ -209,22 +210,13 @@ def _rank(
         teams=set(map(_team, pending)).union(map(_team, running)), usage=usage, shares=shares
     )
     fs_term = {t: config.fairshare_weight * f for t, f in fs.items()}
-    # Declared hours take few distinct values: one dict lookup per job instead of a log.
-    length_term = {h: config.length_weight * length_factor(h) for h in set(map(_hours, pending))}
-    age_per_s = config.age_weight / DAY_S
-    starve_before = now - config.starvation_s
-    keys = [
-        -1e30 + j.submitted_at  # starved: before everyone else, oldest first
-        if j.submitted_at < starve_before
-        else age_per_s * j.submitted_at - fs_term[j.team] - length_term[j.hours]
-        for j in pending
-    ]
+    keys = _keys(pending, fs_term=fs_term, now=now, config=config)
     ranked = sorted(range(len(pending)), key=keys.__getitem__)
     order = list(map(pending.__getitem__, ranked))
     starved = 0  # starved jobs are a prefix of the order
     while starved < len(ranked) and keys[ranked[starved]] < -1e29:
         starved += 1
-    starved_ids = frozenset(j.job_id for j in order[:starved])
+    starved_ids = frozenset(map(_job_id, order[:starved]))
 
     def components() -> dict[int, dict[str, float]]:
         return {
@@ -235,11 +227,44 @@ def _rank(
     return _Ranking(order=order, starved=starved_ids, fairshare=fs, components=components)
 
 
+# Declared hours take few distinct values: a dict lookup per job instead of a log each pass.
+_LENGTH: dict[float, float] = {}
+
+
+def _keys(
+    pending: Sequence[PendingJob], *, fs_term: Mapping[str, float], now: float, config: PolicyConfig
+) -> list[float]:
+    """Sort keys (lower first): -1e30 + submitted for starved jobs, else -(priority) + a constant."""
+    age_per_s, length_w = config.age_weight / DAY_S, config.length_weight
+    starve_before = now - config.starvation_s
+    length = _LENGTH
+
+    def build() -> list[float]:
+        return [
+            -1e30 + j.submitted_at  # starved: before everyone else, oldest first
+            if j.submitted_at < starve_before
+            else age_per_s * j.submitted_at - fs_term[j.team] - length_w * length[j.hours]
+            for j in pending
+        ]
+
+    try:
+        return build()
+    except KeyError:  # a declared length not seen before
+        if len(length) > 100_000:
+            length.clear()
+        length.update((h, length_factor(h)) for h in set(map(_hours, pending)))
+        return build()
+
+
 _team = attrgetter("team")
+_job_id = attrgetter("job_id")
+_preemptible = attrgetter("preemptible")
 _cached = attrgetter("cached_datasets")
 _hours = attrgetter("hours")
 _submitted = attrgetter("submitted_at")
 _gpus = attrgetter("gpus")
+_name = attrgetter("name")
+_schedulable = attrgetter("schedulable")
 _min_gpus = attrgetter("min_gpus")
 
 
@@ -250,14 +275,16 @@ def _first(pair: tuple) -> object:
 def _components(
     job: PendingJob, *, now: float, fs: float, config: PolicyConfig, starved: bool
 ) -> dict[str, float]:
+    """The priority breakdown shown to operators: "size" is the job-shape term (length_weight x S,
+    from declared hours), named as the operator queue page reads it."""
     fairshare = config.fairshare_weight * fs
     age = config.age_weight * max(now - job.submitted_at, 0.0) / DAY_S
-    length = config.length_weight * length_factor(job.hours)
+    size = config.length_weight * length_factor(job.hours)
     return {
         "fairshare": fairshare,
         "age": age,
-        "length": length,
-        "total": fairshare + age + length,
+        "size": size,
+        "total": fairshare + age + size,
         "starved": 1.0 if starved else 0.0,
     }
 
@@ -319,6 +346,41 @@ class _Held:
     need: dict[str, int]
 
 
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What the pass needs from the pool that only changes when nodes join, leave or drain."""
+
+    capacity: dict[str, int]  # schedulable node -> GPUs (shared between passes: read-only)
+    all_schedulable: bool
+    node_gpus: int  # the largest node
+    big_nodes: int  # how many nodes have that many GPUs
+    second_gpus: int  # the largest smaller node, 0 if none
+    total_gpus: int
+
+
+_SHAPE_MEMO: list[tuple[tuple, _Shape]] = []
+
+
+def _pool_shape(nodes: Sequence[NodeView]) -> _Shape:
+    """The pool's shape, recomputed only when names, sizes or schedulability change (C-level check)."""
+    key = (tuple(map(_name, nodes)), tuple(map(_gpus, nodes)), tuple(map(_schedulable, nodes)))
+    if _SHAPE_MEMO and _SHAPE_MEMO[0][0] == key:
+        return _SHAPE_MEMO[0][1]
+    capacity = {n.name: n.gpus for n in nodes if n.schedulable}
+    sizes = list(capacity.values())
+    largest = max(sizes, default=0)
+    shape = _Shape(
+        capacity=capacity,
+        all_schedulable=len(capacity) == len(nodes),
+        node_gpus=largest,
+        big_nodes=sizes.count(largest),
+        second_gpus=max((g for g in set(sizes) if g < largest), default=0),
+        total_gpus=sum(sizes),
+    )
+    _SHAPE_MEMO[:] = [(key, shape)]
+    return shape
+
+
 class _Pass:
     """Working state of one scheduling pass. Never escapes ``schedule()``.
 
@@ -330,28 +392,29 @@ class _Pass:
 
     def __init__(self, *, now: float, nodes: Sequence[NodeView], running: Sequence[RunningView]) -> None:
         self.now = now
-        # Comprehensions rather than one loop: this runs every pass over every node.
-        usable = [n for n in nodes if n.schedulable]
-        self.all_schedulable = len(usable) == len(nodes)
-        self.capacity: dict[str, int] = {n.name: n.gpus for n in usable}
-        self.free: dict[str, list[int]] = {n.name: list(n.free) for n in usable if n.free}
+        shape = _pool_shape(nodes)
+        self.capacity = shape.capacity
+        self.all_schedulable = shape.all_schedulable
+        self.node_gpus, self.big_nodes, self.second_gpus = shape.node_gpus, shape.big_nodes, shape.second_gpus
+        self.total_gpus = shape.total_gpus
+        # Comprehensions rather than loops: this runs every pass over every node.
+        if shape.all_schedulable:
+            self.free: dict[str, list[int]] = {n.name: list(n.free) for n in nodes if n.free}
+        else:
+            self.free = {n.name: list(n.free) for n in nodes if n.free and n.schedulable}
         self.cache_nodes: dict[str, list[str]] = {}
-        if any(map(_cached, usable)):
-            for n in usable:
-                for key in n.cached_datasets:
-                    self.cache_nodes.setdefault(key, []).append(n.name)
-        sizes = list(self.capacity.values())
-        self.node_gpus = max(sizes, default=0)
-        self.big_nodes = sizes.count(self.node_gpus)
-        self.second_gpus = max((g for g in set(sizes) if g < self.node_gpus), default=0)
-        self.total_gpus = sum(sizes)
+        if any(map(_cached, nodes)):
+            for n in nodes:
+                if n.schedulable:
+                    for key in n.cached_datasets:
+                        self.cache_nodes.setdefault(key, []).append(n.name)
         free_count = {name: len(idx) for name, idx in self.free.items()}
         self.short = _FreeIndex(self.node_gpus, free_count)
         self.long = _FreeIndex(self.node_gpus, dict(free_count))
         self.running = running
         self.soft: dict[str, int] = {}
         self.soft_jobs: dict[str, list[RunningView]] = {}
-        for r in running:
+        for r in running if any(map(_preemptible, running)) else ():
             if r.preemptible:
                 for name, idx in r.gpus_by_node.items():
                     if name in self.capacity:
@@ -368,7 +431,6 @@ class _Pass:
         self.preempt_spare: dict[str, list[int]] = {}  # GPUs of preempted jobs no hold claimed yet
         self.preempt_ready: dict[int, dict[str, tuple[int, ...]]] = {}
         self._releases: list[RunningView] | None = None
-        self._flat: list[tuple[float, str, int]] | None = None
         self._sweep: _Sweep | None = None
         self._by_node: dict[str, list[RunningView]] | None = None
 
@@ -482,19 +544,6 @@ class _Pass:
             running = self.running if not self.soft_jobs else [r for r in self.running if not r.preemptible]
             self._releases = sorted(running, key=_expected_end)
         return self._releases
-
-    def timeline(self) -> list[tuple[float, str, int]]:
-        """(expected end, node, GPUs) of running jobs, in time order; built once per pass."""
-        if self._flat is None:
-            flat: list[tuple[float, str, int]] = []
-            extend = flat.extend
-            for r in self.releases():
-                extend(_releases_of(r))
-            if not self.all_schedulable:
-                flat = [e for e in flat if e[1] in self.capacity]
-            _prune_release_memo(len(self.running))
-            self._flat = flat
-        return self._flat
 
     def base_avail(self) -> dict[str, int]:
         """Per node: idle + backlog GPUs now, less what holds of this pass captured now."""
@@ -634,82 +683,136 @@ class _Sweep:
         self.p = p
         self.avail = p.base_avail()
         self.t = p.now
-        self.events = p.timeline()
+        # Running jobs' releases are expanded into ``events`` lazily, a few jobs at a time, as the
+        # walk reaches them (most walks stop early); ends of this pass's starts and holds are
+        # spliced in, or wait in ``deferred`` while they lie beyond what is expanded.
+        self.jobs, self.ji = p.releases(), 0
+        _prune_release_memo(len(p.running))
+        self.events: list[tuple[float, str, int]] = []
         self.i = 0
-        self.later: list[tuple[float, str, int]] = []  # ends of this pass's starts and holds (heap)
+        self.frontier = -INF
+        self.deferred: list[tuple[float, str, int]] = []
         for end, counts in p.local_events:
-            for node, k in counts.items():
-                heappush(self.later, (end, node, k))
+            self._splice(end, counts)
         self.gained: dict[str, int] = {}  # GPUs added by releases so far, per node
         self.owed: dict[str, int] = {}  # of those, what earlier holds took
+        # Nodes wholly available at the walk's present, kept up to date as it moves: wide holds
+        # (most reservations on a busy pool) then never rescan every node.
+        size, cap = p.node_gpus, p.capacity
+        self.wholes = {n: None for n, a in self.avail.items() if a >= size and cap.get(n, 0) == size}
+
+    def _take(self, counts: Mapping[str, int]) -> None:
+        avail, wholes, size = self.avail, self.wholes, self.p.node_gpus
+        for node, k in counts.items():
+            avail[node] = left = avail.get(node, 0) - k
+            if left < size and node in wholes:
+                del wholes[node]
+
+    def _splice(self, end: float, counts: Mapping[str, int]) -> None:
+        batch = [(end, n, k) for n, k in counts.items()]
+        if end <= self.frontier:
+            at = bisect_right(self.events, end, lo=self.i, key=_first)
+            self.events[at:at] = batch
+        else:
+            at = bisect_right(self.deferred, end, key=_first)
+            self.deferred[at:at] = batch
+
+    def _expand(self) -> bool:
+        """Append the next few running jobs' releases (and deferred ends now behind them)."""
+        jobs, ji = self.jobs, self.ji
+        if ji >= len(jobs):
+            if not self.deferred:
+                return False
+            self.events += self.deferred
+            self.deferred, self.frontier = [], INF
+            return True
+        stop = min(ji + 16, len(jobs))
+        cap, unfiltered = self.p.capacity, self.p.all_schedulable
+        for r in jobs[ji:stop]:
+            if unfiltered:
+                self.events += _releases_of(r)
+            else:
+                self.events += [e for e in _releases_of(r) if e[1] in cap]
+        self.ji, self.frontier = stop, jobs[stop - 1].expected_end
+        if self.deferred and self.deferred[0][0] <= self.frontier:
+            cut = bisect_right(self.deferred, self.frontier, key=_first)
+            merged = sorted(self.events[self.i :] + self.deferred[:cut])  # two sorted runs: linear
+            self.events[self.i :] = merged
+            del self.deferred[:cut]
+        return True
 
     def note_start(self, counts: Mapping[str, int], end: float) -> None:
         """A start made now after the walk has moved on: it holds its GPUs until ``end``."""
         if end <= self.t:
             return  # back before the walk's present: no effect on what is available then
-        for node, k in counts.items():
-            self.avail[node] = self.avail.get(node, 0) - k
-            heappush(self.later, (end, node, k))
+        self._take(counts)
+        self._splice(end, counts)
 
     def hold(self, g: int, *, hours: float) -> tuple[float, dict[str, int], dict[str, int]] | None:
         """Place a hold for ``g`` GPUs for ``hours``: (start, GPUs per node, of which released)."""
-        multi = g > self.p.node_gpus
-        need = _fit_multi(self.p, g, self.avail) if multi else _fit_single_now(self.p, g, self.avail)
+        if g > self.p.node_gpus:
+            need = self._advance_multi(g)
+        else:
+            need = _fit_single_now(self.p, g, self.avail) or self._advance_single(g)
         if need is None:
-            need = self._advance_multi(g) if multi else self._advance_single(g)
-            if need is None:
-                return None
+            return None
         released = {}
-        end = self.t + hours * HOUR_S
+        gained, owed = self.gained, self.owed
         for node, k in need.items():
-            spare = self.gained.get(node, 0) - self.owed.get(node, 0)
+            spare = gained.get(node, 0) - owed.get(node, 0)
             if spare > 0:
-                released[node] = min(k, spare)
-                self.owed[node] = self.owed.get(node, 0) + released[node]
-            self.avail[node] -= k
-            heappush(self.later, (end, node, k))
+                released[node] = took = min(k, spare)
+                owed[node] = owed.get(node, 0) + took
+        self._take(need)
+        self._splice(self.t + hours * HOUR_S, need)
         return max(self.t, self.p.now), need, released
 
-    def _next(self) -> tuple[float, str, int] | None:
-        events, later = self.events, self.later
-        if self.i < len(events) and (not later or events[self.i][0] <= later[0][0]):
-            self.i += 1
-            return events[self.i - 1]
-        return heappop(later) if later else None
-
-    def _add(self, node: str, k: int) -> int:
-        old = self.avail.get(node, 0)
-        self.avail[node] = old + k
-        self.gained[node] = self.gained.get(node, 0) + k
-        return old
-
     def _advance_single(self, g: int) -> dict[str, int] | None:
-        cap = self.p.capacity
-        while (event := self._next()) is not None:
-            self.t, node, k = event
-            if self._add(node, k) + k >= g and cap.get(node, 0) >= g:
-                return {node: g}
-        return None
+        events, avail, gained, cap = self.events, self.avail, self.gained, self.p.capacity
+        wholes, size = self.wholes, self.p.node_gpus
+        while True:
+            for i in range(self.i, len(events)):
+                t, node, k = events[i]
+                a = avail.get(node, 0) + k
+                avail[node] = a
+                gained[node] = gained.get(node, 0) + k
+                if a >= size > a - k and cap.get(node, 0) == size:
+                    wholes[node] = None
+                if a >= g and cap.get(node, 0) >= g:
+                    self.t, self.i = t, i + 1
+                    return {node: g}
+            self.i = len(events)
+            if not self._expand():
+                return None
 
     def _advance_multi(self, g: int) -> dict[str, int] | None:
-        """Counts whole nodes (and nodes able to take the remainder) as releases come in."""
-        whole_gpus, cap, avail = self.p.node_gpus, self.p.capacity, self.avail
-        whole, rest = divmod(g, whole_gpus)
-        n_whole = sum(1 for n, a in avail.items() if a >= whole_gpus and cap.get(n, 0) == whole_gpus)
+        """Watches whole nodes (and nodes able to take the remainder) as releases come in."""
+        events, avail, gained, cap = self.events, self.avail, self.gained, self.p.capacity
+        wholes, size = self.wholes, self.p.node_gpus
+        whole, rest = divmod(g, size)
         n_rest = sum(1 for n, a in avail.items() if a >= rest and cap.get(n, 0) >= rest) if rest else 0
-        while (event := self._next()) is not None:
-            self.t, node, k = event
-            old = self._add(node, k)
-            size = cap.get(node, 0)  # 0: a node the pool no longer lists
-            grew_whole = old < whole_gpus <= old + k and size == whole_gpus
-            grew_rest = bool(rest) and old < rest <= old + k and size >= rest
-            if not (grew_whole or grew_rest):
-                continue
-            n_whole += grew_whole
-            n_rest += grew_rest
-            if n_whole >= whole and (not rest or n_rest > whole):
-                return _fit_multi(self.p, g, avail)
-        return None
+        if len(wholes) >= whole and (not rest or n_rest > whole):
+            return _fit_multi(self.p, g, avail, wholes)  # fits at the walk's present
+        while True:
+            for i in range(self.i, len(events)):
+                t, node, k = events[i]
+                old = avail.get(node, 0)
+                a = old + k
+                avail[node] = a
+                gained[node] = gained.get(node, 0) + k
+                grew_whole = old < size <= a and cap.get(node, 0) == size
+                if grew_whole:
+                    wholes[node] = None
+                grew_rest = rest and old < rest <= a and cap.get(node, 0) >= rest
+                if not (grew_whole or grew_rest):
+                    continue
+                n_rest += bool(grew_rest)
+                if len(wholes) >= whole and (not rest or n_rest > whole):
+                    self.t, self.i = t, i + 1
+                    return _fit_multi(self.p, g, avail, wholes)
+            self.i = len(events)
+            if not self._expand():
+                return None
 
 
 def _fit_single_now(p: _Pass, g: int, avail: Mapping[str, int]) -> dict[str, int] | None:
@@ -719,19 +822,22 @@ def _fit_single_now(p: _Pass, g: int, avail: Mapping[str, int]) -> dict[str, int
     return {min(fits)[2]: g} if fits else None
 
 
-def _fit_multi(p: _Pass, g: int, avail: Mapping[str, int]) -> dict[str, int] | None:
+def _fit_multi(
+    p: _Pass, g: int, avail: Mapping[str, int], wholes: Mapping[str, None]
+) -> dict[str, int] | None:
     """Whole nodes of the largest size, plus one node for any remainder, if ``avail`` has them.
 
-    Among candidates it takes the nodes with the fewest GPUs idle now: a hold then counts on
-    GPUs that are busy anyway, and idle GPUs stay free for backfill.
+    ``wholes`` are the nodes wholly available. It takes those with no GPU idle now first: a hold
+    then counts on GPUs that are busy anyway, and idle GPUs stay free for backfill.
     """
-    whole_gpus, cap, idle = p.node_gpus, p.capacity, p.short.count
-    whole, rest = divmod(g, whole_gpus)
-    wholes = [n for n, a in avail.items() if a >= whole_gpus and cap.get(n, 0) == whole_gpus]
+    whole, rest = divmod(g, p.node_gpus)
     if len(wholes) < whole:
         return None
-    wholes.sort(key=lambda n: idle.get(n, 0))
-    chosen = dict.fromkeys(wholes[:whole], whole_gpus)
+    idle, cap = p.short.count, p.capacity
+    busy = [n for n in wholes if n not in idle]
+    if len(busy) < whole:
+        busy += sorted((n for n in wholes if n in idle), key=idle.__getitem__)
+    chosen = dict.fromkeys(busy[:whole], p.node_gpus)
     if rest:
         extras = [n for n, a in avail.items() if a >= rest and cap.get(n, 0) >= rest and n not in chosen]
         if not extras:
@@ -859,11 +965,18 @@ def _backfill(
     visited: set[int] = set()
     hours = list(map(_hours, jobs)) if jobs and short_top else []
     if hours and (long_top or min(hours) <= horizon):
-        sizes = [j.min_gpus or j.gpus for j in jobs] if any(map(_min_gpus, jobs)) else list(map(_gpus, jobs))
-        fits_long = map(le, sizes, repeat(long_top))
-        fits_short = map(and_, map(le, sizes, repeat(short_top)), map(le, hours, repeat(horizon)))
-        for i in compress(count(), map(or_, fits_long, fits_short)):
-            g = sizes[i]
+        if long_top:
+            sizes = (
+                [j.min_gpus or j.gpus for j in jobs] if any(map(_min_gpus, jobs)) else list(map(_gpus, jobs))
+            )
+            fits_long = map(le, sizes, repeat(long_top))
+            fits_short = map(and_, map(le, sizes, repeat(short_top)), map(le, hours, repeat(horizon)))
+            candidates = compress(count(), map(or_, fits_long, fits_short))
+        else:  # every idle GPU is reserved: only jobs ending before the first reservation qualify
+            sizes = None
+            candidates = compress(count(), map(le, hours, repeat(horizon)))
+        for i in candidates:
+            g = sizes[i] if sizes is not None else (jobs[i].min_gpus or jobs[i].gpus)
             if g > short_top or (g > long_top and hours[i] > horizon):
                 continue  # what was idle is gone
             job = jobs[i]

@@ -1,13 +1,28 @@
 """Replay a real workload trace through the scheduling policy and its baselines, and compare them.
 
     python -m jobs.scheduling.simulate --trace FILE [--nodes N --gpus-per-node G | --load L]
-        --policies default,fcfs,easy,sjf --json [--plot out.svg] [--limit N]
+        --policies default,fcfs,easy,sjf --json [--plot out.svg] [--limit N] [--procs-per-gpu P]
 
-Event-driven with a simulated clock: at each distinct submit or finish time the policy's
-``plan()`` runs once (the same function the live scheduler calls) and its starts are applied.
-Jobs run for their trace run time; the policy only knows their declared hours. Team usage is
-metered exactly (decayed GPU-seconds, updated at each start and finish). The last stdout line is
-the JSON summary; the lines before it say what was assumed.
+Event-driven with a simulated clock: at each distinct submit or finish time (with jobs waiting,
+and some GPU idle or preemptible - otherwise no policy could start anything) the policy's
+``plan()`` runs once (the same function the live scheduler calls; ``explain=False``, so it skips
+the sentences but decides the same) and its starts and preemptions are applied. Jobs run for their
+trace run time; the policy only knows their declared hours. Team usage is metered exactly
+(decayed GPU-seconds, updated at each start and finish). Baselines run on the same engine and
+placement rules: ``fcfs`` (strict, no backfill), ``easy`` (EASY backfilling, submit order),
+``sjf`` (shortest declared hours first, EASY backfilling).
+
+Pool: ``--nodes``; or ``--load L``, whole nodes such that total GPU-seconds / (pool GPUs x submit
+span) is L (raised if the largest job would not fit); or, for SWF, the machine in its header.
+Jobs larger than the pool are dropped (counted). SWF processors map 1:1 to GPUs by default, so a
+node of 8 cores becomes a node of 8 GPUs and the machine keeps its size and offered load
+(``--procs-per-gpu 8`` gives ceil(procs / 8) GPUs instead; then size the pool with ``--load``).
+
+The last stdout line is JSON; per policy: wait percentiles (nearest rank) and max; mean bounded
+slowdown ``max((wait + run) / max(run, 10), 1)``; utilisation = GPU-seconds used / (pool GPUs x
+makespan); makespan_ratio = makespan / max(GPU-seconds / pool GPUs, last submit + its run), both
+from the first submit; jain_teams = Jain's index over teams' mean bounded slowdown; by_size by
+requested GPUs; wall_s = replay seconds. The lines before it say what was assumed.
 """
 
 from __future__ import annotations
@@ -89,6 +104,7 @@ class _Pool:
         self.gpus = gpus_per_node
         names = [f"gpu-{i:04d}" for i in range(nodes)]
         self.free = {n: set(range(gpus_per_node)) for n in names}
+        self.idle = nodes * gpus_per_node
         self.pos = {n: i for i, n in enumerate(names)}
         self.views = [NodeView(name=n, gpus=gpus_per_node, free=tuple(range(gpus_per_node))) for n in names]
 
@@ -101,11 +117,13 @@ class _Pool:
             if not free.issuperset(idx):
                 raise AssertionError(f"policy started a job on busy GPUs {idx} of {node}")
             free.difference_update(idx)
+            self.idle -= len(idx)
             self._refresh(node)
 
     def release(self, gpus_by_node: Mapping[str, Sequence[int]]) -> None:
         for node, idx in gpus_by_node.items():
             self.free[node].update(idx)
+            self.idle += len(idx)
             self._refresh(node)
 
 
@@ -134,8 +152,8 @@ def replay(
             state.submit(nxt)
             nxt += 1
         for _ in range(8):  # preemptions free GPUs at once: plan again at the same instant
-            if not state.pending:
-                break
+            if not state.pending or not (state.pool.idle or state.backlog_running):
+                break  # nothing idle and nothing to preempt: no policy could start anything
             state.meter.now = now
             result = policy(
                 now=now,
@@ -176,6 +194,7 @@ class _Replay:
         self.by_end: list[RunningView] = []  # sorted, so the policy's sort of it is linear
         self.ends: dict[int, float] = {}
         self.finishes: list[tuple[float, int]] = []
+        self.backlog_running = 0  # preemptible jobs holding GPUs
 
     def next_finish(self) -> float:
         return self.finishes[0][0] if self.finishes else math.inf
@@ -199,6 +218,7 @@ class _Replay:
         run = self.remaining[jid] * job.gpus / got  # elastic: fewer GPUs, proportionally longer
         rv = RunningView(jid, job.team, dict(gpus_by_node), now, now + job.hours * HOUR_S, job.preemptible)
         self.running[jid] = rv
+        self.backlog_running += rv.preemptible
         insort(self.by_end, rv, key=_end_key)
         self.ends[jid] = now + run
         heapq.heappush(self.finishes, (now + run, jid))
@@ -215,6 +235,7 @@ class _Replay:
 
     def _stop(self, jid: int, now: float) -> RunningView:
         rv = self.running.pop(jid)
+        self.backlog_running -= rv.preemptible
         i = bisect_left(self.by_end, _end_key(rv), key=_end_key)
         del self.by_end[i]
         del self.ends[jid]

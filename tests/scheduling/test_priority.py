@@ -95,4 +95,4 @@ def test_priority_reports_its_components():
         now=NOW, nodes=[NodeView("n", 8, ())], running=[], pending=_queue(["a"]), usage={}, shares={}
     )
     parts = result.priority[0]
-    assert parts["total"] == pytest.approx(parts["fairshare"] + parts["age"] + parts["length"])
+    assert parts["total"] == pytest.approx(parts["fairshare"] + parts["age"] + parts["size"])
