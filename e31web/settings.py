@@ -293,9 +293,15 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-stuck-jobs": {"task": "jobs.tasks.reconcile", "schedule": E31_RECONCILE_EVERY_S},
     "sweep-staging-cache": {"task": "jobs.tasks.sweep_staging_cache", "schedule": 600.0},
     "scheduler-safety-pass": {"task": "jobs.tasks.safety_pass", "schedule": E31_SCHEDULER_TICK_S},
-    "accrue-meter-hourly": {"task": "metering.tasks.accrue_meter", "schedule": env.float("E31_ACCRUE_EVERY_S", default=300.0)},
+    "accrue-meter-hourly": {
+        "task": "metering.tasks.accrue_meter",
+        "schedule": env.float("E31_ACCRUE_EVERY_S", default=300.0),
+    },
     # The operator dashboard: beat's own sign of life, a utilisation sample per minute, the ledger check.
     "operations-beat-heartbeat": {"task": "operations.tasks.beat_heartbeat", "schedule": 15.0},
     "operations-utilisation-sample": {"task": "operations.tasks.sample_utilisation", "schedule": 60.0},
-    "operations-ledger-check": {"task": "operations.tasks.check_ledger", "schedule": env.float("E31_LEDGER_CHECK_EVERY_S", default=600.0)},
+    "operations-ledger-check": {
+        "task": "operations.tasks.check_ledger",
+        "schedule": env.float("E31_LEDGER_CHECK_EVERY_S", default=600.0),
+    },
 }

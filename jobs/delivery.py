@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from jobs import agent, declaration, staging, transfers
 from jobs.models import Allocation, Job, OutputTransfer
+from jobs.transfers import destinations, sources
 
 WAITING, DELIVERING, DELIVERED, FAILED = "waiting", "delivering", "delivered", "failed"
 SLOT_LOCK_BASE = 0x0E31_D000  # plus the node id: one advisory lock per node's delivery slots
@@ -168,9 +169,9 @@ def _deliver_file(source: Path, target: Path, entry: dict, watch: _Watch) -> Non
     """Lands the file beside its name, hashed as it is written, and renames it in only when it matches."""
     part = target.with_name(f".{target.name}.e31part")
     for attempt in range(settings.E31_TRANSFER_RETRIES + 1):
-        local = transfers.LocalSource(source)
+        local = sources.LocalSource(source)
         try:
-            copied = transfers.copy(
+            copied = destinations.copy(
                 local, part, limit=entry["bytes"], want_sha256=True, progress=watch,
                 retries=settings.E31_TRANSFER_RETRIES, backoff_s=settings.E31_TRANSFER_BACKOFF_S,
             )  # fmt: skip
@@ -186,7 +187,7 @@ def _deliver_file(source: Path, target: Path, entry: dict, watch: _Watch) -> Non
 
 def _deliver_s3(source: Path, url: str, entry: dict, watch: _Watch) -> None:
     """Uploads through fsspec (s3fs), then reads the object back: its sha256 must match the manifest."""
-    fs = transfers.filesystem_for(url)
+    fs = sources.filesystem_for(url)
     for attempt in range(settings.E31_TRANSFER_RETRIES + 1):
         try:
             _upload(fs, source, url, watch)

@@ -28,6 +28,7 @@ from jobs import dispatch, transfers
 from jobs.lifecycle import ALIVE, EndReason, State
 from jobs.models import DataInput, DatasetCacheEntry, Job
 from jobs.services import transition
+from jobs.transfers import destinations, sources
 
 log = logging.getLogger(__name__)
 FILLING, READY = "filling", "ready"
@@ -169,7 +170,7 @@ def _stage_input(data_input: DataInput) -> None:
         return  # a re-driven stager after a takeover: this input was finished before
     source = None
     try:
-        source = transfers.open_source(
+        source = sources.open_source(
             data_input.uri, roots=settings.E31_DATA_ROOTS, allow_private=settings.E31_ALLOW_PRIVATE_SOURCES,
             allow_hardlinks=settings.E31_ALLOW_HARDLINKED_SOURCES, timeout=settings.E31_TRANSFER_TIMEOUT_S,
         )  # fmt: skip
@@ -301,7 +302,7 @@ def _fill(entry: DatasetCacheEntry, token: str, source, data_input: DataInput, w
         watch.began = time.monotonic()
         sweep_cache(now=timezone.now(), room_for=data_input.bytes)
         cache_dir().mkdir(parents=True, exist_ok=True)
-        copied = transfers.copy(
+        copied = destinations.copy(
             source, part, limit=data_input.bytes, want_sha256=bool(data_input.sha256), progress=watch,
             retries=settings.E31_TRANSFER_RETRIES, backoff_s=settings.E31_TRANSFER_BACKOFF_S,
         )  # fmt: skip

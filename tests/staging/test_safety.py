@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from jobs import staging, transfers
 from jobs.models import Job
+from jobs.transfers import sources
 from tests.staging.conftest import file_uri, make_job, write
 
 pytestmark = pytest.mark.django_db
@@ -78,21 +79,21 @@ def test_a_local_http_source_is_refused_by_default(roots, team, server):
 def test_loopback_link_local_private_and_special_addresses_are_refused(address, monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [(0, 0, 0, "", (address, 80))])
     with pytest.raises(transfers.TransferFailed, match="refused"):
-        transfers.checked_addresses("data.example", 80, allow_private=False)
-    assert transfers.checked_addresses("data.example", 80, allow_private=True) == [address]
+        sources.checked_addresses("data.example", 80, allow_private=False)
+    assert sources.checked_addresses("data.example", 80, allow_private=True) == [address]
 
 
 @pytest.mark.parametrize("address", ["93.184.215.14", "2606:4700::1111", "8.8.8.8"])
 def test_public_addresses_are_allowed(address, monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [(0, 0, 0, "", (address, 80))])
-    assert transfers.checked_addresses("data.example", 80, allow_private=False) == [address]
+    assert sources.checked_addresses("data.example", 80, allow_private=False) == [address]
 
 
 def test_a_name_with_any_private_address_among_its_addresses_is_refused(monkeypatch):
     answers = [(0, 0, 0, "", ("93.184.215.14", 80)), (0, 0, 0, "", ("10.1.2.3", 80))]
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: answers)
     with pytest.raises(transfers.TransferFailed, match=r"10\.1\.2\.3"):
-        transfers.checked_addresses("mixed.example", 80, allow_private=False)
+        sources.checked_addresses("mixed.example", 80, allow_private=False)
 
 
 def test_the_stager_connects_to_the_address_it_checked_and_names_the_host(roots, team, server, monkeypatch):
@@ -109,9 +110,7 @@ def test_the_stager_connects_to_the_address_it_checked_and_names_the_host(roots,
         )
 
     monkeypatch.setattr(socket, "getaddrinfo", resolve)
-    monkeypatch.setattr(
-        transfers, "is_public", lambda address: address == "127.0.0.1"
-    )  # pretend it is public
+    monkeypatch.setattr(sources, "is_public", lambda address: address == "127.0.0.1")  # pretend it is public
     write(server.root / "p.bin", b"p" * 100)
     job = stage(make_job(team, {"name": "p", "uri": server.url("p.bin", host="data.example"), "bytes": 100}))
     assert job.state == "queued", job.end_detail
@@ -138,7 +137,7 @@ def test_a_redirect_to_a_private_address_is_refused(roots, team, server, monkeyp
         return [(0, 0, 0, "", (names[host], port))] if host in names else real(host, port, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", resolve)
-    monkeypatch.setattr(transfers, "is_public", lambda address: address == "127.0.0.1")
+    monkeypatch.setattr(sources, "is_public", lambda address: address == "127.0.0.1")
     server.redirects["r.bin"] = f"http://inside.example:{server.port}/x.bin"
     job = stage(make_job(team, {"name": "r", "uri": server.url("r.bin", host="public.example"), "bytes": 10}))
     assert job.end_reason == "staging_failed" and "10.1.2.3" in job.end_detail

@@ -1,22 +1,14 @@
-"""Moving bytes: sources (file://, http(s)://, s3://), the address and root checks, the copy loop.
+"""Where bytes come from: file://, http(s)://, s3://, the address and root checks, and their readers.
 
-No database here: staging and delivery pass in what they know (roots, the operator's allowances)
-and a ``progress`` callback, called at most every ``PROGRESS_EVERY_S``, that returns False to stop
-(a cancelled job, a lost claim). Local files are copied by the kernel (``copy_file_range``, as
-``cp`` does); when a sha256 is wanted a second thread hashes the copy as it lands, beside the copy.
-Streams go through one cache-sized buffer, hashed in the same pass as they are written. Either
-way checking costs no second pass after the copy, and the copy loop writes progress rarely.
-
-s3:// (and delivery to it) goes through fsspec, with s3fs imported only when used. Two sources
-do not, for safety: file:// is opened with O_NOFOLLOW|O_NONBLOCK and judged by fstat on the very
-descriptor it reads (fsspec's local open() follows a swapped-in link and blocks on a FIFO); http(s)
-uses ``http.client``, because the stager must connect to the very address it checked (no second
-DNS answer), send Range/If-Range to resume, and tell 206 from 200, which fsspec's aiohttp
-backend hides.
+Two sources do not go through fsspec, for safety: file:// is opened with O_NOFOLLOW|O_NONBLOCK
+and judged by fstat on the very descriptor it reads (fsspec's local open() follows a swapped-in
+link and blocks on a FIFO); http(s) uses ``http.client``, because the stager must connect to the
+very address it checked (no second DNS answer), send Range/If-Range to resume, and tell 206 from
+200, which fsspec's aiohttp backend hides. s3:// goes through fsspec, with s3fs imported only
+when used.
 """
 
 import errno
-import hashlib
 import http.client
 import ipaddress
 import os
@@ -24,54 +16,13 @@ import socket
 import ssl
 import stat
 import struct
-import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlsplit
 
 import fsspec
 
-# What the kernel copies per call (copy_file_range), and fsspec's block size. With a sha256 the
-# follower hashes each chunk once it lands: 4 MiB kept it closer behind than 16 MiB (measured faster).
-CHUNK = 4 * 1024 * 1024
-# What passes through Python per read (HTTP, s3) and per hash step: small enough to stay in the
-# core's L2 cache between the read, the hash and the write, as curl's 100 KB reads do. Measured
-# here, HTTP into a file: 0.53 CPU-s/GB at 256 KiB, 0.90 at 1 MiB, 0.78 at 4 MiB.
-BUFFER = 256 * 1024
-PROGRESS_EVERY_S = 0.5
-MAX_REDIRECTS = 5
-MAX_BACKOFF_S = 30.0
-USER_AGENT = "e31-stager/1"
-
-Progress = Callable[[int], bool]
-
-
-class TransferFailed(Exception):
-    """A permanent failure: retrying cannot help (refused, not found, too large, checksum)."""
-
-
-class TransferStopped(Exception):
-    """The progress callback asked the copy to stop (the job was cancelled, or another took over)."""
-
-
-class Transient(Exception):
-    """A failure worth retrying: a 5xx or 429 answer, a dropped or stalled connection."""
-
-
-@dataclass(frozen=True)
-class SourceInfo:
-    size: int | None
-    validator: str  # what says the content did not change: ETag, Last-Modified, inode and mtime
-
-
-@dataclass(frozen=True)
-class Copied:
-    bytes: int
-    sha256: str
-    retries: int
-
+from jobs import transfers
 
 # --------------------------------------------------------------------------- readers
 
@@ -95,9 +46,9 @@ class _FdReader:
                     raise
                 self._kernel = False
         if self._buf is None:
-            self._buf = memoryview(bytearray(BUFFER))
-        n = self.readinto(self._buf[: min(want, BUFFER)])
-        _write_all(out, self._buf[:n])
+            self._buf = memoryview(bytearray(transfers.BUFFER))
+        n = self.readinto(self._buf[: min(want, transfers.BUFFER)])
+        write_all(out, self._buf[:n])
         return n
 
     def readinto(self, buf: memoryview) -> int:
@@ -113,25 +64,25 @@ class _StreamReader:
     def __init__(self, stream, offset: int, closer: Callable[[], None] | None = None) -> None:
         self.stream, self.offset = stream, offset
         self._closer = closer or stream.close
-        self._buf = memoryview(bytearray(BUFFER))
+        self._buf = memoryview(bytearray(transfers.BUFFER))
 
     def pump(self, out: int, want: int) -> int:
-        n = self.readinto(self._buf[: min(want, BUFFER)])
-        _write_all(out, self._buf[:n])
+        n = self.readinto(self._buf[: min(want, transfers.BUFFER)])
+        write_all(out, self._buf[:n])
         return n
 
     def readinto(self, buf: memoryview) -> int:
         n = self.stream.readinto(buf) or 0
         if n == 0 and getattr(self.stream, "length", None):
             # http.client's readinto returns 0, not an error, when the peer hangs up early
-            raise Transient(f"the connection closed with {self.stream.length} bytes still to come")
+            raise transfers.Transient(f"the connection closed with {self.stream.length} bytes still to come")
         return n
 
     def close(self) -> None:
         self._closer()
 
 
-def _write_all(fd: int, data: memoryview) -> None:
+def write_all(fd: int, data: memoryview) -> None:
     while data:
         data = data[os.write(fd, data) :]
 
@@ -146,10 +97,10 @@ class LocalSource:
         self.path = path
         self._file = None
 
-    def probe(self) -> SourceInfo:
+    def probe(self) -> transfers.SourceInfo:
         self._file = self._file or open(self.path, "rb", buffering=0)
         st = os.fstat(self._file.fileno())
-        return SourceInfo(st.st_size, f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}")
+        return transfers.SourceInfo(st.st_size, f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}")
 
     def open(self, offset: int) -> _FdReader:
         self.probe()
@@ -166,22 +117,22 @@ class FileSource(LocalSource):
     def __init__(self, uri: str, *, roots: Sequence[Path], allow_hardlinks: bool) -> None:
         parts = urlsplit(uri)
         if parts.netloc not in ("", "localhost"):
-            raise TransferFailed("a file URI is file:///absolute/path")
+            raise transfers.TransferFailed("a file URI is file:///absolute/path")
         super().__init__(Path(unquote(parts.path)))
         self.roots, self.allow_hardlinks = roots, allow_hardlinks
 
-    def probe(self) -> SourceInfo:
+    def probe(self) -> transfers.SourceInfo:
         if self._file is None:
             real = Path(os.path.realpath(self.path))
             if not _under(real, self.roots):
-                raise TransferFailed(
+                raise transfers.TransferFailed(
                     "the file is not under an allowed data root (after resolving .. and links)"
                 )
             # O_NOFOLLOW: a link swapped in since realpath is refused; O_NONBLOCK: a FIFO cannot hang us.
             try:
                 fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError as exc:
-                raise TransferFailed(f"cannot open the file: {exc.strerror or exc}") from exc
+                raise transfers.TransferFailed(f"cannot open the file: {exc.strerror or exc}") from exc
             try:
                 self._check_opened(fd)
             except BaseException:
@@ -195,15 +146,15 @@ class FileSource(LocalSource):
         """Checks the file actually opened, so a link swapped in after the path check cannot escape."""
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise TransferFailed("not a regular file")
+            raise transfers.TransferFailed("not a regular file")
         if st.st_nlink > 1 and not self.allow_hardlinks:
-            raise TransferFailed(
+            raise transfers.TransferFailed(
                 f"the file has {st.st_nlink} hard links; another may lie outside the data roots, "
                 "so it is refused (an operator may allow hard-linked sources)"
             )
         opened = _opened_path(fd)
         if opened is not None and not _under(opened, self.roots):
-            raise TransferFailed("the opened file is not under an allowed data root")
+            raise transfers.TransferFailed("the opened file is not under an allowed data root")
 
 
 def _opened_path(fd: int) -> Path | None:
@@ -225,16 +176,16 @@ class HttpSource:
         self.url, self.allow_private, self.timeout = url, allow_private, timeout
         self.validator = ""
 
-    def probe(self) -> SourceInfo:
+    def probe(self) -> transfers.SourceInfo:
         resp, conn = self._request("HEAD", {})
         conn.close()
         if resp.status in (405, 501):  # HEAD not offered: learn nothing, the GET still checks the size
-            return SourceInfo(None, "")
+            return transfers.SourceInfo(None, "")
         _raise_for_status(resp.status)
         length = resp.getheader("Content-Length")
         etag = resp.getheader("ETag", "")
         self.validator = etag if etag and not etag.startswith("W/") else resp.getheader("Last-Modified", "")
-        return SourceInfo(int(length) if length and length.isdigit() else None, self.validator)
+        return transfers.SourceInfo(int(length) if length and length.isdigit() else None, self.validator)
 
     def open(self, offset: int) -> _StreamReader:
         headers = {"Range": f"bytes={offset}-"} if offset else {}
@@ -245,7 +196,7 @@ class HttpSource:
             start = _range_start(resp.getheader("Content-Range", ""))
             if start != offset:
                 conn.close()
-                raise TransferFailed(f"the server resumed at byte {start}, not {offset}")
+                raise transfers.TransferFailed(f"the server resumed at byte {start}, not {offset}")
             _blocking_with_timeout(conn.sock, self.timeout)
             return _StreamReader(resp, offset, conn.close)
         _raise_for_status(resp.status)
@@ -257,10 +208,12 @@ class HttpSource:
 
     def _request(self, method: str, headers: dict[str, str]):
         url = self.url
-        for _ in range(MAX_REDIRECTS + 1):
+        for _ in range(transfers.MAX_REDIRECTS + 1):
             conn, target = self._connect(url)
             conn.request(
-                method, target, headers={"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **headers}
+                method,
+                target,
+                headers={"User-Agent": transfers.USER_AGENT, "Accept-Encoding": "identity", **headers},
             )
             resp = conn.getresponse()
             location = resp.getheader("Location")
@@ -268,12 +221,12 @@ class HttpSource:
                 return resp, conn
             conn.close()
             url = urljoin(url, location)  # every hop is checked again by _connect
-        raise TransferFailed(f"more than {MAX_REDIRECTS} redirects")
+        raise transfers.TransferFailed(f"more than {transfers.MAX_REDIRECTS} redirects")
 
     def _connect(self, url: str) -> tuple[http.client.HTTPConnection, str]:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise TransferFailed(
+            raise transfers.TransferFailed(
                 f"refused a redirect to {parts.scheme or 'a relative'}:// (only http and https)"
             )
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -353,8 +306,8 @@ def _raise_for_status(status: int) -> None:
     if status in (200, 206):
         return
     if status >= 500 or status in (408, 425, 429):
-        raise Transient(f"HTTP {status}")
-    raise TransferFailed(f"HTTP {status}" + (": not found" if status in (404, 410) else ""))
+        raise transfers.Transient(f"HTTP {status}")
+    raise transfers.TransferFailed(f"HTTP {status}" + (": not found" if status in (404, 410) else ""))
 
 
 def _range_start(content_range: str) -> int:
@@ -370,13 +323,13 @@ def checked_addresses(host: str, port: int, *, allow_private: bool) -> list[str]
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         if exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
-            raise TransferFailed(f"{host}: no such host") from exc
-        raise Transient(f"{host}: {exc}") from exc
+            raise transfers.TransferFailed(f"{host}: no such host") from exc
+        raise transfers.Transient(f"{host}: {exc}") from exc
     addresses = [info[4][0] for info in infos]
     if not allow_private:
         for address in addresses:
             if not is_public(address):
-                raise TransferFailed(
+                raise transfers.TransferFailed(
                     f"{host} resolves to {address}, a loopback, link-local or private address: "
                     "refused (an operator may allow private sources)"
                 )
@@ -398,15 +351,15 @@ class FsspecSource:
         self.uri = uri
         self.fs = filesystem_for(uri)
 
-    def probe(self) -> SourceInfo:
+    def probe(self) -> transfers.SourceInfo:
         try:
             info = self.fs.info(self.uri)
         except (FileNotFoundError, PermissionError) as exc:
-            raise TransferFailed(f"cannot read {self.uri}: {exc}") from exc
-        return SourceInfo(info.get("size"), str(info.get("ETag") or info.get("mtime") or ""))
+            raise transfers.TransferFailed(f"cannot read {self.uri}: {exc}") from exc
+        return transfers.SourceInfo(info.get("size"), str(info.get("ETag") or info.get("mtime") or ""))
 
     def open(self, offset: int) -> _StreamReader:
-        handle = self.fs.open(self.uri, "rb", block_size=CHUNK)
+        handle = self.fs.open(self.uri, "rb", block_size=transfers.CHUNK)
         handle.seek(offset)
         return _StreamReader(handle, offset)
 
@@ -421,7 +374,7 @@ def filesystem_for(uri: str):
         try:
             import s3fs  # noqa: F401 - only to learn whether the extra is installed
         except ImportError as exc:
-            raise TransferFailed(
+            raise transfers.TransferFailed(
                 "s3:// needs the optional 's3' extra (s3fs), which is not installed on this pool"
             ) from exc
     return fsspec.filesystem(scheme)
@@ -438,195 +391,4 @@ def open_source(
         return HttpSource(uri, allow_private=allow_private, timeout=timeout)
     if scheme == "s3":
         return FsspecSource(uri)
-    raise TransferFailed(f"{scheme}:// sources are not supported")
-
-
-# --------------------------------------------------------------------------- the copy loop
-
-
-class _Follower(threading.Thread):
-    """sha256 of a local copy as the kernel writes it, read back on another thread (pread and
-    hashlib release the GIL), so the copy itself never passes through Python."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(daemon=True, name="e31-sha256")
-        self.path, self.sha256 = path, hashlib.sha256()
-        self._cond = threading.Condition()
-        self._written, self._closed, self._abandoned = 0, False, False
-        self.error: BaseException | None = None
-        self.start()
-
-    def advance(self, written: int) -> None:
-        with self._cond:
-            self._written = written
-            self._cond.notify()
-
-    def finish(self, *, abandon: bool = False) -> str:
-        with self._cond:
-            self._closed, self._abandoned = True, abandon
-            self._cond.notify()
-        self.join()
-        if self.error is not None and not abandon:
-            raise self.error
-        return self.sha256.hexdigest()
-
-    def run(self) -> None:
-        try:
-            self._follow()
-        except BaseException as exc:  # handed to finish()
-            self.error = exc
-
-    def _follow(self) -> None:
-        buf, pos = memoryview(bytearray(BUFFER)), 0
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            while True:
-                with self._cond:
-                    while not (self._written > pos or self._closed):
-                        self._cond.wait()
-                    if self._abandoned or pos >= self._written:
-                        return
-                    target = self._written
-                while pos < target:
-                    n = os.preadv(fd, [buf[: min(BUFFER, target - pos)]], pos)
-                    if n == 0:
-                        raise OSError(f"{self.path} shrank while being hashed")
-                    self.sha256.update(buf[:n])
-                    pos += n
-        finally:
-            os.close(fd)
-
-
-class _Destination:
-    """The file being written: how much of it is in place, and the sha256 of exactly those bytes.
-
-    A local source is copied by the kernel and hashed by a follower thread reading the copy back;
-    a stream is hashed in the same pass as it is written, from the buffer it arrived in.
-    """
-
-    def __init__(self, path: Path, *, want_sha256: bool, kernel_copy: bool) -> None:
-        self.path, self.want_sha256, self.kernel_copy = path, want_sha256, kernel_copy
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        self.done = 0
-        self._hashers()
-        self.buf = memoryview(bytearray(BUFFER)) if self.sha256 is not None else None
-
-    def _hashers(self) -> None:
-        follow = self.want_sha256 and self.kernel_copy
-        self.follower = _Follower(self.path) if follow else None
-        self.sha256 = hashlib.sha256() if self.want_sha256 and not follow else None
-
-    def restart(self) -> None:
-        """The source sent the whole body again: drop what was written and hash afresh."""
-        if self.follower is not None:
-            self.follower.finish(abandon=True)
-        os.ftruncate(self.fd, 0)
-        os.lseek(self.fd, 0, os.SEEK_SET)
-        self.done = 0
-        self._hashers()
-
-    def wrote(self, n: int) -> None:
-        self.done += n
-        if self.follower is not None:
-            self.follower.advance(self.done)
-
-    def digest(self) -> str:
-        if self.follower is not None:
-            follower, self.follower = self.follower, None
-            return follower.finish()
-        return self.sha256.hexdigest() if self.sha256 is not None else ""
-
-    def close(self) -> None:
-        if self.follower is not None:
-            self.follower.finish(abandon=True)
-        os.close(self.fd)
-
-
-def copy(source, dst: Path, *, limit: int, want_sha256: bool, progress: Progress, retries: int,
-         backoff_s: float) -> Copied:  # fmt: skip
-    """Copies the source to ``dst`` (at most ``limit`` bytes, else refused), resuming after transient errors."""
-    out = _Destination(dst, want_sha256=want_sha256, kernel_copy=isinstance(source, LocalSource))
-    tries = 0
-    try:
-        while True:
-            try:
-                _one_try(source, out, limit=limit, progress=progress)
-                break
-            except (Transient, http.client.HTTPException, OSError) as exc:
-                if isinstance(
-                    exc,
-                    FileNotFoundError | PermissionError | IsADirectoryError | ssl.SSLCertVerificationError,
-                ):
-                    raise TransferFailed(_describe(exc)) from exc
-                tries += 1
-                if tries > retries:
-                    raise TransferFailed(f"gave up after {retries} retries: {_describe(exc)}") from exc
-                _back_off(min(MAX_BACKOFF_S, backoff_s * 2 ** (tries - 1)), out.done, progress)
-        return Copied(out.done, out.digest(), tries)
-    finally:
-        out.close()
-
-
-def _one_try(source, out: _Destination, *, limit: int, progress: Progress) -> None:
-    """Reads from where the destination ends; a source that cannot resume starts it over."""
-    reader = source.open(out.done)
-    try:
-        if reader.offset != out.done:
-            out.restart()
-        if os.fstat(out.fd).st_size != out.done:
-            # A write cut short by the error leaves nothing past ``done``. Only then: on ext4 a
-            # truncate to 0 makes close() flush the whole file to disk (auto_da_alloc).
-            os.ftruncate(out.fd, out.done)
-        os.lseek(out.fd, out.done, os.SEEK_SET)
-        _pump(reader, out, limit=limit, progress=progress)
-    finally:
-        reader.close()
-
-
-def _pump(reader, out: _Destination, *, limit: int, progress: Progress) -> None:
-    last = time.monotonic()
-    # One byte more than the limit shows a larger source.
-    while n := _move(reader, out, limit + 1 - out.done):
-        out.wrote(n)
-        if out.done > limit:
-            raise TransferFailed(f"the source is larger than the {limit} bytes declared: cut off")
-        if time.monotonic() - last >= PROGRESS_EVERY_S:
-            last = time.monotonic()
-            if not progress(out.done):
-                raise TransferStopped()
-
-
-def _move(reader, out: _Destination, want: int) -> int:
-    """One step: straight into the file when no stream hash is wanted (in the kernel for local
-    files), else read, hashed and written in one pass over a cache-sized buffer."""
-    if out.sha256 is None:
-        return reader.pump(out.fd, min(CHUNK, want))
-    view = out.buf[: min(BUFFER, want)]
-    n = reader.readinto(view)
-    _write_all(out.fd, view[:n])
-    out.sha256.update(view[:n])  # once written: after a failed write it still covers exactly ``done``
-    return n
-
-
-def _back_off(delay: float, done: int, progress: Progress) -> None:
-    """Sleeps before a retry, still answering to a cancel."""
-    deadline = time.monotonic() + delay
-    while (left := deadline - time.monotonic()) > 0:
-        time.sleep(min(left, PROGRESS_EVERY_S))
-        if not progress(done):
-            raise TransferStopped()
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if len(text) < 200 else text[:200] + "…"
-
-
-def sha256_of(path: Path) -> str:
-    """One pass over a local file, in large blocks."""
-    digest = hashlib.sha256()
-    buf = memoryview(bytearray(BUFFER))
-    with open(path, "rb", buffering=0) as handle:
-        while n := handle.readinto(buf):
-            digest.update(buf[:n])
-    return digest.hexdigest()
+    raise transfers.TransferFailed(f"{scheme}:// sources are not supported")
