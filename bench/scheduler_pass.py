@@ -20,14 +20,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from jobs.scheduling import policy
+from jobs.scheduling import policy, types
 
 NODES, GPUS, PENDING, TEAMS = 1000, 8, 10_000, 40
 NOW = 1_780_000_000.0
 SIZES = [1] * 50 + [2] * 12 + [4] * 12 + [8] * 16 + [16] * 6 + [32] * 3 + [64] * 1
 
 
-def build_running(rng: random.Random) -> tuple[list[policy.NodeView], list[policy.RunningView]]:
+def build_running(rng: random.Random) -> tuple[list[types.NodeView], list[types.RunningView]]:
     """Fill the pool to about 90%: multi-node jobs take whole nodes, the rest pack best-fit."""
     free = {f"gpu-{i:04d}": list(range(GPUS)) for i in range(NODES)}
     names = list(free)
@@ -39,7 +39,7 @@ def build_running(rng: random.Random) -> tuple[list[policy.NodeView], list[polic
             continue
         started = NOW - rng.uniform(0, 20) * 3600
         running.append(
-            policy.RunningView(
+            types.RunningView(
                 job_id=job_id,
                 team=f"team-{rng.randrange(TEAMS):02d}",
                 gpus_by_node=held,
@@ -49,7 +49,7 @@ def build_running(rng: random.Random) -> tuple[list[policy.NodeView], list[polic
             )
         )
         busy, job_id = busy + g, job_id + 1
-    nodes = [policy.NodeView(name=n, gpus=GPUS, free=tuple(free[n])) for n in names]
+    nodes = [types.NodeView(name=n, gpus=GPUS, free=tuple(free[n])) for n in names]
     return nodes, running
 
 
@@ -68,12 +68,12 @@ def _place(free: dict, names: list[str], g: int, rng: random.Random) -> dict | N
     return None
 
 
-def build_pending(rng: random.Random) -> list[policy.PendingJob]:
+def build_pending(rng: random.Random) -> list[types.PendingJob]:
     jobs = []
     for i in range(PENDING):
         g = rng.choice(SIZES)
         jobs.append(
-            policy.PendingJob(
+            types.PendingJob(
                 job_id=i,
                 team=f"team-{rng.randrange(TEAMS):02d}",
                 gpus=g,

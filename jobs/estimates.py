@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from jobs import snapshot
-from jobs.scheduling import policy
+from jobs.scheduling import policy, types
 
 DRAFT_ID = -1
 
@@ -42,7 +42,7 @@ def draft_options(
 
 
 def _estimate(view, team, label, gpus, hours, min_gpus, preemptible, now) -> Option:
-    draft = policy.PendingJob(
+    draft = types.PendingJob(
         job_id=DRAFT_ID, team=team, gpus=gpus, hours=hours, submitted_at=now.timestamp(),
         min_gpus=min_gpus, preemptible=preemptible,
     )  # fmt: skip

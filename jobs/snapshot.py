@@ -14,22 +14,22 @@ from accounts.models import Team
 from jobs import staging
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, State
 from jobs.models import Allocation, DataInput, GpuHold, Job, Node, TeamUsage
-from jobs.scheduling import policy
+from jobs.scheduling import types
 
 
 @dataclass(frozen=True)
 class PoolView:
-    nodes: list[policy.NodeView]
-    running: list[policy.RunningView]
-    pending: list[policy.PendingJob]
+    nodes: list[types.NodeView]
+    running: list[types.RunningView]
+    pending: list[types.PendingJob]
     usage: dict[str, float]
     shares: dict[str, float]
-    config: policy.PolicyConfig
+    config: types.PolicyConfig
     requested_gpus: dict[int, int]
 
 
-def config() -> policy.PolicyConfig:
-    return policy.PolicyConfig(half_life_s=settings.E31_FAIRSHARE_HALF_LIFE_S)
+def config() -> types.PolicyConfig:
+    return types.PolicyConfig(half_life_s=settings.E31_FAIRSHARE_HALF_LIFE_S)
 
 
 def take(*, now: datetime) -> PoolView:
@@ -46,13 +46,13 @@ def take(*, now: datetime) -> PoolView:
     )
 
 
-def _nodes(pool_cached: frozenset[str] = frozenset()) -> list[policy.NodeView]:
+def _nodes(pool_cached: frozenset[str] = frozenset()) -> list[types.NodeView]:
     """``pool_cached``: the waiting jobs' datasets in the pool-wide staging cache, which every node reads."""
     held: dict[int, set[int]] = defaultdict(set)
     for node_id, index in GpuHold.objects.filter(active=True).values_list("node_id", "gpu_index"):
         held[node_id].add(index)
     return [
-        policy.NodeView(
+        types.NodeView(
             name=node.name,
             gpus=node.gpus,
             free=tuple(i for i in range(node.gpus) if i not in held[node.id]),
@@ -63,7 +63,7 @@ def _nodes(pool_cached: frozenset[str] = frozenset()) -> list[policy.NodeView]:
     ]
 
 
-def _running() -> list[policy.RunningView]:
+def _running() -> list[types.RunningView]:
     by_job: dict[int, dict] = {}
     rows = Allocation.objects.filter(released_at__isnull=True, job__state__in=HOLDS_COMPUTE).values_list(
         "job_id",
@@ -87,7 +87,7 @@ def _running() -> list[policy.RunningView]:
         )
         entry["nodes"][node] = tuple(indices)
     return [
-        policy.RunningView(
+        types.RunningView(
             job_id=job_id,
             team=e["team"],
             gpus_by_node=e["nodes"],
@@ -99,7 +99,7 @@ def _running() -> list[policy.RunningView]:
     ]
 
 
-def _pending(now: datetime) -> list[policy.PendingJob]:
+def _pending(now: datetime) -> list[types.PendingJob]:
     """Queued jobs are ready; staging ones are planned from their staging ETA."""
     jobs = Job.objects.filter(state__in=(State.QUEUED, State.STAGING, State.SUBMITTED)).values_list(
         "id", "team__name", "gpus", "hours", "submitted_at", "min_gpus", "preemptible", "state"
@@ -107,7 +107,7 @@ def _pending(now: datetime) -> list[policy.PendingJob]:
     etas = staging_etas(now)
     datasets = staging.job_datasets([row[0] for row in jobs])
     return [
-        policy.PendingJob(
+        types.PendingJob(
             job_id=job_id, team=team, gpus=gpus, hours=hours, submitted_at=submitted.timestamp(),
             min_gpus=min_gpus, preemptible=preemptible,
             ready_at=None if state == State.QUEUED else etas.get(job_id, now.timestamp() + 60),
@@ -139,7 +139,7 @@ def _usage(now: datetime) -> dict[str, float]:
     return usage
 
 
-def store_estimates(plan: policy.Plan, *, now: datetime) -> None:
+def store_estimates(plan: types.Plan, *, now: datetime) -> None:
     """Writes each waiting job's estimated start, reason and priority (only jobs not yet rented)."""
     waiting = Job.objects.filter(id__in=list(plan.estimates), state__in=BEFORE_RENT).only("id")
     rows = []

@@ -24,7 +24,7 @@ from django.db.models import Avg, BigIntegerField, Count, ExpressionWrapper, F, 
 
 from jobs import snapshot
 from jobs.models import GpuHold, Node
-from jobs.scheduling import policy
+from jobs.scheduling import policy, types
 from operations.models import TeamBusySample, UtilisationSample
 
 
@@ -95,7 +95,7 @@ def take_sample(*, now: datetime) -> UtilisationSample | None:
 
 
 def measure(
-    *, nodes: Iterable[policy.NodeView], pending: Iterable[policy.PendingJob], plan: policy.Plan
+    *, nodes: Iterable[types.NodeView], pending: Iterable[types.PendingJob], plan: types.Plan
 ) -> Figures:
     """The minute's figures from the snapshot and the plan (pure: see the module docstring)."""
     nodes = list(nodes)
@@ -118,7 +118,7 @@ def measure(
     )
 
 
-def _reservation(r: policy.Reservation) -> dict:
+def _reservation(r: types.Reservation) -> dict:
     nodes = {node: list(ix) for node, ix in (r.gpus_by_node or {}).items()}
     return {"start_at": datetime.fromtimestamp(r.start_at, UTC).isoformat(), "gpus_by_node": nodes}
 

@@ -5,14 +5,11 @@ Each has ``plan()``'s signature so the simulator can swap them in; none uses fai
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
 
-from jobs.scheduling import policy
-from jobs.scheduling.policy import NodeView, PendingJob, Plan, PolicyConfig, RunningView
-
-PolicyFn = Callable[..., Plan]
-
+from jobs.scheduling import placement, policy, types
+from jobs.scheduling.types import NodeView, PendingJob, Plan, PolicyConfig, ReleaseMemo, RunningView
 
 _by_submit = attrgetter("submitted_at", "job_id")
 _by_declared_hours = attrgetter("hours", "submitted_at", "job_id")
@@ -26,16 +23,18 @@ def fcfs(
     pending: Sequence[PendingJob],
     usage: Mapping[str, float],
     shares: Mapping[str, float],
-    config: PolicyConfig = policy.DEFAULT_CONFIG,
+    config: PolicyConfig = types.DEFAULT_CONFIG,
+    memo: ReleaseMemo | None = None,
 ) -> Plan:
     """Strict first-come-first-served: start in submit order, stop at the first job that waits."""
-    return policy.schedule(
+    return placement.schedule(
         now=now,
         nodes=nodes,
         running=running,
         order=sorted(pending, key=_by_submit),
         config=PolicyConfig(reserve_top=0, explain=config.explain),
         backfill=False,
+        memo=memo,
     )
 
 
@@ -47,15 +46,17 @@ def easy(
     pending: Sequence[PendingJob],
     usage: Mapping[str, float],
     shares: Mapping[str, float],
-    config: PolicyConfig = policy.DEFAULT_CONFIG,
+    config: PolicyConfig = types.DEFAULT_CONFIG,
+    memo: ReleaseMemo | None = None,
 ) -> Plan:
     """EASY backfilling in submit order: the first waiting job holds a reservation, others backfill."""
-    return policy.schedule(
+    return placement.schedule(
         now=now,
         nodes=nodes,
         running=running,
         order=sorted(pending, key=_by_submit),
         config=PolicyConfig(reserve_top=1, explain=config.explain),
+        memo=memo,
     )
 
 
@@ -67,16 +68,18 @@ def sjf(
     pending: Sequence[PendingJob],
     usage: Mapping[str, float],
     shares: Mapping[str, float],
-    config: PolicyConfig = policy.DEFAULT_CONFIG,
+    config: PolicyConfig = types.DEFAULT_CONFIG,
+    memo: ReleaseMemo | None = None,
 ) -> Plan:
     """Shortest declared hours first, with EASY backfilling behind the first waiting job."""
-    return policy.schedule(
+    return placement.schedule(
         now=now,
         nodes=nodes,
         running=running,
         order=sorted(pending, key=_by_declared_hours),
         config=PolicyConfig(reserve_top=1, explain=config.explain),
+        memo=memo,
     )
 
 
-POLICIES: dict[str, PolicyFn] = {"default": policy.plan, "fcfs": fcfs, "easy": easy, "sjf": sjf}
+POLICIES: dict[str, types.Policy] = {"default": policy.plan, "fcfs": fcfs, "easy": easy, "sjf": sjf}

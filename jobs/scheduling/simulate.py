@@ -38,9 +38,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-from jobs.scheduling import baselines, plot, traces
-from jobs.scheduling.policy import HOUR_S, NodeView, PendingJob, Plan, PolicyConfig, RunningView
+from jobs.scheduling import baselines, plot, traces, types
 from jobs.scheduling.traces import TraceJob
+from jobs.scheduling.types import HOUR_S, NodeView, PendingJob, Plan, PolicyConfig, RunningView
 
 REPLAY_CONFIG = PolicyConfig(explain=False)  # decisions only: the replay needs no sentences
 SIZE_CLASSES = (("1", 1, 1), ("2-4", 2, 4), ("5-8", 5, 8), (">8", 9, math.inf))
@@ -132,7 +132,7 @@ def replay(
     *,
     nodes: int,
     gpus_per_node: int,
-    policy: baselines.PolicyFn,
+    policy: types.Policy,
     config: PolicyConfig = REPLAY_CONFIG,
     shares: Mapping[str, float] | None = None,
     on_plan: Callable[[float, Plan], None] | None = None,
@@ -144,6 +144,7 @@ def replay(
     they had left (checkpointed) and the policy runs again at the same instant.
     """
     state = _Replay(jobs, nodes=nodes, gpus_per_node=gpus_per_node, half_life_s=config.half_life_s)
+    memo: types.ReleaseMemo = {}  # running jobs' releases, computed once per start
     nxt = 0
     while nxt < len(jobs) or state.finishes:
         now = min(jobs[nxt].submit_s if nxt < len(jobs) else math.inf, state.next_finish())
@@ -163,6 +164,7 @@ def replay(
                 usage=state.meter,
                 shares=shares or {},
                 config=config,
+                memo=memo,
             )
             if on_plan is not None:
                 on_plan(now, result)

@@ -7,7 +7,7 @@ from django.db.models import Sum
 from django.urls import reverse
 
 from jobs.lifecycle import State
-from jobs.scheduling import policy
+from jobs.scheduling import types
 from operations import utilisation
 from operations.models import TeamBusySample, UtilisationSample
 from tests.factories import JobFactory
@@ -16,26 +16,26 @@ from tests.operations.conftest import HTMX, running_job, store_samples
 UTILISATION = reverse("operations:utilisation")
 
 
-def _plan(reservations: list[policy.Reservation]) -> policy.Plan:
-    return policy.Plan(starts=[], preemptions=[], reservations=reservations, estimates={}, priority={})
+def _plan(reservations: list[types.Reservation]) -> types.Plan:
+    return types.Plan(starts=[], preemptions=[], reservations=reservations, estimates={}, priority={})
 
 
 def test_reserved_counts_only_free_gpus_a_reservation_holds_and_the_rest_idle_while_jobs_wait():
     nodes = [
-        policy.NodeView(name="a", gpus=4, free=(2, 3)),
-        policy.NodeView(name="b", gpus=4, free=(0, 1, 2, 3)),
-        policy.NodeView(name="c", gpus=4, free=(0, 1, 2, 3), schedulable=False),  # drained: not waste
+        types.NodeView(name="a", gpus=4, free=(2, 3)),
+        types.NodeView(name="b", gpus=4, free=(0, 1, 2, 3)),
+        types.NodeView(name="c", gpus=4, free=(0, 1, 2, 3), schedulable=False),  # drained: not waste
     ]
-    waiting = [policy.PendingJob(job_id=1, team="t", gpus=8, hours=1, submitted_at=0)]
-    held = policy.Reservation(job_id=1, start_at=3600, gpus_by_node={"a": (0, 1, 2), "b": (0,)})
+    waiting = [types.PendingJob(job_id=1, team="t", gpus=8, hours=1, submitted_at=0)]
+    held = types.Reservation(job_id=1, start_at=3600, gpus_by_node={"a": (0, 1, 2), "b": (0,)})
     figures = utilisation.measure(nodes=nodes, pending=waiting, plan=_plan([held]))
     assert (figures.total, figures.busy, figures.reserved, figures.idle_while_waiting) == (12, 2, 2, 4)
     assert figures.reservations["1"]["gpus_by_node"] == {"a": [0, 1, 2], "b": [0]}
 
 
 def test_free_gpus_are_not_waste_when_no_job_is_ready_to_use_them():
-    nodes = [policy.NodeView(name="a", gpus=4, free=(0, 1, 2, 3))]
-    staging = [policy.PendingJob(job_id=1, team="t", gpus=1, hours=1, submitted_at=0, ready_at=99.0)]
+    nodes = [types.NodeView(name="a", gpus=4, free=(0, 1, 2, 3))]
+    staging = [types.PendingJob(job_id=1, team="t", gpus=1, hours=1, submitted_at=0, ready_at=99.0)]
     figures = utilisation.measure(nodes=nodes, pending=staging, plan=_plan([]))
     assert (figures.idle_while_waiting, figures.queued) == (0, 0)
 

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobs.scheduling import baselines, policy, simulate
-from jobs.scheduling.policy import PolicyConfig
 from jobs.scheduling.traces import TraceJob
+from jobs.scheduling.types import PolicyConfig
 
 HOUR = 3600.0
 

@@ -5,7 +5,9 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.scheduling.policy import NodeView, PendingJob, PolicyConfig, RunningView, format_utc, plan
+from jobs.scheduling.explanation import format_utc
+from jobs.scheduling.policy import plan
+from jobs.scheduling.types import NodeView, PendingJob, PolicyConfig, RunningView
 
 NOW = datetime(2026, 5, 4, 12, 0, tzinfo=UTC).timestamp()
 HOUR = 3600.0

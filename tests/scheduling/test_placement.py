@@ -3,7 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.scheduling.policy import NodeView, PendingJob, PolicyConfig, RunningView, plan
+from jobs.scheduling.policy import plan
+from jobs.scheduling.types import NodeView, PendingJob, PolicyConfig, RunningView
 
 NOW = 1_000_000.0
 

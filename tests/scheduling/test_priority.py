@@ -2,14 +2,9 @@
 
 import pytest
 
-from jobs.scheduling.policy import (
-    NodeView,
-    PendingJob,
-    PolicyConfig,
-    decay_usage,
-    fairshare_factors,
-    plan,
-)
+from jobs.scheduling.policy import plan
+from jobs.scheduling.priority import decay_usage, fairshare_factors
+from jobs.scheduling.types import NodeView, PendingJob, PolicyConfig
 
 NOW = 5_000_000.0
 DAY = 86400.0

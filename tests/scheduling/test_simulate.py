@@ -5,8 +5,8 @@ import json
 import pytest
 
 from jobs.scheduling import baselines, policy, simulate
-from jobs.scheduling.policy import PolicyConfig
 from jobs.scheduling.traces import TraceJob
+from jobs.scheduling.types import PolicyConfig
 
 
 def _jobs(rows):

@@ -1,0 +1,234 @@
+"""Estimates and reasons: when each waiting job should start, and a sentence saying why it waits.
+
+Read from one pass's working state after it has decided; never changes a decision. Pure core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from jobs.scheduling.types import DAY_S, HOUR_S, Estimate, PendingJob, PolicyConfig
+
+if TYPE_CHECKING:  # the pass hands itself in; importing it at run time would be a cycle
+    from jobs.scheduling.placement import Held, Outcome, Pass
+    from jobs.scheduling.priority import Ranking
+
+
+def _first(pair: tuple) -> object:
+    return pair[0]
+
+
+def format_utc(ts: float, *, now: float | None = None) -> str:
+    """``14:20 UTC``, with the day added when it is not the same UTC day as ``now``."""
+    when = datetime.fromtimestamp(ts, UTC)
+    if now is not None and when.date() != datetime.fromtimestamp(now, UTC).date():
+        return f"{when:%H:%M} UTC on {when.day} {when:%b}"
+    return f"{when:%H:%M} UTC"
+
+
+def _describe_size(g: int, node_gpus: int) -> str:
+    if g <= node_gpus:
+        return f"needs {g} GPU{'s' if g != 1 else ''} on one node"
+    whole, rest = divmod(g, node_gpus)
+    extra = f" plus {rest} on another" if rest else ""
+    return f"needs {g} GPUs: {whole} whole nodes{extra}"
+
+
+class _Profile:
+    """Idle GPUs over time if nothing new starts: running ends, this pass's starts, held GPUs.
+
+    Used only for estimates: a blocked job is expected to start once the pool has worked through
+    the GPU-seconds queued ahead of it and enough GPUs are idle at once.
+    """
+
+    def __init__(self, p: Pass) -> None:
+        now = p.now
+        deltas: list[tuple[float, int]] = []
+        busy = 0
+        for r in p.releases():
+            k = sum(len(v) for n, v in r.gpus_by_node.items() if n in p.capacity)
+            busy += k
+            deltas.append((max(r.expected_end, now), k))
+        for end, counts in p.local_events:  # this pass's starts and holds: busy from now to their end
+            k = sum(counts.values())
+            busy += k
+            deltas.append((max(end, now), k))
+        deltas.sort(key=_first)
+        self.times = [now]
+        self.free = [max(p.total_gpus - busy, 0)]
+        level = p.total_gpus - busy
+        for t, k in deltas:
+            level += k
+            if t > self.times[-1]:
+                self.times.append(t)
+                self.free.append(max(level, 0))
+            else:
+                self.free[-1] = max(level, 0)
+        self.area = [0.0]
+        for i in range(1, len(self.times)):
+            self.area.append(self.area[-1] + self.free[i - 1] * (self.times[i] - self.times[i - 1]))
+        self.peak = []
+        best = 0
+        for f in self.free:
+            best = max(best, f)
+            self.peak.append(best)
+
+    def when_done(self, work: float) -> float:
+        """Time by which ``work`` GPU-seconds of idle capacity have passed."""
+        area, times = self.area, self.times
+        lo, hi = 0, len(area)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if area[mid] <= work:
+                lo = mid + 1
+            else:
+                hi = mid
+        i = max(lo - 1, 0)
+        rate = self.free[i]
+        if rate <= 0:
+            return times[min(i + 1, len(times) - 1)]
+        return times[i] + (work - area[i]) / rate
+
+    def when_idle(self, g: int) -> float:
+        """First time ``g`` GPUs are idle together (pool-wide, ignoring node boundaries)."""
+        lo, hi = 0, len(self.peak)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.peak[mid] >= g:
+                hi = mid
+            else:
+                lo = mid + 1
+        return self.times[min(lo, len(self.times) - 1)]
+
+
+class Explainer:
+    """Estimates and reasons for a pass; subclassed by the default policy to name fair share."""
+
+    def estimates(self, p: Pass, order: Sequence[PendingJob], outcome: Outcome) -> dict[int, Estimate]:
+        out: dict[int, Estimate] = {}
+        profile: _Profile | None = None
+        work_ahead = 0.0
+        head: PendingJob | None = None
+        for job in order:
+            jid = job.job_id
+            if jid in outcome.never:
+                out[jid] = self._never(p, job)
+            elif jid in outcome.started:
+                out[jid] = self._started(p, job, outcome.started[jid])
+            elif jid in outcome.held:
+                head = head or job
+                out[jid] = self._held(p, outcome.held[jid])
+            else:
+                profile = profile or _Profile(p)
+                out[jid] = self._blocked(p, job, profile, work_ahead, head)
+                head = head or job
+                work_ahead += job.gpus * job.hours * HOUR_S
+        return out
+
+    def _never(self, p: Pass, job: PendingJob) -> Estimate:
+        g = job.min_gpus or job.gpus
+        if not p.capacity:
+            reason = "no node in the pool is taking jobs now (all draining, drained or down)"
+            return Estimate(job.job_id, None, "no_nodes", reason)
+        reason = (
+            f"larger than the pool can ever place: needs {g} GPUs, the schedulable pool has "
+            f"{p.total_gpus} on {len(p.capacity)} nodes of up to {p.node_gpus} GPUs"
+        )
+        return Estimate(job.job_id, None, "too_large", reason)
+
+    def _started(self, p: Pass, job: PendingJob, got: int) -> Estimate:
+        if got < job.gpus:
+            reason = (
+                f"starting now with {got} of {job.gpus} GPUs (elastic, at least {job.min_gpus}), "
+                "sooner than waiting for all of them"
+            )
+            return Estimate(job.job_id, p.now, "starting_smaller", reason)
+        return Estimate(job.job_id, p.now, "starting", "starting now")
+
+    def _held(self, p: Pass, hold: Held) -> Estimate:
+        job = hold.job
+        where = _node_list(hold.need)
+        if hold.start_at <= p.now and job.job_id in p.preempt_ready:
+            reason = (
+                f"{_describe_size(job.gpus, p.node_gpus)}; starting on {where} as soon as the "
+                "backlog jobs there are preempted and requeued"
+            )
+            return Estimate(job.job_id, p.now, "preempting", reason)
+        starved = ""
+        if self.is_starved(job):
+            starved = "waited past the starvation bound, so it holds a reservation: "
+        reason = (
+            f"{starved}{_describe_size(job.gpus, p.node_gpus)}; reserved on {where} "
+            f"from {format_utc(hold.start_at, now=p.now)}"
+        )
+        return Estimate(job.job_id, hold.start_at, "reserved", reason)
+
+    def is_starved(self, job: PendingJob) -> bool:
+        return False
+
+    def _blocked(
+        self, p: Pass, job: PendingJob, profile: _Profile, work_ahead: float, head: PendingJob | None
+    ) -> Estimate:
+        at = max(profile.when_done(work_ahead), profile.when_idle(job.min_gpus or job.gpus), p.now)
+        if job.ready_at is not None and job.ready_at > p.now:
+            at = max(at, job.ready_at)
+            reason = (
+                f"waiting for its data to finish staging (ETA {format_utc(job.ready_at, now=p.now)}); "
+                f"expected to start about {format_utc(at, now=p.now)}"
+            )
+            return Estimate(job.job_id, at, "staging", reason)
+        when = f"expected to start about {format_utc(at, now=p.now)}"
+        if job.preemptible:
+            reason = f"backlog job: runs on GPUs nobody else can use; {when}"
+            return Estimate(job.job_id, at, "backlog", reason)
+        size = _describe_size(job.gpus, p.node_gpus)
+        if head is None:
+            return Estimate(job.job_id, at, "no_gpus", f"{size}; not enough idle GPUs yet; {when}")
+        behind = self.behind(job, head)
+        if behind:
+            return Estimate(job.job_id, at, "fairshare", f"{behind}; {size}; {when}")
+        reason = f"{size}; waiting behind higher-priority job {head.job_id} ({head.gpus} GPUs); {when}"
+        return Estimate(job.job_id, at, "queued", reason)
+
+    def behind(self, job: PendingJob, head: PendingJob) -> str:
+        return ""
+
+
+def _node_list(need: Mapping[str, int]) -> str:
+    names = list(need)
+    if len(names) <= 3:
+        return ", ".join(names)
+    return f"{len(names)} nodes ({names[0]} ... {names[-1]})"
+
+
+class FairshareExplainer(Explainer):
+    """Names the team ahead and the fair-share numbers when that is why a job waits."""
+
+    def __init__(
+        self,
+        *,
+        ranking: Ranking,
+        usage: Mapping[str, float],
+        shares: Mapping[str, float],
+        config: PolicyConfig,
+    ) -> None:
+        self.ranking, self.usage, self.config = ranking, usage, config
+        teams = list(ranking.fairshare)
+        total_share = sum(max(float(shares.get(t, 1.0)), 1e-9) for t in teams) or 1.0
+        self.share_pct = {t: 100.0 * max(float(shares.get(t, 1.0)), 1e-9) / total_share for t in teams}
+
+    def is_starved(self, job: PendingJob) -> bool:
+        return job.job_id in self.ranking.starved
+
+    def behind(self, job: PendingJob, head: PendingJob) -> str:
+        fs = self.ranking.fairshare
+        if head.team == job.team or fs.get(head.team, 0.0) <= fs.get(job.team, 0.0):
+            return ""
+        used_h = float(self.usage.get(job.team, 0.0)) / HOUR_S
+        days = self.config.half_life_s / DAY_S
+        return (
+            f"behind team {head.team} (your team used {used_h:,.0f} GPU-h, decayed with a "
+            f"{days:g}-day half-life, against a {self.share_pct.get(job.team, 0.0):.0f}% share)"
+        )

@@ -1,0 +1,784 @@
+"""The engine under every engine-based policy: one pass over jobs in priority order.
+
+It places starts (best fit on one node, or whole nodes plus a remainder), makes reservations by
+walking the running jobs' releases forward, backfills what does not delay them, and preempts
+backlog jobs a due reservation needs. Pure core: standard library only, ``now`` passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import compress, count, repeat
+from operator import and_, attrgetter, le, or_
+
+from jobs.scheduling import explanation
+from jobs.scheduling.types import (
+    HOUR_S,
+    Estimate,
+    NodeView,
+    PendingJob,
+    Plan,
+    PolicyConfig,
+    ReleaseMemo,
+    Reservation,
+    RunningView,
+    Start,
+)
+
+INF = math.inf
+
+_job_id = attrgetter("job_id")
+_preemptible = attrgetter("preemptible")
+_cached = attrgetter("cached_datasets")
+_hours = attrgetter("hours")
+_gpus = attrgetter("gpus")
+_name = attrgetter("name")
+_schedulable = attrgetter("schedulable")
+_min_gpus = attrgetter("min_gpus")
+
+
+def _first(pair: tuple) -> object:
+    return pair[0]
+
+
+# --------------------------------------------------------------------------- free-GPU index
+
+
+class _FreeIndex:
+    """Nodes bucketed by how many GPUs a class of job may use on them now (best-fit in O(node size)).
+
+    Buckets are dicts used as ordered sets so that choices are deterministic across runs.
+    """
+
+    __slots__ = ("buckets", "count", "top")
+
+    def __init__(self, max_gpus: int, count: dict[str, int] | None = None) -> None:
+        self.count: dict[str, int] = count if count is not None else {}
+        self.buckets: list[dict[str, None]] = [{} for _ in range(max_gpus + 1)]
+        for node, k in self.count.items():
+            self.buckets[k][node] = None
+        self.top = max(self.count.values(), default=0)  # largest non-empty bucket
+
+    def set(self, node: str, k: int) -> None:
+        old = self.count.get(node, 0)
+        if old == k:
+            return
+        if old > 0:
+            del self.buckets[old][node]
+        if k > 0:
+            self.buckets[k][node] = None
+            self.count[node] = k
+            self.top = max(self.top, k)
+        else:
+            self.count.pop(node, None)
+        while self.top > 0 and not self.buckets[self.top]:
+            self.top -= 1
+
+    def get(self, node: str) -> int:
+        return self.count.get(node, 0)
+
+    def best_fit(self, g: int, *, exclude: Mapping[str, object] | None = None) -> str | None:
+        """The node with the fewest usable GPUs that still holds ``g`` (first-come on ties)."""
+        for k in range(g, self.top + 1):
+            for node in self.buckets[k]:
+                if exclude is None or node not in exclude:
+                    return node
+        return None
+
+
+# --------------------------------------------------------------------------- one pass
+
+
+@dataclass(slots=True)
+class Held:
+    """A reservation being built: the job, its time, GPUs needed per node."""
+
+    job: PendingJob
+    start_at: float
+    need: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What the pass needs from the pool that only changes when nodes join, leave or drain."""
+
+    capacity: dict[str, int]  # schedulable node -> GPUs (shared between passes: read-only)
+    all_schedulable: bool
+    node_gpus: int  # the largest node
+    big_nodes: int  # how many nodes have that many GPUs
+    second_gpus: int  # the largest smaller node, 0 if none
+    total_gpus: int
+
+
+_SHAPE_MEMO: list[tuple[tuple, _Shape]] = []
+
+
+def _pool_shape(nodes: Sequence[NodeView]) -> _Shape:
+    """The pool's shape, recomputed only when names, sizes or schedulability change (C-level check)."""
+    key = (tuple(map(_name, nodes)), tuple(map(_gpus, nodes)), tuple(map(_schedulable, nodes)))
+    if _SHAPE_MEMO and _SHAPE_MEMO[0][0] == key:
+        return _SHAPE_MEMO[0][1]
+    capacity = {n.name: n.gpus for n in nodes if n.schedulable}
+    sizes = list(capacity.values())
+    largest = max(sizes, default=0)
+    shape = _Shape(
+        capacity=capacity,
+        all_schedulable=len(capacity) == len(nodes),
+        node_gpus=largest,
+        big_nodes=sizes.count(largest),
+        second_gpus=max((g for g in set(sizes) if g < largest), default=0),
+        total_gpus=sum(sizes),
+    )
+    _SHAPE_MEMO[:] = [(key, shape)]
+    return shape
+
+
+class Pass:
+    """Working state of one scheduling pass. Never escapes ``schedule()``.
+
+    Views of free GPUs now: ``short`` - every idle GPU (for jobs that end, by declared hours,
+    before the earliest reservation); ``long`` - idle GPUs no reservation counts on (for jobs that
+    run past one). GPUs of preemptible running jobs ("soft") are in neither view: only a
+    reservation may take them, by preempting.
+    """
+
+    def __init__(
+        self,
+        *,
+        now: float,
+        nodes: Sequence[NodeView],
+        running: Sequence[RunningView],
+        memo: ReleaseMemo | None = None,
+    ) -> None:
+        self.now = now
+        self.memo: ReleaseMemo = {} if memo is None else memo
+        shape = _pool_shape(nodes)
+        self.capacity = shape.capacity
+        self.all_schedulable = shape.all_schedulable
+        self.node_gpus, self.big_nodes, self.second_gpus = shape.node_gpus, shape.big_nodes, shape.second_gpus
+        self.total_gpus = shape.total_gpus
+        # Comprehensions rather than loops: this runs every pass over every node.
+        if shape.all_schedulable:
+            self.free: dict[str, list[int]] = {n.name: list(n.free) for n in nodes if n.free}
+        else:
+            self.free = {n.name: list(n.free) for n in nodes if n.free and n.schedulable}
+        self.cache_nodes: dict[str, list[str]] = {}
+        if any(map(_cached, nodes)):
+            for n in nodes:
+                if n.schedulable:
+                    for key in n.cached_datasets:
+                        self.cache_nodes.setdefault(key, []).append(n.name)
+        free_count = {name: len(idx) for name, idx in self.free.items()}
+        self.short = _FreeIndex(self.node_gpus, free_count)
+        self.long = _FreeIndex(self.node_gpus, dict(free_count))
+        self.running = running
+        self.soft: dict[str, int] = {}
+        self.soft_jobs: dict[str, list[RunningView]] = {}
+        for r in running if any(map(_preemptible, running)) else ():
+            if r.preemptible:
+                for name, idx in r.gpus_by_node.items():
+                    if name in self.capacity:
+                        self.soft[name] = self.soft.get(name, 0) + len(idx)
+                        self.soft_jobs.setdefault(name, []).append(r)
+        self.reserved_hard: dict[str, int] = {}
+        self.reserved_soft: dict[str, int] = {}
+        self.first_reservation = INF
+        self.held: list[Held] = []
+        self.local_events: list[tuple[float, dict[str, int]]] = []  # ends of this pass's starts/holds
+        self.starts: list[Start] = []
+        self.started_gpus: dict[int, int] = {}
+        self.preempted: dict[int, None] = {}
+        self.preempt_spare: dict[str, list[int]] = {}  # GPUs of preempted jobs no hold claimed yet
+        self.preempt_ready: dict[int, dict[str, tuple[int, ...]]] = {}
+        self._releases: list[RunningView] | None = None
+        self._sweep: _Sweep | None = None
+        self._by_node: dict[str, list[RunningView]] | None = None
+
+    # ----- feasibility
+
+    def ever_fits(self, g: int) -> bool:
+        """Whether the schedulable pool could hold ``g`` GPUs under the placement rules."""
+        if self.node_gpus == 0:
+            return False
+        if g <= self.node_gpus:
+            return g > 0
+        whole, rest = divmod(g, self.node_gpus)
+        if self.big_nodes < whole:
+            return False
+        return rest == 0 or self.big_nodes > whole or self.second_gpus >= rest
+
+    # ----- placement now
+
+    def place(self, job: PendingJob, g: int, *, view: _FreeIndex) -> dict[str, int] | None:
+        """Counts per node for ``g`` GPUs in ``view``, or None when they do not fit now."""
+        if g <= self.node_gpus:
+            node = self._local_fit(job, g, view) or view.best_fit(g)
+            return None if node is None else {node: g}
+        whole, rest = divmod(g, self.node_gpus)
+        full = view.buckets[self.node_gpus]
+        if len(full) < whole:
+            return None
+        chosen: dict[str, int] = {}
+        for node in full:
+            if len(chosen) == whole:
+                break
+            chosen[node] = self.node_gpus
+        if rest:
+            node = view.best_fit(rest, exclude=chosen)
+            if node is None:
+                return None
+            chosen[node] = rest
+        return chosen
+
+    def _local_fit(self, job: PendingJob, g: int, view: _FreeIndex) -> str | None:
+        """Best-fit among nodes that already cache one of the job's datasets (no transfer)."""
+        if not job.datasets or not self.cache_nodes:
+            return None
+        best, best_k = None, INF
+        for key in job.datasets:
+            for node in self.cache_nodes.get(key, ()):
+                k = view.get(node)
+                if g <= k < best_k:
+                    best, best_k = node, k
+        return best
+
+    def view_for(self, end: float) -> _FreeIndex:
+        """Jobs ending by the earliest reservation may use any idle GPU; others only unreserved ones."""
+        return self.short if end <= self.first_reservation else self.long
+
+    def take(self, job: PendingJob, counts: Mapping[str, int], *, end: float) -> dict[str, tuple[int, ...]]:
+        """Claim idle GPUs for a start; a long job takes from the tail, away from reserved ones."""
+        from_tail = end > self.first_reservation
+        gpus_by_node = {}
+        for node, k in counts.items():
+            idx = self.free[node]
+            if from_tail:
+                taken, self.free[node] = idx[len(idx) - k :], idx[: len(idx) - k]
+            else:
+                taken, self.free[node] = idx[:k], idx[k:]
+            gpus_by_node[node] = tuple(sorted(taken))
+            self._sync(node)
+        self.local_events.append((end, dict(counts)))
+        return gpus_by_node
+
+    def _sync(self, node: str) -> None:
+        free = len(self.free.get(node, ()))
+        self.short.set(node, free)
+        self.long.set(node, max(0, free - self.reserved_hard.get(node, 0)))
+
+    def start(self, job: PendingJob, counts: Mapping[str, int]) -> None:
+        end = self.now + job.hours * HOUR_S
+        self.starts.append(Start(job_id=job.job_id, gpus_by_node=self.take(job, counts, end=end)))
+        if self._sweep is not None:
+            self._sweep.note_start(counts, end)
+        self.started_gpus[job.job_id] = sum(counts.values())
+
+    def try_start(self, job: PendingJob) -> bool:
+        """Start ``job`` now at full size, else (elastic) at the largest size one placement gives."""
+        end = self.now + job.hours * HOUR_S
+        view = self.view_for(end)
+        counts = self.place(job, job.gpus, view=view)
+        if counts is None and job.min_gpus is not None and job.min_gpus < job.gpus:
+            counts = self._elastic_counts(job, view)
+        if counts is None:
+            return False
+        self.start(job, counts)
+        return True
+
+    def _elastic_counts(self, job: PendingJob, view: _FreeIndex) -> dict[str, int] | None:
+        whole_gpus = len(view.buckets[self.node_gpus]) * self.node_gpus
+        if job.gpus > self.node_gpus and whole_gpus > self.node_gpus:
+            g = min(job.gpus, whole_gpus)
+            g -= g % self.node_gpus
+        else:
+            g = min(job.gpus, view.top)
+        if g < (job.min_gpus or job.gpus) or g <= 0:
+            return None
+        return self.place(job, g, view=view)
+
+    # ----- reservations
+
+    def releases(self) -> list[RunningView]:
+        """Non-preemptible running jobs by expected end (preemptible ones count as free already)."""
+        if self._releases is None:
+            running = self.running if not self.soft_jobs else [r for r in self.running if not r.preemptible]
+            self._releases = sorted(running, key=_expected_end)
+        return self._releases
+
+    def base_avail(self) -> dict[str, int]:
+        """Per node: idle + backlog GPUs now, less what holds of this pass captured now."""
+        avail = dict(self.short.count)
+        for node, k in self.soft.items():
+            avail[node] = avail.get(node, 0) + k
+        for held in (self.reserved_hard, self.reserved_soft):
+            for node, k in held.items():
+                avail[node] = avail.get(node, 0) - k
+        return avail
+
+    def reserve(self, job: PendingJob) -> Held | None:
+        """Earliest start of ``job`` by declared hours at or after the holds made before it in this
+        pass, without moving any of them; None if the schedulable pool never fits it."""
+        if self._sweep is None:
+            self._sweep = _Sweep(self)
+        found = self._sweep.hold(job.gpus, hours=job.hours)
+        if found is None:
+            return None
+        start_at, need, released = found
+        hold = Held(job=job, start_at=start_at, need=need)
+        due_now = start_at <= self.now
+        parts = {}
+        for node, k in need.items():
+            from_releases = released.get(node, 0)
+            if from_releases < k:  # a busy node's hold comes all from releases: nothing idle is touched
+                parts[node] = self._capture(node, k, from_releases=from_releases, idle_first=due_now)
+        self.held.append(hold)
+        self.first_reservation = min(self.first_reservation, start_at)
+        self.local_events.append((start_at + job.hours * HOUR_S, dict(need)))
+        if due_now and any(soft for _, soft in parts.values()):
+            self._preempt_for(hold, parts)
+        return hold
+
+    def _capture(self, node: str, k: int, *, from_releases: int, idle_first: bool) -> tuple[int, int]:
+        """Count ``k`` GPUs of ``node`` for a hold: releases first, then backlog and idle GPUs.
+
+        A future hold counts on backlog (soft) GPUs before idle ones, leaving idle GPUs to
+        backfill; a hold due now takes idle GPUs first so that it preempts as little as possible.
+        Returns (idle, soft) GPUs counted.
+        """
+        now_part = k - from_releases
+        soft_left = max(self.soft.get(node, 0) - self.reserved_soft.get(node, 0), 0)
+        idle_left = max(len(self.free.get(node, ())) - self.reserved_hard.get(node, 0), 0)
+        if idle_first:
+            hard_part = min(now_part, idle_left)
+            soft_part = now_part - hard_part
+        else:
+            soft_part = min(now_part, soft_left)
+            hard_part = now_part - soft_part
+        self.reserved_soft[node] = self.reserved_soft.get(node, 0) + soft_part
+        self.reserved_hard[node] = self.reserved_hard.get(node, 0) + hard_part
+        self._sync(node)
+        return hard_part, soft_part
+
+    def _preempt_for(self, hold: Held, parts: Mapping[str, tuple[int, int]]) -> None:
+        """A hold due now on backlog GPUs: its idle GPUs, plus the fewest backlog jobs preempted."""
+        ready: dict[str, tuple[int, ...]] = {}
+        for node, (idle_k, soft_k) in parts.items():
+            idle = self.free.get(node, [])
+            # Unreserved idle GPUs sit at the tail (reserved ones are counted from the front).
+            use, self.free[node] = idle[len(idle) - idle_k :], idle[: len(idle) - idle_k]
+            self.reserved_hard[node] -= idle_k
+            self._sync(node)
+            spare = self.preempt_spare.setdefault(node, [])
+            backlog = sorted(self.soft_jobs.get(node, ()), key=lambda r: -len(r.gpus_by_node[node]))
+            for r in backlog:
+                if len(spare) >= soft_k:
+                    break
+                if r.job_id not in self.preempted:
+                    self.preempted[r.job_id] = None
+                    spare.extend(r.gpus_by_node[node])
+            use, self.preempt_spare[node] = use + spare[:soft_k], spare[soft_k:]
+            ready[node] = tuple(sorted(use))
+        self.preempt_ready[hold.job.job_id] = ready
+
+    def reservation_gpus(self, hold: Held) -> dict[str, tuple[int, ...]]:
+        """Which GPU indices the hold expects on each node: released ones first, then idle ones."""
+        if hold.job.job_id in self.preempt_ready:
+            return self.preempt_ready[hold.job.job_id]
+        if self._by_node is None:
+            self._by_node = {}
+            for r in self.releases():
+                for node in r.gpus_by_node:
+                    self._by_node.setdefault(node, []).append(r)
+        out = {}
+        for node, k in hold.need.items():
+            ending = [
+                i
+                for r in self._by_node.get(node, ())
+                if r.expected_end <= hold.start_at
+                for i in r.gpus_by_node[node]
+            ]
+            backlog = [i for r in self.soft_jobs.get(node, ()) for i in r.gpus_by_node[node]]
+            out[node] = tuple(sorted((ending + backlog + self.free.get(node, []))[:k]))
+        return out
+
+
+_expected_end = attrgetter("expected_end")
+
+
+def _releases_of(r: RunningView, memo: ReleaseMemo) -> list[tuple[float, str, int]]:
+    """A running job's release events, from ``memo`` when it holds this very view.
+
+    The identity check makes a hit exact: a new view for the same job (the live scheduler builds
+    new ones each pass) is computed afresh. Callers must not mutate a view's gpus_by_node in place.
+    """
+    hit = memo.get(r.job_id)
+    if hit is not None and hit[0] is r:
+        return hit[1]
+    events = [(r.expected_end, n, len(ix)) for n, ix in r.gpus_by_node.items()]
+    memo[r.job_id] = (r, events)
+    return events
+
+
+def _prune_release_memo(memo: ReleaseMemo, running: int) -> None:
+    if len(memo) > 4 * running + 4096:
+        memo.clear()  # rebuilt on demand from the jobs still running
+
+
+class _Sweep:
+    """One forward walk per pass over releases, placing holds in priority order.
+
+    Availability per node starts at idle + backlog (soft) GPUs now and changes as the walk moves
+    forward: running jobs' expected ends and this pass's starts' ends add GPUs, each hold takes its
+    GPUs at its start and returns them at its end. Each hold is the earliest time at or after the
+    previous one when its job fits - so holds never move each other, and starved jobs keep
+    first-come-first-served order - at the cost of one walk per pass instead of one per hold.
+    ``released`` per node records how many of a hold's GPUs come from releases (the rest are
+    idle or backlog GPUs now), which is what the backfill views need.
+    """
+
+    def __init__(self, p: Pass) -> None:
+        self.p = p
+        self.avail = p.base_avail()
+        self.t = p.now
+        # Running jobs' releases are expanded into ``events`` lazily, a few jobs at a time, as the
+        # walk reaches them (most walks stop early); ends of this pass's starts and holds are
+        # spliced in, or wait in ``deferred`` while they lie beyond what is expanded.
+        self.jobs, self.ji = p.releases(), 0
+        _prune_release_memo(p.memo, len(p.running))
+        self.events: list[tuple[float, str, int]] = []
+        self.i = 0
+        self.frontier = -INF
+        self.deferred: list[tuple[float, str, int]] = []
+        for end, counts in p.local_events:
+            self._splice(end, counts)
+        self.gained: dict[str, int] = {}  # GPUs added by releases so far, per node
+        self.owed: dict[str, int] = {}  # of those, what earlier holds took
+        # Nodes wholly available at the walk's present, kept up to date as it moves: wide holds
+        # (most reservations on a busy pool) then never rescan every node.
+        size, cap = p.node_gpus, p.capacity
+        self.wholes = {n: None for n, a in self.avail.items() if a >= size and cap.get(n, 0) == size}
+
+    def _take(self, counts: Mapping[str, int]) -> None:
+        avail, wholes, size = self.avail, self.wholes, self.p.node_gpus
+        for node, k in counts.items():
+            avail[node] = left = avail.get(node, 0) - k
+            if left < size and node in wholes:
+                del wholes[node]
+
+    def _splice(self, end: float, counts: Mapping[str, int]) -> None:
+        batch = [(end, n, k) for n, k in counts.items()]
+        if end <= self.frontier:
+            at = bisect_right(self.events, end, lo=self.i, key=_first)
+            self.events[at:at] = batch
+        else:
+            at = bisect_right(self.deferred, end, key=_first)
+            self.deferred[at:at] = batch
+
+    def _expand(self) -> bool:
+        """Append the next few running jobs' releases (and deferred ends now behind them)."""
+        jobs, ji = self.jobs, self.ji
+        if ji >= len(jobs):
+            if not self.deferred:
+                return False
+            self.events += self.deferred
+            self.deferred, self.frontier = [], INF
+            return True
+        stop = min(ji + 16, len(jobs))
+        cap, unfiltered = self.p.capacity, self.p.all_schedulable
+        for r in jobs[ji:stop]:
+            if unfiltered:
+                self.events += _releases_of(r, self.p.memo)
+            else:
+                self.events += [e for e in _releases_of(r, self.p.memo) if e[1] in cap]
+        self.ji, self.frontier = stop, jobs[stop - 1].expected_end
+        if self.deferred and self.deferred[0][0] <= self.frontier:
+            cut = bisect_right(self.deferred, self.frontier, key=_first)
+            merged = sorted(self.events[self.i :] + self.deferred[:cut])  # two sorted runs: linear
+            self.events[self.i :] = merged
+            del self.deferred[:cut]
+        return True
+
+    def note_start(self, counts: Mapping[str, int], end: float) -> None:
+        """A start made now after the walk has moved on: it holds its GPUs until ``end``."""
+        if end <= self.t:
+            return  # back before the walk's present: no effect on what is available then
+        self._take(counts)
+        self._splice(end, counts)
+
+    def hold(self, g: int, *, hours: float) -> tuple[float, dict[str, int], dict[str, int]] | None:
+        """Place a hold for ``g`` GPUs for ``hours``: (start, GPUs per node, of which released)."""
+        if g > self.p.node_gpus:
+            need = self._advance_multi(g)
+        else:
+            need = _fit_single_now(self.p, g, self.avail) or self._advance_single(g)
+        if need is None:
+            return None
+        released = {}
+        gained, owed = self.gained, self.owed
+        for node, k in need.items():
+            spare = gained.get(node, 0) - owed.get(node, 0)
+            if spare > 0:
+                released[node] = took = min(k, spare)
+                owed[node] = owed.get(node, 0) + took
+        self._take(need)
+        self._splice(self.t + hours * HOUR_S, need)
+        return max(self.t, self.p.now), need, released
+
+    def _advance_single(self, g: int) -> dict[str, int] | None:
+        events, avail, gained, cap = self.events, self.avail, self.gained, self.p.capacity
+        wholes, size = self.wholes, self.p.node_gpus
+        while True:
+            for i in range(self.i, len(events)):
+                t, node, k = events[i]
+                a = avail.get(node, 0) + k
+                avail[node] = a
+                gained[node] = gained.get(node, 0) + k
+                if a >= size > a - k and cap.get(node, 0) == size:
+                    wholes[node] = None
+                if a >= g and cap.get(node, 0) >= g:
+                    self.t, self.i = t, i + 1
+                    return {node: g}
+            self.i = len(events)
+            if not self._expand():
+                return None
+
+    def _advance_multi(self, g: int) -> dict[str, int] | None:
+        """Watches whole nodes (and nodes able to take the remainder) as releases come in."""
+        events, avail, gained, cap = self.events, self.avail, self.gained, self.p.capacity
+        wholes, size = self.wholes, self.p.node_gpus
+        whole, rest = divmod(g, size)
+        n_rest = sum(1 for n, a in avail.items() if a >= rest and cap.get(n, 0) >= rest) if rest else 0
+        if len(wholes) >= whole and (not rest or n_rest > whole):
+            return _fit_multi(self.p, g, avail, wholes)  # fits at the walk's present
+        while True:
+            for i in range(self.i, len(events)):
+                t, node, k = events[i]
+                old = avail.get(node, 0)
+                a = old + k
+                avail[node] = a
+                gained[node] = gained.get(node, 0) + k
+                grew_whole = old < size <= a and cap.get(node, 0) == size
+                if grew_whole:
+                    wholes[node] = None
+                grew_rest = rest and old < rest <= a and cap.get(node, 0) >= rest
+                if not (grew_whole or grew_rest):
+                    continue
+                n_rest += bool(grew_rest)
+                if len(wholes) >= whole and (not rest or n_rest > whole):
+                    self.t, self.i = t, i + 1
+                    return _fit_multi(self.p, g, avail, wholes)
+            self.i = len(events)
+            if not self._expand():
+                return None
+
+
+def _fit_single_now(p: Pass, g: int, avail: Mapping[str, int]) -> dict[str, int] | None:
+    """A single-node job that fits at once (on backlog GPUs): best fit, then fewest preempted."""
+    cap, soft = p.capacity, p.soft
+    fits = [(k, soft.get(n, 0), n) for n, k in avail.items() if k >= g and cap.get(n, 0) >= g]
+    return {min(fits)[2]: g} if fits else None
+
+
+def _fit_multi(
+    p: Pass, g: int, avail: Mapping[str, int], wholes: Mapping[str, None]
+) -> dict[str, int] | None:
+    """Whole nodes of the largest size, plus one node for any remainder, if ``avail`` has them.
+
+    ``wholes`` are the nodes wholly available. It takes those with no GPU idle now first: a hold
+    then counts on GPUs that are busy anyway, and idle GPUs stay free for backfill.
+    """
+    whole, rest = divmod(g, p.node_gpus)
+    if len(wholes) < whole:
+        return None
+    idle, cap = p.short.count, p.capacity
+    busy = [n for n in wholes if n not in idle]
+    if len(busy) < whole:
+        busy += sorted((n for n in wholes if n in idle), key=idle.__getitem__)
+    chosen = dict.fromkeys(busy[:whole], p.node_gpus)
+    if rest:
+        extras = [n for n, a in avail.items() if a >= rest and cap.get(n, 0) >= rest and n not in chosen]
+        if not extras:
+            return None
+        chosen[min(extras, key=lambda n: (idle.get(n, 0), avail[n]))] = rest
+    return chosen
+
+
+# --------------------------------------------------------------------------- the pass
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    started: dict[int, int]  # job id -> GPUs
+    held: dict[int, Held]
+    never: set[int]
+    blocked: list[PendingJob]  # in priority order: neither started, held, nor impossible
+
+
+def schedule(
+    *,
+    now: float,
+    nodes: Sequence[NodeView],
+    running: Sequence[RunningView],
+    order: Sequence[PendingJob],
+    config: PolicyConfig,
+    starved: frozenset[int] = frozenset(),
+    backfill: bool = True,
+    explainer: explanation.Explainer | None = None,
+    memo: ReleaseMemo | None = None,
+) -> Plan:
+    """Run one pass over ``order`` (highest priority first); the engine under every policy.
+
+    ``backfill=False`` is strict first-come-first-served: stop at the first job that cannot start.
+    """
+    p = Pass(now=now, nodes=nodes, running=running, memo=memo)
+    outcome = _place_all(p, order, config=config, starved=starved, backfill=backfill)
+    reservations = [
+        Reservation(
+            job_id=h.job.job_id,
+            start_at=h.start_at,
+            gpus_by_node=p.reservation_gpus(h) if config.explain or h.job.job_id in p.preempt_ready else None,
+        )
+        for h in p.held
+    ]
+    estimates: dict[int, Estimate] = {}
+    if config.explain:
+        estimates = (explainer or explanation.Explainer()).estimates(p, order, outcome)
+    return Plan(
+        starts=p.starts,
+        preemptions=list(p.preempted),
+        reservations=reservations,
+        estimates=estimates,
+        priority={},
+    )
+
+
+def _place_all(
+    p: Pass, order: Sequence[PendingJob], *, config: PolicyConfig, starved: frozenset[int], backfill: bool
+) -> Outcome:
+    """Non-preemptible jobs in priority order, then backlog jobs on whatever is still idle.
+
+    Phase 1 walks the order while reservations are still due (starved jobs, then the top
+    ``reserve_top`` blocked jobs). Phase 2 only backfills: a cheap size/length test skips jobs
+    that cannot fit, and the scan ends when nothing later could fit on what is idle.
+    """
+    out = Outcome(started={}, held={}, never=set(), blocked=[])
+    backlog: list[PendingJob] = []
+    if not backfill:
+        return _strict(p, order, out, backlog, config)
+    top_holds = 0
+    resume = len(order)
+    for i, job in enumerate(order):
+        is_starved = job.job_id in starved
+        if not (is_starved or top_holds < config.reserve_top) or len(out.held) >= config.max_reservations:
+            resume = i
+            break
+        if not _consider(p, job, out, backlog):
+            continue
+        hold = p.reserve(job)
+        if hold is None:
+            out.blocked.append(job)
+        else:
+            out.held[job.job_id] = hold
+            top_holds += not is_starved
+    _backfill(p, order[resume:], out, backlog, config)
+    return _finish(p, out, backlog, (), config)
+
+
+def _strict(
+    p: Pass, order: Sequence[PendingJob], out: Outcome, backlog: list[PendingJob], config: PolicyConfig
+) -> Outcome:
+    """First-come-first-served without backfill: stop at the first job that has to wait."""
+    for i, job in enumerate(order):
+        if _consider(p, job, out, backlog):
+            out.blocked.append(job)
+            return _finish(p, out, backlog, order[i + 1 :], config)
+    return _finish(p, out, backlog, (), config)
+
+
+def _consider(p: Pass, job: PendingJob, out: Outcome, backlog: list[PendingJob]) -> bool:
+    """Start ``job`` now if it can; True when it is still waiting for GPUs (not started, possible)."""
+    if not p.ever_fits(job.min_gpus or job.gpus):
+        out.never.add(job.job_id)
+        return False
+    if job.ready_at is not None and job.ready_at > p.now:
+        out.blocked.append(job)
+        return False
+    if job.preemptible:
+        backlog.append(job)
+        return False
+    return not p.try_start(job)
+
+
+def _backfill(
+    p: Pass, jobs: Sequence[PendingJob], out: Outcome, backlog: list[PendingJob], config: PolicyConfig
+) -> None:
+    """Start whatever fits without touching a reservation; the hot loop of a busy pool.
+
+    A job is a candidate if it fits the unreserved idle GPUs, or fits the idle ones and ends (by
+    declared hours) before the first reservation. Candidates are found with C-level maps, so the
+    Python loop only visits jobs that may start; it re-checks each against what is left.
+    """
+    horizon = (p.first_reservation - p.now) / HOUR_S + 1e-9  # hours until the first reservation
+    short_top, long_top = _widest(p, p.short), _widest(p, p.long)
+    visited: set[int] = set()
+    hours = list(map(_hours, jobs)) if jobs and short_top else []
+    if hours and (long_top or min(hours) <= horizon):
+        if long_top:
+            sizes = (
+                [j.min_gpus or j.gpus for j in jobs] if any(map(_min_gpus, jobs)) else list(map(_gpus, jobs))
+            )
+            fits_long = map(le, sizes, repeat(long_top))
+            fits_short = map(and_, map(le, sizes, repeat(short_top)), map(le, hours, repeat(horizon)))
+            candidates = compress(count(), map(or_, fits_long, fits_short))
+        else:  # every idle GPU is reserved: only jobs ending before the first reservation qualify
+            sizes = None
+            candidates = compress(count(), map(le, hours, repeat(horizon)))
+        for i in candidates:
+            g = sizes[i] if sizes is not None else (jobs[i].min_gpus or jobs[i].gpus)
+            if g > short_top or (g > long_top and hours[i] > horizon):
+                continue  # what was idle is gone
+            job = jobs[i]
+            visited.add(i)
+            if _consider(p, job, out, backlog):
+                out.blocked.append(job)
+            else:
+                short_top, long_top = _widest(p, p.short), _widest(p, p.long)
+                if not short_top:
+                    break
+    if config.explain:
+        out.blocked.extend(_rest(p, [j for i, j in enumerate(jobs) if i not in visited], out.never))
+
+
+def _widest(p: Pass, view: _FreeIndex) -> int:
+    """An upper bound on the widest job ``view`` could place now: a node's worth, or whole nodes
+    plus a remainder when some node is wholly idle."""
+    if view.top < p.node_gpus:
+        return view.top
+    return (len(view.buckets[p.node_gpus]) + 1) * p.node_gpus - 1
+
+
+def _finish(
+    p: Pass, out: Outcome, backlog: list[PendingJob], unreached: Sequence[PendingJob], config: PolicyConfig
+) -> Outcome:
+    """Backlog jobs take what is still idle; record the starts."""
+    for job in backlog:
+        if not p.try_start(job):
+            out.blocked.append(job)
+    if config.explain:
+        out.blocked.extend(_rest(p, unreached, out.never))
+    out.started.update(p.started_gpus)
+    return out
+
+
+def _rest(p: Pass, jobs: Sequence[PendingJob], never: set[int]) -> list[PendingJob]:
+    """Jobs the scan did not reach: impossible ones go to ``never``, the others are returned."""
+    rest = []
+    for job in jobs:
+        if p.ever_fits(job.min_gpus or job.gpus):
+            rest.append(job)
+        else:
+            never.add(job.job_id)
+    return rest

@@ -1,0 +1,134 @@
+"""Priority of queued jobs: fair share over decayed usage, age, declared length, starvation bound.
+
+Pure core (standard library only, ``now`` passed in). How the terms combine is told in
+``jobs.scheduling.policy``'s docstring.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+
+from jobs.scheduling.types import DAY_S, PendingJob, PolicyConfig, RunningView
+
+
+def decay_usage(*, usage: float, elapsed_s: float, half_life_s: float) -> float:
+    """Usage ``elapsed_s`` later: it halves every ``half_life_s``; never negative elapsed."""
+    return usage * 2.0 ** (-max(elapsed_s, 0.0) / half_life_s)
+
+
+def fairshare_factors(
+    *, teams: Iterable[str], usage: Mapping[str, float], shares: Mapping[str, float]
+) -> dict[str, float]:
+    """F per team in (0, 1]: 1 with no usage, 0.5 when usage fraction equals share fraction.
+
+    Both fractions are over ``teams`` (those present); a missing share counts as 1.0.
+    """
+    teams = list(teams)
+    share = {t: max(float(shares.get(t, 1.0)), 1e-9) for t in teams}
+    used = {t: max(float(usage.get(t, 0.0)), 0.0) for t in teams}
+    total_share, total_used = sum(share.values()), sum(used.values())
+    if total_used <= 0.0:
+        return dict.fromkeys(teams, 1.0)
+    return {t: 2.0 ** -((used[t] / total_used) / (share[t] / total_share)) for t in teams}
+
+
+def length_factor(hours: float) -> float:
+    """S in (0, 1]: 1 for an instant job, 0.5 for one declared hour, falling slowly (log) after."""
+    return 1.0 / (1.0 + math.log2(1.0 + max(hours, 0.0)))
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    order: list[PendingJob]
+    starved: frozenset[int]
+    fairshare: dict[str, float]
+    components: Callable[[], dict[int, dict[str, float]]]
+
+
+def rank(
+    *,
+    now: float,
+    pending: Sequence[PendingJob],
+    running: Sequence[RunningView],
+    usage: Mapping[str, float],
+    shares: Mapping[str, float],
+    config: PolicyConfig,
+) -> Ranking:
+    """Priority order: starved jobs first (oldest first), then by total priority (ties: caller order).
+
+    Age is linear and shared by all, so the order only needs age_w * submitted/day - fs_w * F(team)
+    - length_w * S: one float per job (this runs every pass over the whole queue), sorted in C.
+    """
+    fs = fairshare_factors(
+        teams=set(map(_team, pending)).union(map(_team, running)), usage=usage, shares=shares
+    )
+    fs_term = {t: config.fairshare_weight * f for t, f in fs.items()}
+    keys = _keys(pending, fs_term=fs_term, now=now, config=config)
+    ranked = sorted(range(len(pending)), key=keys.__getitem__)
+    order = list(map(pending.__getitem__, ranked))
+    starved = 0  # starved jobs are a prefix of the order
+    while starved < len(ranked) and keys[ranked[starved]] < -1e29:
+        starved += 1
+    starved_ids = frozenset(map(_job_id, order[:starved]))
+
+    def components() -> dict[int, dict[str, float]]:
+        return {
+            j.job_id: _components(j, now=now, fs=fs[j.team], config=config, starved=j.job_id in starved_ids)
+            for j in order
+        }
+
+    return Ranking(order=order, starved=starved_ids, fairshare=fs, components=components)
+
+
+# Declared hours take few distinct values: a dict lookup per job instead of a log each pass.
+_LENGTH: dict[float, float] = {}
+
+
+def _keys(
+    pending: Sequence[PendingJob], *, fs_term: Mapping[str, float], now: float, config: PolicyConfig
+) -> list[float]:
+    """Sort keys (lower first): -1e30 + submitted for starved jobs, else -(priority) + a constant."""
+    age_per_s, length_w = config.age_weight / DAY_S, config.length_weight
+    starve_before = now - config.starvation_s
+    length = _LENGTH
+
+    def build() -> list[float]:
+        return [
+            -1e30 + j.submitted_at  # starved: before everyone else, oldest first
+            if j.submitted_at < starve_before
+            else age_per_s * j.submitted_at - fs_term[j.team] - length_w * length[j.hours]
+            for j in pending
+        ]
+
+    try:
+        return build()
+    except KeyError:  # a declared length not seen before
+        if len(length) > 100_000:
+            length.clear()
+        length.update((h, length_factor(h)) for h in set(map(_hours, pending)))
+        return build()
+
+
+_team = attrgetter("team")
+_job_id = attrgetter("job_id")
+_hours = attrgetter("hours")
+
+
+def _components(
+    job: PendingJob, *, now: float, fs: float, config: PolicyConfig, starved: bool
+) -> dict[str, float]:
+    """The priority breakdown shown to operators: "size" is the job-shape term (length_weight x S,
+    from declared hours), named as the operator queue page reads it."""
+    fairshare = config.fairshare_weight * fs
+    age = config.age_weight * max(now - job.submitted_at, 0.0) / DAY_S
+    size = config.length_weight * length_factor(job.hours)
+    return {
+        "fairshare": fairshare,
+        "age": age,
+        "size": size,
+        "total": fairshare + age + size,
+        "starved": 1.0 if starved else 0.0,
+    }

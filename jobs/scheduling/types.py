@@ -1,0 +1,142 @@
+"""The interface of the scheduling core: what a policy is shown, what it answers, its knobs.
+
+Pure data (standard library only). The default policy (``jobs.scheduling.policy.plan``) and every
+baseline (``jobs.scheduling.baselines``) have the ``Policy`` signature, and nothing else in common:
+the live scheduler and the trace replay call any of them the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+HOUR_S = 3600.0
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One GPU node as the scheduler sees it now."""
+
+    name: str
+    gpus: int
+    free: tuple[int, ...]
+    schedulable: bool = True
+    cached_datasets: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class RunningView:
+    """A job holding GPUs now; ``expected_end`` is rent time + declared hours."""
+
+    job_id: int
+    team: str
+    gpus_by_node: dict[str, tuple[int, ...]]
+    started_at: float
+    expected_end: float
+    preemptible: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    """A queued (or still staging) job; ``hours`` is the declared limit used for backfill."""
+
+    job_id: int
+    team: str
+    gpus: int
+    hours: float
+    submitted_at: float
+    min_gpus: int | None = None
+    preemptible: bool = False
+    ready_at: float | None = None
+    datasets: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Knobs of the default policy (see the module docstring for how they combine).
+
+    ``length_weight`` scales S in (0, 1]: a 10-minute job gets 0.8, a 1-hour job 0.5, a 3-day job
+    0.14. ``age_weight`` is priority per day waited: at 0.25, four days of waiting outweigh the
+    whole length range, and two days (``starvation_s``) end the contest anyway.
+    ``fairshare_weight`` scales F in (0, 1]; at 0.2 a team far over its share loses about as much
+    as 19 hours of waiting - it orders similar jobs, it is not a wall: in trace replays heavier
+    weights made teams' slowdowns less equal, not more.
+    ``max_reservations`` caps reservations per pass (starved jobs beyond it get theirs once those
+    ahead start). ``explain=False`` skips estimates, reasons and the priority breakdown (the
+    simulator's setting); starts, preemptions and reservations are the same either way.
+    """
+
+    half_life_s: float = 7 * DAY_S
+    fairshare_weight: float = 0.2
+    age_weight: float = 0.25
+    length_weight: float = 1.0
+    starvation_s: float = 2 * DAY_S
+    reserve_top: int = 1
+    max_reservations: int = 6
+    explain: bool = True
+
+
+DEFAULT_CONFIG = PolicyConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Start ``job_id`` now on these GPUs (an elastic job may hold fewer than it asked for)."""
+
+    job_id: int
+    gpus_by_node: dict[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """GPUs held for ``job_id`` from ``start_at`` (declared-hours bound); ``None`` = not computed."""
+
+    job_id: int
+    start_at: float
+    gpus_by_node: dict[str, tuple[int, ...]] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """When a pending job should start, as a code and a sentence for its owner."""
+
+    job_id: int
+    start_at: float | None
+    reason_code: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The outcome of one pass; the caller applies starts and preemptions."""
+
+    starts: list[Start]
+    preemptions: list[int]
+    reservations: list[Reservation]
+    estimates: dict[int, Estimate]
+    priority: dict[int, dict[str, float]]
+
+
+# A running job's release events, (expected end, node, GPUs), by job id with the view they were
+# computed from. The caller owns it and may keep it across passes (the replay does: a running job's
+# releases never change); ``plan()``'s result never depends on what it holds.
+ReleaseMemo = dict[int, tuple[RunningView, list[tuple[float, str, int]]]]
+
+
+class Policy(Protocol):
+    """One scheduling pass: what to start now, what to preempt, what to reserve, when the rest start."""
+
+    def __call__(
+        self,
+        *,
+        now: float,
+        nodes: Sequence[NodeView],
+        running: Sequence[RunningView],
+        pending: Sequence[PendingJob],
+        usage: Mapping[str, float],
+        shares: Mapping[str, float],
+        config: PolicyConfig = ...,
+        memo: ReleaseMemo | None = None,
+    ) -> Plan: ...
