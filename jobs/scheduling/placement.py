@@ -184,6 +184,7 @@ class Pass:
                         self.soft[name] = self.soft.get(name, 0) + len(idx)
                         self.soft_jobs.setdefault(name, []).append(r)
         self.reserved_hard: dict[str, int] = {}
+        self.returning: dict[str, int] = {}  # GPUs of starts due back before the first reservation
         self.reserved_soft: dict[str, int] = {}
         self.first_reservation = INF
         self.held: list[Held] = []
@@ -252,9 +253,12 @@ class Pass:
     def take(self, job: PendingJob, counts: Mapping[str, int], *, end: float) -> dict[str, tuple[int, ...]]:
         """Claim idle GPUs for a start; a long job takes from the tail, away from reserved ones."""
         from_tail = end > self.first_reservation
+        returns = not from_tail and self.first_reservation < INF
         gpus_by_node = {}
         for node, k in counts.items():
             idx = self.free[node]
+            if returns:
+                self.returning[node] = self.returning.get(node, 0) + k
             if from_tail:
                 taken, self.free[node] = idx[len(idx) - k :], idx[: len(idx) - k]
             else:
@@ -265,9 +269,12 @@ class Pass:
         return gpus_by_node
 
     def _sync(self, node: str) -> None:
+        """Both views of ``node``. GPUs of a start that ends before the first reservation come back
+        in time for it, so they count towards the reservation's idle GPUs (EASY's extra GPUs)."""
         free = len(self.free.get(node, ()))
         self.short.set(node, free)
-        self.long.set(node, max(0, free - self.reserved_hard.get(node, 0)))
+        unreserved = free + self.returning.get(node, 0) - self.reserved_hard.get(node, 0)
+        self.long.set(node, max(0, min(free, unreserved)))
 
     def start(self, job: PendingJob, counts: Mapping[str, int]) -> None:
         end = self.now + job.hours * HOUR_S
@@ -527,6 +534,29 @@ class _Sweep:
         self._splice(self.t + hours * HOUR_S, need)
         return max(self.t, self.p.now), need, released
 
+    def _absorb_ties(self, i: int, t: float) -> list[str]:
+        """Apply every other release at ``t`` after event ``i``: a hold found at ``t`` then sees all
+        GPUs released at that moment and takes them before idle ones (EASY's shadow time).
+        Returns the nodes whose GPUs were released at ``t``."""
+        events, avail, gained, cap = self.events, self.avail, self.gained, self.p.capacity
+        wholes, size = self.wholes, self.p.node_gpus
+        touched = [events[i][1]]
+        i += 1
+        while True:
+            while i < len(events) and events[i][0] <= t:
+                _, node, k = events[i]
+                a = avail.get(node, 0) + k
+                avail[node] = a
+                gained[node] = gained.get(node, 0) + k
+                if a >= size > a - k and cap.get(node, 0) == size:
+                    wholes[node] = None
+                touched.append(node)
+                i += 1
+            if i < len(events) or not self._expand():
+                break
+        self.t, self.i = t, i
+        return touched
+
     def _advance_single(self, g: int) -> dict[str, int] | None:
         events, avail, gained, cap = self.events, self.avail, self.gained, self.p.capacity
         wholes, size = self.wholes, self.p.node_gpus
@@ -539,8 +569,10 @@ class _Sweep:
                 if a >= size > a - k and cap.get(node, 0) == size:
                     wholes[node] = None
                 if a >= g and cap.get(node, 0) >= g:
-                    self.t, self.i = t, i + 1
-                    return {node: g}
+                    touched = self._absorb_ties(i, t)
+                    idle = self.p.short.count
+                    fits = [n for n in touched if avail[n] >= g and cap.get(n, 0) >= g]
+                    return {min(fits, key=lambda n: (idle.get(n, 0), avail[n])): g}
             self.i = len(events)
             if not self._expand():
                 return None
@@ -568,7 +600,7 @@ class _Sweep:
                     continue
                 n_rest += bool(grew_rest)
                 if len(wholes) >= whole and (not rest or n_rest > whole):
-                    self.t, self.i = t, i + 1
+                    self._absorb_ties(i, t)
                     return _fit_multi(self.p, g, avail, wholes)
             self.i = len(events)
             if not self._expand():

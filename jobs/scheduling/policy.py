@@ -36,6 +36,7 @@ estimate, with ``start_at`` None only when the pool can never place it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 
 from jobs.scheduling import explanation, placement, priority
 from jobs.scheduling.types import (
@@ -85,4 +86,33 @@ def plan(
         reservations=result.reservations,
         estimates=result.estimates,
         priority=ranking.components(),
+    )
+
+
+_by_submit = attrgetter("submitted_at", "job_id")
+
+
+def easy_nodes(
+    *,
+    now: float,
+    nodes: Sequence[NodeView],
+    running: Sequence[RunningView],
+    pending: Sequence[PendingJob],
+    usage: Mapping[str, float],
+    shares: Mapping[str, float],
+    config: PolicyConfig = DEFAULT_CONFIG,
+    memo: ReleaseMemo | None = None,
+) -> Plan:
+    """EASY on this policy's engine: submit order, one reservation, node-aware placement.
+
+    The fair comparison for the default policy on a pool of multi-GPU nodes (same placement
+    rules); ``baselines.easy`` is the textbook flat-pool reference it is checked against.
+    """
+    return placement.schedule(
+        now=now,
+        nodes=nodes,
+        running=running,
+        order=sorted(pending, key=_by_submit),
+        config=PolicyConfig(reserve_top=1, max_reservations=1, explain=config.explain),
+        memo=memo,
     )

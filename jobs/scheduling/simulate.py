@@ -1,16 +1,17 @@
 """Replay a real workload trace through the scheduling policy and its baselines, and compare them.
 
     python -m jobs.scheduling.simulate --trace FILE [--nodes N --gpus-per-node G | --load L]
-        --policies default,fcfs,easy,sjf --json [--plot out.svg] [--limit N] [--procs-per-gpu P]
+        --policies default,easy-nodes,easy,sjf-easy,fcfs --json [--plot out.svg] [--limit N] [--procs-per-gpu P]
 
 Event-driven with a simulated clock: at each distinct submit or finish time (with jobs waiting,
 and some GPU idle or preemptible - otherwise no policy could start anything) the policy's
 ``plan()`` runs once (the same function the live scheduler calls; ``explain=False``, so it skips
 the sentences but decides the same) and its starts and preemptions are applied. Jobs run for their
 trace run time; the policy only knows their declared hours. Team usage is metered exactly
-(decayed GPU-seconds, updated at each start and finish). Baselines run on the same engine and
-placement rules: ``fcfs`` (strict, no backfill), ``easy`` (EASY backfilling, submit order),
-``sjf`` (shortest declared hours first, EASY backfilling).
+(decayed GPU-seconds, updated at each start and finish). Policies: ``default`` (the policy),
+``easy-nodes`` (EASY on the policy's own node-aware engine: the fair comparison on the same pool),
+and the textbook flat-pool references of ``jobs.scheduling.baselines``: ``easy``, ``sjf-easy``,
+``fcfs``.
 
 Pool: ``--nodes``; or ``--load L``, whole nodes such that total GPU-seconds / (pool GPUs x submit
 span) is L (raised if the largest job would not fit); or, for SWF, the machine in its header.
@@ -38,11 +39,18 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-from jobs.scheduling import baselines, plot, traces, types
+from jobs.scheduling import baselines, plot, policy, traces, types
 from jobs.scheduling.traces import TraceJob
 from jobs.scheduling.types import HOUR_S, NodeView, PendingJob, Plan, PolicyConfig, RunningView
 
-REPLAY_CONFIG = PolicyConfig(explain=False)  # decisions only: the replay needs no sentences
+REPLAY_CONFIG = PolicyConfig(explain=False)
+POLICIES: dict[str, types.Policy] = {
+    "default": policy.plan,
+    "easy-nodes": policy.easy_nodes,
+    "easy": baselines.easy,
+    "sjf-easy": baselines.sjf_easy,
+    "fcfs": baselines.fcfs,
+}  # decisions only: the replay needs no sentences
 SIZE_CLASSES = (("1", 1, 1), ("2-4", 2, 4), ("5-8", 5, 8), (">8", 9, math.inf))
 
 
@@ -346,7 +354,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--nodes", type=int, help="pool size in nodes (default: the SWF header's machine)")
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--load", type=float, help="size the pool for this offered load instead")
-    ap.add_argument("--policies", default="default,fcfs,easy,sjf")
+    ap.add_argument("--policies", default="default,easy-nodes,easy,sjf-easy,fcfs")
     ap.add_argument("--json", action="store_true", help="(the JSON summary is always the last line)")
     ap.add_argument("--plot", help="write an SVG chart here")
     ap.add_argument("--limit", type=int, help="replay only the first N jobs")
@@ -386,9 +394,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     replays = {}
     for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
         began = time.perf_counter()
-        outcomes = replay(
-            kept, nodes=nodes, gpus_per_node=args.gpus_per_node, policy=baselines.POLICIES[name]
-        )
+        outcomes = replay(kept, nodes=nodes, gpus_per_node=args.gpus_per_node, policy=POLICIES[name])
         wall = time.perf_counter() - began
         metrics = summarize(outcomes, pool_gpus=pool_gpus)
         metrics["wall_s"] = round(wall, 1)

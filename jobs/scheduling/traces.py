@@ -69,12 +69,14 @@ def read_swf(lines: Iterable[str], *, name: str = "trace.swf", procs_per_gpu: in
 
     GPUs = ceil(procs / procs_per_gpu). The default, 1, maps one 8-core node to one 8-GPU node,
     so a machine of N 8-core nodes becomes N 8-GPU nodes at the same offered load. Jobs with
-    run time <= 0 or no processors are skipped (counted). A requested time of -1 means the run
-    time is used as the declaration; the user id becomes the team ``user-<id>``.
+    run time <= 0 or no processors are skipped (counted). The declaration (estimate) is
+    max(requested time, run time), the field's usual convention: a job that overran its request
+    was let run that long, so its true limit was at least its run; -1 (no request) gives the run
+    time. The user id becomes the team ``user-<id>``.
     """
     jobs: list[TraceJob] = []
     header: dict[str, str] = {}
-    skipped = no_request = 0
+    skipped = no_request = overran = 0
     for line in lines:
         line = line.strip()
         if not line:
@@ -96,6 +98,9 @@ def read_swf(lines: Iterable[str], *, name: str = "trace.swf", procs_per_gpu: in
         requested = float(f[8])
         if requested <= 0:
             requested, no_request = run, no_request + 1
+        elif requested < run:
+            overran += 1
+        requested = max(requested, run)
         jobs.append(
             TraceJob(
                 job_id=int(f[0]),
@@ -109,7 +114,8 @@ def read_swf(lines: Iterable[str], *, name: str = "trace.swf", procs_per_gpu: in
     jobs.sort(key=lambda j: j.submit_s)  # stable: trace order among equal submit times
     notes = [
         f"SWF: GPUs = ceil(processors / {procs_per_gpu}); teams = SWF user ids; "
-        f"declared hours = SWF requested time ({no_request} jobs without one use their run time)",
+        f"declared hours = max(SWF requested time, run time) for every policy ({overran} jobs overran "
+        f"their request; {no_request} without one use their run time)",
         f"SWF: skipped {skipped} jobs with run time <= 0 or no processors",
     ]
     return Trace(

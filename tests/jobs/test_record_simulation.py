@@ -20,7 +20,7 @@ def test_a_replay_is_recorded_as_the_scheduler_measurement(tmp_path):
     call_command("record_simulation", "--trace", str(trace), "--load", "0.9", stdout=StringIO())
     measurement = Measurement.objects.filter(key="scheduler.simulation").latest("measured_at")
     assert measurement.figures["jobs"] == 40
-    assert set(measurement.figures["policies"]) == {"default", "fcfs", "easy", "sjf"}
+    assert set(measurement.figures["policies"]) == {"default", "easy-nodes", "easy", "sjf-easy", "fcfs"}
     assert measurement.command.startswith("python manage.py record_simulation --trace")
 
 

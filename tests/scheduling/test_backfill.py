@@ -3,6 +3,7 @@
 import dataclasses
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -48,7 +49,7 @@ FIXED_ORDER = PolicyConfig(fairshare_weight=0.0, length_weight=0.0, explain=Fals
 @given(workloads())
 def test_backfill_never_delays_the_reserved_job(workload):
     jobs, nodes = workload
-    for policy_fn in (policy.plan, baselines.easy):
+    for policy_fn in (policy.plan, policy.easy_nodes, baselines.easy):
         outcomes, promised = _replay_recording(jobs, nodes, policy_fn, FIXED_ORDER)
         for job_id, start_at in promised:
             assert outcomes[job_id].start <= start_at + 1e-6, (policy_fn.__name__, job_id)
@@ -100,3 +101,40 @@ def test_age_alone_also_bounds_the_wait():
     # After ~1.15 days of age it outranks every newer short job; those submitted before then
     # (offered at twice the pool's rate) take ~2.3 days to run. Finite, whatever the flood's length.
     assert wait <= 2.5 * 24 * HOUR
+
+
+# The small trace of issue 16: A holds 4 of 6 GPUs until 100 s; the head B needs 4, so EASY
+# reserves the 4 GPUs A releases at 100 s and leaves the 2 idle ones to backfill: C (2 GPUs,
+# long) starts at once. The engine used to reserve 2 released + 2 idle GPUs and keep C waiting.
+SMALL_TRACE = [
+    TraceJob(0, 0.0, 100.0, 4, 100 / HOUR, "t"),
+    TraceJob(1, 1.0, 100.0, 4, 100 / HOUR, "t"),
+    TraceJob(2, 2.0, 500.0, 2, 500 / HOUR, "t"),
+]
+
+
+@pytest.mark.parametrize(("nodes", "gpus_per_node"), [(6, 1), (3, 2)])
+@pytest.mark.parametrize("name", ["easy", "easy-nodes", "default"])
+def test_a_reservation_takes_gpus_released_at_its_time_before_idle_ones(name, nodes, gpus_per_node):
+    outcomes = simulate.replay(
+        SMALL_TRACE, nodes=nodes, gpus_per_node=gpus_per_node, policy=simulate.POLICIES[name]
+    )
+    assert [o.start for o in outcomes] == [0.0, 100.0, 2.0]
+
+
+# Short backfill jobs return their GPUs before the reservation, so they must not shrink what longer
+# candidates may use. 6 GPUs: A holds 4 until 100 s; the head B needs 5 then (1 extra GPU). C (1
+# GPU, ends by 52 s) backfills on an idle GPU; D (1 GPU, long) still fits the extra one. The engine
+# used to count C's GPU against the reservation and keep D waiting until 100 s.
+WINDOW_TRACE = [
+    TraceJob(0, 0.0, 100.0, 4, 100 / HOUR, "t"),
+    TraceJob(1, 1.0, 100.0, 5, 100 / HOUR, "t"),
+    TraceJob(2, 2.0, 50.0, 1, 50 / HOUR, "t"),
+    TraceJob(3, 3.0, 500.0, 1, 500 / HOUR, "t"),
+]
+
+
+@pytest.mark.parametrize("name", ["easy", "easy-nodes", "default"])
+def test_a_short_backfill_job_does_not_shrink_the_window_of_a_long_one(name):
+    outcomes = simulate.replay(WINDOW_TRACE, nodes=6, gpus_per_node=1, policy=simulate.POLICIES[name])
+    assert [o.start for o in outcomes] == [0.0, 100.0, 2.0, 3.0]

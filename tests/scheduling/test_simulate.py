@@ -15,9 +15,7 @@ def _jobs(rows):
 
 
 def _starts(jobs, *, nodes, gpus_per_node, name):
-    outcomes = simulate.replay(
-        jobs, nodes=nodes, gpus_per_node=gpus_per_node, policy=baselines.POLICIES[name]
-    )
+    outcomes = simulate.replay(jobs, nodes=nodes, gpus_per_node=gpus_per_node, policy=simulate.POLICIES[name])
     return [o.start for o in outcomes]
 
 
@@ -33,8 +31,9 @@ def test_fcfs_reproduces_the_hand_computed_schedule_on_one_node():
     assert _starts(ONE_NODE, nodes=1, gpus_per_node=4, name="fcfs") == [0, 100, 150, 150]
 
 
-def test_easy_reproduces_the_hand_computed_schedule_on_one_node():
-    assert _starts(ONE_NODE, nodes=1, gpus_per_node=4, name="easy") == [0, 100, 20, 150]
+@pytest.mark.parametrize("name", ["easy", "easy-nodes"])
+def test_easy_reproduces_the_hand_computed_schedule_on_one_node(name):
+    assert _starts(ONE_NODE, nodes=1, gpus_per_node=4, name=name) == [0, 100, 20, 150]
 
 
 # Two nodes of 4 GPUs (A, B).
@@ -50,8 +49,9 @@ def test_fcfs_reproduces_the_hand_computed_schedule_on_two_nodes():
     assert _starts(TWO_NODES, nodes=2, gpus_per_node=4, name="fcfs") == [0, 0, 300, 310, 310]
 
 
-def test_easy_reproduces_the_hand_computed_schedule_on_two_nodes():
-    assert _starts(TWO_NODES, nodes=2, gpus_per_node=4, name="easy") == [0, 0, 300, 6, 310]
+@pytest.mark.parametrize("name", ["easy", "easy-nodes"])
+def test_easy_reproduces_the_hand_computed_schedule_on_two_nodes(name):
+    assert _starts(TWO_NODES, nodes=2, gpus_per_node=4, name=name) == [0, 0, 300, 6, 310]
 
 
 # Three nodes of 4 GPUs: a job wider than a node backfills too, on whole nodes.
@@ -61,14 +61,15 @@ def test_easy_reproduces_the_hand_computed_schedule_on_two_nodes():
 WIDE = _jobs([(0, 4, 100), (1, 12, 10), (2, 8, 50)])
 
 
-def test_easy_backfills_a_job_wider_than_a_node():
-    assert _starts(WIDE, nodes=3, gpus_per_node=4, name="easy") == [0, 100, 2]
+@pytest.mark.parametrize("name", ["easy", "easy-nodes"])
+def test_easy_backfills_a_job_wider_than_a_node(name):
+    assert _starts(WIDE, nodes=3, gpus_per_node=4, name=name) == [0, 100, 2]
     assert _starts(WIDE, nodes=3, gpus_per_node=4, name="fcfs") == [0, 100, 110]
 
 
 def test_sjf_starts_the_shortest_declared_job_first():
     jobs = _jobs([(0, 4, 100), (1, 4, 500), (2, 4, 50)])
-    assert _starts(jobs, nodes=1, gpus_per_node=4, name="sjf") == [0, 150, 100]
+    assert _starts(jobs, nodes=1, gpus_per_node=4, name="sjf-easy") == [0, 150, 100]
 
 
 def test_a_preempted_backlog_job_requeues_and_finishes_later():

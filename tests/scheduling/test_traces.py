@@ -41,6 +41,13 @@ def test_swf_reader_takes_submit_run_processors_request_and_user():
     assert trace.machine_gpus == 32
 
 
+def test_an_swf_job_that_overran_its_request_is_estimated_at_its_run_time():
+    line = "7 0 5 7200 8 -1 -1 8 3600 -1 1 3 -1 -1 -1 -1 -1 -1"  # ran 2 h against a 1 h request
+    trace = traces.read_swf([line])
+    assert trace.jobs[0].declared_hours == 2.0
+    assert "1 jobs overran" in trace.notes[0]
+
+
 def test_swf_processors_per_gpu_rounds_up():
     trace = traces.read_swf(SWF_SAMPLE.splitlines(), procs_per_gpu=8)
     assert [j.gpus for j in trace.jobs] == [10, 16, 1]
@@ -64,7 +71,8 @@ def test_itp_overestimate_scales_the_declared_limit():
     assert traces.itp_declared_hours(60) == 1.0
 
 
-RICC = Path("/work/shared/traces/ricc-2010/RICC-2010-2-may-jun.swf.gz")
+# The shared traces sit beside the repository (../shared), wherever it is cloned.
+RICC = Path(__file__).resolve().parents[3] / "shared/traces/ricc-2010/RICC-2010-2-may-jun.swf.gz"
 
 
 @pytest.mark.skipif(not RICC.exists(), reason="shared traces not mounted")

@@ -22,7 +22,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--trace", required=True)
         parser.add_argument("--load", default="0.9")
-        parser.add_argument("--policies", default="default,fcfs,easy,sjf")
+        parser.add_argument("--policies", default="default,easy-nodes,easy,sjf-easy,fcfs")
         parser.add_argument("--limit", default="")
 
     def handle(self, *args, trace: str, load: str, policies: str, limit: str, **options):
