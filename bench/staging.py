@@ -42,9 +42,9 @@ from django.test.utils import override_settings, setup_databases, teardown_datab
 from django.utils import timezone  # noqa: E402
 
 from accounts.models import Team  # noqa: E402
-from e31web import services as site  # noqa: E402
 from jobs import dispatch, staging  # noqa: E402
 from jobs.models import DataInput, DatasetCacheEntry, Job  # noqa: E402
+from public import services as site  # noqa: E402
 
 MB = 10**6
 COMMAND = "python bench/staging.py"

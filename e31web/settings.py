@@ -65,7 +65,8 @@ INSTALLED_APPS = [
     "jobs",
     "metering",
     "operations",
-    "e31web",
+    "public",
+    "e31web",  # configuration only; installed for the migrations that created the public pages' tables
 ]
 
 MIDDLEWARE = [
@@ -79,7 +80,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
-    "e31web.denials.DenialLogMiddleware",
+    "common.denials.DenialLogMiddleware",
 ]
 
 ROOT_URLCONF = "e31web.urls"

@@ -1,14 +1,15 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from e31web import health, views
+from common import health
 from e31web.api import api
+from public import views as public_views
 
 urlpatterns = [
-    path("", views.home, name="home"),
+    path("", public_views.home, name="home"),
     path("healthz", health.healthz, name="healthz"),
     # The public pages (unsolved problems, design partners), invitations and their operator pages.
-    path("", include("e31web.page_urls")),
+    path("", include("public.urls")),
     path("accounts/", include("accounts.urls")),
     path("jobs/", include("jobs.urls")),
     path("ledger/", include("metering.urls")),

@@ -4,12 +4,13 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import F
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts import scoping
+from common.operators import operator_only
 from jobs import declaration, delivery, estimates, presenters, services, staging
 from jobs.forms import JobForm, bound_fields
 from jobs.lifecycle import BEFORE_RENT, State
@@ -198,11 +199,9 @@ def estimate(request: HttpRequest) -> HttpResponse:
     return render(request, "jobs/new.html#estimate", context)
 
 
-@login_required
+@operator_only
 def transfers(request: HttpRequest) -> HttpResponse:
     """Operators: every staging input and every delivery in flight, with progress, and the cache's policy."""
-    if not request.user.is_staff:
-        raise Http404("No such page")  # operators' pages do not exist for anyone else
     context = {
         "inputs": staging.staging_in_flight(),
         "deliveries": delivery.in_flight(),

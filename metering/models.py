@@ -5,30 +5,16 @@ from django.db import models
 from django.db.models import Q
 
 from accounts.models import Team
+from common.append_only import AppendOnlyError, AppendOnlyModel
 from jobs.models import Allocation, Job
 from metering.periods import MICROS_PER_HOUR
 
 
-class LedgerIsAppendOnly(Exception):
+class LedgerIsAppendOnly(AppendOnlyError):
     """Raised on any attempt to change or remove a ledger row; corrections are adjustment rows."""
 
 
-class LedgerQuerySet(models.QuerySet):
-    # The database trigger refuses these too; refusing here gives a clear error before any SQL.
-    def update(self, **kwargs):
-        raise LedgerIsAppendOnly("ledger rows are never updated; append an adjustment instead")
-
-    def delete(self):
-        raise LedgerIsAppendOnly("ledger rows are never deleted; append an adjustment instead")
-
-    def bulk_update(self, objs, fields, batch_size=None):
-        raise LedgerIsAppendOnly("ledger rows are never updated; append an adjustment instead")
-
-    def update_or_create(self, defaults=None, create_defaults=None, **kwargs):
-        raise LedgerIsAppendOnly("ledger rows are never updated; append an adjustment instead")
-
-
-class MeterEntry(models.Model):
+class MeterEntry(AppendOnlyModel):
     """Held GPU-time of one allocation in one period: ``gpus`` GPUs for ``microseconds`` each.
 
     Metered rows (accrual, final) tile RENT..RELEASE exactly, one per UTC hour; adjustment rows
@@ -57,7 +43,9 @@ class MeterEntry(models.Model):
     )
     created_at = models.DateTimeField()
 
-    objects = LedgerQuerySet.as_manager()
+    append_only_error = LedgerIsAppendOnly
+    append_only_noun = "ledger rows"
+    append_only_hint = "; append an adjustment instead"
 
     class Meta:
         ordering = ["period_start", "allocation_id", "id"]
@@ -100,15 +88,6 @@ class MeterEntry(models.Model):
         return (
             f"{self.kind} allocation {self.allocation_id} {self.period_start:%Y-%m-%d %H:%M} {self.seconds} s"
         )
-
-    def save(self, *args, **kwargs) -> None:
-        if not self._state.adding:
-            raise LedgerIsAppendOnly("ledger rows are never updated; append an adjustment instead")
-        kwargs["force_insert"] = True
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise LedgerIsAppendOnly("ledger rows are never deleted; append an adjustment instead")
 
     @property
     def seconds(self) -> str:

@@ -1,8 +1,5 @@
 """The ledger pages: a team's GPU-hours by month, day and job, the live hour, exports, and operators' tools."""
 
-import csv
-import io
-import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
@@ -11,7 +8,7 @@ from functools import wraps
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -19,6 +16,8 @@ from django.views.decorators.http import require_http_methods
 
 from accounts import scoping
 from accounts.models import Team
+from common import export as common_export
+from common.operators import operator_only
 from jobs.models import Allocation
 from metering import budgets, reports, services
 from metering.models import format_seconds
@@ -63,18 +62,6 @@ def _team_pages(view: Callable) -> Callable:
             return view(request, *args, **kwargs)
         except NoTeam:
             return render(request, "metering/no_team.html", status=403)
-
-    return login_required(wrapped)
-
-
-def staff_only(view: Callable) -> Callable:
-    """Operators' pages do not exist for anyone else (404, as for another team's objects)."""
-
-    @wraps(view)
-    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
-        if not request.user.is_staff:
-            raise Http404("No such page")
-        return view(request, *args, **kwargs)
 
     return login_required(wrapped)
 
@@ -152,22 +139,6 @@ def _filename(team: Team | None, start: datetime, end: datetime, ext: str) -> st
     return f"e31-ledger-{team.slug if team else 'all-teams'}-{start:%Y%m%d}-{last:%Y%m%d}.{ext}"
 
 
-CHUNK = 64 * 1024  # bytes per streamed piece: one write per row would dominate the export's cost
-
-
-def _csv_lines(rows: Iterator[dict], columns: list[str]) -> Iterator[str]:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow([row[c] for c in columns])
-        if buffer.tell() >= CHUNK:
-            yield buffer.getvalue()
-            buffer.seek(0)
-            buffer.truncate()
-    yield buffer.getvalue()
-
-
 def _with_cost(rows: Iterator[dict]) -> Iterator[dict]:
     price = reports.rate()
     for row in rows:
@@ -175,7 +146,9 @@ def _with_cost(rows: Iterator[dict]) -> Iterator[dict]:
         yield row
 
 
-def _export(request: HttpRequest) -> tuple[Iterator[dict], list[str], tuple] | HttpResponse:
+@_team_pages
+def export(request: HttpRequest, fmt: str) -> HttpResponse:
+    """The ledger rows of a team (or, for operators, every team) over a date range, as CSV or JSON."""
     scope = _export_scope(request)
     if isinstance(scope, HttpResponse):
         return scope
@@ -184,42 +157,8 @@ def _export(request: HttpRequest) -> tuple[Iterator[dict], list[str], tuple] | H
     columns = list(reports.EXPORT_COLUMNS)
     if reports.rate() is not None:  # a display-time figure: computed here, never stored
         rows, columns = _with_cost(rows), [*columns, "cost"]
-    return rows, columns, scope
-
-
-@_team_pages
-def export_csv(request: HttpRequest) -> HttpResponse:
-    result = _export(request)
-    if isinstance(result, HttpResponse):
-        return result
-    rows, columns, scope = result
-    response = StreamingHttpResponse(_csv_lines(rows, columns), content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{_filename(*scope, "csv")}"'
-    return response
-
-
-def _json_lines(rows: Iterator[dict]) -> Iterator[str]:
-    pieces, size = ["["], 1
-    for n, row in enumerate(rows):
-        piece = ("," if n else "") + "\n" + json.dumps(row)
-        pieces.append(piece)
-        size += len(piece)
-        if size >= CHUNK:
-            yield "".join(pieces)
-            pieces, size = [], 0
-    pieces.append("\n]\n")
-    yield "".join(pieces)
-
-
-@_team_pages
-def export_json(request: HttpRequest) -> HttpResponse:
-    result = _export(request)
-    if isinstance(result, HttpResponse):
-        return result
-    rows, _, scope = result
-    response = StreamingHttpResponse(_json_lines(rows), content_type="application/json")
-    response["Content-Disposition"] = f'attachment; filename="{_filename(*scope, "json")}"'
-    return response
+    filename = _filename(team, start, end, fmt)
+    return common_export.streaming_export(rows, columns=columns, fmt=fmt, filename=filename)
 
 
 # --- operators: budgets, adjustments, reconciliation
@@ -235,7 +174,7 @@ class BudgetForm(forms.Form):
     )
 
 
-@staff_only
+@operator_only
 @require_http_methods(["GET", "POST"])
 def budget(request: HttpRequest, slug: str) -> HttpResponse:
     team = get_object_or_404(Team, slug=slug)
@@ -275,7 +214,7 @@ class AdjustForm(forms.Form):
         return us
 
 
-@staff_only
+@operator_only
 @require_http_methods(["GET", "POST"])
 def adjust(request: HttpRequest, allocation_id: int) -> HttpResponse:
     allocation = get_object_or_404(Allocation.objects.select_related("job__team", "node"), id=allocation_id)
@@ -312,7 +251,7 @@ def _gap_credit(allocation: Allocation) -> dict:
     }
 
 
-@staff_only
+@operator_only
 def check(request: HttpRequest) -> HttpResponse:
     violations = services.find_violations(now=timezone.now())
     return render(request, "metering/check.html", {"violations": violations})

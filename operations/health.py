@@ -8,6 +8,7 @@ beat task whose last verdict is read here.
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import celery
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Q
@@ -50,10 +51,9 @@ def run_all(*, now: datetime) -> list[Check]:
 
 
 def broker() -> Check:
-    from e31web.celery import app
-
     try:
-        with app.connection_for_write() as conn:
+        # The project's Celery app (e31web.celery), current since Django loaded its settings.
+        with celery.current_app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=0)  # one attempt, bounded by the connect timeout
             transport = conn.transport_cls
     except Exception as exc:  # any failure to connect is the finding itself

@@ -5,24 +5,14 @@ import json
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
+from common.append_only import AppendOnlyError, AppendOnlyModel
 
-class AuditIsAppendOnly(Exception):
+
+class AuditIsAppendOnly(AppendOnlyError):
     """Raised on any attempt to change or remove an audit entry."""
 
 
-class AuditQuerySet(models.QuerySet):
-    # A database trigger refuses these too; refusing here gives a clear error before any SQL.
-    def update(self, **kwargs):
-        raise AuditIsAppendOnly("audit entries are never updated")
-
-    def delete(self):
-        raise AuditIsAppendOnly("audit entries are never deleted")
-
-    def bulk_update(self, objs, fields, batch_size=None):
-        raise AuditIsAppendOnly("audit entries are never updated")
-
-
-class AuditEntry(models.Model):
+class AuditEntry(AppendOnlyModel):
     """One operator action: who, what, on what, when, and the target before and after. Append-only."""
 
     # The actor is copied, not a foreign key: an entry must outlive the account, and a
@@ -35,7 +25,8 @@ class AuditEntry(models.Model):
     after = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
     at = models.DateTimeField(db_index=True)
 
-    objects = AuditQuerySet.as_manager()
+    append_only_error = AuditIsAppendOnly
+    append_only_noun = "audit entries"
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -43,15 +34,6 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"
-
-    def save(self, *args, **kwargs) -> None:
-        if not self._state.adding:
-            raise AuditIsAppendOnly("audit entries are never updated")
-        kwargs["force_insert"] = True
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise AuditIsAppendOnly("audit entries are never deleted")
 
     @property
     def before_text(self) -> str:

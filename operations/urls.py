@@ -4,7 +4,7 @@ from operations import views
 
 app_name = "operations"
 
-# Mounted at /operator/ beside e31web's operator/problems/ and operator/partners/ pages.
+# Mounted at /operator/ beside the public app's operator/problems/ and operator/partners/ pages.
 urlpatterns = [
     path("pool/", views.pool_view, name="pool"),
     path("pool/nodes/<str:name>/<slug:action>/", views.node_action, name="node-action"),

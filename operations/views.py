@@ -7,11 +7,7 @@ itself. Every action is a POST behind a confirmation step and goes through ``ser
 writes the audit entry in the same transaction.
 """
 
-from collections.abc import Callable
-from functools import wraps
-
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -19,24 +15,13 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.models import Team
-from e31web.models import Measurement
+from common.operators import operator_only
 from jobs.models import Job, Node
 from operations import health, pages, pool, services, utilisation
 from operations.models import AuditEntry
+from public.models import Measurement
 
 PAGE_SIZE = 50
-
-
-def operator_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Sign-in for visitors; 404 for signed-in users who are not operators (is_staff)."""
-
-    @wraps(view)
-    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
-        if not request.user.is_staff:
-            raise Http404("No such page")
-        return view(request, *args, **kwargs)
-
-    return login_required(wrapped)
 
 
 def _page(

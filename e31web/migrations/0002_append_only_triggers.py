@@ -1,13 +1,13 @@
 """The database refuses, for writes that bypass the models, what the models already refuse.
 
 Revisions, measurements and intake changes are never updated or deleted; problems are never
-deleted (see e31web.append_only). TRUNCATE (the test suite's flush on PostgreSQL) fires no row
+deleted (see common.append_only). TRUNCATE (the test suite's flush on PostgreSQL) fires no row
 triggers, so tests can still reset the tables.
 """
 
 from django.db import migrations
 
-from e31web.append_only import refuse_changes
+from common.append_only import refuse_changes
 
 
 class Migration(migrations.Migration):

@@ -100,9 +100,10 @@ PROBLEMS = [
 ]
 
 
-def seed(apps, schema_editor) -> None:
-    Problem = apps.get_model("e31web", "Problem")
-    ProblemRevision = apps.get_model("e31web", "ProblemRevision")
+def seed(apps, schema_editor, *, app_label: str = "e31web") -> None:
+    """Adds the problems not there yet. Tests re-seed through the models' current home (``public``)."""
+    Problem = apps.get_model(app_label, "Problem")
+    ProblemRevision = apps.get_model(app_label, "ProblemRevision")
     now = timezone.now()
     for position, fields in enumerate(PROBLEMS, start=1):
         if Problem.objects.filter(slug=fields["slug"]).exists():

@@ -10,7 +10,7 @@ any migration that alters this table on SQLite must re-create them.
 
 from django.db import migrations
 
-from e31web.append_only import refuse_changes
+from common.append_only import refuse_changes
 
 TABLE = "metering_meterentry"
 

@@ -1,8 +1,8 @@
-"""The database refuses UPDATE and DELETE on audit entries (see e31web.append_only)."""
+"""The database refuses UPDATE and DELETE on audit entries (see common.append_only)."""
 
 from django.db import migrations
 
-from e31web.append_only import refuse_changes
+from common.append_only import refuse_changes
 
 
 class Migration(migrations.Migration):

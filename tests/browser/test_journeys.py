@@ -104,11 +104,11 @@ def test_an_operator_drains_a_node_and_sees_the_pool_grid_change_without_reloadi
 @pytest.fixture
 def published_problems(transactional_db):
     """The data migration's four problems; a transactional test before this one may have flushed them."""
-    importlib.import_module("e31web.migrations.0003_seed_problems").seed(apps, None)
+    importlib.import_module("e31web.migrations.0003_seed_problems").seed(apps, None, app_label="public")
 
 
 def test_a_visitor_reads_what_is_unsolved_and_joins_the_waitlist(published_problems, open_page, audit):
-    from e31web.models import WaitlistEntry
+    from public.models import WaitlistEntry
 
     page = open_page()
     page.goto("/")

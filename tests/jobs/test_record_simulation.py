@@ -5,7 +5,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from e31web.models import Measurement
+from public.models import Measurement
 
 pytestmark = pytest.mark.django_db
 

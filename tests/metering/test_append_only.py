@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from e31web import append_only
+from common import append_only
 from metering import services
 from metering.models import LedgerIsAppendOnly, MeterEntry
 from tests.factories import UserFactory

@@ -7,7 +7,7 @@ from django.apps import apps
 from django.core.cache import cache
 from django.utils import timezone
 
-from e31web import services
+from public import services
 from tests.pages.factories import ApplicationFactory
 
 
@@ -26,7 +26,7 @@ def _seeded_problems(db):
     A transactional test elsewhere in the suite flushes every table, the migration's rows with
     them; putting them back (the seed skips what exists) keeps these tests independent of order.
     """
-    importlib.import_module("e31web.migrations.0003_seed_problems").seed(apps, None)
+    importlib.import_module("e31web.migrations.0003_seed_problems").seed(apps, None, app_label="public")
 
 
 @pytest.fixture

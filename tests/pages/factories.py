@@ -3,8 +3,8 @@
 import factory
 from django.utils import timezone
 
-from e31web import services
-from e31web.models import Application, Problem, WaitlistEntry
+from public import services
+from public.models import Application, Problem, WaitlistEntry
 
 
 class ProblemFactory(factory.Factory):

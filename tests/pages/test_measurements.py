@@ -7,8 +7,9 @@ from django.db import DatabaseError, connection, transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from e31web import services
-from e31web.models import AppendOnlyError, Measurement
+from common.append_only import AppendOnlyError
+from public import services
+from public.models import Measurement
 
 
 def _card(html: str, slug: str) -> str:

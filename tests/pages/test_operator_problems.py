@@ -7,7 +7,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from e31web.models import Problem, ProblemRevision
+from public.models import Problem, ProblemRevision
 from tests.pages.factories import ProblemFactory
 
 
@@ -33,13 +33,15 @@ def _problem_post(**overrides: str) -> dict[str, str]:
         ("problem-solve", ["capacity"]),
     ],
 )
-def test_visitors_are_sent_to_sign_in_and_members_are_refused(client, member_client, name, args):
+def test_visitors_are_sent_to_sign_in_and_for_members_the_page_does_not_exist(
+    client, member_client, name, args
+):
     url = reverse(name, args=args)
     assert client.get(url).status_code == 302
     assert client.get(url)["Location"].startswith(reverse("accounts:login"))
-    assert member_client.get(url).status_code == 403
-    assert member_client.post(url, _problem_post()).status_code == 403
-    assert member_client.post(reverse("problem-reviewed", args=["capacity"])).status_code == 403
+    assert member_client.get(url).status_code == 404
+    assert member_client.post(url, _problem_post()).status_code == 404
+    assert member_client.post(reverse("problem-reviewed", args=["capacity"])).status_code == 404
     assert ProblemRevision.objects.count() == 4
 
 

@@ -12,8 +12,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import Membership, Team
-from e31web import services
-from e31web.models import Application, Invitation
+from public import services
+from public.models import Application, Invitation
 from tests.pages.factories import ApplicationFactory, WaitlistEntryFactory
 
 PASSWORD = "a long and unusual passphrase 31"
@@ -49,15 +49,15 @@ def test_operators_see_pending_applications_decided_ones_and_the_waitlist(operat
 @pytest.mark.django_db
 def test_members_and_visitors_cannot_see_or_decide_applications(member_client, client, application):
     for url in (reverse("partners-review"), reverse("partners-application", args=[application.id])):
-        assert member_client.get(url).status_code == 403
+        assert member_client.get(url).status_code == 404
         assert client.get(url).status_code == 302
     assert (
         member_client.post(reverse("partners-accept", args=[application.id]), {"team_name": "x"}).status_code
-        == 403
+        == 404
     )
     assert (
         member_client.post(reverse("partners-decline", args=[application.id]), {"note": "x"}).status_code
-        == 403
+        == 404
     )
     application.refresh_from_db()
     assert application.status == "pending"

@@ -8,8 +8,9 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from e31web import services
-from e31web.models import AppendOnlyError, Problem, ProblemRevision
+from common.append_only import AppendOnlyError
+from public import services
+from public.models import Problem, ProblemRevision
 from tests.pages.factories import ProblemFactory
 
 ATOM = "{http://www.w3.org/2005/Atom}"

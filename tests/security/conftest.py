@@ -10,9 +10,9 @@ from django.utils import timezone
 
 from accounts import services as accounts
 from accounts.models import ApiToken, Team
-from e31web import services as pages
-from e31web.models import Application, Problem
 from jobs.models import Allocation, Job, Node
+from public import services as pages
+from public.models import Application, Problem
 from tests.factories import JobFactory, NodeFactory
 from tests.pages.factories import ApplicationFactory, ProblemFactory
 

@@ -19,12 +19,12 @@ class Policy(Enum):
     PUBLIC = "everyone"
     SIGNED_IN = "any signed-in user"
     TEAM_A = "team A's members, its admin and operators; 404 for team B"
-    STAFF = "operators only; other signed-in users refused (403 or 404)"
+    STAFF = "operators only; for other signed-in users the page does not exist (404)"
     ADMIN_SITE = "Django admin: staff only, everybody else sent to its sign-in"
 
 
 LOGIN = "login redirect"
-REFUSED = frozenset({403, 404})
+REFUSED = frozenset({404})  # one operator guard: 404, never 403, so probing reveals nothing
 
 
 @dataclass(frozen=True)

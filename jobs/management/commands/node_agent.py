@@ -3,12 +3,12 @@
 import socket
 import threading
 
+import celery
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 from django.utils import timezone
 
-from e31web.celery import app
 from jobs import nodes, sandbox, tasks
 
 AGENT_VERSION = "1.0"
@@ -53,7 +53,8 @@ class Command(BaseCommand):
         register = {"name": name, "gpus": gpus, "gpu_model": gpu_model or "virtual", "address": address or socket.getfqdn(),
                     "agent_version": AGENT_VERSION, "sandbox": mode}  # fmt: skip
         threading.Thread(target=_heartbeat, args=(register,), daemon=True, name="heartbeat").start()
-        app.worker_main(
+        # The project's Celery app (e31web.celery), made current when Django loaded its settings.
+        celery.current_app.worker_main(
             [
                 "worker", "--queues", f"node.{name}", "--pool", "threads", "--concurrency", str(gpus + 2),
                 "--hostname", f"agent-{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from e31web import feeds, views
+from public import feeds, views
 
 urlpatterns = [
     path("unsolved/", views.unsolved, name="unsolved"),

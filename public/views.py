@@ -2,14 +2,10 @@
 
 import json
 import logging
-from collections.abc import Callable
-from functools import wraps
 from smtplib import SMTPException
 
 from django.contrib import messages
 from django.contrib.auth import login
-from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError
 from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
@@ -18,9 +14,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from e31web import emails, forms, services
-from e31web.models import Application, Problem, ProblemRevision, WaitlistEntry
-from e31web.ratelimit import limit_posts
+from common.operators import operator_only
+from common.ratelimit import limit_posts
+from public import emails, forms, selectors, services
+from public.models import Application, Problem, ProblemRevision, WaitlistEntry
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +47,7 @@ def _figure_text(value: object) -> str:
 
 def _attach_measurements(problems: list[Problem]) -> None:
     """Each problem gets ``measured``: per key, the latest stored measurement (or None) and its figures."""
-    latest = services.latest_measurements(key for problem in problems for key in problem.measurement_keys)
+    latest = selectors.latest_measurements(key for problem in problems for key in problem.measurement_keys)
     for problem in problems:
         problem.measured = [
             {
@@ -79,20 +76,6 @@ def unsolved(request: HttpRequest) -> HttpResponse:
 # --- Operators: editing problems ------------------------------------------------------------------
 
 
-def operator_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Sign-in for visitors; 403 for signed-in users who are not operators (is_staff)."""
-
-    @wraps(view)
-    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
-        if not request.user.is_authenticated:
-            return redirect_to_login(request.get_full_path())
-        if not request.user.is_staff:
-            raise PermissionDenied
-        return view(request, *args, **kwargs)
-
-    return wrapped
-
-
 def _render_problem_form(request: HttpRequest, context: dict, *, status: int = 200) -> HttpResponse:
     # The htmx Preview button swaps in the preview alone (its errors included, with 200 because htmx
     # does not swap a 4xx); without JavaScript the whole page comes back.
@@ -119,7 +102,7 @@ def _preview_of(form: forms.ProblemForm, base: Problem | None) -> Problem:
     return problem
 
 
-@operator_required
+@operator_only
 @require_http_methods(["GET", "POST"])
 def problem_new(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
@@ -138,7 +121,7 @@ def problem_new(request: HttpRequest) -> HttpResponse:
     return redirect(f"{reverse('unsolved')}#problem-{problem.slug}")
 
 
-@operator_required
+@operator_only
 @require_http_methods(["GET", "POST"])
 def problem_edit(request: HttpRequest, slug: str) -> HttpResponse:
     problem = get_object_or_404(Problem, slug=slug)
@@ -160,7 +143,7 @@ def problem_edit(request: HttpRequest, slug: str) -> HttpResponse:
     return redirect(f"{reverse('unsolved')}#problem-{problem.slug}")
 
 
-@operator_required
+@operator_only
 @require_http_methods(["GET", "POST"])
 def problem_solve(request: HttpRequest, slug: str) -> HttpResponse:
     problem = get_object_or_404(Problem, slug=slug)
@@ -186,7 +169,7 @@ def problem_solve(request: HttpRequest, slug: str) -> HttpResponse:
     return redirect(f"{reverse('unsolved')}#problem-{problem.slug}")
 
 
-@operator_required
+@operator_only
 @require_POST
 def problem_reviewed(request: HttpRequest, slug: str) -> HttpResponse:
     problem = get_object_or_404(Problem, slug=slug)
@@ -202,7 +185,7 @@ def problem_reviewed(request: HttpRequest, slug: str) -> HttpResponse:
 
 def _render_partners(request: HttpRequest, form, *, status: int = 200) -> HttpResponse:
     context = {
-        "intake_open": services.intake_is_open(),
+        "intake_open": selectors.intake_is_open(),
         "form": form,
         "honeypot": forms.HONEYPOT,
     }
@@ -216,7 +199,7 @@ def _thanks(kind: str) -> HttpResponse:
 @limit_posts()
 @require_http_methods(["GET", "POST"])
 def partners(request: HttpRequest) -> HttpResponse:
-    is_open = services.intake_is_open()
+    is_open = selectors.intake_is_open()
     if request.method == "GET":
         return _render_partners(request, forms.ApplicationForm() if is_open else forms.WaitlistForm())
     kind = "application" if request.POST.get("form") == "application" else "waitlist"
@@ -261,11 +244,11 @@ def partners_thanks(request: HttpRequest) -> HttpResponse:
 # --- Operators: review ----------------------------------------------------------------------------
 
 
-@operator_required
+@operator_only
 def partners_review(request: HttpRequest) -> HttpResponse:
     applications = Application.objects.prefetch_related("problems")
     context = {
-        "intake_open": services.intake_is_open(),
+        "intake_open": selectors.intake_is_open(),
         "pending": applications.filter(status=Application.Status.PENDING).order_by("created_at"),
         "decided": applications.exclude(status=Application.Status.PENDING)[:50],
         "waitlist": WaitlistEntry.objects.all()[:200],
@@ -274,7 +257,7 @@ def partners_review(request: HttpRequest) -> HttpResponse:
     return render(request, "pages/partners_review.html", context)
 
 
-@operator_required
+@operator_only
 @require_POST
 def partners_intake(request: HttpRequest) -> HttpResponse:
     is_open = request.POST.get("open") == "1"
@@ -295,13 +278,13 @@ def _render_application(
     return render(request, "pages/partners_application.html", context, status=status)
 
 
-@operator_required
+@operator_only
 def partners_application(request: HttpRequest, application_id: int) -> HttpResponse:
     application = get_object_or_404(Application.objects.prefetch_related("problems"), id=application_id)
     return _render_application(request, application)
 
 
-@operator_required
+@operator_only
 @require_POST
 def partners_accept(request: HttpRequest, application_id: int) -> HttpResponse:
     application = get_object_or_404(Application, id=application_id)
@@ -341,7 +324,7 @@ def _send_invitation(request: HttpRequest, application: Application, link: str) 
     )
 
 
-@operator_required
+@operator_only
 @require_POST
 def partners_decline(request: HttpRequest, application_id: int) -> HttpResponse:
     application = get_object_or_404(Application, id=application_id)
@@ -378,7 +361,7 @@ def _refused(request: HttpRequest) -> HttpResponse:
 @limit_posts(scope="invite")
 @require_http_methods(["GET", "POST"])
 def invite(request: HttpRequest, token: str) -> HttpResponse:
-    invitation = services.usable_invitation(token=token, now=timezone.now())
+    invitation = selectors.usable_invitation(token=token, now=timezone.now())
     if invitation is None:
         return _refused(request)
     if request.method == "GET":

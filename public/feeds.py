@@ -5,7 +5,7 @@ from django.urls import reverse, reverse_lazy
 from django.utils.feedgenerator import Atom1Feed
 from django.utils.html import escape, linebreaks
 
-from e31web.models import ProblemRevision
+from public.models import ProblemRevision
 
 FEED_SIZE = 50
 

@@ -13,12 +13,13 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import Max, Q
+from django.db.models import Max
 from django.utils.text import slugify
 
 from accounts import services as accounts
-from accounts.models import Membership, Team
-from e31web.models import (
+from accounts.models import Membership
+from public import selectors
+from public.models import (
     Application,
     IntakeChange,
     Invitation,
@@ -58,16 +59,6 @@ def record_measurement(*, key: str, title: str, figures: dict, command: str, now
     return Measurement.objects.create(
         key=key, title=title.strip()[:200] or key, figures=stored, command=command[:2000], measured_at=now
     )
-
-
-def latest_measurements(keys: Iterable[str]) -> dict[str, Measurement]:
-    """The newest measurement for each key that has one (one small query per key)."""
-    latest = {}
-    for key in dict.fromkeys(keys):
-        row = Measurement.objects.filter(key=key).order_by("-measured_at", "-id").first()
-        if row is not None:
-            latest[key] = row
-    return latest
 
 
 # --- Unsolved problems ----------------------------------------------------------------------------
@@ -185,11 +176,6 @@ def mark_problem_reviewed(*, problem_id: int, author: str, now: datetime, note: 
 # --- Design-partner intake ------------------------------------------------------------------------
 
 
-def intake_is_open() -> bool:
-    latest = IntakeChange.objects.order_by("-at", "-id").first()
-    return bool(latest and latest.is_open)
-
-
 @transaction.atomic
 def set_intake_open(*, is_open: bool, by: str, now: datetime) -> IntakeChange:
     """Opens or closes intake; every change is kept, the latest wins."""
@@ -222,7 +208,7 @@ def submit_application(
     now: datetime,
 ) -> Application:
     """A pending application; refused while intake is closed. Only open problems can be ticked."""
-    if not intake_is_open():
+    if not selectors.intake_is_open():
         raise IntakeError("design-partner intake is closed")
     application = Application.objects.create(
         team_name=team_name,
@@ -241,23 +227,13 @@ def submit_application(
     return application
 
 
-def team_name_problem(name: str) -> str:
-    """Why this team name cannot be used for a new team, or '' if it can."""
-    slug = slugify(name)
-    if not slug:
-        return "a team name needs at least one letter or digit"
-    if Team.objects.filter(Q(name__iexact=name) | Q(slug=slug)).exists():
-        return "a team with this name already exists"
-    return ""
-
-
 @transaction.atomic
 def accept_application(
     *, application_id: int, team_name: str, by: str, now: datetime
 ) -> tuple[Application, str]:
     """PENDING -> ACCEPTED: creates the team and a single-use invitation; returns the plain token once."""
     team_name = team_name.strip()
-    if problem := team_name_problem(team_name):
+    if problem := selectors.team_name_problem(team_name):
         raise IntakeError(problem)
     claimed = Application.objects.filter(id=application_id, status=Application.Status.PENDING).update(
         status=Application.Status.ACCEPTED, decided_at=now, decided_by=by[:150]
@@ -295,21 +271,10 @@ def decline_application(*, application_id: int, note: str, by: str, now: datetim
     return Application.objects.get(id=application_id)
 
 
-def usable_invitation(*, token: str, now: datetime) -> Invitation | None:
-    """The invitation this token opens, if it is still unused and unexpired."""
-    if not token or len(token) > 100:
-        return None
-    return (
-        Invitation.objects.select_related("application", "team")
-        .filter(digest=accounts.digest_token(token), used_at__isnull=True, expires_at__gt=now)
-        .first()
-    )
-
-
 @transaction.atomic
 def redeem_invitation(*, token: str, password: str, now: datetime) -> Any:
     """Uses the invitation once: creates the contact's account and makes it the team's admin."""
-    invitation = usable_invitation(token=token, now=now)
+    invitation = selectors.usable_invitation(token=token, now=now)
     if invitation is None:
         raise InvitationRefused("this invitation link is not valid")
     # The claim is the conditional UPDATE: of two redemptions racing, only one sees a row change.

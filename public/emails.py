@@ -3,7 +3,7 @@
 from django.core.mail import send_mail
 from django.template.loader import render_to_string
 
-from e31web.models import Application
+from public.models import Application
 
 
 def _send(*, to: str, subject: str, template: str, context: dict) -> None:

@@ -9,9 +9,9 @@ from django import forms
 from django.contrib.auth import get_user_model, password_validation
 from django.utils import timezone
 
-from e31web import services
-from e31web.models import Problem
 from jobs.units import parse_size
+from public import selectors, services
+from public.models import Problem
 
 # A field no person sees or fills: a bot that fills every input reveals itself here.
 HONEYPOT = "website"
@@ -155,7 +155,7 @@ class AcceptForm(forms.Form):
 
     def clean_team_name(self) -> str:
         name = self.cleaned_data["team_name"].strip()
-        if problem := services.team_name_problem(name):
+        if problem := selectors.team_name_problem(name):
             raise forms.ValidationError(problem)
         return name
 

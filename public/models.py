@@ -2,7 +2,10 @@
 
 Problems are never deleted and their revisions and the measurements are never changed: the page
 promises readers a history they can trust, so the models refuse it here and PostgreSQL refuses it
-again with triggers (migration 0002) for writes that bypass the models.
+again with triggers (e31web migration 0002) for writes that bypass the models.
+
+These models were born in the ``e31web`` package and moved here with their rows: each keeps its
+``e31web_*`` table (``db_table``), so the move touched no data (migration public 0001).
 """
 
 from django.conf import settings
@@ -10,35 +13,7 @@ from django.db import models
 from django.db.models import Q
 
 from accounts.models import Team
-
-
-class AppendOnlyError(Exception):
-    """A write that would change or remove a row the public record promises to keep."""
-
-
-class AppendOnlyQuerySet(models.QuerySet):
-    def update(self, **kwargs) -> int:
-        raise AppendOnlyError(f"{self.model.__name__} rows are never updated")
-
-    def delete(self):
-        raise AppendOnlyError(f"{self.model.__name__} rows are never deleted")
-
-
-class AppendOnly(models.Model):
-    """Insert once, never update or delete."""
-
-    objects = AppendOnlyQuerySet.as_manager()
-
-    class Meta:
-        abstract = True
-
-    def save(self, *args, **kwargs) -> None:
-        if not self._state.adding:
-            raise AppendOnlyError(f"{type(self).__name__} rows are never updated")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise AppendOnlyError(f"{type(self).__name__} rows are never deleted")
+from common.append_only import AppendOnlyError, AppendOnlyModel
 
 
 class ProblemQuerySet(models.QuerySet):
@@ -53,7 +28,7 @@ class ProblemQuerySet(models.QuerySet):
 
 
 class Problem(models.Model):
-    """One item of the public list of unsolved problems. Written only by e31web.services."""
+    """One item of the public list of unsolved problems. Written only by public.services."""
 
     class Status(models.TextChoices):
         OPEN = "open", "Open"
@@ -78,6 +53,7 @@ class Problem(models.Model):
     objects = ProblemQuerySet.as_manager()
 
     class Meta:
+        db_table = "e31web_problem"
         ordering = ["position", "id"]
         constraints = [
             models.CheckConstraint(
@@ -91,9 +67,9 @@ class Problem(models.Model):
         return self.title
 
     def save(self, *args, **kwargs) -> None:
-        # An edit must leave a revision row: e31web.services does both in one transaction.
+        # An edit must leave a revision row: public.services does both in one transaction.
         if not self._state.adding:
-            raise AppendOnlyError("edit a problem through e31web.services so the edit is kept")
+            raise AppendOnlyError("edit a problem through public.services so the edit is kept")
         super().save(*args, **kwargs)
 
     def delete(self, *args, **kwargs):
@@ -104,7 +80,7 @@ class Problem(models.Model):
         return self.status == self.Status.SOLVED
 
 
-class ProblemRevision(AppendOnly):
+class ProblemRevision(AppendOnlyModel):
     """One edit of a problem, with the problem as it read after the edit."""
 
     class Kind(models.TextChoices):
@@ -129,13 +105,14 @@ class ProblemRevision(AppendOnly):
     solved_on = models.DateField(null=True, blank=True)
 
     class Meta:
+        db_table = "e31web_problemrevision"
         ordering = ["at", "id"]
 
     def __str__(self) -> str:
         return f"{self.title}: {self.get_kind_display()} {self.at:%Y-%m-%d}"
 
 
-class Measurement(AppendOnly):
+class Measurement(AppendOnlyModel):
     """A figure this console measured (a simulation, a staging bench), stored as the tool reported it."""
 
     key = models.CharField(max_length=80)
@@ -145,6 +122,7 @@ class Measurement(AppendOnly):
     measured_at = models.DateTimeField()
 
     class Meta:
+        db_table = "e31web_measurement"
         ordering = ["-measured_at", "-id"]
         indexes = [models.Index(fields=["key", "-measured_at"])]
 
@@ -152,7 +130,7 @@ class Measurement(AppendOnly):
         return f"{self.key} at {self.measured_at:%Y-%m-%d %H:%M}"
 
 
-class IntakeChange(AppendOnly):
+class IntakeChange(AppendOnlyModel):
     """Operators open and close design-partner intake; the latest row wins, none means closed."""
 
     is_open = models.BooleanField()
@@ -160,6 +138,7 @@ class IntakeChange(AppendOnly):
     by = models.CharField(max_length=150)
 
     class Meta:
+        db_table = "e31web_intakechange"
         ordering = ["-at", "-id"]
 
     def __str__(self) -> str:
@@ -172,6 +151,7 @@ class WaitlistEntry(models.Model):
     created_at = models.DateTimeField()
 
     class Meta:
+        db_table = "e31web_waitlistentry"
         ordering = ["-created_at", "-id"]
         verbose_name_plural = "waitlist entries"
 
@@ -198,7 +178,9 @@ class Application(models.Model):
     output = models.TextField(max_length=1000)
     output_bytes = models.BigIntegerField()
     can_run_when = models.CharField(max_length=300)
-    problems = models.ManyToManyField(Problem, blank=True, related_name="applications")
+    problems = models.ManyToManyField(
+        Problem, blank=True, related_name="applications", db_table="e31web_application_problems"
+    )
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField()
     decided_at = models.DateTimeField(null=True, blank=True)
@@ -207,6 +189,7 @@ class Application(models.Model):
     team = models.ForeignKey(Team, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
 
     class Meta:
+        db_table = "e31web_application"
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["status", "-created_at"])]
 
@@ -227,6 +210,9 @@ class Invitation(models.Model):
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
+
+    class Meta:
+        db_table = "e31web_invitation"
 
     def __str__(self) -> str:
         return f"invitation for {self.email}"

@@ -12,8 +12,8 @@ import shlex
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from e31web import services
 from jobs.scheduling import simulate
+from public import services
 
 
 class Command(BaseCommand):

@@ -1,0 +1,47 @@
+"""Reads of the public record and intake, shared by the pages, the forms and the writers. Never write."""
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.db.models import Q
+from django.utils.text import slugify
+
+from accounts import services as accounts
+from accounts.models import Team
+from public.models import IntakeChange, Invitation, Measurement
+
+
+def latest_measurements(keys: Iterable[str]) -> dict[str, Measurement]:
+    """The newest measurement for each key that has one (one small query per key)."""
+    latest = {}
+    for key in dict.fromkeys(keys):
+        row = Measurement.objects.filter(key=key).order_by("-measured_at", "-id").first()
+        if row is not None:
+            latest[key] = row
+    return latest
+
+
+def intake_is_open() -> bool:
+    latest = IntakeChange.objects.order_by("-at", "-id").first()
+    return bool(latest and latest.is_open)
+
+
+def team_name_problem(name: str) -> str:
+    """Why this team name cannot be used for a new team, or '' if it can."""
+    slug = slugify(name)
+    if not slug:
+        return "a team name needs at least one letter or digit"
+    if Team.objects.filter(Q(name__iexact=name) | Q(slug=slug)).exists():
+        return "a team with this name already exists"
+    return ""
+
+
+def usable_invitation(*, token: str, now: datetime) -> Invitation | None:
+    """The invitation this token opens, if it is still unused and unexpired."""
+    if not token or len(token) > 100:
+        return None
+    return (
+        Invitation.objects.select_related("application", "team")
+        .filter(digest=accounts.digest_token(token), used_at__isnull=True, expires_at__gt=now)
+        .first()
+    )
