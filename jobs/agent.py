@@ -31,20 +31,6 @@ CHECK_EVERY_S = 1.0
 SEEN_EVERY_S = 5.0
 
 
-def agent_root(node_name: str) -> Path:
-    return settings.E31_AGENT_ROOT / node_name
-
-
-def attempt_dirs(allocation: Allocation) -> sandbox.AttemptDirs:
-    root = agent_root(allocation.node.name) / "jobs" / f"{allocation.job_id}-{allocation.attempt}"
-    return sandbox.AttemptDirs(
-        root=root,
-        work=root / "work",
-        output=root / "output",
-        data=settings.E31_STAGING_ROOT / str(allocation.job_id),
-    )
-
-
 class LogCapture(threading.Thread):
     """Drains the job's output into a capped log file and keeps a rolling tail for the job page."""
 
@@ -96,7 +82,7 @@ def run_part(*, allocation_id: int, mode: str) -> None:
     if not rental.start_allocation(allocation_id=allocation_id, now=timezone.now()):
         return  # a duplicate delivery, or released before it could start
     part = _load_part(allocation_id)
-    dirs = attempt_dirs(part.allocation)
+    dirs = sandbox.attempt_dirs(part.allocation)
     dirs.create()
     try:
         outcome, exit_code = _run(part, dirs, mode)

@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import agent, declaration, staging, transfers
+from jobs import declaration, sandbox, staging, transfers
 from jobs.models import Allocation, Job, OutputTransfer
 from jobs.transfers import destinations, sources
 
@@ -57,7 +57,7 @@ def deliver_part(*, allocation_id: int, now: datetime) -> None:
 
 def _part_files(allocation: Allocation) -> list[tuple[dict, Path]]:
     """This part's manifest entries with their sealed files on this node."""
-    source = agent.attempt_dirs(allocation).output
+    source = sandbox.attempt_dirs(allocation).output
     prefix = f"rank{allocation.rank}/"
     multi = Allocation.objects.filter(job_id=allocation.job_id, attempt=allocation.attempt).count() > 1
     files = []

@@ -3,18 +3,29 @@
 PostgreSQL holds the truth, so a lost or refused message only delays work: the reconciler finds
 the job still waiting and rings again. That is also why a broker outage is logged, not raised:
 a team's submission must commit even while the broker is down.
+
+Tasks are sent by name, so no writer imports the Celery edges that call it (the edges import the
+writers); the names are checked against the registered tasks by the tests.
 """
 
 import logging
 import time
 
+import celery
 from django.conf import settings
 from django.db import transaction
+
+from jobs.models import SchedulerState
 
 log = logging.getLogger(__name__)
 # After a refused publish this process leaves the broker alone for E31_BROKER_QUIET_S: otherwise every
 # request of an outage would wait out the broker's socket timeout again (50 submissions, 100 s).
 _quiet_until = 0.0
+
+STAGE_JOB = "jobs.tasks.stage_job"
+SCHEDULE_PASS = "jobs.tasks.schedule_pass"
+RUN_PART = "jobs.tasks.run_allocation"
+DELIVER_OUTPUTS = "jobs.tasks.deliver_outputs"
 
 
 def after_commit(send, what: str) -> None:
@@ -32,37 +43,44 @@ def after_commit(send, what: str) -> None:
     transaction.on_commit(ring)
 
 
-def stage_job(job_id: int) -> None:
-    from jobs import tasks
+def send_after_commit(task_name: str, args: tuple, *, queue: str) -> None:
+    """Enqueues ``task_name(*args)`` on ``queue`` once the current transaction commits."""
+    shown = f"{task_name.rsplit('.', 1)[-1]}({', '.join(map(str, args))})"
+    after_commit(lambda: celery.current_app.send_task(task_name, args=args, queue=queue), shown)
 
-    after_commit(
-        lambda: tasks.stage_job.apply_async((job_id,), queue=control_queue()), f"stage_job({job_id})"
-    )
+
+def stage_job(job_id: int) -> None:
+    send_after_commit(STAGE_JOB, (job_id,), queue=control_queue())
 
 
 def request_scheduler_pass() -> None:
-    """Asks for a scheduler pass; passes coalesce, so many requests cost one pass."""
-    from jobs import scheduler
+    """Asks for a scheduler pass; passes coalesce, so many requests cost one pass.
 
-    scheduler.mark_pass_requested()
+    Only the request that flips the flag rings the doorbell; the pass clears it before it plans.
+    """
+    state = state_row()
+    flipped = SchedulerState.objects.filter(id=state.id, pass_requested=False).update(pass_requested=True)
+    if flipped:
+        send_after_commit(SCHEDULE_PASS, (), queue=control_queue())
+
+
+def claim_requested_pass() -> bool:
+    """Clears the flag before a pass, so requests made during it ring again."""
+    return bool(SchedulerState.objects.filter(pass_requested=True).update(pass_requested=False))
+
+
+def state_row() -> SchedulerState:
+    """The one row that holds the pass-request flag and the last pass's figures (created on first use)."""
+    state = SchedulerState.objects.first()
+    return state or SchedulerState.objects.create()
 
 
 def run_allocation(allocation_id: int, node_name: str) -> None:
-    from jobs import tasks
-
-    after_commit(
-        lambda: tasks.run_allocation.apply_async((allocation_id,), queue=node_queue(node_name)),
-        f"run_allocation({allocation_id})",
-    )
+    send_after_commit(RUN_PART, (allocation_id,), queue=node_queue(node_name))
 
 
 def deliver_outputs(allocation_id: int, node_name: str) -> None:
-    from jobs import tasks
-
-    after_commit(
-        lambda: tasks.deliver_outputs.apply_async((allocation_id,), queue=node_queue(node_name)),
-        f"deliver_outputs({allocation_id})",
-    )
+    send_after_commit(DELIVER_OUTPUTS, (allocation_id,), queue=node_queue(node_name))
 
 
 def control_queue() -> str:

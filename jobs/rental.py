@@ -12,11 +12,10 @@ from datetime import datetime
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from jobs import dispatch
+from jobs import dispatch, signals
 from jobs.lifecycle import HOLDS_COMPUTE, PREEMPTED, REQUEUED, EndReason, State
 from jobs.models import Allocation, GpuHold, Job, JobEvent, Node, TeamUsage
-from jobs.services import transition
-from metering import services as metering
+from jobs.transitions import transition
 
 log = logging.getLogger(__name__)
 STOPPED = "stopped"  # a part stopped because another part of its attempt failed
@@ -176,7 +175,7 @@ def _release_allocation(allocation: Allocation, *, now: datetime, end_reason: st
     if not released:
         return
     GpuHold.objects.filter(allocation=allocation, active=True).update(active=False)
-    metering.close_meter(allocation_id=allocation.id, released_at=now)
+    signals.allocation_released.send(sender=Allocation, allocation_id=allocation.id, released_at=now)
     held_s = (now - allocation.rented_at).total_seconds() * len(allocation.gpu_indices)
     TeamUsage.add(team_id=allocation.job.team_id, gpu_seconds=held_s, now=now)
 

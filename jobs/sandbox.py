@@ -16,6 +16,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+
+if TYPE_CHECKING:
+    from jobs.models import Allocation
 
 BUBBLEWRAP = "bubblewrap"
 UNSANDBOXED = "none"
@@ -32,6 +38,21 @@ class AttemptDirs:
     def create(self) -> None:
         for path in (self.work, self.output):
             path.mkdir(parents=True, exist_ok=True)
+
+
+def agent_root(node_name: str) -> Path:
+    return settings.E31_AGENT_ROOT / node_name
+
+
+def attempt_dirs(allocation: "Allocation") -> AttemptDirs:
+    """Where a part of an attempt runs and seals on its node; delivery reads its outputs from here."""
+    root = agent_root(allocation.node.name) / "jobs" / f"{allocation.job_id}-{allocation.attempt}"
+    return AttemptDirs(
+        root=root,
+        work=root / "work",
+        output=root / "output",
+        data=settings.E31_STAGING_ROOT / str(allocation.job_id),
+    )
 
 
 def available_mode() -> str:

@@ -17,8 +17,9 @@ from datetime import UTC, datetime
 
 from django.db import connection
 
-from jobs import dispatch
+from jobs import dispatch, rental, snapshot
 from jobs.models import SchedulerState
+from jobs.scheduling import policy
 
 log = logging.getLogger(__name__)
 ADVISORY_LOCK_KEY = 0x0E31_5C4E  # any constant unique to the scheduler pass
@@ -30,28 +31,6 @@ class PassResult:
     preempted: int
     pending: int
     elapsed_ms: float
-
-
-def mark_pass_requested() -> None:
-    """Flags that a pass is wanted; only the request that flips the flag rings the doorbell."""
-    state = _state_row()
-    flipped = SchedulerState.objects.filter(id=state.id, pass_requested=False).update(pass_requested=True)
-    if flipped:
-        from jobs import tasks
-
-        dispatch.after_commit(
-            lambda: tasks.schedule_pass.apply_async(queue=dispatch.control_queue()), "schedule_pass"
-        )
-
-
-def claim_requested_pass() -> bool:
-    """Clears the flag before a pass, so requests made during it ring again."""
-    return bool(SchedulerState.objects.filter(pass_requested=True).update(pass_requested=False))
-
-
-def _state_row() -> SchedulerState:
-    state = SchedulerState.objects.first()
-    return state or SchedulerState.objects.create()
 
 
 @contextmanager
@@ -73,9 +52,6 @@ def pass_lock():
 
 def run_pass(*, now: datetime) -> PassResult | None:
     """One pass: snapshot, plan, rent what starts, preempt what must yield, store every estimate."""
-    from jobs import rental, snapshot
-    from jobs.scheduling import policy
-
     with pass_lock() as held:
         if not held:
             return None
@@ -94,7 +70,7 @@ def run_pass(*, now: datetime) -> PassResult | None:
         preempted = sum(rental.request_preemption(job_id=job_id, now=now) for job_id in plan.preemptions)
         snapshot.store_estimates(plan, now=now)
         elapsed = (time.perf_counter() - began) * 1000
-        SchedulerState.objects.filter(id=_state_row().id).update(
+        SchedulerState.objects.filter(id=dispatch.state_row().id).update(
             last_pass_at=now, last_pass_ms=elapsed, last_pass_started=started
         )
     return PassResult(started=started, preempted=preempted, pending=len(view.pending), elapsed_ms=elapsed)

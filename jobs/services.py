@@ -5,17 +5,16 @@ one transaction; a second worker, or a redelivered task, finds the state already
 gets False back. Work for other processes is enqueued after commit, carrying ids only.
 """
 
-from collections.abc import Iterable
 from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
 
-from jobs import declaration, dispatch
-from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, EndReason, State, check_transition
+from jobs import declaration, dispatch, rental, signals
+from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, EndReason, State
 from jobs.models import DataInput, Job, JobEvent, Node
-from metering import budgets
+from jobs.transitions import transition
 
 
 def pool_limits() -> declaration.Limits:
@@ -36,8 +35,8 @@ def submit_job(*, team, user, spec: declaration.Declaration, now: datetime) -> J
     A job that would take its team past an enforced monthly budget is refused like any invalid
     field; past a budget that only warns, it is stored and ``job.budget_note`` says so.
     """
-    budget = budgets.projection(team=team, extra_gpu_hours=spec.gpus * spec.hours, now=now)
-    if budget.refused:
+    budget = signals.check_budget(team=team, gpu_hours=spec.gpus * spec.hours, now=now)
+    if budget and budget.refused:
         raise declaration.DeclarationInvalid([("request.hours", budget.message)])
     job = Job.objects.create(
         team=team, submitted_by=user, name=spec.name, state=State.SUBMITTED,
@@ -54,34 +53,8 @@ def submit_job(*, team, user, spec: declaration.Declaration, now: datetime) -> J
     JobEvent.objects.create(job=job, to_state=State.SUBMITTED, at=now, actor=_actor(user), reason="submitted")
     dispatch.stage_job(job.id)
     dispatch.request_scheduler_pass()  # an estimated start for the team at once, even while staging
-    job.budget_note = budget.message if budget.would_exceed else ""
+    job.budget_note = budget.message if budget and budget.would_exceed else ""
     return job
-
-
-def transition(
-    *, job_id: int, source: State | Iterable[State], target: State, now: datetime,
-    reason: str = "", actor: str = "", end_reason: str = "", via: str = "", **fields,
-) -> bool:  # fmt: skip
-    """Moves a job from one of ``source`` to ``target`` if it is still there; logs the event.
-
-    ``via`` names a non-ending cause the table checks (REQUEUED, PREEMPTED) when ``reason`` is prose.
-    """
-    sources = [State(source)] if isinstance(source, str) else [State(s) for s in source]
-    for s in sources:
-        check_transition(s, target, end_reason or via or reason)
-    with transaction.atomic():
-        job = Job.objects.filter(id=job_id, state__in=sources).values("state", "attempt").first()
-        if job is None:
-            return False
-        claimed = Job.objects.filter(id=job_id, state=job["state"]).update(
-            state=target, state_changed_at=now, end_reason=end_reason, **fields
-        )
-        if claimed:
-            JobEvent.objects.create(
-                job_id=job_id, from_state=job["state"], to_state=target, at=now,
-                reason=(reason or end_reason)[:300], actor=actor[:150], attempt=fields.get("attempt", job["attempt"]),
-            )  # fmt: skip
-        return bool(claimed)
 
 
 @transaction.atomic
@@ -100,8 +73,6 @@ def cancel_job(*, job_id: int, user, now: datetime) -> bool:
         return ended
     if job.state == State.RENTED and not job.allocations.filter(started_at__isnull=False).exists():
         # GPUs are held but no process started yet: nothing to stop, so release now.
-        from jobs import rental
-
         return rental.release_job(job_id=job_id, end_reason=EndReason.CANCELLED, now=now, actor=_actor(user),
                                   detail=f"cancelled by {_actor(user)} before its process started")  # fmt: skip
     marked = Job.objects.filter(id=job_id, cancel_requested_at__isnull=True, state__in=HOLDS_COMPUTE).update(

@@ -27,8 +27,8 @@ from django.utils import timezone
 from jobs import dispatch, transfers
 from jobs.lifecycle import ALIVE, EndReason, State
 from jobs.models import DataInput, DatasetCacheEntry, Job
-from jobs.services import transition
 from jobs.transfers import destinations, sources
+from jobs.transitions import transition
 
 log = logging.getLogger(__name__)
 FILLING, READY = "filling", "ready"

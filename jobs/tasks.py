@@ -4,7 +4,7 @@ from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import agent, delivery, nodes, reconciler, scheduler, staging
+from jobs import agent, delivery, dispatch, nodes, reconciler, scheduler, staging
 
 # Set by the node_agent command: how this agent runs jobs ("bubblewrap" or "none").
 AGENT = {"mode": ""}
@@ -20,7 +20,7 @@ def schedule_pass() -> None:
     """Runs passes while requests keep arriving; requests made during a pass trigger one more."""
     for _ in range(20):
         with transaction.atomic():
-            claimed = scheduler.claim_requested_pass()
+            claimed = dispatch.claim_requested_pass()
         if not claimed:
             return
         scheduler.run_pass(now=timezone.now())
@@ -28,7 +28,7 @@ def schedule_pass() -> None:
 
 @shared_task(acks_late=True)
 def safety_pass() -> None:
-    scheduler.claim_requested_pass()
+    dispatch.claim_requested_pass()
     scheduler.run_pass(now=timezone.now())
     nodes.settle_drains(now=timezone.now())
 

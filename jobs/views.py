@@ -11,11 +11,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts import scoping
 from common.operators import operator_only
-from jobs import declaration, delivery, estimates, presenters, services, staging
+from jobs import declaration, delivery, estimates, presenters, services, signals, staging
 from jobs.forms import JobForm, bound_fields
 from jobs.lifecycle import BEFORE_RENT, State
 from jobs.models import Job
-from metering import budgets
 
 PAGE_SIZE = 25
 
@@ -195,7 +194,7 @@ def estimate(request: HttpRequest) -> HttpResponse:
             team=team.name, gpus=gpus, hours=hours, min_gpus=raw.get("min_gpus"),
             preemptible=bool(raw.get("preemptible")), now=context["now"],
         )  # fmt: skip
-        context["budget"] = budgets.projection(team=team, extra_gpu_hours=gpus * hours, now=context["now"])
+        context["budget"] = signals.check_budget(team=team, gpu_hours=gpus * hours, now=context["now"])
     return render(request, "jobs/new.html#estimate", context)
 
 

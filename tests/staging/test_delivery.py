@@ -6,7 +6,7 @@ import os
 import pytest
 from django.utils import timezone
 
-from jobs import agent, delivery
+from jobs import delivery, sandbox
 from jobs.models import Allocation, Job, OutputTransfer
 from tests.factories import JobFactory, NodeFactory
 
@@ -23,7 +23,7 @@ def released_job(team, roots, files: dict[str, bytes], *, uri: str = "") -> Allo
                      delivery_state="delivering", output_uri=uri or f"file://{roots.outputs}/run1")  # fmt: skip
     allocation = Allocation.objects.create(job=job, attempt=1, node=NodeFactory(), gpu_indices=[0],
                                            rented_at=now, released_at=now, sealed_at=now)  # fmt: skip
-    output = agent.attempt_dirs(allocation).output
+    output = sandbox.attempt_dirs(allocation).output
     for rel, content in files.items():
         (output / rel).parent.mkdir(parents=True, exist_ok=True)
         (output / rel).write_bytes(content)
@@ -52,7 +52,7 @@ def test_outputs_are_delivered_with_progress_and_checked_at_the_destination(root
 def test_a_file_that_differs_from_its_manifest_is_never_put_in_place(roots, team, settings):
     settings.E31_TRANSFER_RETRIES = 1
     allocation = released_job(team, roots, {"a.bin": b"good" * 100})
-    (agent.attempt_dirs(allocation).output / "a.bin").write_bytes(b"evil" * 100)  # changed after sealing
+    (sandbox.attempt_dirs(allocation).output / "a.bin").write_bytes(b"evil" * 100)  # changed after sealing
     job = deliver(allocation)
     assert job.delivery_state == "failed" and "checksum differs" in job.delivery_detail
     assert not (roots.outputs / "run1" / "a.bin").exists()

@@ -1,0 +1,40 @@
+"""What jobs tells other apps, and where they weigh in, without jobs importing them.
+
+Metering listens (its receivers are connected in its ``AppConfig.ready``), so the arrows between
+the two apps point one way, metering -> jobs: it closes an allocation's meter at RELEASE, inside
+the releasing transaction, and weighs a submission against its team's monthly budget.
+"""
+
+from datetime import datetime
+from typing import Protocol
+
+from django.dispatch import Signal
+
+# Sent inside the transaction that releases an allocation, with ``allocation_id`` and
+# ``released_at``. A receiver's error rolls the release back: freed GPUs never leave a meter open.
+allocation_released = Signal()
+
+# Sent before a job is stored, and for the submit form's preview, with ``team``, ``gpu_hours``
+# (the job's GPUs x hours) and ``now``. A receiver answers a BudgetCheck, or None.
+budget_asked = Signal()
+
+
+class BudgetCheck(Protocol):
+    """A team's budget's word on more GPU-hours this month."""
+
+    @property
+    def refused(self) -> bool: ...  # over an enforced budget: the job is refused
+
+    @property
+    def would_exceed(self) -> bool: ...  # over the budget, enforced or not
+
+    @property
+    def message(self) -> str: ...  # the sentence the team reads
+
+
+def check_budget(*, team, gpu_hours: float, now: datetime) -> BudgetCheck | None:
+    """The first answer to ``budget_asked``; None when no installed app keeps budgets."""
+    for _receiver, answer in budget_asked.send(sender=BudgetCheck, team=team, gpu_hours=gpu_hours, now=now):
+        if answer is not None:
+            return answer
+    return None

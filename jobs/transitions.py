@@ -1,0 +1,39 @@
+"""The one way a job's state moves: a conditional UPDATE and its event row, in one transaction.
+
+Every writer that changes a job's state (intake, staging, rental) calls ``transition``; a second
+worker, or a redelivered task, finds the state already moved and gets False back.
+"""
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.db import transaction
+
+from jobs.lifecycle import State, check_transition
+from jobs.models import Job, JobEvent
+
+
+def transition(
+    *, job_id: int, source: State | Iterable[State], target: State, now: datetime,
+    reason: str = "", actor: str = "", end_reason: str = "", via: str = "", **fields,
+) -> bool:  # fmt: skip
+    """Moves a job from one of ``source`` to ``target`` if it is still there; logs the event.
+
+    ``via`` names a non-ending cause the table checks (REQUEUED, PREEMPTED) when ``reason`` is prose.
+    """
+    sources = [State(source)] if isinstance(source, str) else [State(s) for s in source]
+    for s in sources:
+        check_transition(s, target, end_reason or via or reason)
+    with transaction.atomic():
+        job = Job.objects.filter(id=job_id, state__in=sources).values("state", "attempt").first()
+        if job is None:
+            return False
+        claimed = Job.objects.filter(id=job_id, state=job["state"]).update(
+            state=target, state_changed_at=now, end_reason=end_reason, **fields
+        )
+        if claimed:
+            JobEvent.objects.create(
+                job_id=job_id, from_state=job["state"], to_state=target, at=now,
+                reason=(reason or end_reason)[:300], actor=actor[:150], attempt=fields.get("attempt", job["attempt"]),
+            )  # fmt: skip
+        return bool(claimed)

@@ -1,0 +1,16 @@
+"""What metering does when jobs speaks (connected in ``MeteringConfig.ready``).
+
+Jobs sends its signals without importing metering; these receivers are the other end.
+"""
+
+from datetime import datetime
+
+from metering import budgets, services
+
+
+def close_meter_at_release(sender, *, allocation_id: int, released_at: datetime, **_) -> None:
+    services.close_meter(allocation_id=allocation_id, released_at=released_at)
+
+
+def answer_budget(sender, *, team, gpu_hours: float, now: datetime, **_) -> budgets.Projection:
+    return budgets.projection(team=team, extra_gpu_hours=gpu_hours, now=now)

@@ -1,0 +1,58 @@
+"""The doorbell sends tasks by name, after commit: every name it rings is a task a worker runs."""
+
+import celery
+import pytest
+from django.conf import settings
+
+from jobs import dispatch
+from jobs.models import SchedulerState
+
+
+def _registered_in_a_worker() -> set[str]:
+    celery.current_app.loader.import_default_modules()  # what a worker does on start: autodiscovery
+    return set(celery.current_app.tasks)
+
+
+def test_every_task_the_doorbell_rings_is_registered():
+    registered = _registered_in_a_worker()
+    rung = {dispatch.STAGE_JOB, dispatch.SCHEDULE_PASS, dispatch.RUN_PART, dispatch.DELIVER_OUTPUTS}
+    assert rung <= registered, f"not registered: {rung - registered}"
+
+
+def test_every_beat_entry_names_a_registered_task():
+    registered = _registered_in_a_worker()
+    scheduled = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert scheduled <= registered, f"not registered: {scheduled - registered}"
+
+
+@pytest.mark.django_db
+def test_tasks_are_sent_by_name_to_their_queue_once_the_transaction_commits(
+    monkeypatch, django_capture_on_commit_callbacks
+):
+    sent = []
+    monkeypatch.setattr(celery.current_app, "send_task", lambda name, **kw: sent.append((name, kw)))
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch.stage_job(7)
+        dispatch.run_allocation(8, "gpu-01")
+        dispatch.deliver_outputs(9, "gpu-02")
+        assert sent == []  # nothing leaves before the commit
+    assert sent == [
+        (dispatch.STAGE_JOB, {"args": (7,), "queue": settings.CELERY_TASK_DEFAULT_QUEUE}),
+        (dispatch.RUN_PART, {"args": (8,), "queue": "node.gpu-01"}),
+        (dispatch.DELIVER_OUTPUTS, {"args": (9,), "queue": "node.gpu-02"}),
+    ]
+
+
+@pytest.mark.django_db
+def test_pass_requests_coalesce_into_one_ring_until_a_pass_claims_them(
+    monkeypatch, django_capture_on_commit_callbacks
+):
+    sent = []
+    monkeypatch.setattr(celery.current_app, "send_task", lambda name, **kw: sent.append(name))
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch.request_scheduler_pass()
+        dispatch.request_scheduler_pass()
+    assert sent == [dispatch.SCHEDULE_PASS]
+    assert dispatch.claim_requested_pass() is True
+    assert dispatch.claim_requested_pass() is False
+    assert SchedulerState.objects.count() == 1
