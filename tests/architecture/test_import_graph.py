@@ -22,6 +22,12 @@ def test_no_module_imports_one_that_imports_it_back():
     assert not found, f"import cycles between modules: {_loops(arrows, found)}"
 
 
+def test_no_app_imports_one_that_imports_it_back():
+    apps = importgraph.app_graph(importgraph.build())
+    found = importgraph.cycles(apps)
+    assert not found, f"import cycles between apps: {_loops(apps, found)}"
+
+
 def test_no_app_module_hides_an_import_inside_a_function():
     hidden = [i for i in importgraph.build().hidden() if importgraph.app_of(i.source) in APP_CODE]
     assert not hidden, "imports inside functions: " + ", ".join(f"{i.source}:{i.line}" for i in hidden)
