@@ -22,13 +22,14 @@ schedulable pool is skipped, never waited for.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import compress, count, repeat
 from operator import attrgetter, le
 
 from jobs.scheduling.types import (
     DEFAULT_CONFIG,
     HOUR_S,
+    NodeList,
     NodeView,
     PendingJob,
     Plan,
@@ -45,33 +46,60 @@ _expected_end = attrgetter("expected_end")
 _gpus = attrgetter("gpus")
 
 
+_free = attrgetter("free")
+_schedulable = attrgetter("schedulable")
+_ready_at = attrgetter("ready_at")
+
+
 class _FlatPool:
     """The free GPUs of schedulable nodes as one count, handed out in node order."""
 
     def __init__(self, nodes: Sequence[NodeView]) -> None:
-        usable = [n for n in nodes if n.schedulable]
-        self.schedulable = {n.name for n in usable}
+        self._left: tuple[int, ...] = ()
+        if isinstance(nodes, NodeList):  # totals kept by the caller: no count over every node
+            self.schedulable = None
+            self.capacity, self.free = nodes.total_gpus, nodes.free_gpus
+            self._nodes = ((nodes[i].name, nodes[i].free) for i in nodes.with_free)
+            return
+        # C-level maps: this runs every pass over every node.
+        usable = nodes if all(map(_schedulable, nodes)) else [n for n in nodes if n.schedulable]
+        self.schedulable = frozenset(n.name for n in usable) if len(usable) < len(nodes) else None
         self.capacity = sum(map(_gpus, usable))
-        self.free = sum(len(n.free) for n in usable)
-        self._next: Iterator[tuple[str, int]] = ((n.name, i) for n in usable for i in n.free)
+        self.free = sum(map(len, map(_free, usable)))
+        self._nodes: Iterator[tuple[str, tuple[int, ...]]] = ((n.name, n.free) for n in usable if n.free)
 
     def start(self, job: PendingJob) -> Start:
-        taken: dict[str, list[int]] = {}
-        for _ in range(job.gpus):
-            node, index = next(self._next)
-            taken.setdefault(node, []).append(index)
+        """Take the job's GPUs from the next nodes with free ones."""
+        need, taken = job.gpus, {}
+        while need:
+            if not self._left:
+                self._name, self._left = next(self._nodes)
+            k = min(need, len(self._left))
+            taken[self._name], self._left = self._left[:k], self._left[k:]
+            need -= k
         self.free -= job.gpus
-        return Start(job_id=job.job_id, gpus_by_node={n: tuple(ix) for n, ix in taken.items()})
+        return Start(job_id=job.job_id, gpus_by_node=taken)
+
+    def held_by(self, r: RunningView, memo: ReleaseMemo) -> int:
+        """GPUs ``r`` holds on schedulable nodes (counted once per running view with ``memo``)."""
+        hit = memo.get(r.job_id)
+        if hit is None or hit[0] is not r:
+            hit = (r, [(r.expected_end, n, len(ix)) for n, ix in r.gpus_by_node.items()])
+            memo[r.job_id] = hit
+        if self.schedulable is None:
+            return sum(k for _, _, k in hit[1])
+        return sum(k for _, n, k in hit[1] if n in self.schedulable)
 
 
 def _queue(
     pending: Sequence[PendingJob], *, now: float, pool: _FlatPool, key: attrgetter
 ) -> list[PendingJob]:
     """The jobs that can ever start, in the policy's order (staging ones are not queued yet)."""
-    return sorted(
-        (j for j in pending if j.gpus <= pool.capacity and (j.ready_at is None or j.ready_at <= now)),
-        key=key,
-    )
+    if pending and (any(map(_ready_at, pending)) or max(map(_gpus, pending)) > pool.capacity):
+        pending = [
+            j for j in pending if j.gpus <= pool.capacity and (j.ready_at is None or j.ready_at <= now)
+        ]
+    return sorted(pending, key=key)
 
 
 def _plan(starts: list[Start], reservations: list[Reservation]) -> Plan:
@@ -100,35 +128,44 @@ def fcfs(
 
 
 def shadow_time(
-    head: PendingJob, *, now: float, free: int, releases: Sequence[tuple[float, int]]
+    head: PendingJob, *, now: float, free: int, releases: Iterable[tuple[float, int]]
 ) -> tuple[float, int]:
     """EASY's reservation for ``head``: the earliest time enough GPUs are free, and the GPUs
     beyond its need free then (``releases``: (estimated end, GPUs) in end order)."""
-    avail, at, k = free, now, 0
-    while avail < head.gpus:
-        if k == len(releases):
-            raise ValueError(f"job {head.job_id} needs {head.gpus} GPUs; the pool never frees them")
-        end, gpus = releases[k]
-        avail, at, k = avail + gpus, max(end, now), k + 1
-    while k < len(releases) and releases[k][0] <= at:  # others ending at that very moment add extra
-        avail, k = avail + releases[k][1], k + 1
+    avail, at = free, now
+    for end, gpus in releases:
+        if avail >= head.gpus and end > at:
+            break  # others ending at the shadow time itself were added: they are extra GPUs
+        avail, at = avail + gpus, max(end, now)
+    if avail < head.gpus:
+        raise ValueError(f"job {head.job_id} needs {head.gpus} GPUs; the pool never frees them")
     return at, avail - head.gpus
 
 
 def _releases(
-    running: Sequence[RunningView], started: Sequence[tuple[float, int]], pool: _FlatPool
-) -> list[tuple[float, int]]:
-    """(estimated end, GPUs on schedulable nodes) of running jobs and this pass's starts, by end."""
-    out = [
-        (r.expected_end, sum(len(ix) for n, ix in r.gpus_by_node.items() if n in pool.schedulable))
-        for r in sorted(running, key=_expected_end)
-    ]
-    if started:
-        out = sorted(out + list(started))
-    return out
+    running: Sequence[RunningView], started: Sequence[tuple[float, int]], pool: _FlatPool, memo: ReleaseMemo
+) -> Iterator[tuple[float, int]]:
+    """(estimated end, GPUs on schedulable nodes) of running jobs and this pass's starts, by end;
+    lazily, since the walk to the shadow time usually stops early."""
+    ordered = sorted(running, key=_expected_end)
+    own = sorted(started)
+    j = 0
+    for r in ordered:
+        while j < len(own) and own[j][0] <= r.expected_end:
+            yield own[j]
+            j += 1
+        yield r.expected_end, pool.held_by(r, memo)
+    yield from own[j:]
 
 
-def _easy(queue: list[PendingJob], *, now: float, running: Sequence[RunningView], pool: _FlatPool) -> Plan:
+def _easy(
+    queue: list[PendingJob],
+    *,
+    now: float,
+    running: Sequence[RunningView],
+    pool: _FlatPool,
+    memo: ReleaseMemo | None = None,
+) -> Plan:
     """EASY over ``queue`` (already in the policy's order): one reservation, then backfill."""
     starts: list[Start] = []
     ends: list[tuple[float, int]] = []
@@ -140,7 +177,9 @@ def _easy(queue: list[PendingJob], *, now: float, running: Sequence[RunningView]
     if i == len(queue):
         return _plan(starts, [])
     head, rest = queue[i], queue[i + 1 :]
-    shadow, extra = shadow_time(head, now=now, free=pool.free, releases=_releases(running, ends, pool))
+    shadow, extra = shadow_time(
+        head, now=now, free=pool.free, releases=_releases(running, ends, pool, {} if memo is None else memo)
+    )
     if pool.free and rest:
         # A C-level size test first: on a busy pool few jobs fit what is free.
         for k in compress(count(), map(le, map(_gpus, rest), repeat(pool.free))):
@@ -170,7 +209,9 @@ def easy(
 ) -> Plan:
     """EASY backfilling in submit order (the module docstring)."""
     pool = _FlatPool(nodes)
-    return _easy(_queue(pending, now=now, pool=pool, key=_by_submit), now=now, running=running, pool=pool)
+    return _easy(
+        _queue(pending, now=now, pool=pool, key=_by_submit), now=now, running=running, pool=pool, memo=memo
+    )
 
 
 def sjf_easy(
@@ -186,4 +227,6 @@ def sjf_easy(
 ) -> Plan:
     """EASY backfilling with the queue ordered by estimate, shortest first."""
     pool = _FlatPool(nodes)
-    return _easy(_queue(pending, now=now, pool=pool, key=_by_estimate), now=now, running=running, pool=pool)
+    return _easy(
+        _queue(pending, now=now, pool=pool, key=_by_estimate), now=now, running=running, pool=pool, memo=memo
+    )

@@ -106,7 +106,7 @@ class UsageMeter(Mapping[str, float]):
 
 
 class _Pool:
-    """Simulated nodes: free GPU indices and the NodeView list handed to the policy."""
+    """Simulated nodes: free GPU indices and the NodeList handed to the policy, kept up to date."""
 
     def __init__(self, *, nodes: int, gpus_per_node: int) -> None:
         self.gpus = gpus_per_node
@@ -114,10 +114,20 @@ class _Pool:
         self.free = {n: set(range(gpus_per_node)) for n in names}
         self.idle = nodes * gpus_per_node
         self.pos = {n: i for i, n in enumerate(names)}
-        self.views = [NodeView(name=n, gpus=gpus_per_node, free=tuple(range(gpus_per_node))) for n in names]
+        self.views = types.NodeList(
+            NodeView(name=n, gpus=gpus_per_node, free=tuple(range(gpus_per_node))) for n in names
+        )
+        self.views.total_gpus = self.views.free_gpus = self.idle
+        self.views.with_free = dict.fromkeys(range(nodes))
 
     def _refresh(self, node: str) -> None:
-        self.views[self.pos[node]] = NodeView(name=node, gpus=self.gpus, free=tuple(sorted(self.free[node])))
+        free, at = self.free[node], self.pos[node]
+        self.views[at] = NodeView(name=node, gpus=self.gpus, free=tuple(sorted(free)))
+        if free:
+            self.views.with_free[at] = None
+        else:
+            self.views.with_free.pop(at, None)
+        self.views.free_gpus = self.idle
 
     def claim(self, gpus_by_node: Mapping[str, Sequence[int]]) -> None:
         for node, idx in gpus_by_node.items():

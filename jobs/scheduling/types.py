@@ -119,6 +119,19 @@ class Plan:
     priority: dict[int, dict[str, float]]
 
 
+class NodeList(list[NodeView]):
+    """The pool's nodes, all schedulable, with totals their keeper maintains as GPUs come and go.
+
+    The replay hands one to every pass so that a policy need not count 1,000 nodes each time; the
+    live scheduler hands a plain list, and a policy then counts for itself. ``with_free`` holds the
+    positions of nodes with at least one free GPU.
+    """
+
+    free_gpus: int
+    total_gpus: int
+    with_free: dict[int, None]
+
+
 # A running job's release events, (expected end, node, GPUs), by job id with the view they were
 # computed from. The caller owns it and may keep it across passes (the replay does: a running job's
 # releases never change); ``plan()``'s result never depends on what it holds.
