@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-from jobs.scheduling.types import DAY_S, PendingJob, PolicyConfig, RunningView
+from jobs.scheduling.types import DAY_S, HOUR_S, PendingJob, PolicyConfig, RunningView
 
 
 def decay_usage(*, usage: float, elapsed_s: float, half_life_s: float) -> float:
@@ -83,6 +83,21 @@ def rank(
     return Ranking(order=order, starved=starved_ids, fairshare=fs, components=components)
 
 
+# Estimates shorter than this count as this long in the slowdown term (bounded slowdown's floor,
+# scaled to declared limits): a 1-minute declaration must not outrank everything after a minute.
+MIN_ESTIMATE_H = 0.25
+
+
+def starvation_bound(pending: Sequence[PendingJob], *, now: float, config: PolicyConfig) -> float:
+    """Seconds of waiting after which a job is starved: ``starvation_s``, or, when
+    ``starvation_factor`` is set, that many times the mean wait of the queue (at least
+    ``starvation_s``) - so an overloaded queue, where every wait is long, keeps its order."""
+    if not config.starvation_factor or not pending:
+        return config.starvation_s
+    mean_wait = now - sum(map(_submitted, pending)) / len(pending)
+    return max(config.starvation_s, config.starvation_factor * mean_wait)
+
+
 # Declared hours take few distinct values: a dict lookup per job instead of a log each pass.
 _LENGTH: dict[float, float] = {}
 
@@ -92,16 +107,31 @@ def _keys(
 ) -> list[float]:
     """Sort keys (lower first): -1e30 + submitted for starved jobs, else -(priority) + a constant."""
     age_per_s, length_w = config.age_weight / DAY_S, config.length_weight
-    starve_before = now - config.starvation_s
+    starve_before = now - starvation_bound(pending, now=now, config=config)
     length = _LENGTH
+    if config.slowdown_weight:
+        # Expected slowdown if started now, (wait + estimate) / estimate, less its constant 1.
+        per_est = config.slowdown_weight / HOUR_S
 
-    def build() -> list[float]:
-        return [
-            -1e30 + j.submitted_at  # starved: before everyone else, oldest first
-            if j.submitted_at < starve_before
-            else age_per_s * j.submitted_at - fs_term[j.team] - length_w * length[j.hours]
-            for j in pending
-        ]
+        def build() -> list[float]:
+            return [
+                -1e30 + j.submitted_at
+                if j.submitted_at < starve_before
+                else age_per_s * j.submitted_at
+                - fs_term[j.team]
+                - length_w * length[j.hours]
+                - per_est * (now - j.submitted_at) / max(j.hours, MIN_ESTIMATE_H)
+                for j in pending
+            ]
+    else:
+
+        def build() -> list[float]:
+            return [
+                -1e30 + j.submitted_at  # starved: before everyone else, oldest first
+                if j.submitted_at < starve_before
+                else age_per_s * j.submitted_at - fs_term[j.team] - length_w * length[j.hours]
+                for j in pending
+            ]
 
     try:
         return build()
@@ -115,6 +145,7 @@ def _keys(
 _team = attrgetter("team")
 _job_id = attrgetter("job_id")
 _hours = attrgetter("hours")
+_submitted = attrgetter("submitted_at")
 
 
 def _components(
@@ -125,10 +156,13 @@ def _components(
     fairshare = config.fairshare_weight * fs
     age = config.age_weight * max(now - job.submitted_at, 0.0) / DAY_S
     size = config.length_weight * length_factor(job.hours)
+    wait = max(now - job.submitted_at, 0.0)
+    slowdown = config.slowdown_weight * wait / HOUR_S / max(job.hours, MIN_ESTIMATE_H)
     return {
         "fairshare": fairshare,
         "age": age,
         "size": size,
-        "total": fairshare + age + size,
+        "slowdown": slowdown,
+        "total": fairshare + age + size + slowdown,
         "starved": 1.0 if starved else 0.0,
     }

@@ -73,6 +73,8 @@ class PolicyConfig:
     age_weight: float = 0.25
     length_weight: float = 1.0
     starvation_s: float = 2 * DAY_S
+    starvation_factor: float = 0.0
+    slowdown_weight: float = 0.0
     reserve_top: int = 1
     max_reservations: int = 6
     explain: bool = True
