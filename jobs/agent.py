@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 
-from jobs import rental, sandbox
+from jobs import cgroups, limits, rental, sandbox
 from jobs.lifecycle import PREEMPTED, EndReason
 from jobs.models import Allocation, Job
 from jobs.rental import STOPPED
@@ -111,8 +111,17 @@ def _run(part: Part, dirs: sandbox.AttemptDirs, mode: str) -> tuple[str, int | N
         argv=part.job.argv, env=env, dirs=dirs, workdir=part.job.workdir, mode=mode,
         hidden=_hidden_paths(), share_network=part.num_nodes > 1,
     )  # fmt: skip
+    group = limits.open_group(part.allocation)
     try:
-        proc = sandbox.launch(cmd, env=env, cwd=dirs.work, mode=mode)
+        return _run_bounded(part, dirs, mode, cmd, env, group)
+    finally:
+        group.remove()  # whatever of the job is still alive goes with its groups
+
+
+def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, cmd: list[str], env: dict[str, str],
+                 group: cgroups.AttemptGroup) -> tuple[str, int | None]:  # fmt: skip
+    try:
+        proc = sandbox.launch(cmd, env=env, cwd=dirs.work, mode=mode, cgroup_procs=group.procs_files())
     except OSError as exc:  # unsandboxed and the program does not exist
         (dirs.root / "job.log").write_text(f"could not start {part.job.argv[0]!r}: {exc}\n")
         _store_tail(part, f"could not start {part.job.argv[0]!r}: {exc}")
@@ -126,7 +135,10 @@ def _run(part: Part, dirs: sandbox.AttemptDirs, mode: str) -> tuple[str, int | N
     _with_database(lambda: _store_tail(part, capture.text()))
     if stop:
         return stop, code
-    return (EndReason.SUCCEEDED if code == 0 else EndReason.FAILED), code
+    if code == 0:
+        return EndReason.SUCCEEDED, code
+    # Read from the cgroup's own counter: a job that dies of SIGKILL is not assumed to be out of memory.
+    return (EndReason.OUT_OF_MEMORY if group.oom_kills() else EndReason.FAILED), code
 
 
 def _watch(part: Part, proc: subprocess.Popen, capture: LogCapture) -> str:

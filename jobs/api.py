@@ -36,7 +36,7 @@ def job_json(job: Job) -> dict:
         "data": [_input_json(d) for d in job.inputs.all()],
         "request": {
             "gpus": job.gpus, "hours": job.hours, "min_gpus": job.min_gpus, "gpu_model": job.gpu_model,
-            "preemptible": job.preemptible, "requeue": job.requeue,
+            "preemptible": job.preemptible, "requeue": job.requeue, "memory": job.memory_bytes, "cpus": job.cpus,
         },
         "output": {"uri": job.output_uri, "bytes": job.output_bytes},
         "events": [{"state": e.to_state, "at": e.at, "reason": e.reason} for e in job.events.all()],

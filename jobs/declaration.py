@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from jobs.units import parse_size
+from jobs.units import format_size, parse_size
 
 MAX_JOB_FILE_BYTES = 256 * 1024
 MAX_ARGS = 256
@@ -29,6 +29,9 @@ RESERVED_ENV = re.compile(r"^(E31_.*|CUDA_VISIBLE_DEVICES)$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
+MIN_MEMORY = 16 * 2**20  # below this not even an interpreter starts
+MIN_CPUS = 0.01  # the smallest CFS quota the kernel takes is 1 ms of every 100 ms
+MAX_CPUS = 100_000
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,9 @@ class Limits:
     max_hours: float
     data_roots: Sequence[Path]
     output_roots: Sequence[Path]
+    # What the pool's nodes advertise for jobs in all; 0 where none advertises (then unchecked).
+    pool_memory: int = 0
+    pool_cpus: float = 0
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,8 @@ class Declaration:
     requeue: bool
     output_uri: str
     output_bytes: int
+    memory_bytes: int | None = None  # None: the node's share for the job's GPUs
+    cpus: float | None = None
 
 
 @dataclass
@@ -118,6 +126,8 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     output_bytes = _size(output.get("bytes"), "output.bytes", errs)
     flags = {key: _flag(request.get(key), f"request.{key}", errs) for key in ("preemptible", "requeue")}
     gpu_model = _short_text(request.get("gpu_model"), "request.gpu_model", 60, errs)
+    memory = _memory(request.get("memory"), limits, errs)
+    cpus = _cpus(request.get("cpus"), limits, errs)
     if errs.errors:
         raise DeclarationInvalid(errs.errors)
     return Declaration(
@@ -125,7 +135,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
         gpus=gpus, gpu_model=gpu_model,
         hours=hours, min_gpus=min_gpus,
         preemptible=flags["preemptible"], requeue=flags["requeue"],
-        output_uri=output_uri, output_bytes=output_bytes,
+        output_uri=output_uri, output_bytes=output_bytes, memory_bytes=memory, cpus=cpus,
     )  # fmt: skip
 
 
@@ -321,6 +331,36 @@ def _hours(value: Any, limits: Limits, errs: _Collector) -> float:
         return 0.0
     if value > limits.max_hours:
         errs.add("request.hours", f"at most {limits.max_hours:g} hours on this pool")
+    return float(value)
+
+
+def _memory(value: Any, limits: Limits, errs: _Collector) -> int | None:
+    """Optional: bytes or a size such as "512 MB", written as data sizes are."""
+    if value is None or value == "":
+        return None
+    try:
+        size = parse_size(value)
+    except ValueError as exc:
+        errs.add("request.memory", str(exc))
+        return None
+    if size < MIN_MEMORY:
+        errs.add("request.memory", f"at least {format_size(MIN_MEMORY)} (a size such as 512 MB or 64 GiB)")
+    elif limits.pool_memory and size > limits.pool_memory:
+        errs.add("request.memory", f"the pool offers at most {format_size(limits.pool_memory)} for one job")
+    return size
+
+
+def _cpus(value: Any, limits: Limits, errs: _Collector) -> float | None:
+    """Optional: a number of CPUs, fractions allowed (0.5 is half of one CPU's time)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        errs.add("request.cpus", "a number of CPUs, such as 4 or 0.5")
+        return None
+    if not MIN_CPUS <= value <= MAX_CPUS:
+        errs.add("request.cpus", f"between {MIN_CPUS:g} and {MAX_CPUS} CPUs")
+    elif limits.pool_cpus and value > limits.pool_cpus:
+        errs.add("request.cpus", f"the pool offers at most {limits.pool_cpus:g} CPUs for one job")
     return float(value)
 
 

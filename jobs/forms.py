@@ -56,6 +56,8 @@ class JobForm:
             "request.min_gpus": _text(request.get("min_gpus")),
             "request.hours": _text(request.get("hours")),
             "request.gpu_model": _text(request.get("gpu_model")),
+            "request.memory": _size_text(request.get("memory")),
+            "request.cpus": _text(request.get("cpus")),
             "request.preemptible": "on" if request.get("preemptible") is True else "",
             "request.requeue": "on" if request.get("requeue") is True else "",
             "output.uri": _text(output.get("uri")),
@@ -91,6 +93,8 @@ class JobForm:
                 "min_gpus": self._number("request.min_gpus", int, optional=True),
                 "hours": self._number("request.hours", float),
                 "gpu_model": v.get("request.gpu_model", ""),
+                "memory": v.get("request.memory", "").strip(),
+                "cpus": self._number("request.cpus", float, optional=True),
                 "preemptible": bool(v.get("request.preemptible")),
                 "requeue": bool(v.get("request.requeue")),
             },
@@ -129,7 +133,7 @@ class JobForm:
 
 _SCALARS = (
     "name", "work.argv", "work.env", "work.image", "work.workdir",
-    "request.gpus", "request.min_gpus", "request.hours", "request.gpu_model",
+    "request.gpus", "request.min_gpus", "request.hours", "request.gpu_model", "request.memory", "request.cpus",
     "output.uri", "output.bytes",
 )  # fmt: skip
 _FLAGS = ("request.preemptible", "request.requeue")

@@ -29,6 +29,7 @@ class EndReason(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     TIMED_OUT = "timed_out"
+    OUT_OF_MEMORY = "out_of_memory"  # the kernel stopped it at its memory limit (cgroup OOM kill)
     CANCELLED = "cancelled"
     NODE_LOST = "node_lost"
     STAGING_FAILED = "staging_failed"

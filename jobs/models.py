@@ -41,6 +41,9 @@ class Job(models.Model):
     min_gpus = models.PositiveIntegerField(null=True, blank=True)
     preemptible = models.BooleanField(default=False)
     requeue = models.BooleanField(default=False)
+    # For the whole job, split across its nodes by GPUs; null: the node's share for its GPUs.
+    memory_bytes = models.BigIntegerField(null=True, blank=True)
+    cpus = models.FloatField(null=True, blank=True)
     # output
     output_uri = models.CharField(max_length=2000)
     output_bytes = models.BigIntegerField()
@@ -69,6 +72,10 @@ class Job(models.Model):
                 condition=Q(min_gpus__isnull=True) | Q(min_gpus__gte=1, min_gpus__lte=models.F("gpus")),
                 name="job_min_gpus_in_range",
             ),
+            models.CheckConstraint(
+                condition=Q(memory_bytes__isnull=True) | Q(memory_bytes__gt=0), name="job_memory_positive"
+            ),
+            models.CheckConstraint(condition=Q(cpus__isnull=True) | Q(cpus__gt=0), name="job_cpus_positive"),
             models.CheckConstraint(
                 condition=Q(state__in=[State.RELEASED, State.ENDED]) | Q(end_reason=""),
                 name="job_end_reason_only_when_terminal",
@@ -147,6 +154,11 @@ class Node(models.Model):
     address = models.CharField(max_length=255, blank=True)
     agent_version = models.CharField(max_length=40, blank=True)
     sandbox = models.CharField(max_length=20, blank=True)  # "bubblewrap", or "none" when allowed unsandboxed
+    # What the agent advertised for jobs (0: not advertised, placement then ignores it) and the
+    # cgroup controllers that bound each attempt there ("memory v1, cpu v1, pids v1").
+    memory_bytes = models.BigIntegerField(default=0)
+    cpus = models.FloatField(default=0)
+    limits = models.CharField(max_length=200, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField()
     state_changed_at = models.DateTimeField()

@@ -15,14 +15,16 @@ LIVE_STATES = (Node.NodeState.UP, Node.NodeState.DRAINING, Node.NodeState.DRAINE
 
 @transaction.atomic
 def register_node(
-    *, name: str, gpus: int, gpu_model: str, address: str, agent_version: str, sandbox: str, now: datetime
-) -> Node:
+    *, name: str, gpus: int, gpu_model: str, address: str, agent_version: str, sandbox: str, now: datetime,
+    memory_bytes: int = 0, cpus: float = 0, limits: str = "",
+) -> Node:  # fmt: skip
     """An agent (re)starting: the node is up, and any attempt it held before is lost with the old process."""
+    offered = {"memory_bytes": memory_bytes, "cpus": cpus, "limits": limits[:200]}
     node, created = Node.objects.select_for_update().get_or_create(
         name=name,
         defaults={
             "gpus": gpus, "gpu_model": gpu_model, "address": address, "agent_version": agent_version,
-            "sandbox": sandbox, "registered_at": now, "state_changed_at": now, "last_heartbeat": now,
+            "sandbox": sandbox, "registered_at": now, "state_changed_at": now, "last_heartbeat": now, **offered,
         },
     )  # fmt: skip
     if not created:
@@ -30,7 +32,7 @@ def register_node(
         state = Node.NodeState.UP if node.state == Node.NodeState.DOWN else node.state
         Node.objects.filter(id=node.id).update(
             gpus=gpus, gpu_model=gpu_model, address=address, agent_version=agent_version, sandbox=sandbox,
-            last_heartbeat=now, registered_at=now, state=state,
+            last_heartbeat=now, registered_at=now, state=state, **offered,
             state_changed_at=now if state != node.state else node.state_changed_at,
         )  # fmt: skip
         node.refresh_from_db()

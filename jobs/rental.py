@@ -112,7 +112,15 @@ def _release_when_sealed(job_id: int, *, now: datetime, actor: str) -> None:
     if job.state != State.OUTPUT or any(p.sealed_at is None for p in parts):
         return
     reason, exit_code = _attempt_outcome(parts)
-    release_job(job_id=job_id, end_reason=reason, now=now, actor=actor, exit_code=exit_code, deliver=True)
+    detail = OUT_OF_MEMORY_DETAIL if reason == EndReason.OUT_OF_MEMORY else ""
+    release_job(job_id=job_id, end_reason=reason, now=now, actor=actor, exit_code=exit_code, deliver=True,
+                detail=detail)  # fmt: skip
+
+
+OUT_OF_MEMORY_DETAIL = (
+    "out of memory: the job went over its memory limit and the kernel stopped it "
+    "(declare more with request.memory)"
+)
 
 
 def _attempt_parts(job: Job):
@@ -120,14 +128,17 @@ def _attempt_parts(job: Job):
 
 
 def _attempt_outcome(parts) -> tuple[EndReason, int | None]:
-    """Timed out beats failed beats succeeded; the exit code is that of the part that failed first."""
+    """Timed out beats out of memory beats failed beats succeeded; the exit code is the first failing part's."""
     reasons = {p.end_reason for p in parts}
     failed = sorted(
-        (p for p in parts if p.end_reason == EndReason.FAILED), key=lambda p: (p.finished_at, p.rank)
+        (p for p in parts if p.end_reason in (EndReason.FAILED, EndReason.OUT_OF_MEMORY)),
+        key=lambda p: (p.finished_at, p.rank),
     )
     failing = failed[0].exit_code if failed else None
     if EndReason.TIMED_OUT in reasons:
         return EndReason.TIMED_OUT, failing
+    if EndReason.OUT_OF_MEMORY in reasons:
+        return EndReason.OUT_OF_MEMORY, failing
     if EndReason.FAILED in reasons or STOPPED in reasons:
         return EndReason.FAILED, failing
     return EndReason.SUCCEEDED, 0

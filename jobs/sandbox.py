@@ -7,6 +7,7 @@ agent refuses to start unless an operator allowed the unsandboxed mode, which th
 """
 
 import ctypes
+import functools
 import os
 import resource
 import shutil
@@ -22,6 +23,8 @@ from django.conf import settings
 
 if TYPE_CHECKING:
     from jobs.models import Allocation
+
+from jobs import cgroups
 
 BUBBLEWRAP = "bubblewrap"
 UNSANDBOXED = "none"
@@ -101,8 +104,15 @@ def _outermost(paths: Sequence[Path]) -> list[Path]:
     return kept
 
 
-def launch(cmd: list[str], *, env: dict[str, str], cwd: Path, mode: str) -> subprocess.Popen:
-    """Starts the job in a new session (its own process group), stdout and stderr on one pipe."""
+def launch(
+    cmd: list[str], *, env: dict[str, str], cwd: Path, mode: str, cgroup_procs: Sequence[str] = ()
+) -> subprocess.Popen:
+    """Starts the job in a new session (its own process group), stdout and stderr on one pipe.
+
+    The child joins the attempt's cgroups (``cgroup_procs``) before it execs, so everything the job
+    ever starts is bounded. Python runs ``preexec_fn`` after Popen's own ``user=``/``group=``
+    switch, so the uid is dropped later (by bwrap or setpriv), never there: the join needs root.
+    """
     return subprocess.Popen(
         cmd,
         stdin=subprocess.DEVNULL,
@@ -111,11 +121,12 @@ def launch(cmd: list[str], *, env: dict[str, str], cwd: Path, mode: str) -> subp
         cwd=cwd,
         env=env if mode != BUBBLEWRAP else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
         start_new_session=True,
-        preexec_fn=_child_limits,
+        preexec_fn=functools.partial(_child_limits, tuple(cgroup_procs)),
     )
 
 
-def _child_limits() -> None:
+def _child_limits(cgroup_procs: tuple[str, ...]) -> None:
+    cgroups.join(cgroup_procs)
     # Die with the agent even unsandboxed, and never write core dumps into someone's directory.
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

@@ -1,9 +1,15 @@
 """The API's shapes for jobs. Types are checked here; the rules live in jobs.declaration."""
 
 from datetime import datetime
+from typing import Annotated, Any
 
 from ninja import Field, Schema
-from pydantic import StrictBool
+from pydantic import StrictBool, WithJsonSchema
+
+# Checked by jobs.declaration, as the form and the job file are, so every channel names the same
+# field with the same message (a union here would answer "request.cpus.float" instead).
+_Size = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]})]
+_Number = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "null"}]})]
 
 
 class WorkIn(Schema):
@@ -27,6 +33,14 @@ class RequestIn(Schema):
     gpu_model: str = ""
     preemptible: StrictBool = False
     requeue: StrictBool = Field(False, description="Requeue as a new attempt after a node loss (at most 3).")
+    memory: _Size = Field(
+        None,
+        description="Memory for the whole job: bytes or a size such as '512 MB' (split across nodes by GPUs). "
+        "Unset: the node's share for the job's GPUs. Going over it ends the job out_of_memory.",
+    )
+    cpus: _Number = Field(
+        None, description="CPUs for the whole job, fractions allowed; unset: the node's share for its GPUs."
+    )
 
 
 class OutputIn(Schema):

@@ -19,9 +19,13 @@ from jobs.transitions import transition
 
 def pool_limits() -> declaration.Limits:
     """What a declaration is checked against: the GPUs of every node not down, and the configured roots."""
-    pool_gpus = Node.objects.exclude(state=Node.NodeState.DOWN).aggregate(total=Sum("gpus"))["total"] or 0
+    pool = Node.objects.exclude(state=Node.NodeState.DOWN).aggregate(
+        gpus=Sum("gpus"), memory=Sum("memory_bytes"), cpus=Sum("cpus")
+    )
     return declaration.Limits(
-        pool_gpus=pool_gpus,
+        pool_gpus=pool["gpus"] or 0,
+        pool_memory=pool["memory"] or 0,
+        pool_cpus=pool["cpus"] or 0,
         max_hours=settings.E31_MAX_JOB_HOURS,
         data_roots=settings.E31_DATA_ROOTS,
         output_roots=settings.E31_OUTPUT_ROOTS,
@@ -43,7 +47,7 @@ def submit_job(*, team, user, spec: declaration.Declaration, now: datetime) -> J
         submitted_at=now, state_changed_at=now,
         argv=spec.argv, env=spec.env, image=spec.image, workdir=spec.workdir,
         gpus=spec.gpus, gpu_model=spec.gpu_model, hours=spec.hours, min_gpus=spec.min_gpus,
-        preemptible=spec.preemptible, requeue=spec.requeue,
+        preemptible=spec.preemptible, requeue=spec.requeue, memory_bytes=spec.memory_bytes, cpus=spec.cpus,
         output_uri=spec.output_uri, output_bytes=spec.output_bytes,
     )  # fmt: skip
     DataInput.objects.bulk_create(

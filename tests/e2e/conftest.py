@@ -114,6 +114,7 @@ def live_pool(transactional_db, settings, tmp_path):
     try:
         wait_for(
             lambda: Node.objects.filter(name__in=pool.nodes, state="up").count() == 2,
+            timeout=90,  # Django and Celery start slowly on a loaded two-core machine
             what="agents to register",
         )
         yield pool

@@ -1,5 +1,7 @@
 """Starts the agent of one GPU node: registers it, heartbeats, and serves queue node.<name>."""
 
+import argparse
+import math
 import socket
 import threading
 
@@ -9,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 from django.utils import timezone
 
-from jobs import nodes, sandbox, tasks
+from jobs import limits, nodes, sandbox, tasks, units
 
 AGENT_VERSION = "1.0"
 
@@ -29,13 +31,24 @@ class Command(BaseCommand):
             "--address", default="", help="address other nodes reach this one on (multi-node jobs)"
         )
         parser.add_argument(
+            "--memory", type=_size, default=None,
+            help="memory offered to jobs, at most what the machine has (for example '64 GB'); default: all of it",
+        )  # fmt: skip
+        parser.add_argument(
+            "--cpus",
+            type=_cpus,
+            default=None,
+            help="CPUs offered to jobs, at most the machine's; default: all",
+        )
+        parser.add_argument(
             "--allow-unsandboxed", action="store_true", default=settings.E31_ALLOW_UNSANDBOXED,
             help="run jobs without bubblewrap (labelled on the pool page); refused otherwise",
         )  # fmt: skip
 
     def handle(
-        self, *args, name: str, gpus: int, gpu_model: str, address: str, allow_unsandboxed: bool, **options
-    ):
+        self, *args, name: str, gpus: int, gpu_model: str, address: str, allow_unsandboxed: bool,
+        memory: int | None, cpus: float | None, **options,
+    ):  # fmt: skip
         if gpus < 1 or not name.replace("-", "").replace("_", "").isalnum():
             raise CommandError("--name is letters, digits, - and _; --gpus at least 1")
         mode = sandbox.available_mode() or (sandbox.UNSANDBOXED if allow_unsandboxed else "")
@@ -45,13 +58,14 @@ class Command(BaseCommand):
                 "(apt-get install bubblewrap) or start with --allow-unsandboxed (E31_ALLOW_UNSANDBOXED=1)."
             )
         tasks.AGENT["mode"] = mode
-        nodes.register_node(
-            name=name, gpus=gpus, gpu_model=gpu_model or "virtual", address=address or socket.getfqdn(),
-            agent_version=AGENT_VERSION, sandbox=mode, now=timezone.now(),
-        )  # fmt: skip
-        self.stdout.write(f"node {name}: {gpus} GPU(s), sandbox {mode}, queue node.{name}")
         register = {"name": name, "gpus": gpus, "gpu_model": gpu_model or "virtual", "address": address or socket.getfqdn(),
-                    "agent_version": AGENT_VERSION, "sandbox": mode}  # fmt: skip
+                    "agent_version": AGENT_VERSION, "sandbox": mode, "memory_bytes": limits.node_memory(memory),
+                    "cpus": limits.node_cpus(cpus), "limits": limits.probe(name)}  # fmt: skip
+        nodes.register_node(now=timezone.now(), **register)
+        self.stdout.write(
+            f"node {name}: {gpus} GPU(s), {units.format_size(register['memory_bytes'])} and {register['cpus']:g} CPUs "
+            f"for jobs, sandbox {mode}, limits: {register['limits']}, queue node.{name}"
+        )
         threading.Thread(target=_heartbeat, args=(register,), daemon=True, name="heartbeat").start()
         # The project's Celery app (e31web.celery), made current when Django loaded its settings.
         celery.current_app.worker_main(
@@ -61,6 +75,26 @@ class Command(BaseCommand):
                 "--loglevel", "INFO",
             ]
         )  # fmt: skip
+
+
+def _size(text: str) -> int:
+    try:
+        size = units.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if size < 2**26:
+        raise argparse.ArgumentTypeError("at least 64 MiB")
+    return size
+
+
+def _cpus(text: str) -> float:
+    try:
+        cpus = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of CPUs") from exc
+    if not math.isfinite(cpus) or cpus <= 0:
+        raise argparse.ArgumentTypeError("more than 0 CPUs")
+    return cpus
 
 
 def _heartbeat(register: dict) -> None:

@@ -1,0 +1,88 @@
+"""The node agent's side of resource limits: what a node offers, and each attempt's cgroups.
+
+The mechanism is ``jobs.cgroups``; the arithmetic of shares is ``jobs.resources``. Here the two
+meet the rows: an attempt's limits come from its job's declaration or its node's share, and a
+node advertises its memory and CPUs (discovered, capped by ``--memory``/``--cpus``).
+"""
+
+import functools
+import logging
+import os
+from pathlib import Path
+
+from django.conf import settings
+
+from jobs import cgroups, resources
+from jobs.models import Allocation
+
+log = logging.getLogger(__name__)
+PREFIX = "e31"
+
+
+@functools.cache
+def hierarchies() -> dict[str, cgroups.Hierarchy]:
+    """Found once per agent process: v2 may move the agent into a leaf group, after which its own path differs."""
+    return cgroups.detect()
+
+
+def probe(node_name: str) -> str:
+    """What this node enforces, for the pool page: a probe group is made and removed, as a job's would be."""
+    found = hierarchies()
+    if not found:
+        return "none: no cgroup controllers found"
+    group = cgroups.AttemptGroup(found, prefix=PREFIX, name=f"{node_name}-probe")
+    try:
+        group.create(cgroups.Limits(memory_bytes=64 * 2**20, cpus=1, pids=64))
+    except OSError as exc:
+        return f"none: cgroups cannot be created here ({exc.strerror or exc})"
+    finally:
+        group.remove(timeout_s=1)
+    return cgroups.describe(found)
+
+
+def attempt_limits(allocation: Allocation) -> cgroups.Limits:
+    """This part's bounds: the job's declared memory and CPUs split by GPUs, else the node's share."""
+    job, node, here = allocation.job, allocation.node, len(allocation.gpu_indices)
+    shared = {"job_gpus": job.gpus, "node_gpus": node.gpus, "gpus_here": here}
+    memory = resources.part_share(declared=job.memory_bytes, node_total=node.memory_bytes, **shared)
+    cpus = resources.part_share(declared=job.cpus, node_total=node.cpus, **shared)
+    return cgroups.Limits(memory_bytes=int(memory), cpus=cpus, pids=settings.E31_ATTEMPT_PIDS)
+
+
+def open_group(allocation: Allocation) -> cgroups.AttemptGroup:
+    """Creates the attempt's groups with its limits; where this node has no usable cgroups, an empty group."""
+    name = f"{allocation.node.name}-{allocation.job_id}-{allocation.attempt}"
+    group = cgroups.AttemptGroup(hierarchies(), prefix=PREFIX, name=name)
+    try:
+        group.create(attempt_limits(allocation))
+    except PermissionError as exc:  # an unprivileged agent (the embedded default): shown on the pool page
+        log.warning("attempt %s runs without cgroup limits: %s", name, exc)
+        group.remove(timeout_s=1)
+        return cgroups.AttemptGroup({}, prefix=PREFIX, name=name)
+    return group
+
+
+def node_memory(cap: int | None = None) -> int:
+    """Physical memory, or less where the agent's own memory cgroup is limited, or the operator's cap."""
+    found = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    memory = hierarchies().get("memory")
+    if memory is not None:
+        own_limit = _own_memory_limit(memory)
+        if own_limit:
+            found = min(found, own_limit)
+    return min(found, cap) if cap else found
+
+
+def node_cpus(cap: float | None = None) -> float:
+    found = float(len(os.sched_getaffinity(0)))
+    return min(found, cap) if cap else found
+
+
+def _own_memory_limit(memory: cgroups.Hierarchy) -> int:
+    group = memory.mount / memory.own
+    filename = "memory.max" if memory.version == 2 else "memory.limit_in_bytes"
+    try:
+        text = Path(group, filename).read_text().strip()
+    except OSError:
+        return 0
+    return int(text) if text.isdigit() else 0

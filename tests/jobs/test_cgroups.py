@@ -1,0 +1,139 @@
+"""Finding each controller (v2 where enabled, else v1) and writing an attempt's limits, on fake cgroupfs trees."""
+
+from pathlib import Path
+
+import pytest
+
+from jobs import cgroups, resources
+
+LIMITS = cgroups.Limits(memory_bytes=512 * 10**6, cpus=2.5, pids=256)
+
+
+def _v1(root: Path, *controllers: str) -> None:
+    for controller in controllers:
+        (root / controller).mkdir(parents=True)
+        (root / controller / "cgroup.procs").write_text("")
+
+
+def _v2(mount: Path, offered: str) -> None:
+    mount.mkdir(parents=True, exist_ok=True)
+    (mount / "cgroup.controllers").write_text(offered + "\n")
+    (mount / "cgroup.subtree_control").write_text("")
+
+
+def _self(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "self-cgroup"
+    path.write_text(text)
+    return path
+
+
+def test_a_machine_like_these_uses_v1_for_every_controller_the_v2_mount_does_not_offer(tmp_path):
+    root = tmp_path / "cgroup"
+    _v1(root, "memory", "cpu", "pids", "devices")
+    _v2(root / "unified", "hugetlb")
+    own = _self(tmp_path, "8:pids:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n")
+    found = cgroups.detect(root=root, self_cgroup=own)
+    assert {c: h.version for c, h in found.items()} == {"memory": 1, "cpu": 1, "pids": 1}
+    assert found["memory"].parent("e31") == root / "memory" / "process_api/abc" / "e31"
+    assert found["pids"].parent("e31") == root / "pids" / "." / "e31"
+    assert cgroups.describe(found) == "memory v1, cpu v1, pids v1"
+
+
+def test_a_v2_only_machine_uses_the_unified_mount_at_the_root(tmp_path):
+    root = tmp_path / "cgroup"
+    _v2(root, "cpuset cpu io memory hugetlb pids rdma misc")
+    found = cgroups.detect(root=root, self_cgroup=_self(tmp_path, "0::/system.slice/e31-agent.service\n"))
+    assert {c: h.version for c, h in found.items()} == {"memory": 2, "cpu": 2, "pids": 2}
+    assert found["cpu"].parent("e31") == root / "system.slice/e31-agent.service" / "e31"
+
+
+def test_v2_wins_where_the_unified_mount_offers_the_controller_and_v1_serves_the_rest(tmp_path):
+    root = tmp_path / "cgroup"
+    _v1(root, "memory", "cpu", "pids")
+    _v2(root / "unified", "memory pids")
+    found = cgroups.detect(root=root, self_cgroup=_self(tmp_path, "4:memory:/\n1:cpu:/\n8:pids:/\n0::/\n"))
+    assert {c: h.version for c, h in found.items()} == {"memory": 2, "cpu": 1, "pids": 2}
+
+
+def test_combined_v1_mounts_such_as_cpu_cpuacct_are_read_from_proc_self_cgroup(tmp_path):
+    root = tmp_path / "cgroup"
+    _v1(root, "cpu,cpuacct")
+    (root / "cpu").symlink_to(root / "cpu,cpuacct")
+    found = cgroups.detect(root=root, self_cgroup=_self(tmp_path, "2:cpu,cpuacct:/agents\n"))
+    assert found["cpu"].version == 1 and found["cpu"].own == Path("agents")
+
+
+def test_a_machine_without_cgroups_offers_nothing_and_says_so(tmp_path):
+    found = cgroups.detect(root=tmp_path / "none", self_cgroup=_self(tmp_path, ""))
+    assert found == {}
+    assert cgroups.describe(found) == "memory unavailable, cpu unavailable, pids unavailable"
+
+
+def test_v1_limits_bound_memory_without_swap_cpu_share_and_quota_and_processes(tmp_path):
+    root = tmp_path / "cgroup"
+    _v1(root, "memory", "cpu", "pids")
+    found = cgroups.detect(root=root, self_cgroup=_self(tmp_path, "4:memory:/\n1:cpu:/\n8:pids:/\n"))
+    for path in (root / "memory" / "e31" / "job-1",):
+        path.mkdir(parents=True)
+        (path / "memory.memsw.limit_in_bytes").write_text("")  # swap accounting is on
+    group = cgroups.AttemptGroup(found, prefix="e31", name="job-1")
+    group.create(LIMITS)
+    memory, cpu, pids = (root / c / "e31" / "job-1" for c in ("memory", "cpu", "pids"))
+    assert (memory / "memory.limit_in_bytes").read_text() == "512000000"
+    assert (memory / "memory.memsw.limit_in_bytes").read_text() == "512000000"
+    assert (memory / "memory.swappiness").read_text() == "0"
+    assert (cpu / "cpu.shares").read_text() == "2560"
+    assert (cpu / "cpu.cfs_quota_us").read_text() == "250000"
+    assert (cpu / "cpu.cfs_period_us").read_text() == "100000"
+    assert (pids / "pids.max").read_text() == "256"
+    assert group.procs_files() == sorted(str(p / "cgroup.procs") for p in (memory, cpu, pids))
+
+
+def test_v2_limits_are_written_in_one_group_with_the_controllers_delegated_down_to_it(tmp_path):
+    root = tmp_path / "cgroup"
+    _v2(root, "cpu memory pids")
+    found = cgroups.detect(root=root, self_cgroup=_self(tmp_path, "0::/\n"))
+    (root / "e31" / "job-1").mkdir(parents=True)
+    (root / "e31" / "job-1" / "memory.swap.max").write_text("max")
+    group = cgroups.AttemptGroup(found, prefix="e31", name="job-1")
+    group.create(LIMITS)
+    path = root / "e31" / "job-1"
+    assert (path / "memory.max").read_text() == "512000000"
+    assert (path / "memory.swap.max").read_text() == "0"
+    assert (path / "memory.oom.group").read_text() == "1"
+    assert (path / "cpu.weight").read_text() == "250"
+    assert (path / "cpu.max").read_text() == "250000 100000"
+    assert (path / "pids.max").read_text() == "256"
+    assert (root / "e31" / "cgroup.subtree_control").read_text().startswith("+")
+    assert group.procs_files() == [str(path / "cgroup.procs")]
+
+
+@pytest.mark.parametrize(
+    ("version", "filename", "text"),
+    [
+        (1, "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"),
+        (2, "memory.events", "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n"),
+    ],
+)
+def test_an_oom_kill_is_read_from_the_groups_own_counter(tmp_path, version, filename, text):
+    hierarchy = cgroups.Hierarchy("memory", version, tmp_path, Path("."))
+    group = cgroups.AttemptGroup({"memory": hierarchy}, prefix="e31", name="job-1")
+    assert group.oom_kills() == 0  # no counter yet: nothing was killed
+    (tmp_path / "e31" / "job-1").mkdir(parents=True)
+    (tmp_path / "e31" / "job-1" / filename).write_text(text)
+    assert group.oom_kills() == (2 if version == 1 else 1)
+
+
+def test_an_unknown_memory_or_cpu_figure_leaves_that_controller_unset(tmp_path):
+    root = tmp_path / "cgroup"
+    _v1(root, "memory", "cpu")
+    found = cgroups.detect(root=root, self_cgroup=_self(tmp_path, "4:memory:/\n1:cpu:/\n"))
+    cgroups.AttemptGroup(found, prefix="e31", name="j").create(cgroups.Limits(0, 0, 64))
+    assert not (root / "memory" / "e31" / "j" / "memory.limit_in_bytes").exists()
+    assert not (root / "cpu" / "e31" / "j" / "cpu.shares").exists()
+
+
+def test_a_part_gets_its_declared_amount_split_by_gpus_or_else_the_nodes_share():
+    declared = resources.part_share(declared=48e9, job_gpus=12, node_total=64e9, node_gpus=8, gpus_here=4)
+    share = resources.part_share(declared=None, job_gpus=12, node_total=64e9, node_gpus=8, gpus_here=4)
+    assert (declared, share) == (16e9, 32e9)

@@ -1,0 +1,84 @@
+"""request.memory and request.cpus: declared through the form, the job file and the API alike."""
+
+import pytest
+
+from jobs.models import Job
+from tests.factories import NodeFactory
+from tests.jobs.intake_channels import error_fields, submit_api, submit_file, submit_form
+
+pytestmark = pytest.mark.django_db
+CHANNELS = ["form", "file", "api"]
+
+
+@pytest.fixture
+def pool(db):
+    """Two nodes of 4 GPUs, each offering 64 GB and 16 CPUs to jobs: 128 GB and 32 CPUs in all."""
+    return [NodeFactory(name=f"gpu-0{i}", memory_bytes=64 * 10**9, cpus=16) for i in (1, 2)]
+
+
+@pytest.fixture
+def good(roots):
+    _, out_root = roots
+    return {
+        "name": "sized",
+        "work": {"argv": ["python3", "train.py"]},
+        "request": {"gpus": 2, "hours": 1.0, "memory": "24 GB", "cpus": 6},
+        "output": {"uri": f"file://{out_root}/sized", "bytes": 1000},
+    }
+
+
+def _submit(channel, client, raw, token):
+    return {
+        "form": lambda: submit_form(client, raw),
+        "file": lambda: submit_file(client, raw),
+        "api": lambda: submit_api(client, raw, token),
+    }[channel]()
+
+
+@pytest.mark.parametrize("channel", CHANNELS)
+def test_declared_memory_and_cpus_are_stored_and_shown_through_every_channel(
+    channel, good, pool, member_client, member_token
+):
+    response = _submit(channel, member_client, good, member_token)
+    assert response.status_code in (201, 302), response.content[:500]
+    job = Job.objects.get()
+    assert (job.memory_bytes, job.cpus) == (24 * 10**9, 6.0)
+    page = member_client.get(f"/jobs/{job.id}/").content.decode()
+    assert "memory 24.0 GB" in page and "CPUs 6" in page
+    shown = member_client.get(f"/api/v1/jobs/{job.id}", HTTP_AUTHORIZATION=f"Bearer {member_token}").json()
+    assert (shown["request"]["memory"], shown["request"]["cpus"]) == (24 * 10**9, 6.0)
+
+
+@pytest.mark.parametrize("channel", CHANNELS)
+def test_undeclared_memory_and_cpus_mean_the_nodes_share(channel, good, pool, member_client, member_token):
+    raw = {**good, "request": {"gpus": 2, "hours": 1.0}}
+    assert _submit(channel, member_client, raw, member_token).status_code in (201, 302)
+    job = Job.objects.get()
+    assert (job.memory_bytes, job.cpus) == (None, None)
+    assert "memory the node's share for its GPUs" in member_client.get(f"/jobs/{job.id}/").content.decode()
+
+
+BAD = {
+    "memory not a size": ("memory", "lots"),
+    "memory negative": ("memory", -1),
+    "memory true": ("memory", True),
+    "memory below 16 MiB": ("memory", "1 MB"),
+    "memory beyond the pool": ("memory", "1 TB"),
+    "cpus zero": ("cpus", 0),
+    "cpus a word": ("cpus", "four"),
+    "cpus true": ("cpus", True),
+    "cpus beyond the pool": ("cpus", 64),
+}
+
+
+@pytest.mark.parametrize("channel", CHANNELS)
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_memory_or_cpus_is_refused_naming_the_field(
+    case, channel, good, pool, member_client, member_token
+):
+    key, value = BAD[case]
+    raw = {**good, "request": {**good["request"], key: value}}
+    response = _submit(channel, member_client, raw, member_token)
+    assert response.status_code == 422, response.content[:500]
+    assert f"request.{key}" in error_fields(response)
+    assert not Job.objects.exists()
