@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import compress, count, repeat
-from operator import attrgetter, le
+from operator import and_, attrgetter, le, or_
 
 from jobs.scheduling.types import (
     DEFAULT_CONFIG,
@@ -44,6 +44,7 @@ _by_submit = attrgetter("submitted_at", "job_id")
 _by_estimate = attrgetter("hours", "submitted_at", "job_id")
 _expected_end = attrgetter("expected_end")
 _gpus = attrgetter("gpus")
+_hours = attrgetter("hours")
 
 
 _free = attrgetter("free")
@@ -181,8 +182,12 @@ def _easy(
         head, now=now, free=pool.free, releases=_releases(running, ends, pool, {} if memo is None else memo)
     )
     if pool.free and rest:
-        # A C-level size test first: on a busy pool few jobs fit what is free.
-        for k in compress(count(), map(le, map(_gpus, rest), repeat(pool.free))):
+        # C-level tests first (fits what is free; ends by the shadow time or fits the extra GPUs),
+        # so the Python loop visits only jobs that start, or fail on what earlier ones took.
+        sizes = list(map(_gpus, rest))
+        by_shadow = map(le, map(_hours, rest), repeat((shadow - now) / HOUR_S + 1e-9))
+        allowed = map(or_, by_shadow, map(le, sizes, repeat(extra)))
+        for k in compress(count(), map(and_, map(le, sizes, repeat(pool.free)), allowed)):
             job = rest[k]
             if job.gpus > pool.free:
                 continue

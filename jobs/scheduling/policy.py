@@ -5,15 +5,18 @@ Pure core: standard library only, no clock (``now`` is POSIX seconds passed in),
 
 The default policy, in order of precedence:
 
-1. **Starvation bound** - a job queued longer than ``starvation_s`` goes to the front (oldest first)
-   and holds a reservation whatever its team's fair share or its size (at most
-   ``max_reservations`` per pass; later ones get theirs as those ahead start).
-2. **Priority** - ``fairshare_weight * F + age_weight * days_waited + length_weight * S`` where
+1. **Starvation bound** - a job queued longer than ``starvation_factor`` times the queue's mean
+   wait (and at least ``starvation_s``) goes to the front (oldest first) and holds a reservation
+   whatever its team's fair share or its size (at most ``max_reservations`` per pass; later ones
+   get theirs as those ahead start). Relative, so an overloaded queue keeps its priority order.
+2. **Priority** - ``fairshare_weight * F + age_weight * days_waited + length_weight * S
+   + slowdown_weight * hours_waited / declared_hours`` where
    ``F = 2 ** -(usage_share / share)`` (usage decayed with ``half_life_s``, both normalised over the
    teams with queued or running jobs) and ``S = 1 / (1 + log2(1 + declared hours))`` favours short
    requests, because a short job's slowdown suffers most from a wait. Width (GPUs) is not
-   penalised: wide jobs already wait for space, and their reservations protect them. Age grows
-   without limit, so no job is overtaken by newer ones forever.
+   penalised: wide jobs already wait for space, and their reservations protect them. The last
+   term is the job's expected slowdown so far (declared hours floored at 15 minutes): it grows
+   fastest for short jobs and never stops growing, so no job is overtaken by newer ones forever.
 3. **Reservations and backfill** - the top ``reserve_top`` blocked jobs and the starved ones (up to
    ``max_reservations`` in all) get a reservation, in priority order: each at the earliest time,
    by declared hours, at or after the one before it when its GPUs are free, on named nodes

@@ -91,11 +91,12 @@ MIN_ESTIMATE_H = 0.25
 def starvation_bound(pending: Sequence[PendingJob], *, now: float, config: PolicyConfig) -> float:
     """Seconds of waiting after which a job is starved: ``starvation_s``, or, when
     ``starvation_factor`` is set, that many times the mean wait of the queue (at least
-    ``starvation_s``) - so an overloaded queue, where every wait is long, keeps its order."""
+    ``starvation_s``, at most ``starvation_max_s``) - so an overloaded queue, where every wait is
+    long, keeps its order, and a queue that only grows still cannot hold a job back for ever."""
     if not config.starvation_factor or not pending:
         return config.starvation_s
     mean_wait = now - sum(map(_submitted, pending)) / len(pending)
-    return max(config.starvation_s, config.starvation_factor * mean_wait)
+    return min(max(config.starvation_s, config.starvation_factor * mean_wait), config.starvation_max_s)
 
 
 # Declared hours take few distinct values: a dict lookup per job instead of a log each pass.

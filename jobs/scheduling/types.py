@@ -59,7 +59,14 @@ class PolicyConfig:
 
     ``length_weight`` scales S in (0, 1]: a 10-minute job gets 0.8, a 1-hour job 0.5, a 3-day job
     0.14. ``age_weight`` is priority per day waited: at 0.25, four days of waiting outweigh the
-    whole length range, and two days (``starvation_s``) end the contest anyway.
+    whole length range. ``slowdown_weight`` scales the job's expected slowdown so far,
+    wait / declared hours (at least 15 minutes): at 0.3 a 1-hour job that waited an hour gains as
+    much as 1.2 days of age - short jobs, whose slowdown suffers most from a wait, go first.
+    A job is starved after ``starvation_factor`` times the queue's mean wait, and at least
+    ``starvation_s``: relative, so an overloaded queue, where every wait is long, keeps its order
+    instead of decaying into oldest-first; factor 0 makes ``starvation_s`` a fixed bound.
+    ``starvation_max_s`` caps the relative bound: a queue that only grows (every job's wait
+    rising with the mean) would otherwise never starve anyone.
     ``fairshare_weight`` scales F in (0, 1]; at 0.2 a team far over its share loses about as much
     as 19 hours of waiting - it orders similar jobs, it is not a wall: in trace replays heavier
     weights made teams' slowdowns less equal, not more.
@@ -72,9 +79,10 @@ class PolicyConfig:
     fairshare_weight: float = 0.2
     age_weight: float = 0.25
     length_weight: float = 1.0
-    starvation_s: float = 2 * DAY_S
-    starvation_factor: float = 0.0
-    slowdown_weight: float = 0.0
+    starvation_s: float = 6 * HOUR_S
+    starvation_factor: float = 4.0
+    starvation_max_s: float = 7 * DAY_S
+    slowdown_weight: float = 0.3
     reserve_top: int = 1
     max_reservations: int = 6
     explain: bool = True

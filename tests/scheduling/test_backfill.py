@@ -42,7 +42,9 @@ def _replay_recording(jobs, nodes, policy_fn, config):
 
 
 # Fair share and length off: the order stays first-come-first-served, so the top job stays on top.
-FIXED_ORDER = PolicyConfig(fairshare_weight=0.0, length_weight=0.0, explain=False)
+FIXED_ORDER = PolicyConfig(
+    fairshare_weight=0.0, length_weight=0.0, slowdown_weight=0.0, starvation_factor=0.0, explain=False
+)
 
 
 @settings(max_examples=80, deadline=None)
@@ -74,7 +76,14 @@ def _flood(*, days: float = 4.0) -> list[TraceJob]:
     return [TraceJob(k, j.submit_s, j.run_s, j.gpus, j.declared_hours, j.team) for k, j in enumerate(jobs)]
 
 
-LENGTH_ONLY = PolicyConfig(fairshare_weight=0.0, age_weight=0.0, starvation_s=math.inf, explain=False)
+LENGTH_ONLY = PolicyConfig(
+    fairshare_weight=0.0,
+    age_weight=0.0,
+    slowdown_weight=0.0,
+    starvation_s=math.inf,
+    starvation_factor=0.0,
+    explain=False,
+)
 
 
 def _big_wait(config: PolicyConfig) -> float:
@@ -97,7 +106,15 @@ def test_without_the_bound_the_flood_starves_the_big_job():
 
 
 def test_age_alone_also_bounds_the_wait():
-    wait = _big_wait(PolicyConfig(fairshare_weight=0.0, starvation_s=math.inf, explain=False))
+    wait = _big_wait(
+        PolicyConfig(
+            fairshare_weight=0.0,
+            slowdown_weight=0.0,
+            starvation_s=math.inf,
+            starvation_factor=0.0,
+            explain=False,
+        )
+    )
     # After ~1.15 days of age it outranks every newer short job; those submitted before then
     # (offered at twice the pool's rate) take ~2.3 days to run. Finite, whatever the flood's length.
     assert wait <= 2.5 * 24 * HOUR
@@ -138,3 +155,8 @@ WINDOW_TRACE = [
 def test_a_short_backfill_job_does_not_shrink_the_window_of_a_long_one(name):
     outcomes = simulate.replay(WINDOW_TRACE, nodes=6, gpus_per_node=1, policy=simulate.POLICIES[name])
     assert [o.start for o in outcomes] == [0.0, 100.0, 2.0, 3.0]
+
+
+def test_the_default_relative_bound_still_ends_a_flood_at_its_ceiling():
+    wait = _big_wait(simulate.REPLAY_CONFIG)
+    assert wait <= simulate.REPLAY_CONFIG.starvation_max_s + HOUR

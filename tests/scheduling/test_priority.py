@@ -3,7 +3,7 @@
 import pytest
 
 from jobs.scheduling.policy import plan
-from jobs.scheduling.priority import decay_usage, fairshare_factors
+from jobs.scheduling.priority import decay_usage, fairshare_factors, starvation_bound
 from jobs.scheduling.types import NodeView, PendingJob, PolicyConfig
 
 NOW = 5_000_000.0
@@ -79,7 +79,7 @@ def test_a_job_past_the_starvation_bound_goes_first_whatever_its_fair_share():
         pending=pending,
         usage={"heavy": 1e9, "light": 0.0},
         shares={},
-        config=PolicyConfig(starvation_s=DAY, age_weight=0.0),
+        config=PolicyConfig(starvation_s=DAY, starvation_factor=0.0, age_weight=0.0),
     )
     assert [s.job_id for s in result.starts] == [1]
     assert result.priority[1]["starved"] == 1.0
@@ -90,4 +90,27 @@ def test_priority_reports_its_components():
         now=NOW, nodes=[NodeView("n", 8, ())], running=[], pending=_queue(["a"]), usage={}, shares={}
     )
     parts = result.priority[0]
-    assert parts["total"] == pytest.approx(parts["fairshare"] + parts["age"] + parts["size"])
+    assert parts["total"] == pytest.approx(
+        parts["fairshare"] + parts["age"] + parts["size"] + parts["slowdown"]
+    )
+
+
+def test_the_starvation_bound_is_relative_to_the_queues_mean_wait():
+    config = PolicyConfig(starvation_s=6 * 3600.0, starvation_factor=4.0)
+    calm = [PendingJob(i, "t", 1, 1.0, NOW - 600) for i in range(3)]
+    assert starvation_bound(calm, now=NOW, config=config) == 6 * 3600.0  # the floor
+    flooded = [PendingJob(i, "t", 1, 1.0, NOW - 3 * DAY) for i in range(3)]
+    assert starvation_bound(flooded, now=NOW, config=config) == pytest.approx(7 * DAY)  # the ceiling
+    two_hours = [PendingJob(i, "t", 1, 1.0, NOW - 7200) for i in range(3)]
+    assert starvation_bound(two_hours, now=NOW, config=config) == pytest.approx(8 * 3600.0)
+    fixed = PolicyConfig(starvation_s=DAY, starvation_factor=0.0)
+    assert starvation_bound(flooded, now=NOW, config=fixed) == DAY
+
+
+def test_an_overloaded_queue_keeps_short_jobs_first_instead_of_oldest_first():
+    # Every job has waited days: a fixed 2-day bound would rank them oldest first.
+    pending = [PendingJob(1, "t", 8, 24.0, NOW - 4 * DAY), PendingJob(2, "t", 8, 0.5, NOW - 3 * DAY)]
+    result = plan(
+        now=NOW, nodes=[NodeView("n", 8, tuple(range(8)))], running=[], pending=pending, usage={}, shares={}
+    )
+    assert [s.job_id for s in result.starts] == [2]
