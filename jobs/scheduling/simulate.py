@@ -51,6 +51,13 @@ POLICIES: dict[str, types.Policy] = {
     "sjf-easy": baselines.sjf_easy,
     "fcfs": baselines.fcfs,
 }  # decisions only: the replay needs no sentences
+LABELS = {
+    "default": "default policy",
+    "easy-nodes": "EASY-FCFS on the policy's node-aware engine",
+    "easy": "textbook EASY-FCFS (flat pool)",
+    "sjf-easy": "textbook SJF-EASY (flat pool)",
+    "fcfs": "textbook FCFS (flat pool)",
+}
 SIZE_CLASSES = (("1", 1, 1), ("2-4", 2, 4), ("5-8", 5, 8), (">8", 9, math.inf))
 
 
@@ -356,6 +363,19 @@ def size_pool(jobs: Sequence[TraceJob], *, load: float, gpus_per_node: int) -> t
     )
 
 
+def headline(policies: Mapping[str, dict]) -> dict[str, str]:
+    """The default policy against each EASY baseline present, as one sentence the pages show."""
+    ours = policies.get("default")
+    parts = []
+    for base in ("easy", "easy-nodes"):
+        if ours and base in policies and policies[base]["mean_bsld"]:
+            change = 100.0 * (ours["mean_bsld"] / policies[base]["mean_bsld"] - 1.0)
+            parts.append(f"{change:+.1f} % against {LABELS[base]} ({policies[base]['mean_bsld']:.2f})")
+    if not parts:
+        return {}
+    return {"headline": f"default policy mean bounded slowdown {ours['mean_bsld']:.2f}: " + "; ".join(parts)}
+
+
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m jobs.scheduling.simulate", description=__doc__.split("\n\n")[0]
@@ -408,6 +428,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         wall = time.perf_counter() - began
         metrics = summarize(outcomes, pool_gpus=pool_gpus)
         metrics["wall_s"] = round(wall, 1)
+        metrics["label"] = LABELS[name]
         summary["policies"][name] = metrics
         replays[name] = outcomes
         print(
@@ -415,6 +436,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"utilisation {metrics['utilization']:.3f}, jain {metrics['jain_teams']:.3f}, replay {wall:.1f} s",
             flush=True,
         )
+    summary.update(headline(summary["policies"]))
     if args.plot:
         plot.write_svg(args.plot, summary=summary, replays=replays, pool_gpus=pool_gpus)
         print(f"wrote {args.plot}")

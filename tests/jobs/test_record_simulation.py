@@ -29,4 +29,9 @@ def test_the_operator_queue_page_shows_the_latest_replay(tmp_path, operator_clie
     trace.write_text(TINY_ITP + "\n")
     call_command("record_simulation", "--trace", str(trace), "--policies", "default,easy", stdout=StringIO())
     html = operator_client.get("/operator/queue/").content.decode()
-    assert "Latest trace replay" in html and "tiny.csv" in html and "<td>easy</td>" in html
+    assert (
+        "Latest trace replay" in html
+        and "tiny.csv" in html
+        and "<td>textbook EASY-FCFS (flat pool)</td>" in html
+    )
+    assert "against textbook EASY-FCFS" in html
