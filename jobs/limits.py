@@ -1,6 +1,7 @@
 """The node agent's side of resource limits: what a node offers, and each attempt's cgroups.
 
-The mechanism is ``jobs.cgroups``; the arithmetic of shares is ``jobs.resources``. Here the two
+The mechanism is ``jobs.cgroups``; the arithmetic of shares is the scheduler's own
+(``jobs.scheduling.types.part_share``), so what is placed is what is enforced. Here the two
 meet the rows: an attempt's limits come from its job's declaration or its node's share, and a
 node advertises its memory and CPUs (discovered, capped by ``--memory``/``--cpus``).
 """
@@ -12,8 +13,9 @@ from pathlib import Path
 
 from django.conf import settings
 
-from jobs import cgroups, resources
+from jobs import cgroups
 from jobs.models import Allocation
+from jobs.scheduling import types
 
 log = logging.getLogger(__name__)
 PREFIX = "e31"
@@ -44,8 +46,8 @@ def attempt_limits(allocation: Allocation) -> cgroups.Limits:
     """This part's bounds: the job's declared memory and CPUs split by GPUs, else the node's share."""
     job, node, here = allocation.job, allocation.node, len(allocation.gpu_indices)
     shared = {"job_gpus": job.gpus, "node_gpus": node.gpus, "gpus_here": here}
-    memory = resources.part_share(declared=job.memory_bytes, node_total=node.memory_bytes, **shared)
-    cpus = resources.part_share(declared=job.cpus, node_total=node.cpus, **shared)
+    memory = types.part_share(declared=job.memory_bytes, node_total=node.memory_bytes, **shared)
+    cpus = types.part_share(declared=job.cpus, node_total=node.cpus, **shared)
     return cgroups.Limits(memory_bytes=int(memory), cpus=cpus, pids=settings.E31_ATTEMPT_PIDS)
 
 

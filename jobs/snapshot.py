@@ -51,6 +51,12 @@ def _nodes(pool_cached: frozenset[str] = frozenset()) -> list[types.NodeView]:
     held: dict[int, set[int]] = defaultdict(set)
     for node_id, index in GpuHold.objects.filter(active=True).values_list("node_id", "gpu_index"):
         held[node_id].add(index)
+    nodes = list(
+        Node.objects.exclude(state=Node.NodeState.DOWN).only(
+            "id", "name", "gpus", "state", "memory_bytes", "cpus"
+        )
+    )
+    used = _used_memory_and_cpus({node.id: node for node in nodes})
     return [
         types.NodeView(
             name=node.name,
@@ -58,9 +64,30 @@ def _nodes(pool_cached: frozenset[str] = frozenset()) -> list[types.NodeView]:
             free=tuple(i for i in range(node.gpus) if i not in held[node.id]),
             schedulable=node.state == Node.NodeState.UP,
             cached_datasets=pool_cached,
+            memory=node.memory_bytes,
+            cpus=node.cpus,
+            free_memory=node.memory_bytes - used[node.id][0],
+            free_cpus=node.cpus - used[node.id][1],
         )
-        for node in Node.objects.exclude(state=Node.NodeState.DOWN).only("id", "name", "gpus", "state")
+        for node in nodes
     ]
+
+
+def _used_memory_and_cpus(nodes: dict[int, Node]) -> dict[int, tuple[float, float]]:
+    """Per node: the memory and CPUs its unreleased parts hold (each part's share, as the agent enforces it)."""
+    used: dict[int, tuple[float, float]] = defaultdict(lambda: (0.0, 0.0))
+    rows = Allocation.objects.filter(released_at__isnull=True, node_id__in=nodes).values_list(
+        "node_id", "gpu_indices", "job__gpus", "job__memory_bytes", "job__cpus"
+    )
+    for node_id, indices, job_gpus, memory, cpus in rows:
+        node = nodes[node_id]
+        shape = {"job_gpus": job_gpus, "node_gpus": node.gpus, "gpus_here": len(indices)}
+        memory_used, cpus_used = used[node_id]
+        used[node_id] = (
+            memory_used + types.part_share(declared=memory, node_total=node.memory_bytes, **shape),
+            cpus_used + types.part_share(declared=cpus, node_total=node.cpus, **shape),
+        )
+    return used
 
 
 def _running() -> list[types.RunningView]:
@@ -102,8 +129,9 @@ def _running() -> list[types.RunningView]:
 def _pending(now: datetime) -> list[types.PendingJob]:
     """Queued jobs are ready; staging ones are planned from their staging ETA."""
     jobs = Job.objects.filter(state__in=(State.QUEUED, State.STAGING, State.SUBMITTED)).values_list(
-        "id", "team__name", "gpus", "hours", "submitted_at", "min_gpus", "preemptible", "state"
-    )
+        "id", "team__name", "gpus", "hours", "submitted_at", "min_gpus", "preemptible", "state",
+        "memory_bytes", "cpus",
+    )  # fmt: skip
     etas = staging_etas(now)
     datasets = staging.job_datasets([row[0] for row in jobs])
     return [
@@ -111,9 +139,9 @@ def _pending(now: datetime) -> list[types.PendingJob]:
             job_id=job_id, team=team, gpus=gpus, hours=hours, submitted_at=submitted.timestamp(),
             min_gpus=min_gpus, preemptible=preemptible,
             ready_at=None if state == State.QUEUED else etas.get(job_id, now.timestamp() + 60),
-            datasets=datasets.get(job_id, frozenset()),
+            datasets=datasets.get(job_id, frozenset()), memory=memory, cpus=cpus,
         )
-        for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state in jobs
+        for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state, memory, cpus in jobs
     ]  # fmt: skip
 
 

@@ -17,10 +17,14 @@ from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
 from accounts.models import Team
+from jobs import units
 from jobs.models import Allocation, GpuHold, Node
 from operations import charts, services, utilisation
 
-NODE_FIELDS = ("id", "name", "gpus", "gpu_model", "state", "agent_version", "sandbox", "last_heartbeat")
+NODE_FIELDS = (
+    "id", "name", "gpus", "gpu_model", "state", "agent_version", "sandbox", "last_heartbeat",
+    "memory_bytes", "cpus", "limits",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +37,9 @@ class NodeInfo:
     agent_version: str
     sandbox: str
     last_heartbeat: datetime | None
+    memory_bytes: int  # offered to jobs; 0 when the agent did not say
+    cpus: float
+    limits: str  # the cgroup controllers that bound each attempt, or "none: why"
 
 
 @dataclass(frozen=True)
@@ -157,7 +164,7 @@ def _row(node: NodeInfo, ctx: _Context) -> str:
     heartbeat_td = f'<td class="bad">{heartbeat}</td>' if _stale(node, ctx.now) else f"<td>{heartbeat}</td>"
     return (
         f'<tr id="node-{node.id}-row"><td><strong>{name}</strong><br>'
-        f'<small class="muted">{node.gpus} &times; {escape(node.gpu_model or "GPU")}</small></td>'
+        f'<small class="muted">{node.gpus} &times; {escape(node.gpu_model or "GPU")}{_offered(node)}</small></td>'
         f'<td><span class="badge node-{state}">{state}</span></td>'
         f'<td><div class="gpu-grid" role="group" aria-label="{busy} of {node.gpus} GPUs busy">{cells}</div></td>'
         f"{heartbeat_td}<td>{escape(node.agent_version or '—')}</td><td>{_sandbox(node)}</td>"
@@ -167,8 +174,21 @@ def _row(node: NodeInfo, ctx: _Context) -> str:
 
 def _sandbox(node: NodeInfo) -> str:
     if node.sandbox == "none":
-        return '<strong class="badge loud">UNSANDBOXED</strong>'
-    return escape(node.sandbox or "—")
+        return '<strong class="badge loud">UNSANDBOXED</strong>' + _limits(node)
+    return escape(node.sandbox or "—") + _limits(node)
+
+
+def _offered(node: NodeInfo) -> str:
+    """Memory and CPUs the agent offers to jobs (what placement and each attempt's limits divide)."""
+    if not node.memory_bytes and not node.cpus:
+        return ""
+    return f" · {units.format_size(node.memory_bytes)} · {node.cpus:g} CPUs"
+
+
+def _limits(node: NodeInfo) -> str:
+    if node.limits.startswith("none"):
+        return f'<br><strong class="badge loud">NO LIMITS</strong> <small>{escape(node.limits)}</small>'
+    return f'<br><small class="muted">limits: {escape(node.limits)}</small>' if node.limits else ""
 
 
 def _actions(node: NodeInfo, ctx: _Context) -> str:

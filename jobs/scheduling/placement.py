@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, count, repeat
 from operator import and_, attrgetter, le, or_
@@ -26,6 +26,7 @@ from jobs.scheduling.types import (
     Reservation,
     RunningView,
     Start,
+    part_share,
 )
 
 INF = math.inf
@@ -38,6 +39,10 @@ _gpus = attrgetter("gpus")
 _name = attrgetter("name")
 _schedulable = attrgetter("schedulable")
 _min_gpus = attrgetter("min_gpus")
+
+
+def _offers(node: NodeView) -> bool:
+    return bool(node.memory or node.cpus)
 
 
 def _first(pair: tuple) -> object:
@@ -80,13 +85,58 @@ class _FreeIndex:
     def get(self, node: str) -> int:
         return self.count.get(node, 0)
 
-    def best_fit(self, g: int, *, exclude: Mapping[str, object] | None = None) -> str | None:
-        """The node with the fewest usable GPUs that still holds ``g`` (first-come on ties)."""
+    def best_fit(
+        self,
+        g: int,
+        *,
+        exclude: Mapping[str, object] | None = None,
+        accept: Callable[[str], bool] | None = None,
+    ) -> str | None:
+        """The node with the fewest usable GPUs that still holds ``g`` (first-come on ties), among
+        those ``accept`` takes (nodes with the memory and CPUs the job needs there)."""
         for k in range(g, self.top + 1):
             for node in self.buckets[k]:
-                if exclude is None or node not in exclude:
+                if (exclude is None or node not in exclude) and (accept is None or accept(node)):
                     return node
         return None
+
+
+class _Room:
+    """Memory and CPUs still free on the nodes that advertise them, as this pass places starts.
+
+    A part needs ``part_share`` of each on its node: the job's declaration split by GPUs, or the
+    node's share for the GPUs it takes there. Nodes that advertise neither (trace replays without
+    them) constrain nothing, so GPU-only placement is unchanged there.
+    """
+
+    __slots__ = ("cpus", "memory", "nodes")
+
+    def __init__(self, nodes: Sequence[NodeView]) -> None:
+        self.nodes = {n.name: n for n in nodes if n.memory or n.cpus}
+        self.memory = {name: n.free_memory for name, n in self.nodes.items()}
+        self.cpus = {name: n.free_cpus for name, n in self.nodes.items()}
+
+    def need(self, job: PendingJob, node: str, k: int) -> tuple[float, float]:
+        n = self.nodes[node]
+        shape = {"job_gpus": job.gpus, "node_gpus": n.gpus, "gpus_here": k}
+        memory = part_share(declared=job.memory, node_total=n.memory, **shape) if n.memory else 0.0
+        cpus = part_share(declared=job.cpus, node_total=n.cpus, **shape) if n.cpus else 0.0
+        return memory, cpus
+
+    def fits(self, job: PendingJob, node: str, k: int) -> bool:
+        if node not in self.nodes:
+            return True
+        memory, cpus = self.need(job, node, k)
+        return memory <= self.memory[node] * _SLACK and cpus <= self.cpus[node] * _SLACK
+
+    def take(self, job: PendingJob, node: str, k: int) -> None:
+        if node in self.nodes:
+            memory, cpus = self.need(job, node, k)
+            self.memory[node] -= memory
+            self.cpus[node] -= cpus
+
+
+_SLACK = 1 + 1e-9  # shares are float arithmetic: a node's exact share must still fit
 
 
 # --------------------------------------------------------------------------- one pass
@@ -174,6 +224,7 @@ class Pass:
         free_count = {name: len(idx) for name, idx in self.free.items()}
         self.short = _FreeIndex(self.node_gpus, free_count)
         self.long = _FreeIndex(self.node_gpus, dict(free_count))
+        self.room = _Room(nodes) if any(map(_offers, nodes)) else None
         self.running = running
         self.soft: dict[str, int] = {}
         self.soft_jobs: dict[str, list[RunningView]] = {}
@@ -214,9 +265,13 @@ class Pass:
     # ----- placement now
 
     def place(self, job: PendingJob, g: int, *, view: _FreeIndex) -> dict[str, int] | None:
-        """Counts per node for ``g`` GPUs in ``view``, or None when they do not fit now."""
+        """Counts per node for ``g`` GPUs in ``view``, or None when they do not fit now (GPUs, and
+        on nodes that advertise them, memory and CPUs)."""
+        room = self.room
         if g <= self.node_gpus:
-            node = self._local_fit(job, g, view) or view.best_fit(g)
+            accept = None if room is None else (lambda node: room.fits(job, node, g))
+            local = self._local_fit(job, g, view)
+            node = local if local and (accept is None or accept(local)) else view.best_fit(g, accept=accept)
             return None if node is None else {node: g}
         whole, rest = divmod(g, self.node_gpus)
         full = view.buckets[self.node_gpus]
@@ -226,9 +281,13 @@ class Pass:
         for node in full:
             if len(chosen) == whole:
                 break
-            chosen[node] = self.node_gpus
+            if room is None or room.fits(job, node, self.node_gpus):
+                chosen[node] = self.node_gpus
+        if len(chosen) < whole:
+            return None
         if rest:
-            node = view.best_fit(rest, exclude=chosen)
+            accept = None if room is None else (lambda node: room.fits(job, node, rest))
+            node = view.best_fit(rest, exclude=chosen, accept=accept)
             if node is None:
                 return None
             chosen[node] = rest
@@ -265,6 +324,8 @@ class Pass:
                 taken, self.free[node] = idx[:k], idx[k:]
             gpus_by_node[node] = tuple(sorted(taken))
             self._sync(node)
+            if self.room is not None:
+                self.room.take(job, node, k)
         self.local_events.append((end, dict(counts)))
         return gpus_by_node
 

@@ -24,6 +24,12 @@ class NodeView:
     free: tuple[int, ...]
     schedulable: bool = True
     cached_datasets: frozenset[str] = frozenset()
+    # Memory (bytes) and CPUs the node offers to jobs, and what its running parts leave free.
+    # 0 offered: not advertised (trace replays without them), and placement ignores it.
+    memory: float = 0
+    cpus: float = 0
+    free_memory: float = 0
+    free_cpus: float = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +57,19 @@ class PendingJob:
     preemptible: bool = False
     ready_at: float | None = None
     datasets: frozenset[str] = frozenset()
+    memory: float | None = None  # for the whole job (see ``part_share``); None: each node's share
+    cpus: float | None = None
+
+
+def part_share(
+    *, declared: float | None, job_gpus: int, node_total: float, node_gpus: int, gpus_here: int
+) -> float:
+    """Memory or CPUs one part of a job gets: the declared amount for the whole job split across its
+    nodes by GPUs, or undeclared, the node's share for the GPUs held there (half of a node's memory
+    for half its GPUs). The scheduler places by it and the node agent enforces it."""
+    if declared is not None:
+        return declared * gpus_here / max(job_gpus, 1)
+    return node_total * gpus_here / max(node_gpus, 1)
 
 
 @dataclass(frozen=True, slots=True)

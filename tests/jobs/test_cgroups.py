@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs import cgroups, resources
+from jobs import cgroups
+from jobs.scheduling import types
 
 LIMITS = cgroups.Limits(memory_bytes=512 * 10**6, cpus=2.5, pids=256)
 
@@ -134,6 +135,6 @@ def test_an_unknown_memory_or_cpu_figure_leaves_that_controller_unset(tmp_path):
 
 
 def test_a_part_gets_its_declared_amount_split_by_gpus_or_else_the_nodes_share():
-    declared = resources.part_share(declared=48e9, job_gpus=12, node_total=64e9, node_gpus=8, gpus_here=4)
-    share = resources.part_share(declared=None, job_gpus=12, node_total=64e9, node_gpus=8, gpus_here=4)
+    declared = types.part_share(declared=48e9, job_gpus=12, node_total=64e9, node_gpus=8, gpus_here=4)
+    share = types.part_share(declared=None, job_gpus=12, node_total=64e9, node_gpus=8, gpus_here=4)
     assert (declared, share) == (16e9, 32e9)

@@ -144,3 +144,14 @@ def test_the_pool_filter_lists_only_nodes_in_that_state(operator_client, pool):
     page = operator_client.get(POOL, {"state": "drained"}).content.decode()
     assert 'id="node-' in page and "gpu-02" in page and "<strong>gpu-01</strong>" not in page
     assert Job.objects.count() == 0
+
+
+def test_the_pool_page_shows_what_each_node_offers_jobs_and_which_limits_it_enforces(operator_client):
+    NodeFactory(name="gpu-bound", memory_bytes=512 * 10**9, cpus=96, limits="memory v1, cpu v1, pids v1")
+    NodeFactory(name="gpu-loose", memory_bytes=64 * 10**9, cpus=8, limits="none: no cgroup controllers found")
+    page = operator_client.get(POOL).content.decode()
+    assert "512.0 GB · 96 CPUs" in page and "limits: memory v1, cpu v1, pids v1" in page
+    assert (
+        '<strong class="badge loud">NO LIMITS</strong> <small>none: no cgroup controllers found</small>'
+        in page
+    )

@@ -1,0 +1,68 @@
+"""Placement by memory and CPUs as well as GPUs: a node must have the job's share of each free."""
+
+from jobs.scheduling.policy import plan
+from jobs.scheduling.types import NodeView, PendingJob, PolicyConfig, part_share
+
+NOW = 1_000_000.0
+GB = 10**9
+
+
+def _plan(nodes, pending):
+    return plan(now=NOW, nodes=nodes, running=[], pending=pending, usage={}, shares={}, config=PolicyConfig())
+
+
+def _node(name, free, *, memory=64 * GB, cpus=16.0, free_memory=None, free_cpus=None, gpus=8):
+    return NodeView(
+        name=name, gpus=gpus, free=tuple(free), memory=memory, cpus=cpus,
+        free_memory=memory if free_memory is None else free_memory,
+        free_cpus=cpus if free_cpus is None else free_cpus,
+    )  # fmt: skip
+
+
+def _job(job_id, gpus, **kw):
+    return PendingJob(job_id=job_id, team="t", gpus=gpus, hours=1.0, submitted_at=NOW - 60 + job_id, **kw)
+
+
+def _placed(result):
+    return {s.job_id: s.gpus_by_node for s in result.starts}
+
+
+def test_a_job_goes_past_the_best_gpu_fit_to_a_node_with_its_memory_free():
+    # "a" fits 2 GPUs best, but its running jobs left 10 GB: the 40 GB job goes to "b".
+    nodes = [_node("a", (6, 7), free_memory=10 * GB), _node("b", range(8))]
+    assert _placed(_plan(nodes, [_job(1, 2, memory=40 * GB)])) == {1: {"b": (0, 1)}}
+
+
+def test_a_job_waits_when_no_node_has_its_cpus_free_though_gpus_are_idle():
+    nodes = [_node("a", range(8), free_cpus=3), _node("b", range(8), free_cpus=2)]
+    result = _plan(nodes, [_job(1, 1, cpus=4)])
+    assert result.starts == [] and 1 in result.estimates
+
+
+def test_an_undeclared_job_needs_the_nodes_share_for_its_gpus():
+    # 4 of 8 GPUs want half the node's 64 GB; "a" has only 20 GB left, "b" its 32 GB.
+    nodes = [_node("a", range(4), free_memory=20 * GB), _node("b", range(4), free_memory=32 * GB)]
+    assert _placed(_plan(nodes, [_job(1, 4)])) == {1: {"b": (0, 1, 2, 3)}}
+
+
+def test_starts_in_one_pass_use_up_a_nodes_memory_one_after_another():
+    nodes = [_node("a", range(8))]
+    jobs = [_job(1, 1, memory=40 * GB), _job(2, 1, memory=40 * GB), _job(3, 1, memory=20 * GB)]
+    placed = _placed(_plan(nodes, jobs))
+    assert set(placed) == {1, 3}  # 40 + 20 of 64 GB; the second 40 GB job waits
+
+
+def test_a_job_spanning_nodes_needs_its_share_on_each_node():
+    # 16 GPUs with 96 GB: 48 GB on each whole node. "a" has 30 GB free, so "b" and "c" are taken.
+    nodes = [_node("a", range(8), free_memory=30 * GB), _node("b", range(8)), _node("c", range(8))]
+    assert sorted(_placed(_plan(nodes, [_job(1, 16, memory=96 * GB)]))[1]) == ["b", "c"]
+
+
+def test_nodes_that_advertise_nothing_place_by_gpus_alone_as_trace_replays_do():
+    nodes = [NodeView(name="a", gpus=8, free=tuple(range(8)))]
+    assert _placed(_plan(nodes, [_job(1, 8, memory=10**15, cpus=10**4)])) == {1: {"a": tuple(range(8))}}
+
+
+def test_the_share_is_split_by_gpus_and_defaults_to_the_nodes_share():
+    assert part_share(declared=48 * GB, job_gpus=12, node_total=64 * GB, node_gpus=8, gpus_here=4) == 16 * GB
+    assert part_share(declared=None, job_gpus=12, node_total=64 * GB, node_gpus=8, gpus_here=4) == 32 * GB
