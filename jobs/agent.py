@@ -246,8 +246,8 @@ def _hidden_paths() -> list[Path]:
 
 
 def _store_tail(part: Part, text: str) -> None:
-    if part.rank == 0:
-        Job.objects.filter(id=part.job.id, attempt=part.allocation.attempt).update(log_tail=text)
+    if part.rank == 0:  # the first part's output is the job page's tail
+        rental.store_log_tail(job_id=part.job.id, attempt=part.allocation.attempt, text=text)
 
 
 def _actor(part: Part) -> str:

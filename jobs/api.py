@@ -9,7 +9,7 @@ from ninja.pagination import LimitOffsetPagination, paginate
 from ninja.responses import Status
 
 from accounts import scoping
-from jobs import declaration, services
+from jobs import declaration, selectors, services
 from jobs.models import Allocation, Job
 from jobs.schemas import ErrorOut, JobIn, JobOut
 
@@ -55,11 +55,9 @@ def job_json(job: Job) -> dict:
 
 
 def _input_json(d) -> dict:
-    remaining = d.bytes - d.bytes_done
-    eta = remaining / d.rate_bytes_s if d.rate_bytes_s > 0 and d.stage_state == "staging" else None
     return {
         "name": d.name, "uri": d.uri, "bytes": d.bytes, "sha256": d.sha256, "stage_state": d.stage_state,
-        "bytes_done": d.bytes_done, "rate_bytes_s": d.rate_bytes_s, "eta_s": eta,
+        "bytes_done": d.bytes_done, "rate_bytes_s": d.rate_bytes_s, "eta_s": selectors.eta_s(d),
     }  # fmt: skip
 
 

@@ -24,7 +24,9 @@ from jobs import declaration, sandbox, staging, transfers
 from jobs.models import Allocation, Job, OutputTransfer
 from jobs.transfers import destinations, sources
 
-WAITING, DELIVERING, DELIVERED, FAILED = "waiting", "delivering", "delivered", "failed"
+WAITING, DELIVERING, DELIVERED, FAILED = (
+    OutputTransfer.WAITING, OutputTransfer.DELIVERING, OutputTransfer.DELIVERED, OutputTransfer.FAILED,
+)  # fmt: skip
 SLOT_LOCK_BASE = 0x0E31_D000  # plus the node id: one advisory lock per node's delivery slots
 WAIT_S = 0.5
 
@@ -245,12 +247,3 @@ def _delivered(transfer: OutputTransfer, allocation: Allocation) -> None:
     job = allocation.job
     if not Allocation.objects.filter(job=job, attempt=job.attempt, delivered_at__isnull=True).exists():
         Job.objects.filter(id=job.id).update(delivery_state="delivered", delivered_at=now)
-
-
-def in_flight():
-    """Deliveries waiting for a slot or copying now, for the operators' transfers page."""
-    return (
-        OutputTransfer.objects.filter(state__in=(WAITING, DELIVERING))
-        .select_related("job", "job__team", "allocation__node")
-        .order_by("updated_at")
-    )

@@ -272,6 +272,8 @@ class DatasetCacheEntry(models.Model):
     entry's file; a job not yet released or ended pins the entries its inputs link to.
     """
 
+    FILLING, READY = "filling", "ready"
+
     key = models.CharField(max_length=64, unique=True)
     uri = models.CharField(max_length=2000)
     bytes = models.BigIntegerField()
@@ -298,6 +300,8 @@ class DatasetCacheEntry(models.Model):
 
 class OutputTransfer(models.Model):
     """Delivery of one allocation's sealed outputs after RELEASE, off the meter: progress and its lease."""
+
+    WAITING, DELIVERING, DELIVERED, FAILED = "waiting", "delivering", "delivered", "failed"
 
     allocation = models.OneToOneField(Allocation, on_delete=models.CASCADE, related_name="output_transfer")
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="output_transfers")

@@ -244,5 +244,10 @@ def stop_reason(*, allocation_id: int, now: datetime) -> str:
     return "sibling_failed" if failed_sibling.exclude(id=allocation_id).exists() else ""
 
 
+def store_log_tail(*, job_id: int, attempt: int, text: str) -> None:
+    """The job page's rolling log tail; a part of an attempt that was replaced never overwrites it."""
+    Job.objects.filter(id=job_id, attempt=attempt).update(log_tail=text)
+
+
 def note_worker_alive(*, job_id: int, now: datetime) -> None:
     Job.objects.filter(id=job_id).update(worker_seen_at=now)

@@ -17,8 +17,7 @@ from datetime import UTC, datetime
 
 from django.db import connection
 
-from jobs import dispatch, rental, snapshot
-from jobs.models import SchedulerState
+from jobs import planning, rental, snapshot
 from jobs.scheduling import policy
 
 log = logging.getLogger(__name__)
@@ -68,11 +67,9 @@ def run_pass(*, now: datetime) -> PassResult | None:
             for s in plan.starts
         )
         preempted = sum(rental.request_preemption(job_id=job_id, now=now) for job_id in plan.preemptions)
-        snapshot.store_estimates(plan, now=now)
+        planning.store_estimates(plan, now=now)
         elapsed = (time.perf_counter() - began) * 1000
-        SchedulerState.objects.filter(id=dispatch.state_row().id).update(
-            last_pass_at=now, last_pass_ms=elapsed, last_pass_started=started
-        )
+        planning.record_pass(started=started, elapsed_ms=elapsed, now=now)
     return PassResult(started=started, preempted=preempted, pending=len(view.pending), elapsed_ms=elapsed)
 
 

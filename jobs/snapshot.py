@@ -1,17 +1,18 @@
-"""Reads the pool into the scheduling policy's plain views, and stores what the policy said.
+"""Reads the pool into the scheduling policy's plain views (``jobs.planning`` stores what it said).
 
-The policy core knows nothing of Django; this module is the only translation between rows and
-its dataclasses, so the live scheduler and the trace simulator run the same policy.
+The policy core knows nothing of Django; this module and ``jobs.planning`` are the only
+translation between rows and its dataclasses, so the live scheduler and the trace simulator run
+the same policy.
 """
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.conf import settings
 
 from accounts.models import Team
-from jobs import staging
+from jobs import selectors
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, State
 from jobs.models import Allocation, DataInput, GpuHold, Job, Node, TeamUsage
 from jobs.scheduling import types
@@ -133,7 +134,7 @@ def _pending(now: datetime) -> list[types.PendingJob]:
         "memory_bytes", "cpus",
     )  # fmt: skip
     etas = staging_etas(now)
-    datasets = staging.job_datasets([row[0] for row in jobs])
+    datasets = selectors.job_datasets([row[0] for row in jobs])
     return [
         types.PendingJob(
             job_id=job_id, team=team, gpus=gpus, hours=hours, submitted_at=submitted.timestamp(),
@@ -165,25 +166,3 @@ def _usage(now: datetime) -> dict[str, float]:
     ):
         usage[team] = usage.get(team, 0.0) + (now - rented_at).total_seconds() * len(indices)
     return usage
-
-
-def store_estimates(plan: types.Plan, *, now: datetime) -> None:
-    """Writes each waiting job's estimated start, reason and priority (only jobs not yet rented)."""
-    waiting = Job.objects.filter(id__in=list(plan.estimates), state__in=BEFORE_RENT).only("id")
-    rows = []
-    for job in waiting:
-        estimate = plan.estimates[job.id]
-        job.estimated_start = _at(estimate.start_at, now)
-        job.pending_reason = estimate.reason[:300]
-        job.priority_detail = plan.priority.get(job.id, {})
-        job.priority = job.priority_detail.get("total")
-        rows.append(job)
-    Job.objects.bulk_update(
-        rows, ["estimated_start", "pending_reason", "priority", "priority_detail"], batch_size=1000
-    )
-
-
-def _at(ts: float | None, now: datetime) -> datetime | None:
-    if ts is None:
-        return None
-    return now + timedelta(seconds=max(0.0, ts - now.timestamp()))

@@ -21,21 +21,20 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Sum
 from django.utils import timezone
 
-from jobs import dispatch, transfers
-from jobs.lifecycle import ALIVE, EndReason, State
+from jobs import dispatch, selectors, transfers
+from jobs.lifecycle import EndReason, State
 from jobs.models import DataInput, DatasetCacheEntry, Job
 from jobs.transfers import destinations, sources
 from jobs.transitions import transition
 
 log = logging.getLogger(__name__)
-FILLING, READY = "filling", "ready"
+FILLING, READY = DatasetCacheEntry.FILLING, DatasetCacheEntry.READY
 HIT, FILL, WAIT = "hit", "fill", "wait"
 WAIT_S = 0.5
 SLOT_LOCK = 0x0E31_57A6  # advisory lock serialising claims of the pool's transfer slots
-ALIVE_STATES = [s.value for s in ALIVE]
+ALIVE_STATES = selectors.ALIVE_STATES
 
 
 class StagingFailed(Exception):
@@ -413,7 +412,7 @@ def sweep_cache(*, now: datetime, room_for: int = 0) -> int:
     evicted = sum(
         _evict(i) for i in unpinned().filter(last_used_at__lt=now - retention).values_list("id", flat=True)
     )
-    over = cache_bytes() + room_for - settings.E31_STAGE_CACHE_BYTES
+    over = selectors.cache_bytes() + room_for - settings.E31_STAGE_CACHE_BYTES
     for entry_id, size in unpinned().order_by("last_used_at").values_list("id", "bytes"):
         if over <= 0:
             break
@@ -425,10 +424,6 @@ def sweep_cache(*, now: datetime, room_for: int = 0) -> int:
 def unpinned():
     """Ready entries no live job (not yet released or ended) links to."""
     return DatasetCacheEntry.objects.filter(state=READY).exclude(inputs__job__state__in=ALIVE_STATES)
-
-
-def cache_bytes() -> int:
-    return DatasetCacheEntry.objects.aggregate(total=Sum("bytes"))["total"] or 0
 
 
 @transaction.atomic
@@ -462,38 +457,3 @@ def _remove_orphan_parts(now: datetime) -> None:
         live = DatasetCacheEntry.objects.filter(key=key, filler=token, state=FILLING).exists()
         if not live and part.stat().st_mtime < cutoff:
             part.unlink(missing_ok=True)
-
-
-# --------------------------------------------------------------------------- reading for pages
-
-
-def cache_summary() -> dict:
-    """The configured policy and what the cache holds now, for the transfers and job pages."""
-    pinned_ids = DatasetCacheEntry.objects.filter(inputs__job__state__in=ALIVE_STATES).values("id")
-    pinned = DatasetCacheEntry.objects.filter(id__in=pinned_ids).aggregate(n=Sum("bytes"))["n"] or 0
-    return {
-        "capacity_bytes": settings.E31_STAGE_CACHE_BYTES,
-        "retention_s": settings.E31_STAGE_RETENTION_S,
-        "used_bytes": cache_bytes(),
-        "pinned_bytes": pinned,
-        "entries": DatasetCacheEntry.objects.filter(state=READY).count(),
-        "concurrency": settings.E31_STAGE_CONCURRENCY,
-    }
-
-
-def staging_in_flight():
-    """Every input of a staging job that is being copied or waiting for a slot or a shared fill."""
-    return (
-        DataInput.objects.filter(job__state=State.STAGING, stage_state__in=("staging", "waiting"))
-        .select_related("job", "job__team")
-        .order_by("job_id", "position")
-    )
-
-
-def job_datasets(job_ids: list[int]) -> dict[int, frozenset[str]]:
-    """Cache keys of each job's staged datasets (the scheduler's ``PendingJob.datasets``)."""
-    keys: dict[int, set[str]] = {}
-    rows = DatasetCacheEntry.objects.filter(state=READY, inputs__job_id__in=job_ids)
-    for job_id, key in rows.values_list("inputs__job_id", "key"):
-        keys.setdefault(job_id, set()).add(key)
-    return {job_id: frozenset(k) for job_id, k in keys.items()}

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts import scoping
 from common.operators import operator_only
-from jobs import declaration, delivery, estimates, presenters, services, signals, staging
+from jobs import declaration, estimates, presenters, selectors, services, signals
 from jobs.forms import JobForm, bound_fields
 from jobs.lifecycle import BEFORE_RENT, State
 from jobs.models import Job
@@ -151,9 +151,6 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     return redirect("jobs:detail", job_id=job.id)
 
 
-SIZE_CLASSES = {"1": (1, 1), "2-4": (2, 4), "5-8": (5, 8), ">8": (9, 10**6)}
-
-
 @login_required
 def queue(request: HttpRequest) -> HttpResponse:
     """Waiting jobs in priority order, each with its estimated start and the reason it is not running yet."""
@@ -164,12 +161,10 @@ def queue(request: HttpRequest) -> HttpResponse:
     size = request.GET.get("size", "")
     if team:
         waiting = waiting.filter(team__slug=team)
-    if size in SIZE_CLASSES:
-        low, high = SIZE_CLASSES[size]
-        waiting = waiting.filter(gpus__gte=low, gpus__lte=high)
+    waiting = selectors.of_size(waiting, size)
     page = Paginator(waiting, 50).get_page(request.GET.get("page"))
     context = {
-        "page": page, "team": team, "size": size, "sizes": list(SIZE_CLASSES),
+        "page": page, "team": team, "size": size, "sizes": list(selectors.SIZE_CLASSES),
         "teams": scoping.teams_of(request.user).only("name", "slug"), "now": timezone.now(),
     }  # fmt: skip
     return render(request, "jobs/queue.html#queue-rows" if request.htmx else "jobs/queue.html", context)
@@ -202,9 +197,9 @@ def estimate(request: HttpRequest) -> HttpResponse:
 def transfers(request: HttpRequest) -> HttpResponse:
     """Operators: every staging input and every delivery in flight, with progress, and the cache's policy."""
     context = {
-        "inputs": staging.staging_in_flight(),
-        "deliveries": delivery.in_flight(),
-        "cache": staging.cache_summary(),
+        "inputs": selectors.staging_in_flight(),
+        "deliveries": selectors.deliveries_in_flight(),
+        "cache": selectors.cache_summary(),
     }
     template = "jobs/transfers.html#transfers-live" if request.htmx else "jobs/transfers.html"
     return render(request, template, context)

@@ -5,12 +5,12 @@ Jobs sends its signals without importing metering; these receivers are the other
 
 from datetime import datetime
 
-from metering import budgets, services
+from metering import selectors, services
 
 
 def close_meter_at_release(sender, *, allocation_id: int, released_at: datetime, **_) -> None:
     services.close_meter(allocation_id=allocation_id, released_at=released_at)
 
 
-def answer_budget(sender, *, team, gpu_hours: float, now: datetime, **_) -> budgets.Projection:
-    return budgets.projection(team=team, extra_gpu_hours=gpu_hours, now=now)
+def answer_budget(sender, *, team, gpu_hours: float, now: datetime, **_) -> selectors.Projection:
+    return selectors.projection(team=team, extra_gpu_hours=gpu_hours, now=now)

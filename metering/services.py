@@ -1,4 +1,5 @@
-"""The meter's writers: accrual, the final period at RELEASE, corrections, and the reconciliation.
+"""The meter's writers: accrual, the final period at RELEASE, corrections, the reconciliation, and
+teams' monthly budgets (operators set them; ``metering.selectors.projection`` reads them).
 
 Invariants: metered rows (accrual, final) tile each allocation's RENT..RELEASE exactly, one row
 per UTC hour, in microseconds, so their sum equals RELEASE - RENT with no rounding; no row is
@@ -12,12 +13,14 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
+from accounts.models import Team
 from jobs.models import Allocation
 from metering import invariants
 from metering.models import MeterEntry
@@ -183,3 +186,21 @@ def _allocations_with_rows() -> Iterator[tuple[invariants.Held, list[invariants.
             rows = [invariants.Row(*e[1:]) for e in pending[1]]
             pending = next(groups, None)
         yield invariants.Held(id_, job_id, team_id, len(indices), rented_at, released_at), rows
+
+
+@transaction.atomic
+def set_budget(*, team_id: int, gpu_hours: Decimal | None, enforced: bool, operator, now: datetime) -> Team:
+    """Sets a team's monthly GPU-hour budget and whether it refuses jobs; operators only."""
+    if not getattr(operator, "is_staff", False):
+        raise PermissionError("only operators set budgets")
+    if gpu_hours is not None and gpu_hours < 0:
+        raise ValueError("a budget cannot be negative")
+    team = Team.objects.select_for_update().get(id=team_id)
+    team.monthly_budget_gpu_hours = gpu_hours
+    team.budget_enforced = enforced
+    team.save(update_fields=["monthly_budget_gpu_hours", "budget_enforced"])
+    log.info(
+        "budget: %s set team %s to %s GPU-hours/month (enforced=%s) at %s",
+        operator, team.slug, gpu_hours, enforced, now.isoformat(),
+    )  # fmt: skip
+    return team

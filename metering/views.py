@@ -19,7 +19,7 @@ from accounts.models import Team
 from common import export as common_export
 from common.operators import operator_only
 from jobs.models import Allocation
-from metering import budgets, reports, services
+from metering import reports, selectors, services
 from metering.models import format_seconds
 from metering.periods import micros, month_start, months_back, next_month, utc
 
@@ -75,7 +75,7 @@ def ledger(request: HttpRequest) -> HttpResponse:
     if team is None:
         context["by_team"] = _team_totals(context["teams"], month)
     elif month == month_start(utc(now)):
-        context["projection"] = budgets.projection(team=team, extra_gpu_hours=0.0, now=now)
+        context["projection"] = selectors.projection(team=team, extra_gpu_hours=0.0, now=now)
     return render(request, "metering/ledger.html", context)
 
 
@@ -184,7 +184,7 @@ def budget(request: HttpRequest, slug: str) -> HttpResponse:
     }
     form = BudgetForm(request.POST if request.method == "POST" else None, initial=initial)
     if request.method == "POST" and form.is_valid():
-        budgets.set_budget(
+        services.set_budget(
             team_id=team.id, gpu_hours=form.cleaned_data["monthly_budget_gpu_hours"],
             enforced=form.cleaned_data["budget_enforced"], operator=request.user, now=timezone.now(),
         )  # fmt: skip
@@ -193,7 +193,7 @@ def budget(request: HttpRequest, slug: str) -> HttpResponse:
     context = {
         "team": team,
         "form": form,
-        "projection": budgets.projection(team=team, extra_gpu_hours=0.0, now=timezone.now()),
+        "projection": selectors.projection(team=team, extra_gpu_hours=0.0, now=timezone.now()),
     }
     return render(request, "metering/budget.html", context, status=422 if form.is_bound else 200)
 

@@ -16,10 +16,10 @@ from django.utils.dateparse import parse_date
 from django.utils.safestring import SafeString
 
 from accounts.models import Team
+from jobs import selectors as jobs_selectors
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, EndReason, State
 from jobs.models import Allocation, GpuHold, Job, Node, TeamUsage
-from jobs.views import SIZE_CLASSES  # the members' queue's size classes, so both filter alike
-from metering import budgets
+from metering import selectors as metering_selectors
 from operations import charts, utilisation
 from operations.models import AuditEntry, TeamBusySample
 
@@ -64,16 +64,16 @@ class QueueFilters:
         size, state = get.get("size", ""), get.get("state", "")
         return cls(
             team=get.get("team", ""),
-            size=size if size in SIZE_CLASSES else "",
+            size=size if size in jobs_selectors.SIZE_CLASSES else "",
             state=state if state in WAITING_STATES else "",
         )
 
     def apply(self, jobs: QuerySet) -> QuerySet:
         if self.team:
             jobs = jobs.filter(team__slug=self.team)
-        if self.size:
-            low, high = SIZE_CLASSES[self.size]
-            jobs = jobs.filter(gpus__gte=low, gpus__lte=high)
+        jobs = jobs_selectors.of_size(
+            jobs, self.size
+        )  # the members' queue's size classes, so both filter alike
         if self.state:
             jobs = jobs.filter(state=self.state)
         return jobs
@@ -337,7 +337,7 @@ def team_page(*, team: Team, now: datetime) -> dict:
     return {
         "team": team,
         "members": team.memberships.select_related("user").order_by("user__username"),
-        "projection": budgets.projection(team=team, extra_gpu_hours=0.0, now=now),
+        "projection": metering_selectors.projection(team=team, extra_gpu_hours=0.0, now=now),
         "busy_gpus": _busy_by_team(team.id).get(team.id, 0),
         "waiting_jobs": Job.objects.filter(team=team, state__in=BEFORE_RENT).count(),
         "fairshare_gpu_hours": usage.decayed(now) / 3600 if usage else 0.0,

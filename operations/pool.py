@@ -19,7 +19,7 @@ from django.utils.safestring import SafeString, mark_safe
 from accounts.models import Team
 from jobs import units
 from jobs.models import Allocation, GpuHold, Node
-from operations import charts, services, utilisation
+from operations import charts, selectors, utilisation
 
 NODE_FIELDS = (
     "id", "name", "gpus", "gpu_model", "state", "agent_version", "sandbox", "last_heartbeat",
@@ -192,7 +192,7 @@ def _limits(node: NodeInfo) -> str:
 
 
 def _actions(node: NodeInfo, ctx: _Context) -> str:
-    actions = services.ACTIONS_BY_STATE.get(node.state, ())
+    actions = selectors.ACTIONS_BY_STATE.get(node.state, ())
     if not actions:
         return '<span class="muted">waits for its agent</span>'
     href = quote(node.name)

@@ -9,29 +9,25 @@ this module adds the operator's view of them, never a second path to a job's sta
 import math
 from datetime import datetime
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models import Count
 
 from accounts.models import Team
-from jobs import declaration, dispatch, nodes
+from jobs import declaration, dispatch, nodes, snapshot
 from jobs import services as jobs_services
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE
-from jobs.models import Allocation, Job, Node
+from jobs.models import Allocation, GpuHold, Job, Node
+from jobs.scheduling import policy
 from metering import services as metering
-from operations import audit
-from operations.models import HealthProbe
+from operations import audit, selectors, utilisation
+from operations.models import HealthProbe, TeamBusySample, UtilisationSample
 
-# What each node action asks of jobs.nodes.set_node_state, and the states it is offered from
-# (the same table set_node_state enforces; a stale page just gets False back).
+# What each node action asks of jobs.nodes.set_node_state; the states it is offered from are
+# operations.selectors.ACTIONS_BY_STATE (the table set_node_state enforces; a stale page gets False).
 NODE_ACTIONS: dict[str, str] = {
     "drain": Node.NodeState.DRAINING,
     "resume": Node.NodeState.UP,
     "mark-down": Node.NodeState.DOWN,
-}
-ACTIONS_BY_STATE: dict[str, tuple[str, ...]] = {
-    Node.NodeState.UP: ("drain", "mark-down"),
-    Node.NodeState.DRAINING: ("resume", "mark-down"),
-    Node.NodeState.DRAINED: ("resume", "mark-down"),
-    Node.NodeState.DOWN: (),  # a down node comes back when its agent registers again
 }
 MAX_SHARE = 1000.0
 LEDGER_DETAIL_LINES = 20
@@ -56,7 +52,7 @@ def change_node_state(*, name: str, action: str, actor, now: datetime) -> bool:
     job is requeued or ended as its declaration allows.
     """
     node = Node.objects.select_for_update().filter(name=name).first()
-    if node is None or action not in ACTIONS_BY_STATE.get(node.state, ()):
+    if node is None or action not in selectors.ACTIONS_BY_STATE.get(node.state, ()):
         return False
     before = {"state": node.state, "jobs_holding_gpus": _jobs_on(node)}
     moved = nodes.set_node_state(name=name, target=NODE_ACTIONS[action], now=now, actor=_username(actor))
@@ -180,3 +176,48 @@ def check_ledger(*, now: datetime, actor=None) -> HealthProbe:
                 after={"ok": probe.ok, "violations": len(violations)}, now=now,
             )  # fmt: skip
     return probe
+
+
+# --------------------------------------------------------------------------- utilisation samples
+
+
+def sample_utilisation(*, now: datetime) -> UtilisationSample | None:
+    """Writes the pool as of ``now``'s minute; None if that minute already has its sample."""
+    minute = utilisation.minute_of(now)
+    if UtilisationSample.objects.filter(minute=minute).exists():
+        return None
+    view = snapshot.take(now=now)
+    plan = policy.plan(
+        now=now.timestamp(), nodes=view.nodes, running=view.running, pending=view.pending,
+        usage=view.usage, shares=view.shares, config=view.config,
+    )  # fmt: skip
+    figures = utilisation.measure(nodes=view.nodes, pending=view.pending, plan=plan)
+    try:
+        with transaction.atomic():
+            sample = _store_sample(minute=minute, figures=figures, team_busy=_team_busy())
+    except IntegrityError:
+        return None  # a duplicate beat delivery wrote this minute meanwhile
+    UtilisationSample.objects.filter(minute__lt=utilisation.minute_of(now - utilisation.RETENTION)).delete()
+    return sample
+
+
+def _team_busy() -> dict[int, int]:
+    held = GpuHold.objects.filter(active=True).exclude(node__state=Node.NodeState.DOWN)
+    rows = held.values("allocation__job__team_id").annotate(gpus=Count("id"))
+    return {r["allocation__job__team_id"]: r["gpus"] for r in rows}
+
+
+def _store_sample(
+    *, minute: int, figures: utilisation.Figures, team_busy: dict[int, int]
+) -> UtilisationSample:
+    sample = UtilisationSample.objects.create(
+        minute=minute, at=utilisation.at_minute(minute), total_gpus=figures.total, busy_gpus=figures.busy,
+        reserved_gpus=figures.reserved, idle_while_waiting_gpus=figures.idle_while_waiting,
+        queued_jobs=figures.queued, reservations=figures.reservations,
+    )  # fmt: skip
+    TeamBusySample.objects.bulk_create(
+        TeamBusySample(sample=sample, minute=minute, team_id=team_id, busy_gpus=gpus)
+        for team_id, gpus in team_busy.items()
+        if gpus
+    )
+    return sample

@@ -3,7 +3,7 @@
 from celery import shared_task
 from django.utils import timezone
 
-from operations import services, utilisation
+from operations import services
 
 
 @shared_task
@@ -13,7 +13,7 @@ def beat_heartbeat() -> None:
 
 @shared_task
 def sample_utilisation() -> None:
-    utilisation.take_sample(now=timezone.now())
+    services.sample_utilisation(now=timezone.now())
 
 
 @shared_task

@@ -1,4 +1,5 @@
-"""Utilisation samples: what the pool did each minute, written by beat and read by the charts.
+"""Utilisation samples: what the pool did each minute, measured here, written by beat through
+``operations.services.sample_utilisation``, and read here by the charts.
 
 Definitions (per sampled minute, over nodes not down):
 
@@ -19,12 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.db import IntegrityError, transaction
 from django.db.models import Avg, BigIntegerField, Count, ExpressionWrapper, F, Sum, Value
 
-from jobs import snapshot
-from jobs.models import GpuHold, Node
-from jobs.scheduling import policy, types
+from jobs.scheduling import types
 from operations.models import TeamBusySample, UtilisationSample
 
 
@@ -71,27 +69,7 @@ def at_minute(minute: int) -> datetime:
     return datetime.fromtimestamp(minute * 60, UTC)
 
 
-# --------------------------------------------------------------------------- writing
-
-
-def take_sample(*, now: datetime) -> UtilisationSample | None:
-    """Writes the pool as of ``now``'s minute; None if that minute already has its sample."""
-    minute = minute_of(now)
-    if UtilisationSample.objects.filter(minute=minute).exists():
-        return None
-    view = snapshot.take(now=now)
-    plan = policy.plan(
-        now=now.timestamp(), nodes=view.nodes, running=view.running, pending=view.pending,
-        usage=view.usage, shares=view.shares, config=view.config,
-    )  # fmt: skip
-    figures = measure(nodes=view.nodes, pending=view.pending, plan=plan)
-    try:
-        with transaction.atomic():
-            sample = _store(minute=minute, figures=figures, team_busy=_team_busy())
-    except IntegrityError:
-        return None  # a duplicate beat delivery wrote this minute meanwhile
-    UtilisationSample.objects.filter(minute__lt=minute_of(now - RETENTION)).delete()
-    return sample
+# --------------------------------------------------------------------------- measuring
 
 
 def measure(
@@ -121,26 +99,6 @@ def measure(
 def _reservation(r: types.Reservation) -> dict:
     nodes = {node: list(ix) for node, ix in (r.gpus_by_node or {}).items()}
     return {"start_at": datetime.fromtimestamp(r.start_at, UTC).isoformat(), "gpus_by_node": nodes}
-
-
-def _team_busy() -> dict[int, int]:
-    held = GpuHold.objects.filter(active=True).exclude(node__state=Node.NodeState.DOWN)
-    rows = held.values("allocation__job__team_id").annotate(gpus=Count("id"))
-    return {r["allocation__job__team_id"]: r["gpus"] for r in rows}
-
-
-def _store(*, minute: int, figures: Figures, team_busy: dict[int, int]) -> UtilisationSample:
-    sample = UtilisationSample.objects.create(
-        minute=minute, at=at_minute(minute), total_gpus=figures.total, busy_gpus=figures.busy,
-        reserved_gpus=figures.reserved, idle_while_waiting_gpus=figures.idle_while_waiting,
-        queued_jobs=figures.queued, reservations=figures.reservations,
-    )  # fmt: skip
-    TeamBusySample.objects.bulk_create(
-        TeamBusySample(sample=sample, minute=minute, team_id=team_id, busy_gpus=gpus)
-        for team_id, gpus in team_busy.items()
-        if gpus
-    )
-    return sample
 
 
 # --------------------------------------------------------------------------- reading

@@ -16,8 +16,9 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.models import Team
 from common.operators import operator_only
+from jobs import selectors as jobs_selectors
 from jobs.models import Job, Node
-from operations import health, pages, pool, services, utilisation
+from operations import health, pages, pool, selectors, services, utilisation
 from operations.models import AuditEntry
 from public.models import Measurement
 
@@ -58,7 +59,7 @@ def node_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
     if action not in services.NODE_ACTIONS:
         raise Http404("No such action")
     node = get_object_or_404(Node, name=name)
-    if action not in services.ACTIONS_BY_STATE.get(node.state, ()):
+    if action not in selectors.ACTIONS_BY_STATE.get(node.state, ()):
         messages.warning(request, f"{node.name} is {node.state}: “{action}” does not apply now.")
         return redirect("operations:pool")
     context = {"node": node, "action": action, "jobs": pages.jobs_on_node(node)}
@@ -84,7 +85,7 @@ def queue_view(request: HttpRequest) -> HttpResponse:
     pages.attach_reservations(page)
     context = {
         "page": page, "filters": filters, "teams": Team.objects.only("name", "slug"), "now": timezone.now(),
-        "sizes": list(pages.SIZE_CLASSES), "states": pages.WAITING_STATES,
+        "sizes": list(jobs_selectors.SIZE_CLASSES), "states": pages.WAITING_STATES,
         "simulation": Measurement.objects.filter(key="scheduler.simulation").first(),
     }  # fmt: skip
     return _page(request, "queue", "queue-rows", context)

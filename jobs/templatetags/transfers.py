@@ -3,6 +3,7 @@
 from django import template
 from django.conf import settings
 
+from jobs import selectors
 from jobs.units import format_size
 
 register = template.Library()
@@ -16,10 +17,7 @@ def rate(bytes_per_s: float | None) -> str:
 @register.filter
 def eta_s(item) -> float | None:
     """Seconds left for a transfer in progress (a DataInput or an OutputTransfer), from its rate so far."""
-    total = getattr(item, "bytes_total", None) or getattr(item, "bytes", 0)
-    if getattr(item, "stage_state", "staging") != "staging" or not item.rate_bytes_s:
-        return None
-    return max(0.0, (total - item.bytes_done) / item.rate_bytes_s)
+    return selectors.eta_s(item)
 
 
 @register.simple_tag
@@ -31,4 +29,4 @@ def stage_cache_policy() -> dict:
 @register.simple_tag
 def job_deliveries(job) -> list:
     """The current attempt's delivery rows (one per node part), oldest part first."""
-    return list(job.output_transfers.filter(allocation__attempt=job.attempt))
+    return selectors.current_deliveries(job)

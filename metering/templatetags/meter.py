@@ -1,49 +1,19 @@
 """{% load meter %}: the job page's meter block and the ledger's display filters."""
 
-from dataclasses import dataclass
-from datetime import timedelta
-from itertools import groupby
-
 from django import template
 
-from jobs.models import Allocation, Job
-from metering import reports
-from metering.models import MeterEntry, format_seconds
+from jobs.models import Job
+from metering import reports, selectors
+from metering.models import format_seconds
 from metering.periods import MICROS_PER_HOUR
 
 register = template.Library()
 
 
-@dataclass(frozen=True)
-class MeterPart:
-    """One allocation's meter: when it started and stopped, why, and its rows."""
-
-    allocation: Allocation
-    entries: list[MeterEntry]
-
-    @property
-    def gpu_micros(self) -> int:
-        return sum(e.gpus * e.microseconds for e in self.entries)
-
-    @property
-    def heartbeat_gap(self) -> timedelta | None:
-        a = self.allocation
-        if a.last_heartbeat_at_release and a.released_at:
-            return a.released_at - a.last_heartbeat_at_release
-        return None
-
-    @property
-    def adjusted(self) -> bool:
-        return any(e.kind == MeterEntry.Kind.ADJUSTMENT for e in self.entries)
-
-
 @register.inclusion_tag("metering/_job_meter.html", takes_context=True)
 def job_meter(context, job: Job) -> dict:
     """The job's ledger rows grouped by allocation (attempt, node), for the job page."""
-    allocations = list(job.allocations.select_related("node").order_by("attempt", "rank", "id"))
-    rows = MeterEntry.objects.filter(job=job).order_by("allocation_id", "period_start", "id")
-    by_allocation = {key: list(group) for key, group in groupby(rows, key=lambda e: e.allocation_id)}
-    parts = [MeterPart(a, by_allocation.get(a.id, [])) for a in allocations]
+    parts = selectors.job_meter(job)
     user = context.get("user") or getattr(context.get("request"), "user", None)
     return {
         "job": job,

@@ -7,7 +7,7 @@ import pytest
 
 from accounts.models import Team
 from jobs.lifecycle import State
-from metering import budgets, services
+from metering import selectors, services
 from tests.factories import JobFactory
 from tests.metering.conftest import release, rent
 
@@ -44,7 +44,7 @@ def _budget(team: Team, hours: str | None, enforced: bool) -> Team:
 
 
 def test_the_projection_counts_ledger_running_and_queued_hours_of_this_month_only(busy_team):
-    p = budgets.projection(team=_budget(busy_team, "400", True), extra_gpu_hours=20.0, now=NOW)
+    p = selectors.projection(team=_budget(busy_team, "400", True), extra_gpu_hours=20.0, now=NOW)
     assert p.used_gpu_hours == pytest.approx(300 + 4 * 2.5)  # April excluded; closed hours of the running job
     assert p.running_gpu_hours == pytest.approx(4 * 0.5)  # 12:00 to 12:30, not closed yet
     assert p.queued_gpu_hours == pytest.approx(20.0)
@@ -53,7 +53,7 @@ def test_the_projection_counts_ledger_running_and_queued_hours_of_this_month_onl
 
 
 def test_an_enforced_budget_refuses_with_a_clear_sentence(busy_team):
-    p = budgets.projection(team=_budget(busy_team, "400", True), extra_gpu_hours=80.0, now=NOW)
+    p = selectors.projection(team=_budget(busy_team, "400", True), extra_gpu_hours=80.0, now=NOW)
     assert p.would_exceed and p.enforced and p.refused
     assert p.message == (
         "This job would bring team vision to 412 of 400 GPU-hours this month "
@@ -62,21 +62,23 @@ def test_an_enforced_budget_refuses_with_a_clear_sentence(busy_team):
 
 
 def test_an_unenforced_budget_only_warns(busy_team):
-    p = budgets.projection(team=_budget(busy_team, "400", False), extra_gpu_hours=80.0, now=NOW)
+    p = selectors.projection(team=_budget(busy_team, "400", False), extra_gpu_hours=80.0, now=NOW)
     assert p.would_exceed and not p.refused
     assert p.message.endswith("The budget is not enforced: this is a warning only.")
     assert "412 of 400 GPU-hours" in p.message
 
 
 def test_a_team_without_a_budget_never_exceeds(busy_team):
-    p = budgets.projection(team=_budget(busy_team, None, True), extra_gpu_hours=10_000.0, now=NOW)
+    p = selectors.projection(team=_budget(busy_team, None, True), extra_gpu_hours=10_000.0, now=NOW)
     assert not p.would_exceed and p.budget_gpu_hours is None
     assert "no monthly budget" in p.message
 
 
 def test_set_budget_is_for_operators_only(team, member, operator):
     with pytest.raises(PermissionError):
-        budgets.set_budget(team_id=team.id, gpu_hours=Decimal("5"), enforced=True, operator=member, now=NOW)
-    budgets.set_budget(team_id=team.id, gpu_hours=Decimal("12.5"), enforced=False, operator=operator, now=NOW)
+        services.set_budget(team_id=team.id, gpu_hours=Decimal("5"), enforced=True, operator=member, now=NOW)
+    services.set_budget(
+        team_id=team.id, gpu_hours=Decimal("12.5"), enforced=False, operator=operator, now=NOW
+    )
     team.refresh_from_db()
     assert (team.monthly_budget_gpu_hours, team.budget_enforced) == (Decimal("12.5"), False)

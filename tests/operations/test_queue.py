@@ -7,7 +7,7 @@ from django.urls import reverse
 
 from jobs import scheduler
 from jobs.lifecycle import State
-from operations import utilisation
+from operations import services
 from tests.factories import JobFactory
 from tests.operations.conftest import HTMX, running_job
 
@@ -42,7 +42,7 @@ def test_the_queue_shows_the_schedulers_estimate_reason_and_reservation(operator
     running_job(team=team, node=pool[0], gpus=2, now=now - timedelta(minutes=5))
     big = JobFactory(team=team, name="needs-all", gpus=8, hours=2.0, state=State.QUEUED, submitted_at=now)
     scheduler.run_pass(now=now)
-    utilisation.take_sample(now=now)
+    services.sample_utilisation(now=now)
     big.refresh_from_db()
     page = operator_client.get(QUEUE).content.decode()
     assert big.pending_reason and big.pending_reason in page

@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from jobs.lifecycle import State
 from jobs.scheduling import types
-from operations import utilisation
+from operations import services, utilisation
 from operations.models import TeamBusySample, UtilisationSample
 from tests.factories import JobFactory
 from tests.operations.conftest import HTMX, running_job, store_samples
@@ -48,12 +48,12 @@ def test_a_sample_records_the_pool_and_each_teams_busy_gpus_once_a_minute(pool, 
     big = JobFactory(
         team=other_team, gpus=8, state=State.QUEUED, submitted_at=now
     )  # must wait: a reservation
-    sample = utilisation.take_sample(now=now)
+    sample = services.sample_utilisation(now=now)
     assert (sample.total_gpus, sample.busy_gpus, sample.queued_jobs) == (8, 3, 1)
     assert sample.reserved_gpus == 5 and sample.idle_while_waiting_gpus == 0
     assert set(sample.reservations) == {str(big.id)}
     assert dict(sample.teams.values_list("team_id", "busy_gpus")) == {team.id: 2, other_team.id: 1}
-    assert utilisation.take_sample(now=now + timedelta(seconds=20)) is None  # same minute: nothing more
+    assert services.sample_utilisation(now=now + timedelta(seconds=20)) is None  # same minute: nothing more
     assert UtilisationSample.objects.count() == 1
 
 
@@ -61,14 +61,14 @@ def test_a_sample_records_the_pool_and_each_teams_busy_gpus_once_a_minute(pool, 
 def test_a_new_sample_prunes_those_older_than_the_retention(team, now):
     store_samples(start=now - timedelta(days=40), minutes=3, total=8, busy=1, team_busy={team.id: 1})
     store_samples(start=now - timedelta(days=29), minutes=3, total=8, busy=1, team_busy={team.id: 1})
-    utilisation.take_sample(now=now)
+    services.sample_utilisation(now=now)
     assert UtilisationSample.objects.count() == 4 and TeamBusySample.objects.count() == 3
 
 
 @pytest.mark.django_db
 def test_the_sampler_never_starts_or_changes_a_job(pool, team, now):
     job = JobFactory(team=team, gpus=1, state=State.QUEUED, submitted_at=now)
-    sample = utilisation.take_sample(now=now)
+    sample = services.sample_utilisation(now=now)
     job.refresh_from_db()
     assert job.state == State.QUEUED and not job.allocations.exists()
     assert sample.idle_while_waiting_gpus == 8  # a 1-GPU job waits beside 8 idle GPUs: pure waste

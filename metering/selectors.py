@@ -1,15 +1,16 @@
-"""Monthly GPU-hour budgets: what a team has used, holds and has queued, and whether a job fits.
+"""Reads shared by the ledger pages, the operators' pages, the submit form and the API.
 
+Monthly GPU-hour budgets: what a team has used, holds and has queued, and whether a job fits.
 Usage comes from the ledger (closed periods) plus the unclosed part of held allocations up to
 now, so the figure a team sees agrees with the ledger to the microsecond once accrual runs.
+
+A job's meter: its ledger rows grouped by allocation, for the job page. Nothing here writes.
 """
 
-import logging
 from dataclasses import dataclass
-from datetime import datetime
-from decimal import Decimal
+from datetime import datetime, timedelta
+from itertools import groupby
 
-from django.db import transaction
 from django.db.models import F, FloatField, OuterRef, Subquery, Sum
 
 from accounts.models import Team
@@ -17,8 +18,6 @@ from jobs.lifecycle import BEFORE_RENT
 from jobs.models import Allocation, Job
 from metering.models import MeterEntry
 from metering.periods import MICROS_PER_HOUR, micros, month_start, next_month, utc
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -112,19 +111,35 @@ def _n(hours: float) -> str:
     return f"{hours:,.1f}".removesuffix(".0")
 
 
-@transaction.atomic
-def set_budget(*, team_id: int, gpu_hours: Decimal | None, enforced: bool, operator, now: datetime) -> Team:
-    """Sets a team's monthly GPU-hour budget and whether it refuses jobs; operators only."""
-    if not getattr(operator, "is_staff", False):
-        raise PermissionError("only operators set budgets")
-    if gpu_hours is not None and gpu_hours < 0:
-        raise ValueError("a budget cannot be negative")
-    team = Team.objects.select_for_update().get(id=team_id)
-    team.monthly_budget_gpu_hours = gpu_hours
-    team.budget_enforced = enforced
-    team.save(update_fields=["monthly_budget_gpu_hours", "budget_enforced"])
-    log.info(
-        "budget: %s set team %s to %s GPU-hours/month (enforced=%s) at %s",
-        operator, team.slug, gpu_hours, enforced, now.isoformat(),
-    )  # fmt: skip
-    return team
+# --------------------------------------------------------------------------- a job's meter
+
+
+@dataclass(frozen=True)
+class MeterPart:
+    """One allocation's meter: when it started and stopped, why, and its rows."""
+
+    allocation: Allocation
+    entries: list[MeterEntry]
+
+    @property
+    def gpu_micros(self) -> int:
+        return sum(e.gpus * e.microseconds for e in self.entries)
+
+    @property
+    def heartbeat_gap(self) -> timedelta | None:
+        a = self.allocation
+        if a.last_heartbeat_at_release and a.released_at:
+            return a.released_at - a.last_heartbeat_at_release
+        return None
+
+    @property
+    def adjusted(self) -> bool:
+        return any(e.kind == MeterEntry.Kind.ADJUSTMENT for e in self.entries)
+
+
+def job_meter(job: Job) -> list[MeterPart]:
+    """The job's ledger rows grouped by allocation (attempt, node), oldest attempt first."""
+    allocations = list(job.allocations.select_related("node").order_by("attempt", "rank", "id"))
+    rows = MeterEntry.objects.filter(job=job).order_by("allocation_id", "period_start", "id")
+    by_allocation = {key: list(group) for key, group in groupby(rows, key=lambda e: e.allocation_id)}
+    return [MeterPart(a, by_allocation.get(a.id, [])) for a in allocations]

@@ -1,0 +1,15 @@
+"""Reads shared by the operators' pages: which node actions each node state offers.
+
+Nothing here writes; the writers (``operations.services``) check the same table.
+"""
+
+from jobs.models import Node
+
+# The states each node action is offered from: the same table jobs.nodes.set_node_state enforces,
+# so a stale page just gets False back.
+ACTIONS_BY_STATE: dict[str, tuple[str, ...]] = {
+    Node.NodeState.UP: ("drain", "mark-down"),
+    Node.NodeState.DRAINING: ("resume", "mark-down"),
+    Node.NodeState.DRAINED: ("resume", "mark-down"),
+    Node.NodeState.DOWN: (),  # a down node comes back when its agent registers again
+}
