@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import compress, count, repeat
+from operator import attrgetter, lt, mul, sub
 
 from jobs.scheduling.types import DAY_S, HOUR_S, PendingJob, PolicyConfig, RunningView
 
@@ -99,48 +100,38 @@ def starvation_bound(pending: Sequence[PendingJob], *, now: float, config: Polic
     return min(max(config.starvation_s, config.starvation_factor * mean_wait), config.starvation_max_s)
 
 
-# Declared hours take few distinct values: a dict lookup per job instead of a log each pass.
-_LENGTH: dict[float, float] = {}
-
-
 def _keys(
     pending: Sequence[PendingJob], *, fs_term: Mapping[str, float], now: float, config: PolicyConfig
 ) -> list[float]:
-    """Sort keys (lower first): -1e30 + submitted for starved jobs, else -(priority) + a constant."""
+    """Sort keys (lower first): -1e30 + submitted for starved jobs, else -(priority) + a constant.
+
+    Per declared length h the key is linear in the submit time: submitted * a[h] - b[h] - fs[team]
+    (age, length and expected-slowdown terms folded into a and b, computed once per distinct h),
+    so the per-job work is C-level maps - this runs every pass over the whole queue.
+    """
+    if not pending:
+        return []
+    hours = list(map(_hours, pending))
+    per_est = config.slowdown_weight / HOUR_S
     age_per_s, length_w = config.age_weight / DAY_S, config.length_weight
+    a, b = {}, {}
+    for h in set(hours):
+        slow = per_est / max(h, MIN_ESTIMATE_H)  # wait / estimate: (now - submitted) * slow
+        a[h] = age_per_s + slow
+        b[h] = length_w * length_factor(h) + now * slow
+    submitted = list(map(_submitted, pending))
+    keys = list(
+        map(
+            sub,
+            map(sub, map(mul, submitted, map(a.__getitem__, hours)), map(b.__getitem__, hours)),
+            map(fs_term.__getitem__, map(_team, pending)),
+        )
+    )
     starve_before = now - starvation_bound(pending, now=now, config=config)
-    length = _LENGTH
-    if config.slowdown_weight:
-        # Expected slowdown if started now, (wait + estimate) / estimate, less its constant 1.
-        per_est = config.slowdown_weight / HOUR_S
-
-        def build() -> list[float]:
-            return [
-                -1e30 + j.submitted_at
-                if j.submitted_at < starve_before
-                else age_per_s * j.submitted_at
-                - fs_term[j.team]
-                - length_w * length[j.hours]
-                - per_est * (now - j.submitted_at) / max(j.hours, MIN_ESTIMATE_H)
-                for j in pending
-            ]
-    else:
-
-        def build() -> list[float]:
-            return [
-                -1e30 + j.submitted_at  # starved: before everyone else, oldest first
-                if j.submitted_at < starve_before
-                else age_per_s * j.submitted_at - fs_term[j.team] - length_w * length[j.hours]
-                for j in pending
-            ]
-
-    try:
-        return build()
-    except KeyError:  # a declared length not seen before
-        if len(length) > 100_000:
-            length.clear()
-        length.update((h, length_factor(h)) for h in set(map(_hours, pending)))
-        return build()
+    if min(submitted) < starve_before:
+        for i in compress(count(), map(lt, submitted, repeat(starve_before))):
+            keys[i] = -1e30 + submitted[i]  # starved: before everyone else, oldest first
+    return keys
 
 
 _team = attrgetter("team")
