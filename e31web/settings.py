@@ -294,10 +294,10 @@ LOGGING = {
 
 # --- Beat: the periodic safety nets. Every state lives in the database; these only re-drive it.
 CELERY_BEAT_SCHEDULE = {
-    "reap-silent-nodes": {"task": "jobs.tasks.reap_nodes", "schedule": max(1.0, E31_HEARTBEAT_S)},
+    "reap-silent-nodes": {"task": "jobs.tasks.reap_silent_nodes", "schedule": max(1.0, E31_HEARTBEAT_S)},
     "reconcile-stuck-jobs": {"task": "jobs.tasks.reconcile", "schedule": E31_RECONCILE_EVERY_S},
-    "sweep-staging-cache": {"task": "jobs.tasks.sweep_staging_cache", "schedule": 600.0},
-    "scheduler-safety-pass": {"task": "jobs.tasks.safety_pass", "schedule": E31_SCHEDULER_TICK_S},
+    "sweep-staging-cache": {"task": "jobs.tasks.sweep_cache", "schedule": 600.0},
+    "scheduler-safety-pass": {"task": "jobs.tasks.run_safety_pass", "schedule": E31_SCHEDULER_TICK_S},
     "accrue-meter-hourly": {
         "task": "metering.tasks.accrue_meter",
         "schedule": env.float("E31_ACCRUE_EVERY_S", default=300.0),

@@ -23,9 +23,9 @@ log = logging.getLogger(__name__)
 _quiet_until = 0.0
 
 STAGE_JOB = "jobs.tasks.stage_job"
-SCHEDULE_PASS = "jobs.tasks.schedule_pass"
-RUN_PART = "jobs.tasks.run_allocation"
-DELIVER_OUTPUTS = "jobs.tasks.deliver_outputs"
+RUN_REQUESTED_PASSES = "jobs.tasks.run_requested_passes"
+RUN_PART = "jobs.tasks.run_part"
+DELIVER_PART = "jobs.tasks.deliver_part"
 
 
 def after_commit(send, what: str) -> None:
@@ -61,7 +61,7 @@ def request_scheduler_pass() -> None:
     state = state_row()
     flipped = SchedulerState.objects.filter(id=state.id, pass_requested=False).update(pass_requested=True)
     if flipped:
-        send_after_commit(SCHEDULE_PASS, (), queue=control_queue())
+        send_after_commit(RUN_REQUESTED_PASSES, (), queue=control_queue())
 
 
 def claim_requested_pass() -> bool:
@@ -75,12 +75,12 @@ def state_row() -> SchedulerState:
     return state or SchedulerState.objects.create()
 
 
-def run_allocation(allocation_id: int, node_name: str) -> None:
+def run_part(allocation_id: int, node_name: str) -> None:
     send_after_commit(RUN_PART, (allocation_id,), queue=node_queue(node_name))
 
 
-def deliver_outputs(allocation_id: int, node_name: str) -> None:
-    send_after_commit(DELIVER_OUTPUTS, (allocation_id,), queue=node_queue(node_name))
+def deliver_part(allocation_id: int, node_name: str) -> None:
+    send_after_commit(DELIVER_PART, (allocation_id,), queue=node_queue(node_name))
 
 
 def control_queue() -> str:

@@ -52,7 +52,7 @@ def _restart_unstarted(stale: datetime, findings: Findings) -> None:
     """RENTED but never started: the run message was lost; a duplicate is harmless (the start is a claim)."""
     rows = Allocation.objects.filter(released_at__isnull=True, started_at__isnull=True, rented_at__lt=stale)
     for allocation_id, node in rows.values_list("id", "node__name")[:500]:
-        dispatch.run_allocation(allocation_id, node)
+        dispatch.run_part(allocation_id, node)
         findings.restarted.append(allocation_id)
 
 
@@ -75,5 +75,5 @@ def _redeliver(stale: datetime, findings: Findings) -> None:
         job__delivery_state="delivering", delivered_at__isnull=True, released_at__lt=stale
     ).values_list("id", "node__name")
     for allocation_id, node in rows[:200]:
-        dispatch.deliver_outputs(allocation_id, node)
+        dispatch.deliver_part(allocation_id, node)
         findings.redelivered.append(allocation_id)

@@ -46,7 +46,7 @@ def rent_job(
         log.info("job %s: a GPU was taken meanwhile; the next pass will place it", job_id)
         return False
     for allocation in allocations:
-        dispatch.run_allocation(allocation.id, allocation.node.name)
+        dispatch.run_part(allocation.id, allocation.node.name)
     return True
 
 
@@ -173,7 +173,7 @@ def release_job(
         dispatch.request_scheduler_pass()
         if deliver and not requeue_as and moved and job.outputs_pending():
             for part in Allocation.objects.filter(job=job, attempt=job.attempt).select_related("node"):
-                dispatch.deliver_outputs(part.id, part.node.name)
+                dispatch.deliver_part(part.id, part.node.name)
         return moved
 
 

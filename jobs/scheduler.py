@@ -11,13 +11,14 @@ coalesce through one flag row, and beat runs a safety pass on a timer in case a 
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from django.db import connection
+from django.db import connection, transaction
 
-from jobs import planning, rental, snapshot
+from jobs import dispatch, nodes, planning, rental, snapshot
 from jobs.scheduling import policy
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,28 @@ def run_pass(*, now: datetime) -> PassResult | None:
         elapsed = (time.perf_counter() - began) * 1000
         planning.record_pass(started=started, elapsed_ms=elapsed, now=now)
     return PassResult(started=started, preempted=preempted, pending=len(view.pending), elapsed_ms=elapsed)
+
+
+def run_requested_passes(*, clock: Callable[[], datetime], limit: int = 20) -> int:
+    """Runs passes while requests keep arriving; requests made during a pass trigger one more.
+
+    ``clock`` gives each pass its own ``now``. At most ``limit`` passes, then the doorbell or the
+    safety pass picks up what is left. Returns how many passes ran.
+    """
+    for ran in range(limit):
+        with transaction.atomic():
+            claimed = dispatch.claim_requested_pass()
+        if not claimed:
+            return ran
+        run_pass(now=clock())
+    return limit
+
+
+def run_safety_pass(*, now: datetime) -> None:
+    """Beat's timer: a pass whether or not one was requested (a doorbell may be lost), then drains settle."""
+    dispatch.claim_requested_pass()
+    run_pass(now=now)
+    nodes.settle_drains(now=now)
 
 
 def _start_reason(start, view) -> str:

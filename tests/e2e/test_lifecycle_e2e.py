@@ -155,7 +155,7 @@ def test_a_duplicated_run_message_does_nothing_the_second_time(live_pool, member
     job = submit(member, py("import time; time.sleep(1); print('once', flush=True)"))
     job = wait_for_state(job.id, "running")
     allocation = job.allocations.get()
-    tasks.run_allocation.apply_async((allocation.id,), queue=f"node.{allocation.node.name}")
+    tasks.run_part.apply_async((allocation.id,), queue=f"node.{allocation.node.name}")
     job = wait_for_state(job.id, "released")
     time.sleep(1)
     assert job.end_reason == "succeeded"

@@ -1,10 +1,12 @@
 """The doorbell sends tasks by name, after commit: every name it rings is a task a worker runs."""
 
+from datetime import UTC, datetime
+
 import celery
 import pytest
 from django.conf import settings
 
-from jobs import dispatch
+from jobs import dispatch, scheduler
 from jobs.models import SchedulerState
 
 
@@ -15,7 +17,7 @@ def _registered_in_a_worker() -> set[str]:
 
 def test_every_task_the_doorbell_rings_is_registered():
     registered = _registered_in_a_worker()
-    rung = {dispatch.STAGE_JOB, dispatch.SCHEDULE_PASS, dispatch.RUN_PART, dispatch.DELIVER_OUTPUTS}
+    rung = {dispatch.STAGE_JOB, dispatch.RUN_REQUESTED_PASSES, dispatch.RUN_PART, dispatch.DELIVER_PART}
     assert rung <= registered, f"not registered: {rung - registered}"
 
 
@@ -33,13 +35,13 @@ def test_tasks_are_sent_by_name_to_their_queue_once_the_transaction_commits(
     monkeypatch.setattr(celery.current_app, "send_task", lambda name, **kw: sent.append((name, kw)))
     with django_capture_on_commit_callbacks(execute=True):
         dispatch.stage_job(7)
-        dispatch.run_allocation(8, "gpu-01")
-        dispatch.deliver_outputs(9, "gpu-02")
+        dispatch.run_part(8, "gpu-01")
+        dispatch.deliver_part(9, "gpu-02")
         assert sent == []  # nothing leaves before the commit
     assert sent == [
         (dispatch.STAGE_JOB, {"args": (7,), "queue": settings.CELERY_TASK_DEFAULT_QUEUE}),
         (dispatch.RUN_PART, {"args": (8,), "queue": "node.gpu-01"}),
-        (dispatch.DELIVER_OUTPUTS, {"args": (9,), "queue": "node.gpu-02"}),
+        (dispatch.DELIVER_PART, {"args": (9,), "queue": "node.gpu-02"}),
     ]
 
 
@@ -52,7 +54,24 @@ def test_pass_requests_coalesce_into_one_ring_until_a_pass_claims_them(
     with django_capture_on_commit_callbacks(execute=True):
         dispatch.request_scheduler_pass()
         dispatch.request_scheduler_pass()
-    assert sent == [dispatch.SCHEDULE_PASS]
+    assert sent == [dispatch.RUN_REQUESTED_PASSES]
     assert dispatch.claim_requested_pass() is True
     assert dispatch.claim_requested_pass() is False
     assert SchedulerState.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_requested_passes_run_until_no_request_is_left(monkeypatch):
+    now = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    ran = []
+
+    def one_pass(*, now):
+        ran.append(now)
+        if len(ran) == 1:
+            dispatch.request_scheduler_pass()  # a submission arrives during the first pass
+
+    monkeypatch.setattr(scheduler, "run_pass", one_pass)
+    dispatch.request_scheduler_pass()
+    assert scheduler.run_requested_passes(clock=lambda: now) == 2
+    assert ran == [now, now]
+    assert scheduler.run_requested_passes(clock=lambda: now) == 0  # nothing asked: no pass
