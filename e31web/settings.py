@@ -202,6 +202,9 @@ CELERY_BROKER_URL = _env_or_file("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     for sub in ("in", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
+    # kombu's filesystem transport with whole-file writes and a reader that survives a bad file
+    # (e31web/broker.py): kombu's own lets a reader see a half-written message and die.
+    CELERY_BROKER_TRANSPORT = "e31web.broker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "in"),
         "data_folder_out": str(BROKER_DIR / "in"),
