@@ -157,7 +157,11 @@ def release_job(
         job = Job.objects.select_for_update().filter(id=job_id, state__in=HOLDS_COMPUTE).first()
         if job is None:
             return False
-        for allocation in Allocation.objects.filter(job=job, released_at__isnull=True):
+        held = list(Allocation.objects.filter(job=job, released_at__isnull=True))
+        # A caller reads ``now`` before it waits for the job's lock, and a rent may commit meanwhile
+        # (a cancel racing the scheduler): a release never precedes its rent, so it happens at it.
+        now = max([now, *(allocation.rented_at for allocation in held)])
+        for allocation in held:
             _release_allocation(allocation, now=now, end_reason=end_reason, last_heartbeat=last_heartbeat)
         if requeue_as:
             moved = transition(

@@ -66,7 +66,11 @@ class Console:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return response.status, json.load(response)
         except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
+            text = exc.read().decode(errors="replace")
+            try:
+                return exc.code, json.loads(text or "{}")
+            except ValueError:  # a 500 page is HTML: keep its start for the assertion message
+                return exc.code, {"body": text[:300]}
 
 
 @contextmanager

@@ -8,9 +8,10 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from jobs import nodes, rental, scheduler
+from jobs import nodes, rental, scheduler, services
 from jobs.lifecycle import REQUEUED, EndReason
 from jobs.models import Allocation, GpuHold, Job
+from metering import services as metering
 from tests.factories import JobFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
@@ -150,3 +151,20 @@ def test_cancelling_a_rented_job_whose_process_has_not_started_releases_at_once(
     job.refresh_from_db()
     assert (job.state, job.end_reason) == ("released", "cancelled")
     assert not rental.start_allocation(allocation_id=job.allocations.get().id, now=timezone.now())
+
+
+def test_a_cancel_whose_clock_was_read_before_a_rent_committed_releases_at_the_rent(pool, member):
+    """The API reads ``now`` before it waits for the job's lock; the scheduler may rent meanwhile.
+
+    Seen in the embedded console's cancel burst: the release before the rent broke the
+    allocation_released_after_rented constraint and the cancel answered 500.
+    """
+    job = JobFactory(team=member.memberships.first().team)
+    cancel_clock = timezone.now()
+    rented_at = cancel_clock + timedelta(milliseconds=40)
+    rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=rented_at)
+
+    assert services.cancel_job(job_id=job.id, user=member, now=cancel_clock)
+    allocation = job.allocations.get()
+    assert allocation.released_at == allocation.rented_at == rented_at
+    assert metering.find_violations(now=rented_at + timedelta(seconds=1)) == []
