@@ -35,7 +35,8 @@ def connection(folder: Path) -> Connection:
 
 def drop_bad_messages(queue_folder: Path) -> list[Path]:
     """What a reader of kombu's own transport could find: an empty file and one cut off mid-write."""
-    bad = [queue_folder / f"1_empty.{QUEUE}.msg", queue_folder / f"2_half.{QUEUE}.msg"]
+    # Named to sort before any message kombu names (milliseconds of uptime), so they are read first.
+    bad = [queue_folder / f"0_a_empty.{QUEUE}.msg", queue_folder / f"0_b_half.{QUEUE}.msg"]
     bad[0].write_bytes(b"")
     bad[1].write_bytes(json.dumps({"body": "x" * 100, "headers": {}})[:40].encode())
     return bad
@@ -91,6 +92,8 @@ def test_readers_racing_writers_see_every_message_whole_and_once(tmp_path):
                 got.append(message.payload["n"])
                 message.ack()
 
+    with connection(tmp_path) as conn:
+        conn.SimpleQueue(QUEUE)  # bound before the race: the race under test is over message files
     threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
     threads += [threading.Thread(target=read) for _ in range(2)]
     for thread in threads:

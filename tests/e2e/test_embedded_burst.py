@@ -11,7 +11,7 @@ import pytest
 
 from tests.e2e.embedded import demo_token, embedded_console, submit_when_the_pool_is_up
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 ROUNDS, SUBMISSIONS, CANCELS = 3, 20, 60
 
 
@@ -23,7 +23,9 @@ def sleeper(console, n: int) -> dict:
 
 
 def states(console, token: str, ids: list[int]) -> dict[int, str]:
-    return {i: console.api(token, "GET", f"/jobs/{i}")[1]["state"] for i in ids}
+    """One list request per look (a request per job would load the very server under test)."""
+    listed = console.api(token, "GET", "/jobs?limit=1000")[1]["items"]
+    return {job["id"]: job["state"] for job in listed if job["id"] in ids}
 
 
 def running_of(console, token: str, ids: tuple[int, ...]) -> list[int]:
@@ -65,6 +67,6 @@ def test_a_burst_of_cancels_leaves_every_process_up_and_every_job_final(tmp_path
         )  # fmt: skip
         assert console.proc.poll() is None, console.log()[-3000:]
         log = console.log()
-        assert "Unrecoverable error" not in log and "exited" not in log, log[-3000:]
+        assert "Unrecoverable error" not in log and "restarting in" not in log, log[-3000:]
         ledger = console.manage("check_ledger", check=False)
         assert ledger.returncode == 0 and "0 violations" in ledger.stdout, ledger.stdout + ledger.stderr

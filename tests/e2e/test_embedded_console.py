@@ -2,10 +2,7 @@
 
 import http.cookiejar
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,52 +11,17 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+from tests.e2e.embedded import embedded_console
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"{url} did not answer within {timeout} s")
 
 
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory):
     """One console for the module: starting it (migrate, five processes) is the slow part."""
-    tmp_path = tmp_path_factory.mktemp("embedded")
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "E31_TEST_DB_NAME")
-    }
-    env.update(E31_STATE_DIR=str(tmp_path / "var"), PORT=str(free_port()), E31_DEMO_PASSWORD="demo-pass-123",
-               E31_HEARTBEAT_S="1", E31_SCHEDULER_TICK_S="2", PYTHONUNBUFFERED="1")  # fmt: skip
-    log = open(tmp_path / "console.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "run_console"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    base = f"http://127.0.0.1:{env['PORT']}"
-    try:
-        wait_http(base + "/")
-        yield base, env, tmp_path / "console.log"
-    finally:
-        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
-        try:
-            proc.wait(timeout=20)
-        finally:
-            log.close()
+    with embedded_console(tmp_path_factory.mktemp("embedded")) as console:
+        yield console.base, console.env, console.log_path
 
 
 def test_the_embedded_console_serves_prints_the_demo_users_and_runs_a_job(embedded):
