@@ -16,6 +16,7 @@ from django.db.models import Count, Q
 from jobs.lifecycle import State
 from jobs.models import Allocation, Job, Node
 from jobs.reconciler import Findings
+from operations import supervisor
 from operations.models import HealthProbe
 
 SHOWN_IDS = 20
@@ -47,6 +48,7 @@ def run_all(*, now: datetime) -> list[Check]:
         beat(probes.get("beat"), now=now),
         reconciler(now=now),
         ledger(probes.get("ledger"), now=now),
+        *console(probes.get(supervisor.PROBE)),
     ]
 
 
@@ -139,6 +141,15 @@ def _ids(label: str, ids: list[int]) -> str:
         return ""
     more = "+" if len(ids) > SHOWN_IDS else ""
     return f"{min(len(ids), SHOWN_IDS)}{more} {label}: " + ", ".join(f"#{i}" for i in ids[:SHOWN_IDS])
+
+
+def console(probe: HealthProbe | None) -> list[Check]:
+    """The embedded console's processes (``make run``); absent where no console supervises them."""
+    if probe is None:
+        return []
+    head, *lines = probe.detail.splitlines() or [""]
+    when = f"as of {probe.at:%Y-%m-%d %H:%M:%S} UTC"
+    return [Check("console", "Console processes", probe.ok, f"{head} ({when})", lines)]
 
 
 def ledger(probe: HealthProbe | None, *, now: datetime) -> Check:

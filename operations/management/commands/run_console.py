@@ -1,21 +1,31 @@
-"""`make run`: migrates, creates the demo accounts, and starts web, worker, beat and a local pool."""
+"""`make run`: migrates, creates the demo accounts, and starts web, worker, beat and a local pool.
 
+The console supervises its children (operations.supervisor): one that exits is restarted after a
+growing pause, and only Ctrl-C or TERM stops them all.
+"""
+
+import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+from django.db import DatabaseError
+from django.utils import timezone
 
 from jobs import sandbox
+from operations import services, supervisor
+
+log = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
     help = (
-        "Runs the whole console locally: web, control worker, beat and virtual GPU nodes. Ctrl-C stops all."
+        "Runs the whole console locally: web, control worker, beat and virtual GPU nodes; restarts any that "
+        "exits. Ctrl-C stops all."
     )
 
     def add_arguments(self, parser):
@@ -57,34 +67,35 @@ class Command(BaseCommand):
                 str(gpus_per_node),
                 *agent_flags,
             ]
-        procs = {name: subprocess.Popen(cmd, env=env) for name, cmd in commands.items()}
+        console = supervisor.Supervisor(commands, env=env, report=_report)
+        console.start_all()
         self.stdout.write(self.style.SUCCESS(
             f"\nE31 Network console: http://127.0.0.1:{port}/  ({nodes} local nodes x {gpus_per_node} virtual GPUs)\n"
             "Sign in as 'operator' (operator) or 'demo' (member of team demo). Ctrl-C stops everything.\n"
         ))  # fmt: skip
-        self._wait(procs)
+        _supervise(console)
 
-    def _wait(self, procs: dict[str, subprocess.Popen]) -> None:
-        stopping = False
 
-        def stop(*_):
-            nonlocal stopping
-            stopping = True
+def _supervise(console: supervisor.Supervisor) -> None:
+    stopping = False
 
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
-        while not stopping:
-            dead = [name for name, p in procs.items() if p.poll() is not None]
-            if dead:
-                self.stderr.write(f"{', '.join(dead)} exited; stopping the console")
-                break
-            time.sleep(0.5)
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for p in procs.values():
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
+    def stop(*_) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    while not stopping:
+        console.tick()
+        time.sleep(0.5)
+    log.info("stopping the console")
+    console.stop_all()
+
+
+def _report(children: list[supervisor.Child]) -> None:
+    """The health page's view of the console; a busy database must not stop the supervisor."""
+    ok, detail = supervisor.summary(children, time.monotonic())
+    try:
+        services.record_probe(name=supervisor.PROBE, ok=ok, detail=detail, now=timezone.now())
+    except DatabaseError as exc:
+        log.warning("could not record the console's state for the health page: %s", exc)
