@@ -1,14 +1,16 @@
 """Where bytes land: the local file being written, its sha256, and the copy loop with its retries.
 
-Local files are copied by the kernel (``copy_file_range``, as ``cp`` does); when a sha256 is
-wanted a second thread hashes the copy as it lands, beside the copy. Streams go through one
-cache-sized buffer, hashed in the same pass as they are written. Either way checking costs no
-second pass after the copy, and the copy loop writes progress rarely.
+Without a sha256, local files are copied by the kernel (``copy_file_range``, as ``cp`` does) and
+streams go through one cache-sized buffer. With one, the copy reads into large buffers and a
+second thread hashes each buffer once it is written, while the copy reads the next: checking
+costs no second pass after the copy, and on two cores it overlaps the copy. The copy loop
+writes progress rarely.
 """
 
 import hashlib
 import http.client
 import os
+import queue
 import ssl
 import threading
 import time
@@ -17,109 +19,119 @@ from pathlib import Path
 from jobs import transfers
 from jobs.transfers import sources
 
+# With a sha256: buffers in flight between the copy and the hashing thread, and their size. Large
+# enough that a hand-over per buffer costs nothing beside hashing it; four keep both threads busy.
+HASH_BUFFER = 4 * 1024 * 1024
+HASH_BUFFERS = 4
 
-class _Follower(threading.Thread):
-    """sha256 of a local copy as the kernel writes it, read back on another thread (pread and
-    hashlib release the GIL), so the copy itself never passes through Python."""
 
-    def __init__(self, path: Path) -> None:
+class _Hasher(threading.Thread):
+    """sha256 of the bytes written, on a thread of its own, from the very buffers they were written
+    from. hashlib releases the GIL on large buffers, so the copy reads the next buffer meanwhile."""
+
+    def __init__(self) -> None:
         super().__init__(daemon=True, name="e31-sha256")
-        self.path, self.sha256 = path, hashlib.sha256()
-        self._cond = threading.Condition()
-        self._written, self._closed, self._abandoned = 0, False, False
-        self.error: BaseException | None = None
+        self.sha256 = hashlib.sha256()
+        self._full: queue.SimpleQueue[tuple[memoryview, int] | None] = queue.SimpleQueue()
+        self._free: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
+        for _ in range(HASH_BUFFERS):
+            self._free.put(memoryview(bytearray(HASH_BUFFER)))
         self.start()
 
-    def advance(self, written: int) -> None:
-        with self._cond:
-            self._written = written
-            self._cond.notify()
+    def empty_buffer(self) -> memoryview:
+        """A buffer the hasher is done with (waits while all of them are still being hashed)."""
+        return self._free.get()
 
-    def finish(self, *, abandon: bool = False) -> str:
-        with self._cond:
-            self._closed, self._abandoned = True, abandon
-            self._cond.notify()
+    def hash(self, buf: memoryview, n: int) -> None:
+        self._full.put((buf, n))
+
+    def finish(self) -> str:
+        self._full.put(None)
         self.join()
-        if self.error is not None and not abandon:
-            raise self.error
         return self.sha256.hexdigest()
 
     def run(self) -> None:
-        try:
-            self._follow()
-        except BaseException as exc:  # handed to finish()
-            self.error = exc
-
-    def _follow(self) -> None:
-        buf, pos = memoryview(bytearray(transfers.BUFFER)), 0
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            while True:
-                with self._cond:
-                    while not (self._written > pos or self._closed):
-                        self._cond.wait()
-                    if self._abandoned or pos >= self._written:
-                        return
-                    target = self._written
-                while pos < target:
-                    n = os.preadv(fd, [buf[: min(transfers.BUFFER, target - pos)]], pos)
-                    if n == 0:
-                        raise OSError(f"{self.path} shrank while being hashed")
-                    self.sha256.update(buf[:n])
-                    pos += n
-        finally:
-            os.close(fd)
+        while (item := self._full.get()) is not None:
+            buf, n = item
+            self.sha256.update(buf[:n])
+            self._free.put(buf)
 
 
 class _Destination:
     """The file being written: how much of it is in place, and the sha256 of exactly those bytes.
 
-    A local source is copied by the kernel and hashed by a follower thread reading the copy back;
-    a stream is hashed in the same pass as it is written, from the buffer it arrived in.
+    Without a sha256 a local source is copied by the kernel and a stream through one cache-sized
+    buffer. With one, the bytes are read into large buffers, each written and then handed to the
+    hashing thread, so reading and writing the next buffer overlaps hashing the last.
     """
 
-    def __init__(self, path: Path, *, want_sha256: bool, kernel_copy: bool) -> None:
-        self.path, self.want_sha256, self.kernel_copy = path, want_sha256, kernel_copy
+    def __init__(self, path: Path, *, want_sha256: bool) -> None:
+        self.path, self.want_sha256 = path, want_sha256
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         self.done = 0
-        self._hashers()
-        self.buf = memoryview(bytearray(transfers.BUFFER)) if self.sha256 is not None else None
+        self._start_hashing()
 
-    def _hashers(self) -> None:
-        follow = self.want_sha256 and self.kernel_copy
-        self.follower = _Follower(self.path) if follow else None
-        self.sha256 = hashlib.sha256() if self.want_sha256 and not follow else None
+    def _start_hashing(self) -> None:
+        self.hasher = _Hasher() if self.want_sha256 else None
+        self._buf: memoryview | None = None
+        self._filled = 0
 
     def restart(self) -> None:
         """The source sent the whole body again: drop what was written and hash afresh."""
-        if self.follower is not None:
-            self.follower.finish(abandon=True)
+        self._stop_hashing()
         os.ftruncate(self.fd, 0)
         os.lseek(self.fd, 0, os.SEEK_SET)
         self.done = 0
-        self._hashers()
+        self._start_hashing()
 
-    def wrote(self, n: int) -> None:
+    def take(self, reader, want: int) -> int:
+        """One step of at most ``want`` bytes from ``reader``; 0 at the end of the source."""
+        if self.hasher is None:
+            n = reader.pump(self.fd, min(transfers.CHUNK, want))
+        else:
+            n = self._take_hashed(reader, want)
         self.done += n
-        if self.follower is not None:
-            self.follower.advance(self.done)
+        return n
+
+    def _take_hashed(self, reader, want: int) -> int:
+        if self._buf is None:
+            self._buf, self._filled = self.hasher.empty_buffer(), 0
+        view = self._buf[self._filled : self._filled + min(want, len(self._buf) - self._filled)]
+        n = reader.readinto(view)
+        sources.write_all(self.fd, view[:n])
+        # Counted once written: a failed write leaves the buffer covering exactly ``done``, and
+        # the next try goes on filling it from there.
+        self._filled += n
+        if self._filled == len(self._buf):
+            self._hand_over()
+        return n
+
+    def _hand_over(self) -> None:
+        if self._buf is not None and self._filled:
+            self.hasher.hash(self._buf, self._filled)
+            self._buf = None
 
     def digest(self) -> str:
-        if self.follower is not None:
-            follower, self.follower = self.follower, None
-            return follower.finish()
-        return self.sha256.hexdigest() if self.sha256 is not None else ""
+        if self.hasher is None:
+            return ""
+        self._hand_over()
+        hasher, self.hasher = self.hasher, None
+        return hasher.finish()
+
+    def _stop_hashing(self) -> None:
+        if self.hasher is not None:
+            self.hasher.finish()
+            self.hasher = None
 
     def close(self) -> None:
-        if self.follower is not None:
-            self.follower.finish(abandon=True)
+        self._stop_hashing()
         os.close(self.fd)
 
 
 def copy(source, dst: Path, *, limit: int, want_sha256: bool, progress: transfers.Progress, retries: int,
          backoff_s: float) -> transfers.Copied:  # fmt: skip
     """Copies the source to ``dst`` (at most ``limit`` bytes, else refused), resuming after transient errors."""
-    out = _Destination(dst, want_sha256=want_sha256, kernel_copy=isinstance(source, sources.LocalSource))
+    out = _Destination(dst, want_sha256=want_sha256)
     tries = 0
     try:
         while True:
@@ -162,26 +174,13 @@ def _one_try(source, out: _Destination, *, limit: int, progress: transfers.Progr
 def _pump(reader, out: _Destination, *, limit: int, progress: transfers.Progress) -> None:
     last = time.monotonic()
     # One byte more than the limit shows a larger source.
-    while n := _move(reader, out, limit + 1 - out.done):
-        out.wrote(n)
+    while out.take(reader, limit + 1 - out.done):
         if out.done > limit:
             raise transfers.TransferFailed(f"the source is larger than the {limit} bytes declared: cut off")
         if time.monotonic() - last >= transfers.PROGRESS_EVERY_S:
             last = time.monotonic()
             if not progress(out.done):
                 raise transfers.TransferStopped()
-
-
-def _move(reader, out: _Destination, want: int) -> int:
-    """One step: straight into the file when no stream hash is wanted (in the kernel for local
-    files), else read, hashed and written in one pass over a cache-sized buffer."""
-    if out.sha256 is None:
-        return reader.pump(out.fd, min(transfers.CHUNK, want))
-    view = out.buf[: min(transfers.BUFFER, want)]
-    n = reader.readinto(view)
-    sources.write_all(out.fd, view[:n])
-    out.sha256.update(view[:n])  # once written: after a failed write it still covers exactly ``done``
-    return n
 
 
 def _back_off(delay: float, done: int, progress: transfers.Progress) -> None:

@@ -1,0 +1,59 @@
+"""The copy loop's sha256 covers exactly the bytes in place, through resumes and restarts (no database)."""
+
+import hashlib
+import io
+import os
+
+from jobs import transfers
+from jobs.transfers import destinations, sources
+
+CONTENT = os.urandom(9 * 1024 * 1024 + 123)  # more than two of the hasher's buffers, not a whole number
+
+
+class Flaky:
+    """A stream source that fails once after ``cut`` bytes, then resumes from ``resume_at`` (0: restarts)."""
+
+    def __init__(self, cut: int, *, resumes: bool) -> None:
+        self.cut, self.resumes, self.opens = cut, resumes, 0
+
+    def open(self, offset: int) -> sources._StreamReader:
+        self.opens += 1
+        start = offset if self.resumes else 0
+        end = self.cut if self.opens == 1 else len(CONTENT)
+        return Cut(io.BytesIO(CONTENT[start:end]), start, failing=self.opens == 1)
+
+
+class Cut(sources._StreamReader):
+    def __init__(self, stream, offset: int, *, failing: bool) -> None:
+        super().__init__(stream, offset)
+        self.failing = failing
+
+    def readinto(self, buf: memoryview) -> int:
+        n = self.stream.readinto(buf)
+        if not n and self.failing:
+            raise transfers.Transient("the connection dropped")
+        return n
+
+
+def copy(source, tmp_path) -> transfers.Copied:
+    return destinations.copy(source, tmp_path / "out", limit=len(CONTENT), want_sha256=True,
+                             progress=lambda done: True, retries=2, backoff_s=0)  # fmt: skip
+
+
+def test_a_resumed_copy_hashes_each_byte_once(tmp_path):
+    copied = copy(Flaky(5 * 1024 * 1024 + 7, resumes=True), tmp_path)
+    assert copied.sha256 == hashlib.sha256(CONTENT).hexdigest() and copied.retries == 1
+    assert (tmp_path / "out").read_bytes() == CONTENT
+
+
+def test_a_source_that_sends_everything_again_is_hashed_afresh(tmp_path):
+    copied = copy(Flaky(3 * 1024 * 1024, resumes=False), tmp_path)
+    assert copied.sha256 == hashlib.sha256(CONTENT).hexdigest()
+    assert (tmp_path / "out").read_bytes() == CONTENT
+
+
+def test_a_local_file_is_hashed_as_it_is_copied(tmp_path):
+    (tmp_path / "in").write_bytes(CONTENT)
+    source = sources.LocalSource(tmp_path / "in")
+    assert copy(source, tmp_path).sha256 == hashlib.sha256(CONTENT).hexdigest()
+    source.close()
