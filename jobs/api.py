@@ -54,6 +54,20 @@ def job_json(job: Job) -> dict:
     }  # fmt: skip
 
 
+class JsonPage:
+    """A job queryset as the paginator sees it: counted in the database, and only the page it slices
+    is fetched (with its prefetches) and turned into JSON, not every job the team has."""
+
+    def __init__(self, jobs) -> None:
+        self.jobs = jobs
+
+    def __len__(self) -> int:
+        return self.jobs.count()
+
+    def __getitem__(self, page: slice) -> list[dict]:
+        return [job_json(job) for job in self.jobs[page]]
+
+
 def _input_json(d) -> dict:
     return {
         "name": d.name, "uri": d.uri, "bytes": d.bytes, "sha256": d.sha256, "stage_state": d.stage_state,
@@ -96,7 +110,7 @@ def list_jobs(request: HttpRequest, filters: Query[JobFilter]):
     jobs = scoping.visible_to(request.user, job_queryset())
     if filters.state:
         jobs = jobs.filter(state=filters.state)
-    return [job_json(job) for job in jobs]
+    return JsonPage(jobs)
 
 
 @router.get("/jobs/{job_id}", response={200: JobOut, **ERRORS}, summary="One job with its events")
