@@ -103,3 +103,48 @@ def format_seconds(micros: int) -> str:
     sign = "-" if micros < 0 else ""
     whole, frac = divmod(abs(micros), 1_000_000)
     return f"{sign}{whole}.{frac:06d}"
+
+
+class LedgerDay(models.Model):
+    """One team's GPU-microseconds in one UTC day of ledger periods (adjustments included).
+
+    Kept by a database trigger on every ledger insert (migration 0003), in the inserting
+    transaction, so it always equals the sum of the rows; pages read it instead of summing them.
+    """
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="+", db_index=False)
+    day = models.DateField()
+    gpu_micros = models.BigIntegerField()
+    rows = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "day"], name="ledger_day_one_row_per_team_day")
+        ]
+        indexes = [models.Index(fields=["day"], name="ledger_day_by_day")]
+
+    def __str__(self) -> str:
+        return f"team {self.team_id} {self.day}: {self.gpu_micros} GPU-µs"
+
+
+class LedgerJobMonth(models.Model):
+    """One job's metered and adjusted GPU-microseconds in one UTC month: the statement's lines.
+
+    Kept by the same trigger as ``LedgerDay``.
+    """
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="+", db_index=False)
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="+", db_index=False)
+    month = models.DateField()
+    metered = models.BigIntegerField()
+    adjusted = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "month"], name="ledger_job_month_one_row")]
+        indexes = [
+            models.Index(fields=["team", "month"], name="ledger_job_month_team"),
+            models.Index(fields=["month"], name="ledger_job_month_month"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} {self.month:%Y-%m}: {self.metered} + {self.adjusted} GPU-µs"

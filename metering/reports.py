@@ -6,17 +6,16 @@ Read-only. Every figure is a sum of ledger rows in exact GPU-microseconds; conve
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db.models import CharField, F, Func, OuterRef, Q, QuerySet, Subquery, Sum
-from django.db.models.functions import TruncDay, TruncMonth
+from django.db.models import CharField, Count, F, Func, OuterRef, QuerySet, Subquery, Sum
 
 from accounts.models import Team
-from jobs.models import Allocation, Job
-from metering.models import MeterEntry
+from jobs.models import Allocation
+from metering.models import LedgerDay, LedgerJobMonth, MeterEntry
 from metering.periods import (
     MICROS_PER_HOUR,
     day_start,
@@ -51,31 +50,35 @@ def in_range(team: Team | None, start: datetime, end: datetime) -> QuerySet:
     return entries(team).filter(period_start__gte=start, period_start__lt=end)
 
 
+def days(team: Team | None, start: datetime, end: datetime) -> QuerySet:
+    """The daily summary (kept by the ledger's trigger) of one team, or of every team, in [start, end)."""
+    rows = LedgerDay.objects.filter(day__gte=start.date(), day__lt=end.date())
+    return rows if team is None else rows.filter(team=team)
+
+
+def _by_day_totals(team: Team | None, start: datetime, end: datetime) -> dict[date, int]:
+    rows = days(team, start, end).values("day").annotate(total=Sum("gpu_micros")).order_by()
+    return {r["day"]: int(r["total"]) for r in rows}
+
+
 def by_month(*, team: Team | None, until: datetime, months: int = 12) -> list[Bucket]:
     """The ``months`` months ending with ``until``'s month, oldest first, empty months included."""
     first = months_back(until, months - 1)
-    rows = (
-        in_range(team, first, next_month(until))
-        .annotate(month=TruncMonth("period_start", tzinfo=UTC))
-        .values("month")
-        .annotate(total=GPU_MICROS)
-    )
-    totals = {r["month"]: int(r["total"]) for r in rows}
+    totals: dict[date, int] = {}
+    for day, total in _by_day_totals(team, first, next_month(until)).items():
+        totals[day.replace(day=1)] = totals.get(day.replace(day=1), 0) + total
     starts = [months_back(until, n) for n in range(months - 1, -1, -1)]
-    return [Bucket(s, totals.get(s, 0)) for s in starts]
+    return [Bucket(s, totals.get(s.date(), 0)) for s in starts]
 
 
 def by_day(*, team: Team | None, month: datetime) -> list[Bucket]:
     """Every day of ``month`` with its GPU-micros, empty days included."""
-    rows = (
-        in_range(team, month, next_month(month))
-        .annotate(day=TruncDay("period_start", tzinfo=UTC))
-        .values("day")
-        .annotate(total=GPU_MICROS)
-    )
-    totals = {r["day"]: int(r["total"]) for r in rows}
-    days = (next_month(month) - month).days
-    return [Bucket(month + timedelta(days=d), totals.get(month + timedelta(days=d), 0)) for d in range(days)]
+    totals = _by_day_totals(team, month, next_month(month))
+    count = (next_month(month) - month).days
+    return [
+        Bucket(month + timedelta(days=d), totals.get((month + timedelta(days=d)).date(), 0))
+        for d in range(count)
+    ]
 
 
 @dataclass(frozen=True)
@@ -107,34 +110,26 @@ class Statement:
 
 
 def statement(*, team: Team | None, month: datetime) -> Statement:
-    """Totals and the per-job breakdown of a month: one grouped query on the ledger alone, then the
-    names of the jobs shown (joining the jobs table before grouping scanned every job)."""
-    rows = (
-        in_range(team, month, next_month(month))
-        .values("job_id")
-        .annotate(metered=Sum(F("gpus") * F("microseconds"), filter=~Q(kind=ADJUSTMENT)))
-        .annotate(adjusted=Sum(F("gpus") * F("microseconds"), filter=Q(kind=ADJUSTMENT)))
-        .order_by()
+    """Totals and the largest jobs of a month, from the per-job monthly summary (kept by the
+    ledger's trigger): a few thousand summary rows instead of every ledger row of the month."""
+    rows = LedgerJobMonth.objects.filter(month=month.date())
+    rows = rows if team is None else rows.filter(team=team)
+    totals = rows.aggregate(metered=Sum("metered"), adjusted=Sum("adjusted"), jobs=Count("id"))
+    shown = list(
+        rows.annotate(total=F("metered") + F("adjusted"))
+        .order_by("-total", "job_id")
+        .values_list("job_id", "job__name", "team__slug", "metered", "adjusted")[:JOB_LIMIT]
     )
-    totals = [(r["job_id"], int(r["metered"] or 0), int(r["adjusted"] or 0)) for r in rows]
-    totals.sort(key=lambda t: (-(t[1] + t[2]), t[0]))
-    shown = totals[:JOB_LIMIT]
-    names = {
-        job_id: (name, slug)
-        for job_id, name, slug in Job.objects.filter(id__in=[t[0] for t in shown]).values_list(
-            "id", "name", "team__slug"
-        )
-    }
     lines = [
-        JobLine(job_id, *names.get(job_id, ("?", "?")), metered, adjusted)
-        for job_id, metered, adjusted in shown
+        JobLine(job_id, name, slug, int(metered), int(adjusted))
+        for job_id, name, slug, metered, adjusted in shown
     ]
-    return Statement(month, sum(t[1] for t in totals), sum(t[2] for t in totals), lines, len(totals))
+    return Statement(month, int(totals["metered"] or 0), int(totals["adjusted"] or 0), lines, totals["jobs"])
 
 
 def by_team(*, month: datetime) -> dict[int, int]:
     """Operators' overview: each team's GPU-micros in the month."""
-    rows = in_range(None, month, next_month(month)).values("team_id").annotate(total=GPU_MICROS).order_by()
+    rows = days(None, month, next_month(month)).values("team_id").annotate(total=Sum("gpu_micros")).order_by()
     return {r["team_id"]: int(r["total"]) for r in rows}
 
 

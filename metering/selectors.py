@@ -16,7 +16,7 @@ from django.db.models import F, FloatField, OuterRef, Subquery, Sum
 from accounts.models import Team
 from jobs.lifecycle import BEFORE_RENT
 from jobs.models import Allocation, Job
-from metering.models import MeterEntry
+from metering.models import LedgerDay, MeterEntry
 from metering.periods import MICROS_PER_HOUR, micros, month_start, next_month, utc
 
 
@@ -60,8 +60,8 @@ def projection(*, team: Team, extra_gpu_hours: float, now: datetime) -> Projecti
 
 
 def _used_micros(*, team: Team, start: datetime) -> int:
-    rows = MeterEntry.objects.filter(team=team, period_start__gte=start, period_start__lt=next_month(start))
-    return int(rows.aggregate(total=Sum(F("gpus") * F("microseconds")))["total"] or 0)
+    days = LedgerDay.objects.filter(team=team, day__gte=start.date(), day__lt=next_month(start).date())
+    return int(days.aggregate(total=Sum("gpu_micros"))["total"] or 0)
 
 
 def _running_micros(*, team: Team, start: datetime, now: datetime) -> int:

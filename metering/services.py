@@ -43,6 +43,9 @@ def accrue_meter(*, now: datetime) -> int:
     cutoff = floor_hour(now - ACCRUAL_GRACE)
     with transaction.atomic():
         rows = [row for held in _held_behind(cutoff) for row in _accrual_rows(held, cutoff=cutoff, now=now)]
+        # In (team, period) order, the order in which every writer reaches the summary rows that
+        # the ledger's trigger updates (metering.summaries): no two writers wait on each other in a cycle.
+        rows.sort(key=lambda row: (row.team_id, row.period_start))
         MeterEntry.objects.bulk_create(rows, batch_size=BATCH, ignore_conflicts=True)
     if rows:
         log.info("meter: offered %d hourly rows up to %s", len(rows), cutoff)
