@@ -1,22 +1,26 @@
-"""The console under load: gunicorn (2 workers) on PostgreSQL with 100,000 jobs and 1,000,000 ledger rows.
+"""The console's pages against the floor: gunicorn (2 workers) on PostgreSQL, 100,000 jobs, 1,000,000 ledger rows.
 
-    DATABASE_URL=postgres://e31:e31@127.0.0.1:5432/e31 .venv/bin/python bench/web_load.py [--keep]
+    DATABASE_URL=postgres://e31:e31@127.0.0.1:5432/e31 .venv/bin/python bench/web_load.py [--keep|--reuse]
 
 Creates a throwaway database (``e31_load``, or $E31_BENCH_DB_NAME) with the test runner's machinery,
 so the schema and indexes are the migrations'; bulk-loads 20 teams, 100,000 jobs (2,000 waiting,
 the rest released, each with its events) and 1,000,000 hourly ledger rows over the last 90 days;
 starts gunicorn on 127.0.0.1 and measures, as a member of one team (5,000 jobs, 50,000 rows), the
-job list, a job page, the team ledger and the queue, beside /healthz (no database) as the floor:
+job list, a job page, the team ledger, the queue and the API job list, and as an operator the
+pool, beside /healthz (no database) as the floor:
 
-(a) a busy day: 50 clients, each pausing 1 s between requests (about 50 requests/s offered) for
-    60 s, cycling through the five pages: p50/p95/p99 and errors per page;
-(b) saturation: per page, 50 clients with no pause for 15 s (the first 3 s discarded):
-    requests/s, and its ratio to the floor's.
+(a) saturation: per page, 50 clients with no pause for 12 s (after 2 s of warm-up): requests/s
+    answered 200, and its ratio to the floor's in the same run (``floor_ratio``);
+(b) latency at one fixed offered rate, a tenth of the floor's saturation rate, open loop
+    (Poisson arrivals, each sent at its time whatever is in flight; latency counted from that
+    time) for 15 s per page: p95 per page, and its ratio to the floor's own p95 at the same rate
+    (``p95_ratio``; the floor runs before and after the pages, pooled).
 
-Goals: (a) p95 under 150 ms on every page with 0 errors; (b) no page below a tenth of the floor.
-The load generator (asyncio + aiohttp, one process) shares the machine with gunicorn and
-PostgreSQL, so on a small machine saturation figures are a floor, not a ceiling.
-The last line printed is JSON. Not part of the test suite: run it on demand.
+Goals: every page at least 0.25 of the floor at saturation; every page's p95 within 3x the
+floor's at the fixed rate. The load generator (asyncio + aiohttp, one process) shares the machine
+with gunicorn and PostgreSQL. ``--keep`` keeps the database; ``--reuse`` runs again on a kept one.
+The last line printed is JSON: ``pages.{name}.{floor_ratio, p95_ms, p95_ratio, …}``,
+``floor.{max_rps, p95_ms}``, ``rate_rps``. Not part of the test suite: run it on demand.
 """
 
 import argparse
@@ -30,7 +34,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -53,12 +58,14 @@ from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
+from accounts import services as accounts  # noqa: E402
 from accounts.models import Membership, Team  # noqa: E402
 from jobs.models import Allocation, Job, Node  # noqa: E402
 from metering.periods import hour_slices, micros  # noqa: E402
 
 JOBS, ROWS, TEAMS, NODES, WAITING = 100_000, 1_000_000, 20, 40, 2_000
-CLIENTS, BUSY_S, SATURATE_S, WARMUP_S = 50, 60, 15, 3
+CLIENTS, SATURATE_S, FIXED_RATE_S, WARMUP_S = 50, 12, 15, 2
+FIXED_RATE_SHARE = 0.1  # the fixed rate: a tenth of what the floor sustains, so no page queues
 NOW = datetime.now(UTC).replace(microsecond=0)
 EVENTS = ("submitted", "staging", "queued", "rented", "running", "output", "released")
 
@@ -152,8 +159,8 @@ def _ledger(allocations: list[Allocation]) -> int:
     return _copy("metering_meterentry", columns, rows())
 
 
-def load(rng: random.Random) -> tuple[str, list[int]]:
-    """Loads the data; returns a member's session key and some of the member's job ids."""
+def load(rng: random.Random) -> None:
+    """Loads the data, a member of team-00 and an operator."""
     teams = Team.objects.bulk_create(Team(name=f"team-{i:02d}", slug=f"team-{i:02d}") for i in range(TEAMS))
     nodes = Node.objects.bulk_create(
         Node(name=f"gpu-{i:03d}", gpus=8, registered_at=NOW, state_changed_at=NOW, last_heartbeat=NOW)
@@ -170,14 +177,23 @@ def load(rng: random.Random) -> tuple[str, list[int]]:
     for a, job in zip(allocations, jobs, strict=False):
         a.team_id = job.team_id
     log(f"loaded {len(jobs)} jobs, {_events(jobs, spans)} events, {_ledger(allocations)} ledger rows")
-    with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE")
     member = get_user_model().objects.create_user("bench-member", password=None)
     Membership.objects.create(team=teams[0], user=member, role="member")
-    client = Client()
-    client.force_login(member)
-    mine = [j.id for j in jobs[: JOBS - WAITING : TEAMS]][:200]
-    return client.cookies["sessionid"].value, mine
+    get_user_model().objects.create_user("bench-operator", password=None, is_staff=True)
+
+
+def sign_in() -> tuple[dict[str, str], str, list[int]]:
+    """Sessions of the member and the operator, the member's API token, and some of the member's jobs."""
+    users = get_user_model().objects
+    cookies = {}
+    for role, username in (("member", "bench-member"), ("operator", "bench-operator")):
+        client = Client()
+        client.force_login(users.get(username=username))
+        cookies[role] = client.cookies["sessionid"].value
+    _, token = accounts.create_api_token(user=users.get(username="bench-member"), label="bench")
+    team = Team.objects.get(slug="team-00")
+    mine = list(Job.objects.filter(team=team, state="released").values_list("id", flat=True)[:200])
+    return cookies, token, mine
 
 
 # --------------------------------------------------------------------------- server
@@ -213,122 +229,161 @@ def start_gunicorn(port: int) -> subprocess.Popen:
 # --------------------------------------------------------------------------- load
 
 
+@dataclass(frozen=True)
+class Page:
+    path: Callable[[], str]
+    headers: dict[str, str]
+
+
 class Recorder:
     def __init__(self) -> None:
-        self.latency: dict[str, list[float]] = defaultdict(list)
-        self.errors: dict[str, int] = defaultdict(int)
+        self.latency: list[float] = []
+        self.errors = 0
 
-    def add(self, page: str, seconds: float, ok: bool) -> None:
-        self.latency[page].append(seconds)
-        self.errors[page] += not ok
+    def add(self, seconds: float, ok: bool) -> None:
+        self.latency.append(seconds)
+        self.errors += not ok
 
 
-async def fetch(session: aiohttp.ClientSession, base: str, page: str, path: str, rec: Recorder) -> None:
-    began = time.perf_counter()
+async def fetch(session: aiohttp.ClientSession, base: str, page: Page, rec: Recorder, since: float) -> None:
+    """One request; its latency counts from ``since`` (the arrival it was meant for, in open loop)."""
     try:
-        async with session.get(base + path, allow_redirects=False) as response:
+        async with session.get(base + page.path(), headers=page.headers, allow_redirects=False) as response:
             await response.read()
             ok = response.status == 200
     except (TimeoutError, aiohttp.ClientError):
         ok = False
-    rec.add(page, time.perf_counter() - began, ok)
+    rec.add(time.perf_counter() - since, ok)
 
 
-async def run_clients(base: str, cookie: str, paths, *, seconds: float, pause: float, rec: Recorder) -> None:
-    """CLIENTS concurrent clients, each cycling through ``paths`` (name -> path factory) until the deadline."""
+def session(limit: int) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=limit)
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), connector=connector)
+
+
+async def closed_loop(base: str, page: Page, *, seconds: float, rec: Recorder) -> None:
+    """CLIENTS clients, each sending its next request as soon as the last is answered."""
     deadline = time.monotonic() + seconds
-    names = list(paths)
-    timeout = aiohttp.ClientTimeout(total=30)
-    connector = aiohttp.TCPConnector(limit=CLIENTS)
-    async with aiohttp.ClientSession(headers={"Cookie": f"sessionid={cookie}"}, timeout=timeout,
-                                     connector=connector) as session:  # fmt: skip
+    async with session(CLIENTS) as client_session:
 
-        async def client(k: int) -> None:
-            await asyncio.sleep(pause * k / CLIENTS)  # spread the starts over one pause
-            i = k
+        async def client() -> None:
             while time.monotonic() < deadline:
-                name = names[i % len(names)]
-                await fetch(session, base, name, paths[name](), rec)
-                i += 1
-                if pause:
-                    await asyncio.sleep(pause)
+                await fetch(client_session, base, page, rec, time.perf_counter())
 
-        await asyncio.gather(*(client(k) for k in range(CLIENTS)))
+        await asyncio.gather(*(client() for _ in range(CLIENTS)))
+
+
+async def open_loop(base: str, page: Page, *, rate: float, seconds: float, rng: random.Random,
+                    rec: Recorder) -> None:  # fmt: skip
+    """Poisson arrivals at ``rate`` per second, each sent at its time whatever is still in flight."""
+    async with session(0) as client_session:
+        start, at, inflight = time.perf_counter(), 0.0, []
+        while (at := at + rng.expovariate(rate)) < seconds:
+            await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+            inflight.append(asyncio.create_task(fetch(client_session, base, page, rec, start + at)))
+        await asyncio.gather(*inflight)
 
 
 def pct(samples: list[float], q: int) -> float:
     return round(statistics.quantiles(samples, n=100)[q - 1] * 1000, 1) if len(samples) > 1 else 0.0
 
 
-def busy_day(base: str, cookie: str, paths) -> dict[str, dict]:
+def saturation(base: str, page: Page) -> float:
+    """Requests/s answered 200 for one page under CLIENTS clients with no pause."""
+    asyncio.run(closed_loop(base, page, seconds=WARMUP_S, rec=Recorder()))
     rec = Recorder()
-    asyncio.run(run_clients(base, cookie, paths, seconds=BUSY_S, pause=1.0, rec=rec))
+    asyncio.run(closed_loop(base, page, seconds=SATURATE_S, rec=rec))
+    return round((len(rec.latency) - rec.errors) / SATURATE_S, 1)
+
+
+def at_rate(base: str, page: Page, rate: float, rng: random.Random) -> Recorder:
+    asyncio.run(open_loop(base, page, rate=rate, seconds=WARMUP_S, rng=rng, rec=Recorder()))
+    rec = Recorder()
+    asyncio.run(open_loop(base, page, rate=rate, seconds=FIXED_RATE_S, rng=rng, rec=rec))
+    return rec
+
+
+def pages(cookies: dict[str, str], token: str, mine: list[int], rng: random.Random) -> dict[str, Page]:
+    member = {"Cookie": f"sessionid={cookies['member']}"}
     return {
-        name: {"p50_ms": pct(s, 50), "p95_ms": pct(s, 95), "p99_ms": pct(s, 99), "errors": rec.errors[name],
-               "requests": len(s)}
-        for name, s in rec.latency.items()
-    }  # fmt: skip
-
-
-def saturation(base: str, cookie: str, name: str, path) -> float:
-    """Requests/s answered 200 by the server for one page under CLIENTS clients with no pause."""
-    asyncio.run(run_clients(base, cookie, {name: path}, seconds=WARMUP_S, pause=0.0, rec=Recorder()))
-    rec = Recorder()
-    asyncio.run(run_clients(base, cookie, {name: path}, seconds=SATURATE_S - WARMUP_S, pause=0.0, rec=rec))
-    ok = len(rec.latency[name]) - rec.errors[name]
-    return round(ok / (SATURATE_S - WARMUP_S), 1)
-
-
-def measure(port: int, cookie: str, mine: list[int], rng: random.Random) -> dict:
-    base = f"http://127.0.0.1:{port}"
-    paths = {
-        "job_list": lambda: "/jobs/",
-        "job_page": lambda: f"/jobs/{rng.choice(mine)}/",
-        "team_ledger": lambda: "/ledger/",
-        "queue": lambda: "/jobs/queue/",
-        "floor": lambda: "/healthz",
+        "floor": Page(lambda: "/healthz", {}),
+        "job_list": Page(lambda: "/jobs/", member),
+        "job_page": Page(lambda: f"/jobs/{rng.choice(mine)}/", member),
+        "team_ledger": Page(lambda: "/ledger/", member),
+        "queue": Page(lambda: "/jobs/queue/", member),
+        "operator_pool": Page(lambda: "/operator/pool/", {"Cookie": f"sessionid={cookies['operator']}"}),
+        "api_job_list": Page(lambda: "/api/v1/jobs", {"Authorization": f"Bearer {token}"}),
     }
-    for name, path in paths.items():  # every page answers 200 (not a sign-in redirect) before any load
+
+
+def check_answers(port: int, named: dict[str, Page]) -> None:
+    """Every page answers 200 (not a sign-in redirect) before any load."""
+    for name, page in named.items():
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        conn.request("GET", path(), headers={"Cookie": f"sessionid={cookie}"})
+        conn.request("GET", page.path(), headers=page.headers)
         status = conn.getresponse().status
         conn.close()
         if status != 200:
             raise RuntimeError(f"{name} answered {status} before any load")
-    busy = busy_day(base, cookie, paths)
-    log(f"busy day: {json.dumps(busy)}")
-    rps = {name: saturation(base, cookie, name, path) for name, path in paths.items()}
-    log(f"saturation: {json.dumps(rps)}")
-    floor = {**busy.pop("floor"), "max_rps": rps["floor"]}
-    pages = {
-        name: {**figures, "max_rps": rps[name], "floor_ratio": round(rps[name] / rps["floor"], 3)}
-        for name, figures in busy.items()
+
+
+def measure(port: int, named: dict[str, Page], rng: random.Random) -> dict:
+    base = f"http://127.0.0.1:{port}"
+    check_answers(port, named)
+    rps = {name: saturation(base, page) for name, page in named.items()}
+    log(f"saturation (req/s): {json.dumps(rps)}")
+    rate = round(FIXED_RATE_SHARE * rps["floor"], 1)
+    recorded = {name: at_rate(base, page, rate, rng) for name, page in named.items()}
+    # The floor again after the pages, so that drift in the machine's load shows in both.
+    recorded["floor"].latency += at_rate(base, named["floor"], rate, rng).latency
+    p95 = {name: pct(rec.latency, 95) for name, rec in recorded.items()}
+    log(f"p95 at {rate} req/s (ms): {json.dumps(p95)}")
+    result_pages = {
+        name: {
+            "floor_ratio": round(rps[name] / rps["floor"], 3), "p95_ms": p95[name],
+            "p95_ratio": round(p95[name] / p95["floor"], 2), "max_rps": rps[name],
+            "p50_ms": pct(recorded[name].latency, 50), "errors": recorded[name].errors,
+        }
+        for name in named if name != "floor"
+    }  # fmt: skip
+    return {
+        "pages": result_pages,
+        "floor": {"max_rps": rps["floor"], "p95_ms": p95["floor"]},
+        "rate_rps": rate,
     }
-    return {"pages": pages, "floor": floor}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=31)
     parser.add_argument("--keep", action="store_true", help="keep the bench database afterwards")
+    parser.add_argument("--reuse", action="store_true", help="use a database kept by --keep as it is")
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    old = setup_databases(verbosity=0, interactive=False, keepdb=False)
+    old = setup_databases(verbosity=0, interactive=False, keepdb=args.reuse)
     server = None
     try:
         began = time.perf_counter()
-        cookie, mine = load(rng)
+        if not (args.reuse and Job.objects.exists()):
+            load(rng)
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE")
         log(f"data ready in {time.perf_counter() - began:.0f} s")
+        cookies, token, mine = sign_in()
         port = free_port()
         server = start_gunicorn(port)
-        result = measure(port, cookie, mine, rng)
+        result = measure(port, pages(cookies, token, mine, rng), rng)
         result["data"] = {"jobs": JOBS, "ledger_rows": ROWS, "teams": TEAMS, "member_jobs": JOBS // TEAMS}
     finally:
         if server is not None:
             server.terminate()
-            server.wait(timeout=30)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
         connection.close()
-        if not args.keep:
+        if not (args.keep or args.reuse):
             teardown_databases(old, verbosity=0)
     print(json.dumps(result))
 
