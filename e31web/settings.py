@@ -278,10 +278,12 @@ if min(E31_STAGE_CONCURRENCY, E31_DELIVERY_CONCURRENCY) < 1 or E31_STAGE_CACHE_B
 E31_MAX_ATTEMPTS = env.int("E31_MAX_ATTEMPTS", default=3)
 E31_LOG_CAP_BYTES = env.int("E31_LOG_CAP_BYTES", default=10 * 1024 * 1024)
 E31_ALLOW_UNSANDBOXED = env.bool("E31_ALLOW_UNSANDBOXED", default=False)
-# Processes and threads one attempt may hold (its memory and CPUs come from the declaration or the node's share).
+# Per-attempt bounds beside memory and CPUs (which come from the declaration or the node's share):
+# processes and threads, and writable space on top of the declared output bytes.
 E31_ATTEMPT_PIDS = env.int("E31_ATTEMPT_PIDS", default=4096)
-if E31_ATTEMPT_PIDS < 16:
-    raise ImproperlyConfigured("E31_ATTEMPT_PIDS is at least 16")
+E31_SCRATCH_BYTES = env.int("E31_SCRATCH_BYTES", default=10 * 10**9)
+if E31_ATTEMPT_PIDS < 16 or E31_SCRATCH_BYTES < 0:
+    raise ImproperlyConfigured("E31_ATTEMPT_PIDS is at least 16; E31_SCRATCH_BYTES is not negative")
 E31_DEMO_PASSWORD = env.str("E31_DEMO_PASSWORD", default="")
 # A rate card is display-only and unset by default: no money appears anywhere without it.
 E31_RATE_PER_GPU_HOUR = env.str("E31_RATE_PER_GPU_HOUR", default="")

@@ -46,13 +46,20 @@ class LogCapture(threading.Thread):
         with self.path.open("wb") as out:
             for chunk in iter(lambda: self.stream.read1(65536), b""):
                 self._keep_tail(chunk)
-                room = self.cap - self.written
-                if room > 0:
-                    out.write(chunk[:room])
-                    self.written += min(room, len(chunk))
-                elif not self.capped:
+                try:
+                    self._write(out, chunk)
+                except OSError:  # the job filled its own space: keep draining, so it never blocks on output
+                    self.written = self.cap
                     self.capped = True
-                    out.write(f"\n[log capped at {self.cap} bytes; further output discarded]\n".encode())
+
+    def _write(self, out, chunk: bytes) -> None:
+        room = self.cap - self.written
+        if room > 0:
+            out.write(chunk[:room])
+            self.written += min(room, len(chunk))
+        elif not self.capped:
+            self.capped = True
+            out.write(f"\n[log capped at {self.cap} bytes; further output discarded]\n".encode())
 
     def _keep_tail(self, chunk: bytes) -> None:
         self.tail.append(chunk)
@@ -83,6 +90,7 @@ def run_part(*, allocation_id: int, mode: str) -> None:
         return  # a duplicate delivery, or released before it could start
     part = _load_part(allocation_id)
     dirs = sandbox.attempt_dirs(part.allocation)
+    limits.bound_space(dirs.root, part.job)
     dirs.create()
     try:
         outcome, exit_code = _run(part, dirs, mode)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from django.conf import settings
 
-from jobs import cgroups
-from jobs.models import Allocation
+from jobs import attempt_space, cgroups
+from jobs.models import Allocation, Job
 from jobs.scheduling import types
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,13 @@ def probe(node_name: str) -> str:
     return cgroups.describe(found)
 
 
+def probe_space(jobs_dir: Path) -> str:
+    """'' when attempt space is bounded here, else why not; stale spaces of a previous agent are released first."""
+    jobs_dir.mkdir(parents=True, exist_ok=True)
+    attempt_space.release_all(jobs_dir)
+    return attempt_space.probe(jobs_dir)
+
+
 def attempt_limits(allocation: Allocation) -> cgroups.Limits:
     """This part's bounds: the job's declared memory and CPUs split by GPUs, else the node's share."""
     job, node, here = allocation.job, allocation.node, len(allocation.gpu_indices)
@@ -62,6 +69,15 @@ def open_group(allocation: Allocation) -> cgroups.AttemptGroup:
         group.remove(timeout_s=1)
         return cgroups.AttemptGroup({}, prefix=PREFIX, name=name)
     return group
+
+
+def bound_space(root: Path, job: Job) -> bool:
+    """The attempt's directory becomes a filesystem of its own: declared output + scratch + log."""
+    size = attempt_space.size_for(
+        output_bytes=job.output_bytes, scratch_bytes=settings.E31_SCRATCH_BYTES,
+        log_bytes=settings.E31_LOG_CAP_BYTES,
+    )  # fmt: skip
+    return attempt_space.bound(root, size=size)
 
 
 def node_memory(cap: int | None = None) -> int:

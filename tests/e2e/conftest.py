@@ -17,6 +17,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection
 
+from jobs import attempt_space
 from jobs.models import Job, Node
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,3 +121,4 @@ def live_pool(transactional_db, settings, tmp_path):
         yield pool
     finally:
         pool.stop()
+        attempt_space.release_all(state)  # the agents' attempt filesystems, before tmp_path goes

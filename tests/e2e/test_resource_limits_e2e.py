@@ -21,8 +21,9 @@ ATTEMPT_PIDS = 128
 
 @pytest.fixture
 def bounded_env(monkeypatch):
-    """Agents of this module bound each attempt to 128 processes (the default is larger)."""
+    """Agents of this module bound each attempt to 128 processes and 20 MB of scratch (the defaults are larger)."""
     monkeypatch.setenv("E31_ATTEMPT_PIDS", str(ATTEMPT_PIDS))
+    monkeypatch.setenv("E31_SCRATCH_BYTES", str(20 * 10**6))
 
 
 @pytest.fixture
@@ -134,3 +135,26 @@ def _events_max(group: Path) -> str:
         return (group / "pids.events").read_text().split()[1]
     except (OSError, IndexError):
         return "0"
+
+
+FILL_DISK = """
+import os
+with open(os.path.join(os.environ['HOME'], 'fill'), 'wb') as out:
+    for i in range(1000):
+        out.write(b'x' * 1_000_000)
+        out.flush()
+print('wrote 1 GB', flush=True)
+"""
+
+
+def test_a_job_that_writes_past_its_space_fails_there_while_a_neighbour_on_its_node_finishes(
+    member, one_node, live_pool
+):
+    neighbour = submit(member, py(NEIGHBOUR), name="neighbour")
+    wait_for_state(neighbour.id, "running")
+    filler = wait_for_state(submit(member, py(FILL_DISK), name="filler").id, "released", timeout=60)
+    assert filler.end_reason == "failed" and "No space left on device" in filler.log_tail, filler.log_tail
+    assert "wrote 1 GB" not in filler.log_tail
+    neighbour = wait_for_state(neighbour.id, "released")
+    assert neighbour.end_reason == "succeeded" and "neighbour done" in neighbour.log_tail
+    assert "disk bounded" in Node.objects.get(name=one_node).limits

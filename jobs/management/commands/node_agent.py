@@ -60,7 +60,7 @@ class Command(BaseCommand):
         tasks.AGENT["mode"] = mode
         register = {"name": name, "gpus": gpus, "gpu_model": gpu_model or "virtual", "address": address or socket.getfqdn(),
                     "agent_version": AGENT_VERSION, "sandbox": mode, "memory_bytes": limits.node_memory(memory),
-                    "cpus": limits.node_cpus(cpus), "limits": limits.probe(name)}  # fmt: skip
+                    "cpus": limits.node_cpus(cpus), "limits": _limits(name)}  # fmt: skip
         nodes.register_node(now=timezone.now(), **register)
         self.stdout.write(
             f"node {name}: {gpus} GPU(s), {units.format_size(register['memory_bytes'])} and {register['cpus']:g} CPUs "
@@ -75,6 +75,13 @@ class Command(BaseCommand):
                 "--loglevel", "INFO",
             ]
         )  # fmt: skip
+
+
+def _limits(name: str) -> str:
+    """The controllers that bound each attempt, and whether its disk is bounded (for the pool page)."""
+    described = limits.probe(name)
+    disk = limits.probe_space(sandbox.agent_root(name) / "jobs")
+    return f"{described}; {disk or 'disk bounded'}"
 
 
 def _size(text: str) -> int:

@@ -1,0 +1,97 @@
+"""An attempt's writable space, bounded: its directory is a size-limited filesystem of its own.
+
+Each attempt's directory (work, output, its log) is an ext4 image in a sparse file, loop-mounted
+nosuid,nodev over that directory, sized to the declared output plus the scratch allowance
+(``E31_SCRATCH_BYTES``) and the log cap. A job that writes past it gets ENOSPC in its own space;
+the node's disk and the other jobs keep theirs. Why an image: as root it works on any local
+filesystem with no quota support (project quotas need the host filesystem mounted with
+prjquota), and unlike a tmpfs it is not RAM and outlives the job for sealing and delivery.
+The image sits inside the directory it is mounted over, so removing the directory after
+``release`` removes the image too. Where mounting is impossible (not root, no loop devices)
+the attempt runs unbounded, and the node's limits say so.
+"""
+
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+IMAGE = ".space.img"
+MIN_BYTES = 16 * 2**20
+MOUNT_OPTIONS = "loop,nosuid,nodev,noatime"
+
+
+def size_for(*, output_bytes: int, scratch_bytes: int, log_bytes: int) -> int:
+    """Image size: the declared output, scratch and log, plus room for the filesystem's own metadata."""
+    wanted = output_bytes + scratch_bytes + log_bytes
+    return max(MIN_BYTES, wanted + wanted // 20 + 8 * 2**20)
+
+
+def bound(root: Path, *, size: int) -> bool:
+    """Mounts a fresh ``size``-byte filesystem over ``root``; False (and unbounded) where this node cannot."""
+    root.mkdir(parents=True, exist_ok=True)
+    if os.path.ismount(root):
+        return True  # already bounded: a re-run of the same attempt's start
+    image = root / IMAGE
+    try:
+        with image.open("wb") as handle:
+            handle.truncate(size)  # sparse: disk is used only as the job writes
+        _run("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", str(image))
+        _run("mount", "-o", MOUNT_OPTIONS, str(image), str(root))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        image.unlink(missing_ok=True)
+        log.warning("attempt space %s is not bounded: %s", root, _why(exc))
+        return False
+    return True
+
+
+def release(root: Path) -> None:
+    """Unmounts the attempt's filesystem (its loop device detaches with it); the files go with the image."""
+    if os.path.ismount(root):
+        _run("umount", "--lazy", str(root))
+    (root / IMAGE).unlink(missing_ok=True)
+
+
+def release_all(under: Path) -> list[str]:
+    """Releases every attempt space mounted below ``under`` (an agent starting again: its attempts are gone)."""
+    released = []
+    prefix = str(under.resolve()) + "/"
+    for mountpoint in _mountpoints():
+        if mountpoint.startswith(prefix):
+            release(Path(mountpoint))
+            released.append(mountpoint)
+    return released
+
+
+def probe(under: Path) -> str:
+    """'' when this node can bound attempt space, else why not (for the pool page)."""
+    target = under / ".space-probe"
+    try:
+        if not bound(target, size=MIN_BYTES):
+            return "attempt disk unbounded (cannot mount a loop filesystem here)"
+        release(target)
+        target.rmdir()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        return f"attempt disk unbounded ({_why(exc)})"
+    return ""
+
+
+def _mountpoints() -> list[str]:
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    # Deepest first, so nested mounts come off before their parents; octal escapes as the kernel writes them.
+    points = [line.split()[1].encode().decode("unicode_escape") for line in lines if len(line.split()) > 1]
+    return sorted(points, key=len, reverse=True)
+
+
+def _run(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, subprocess.CalledProcessError):
+        return (exc.stderr or b"").decode(errors="replace").strip()[:200] or str(exc)
+    return str(exc)
