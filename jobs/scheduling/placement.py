@@ -293,6 +293,14 @@ class Pass:
             chosen[node] = rest
         return chosen
 
+    def held_back_by_room(self, job: PendingJob) -> bool:
+        """Whether idle GPUs could take ``job`` now, and only memory or CPUs on those nodes stop it."""
+        room, self.room = self.room, None
+        try:
+            return room is not None and self.place(job, job.min_gpus or job.gpus, view=self.short) is not None
+        finally:
+            self.room = room
+
     def _local_fit(self, job: PendingJob, g: int, view: _FreeIndex) -> str | None:
         """Best-fit among nodes that already cache one of the job's datasets (no transfer)."""
         if not job.datasets or not self.cache_nodes:

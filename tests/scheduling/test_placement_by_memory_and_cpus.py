@@ -36,7 +36,9 @@ def test_a_job_goes_past_the_best_gpu_fit_to_a_node_with_its_memory_free():
 def test_a_job_waits_when_no_node_has_its_cpus_free_though_gpus_are_idle():
     nodes = [_node("a", range(8), free_cpus=3), _node("b", range(8), free_cpus=2)]
     result = _plan(nodes, [_job(1, 1, cpus=4)])
-    assert result.starts == [] and 1 in result.estimates
+    assert result.starts == []
+    assert result.estimates[1].reason_code == "no_room"
+    assert "its GPUs are idle, but no node has its memory and CPUs free yet" in result.estimates[1].reason
 
 
 def test_an_undeclared_job_needs_the_nodes_share_for_its_gpus():
