@@ -354,12 +354,13 @@ def _cpus(value: Any, limits: Limits, errs: _Collector) -> float | None:
     """Optional: a number of CPUs, fractions allowed (0.5 is half of one CPU's time)."""
     if value is None or value == "":
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         errs.add("request.cpus", "a number of CPUs, such as 4 or 0.5")
         return None
-    if not MIN_CPUS <= value <= MAX_CPUS:
+    if not MIN_CPUS <= value <= MAX_CPUS:  # compared before any float(): 10**400 is an int, not a float
         errs.add("request.cpus", f"between {MIN_CPUS:g} and {MAX_CPUS} CPUs")
-    elif limits.pool_cpus and value > limits.pool_cpus:
+        return None
+    if limits.pool_cpus and value > limits.pool_cpus:
         errs.add("request.cpus", f"the pool offers at most {limits.pool_cpus:g} CPUs for one job")
     return float(value)
 

@@ -68,6 +68,7 @@ BAD = {
     "cpus a word": ("cpus", "four"),
     "cpus true": ("cpus", True),
     "cpus beyond the pool": ("cpus", 64),
+    "cpus too large for a float": ("cpus", 10**400),
 }
 
 
