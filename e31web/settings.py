@@ -277,6 +277,9 @@ if min(E31_STAGE_CONCURRENCY, E31_DELIVERY_CONCURRENCY) < 1 or E31_STAGE_CACHE_B
     )
 E31_MAX_ATTEMPTS = env.int("E31_MAX_ATTEMPTS", default=3)
 E31_LOG_CAP_BYTES = env.int("E31_LOG_CAP_BYTES", default=10 * 1024 * 1024)
+# Log followers (GET /api/v1/jobs/{id}/log?wait=) that may wait at once per web process; keep it under
+# gunicorn's threads, so pages always have threads left. The others are told to retry in 2 s.
+E31_LOG_WAITERS_PER_PROCESS = env.int("E31_LOG_WAITERS_PER_PROCESS", default=2)
 E31_ALLOW_UNSANDBOXED = env.bool("E31_ALLOW_UNSANDBOXED", default=False)
 # Per-attempt bounds beside memory and CPUs (which come from the declaration or the node's share):
 # processes and threads, and writable space on top of the declared output bytes.

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 
-from jobs import cgroups, limits, rental, sandbox
+from jobs import cgroups, limits, logs, rental, sandbox
 from jobs.lifecycle import PREEMPTED, EndReason
 from jobs.models import Allocation, Job
 from jobs.rental import STOPPED
@@ -32,7 +32,8 @@ SEEN_EVERY_S = 5.0
 
 
 class LogCapture(threading.Thread):
-    """Drains the job's output into a capped log file and keeps a rolling tail for the job page."""
+    """Drains the job's output into a capped log file, keeps a rolling tail for the job page, and holds
+    what is not yet shipped to the database (``unshipped``), so the whole log outlives the attempt dir."""
 
     def __init__(self, stream, path: Path, cap: int) -> None:
         super().__init__(daemon=True)
@@ -41,25 +42,43 @@ class LogCapture(threading.Thread):
         self.tail_size = 0
         self.written = 0
         self.capped = False
+        self.lock = threading.Lock()
+        self.unshipped = bytearray()
+        self.shipped = 0
 
     def run(self) -> None:
         with self.path.open("wb") as out:
             for chunk in iter(lambda: self.stream.read1(65536), b""):
                 self._keep_tail(chunk)
                 try:
-                    self._write(out, chunk)
+                    self._capped_write(out, chunk)
                 except OSError:  # the job filled its own space: keep draining, so it never blocks on output
                     self.written = self.cap
                     self.capped = True
 
-    def _write(self, out, chunk: bytes) -> None:
+    def _capped_write(self, out, chunk: bytes) -> None:
         room = self.cap - self.written
         if room > 0:
-            out.write(chunk[:room])
+            self._write(out, chunk[:room])
             self.written += min(room, len(chunk))
-        elif not self.capped:
+        if len(chunk) > room and not self.capped:  # the note goes exactly where the log was cut
             self.capped = True
-            out.write(f"\n[log capped at {self.cap} bytes; further output discarded]\n".encode())
+            self._write(out, f"\n[log capped at {self.cap} bytes; further output discarded]\n".encode())
+
+    def _write(self, out, data: bytes) -> None:
+        with self.lock:  # kept for the database first: a full attempt disk does not lose it there
+            self.unshipped += data
+        out.write(data)
+
+    def ship(self, send) -> None:
+        """Calls ``send(offset, data)`` with what is not shipped yet; kept for the next try if it raises."""
+        with self.lock:
+            offset, data = self.shipped, bytes(self.unshipped)
+        if data:
+            send(offset, data)
+            with self.lock:
+                del self.unshipped[: len(data)]
+                self.shipped += len(data)
 
     def _keep_tail(self, chunk: bytes) -> None:
         self.tail.append(chunk)
@@ -133,6 +152,7 @@ def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, cmd: list[str
     except OSError as exc:  # unsandboxed and the program does not exist
         (dirs.root / "job.log").write_text(f"could not start {part.job.argv[0]!r}: {exc}\n")
         _store_tail(part, f"could not start {part.job.argv[0]!r}: {exc}")
+        _ship_log(part, 0, f"could not start {part.job.argv[0]!r}: {exc}\n".encode())
         return EndReason.FAILED, 127
     capture = LogCapture(proc.stdout, dirs.root / "job.log", settings.E31_LOG_CAP_BYTES)
     capture.start()
@@ -141,6 +161,7 @@ def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, cmd: list[str
     sandbox.kill_tree(proc)  # children that outlived the job go with its process group
     capture.join(timeout=5)
     _with_database(lambda: _store_tail(part, capture.text()))
+    _with_database(lambda: capture.ship(lambda offset, data: _ship_log(part, offset, data)))
     if stop:
         return stop, code
     if code == 0:
@@ -176,6 +197,7 @@ def _check(part: Part, capture: LogCapture, *, seen: bool) -> str:
     if reason := rental.stop_reason(allocation_id=part.allocation.id, now=now):
         return reason
     _store_tail(part, capture.text())
+    capture.ship(lambda offset, data: _ship_log(part, offset, data))
     if seen:
         rental.note_worker_alive(job_id=part.job.id, now=now)
     return ""
@@ -256,6 +278,12 @@ def _hidden_paths() -> list[Path]:
 def _store_tail(part: Part, text: str) -> None:
     if part.rank == 0:  # the first part's output is the job page's tail
         rental.store_log_tail(job_id=part.job.id, attempt=part.allocation.attempt, text=text)
+
+
+def _ship_log(part: Part, offset: int, data: bytes) -> None:
+    logs.append_log(
+        job_id=part.job.id, attempt=part.allocation.attempt, rank=part.rank, offset=offset, data=data
+    )
 
 
 def _actor(part: Part) -> str:

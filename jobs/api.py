@@ -1,16 +1,21 @@
-"""/api/v1/jobs: submit, list, read and cancel jobs."""
+"""/api/v1/jobs: submit, list, read and cancel jobs, and read their logs."""
 
-from django.db.models import Prefetch
-from django.http import HttpRequest
+import dataclasses
+from datetime import UTC, datetime
+from typing import Literal
+
+from django.http import FileResponse, HttpRequest
 from django.utils import timezone
-from ninja import Query, Router, Schema
+from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.pagination import paginate
 from ninja.responses import Status
+from pydantic import field_validator
 
 from accounts import scoping
-from jobs import declaration, selectors, services
-from jobs.models import Allocation, Job
+from common import paging
+from jobs import declaration, idempotency, logs, selectors, services
+from jobs.models import Job
 from jobs.schemas import ErrorOut, JobIn, JobOut
 
 router = Router(tags=["jobs"])
@@ -18,13 +23,39 @@ ERRORS = {400: ErrorOut, 401: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: Error
 
 
 class JobFilter(Schema):
-    state: str | None = None
+    state: Literal[selectors.STATE_CHOICES] = Field(  # type: ignore[valid-type]
+        "", description="A state, or a group: alive, waiting (before GPUs are held) or finished."
+    )
+    # No NUL: PostgreSQL text cannot hold one, so such a filter is a 422, not a 500.
+    name: str = Field(
+        "",
+        max_length=selectors.NAME_SEARCH_MAX,
+        pattern=r"^[^\x00]*$",
+        description="Part of the name, any case.",
+    )
+    team: str = Field("", max_length=80, pattern=r"^[^\x00]*$", description="Team slug.")
+    since: datetime | None = Field(None, description="Submitted at or after (ISO 8601; UTC if no offset).")
+    until: datetime | None = Field(None, description="Submitted before (ISO 8601; UTC if no offset).")
+
+    @field_validator("since", "until")
+    @classmethod
+    def in_utc(cls, value: datetime | None) -> datetime | None:
+        """In UTC, so any offset the client sends is one the database accepts."""
+        if value is None:
+            return None
+        try:
+            return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        except OverflowError as exc:
+            raise ValueError("out of range") from exc
+
+
+class JobPages(paging.CappedLimitOffset):
+    def serialise(self, item: Job) -> dict:
+        return job_json(item)
 
 
 def job_queryset():
-    return Job.objects.select_related("team").prefetch_related(
-        "inputs", "events", Prefetch("allocations", queryset=Allocation.objects.select_related("node"))
-    )
+    return selectors.with_details(Job.objects.select_related("team"))
 
 
 def job_json(job: Job) -> dict:
@@ -54,20 +85,6 @@ def job_json(job: Job) -> dict:
     }  # fmt: skip
 
 
-class JsonPage:
-    """A job queryset as the paginator sees it: counted in the database, and only the page it slices
-    is fetched (with its prefetches) and turned into JSON, not every job the team has."""
-
-    def __init__(self, jobs) -> None:
-        self.jobs = jobs
-
-    def __len__(self) -> int:
-        return self.jobs.count()
-
-    def __getitem__(self, page: slice) -> list[dict]:
-        return [job_json(job) for job in self.jobs[page]]
-
-
 def _input_json(d) -> dict:
     return {
         "name": d.name, "uri": d.uri, "bytes": d.bytes, "sha256": d.sha256, "stage_state": d.stage_state,
@@ -89,6 +106,13 @@ def _submitting_team(request: HttpRequest, slug: str):
     return teams[0]
 
 
+def _visible(request: HttpRequest, job_id: int) -> Job:
+    job = scoping.visible_to(request.user, Job.objects.all()).filter(id=job_id).first()
+    if job is None:
+        raise HttpError(404, "No such job")
+    return job
+
+
 def _get_job(request: HttpRequest, job_id: int) -> Job:
     job = scoping.visible_to(request.user, job_queryset()).filter(id=job_id).first()
     if job is None:
@@ -96,26 +120,125 @@ def _get_job(request: HttpRequest, job_id: int) -> Job:
     return job
 
 
-@router.post("/jobs", response={201: JobOut, **ERRORS}, summary="Submit a job")
+IDEMPOTENCY = (
+    "Send an `Idempotency-Key` header (up to 255 printable characters) to make retries safe: the same key "
+    "and body within 24 h answer 200 with the first job; the same key with another body is a 409."
+)
+
+
+@router.post(
+    "/jobs", response={200: JobOut, 201: JobOut, **ERRORS}, summary="Submit a job", description=IDEMPOTENCY
+)
 def submit_job(request: HttpRequest, payload: JobIn):
-    team = _submitting_team(request, payload.team)
-    spec = declaration.validate(payload.model_dump(), limits=services.pool_limits())
-    job = services.submit_job(team=team, user=request.user, spec=spec, now=timezone.now())
+    return _submit(request, payload.model_dump(), payload.team)
+
+
+@router.post(
+    "/jobs/file",
+    response={200: JobOut, 201: JobOut, **ERRORS},
+    summary="Submit a TOML job file",
+    description="The body is the job file itself (`Content-Type: application/toml` or `text/plain`), read by the same rules as "
+    "the form's job file; `team` in the file or the query names the team. " + IDEMPOTENCY,
+    # Described as text/plain, which every OpenAPI client can send; application/toml is read the same way.
+    openapi_extra={"requestBody": {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
+def submit_job_file(request: HttpRequest, team: str = ""):
+    try:
+        raw = declaration.parse_job_file(request.body.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise HttpError(400, "A job file is UTF-8 text.") from exc
+    return _submit(request, raw, team or str(raw.get("team", "")))
+
+
+def _submit(request: HttpRequest, raw: dict, team_slug: str):
+    """Validates and submits; with an Idempotency-Key, a retry gets the first job back (200)."""
+    key = request.headers.get("Idempotency-Key", "")
+    if key and not idempotency.VALID_KEY.match(key):
+        raise HttpError(422, "Idempotency-Key must be 1 to 255 printable ASCII characters without spaces.")
+    digest, now = idempotency.body_sha256(raw), timezone.now()
+    try:
+        first = (
+            idempotency.earlier_job(user=request.user, key=key, body_sha256=digest, now=now) if key else None
+        )
+        if first is None:
+            team = _submitting_team(request, team_slug)
+            spec = declaration.validate(raw, limits=services.pool_limits())
+            job, first = _submit_once(request, team, spec, key, digest, now)
+    except idempotency.KeyReused as exc:
+        raise HttpError(409, str(exc)) from exc
+    if first is not None:
+        return Status(200, job_json(_get_job(request, first.id)))
     return Status(201, {**job_json(job_queryset().get(id=job.id)), "budget_note": job.budget_note})
 
 
+def _submit_once(request: HttpRequest, team, spec, key: str, digest: str, now) -> tuple[Job, Job | None]:
+    """(the new job, None), or (the first job, the first job) when a concurrent retry with the key won."""
+    if not key:
+        return services.submit_job(team=team, user=request.user, spec=spec, now=now), None
+    job, created = idempotency.submit_once(
+        team=team, user=request.user, spec=spec, key=key, body_sha256=digest, now=now
+    )
+    return job, None if created else job
+
+
 @router.get("/jobs", response={200: list[JobOut], **ERRORS}, summary="List your team's jobs, newest first")
-@paginate(LimitOffsetPagination)
+@paginate(JobPages)
 def list_jobs(request: HttpRequest, filters: Query[JobFilter]):
-    jobs = scoping.visible_to(request.user, job_queryset())
-    if filters.state:
-        jobs = jobs.filter(state=filters.state)
-    return JsonPage(jobs)
+    return selectors.with_details(selectors.job_list(request.user, selectors.JobFilters(**filters.dict())))
 
 
 @router.get("/jobs/{job_id}", response={200: JobOut, **ERRORS}, summary="One job with its events")
 def get_job(request: HttpRequest, job_id: int):
     return job_json(_get_job(request, job_id))
+
+
+class LogOut(Schema):
+    attempt: int = Field(..., description="The attempt read (0 before the job first started).")
+    rank: int
+    ranks: int = Field(..., description="Nodes of this attempt; read each with rank=0..ranks-1.")
+    latest_attempt: int
+    offset: int
+    next_offset: int = Field(..., description="Ask again from here to follow the log.")
+    text: str
+    complete: bool = Field(..., description="Nothing more will be written to this part's log.")
+    retry_after_s: float = Field(0, description="Set when the console is busy with other followers.")
+
+
+@router.get(
+    "/jobs/{job_id}/log",
+    response={200: LogOut, **ERRORS},
+    summary="A job's log from an offset, with long-polling",
+    description="The whole log of an attempt's part (rank), up to E31_LOG_CAP_BYTES, a megabyte per answer. "
+    "With `wait`, the answer waits up to that many seconds (at most 20) for new text: follow a log by "
+    "asking again from `next_offset` until `complete`.",
+)
+def job_log(
+    request: HttpRequest,
+    job_id: int,
+    attempt: int = Query(0, ge=0, description="0: the latest attempt."),
+    rank: int = Query(0, ge=0, le=1023),
+    offset: int = Query(0, ge=0),
+    wait: float = Query(0, ge=0, le=20),
+):
+    job = _visible(request, job_id)
+    piece, retry_after = logs.follow_log(job, attempt=attempt, rank=rank, offset=offset, wait_s=wait)
+    return {**dataclasses.asdict(piece), "retry_after_s": retry_after}
+
+
+@router.get(
+    "/jobs/{job_id}/outputs/download",
+    response={200: None, **ERRORS},
+    summary="One sealed output file, read from the job's destination",
+    description="`path` is the file's path in the job's `outputs` manifest; answered once delivery has finished.",
+    openapi_extra={"responses": {200: {"content": {"application/octet-stream": {}}}}},
+)
+def download_output(request: HttpRequest, job_id: int, path: str = Query(..., max_length=4096)):
+    job = _visible(request, job_id)
+    try:
+        handle = selectors.open_delivered_output(job, path)
+    except selectors.OutputUnavailable as exc:
+        raise HttpError(exc.status, str(exc)) from exc
+    return FileResponse(handle, as_attachment=True, filename=path.rsplit("/", 1)[-1])
 
 
 @router.post("/jobs/{job_id}/cancel", response={200: JobOut, **ERRORS}, summary="Cancel a live job")

@@ -8,7 +8,13 @@ fills the same fields.
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
+from urllib.parse import urlencode
+
+from django import forms
+
+from jobs import selectors
 
 MAX_FORM_INPUTS = 64
 _DATA_FIELD = re.compile(r"^data\[(\d{1,2})\]\.(name|uri|bytes|sha256)$")
@@ -183,3 +189,31 @@ def bound_fields(form: JobForm) -> dict[str, Any]:
     fields["team_error"] = form.errors.get("team", "")
     fields["file_error"] = form.errors.get("file", "")
     return fields
+
+
+class JobListFilterForm(forms.Form):
+    """The job list's filters, read from the query string; days are whole UTC days, both included."""
+
+    name = forms.CharField(required=False, max_length=selectors.NAME_SEARCH_MAX, label="Name contains")
+    state = forms.ChoiceField(
+        required=False, choices=[("", "all"), *((s, s) for s in selectors.STATE_CHOICES)]
+    )
+    since = forms.DateField(required=False, label="Submitted from")
+    until = forms.DateField(required=False, label="to")
+
+    def filters(self) -> selectors.JobFilters:
+        data = self.cleaned_data
+        return selectors.JobFilters(
+            state=data["state"],
+            name=data["name"].strip(),
+            since=_day_start(data["since"]),
+            until=_day_start(data["until"] + timedelta(days=1)) if data["until"] else None,
+        )
+
+    def query_string(self) -> str:
+        """The filters as typed, for the pager's links (so paging keeps them)."""
+        return urlencode({k: v for k in self.fields if (v := self.data.get(k, ""))})
+
+
+def _day_start(day: date | None) -> datetime | None:
+    return datetime.combine(day, time.min, tzinfo=UTC) if day else None

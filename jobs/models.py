@@ -325,3 +325,47 @@ class OutputTransfer(models.Model):
 
     def __str__(self) -> str:
         return f"delivery of allocation {self.allocation_id}: {self.state}"
+
+
+class SubmissionKey(models.Model):
+    """An ``Idempotency-Key`` sent with a submission: a retry with the same key gets the same job back.
+
+    Scoped to the user; the unique constraint is what stops two concurrent retries from making two jobs.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    body_sha256 = models.CharField(max_length=64)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="submission_key_once_per_user")]
+
+    def __str__(self) -> str:
+        return f"{self.user_id}:{self.key} -> job {self.job_id}"
+
+
+class LogChunk(models.Model):
+    """A piece of one part's log as the agent shipped it: bytes at an offset of attempt ``attempt``, rank ``rank``.
+
+    Kept in the database, so every web process reads the whole log (up to E31_LOG_CAP_BYTES) long after
+    the node's attempt directory is gone; a resent piece hits the unique constraint and is ignored.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_chunks")
+    attempt = models.PositiveIntegerField()
+    rank = models.PositiveSmallIntegerField(default=0)
+    offset = models.BigIntegerField()
+    data = models.BinaryField()
+
+    class Meta:
+        ordering = ["job", "attempt", "rank", "offset"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "rank", "offset"], name="log_chunk_once_per_offset"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt} rank {self.rank} @{self.offset}"

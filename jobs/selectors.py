@@ -1,12 +1,22 @@
-"""Reads shared by pages and the API: transfers in flight and their progress, the staging cache,
-the queue's size classes, the datasets the scheduler plans with. Nothing here writes.
+"""Reads shared by pages and the API: job lists filtered and paged in the database, transfers in
+flight and their progress, the staging cache, the queue's size classes, the datasets the scheduler
+plans with, delivered outputs read back. Nothing here writes.
 """
 
-from django.conf import settings
-from django.db.models import QuerySet, Sum
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
-from jobs.lifecycle import ALIVE, State
-from jobs.models import DataInput, DatasetCacheEntry, Job, OutputTransfer
+from django.conf import settings
+from django.db.models import Prefetch, QuerySet, Sum
+
+from accounts import scoping
+from jobs import declaration
+from jobs.lifecycle import ALIVE, BEFORE_RENT, TERMINAL, State
+from jobs.models import Allocation, DataInput, DatasetCacheEntry, Job, OutputTransfer
+from jobs.transfers import sources
 
 ALIVE_STATES = [s.value for s in ALIVE]
 # The queue's size classes by GPU count; the members' queue and the operators' queue filter alike.
@@ -83,3 +93,82 @@ def job_datasets(job_ids: list[int]) -> dict[int, frozenset[str]]:
     for job_id, key in rows.values_list("inputs__job_id", "key"):
         keys.setdefault(job_id, set()).add(key)
     return {job_id: frozenset(k) for job_id, k in keys.items()}
+
+
+# --------------------------------------------------------------------------- job lists
+
+
+# Groups of states, so a script can ask for what still waits or runs without naming each state.
+STATE_GROUPS = {"alive": ALIVE, "waiting": BEFORE_RENT, "finished": TERMINAL}
+STATE_CHOICES = (*STATE_GROUPS, *(s.value for s in State))
+NAME_SEARCH_MAX = 120
+
+
+@dataclass(frozen=True)
+class JobFilters:
+    """What a list of jobs is narrowed to; every field is optional."""
+
+    state: str = ""
+    name: str = ""
+    team: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def visible_jobs(user) -> QuerySet[Job]:
+    """The jobs ``user`` may see, newest first (the (team, submitted_at, id) index serves this order)."""
+    return scoping.visible_to(user, Job.objects.select_related("team")).order_by("-submitted_at", "-id")
+
+
+def filtered(jobs: QuerySet[Job], filters: JobFilters) -> QuerySet[Job]:
+    if filters.state in STATE_GROUPS:
+        jobs = jobs.filter(state__in=STATE_GROUPS[filters.state])
+    elif filters.state:
+        jobs = jobs.filter(state=filters.state)
+    if filters.name:
+        jobs = jobs.filter(name__icontains=filters.name[:NAME_SEARCH_MAX])
+    if filters.team:
+        jobs = jobs.filter(team__slug=filters.team)
+    if filters.since:
+        jobs = jobs.filter(submitted_at__gte=filters.since)
+    if filters.until:
+        jobs = jobs.filter(submitted_at__lt=filters.until)
+    return jobs
+
+
+def job_list(user, filters: JobFilters) -> QuerySet[Job]:
+    """The team's job list, filtered in SQL; callers slice it, so only one page is ever read."""
+    return filtered(visible_jobs(user), filters)
+
+
+def with_details(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """Everything the API's job JSON reads, fetched per page in a fixed number of queries."""
+    return jobs.prefetch_related(
+        "inputs", "events", Prefetch("allocations", queryset=Allocation.objects.select_related("node"))
+    )
+
+
+class OutputUnavailable(Exception):
+    """The file is not among the job's sealed outputs (status 404), or not at its destination yet (409)."""
+
+    def __init__(self, message: str, *, status: int = 404) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def open_delivered_output(job: Job, path: str):
+    """A sealed output file, read back from the job's declared destination once delivery has finished."""
+    entry = next((e for e in job.outputs or [] if e["path"] == path), None)
+    if entry is None:
+        raise OutputUnavailable(f"{path[:200]!r} is not one of job {job.id}'s outputs")
+    if not job.delivered_at:
+        raise OutputUnavailable(
+            f"job {job.id}'s outputs are not delivered yet ({job.delivery_state or 'not sealed'})"
+        )
+    if urlsplit(job.output_uri).scheme == "s3":
+        return sources.filesystem_for(job.output_uri).open(job.output_uri.rstrip("/") + "/" + path, "rb")
+    root = declaration.resolve_under_roots(unquote(urlsplit(job.output_uri).path), settings.E31_OUTPUT_ROOTS)
+    target = Path(os.path.realpath(root / path)) if root else None
+    if target is None or not target.is_relative_to(root) or not target.is_file():
+        raise OutputUnavailable(f"{path[:200]!r} is no longer at the destination")
+    return target.open("rb")

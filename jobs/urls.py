@@ -12,5 +12,6 @@ urlpatterns = [
     path("transfers/", views.transfers, name="transfers"),
     path("<int:job_id>/", views.job_detail, name="detail"),
     path("<int:job_id>/live/", views.job_live, name="live"),
+    path("<int:job_id>/log/", views.job_log, name="log"),
     path("<int:job_id>/cancel/", views.job_cancel, name="cancel"),
 ]

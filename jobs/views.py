@@ -2,18 +2,18 @@
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
 from django.db.models import F
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts import scoping
+from common import paging
 from common.operators import operator_only
-from jobs import declaration, estimates, presenters, selectors, services, signals
-from jobs.forms import JobForm, bound_fields
-from jobs.lifecycle import BEFORE_RENT, State
+from jobs import declaration, estimates, logs, presenters, selectors, services, signals
+from jobs.forms import JobForm, JobListFilterForm, bound_fields
+from jobs.lifecycle import BEFORE_RENT
 from jobs.models import Job
 
 PAGE_SIZE = 25
@@ -21,15 +21,16 @@ PAGE_SIZE = 25
 
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
-    jobs = scoping.visible_to(request.user, Job.objects.select_related("team"))
-    state = request.GET.get("state", "")
-    if state in State.__members__.values():
-        jobs = jobs.filter(state=state)
-    page = Paginator(jobs.only(*presenters.LIST_FIELDS), PAGE_SIZE).get_page(request.GET.get("page"))
+    """The team's jobs, filtered by state, name and submission time (all in the URL, so a view is a bookmark)."""
+    form = JobListFilterForm(request.GET)
+    filters = form.filters() if form.is_valid() else selectors.JobFilters()
+    jobs = selectors.job_list(request.user, filters).only(*presenters.LIST_FIELDS)
+    page = paging.CappedPaginator(jobs, PAGE_SIZE).get_page(request.GET.get("page"))
     context = {
         "page": page,
-        "state": state,
-        "states": [s.value for s in State],
+        "form": form,
+        "filtered": filters != selectors.JobFilters(),
+        "query": form.query_string(),
         "live": presenters.any_alive(page),
     }
     template = "jobs/list.html#job-rows" if request.htmx else "jobs/list.html"
@@ -141,6 +142,22 @@ def job_live(request: HttpRequest, job_id: int) -> HttpResponse:
 
 
 @login_required
+def job_log(request: HttpRequest, job_id: int) -> StreamingHttpResponse:
+    """The whole log of one attempt's part, as a download (up to E31_LOG_CAP_BYTES)."""
+    job = scoping.get_visible_or_404(request.user, Job.objects.all(), id=job_id)
+    attempt, rank = request.GET.get("attempt", ""), request.GET.get("rank", "0")
+    if not (attempt.isdigit() or attempt == "") or not rank.isdigit():
+        raise Http404("No such log")
+    attempt_no = int(attempt or job.attempt)
+    response = StreamingHttpResponse(
+        logs.log_bytes(job, attempt=attempt_no, rank=int(rank)), content_type="text/plain; charset=utf-8"
+    )
+    name = f"job-{job.id}-attempt-{attempt_no}-rank-{int(rank)}.log"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+@login_required
 @require_POST
 def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     job = scoping.get_visible_or_404(request.user, Job.objects.all(), id=job_id)
@@ -162,7 +179,7 @@ def queue(request: HttpRequest) -> HttpResponse:
     if team:
         waiting = waiting.filter(team__slug=team)
     waiting = selectors.of_size(waiting, size)
-    page = Paginator(waiting, 50).get_page(request.GET.get("page"))
+    page = paging.CappedPaginator(waiting, 50).get_page(request.GET.get("page"))
     context = {
         "page": page, "team": team, "size": size, "sizes": list(selectors.SIZE_CLASSES),
         "teams": scoping.teams_of(request.user).only("name", "slug"), "now": timezone.now(),

@@ -6,10 +6,11 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.pagination import paginate
 
 from accounts import scoping
 from accounts.models import Team
+from common import paging
 from jobs.models import Job
 from jobs.schemas import ErrorOut
 from metering import reports
@@ -67,7 +68,7 @@ def job_meter(request: HttpRequest, job_id: int):
 @router.get(
     "/ledger", response={200: list[LedgerEntryOut], **ERRORS}, summary="A team's ledger rows in a date range"
 )
-@paginate(LimitOffsetPagination)
+@paginate(paging.CappedLimitOffset)
 def ledger(request: HttpRequest, filters: Query[LedgerQuery]):
     if filters.end < filters.start:
         raise HttpError(422, "The end date is before the start date.")

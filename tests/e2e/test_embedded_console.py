@@ -78,3 +78,30 @@ def test_the_demo_member_can_sign_in_and_open_the_form(embedded):
     landed = opener.open(request).read().decode()
     assert "Jobs" in landed and "demo" in landed
     assert "Submit the job" in opener.open(base + "/jobs/new/").read().decode()
+
+
+def test_the_readme_path_login_and_submit_the_example_from_the_terminal(embedded, tmp_path):
+    """`make run`, then `e31 login URL` and `e31 submit var/hello.toml --follow`, as the README shows."""
+    base, env, log_path = embedded
+    assert "e31 submit" in log_path.read_text()
+    token = subprocess.run(
+        [sys.executable, "manage.py", "create_api_token", "demo"],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    cli_env = {**env, "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    e31 = [sys.executable, "-m", "e31cli"]
+    login = subprocess.run(
+        [*e31, "login", base], input=token + "\n", cwd=ROOT, env=cli_env, capture_output=True, text=True
+    )
+    assert login.returncode == 0, login.stderr
+    example = Path(env["E31_STATE_DIR"]) / "hello.toml"
+    run = subprocess.run(
+        [*e31, "submit", str(example), "--follow"],
+        cwd=ROOT,
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "hello from E31\n"

@@ -4,11 +4,13 @@ The console supervises its children (operations.supervisor): one that exits is r
 growing pause, and only Ctrl-C or TERM stops them all.
 """
 
+import json
 import logging
 import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management import call_command
@@ -39,6 +41,7 @@ class Command(BaseCommand):
             self.style.SUCCESS("Database ready: " + settings.DATABASES["default"]["NAME"].__str__())
         )
         call_command("ensure_demo_accounts")
+        example = self._write_example_job()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         agent_flags = []
         if not sandbox.available_mode():
@@ -72,8 +75,22 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(
             f"\nE31 Network console: http://127.0.0.1:{port}/  ({nodes} local nodes x {gpus_per_node} virtual GPUs)\n"
             "Sign in as 'operator' (operator) or 'demo' (member of team demo). Ctrl-C stops everything.\n"
+            f"From a terminal: .venv/bin/e31 login http://127.0.0.1:{port}  (paste a token from the API tokens page)\n"
+            f"                 .venv/bin/e31 submit {example} --follow\n"
         ))  # fmt: skip
         _supervise(console)
+
+    def _write_example_job(self) -> str:
+        """A job file that runs on the local pool as it is, for a first `e31 submit` (kept if edited)."""
+        path = settings.STATE_DIR / "hello.toml"
+        if not path.exists():
+            code = "import os; print('hello from E31'); open(os.environ['E31_OUTPUT_DIR'] + '/hello.txt', 'w').write('hi')"
+            path.write_text(
+                'name = "hello"\n[work]\nargv = ["/usr/bin/python3", "-c", ' + json.dumps(code) + ']\n'
+                '[request]\ngpus = 1\nhours = 0.1\n'
+                f'[output]\nuri = "file://{settings.E31_OUTPUT_ROOTS[0]}/hello"\nbytes = "1 MB"\n'
+            )  # fmt: skip
+        return os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 def _supervise(console: supervisor.Supervisor) -> None:

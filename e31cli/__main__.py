@@ -1,0 +1,3 @@
+from e31cli import main
+
+main.run()

@@ -1,0 +1,88 @@
+"""A thin client of the console's /api/v1: errors become ApiError with the server's own explanation."""
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from e31cli import config
+
+# Worth retrying: the request may not have reached the console, or it was briefly unable to answer.
+RETRY_STATUSES = {502, 503, 504}
+RETRIES = 3
+
+
+@dataclass
+class ApiError(Exception):
+    status: int
+    detail: str
+    errors: list[dict] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [self.detail] + [f"  {e.get('field') or '(job)'}: {e.get('message')}" for e in self.errors]
+        return "\n".join(lines)
+
+
+class Api:
+    def __init__(self, login: config.Login, *, timeout_s: float = 30) -> None:
+        self.base = f"{login.url}/api/v1"
+        self.timeout_s = timeout_s
+        self.session = requests.Session()
+        self.session.headers.update({"Authorization": f"Bearer {login.token}", "User-Agent": "e31-cli"})
+
+    def get(self, path: str, *, timeout_s: float | None = None, **params: Any) -> Any:
+        query = {k: v for k, v in params.items() if v not in (None, "")}
+        return self._call("GET", path, params=query, timeout=timeout_s or self.timeout_s)
+
+    def post(self, path: str, *, retry: bool = False, **kwargs: Any) -> Any:
+        """POST; with ``retry`` (idempotent calls only: an Idempotency-Key is set) transient failures are retried."""
+        attempts = RETRIES if retry else 1
+        for attempt in range(attempts):
+            try:
+                return self._call("POST", path, timeout=self.timeout_s, **kwargs)
+            except (requests.ConnectionError, requests.Timeout, ApiError) as exc:
+                transient = not isinstance(exc, ApiError) or exc.status in RETRY_STATUSES
+                if not transient or attempt == attempts - 1:
+                    raise
+                time.sleep(2**attempt)
+        raise AssertionError("unreachable")
+
+    def pages(self, path: str, *, limit: int, **params: Any) -> Iterator[dict]:
+        """Items of a paged list, page by page, up to ``limit`` of them."""
+        offset = 0
+        while offset < limit:
+            page = self.get(path, limit=min(100, limit - offset), offset=offset, **params)
+            yield from page["items"]
+            offset += len(page["items"])
+            if not page["items"] or (offset >= page["count"] and not page.get("count_capped")):
+                return
+
+    def download(self, api_path: str, destination, **params: Any) -> int:
+        with self.session.get(
+            f"{self.base}{api_path}", params=params, stream=True, timeout=self.timeout_s
+        ) as r:
+            _raise_for(r)
+            written = 0
+            with open(destination, "wb") as out:
+                for block in r.iter_content(1 << 20):
+                    out.write(block)
+                    written += len(block)
+            return written
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.session.request(method, f"{self.base}{path}", **kwargs)
+        _raise_for(response)
+        self.last_status = response.status_code
+        return response.json()
+
+
+def _raise_for(response: requests.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"detail": response.text[:300] or response.reason}
+    raise ApiError(response.status_code, str(body.get("detail", response.reason)), body.get("errors") or [])

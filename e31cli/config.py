@@ -1,0 +1,46 @@
+"""Where ``e31`` finds the console: $E31_URL and $E31_TOKEN first (CI, scripts), then the stored login.
+
+The login is a JSON file in $XDG_CONFIG_HOME/e31 (~/.config/e31), readable by its owner only (0600).
+"""
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class NotLoggedIn(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Login:
+    url: str
+    token: str
+
+
+def login_file() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "e31" / "login.json"
+
+
+def save(login: Login) -> Path:
+    path = login_file()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # Created 0600 from the start (never briefly world-readable), and tightened if it already existed.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"url": login.url, "token": login.token}, handle)
+    return path
+
+
+def current() -> Login:
+    stored: dict = {}
+    if login_file().exists():
+        stored = json.loads(login_file().read_text())
+    url = os.environ.get("E31_URL") or stored.get("url", "")
+    token = os.environ.get("E31_TOKEN") or stored.get("token", "")
+    if not url or not token:
+        raise NotLoggedIn("Not logged in: run `e31 login URL` (or set E31_URL and E31_TOKEN).")
+    return Login(url=url.rstrip("/"), token=token)

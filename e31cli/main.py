@@ -1,0 +1,324 @@
+"""The ``e31`` command: submit, follow and read jobs from a terminal or a script.
+
+Typer, because each command is a typed function whose help, argument checks and completion come from
+its signature, and it brings rich for the tables; the API calls go through requests.
+
+Exit codes a script can rely on (``e31 --help`` lists them too):
+  0 done; with --wait, the job succeeded
+  1 the console answered with an error not listed below
+  2 the command line was wrong
+  3 not logged in, or the token was refused
+  4 no such job (or not your team's)
+  5 conflict: nothing to cancel, or an Idempotency-Key reused for another job file
+  6 the job file is not valid (each error names its field)
+  7 the console could not be reached
+With --wait, the job's own exit code when it ran and failed, else one code per end reason:
+  timed_out 124, cancelled 130, node_lost 75, staging_failed 66, output_failed 74, rejected 65,
+  dependency_failed 67, any other failure 1.
+"""
+
+import json
+import sys
+import time
+import uuid
+from calendar import monthrange
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path, PurePosixPath
+from typing import Annotated
+
+import requests
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from e31cli import client, config
+
+app = typer.Typer(help=__doc__.split("\n\n")[0], no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_show_locals=False,  # a traceback must never print the token
+                  epilog="Exit codes: " + __doc__.split("Exit codes a script can rely on (``e31 --help`` lists them too):")[1])  # fmt: skip
+# No markup: job names, argv and the console's messages are printed as they are, never as rich tags.
+out = Console(highlight=False, markup=False)
+err = Console(stderr=True, highlight=False, markup=False)
+
+EXIT_API, EXIT_AUTH, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_INVALID, EXIT_UNREACHABLE = 1, 3, 4, 5, 6, 7
+STATUS_EXITS = {401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_NOT_FOUND, 409: EXIT_CONFLICT, 422: EXIT_INVALID}
+END_REASON_EXITS = {
+    "succeeded": 0, "timed_out": 124, "cancelled": 130, "node_lost": 75, "staging_failed": 66,
+    "output_failed": 74, "rejected": 65, "dependency_failed": 67,
+}  # fmt: skip
+TERMINAL = {"released", "ended"}
+WAIT_POLL_S = 2.0
+LOG_WAIT_S = 15
+
+
+def run() -> None:
+    """Entry point: API and connection failures become a message and a documented exit code."""
+    try:
+        app()
+    except config.NotLoggedIn as exc:
+        err.print(str(exc), style="red")
+        sys.exit(EXIT_AUTH)
+    except client.ApiError as exc:
+        err.print(f"Error {exc.status}: {exc}", style="red")
+        sys.exit(STATUS_EXITS.get(exc.status, EXIT_API))
+    except requests.ConnectionError as exc:
+        err.print(f"Cannot reach the console: {exc}", style="red")
+        sys.exit(EXIT_UNREACHABLE)
+
+
+def api() -> client.Api:
+    return client.Api(config.current())
+
+
+@app.command()
+def login(
+    url: Annotated[str, typer.Argument(help="The console, e.g. http://127.0.0.1:8000")],
+    token: Annotated[str, typer.Option(help="An API token; asked for (hidden) when left out.")] = "",
+) -> None:
+    """Store the console's address and an API token (from its API tokens page) for later commands."""
+    url = url.rstrip("/")
+    if not token:
+        err.print(f"Create a token at {url}/accounts/tokens/ and paste it here.")
+        token = typer.prompt("API token", hide_input=True) if sys.stdin.isatty() else sys.stdin.readline()
+    login_ = config.Login(url=url, token=token.strip())
+    client.Api(login_).get("/jobs", limit=1)  # refused tokens stop here, before anything is stored
+    path = config.save(login_)
+    out.print(f"Logged in to {url}; token stored in {path} (readable by you only).")
+
+
+@app.command()
+def submit(
+    job_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A TOML job file.")],
+    wait: Annotated[bool, typer.Option(help="Wait for the end; exit with the job's exit code.")] = False,
+    follow: Annotated[bool, typer.Option(help="Print the log as it is written (implies --wait).")] = False,
+    team: Annotated[str, typer.Option(help="Team slug, if you belong to several.")] = "",
+    key: Annotated[str, typer.Option(help="Idempotency-Key (default: a new one per command).")] = "",
+) -> None:
+    """Submit a job file. Retries after a dropped connection reuse its Idempotency-Key: never two jobs."""
+    key = key or f"e31-cli-{uuid.uuid4()}"
+    session = api()
+    job = session.post(
+        "/jobs/file", retry=True, params={"team": team} if team else None, data=job_file.read_bytes(),
+        headers={"Content-Type": "application/toml", "Idempotency-Key": key},
+    )  # fmt: skip
+    again = " (already submitted with this key)" if session.last_status == 200 else ""
+    err.print(f"Submitted job {job['id']} {job['name']}{again}: {job['state']}")
+    if not (wait or follow):
+        out.print(job["id"])  # alone on stdout, for JOB=$(e31 submit job.toml)
+    if job.get("budget_note"):
+        err.print(job["budget_note"], style="yellow")
+    if follow:
+        _print_log(session, job["id"], follow=True)
+    if wait or follow:
+        raise typer.Exit(_exit_code(_wait(session, job["id"])))
+
+
+@app.command("ls")
+def list_jobs(
+    state: Annotated[str, typer.Option(help="A state, or alive / waiting / finished.")] = "",
+    name: Annotated[str, typer.Option(help="Part of the name.")] = "",
+    since: Annotated[str, typer.Option(help="Submitted since: 2h, 3d, 2026-11-30 or an ISO time.")] = "",
+    until: Annotated[str, typer.Option(help="Submitted before (same forms).")] = "",
+    team: Annotated[str, typer.Option(help="Team slug.")] = "",
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+) -> None:
+    """List your team's jobs, newest first."""
+    jobs = api().pages(
+        "/jobs", limit=limit, state=state, name=name, team=team, since=_when(since), until=_when(until)
+    )
+    if as_json:
+        for job in jobs:
+            out.print_json(json.dumps(job), indent=None)
+        return
+    table = _table("ID", "NAME", "STATE", "END", "EXIT", "GPUS", "HOURS", "SUBMITTED")
+    for job in jobs:
+        table.add_row(str(job["id"]), job["name"], job["state"], job["end_reason"], _text(job["exit_code"]),
+                      str(job["request"]["gpus"]), str(job["request"]["hours"]), _short_time(job["submitted_at"]))  # fmt: skip
+    out.print(table)
+
+
+@app.command()
+def show(
+    job_id: int,
+    as_json: Annotated[bool, typer.Option("--json", help="The API's JSON as it is.")] = False,
+) -> None:
+    """One job: its declaration, state, end and history."""
+    job = api().get(f"/jobs/{job_id}")
+    if as_json:
+        out.print_json(json.dumps(job))
+        return
+    out.print(f"Job {job['id']} {job['name']} ({job['team']}): {job['state']}"
+              + (f", {job['end_reason']}" if job["end_reason"] else "")
+              + (f", exit {job['exit_code']}" if job["exit_code"] is not None else ""))  # fmt: skip
+    if job["end_detail"]:
+        out.print(f"  {job['end_detail']}")
+    if job["pending_reason"]:
+        out.print(
+            f"  waiting: {job['pending_reason']} (estimated start {_short_time(job['estimated_start'])})"
+        )
+    out.print(f"  argv: {' '.join(job['work']['argv'])}")
+    out.print(
+        f"  request: {job['request']['gpus']} GPU(s) for {job['request']['hours']} h; output {job['output']['uri']}"
+    )
+    for event in job["events"]:
+        out.print(f"  {_short_time(event['at'])}  {event['state']:<10} {event['reason']}")
+
+
+@app.command()
+def logs(
+    job_id: int,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until the attempt ends.")
+    ] = False,
+    attempt: Annotated[int, typer.Option(help="Attempt number (default: the latest).")] = 0,
+    rank: Annotated[int, typer.Option(help="Node rank of a multi-node job.")] = 0,
+) -> None:
+    """Print a job's log (the whole of it, up to the console's cap)."""
+    _print_log(api(), job_id, follow=follow, attempt=attempt, rank=rank)
+
+
+@app.command()
+def cancel(job_ids: Annotated[list[int], typer.Argument(help="One or more job ids.")]) -> None:
+    """Cancel jobs; exits 0 only if every one was cancelled."""
+    session, worst = api(), 0
+    for job_id in job_ids:
+        try:
+            job = session.post(f"/jobs/{job_id}/cancel")
+            out.print(f"Job {job_id}: cancel requested ({job['state']})")
+        except client.ApiError as exc:
+            err.print(exc.detail)
+            worst = max(worst, STATUS_EXITS.get(exc.status, EXIT_API))
+    raise typer.Exit(worst)
+
+
+@app.command()
+def outputs(
+    job_id: int,
+    download: Annotated[
+        Path | None, typer.Option(help="Fetch every file into this folder.", file_okay=False)
+    ] = None,
+) -> None:
+    """List a job's sealed outputs (path, size, sha256), or download them."""
+    session = api()
+    files = session.get(f"/jobs/{job_id}")["outputs"]
+    table = _table("PATH", "BYTES", "SHA256")
+    for item in files:
+        table.add_row(item["path"], str(item["bytes"]), item["sha256"][:16])
+    if download is None:
+        out.print(table)
+        return
+    for item in files:
+        target = download.joinpath(*PurePosixPath(item["path"]).parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        size = session.download(f"/jobs/{job_id}/outputs/download", target, path=item["path"])
+        err.print(f"{item['path']}: {size} bytes")
+
+
+@app.command()
+def meter(job_id: int) -> None:
+    """A job's meter rows (held GPU-time per hour) and its GPU-hours."""
+    body = api().get(f"/jobs/{job_id}/meter")
+    table = _table("PERIOD START", "PERIOD END", "GPUS", "SECONDS", "KIND", "REASON")
+    for e in body["entries"]:
+        table.add_row(_short_time(e["period_start"]), _short_time(e["period_end"]), str(e["gpus"]),
+                      f"{e['seconds']:.3f}", e["kind"], e["reason"])  # fmt: skip
+    out.print(table)
+    out.print(f"GPU-hours: {body['gpu_hours']:.4f}")
+
+
+@app.command()
+def ledger(
+    month: Annotated[str, typer.Option(help="YYYY-MM (default: this month, UTC).")] = "",
+    team: Annotated[str, typer.Option(help="Team slug.")] = "",
+) -> None:
+    """Your team's ledger rows for a month and its GPU-hours."""
+    first = datetime.strptime(month, "%Y-%m").date() if month else datetime.now(UTC).date().replace(day=1)
+    last = first.replace(day=monthrange(first.year, first.month)[1])
+    rows = list(
+        api().pages("/ledger", limit=100_000, start=first.isoformat(), end=last.isoformat(), team=team)
+    )
+    table = _table("JOB", "PERIOD START", "GPUS", "SECONDS", "KIND")
+    for e in rows:
+        table.add_row(
+            str(e["job_id"]), _short_time(e["period_start"]), str(e["gpus"]), f"{e['seconds']:.3f}", e["kind"]
+        )
+    out.print(table)
+    gpu_hours = sum(e["gpus"] * e["microseconds"] for e in rows) / 3_600_000_000
+    out.print(f"{first:%B %Y}: {len(rows)} rows, {gpu_hours:.4f} GPU-hours")
+
+
+@app.command()
+def queue(team: Annotated[str, typer.Option(help="Team slug.")] = "") -> None:
+    """Your team's waiting jobs: when each should start and why it is not running yet."""
+    waiting = list(api().pages("/jobs", limit=1000, state="waiting", team=team))
+    waiting.sort(key=lambda j: (j["estimated_start"] is None, j["estimated_start"] or "", j["id"]))
+    table = _table("ID", "NAME", "STATE", "GPUS", "ESTIMATED START", "REASON")
+    for job in waiting:
+        table.add_row(str(job["id"]), job["name"], job["state"], str(job["request"]["gpus"]),
+                      _short_time(job["estimated_start"]), job["pending_reason"])  # fmt: skip
+    out.print(table if waiting else "No waiting jobs.")
+
+
+def _print_log(session: client.Api, job_id: int, *, follow: bool, attempt: int = 0, rank: int = 0) -> None:
+    offset = 0
+    while True:
+        chunk = session.get(
+            f"/jobs/{job_id}/log", attempt=attempt or None, rank=rank, offset=offset,
+            wait=LOG_WAIT_S if follow else 0, timeout_s=LOG_WAIT_S + 30,
+        )  # fmt: skip
+        sys.stdout.write(chunk["text"])
+        sys.stdout.flush()
+        offset, attempt = chunk["next_offset"], chunk["attempt"]
+        if not follow or chunk["complete"]:
+            return
+
+
+def _wait(session: client.Api, job_id: int) -> dict:
+    """Polls until the job has ended and its outputs are no longer being delivered."""
+    while True:
+        job = session.get(f"/jobs/{job_id}")
+        if job["state"] in TERMINAL and job["delivery_state"] != "delivering":
+            err.print(f"Job {job_id} {job['state']}: {job['end_reason']}"
+                      + (f", exit {job['exit_code']}" if job["exit_code"] is not None else ""))  # fmt: skip
+            return job
+        time.sleep(WAIT_POLL_S)
+
+
+def _exit_code(job: dict) -> int:
+    """The job's own exit code when it ran and failed; otherwise the documented code of its end reason."""
+    if job["end_reason"] == "failed":
+        return job["exit_code"] if job["exit_code"] else 1
+    return END_REASON_EXITS.get(job["end_reason"], 1)
+
+
+def _when(text: str) -> str:
+    """2h / 3d / 45m ago, or a date or ISO time, as the ISO time the API takes."""
+    if not text:
+        return ""
+    units = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+    if text[-1:] in units and text[:-1].isdigit():
+        return (datetime.now(UTC) - timedelta(**{units[text[-1]]: int(text[:-1])})).isoformat()
+    try:
+        return (
+            (date.fromisoformat(text).isoformat() + "T00:00:00+00:00")
+            if len(text) == 10
+            else datetime.fromisoformat(text).isoformat()
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(f"{text!r}: use 2h, 3d, 2026-11-30 or an ISO time") from exc
+
+
+def _table(*columns: str) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+def _short_time(value: str | None) -> str:
+    return value[:19].replace("T", " ") if value else ""
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value)

@@ -1,0 +1,119 @@
+"""Job logs in the database: the agent appends what the job writes; pages, the API and the CLI read it.
+
+Offsets are bytes of the part's log (attempt, rank). Reads hand back text that ends on a whole UTF-8
+character, so a follower that resumes at ``next_offset`` never sees a character cut in two.
+"""
+
+import codecs
+import threading
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import Q
+
+from jobs.lifecycle import TERMINAL
+from jobs.models import Allocation, Job, LogChunk
+
+CHUNK_BYTES = 256 * 1024
+READ_BYTES = 1024 * 1024
+
+
+def append_log(*, job_id: int, attempt: int, rank: int, offset: int, data: bytes) -> None:
+    """Stores ``data`` at ``offset``; a piece sent twice (a retry after a lost reply) is stored once."""
+    LogChunk.objects.bulk_create(
+        (
+            LogChunk(
+                job_id=job_id, attempt=attempt, rank=rank, offset=offset + i, data=data[i : i + CHUNK_BYTES]
+            )
+            for i in range(0, len(data), CHUNK_BYTES)
+        ),
+        ignore_conflicts=True,
+    )
+
+
+@dataclass(frozen=True)
+class LogSlice:
+    attempt: int
+    rank: int
+    ranks: int
+    latest_attempt: int
+    offset: int
+    next_offset: int
+    text: str
+    complete: bool  # nothing more will ever be appended at or after next_offset
+
+
+def read_log(job: Job, *, attempt: int, rank: int, offset: int) -> LogSlice:
+    """Up to a megabyte of a part's log from ``offset``; ``attempt`` 0 means the latest."""
+    attempt = attempt or job.attempt
+    data = _bytes_from(job.id, attempt, rank, offset)
+    complete_before = _part_finished(job, attempt, rank)
+    text, used = _whole_characters(data, final=complete_before and len(data) < READ_BYTES)
+    parts = Allocation.objects.filter(job_id=job.id, attempt=attempt).count()
+    return LogSlice(
+        attempt=attempt, rank=rank, ranks=max(parts, 1), latest_attempt=job.attempt, offset=offset,
+        next_offset=offset + used, text=text, complete=complete_before and used == len(data),
+    )  # fmt: skip
+
+
+def log_bytes(job: Job, *, attempt: int, rank: int):
+    """The whole of a part's log, chunk by chunk, for a download."""
+    chunks = LogChunk.objects.filter(job=job, attempt=attempt or job.attempt, rank=rank).order_by("offset")
+    for chunk in chunks.values_list("data", flat=True).iterator(chunk_size=16):
+        yield bytes(chunk)
+
+
+def _bytes_from(job_id: int, attempt: int, rank: int, offset: int) -> bytes:
+    chunks = LogChunk.objects.filter(
+        job_id=job_id,
+        attempt=attempt,
+        rank=rank,
+        offset__gt=offset - CHUNK_BYTES,
+        offset__lt=offset + READ_BYTES,
+    ).order_by("offset")
+    data = bytearray()
+    for start, piece in chunks.values_list("offset", "data"):
+        data += bytes(piece)[max(0, offset - start) :] if start < offset else bytes(piece)
+    return bytes(data[:READ_BYTES])
+
+
+def _part_finished(job: Job, attempt: int, rank: int) -> bool:
+    """True once the part's process has exited and the agent shipped its last bytes (or never will)."""
+    if job.state in TERMINAL or attempt < job.attempt:
+        return True
+    ended = Q(finished_at__isnull=False) | Q(released_at__isnull=False)
+    return Allocation.objects.filter(ended, job_id=job.id, attempt=attempt, rank=rank).exists()
+
+
+def _whole_characters(data: bytes, *, final: bool) -> tuple[str, int]:
+    """Decodes ``data``, holding back a UTF-8 character cut at the end unless nothing more will come."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    text = decoder.decode(data, final=final)
+    held_back = len(decoder.getstate()[0])
+    return text, len(data) - held_back
+
+
+# Followers that may wait at once in one web process; the rest are told to come back, so long-polls
+# never take every thread and pages stay as fast while many terminals follow logs.
+_WAITERS = threading.BoundedSemaphore(settings.E31_LOG_WAITERS_PER_PROCESS)
+POLL_S = 0.5
+BUSY_RETRY_S = 2.0
+
+
+def follow_log(job: Job, *, attempt: int, rank: int, offset: int, wait_s: float) -> tuple[LogSlice, float]:
+    """read_log, waiting up to ``wait_s`` for new bytes; (slice, seconds the caller should wait before asking again)."""
+    piece = read_log(job, attempt=attempt, rank=rank, offset=offset)
+    if piece.text or piece.complete or wait_s <= 0:
+        return piece, 0.0
+    if not _WAITERS.acquire(blocking=False):
+        return piece, BUSY_RETRY_S
+    try:
+        deadline = time.monotonic() + wait_s
+        while not (piece.text or piece.complete) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            job.refresh_from_db(fields=["state", "attempt"])
+            piece = read_log(job, attempt=piece.attempt if attempt else 0, rank=rank, offset=offset)
+    finally:
+        _WAITERS.release()
+    return piece, 0.0

@@ -1,0 +1,130 @@
+"""Whole logs in the database: appended by the agent, read from an offset, followed with a bounded wait."""
+
+import io
+import threading
+import time
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from jobs import agent, logs
+from jobs.models import Allocation, LogChunk
+from tests.factories import JobFactory, NodeFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def running(team):
+    job = JobFactory(team=team, state="running", attempt=1)
+    allocation = Allocation.objects.create(
+        job=job, attempt=1, node=NodeFactory(), gpu_indices=[0], rented_at=timezone.now()
+    )
+    return job, allocation
+
+
+@pytest.fixture
+def api(member_client, member_token):
+    member_client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {member_token}"
+    return member_client
+
+
+def test_the_whole_log_is_read_back_from_any_offset_and_a_resent_piece_is_stored_once(running):
+    job, _ = running
+    text = "".join(f"step {i}\n" for i in range(100_000)).encode()  # ~1.2 MB: several chunks, two reads
+    logs.append_log(job_id=job.id, attempt=1, rank=0, offset=0, data=text)
+    logs.append_log(job_id=job.id, attempt=1, rank=0, offset=0, data=text[: logs.CHUNK_BYTES])
+    first = logs.read_log(job, attempt=0, rank=0, offset=0)
+    second = logs.read_log(job, attempt=0, rank=0, offset=first.next_offset)
+    assert (first.text + second.text).encode() == text and not second.complete
+    middle = logs.read_log(job, attempt=1, rank=0, offset=300_001)
+    assert middle.text.encode() == text[300_001 : 300_001 + logs.READ_BYTES]
+
+
+def test_a_character_cut_between_two_shipments_is_held_back_until_it_is_whole(running):
+    job, _ = running
+    data = "loss → 0.1\n".encode()
+    cut = data.index("→".encode()) + 1
+    logs.append_log(job_id=job.id, attempt=1, rank=0, offset=0, data=data[:cut])
+    early = logs.read_log(job, attempt=1, rank=0, offset=0)
+    assert early.text == "loss " and early.next_offset == cut - 1
+    logs.append_log(job_id=job.id, attempt=1, rank=0, offset=cut, data=data[cut:])
+    assert logs.read_log(job, attempt=1, rank=0, offset=early.next_offset).text == "→ 0.1\n"
+
+
+def test_the_log_is_complete_once_the_part_has_exited(running):
+    job, allocation = running
+    assert not logs.read_log(job, attempt=1, rank=0, offset=0).complete
+    Allocation.objects.filter(id=allocation.id).update(finished_at=timezone.now())
+    assert logs.read_log(job, attempt=1, rank=0, offset=0).complete
+
+
+def test_the_agent_ships_everything_it_writes_and_notes_the_cap(tmp_path):
+    stream = io.BufferedReader(io.BytesIO(b"x" * 5000 + b"tail\n"))
+    capture = agent.LogCapture(stream, tmp_path / "job.log", cap=4096)
+    capture.run()
+    sent = []
+    capture.ship(lambda offset, data: sent.append((offset, data)))
+    capture.ship(lambda offset, data: sent.append((offset, data)))  # nothing new: no second send
+    assert len(sent) == 1 and sent[0][0] == 0
+    assert sent[0][1] == (tmp_path / "job.log").read_bytes()
+    assert sent[0][1].startswith(b"x" * 4096) and b"[log capped at 4096 bytes" in sent[0][1]
+
+
+def test_a_failed_shipment_is_kept_and_sent_again_from_the_same_offset(tmp_path):
+    capture = agent.LogCapture(io.BufferedReader(io.BytesIO(b"hello\n")), tmp_path / "job.log", cap=100)
+    capture.run()
+
+    def down(offset, data):
+        raise ConnectionError("database restarting")
+
+    with pytest.raises(ConnectionError):
+        capture.ship(down)
+    sent = []
+    capture.ship(lambda offset, data: sent.append((offset, data)))
+    assert sent == [(0, b"hello\n")]
+
+
+def test_the_api_reads_the_log_and_another_team_gets_a_404(api, running, outsider_client):
+    job, _ = running
+    logs.append_log(job_id=job.id, attempt=1, rank=0, offset=0, data=b"epoch 1\nepoch 2\n")
+    body = api.get(f"/api/v1/jobs/{job.id}/log", {"offset": 8}).json()
+    assert (body["text"], body["next_offset"], body["attempt"], body["ranks"]) == ("epoch 2\n", 16, 1, 1)
+    assert outsider_client.get(f"/api/v1/jobs/{job.id}/log").status_code == 404
+    assert outsider_client.get(reverse("jobs:log", args=[job.id])).status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_follower_waits_for_new_text_and_gets_it_as_soon_as_it_is_written(running):
+    job, _ = running
+    timer = threading.Timer(
+        1.0, logs.append_log, kwargs=dict(job_id=job.id, attempt=1, rank=0, offset=0, data=b"late\n")
+    )
+    began = time.monotonic()
+    timer.start()
+    piece, retry_after = logs.follow_log(job, attempt=0, rank=0, offset=0, wait_s=10)
+    took = time.monotonic() - began
+    assert piece.text == "late\n" and retry_after == 0 and 0.9 < took < 5
+
+
+def test_followers_past_the_per_process_limit_are_told_to_come_back_instead_of_holding_a_thread(
+    running, monkeypatch
+):
+    job, _ = running
+    monkeypatch.setattr(logs, "_WAITERS", threading.BoundedSemaphore(1))
+    logs._WAITERS.acquire()  # one follower already waiting in this process
+    began = time.monotonic()
+    piece, retry_after = logs.follow_log(job, attempt=0, rank=0, offset=0, wait_s=10)
+    assert time.monotonic() - began < 1 and retry_after == logs.BUSY_RETRY_S and piece.text == ""
+
+
+def test_the_job_page_offers_the_whole_log_as_a_download(member_client, running):
+    job, _ = running
+    logs.append_log(job_id=job.id, attempt=1, rank=0, offset=0, data=b"a" * 300_000 + b"\nend\n")
+    page = member_client.get(reverse("jobs:detail", args=[job.id])).content.decode()
+    assert f"{reverse('jobs:log', args=[job.id])}?attempt=1&amp;rank=0" in page
+    response = member_client.get(reverse("jobs:log", args=[job.id]), {"attempt": 1, "rank": 0})
+    assert b"".join(response.streaming_content) == b"a" * 300_000 + b"\nend\n"
+    assert response["Content-Disposition"] == f'attachment; filename="job-{job.id}-attempt-1-rank-0.log"'
+    assert LogChunk.objects.filter(job=job).count() == 2
