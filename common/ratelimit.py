@@ -1,8 +1,9 @@
-"""A per-address limit on posts to the public forms, counted in the Django cache.
+"""A per-client limit on posts to the public forms, counted in the cache every web process shares.
 
-A fixed window per address: the first post opens it, and past ``E31_PUBLIC_FORM_LIMIT`` posts
-within ``E31_PUBLIC_FORM_WINDOW_S`` seconds the address gets HTTP 429 until the window ends.
-Counting in the cache (not the database) keeps a flood from writing rows.
+A fixed window per client address (``common.clients``): the first post opens it, and past
+``E31_PUBLIC_FORM_LIMIT`` posts within ``E31_PUBLIC_FORM_WINDOW_S`` seconds the client gets HTTP 429
+until the window ends. The cache is the database's cache table by default, Redis when
+``E31_CACHE_URL`` names it: never one process's memory, so two web workers count together.
 """
 
 from collections.abc import Callable
@@ -12,6 +13,8 @@ from django.conf import settings
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+
+from common import clients
 
 
 def _count_post(*, scope: str, addr: str) -> int:
@@ -26,7 +29,7 @@ def _count_post(*, scope: str, addr: str) -> int:
 
 
 def over_limit(request: HttpRequest, *, scope: str = "public") -> bool:
-    addr = request.META.get("REMOTE_ADDR") or "unknown"
+    addr = clients.client_address(request) or "unknown"
     return _count_post(scope=scope, addr=addr) > settings.E31_PUBLIC_FORM_LIMIT
 
 

@@ -4,7 +4,7 @@ from django.http import HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
-from accounts.auth import API_AUTH
+from accounts.auth import API_AUTH, ApiThrottle
 from jobs import declaration
 from jobs.api import router as jobs_router
 from metering.api import router as metering_router
@@ -14,6 +14,7 @@ api = NinjaAPI(
     version="1",
     urls_namespace="api",
     auth=API_AUTH,
+    throttle=[ApiThrottle()],
     description="Submit GPU jobs, follow them through SUBMIT → RELEASE, read the meter. "
     "Authenticate with `Authorization: Bearer <token>` (create one on the API tokens page).",
 )

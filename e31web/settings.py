@@ -5,6 +5,7 @@ filesystem broker under ``var/``); production differences are environment values
 second settings tree.
 """
 
+import ipaddress
 from pathlib import Path
 
 import environ
@@ -65,6 +66,8 @@ INSTALLED_APPS = [
     "jobs",
     "metering",
     "operations",
+    "axes",
+    "common",
     "public",
     "e31web",  # configuration only; installed for the migrations that created the public pages' tables
 ]
@@ -81,6 +84,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "common.denials.DenialLogMiddleware",
+    # Innermost, so its 429 for a locked-out sign-in passes out through the denial log.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "e31web.urls"
@@ -166,9 +171,23 @@ SESSION_COOKIE_SAMESITE = "Lax"
 # A session lasts a working day at most, and ends with the browser in production.
 SESSION_COOKIE_AGE = env.int("E31_SESSION_AGE_S", default=12 * 3600)
 SESSION_EXPIRE_AT_BROWSER_CLOSE = env.bool("E31_SESSION_EXPIRE_AT_BROWSER_CLOSE", default=PRODUCTION)
-# Sign-in: at most LIMIT failed posts per username and address per window, then 429 (accounts.throttle).
+# Sign-in: LIMIT failed sign-ins per (username, client address) are answered, the next get 429 until
+# WINDOW seconds after the last failure (django-axes, configured in accounts.lockout).
 E31_LOGIN_FAILURE_LIMIT = env.int("E31_LOGIN_FAILURE_LIMIT", default=10)
 E31_LOGIN_WINDOW_S = env.int("E31_LOGIN_WINDOW_S", default=15 * 60)
+AUTHENTICATION_BACKENDS = ["accounts.lockout.LockoutBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"  # rows every web process reads alike
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]  # the pair, never the username alone
+AXES_FAILURE_LIMIT = "accounts.lockout.failure_limit"
+AXES_COOLOFF_TIME = "accounts.lockout.window"
+AXES_USERNAME_CALLABLE = "accounts.lockout.username"
+AXES_CLIENT_IP_CALLABLE = "common.clients.client_address"
+AXES_LOCKOUT_CALLABLE = "accounts.lockout.refused"
+AXES_RESET_ON_SUCCESS = True
+# Attempts refused while locked are not counted, so the lock ends WINDOW after the last real failure.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_VERBOSE = False  # refusals are logged once, on e31.denials
+AXES_DISABLE_ACCESS_LOG = True  # failures are kept while they count; successful sign-ins are not recorded
 if PRODUCTION:
     SECURE_SSL_REDIRECT = env.bool("E31_SSL_REDIRECT", default=True)
     # Load balancers probe over plain HTTP; the probe reads nothing private.
@@ -186,9 +205,20 @@ LOGIN_URL = "accounts:login"
 LOGIN_REDIRECT_URL = "jobs:list"
 LOGOUT_REDIRECT_URL = "home"
 
-# --- Caches: the rate limits of the public forms and the scheduler's coalescing live here.
-CACHES = {"default": env.cache_url_config(_env_or_file("E31_CACHE_URL", "locmemcache://e31"))}
-# Public forms (waitlist, design-partner application): at most LIMIT posts per address per window.
+# --- Caches: the rate limits (public forms, the API) live here, so every web process must share it:
+# the database's cache table by default (created by migration common 0001), Redis when E31_CACHE_URL
+# names it (redis://host:6379/N). Never one process's memory: two gunicorn workers would each count.
+CACHES = {"default": env.cache_url_config(_env_or_file("E31_CACHE_URL", "dbcache://e31_cache"))}
+# The client's address is the rightmost X-Forwarded-For hop that is not one of these proxies
+# (addresses or CIDR ranges); with none listed, the peer address (common.clients).
+E31_TRUSTED_PROXIES = env.list("E31_TRUSTED_PROXIES", default=[])
+try:
+    [ipaddress.ip_network(entry, strict=False) for entry in E31_TRUSTED_PROXIES]
+except ValueError as exc:
+    raise ImproperlyConfigured(f"E31_TRUSTED_PROXIES: {exc}") from exc
+# The API: at most this many requests per token (per user for a browser session) per period.
+E31_API_RATE = env.str("E31_API_RATE", default="600/m")
+# Public forms (waitlist, design-partner application): at most LIMIT posts per client per window.
 E31_PUBLIC_FORM_LIMIT = env.int("E31_PUBLIC_FORM_LIMIT", default=5)
 E31_PUBLIC_FORM_WINDOW_S = env.int("E31_PUBLIC_FORM_WINDOW_S", default=600)
 

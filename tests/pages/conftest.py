@@ -12,8 +12,8 @@ from tests.pages.factories import ApplicationFactory
 
 
 @pytest.fixture(autouse=True)
-def _fresh_rate_limits():
-    """The post counters live in the cache, which outlives a test's database rollback."""
+def _fresh_rate_limits(db):
+    """Rate-limit counters live in the cache: the database's table (rolled back with the test) or Redis (not)."""
     cache.clear()
     yield
     cache.clear()

@@ -44,8 +44,8 @@ class World:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_rate_limits():
-    """Post counters and login failures live in the cache, which outlives a test's rollback."""
+def _fresh_rate_limits(db):
+    """Rate-limit counters live in the cache: the database's table (rolled back with the test) or Redis (not)."""
     cache.clear()
     yield
     cache.clear()

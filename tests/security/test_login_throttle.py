@@ -1,6 +1,7 @@
-"""Sign-in throttling: ten failures for one username from one address in the window, then 429."""
+"""Sign-in lockout: ten failures for one username from one client address in the window, then 429."""
 
 import logging
+import time
 
 import pytest
 from django.urls import reverse
@@ -60,3 +61,49 @@ def test_a_refused_sign_in_is_logged_as_a_denial(client, member, caplog):
     for _ in range(11):
         _post(client, "alice", "wrong")
     assert [(r.status, r.path) for r in caplog.records if r.name == "e31.denials"] == [(429, LOGIN)]
+
+
+PROXY = "10.0.0.2"  # the load balancer: every request arrives from it
+
+
+def _via_proxy(client, username: str, password: str, *, client_addr: str):
+    return client.post(
+        LOGIN,
+        {"username": username, "password": password},
+        REMOTE_ADDR=PROXY,
+        HTTP_X_FORWARDED_FOR=client_addr,
+    )
+
+
+def test_behind_a_trusted_proxy_an_attack_does_not_lock_the_operator_out_from_elsewhere(
+    client, operator, settings
+):
+    settings.E31_TRUSTED_PROXIES = [PROXY]
+    for _ in range(12):
+        _via_proxy(client, "olga", "wrong", client_addr="203.0.113.7")
+    assert _via_proxy(client, "olga", PASSWORD, client_addr="203.0.113.7").status_code == 429
+    assert _via_proxy(client, "olga", PASSWORD, client_addr="198.51.100.9").status_code == 302
+
+
+def test_a_client_cannot_dodge_the_lock_by_claiming_another_address(client, operator, settings):
+    settings.E31_TRUSTED_PROXIES = [PROXY]
+    for n in range(11):  # each claims a new address on the left; the proxy appends the real one
+        _via_proxy(client, "olga", "wrong", client_addr=f"192.0.2.{n}, 203.0.113.7")
+    assert _via_proxy(client, "olga", PASSWORD, client_addr="203.0.113.7").status_code == 429
+
+
+def test_without_trusted_proxies_the_forwarded_header_is_not_believed(client, operator, settings):
+    settings.E31_TRUSTED_PROXIES = []
+    for n in range(10):
+        _via_proxy(client, "olga", "wrong", client_addr=f"192.0.2.{n}")
+    # Every attempt came from the proxy's own address, whatever the header claimed.
+    assert _via_proxy(client, "olga", PASSWORD, client_addr="198.51.100.9").status_code == 429
+
+
+def test_the_lock_ends_a_window_after_the_last_failure(client, member, settings):
+    settings.E31_LOGIN_WINDOW_S = 1
+    for _ in range(10):
+        _post(client, "alice", "wrong")
+    assert _post(client, "alice", PASSWORD).status_code == 429
+    time.sleep(1.2)
+    assert _post(client, "alice", PASSWORD).status_code == 302

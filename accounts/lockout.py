@@ -1,0 +1,59 @@
+"""Sign-in lockout, by django-axes: after ``E31_LOGIN_FAILURE_LIMIT`` failed sign-ins for one username
+from one client address, that pair's next attempts get HTTP 429 until ``E31_LOGIN_WINDOW_S`` has passed
+since its last failure; a successful sign-in clears the count.
+
+Per (username, client address), so nobody can lock an operator out from elsewhere and one office
+behind a shared address does not lock out its colleagues. The failures are rows in the database
+(axes' AccessAttempt), so every web process sees the same count; operators can read them in the
+admin and clear one with ``manage.py axes_reset_username NAME``. The address is the client's,
+not the load balancer's (``common.clients``). Axes is wired up in settings (``AXES_*``).
+"""
+
+from datetime import timedelta
+
+from axes.backends import AxesStandaloneBackend
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+
+class LockoutBackend(AxesStandaloneBackend):
+    """Refuses a locked-out (username, address) before any password is checked.
+
+    A sign-in without a request (server-side code, the test client's ``login``) is no HTTP client
+    and has no address to count against, so it is left to the other backends.
+    """
+
+    def authenticate(self, request: HttpRequest | None, username: str | None = None, password: str | None = None, **kwargs):  # fmt: skip
+        if request is None:
+            return None
+        return super().authenticate(request, username=username, password=password, **kwargs)
+
+
+def username(request: HttpRequest, credentials: dict | None) -> str:
+    """The username as counted: whatever its case or surrounding spaces, one count."""
+    name = (credentials or {}).get("username") or request.POST.get("username", "")
+    return str(name).strip().lower()[:150]
+
+
+def failure_limit(request: HttpRequest, credentials: dict | None) -> int:
+    return settings.E31_LOGIN_FAILURE_LIMIT  # read per request, so a test or an operator can change it
+
+
+def window(request: HttpRequest | None = None) -> timedelta:
+    return timedelta(seconds=settings.E31_LOGIN_WINDOW_S)
+
+
+def refused(request: HttpRequest, original_response: HttpResponse | None, credentials: dict | None) -> HttpResponse:  # fmt: skip
+    """What a locked-out sign-in gets: 429 with Retry-After.
+
+    Axes calls this also for the failure that reaches the limit; that attempt's password was checked
+    and it failed like the ones before it, so it gets the form with its error: the lock holds from
+    the next attempt, so the limit's number of failures are answered and the next one is refused.
+    """
+    counted = getattr(request, "axes_failures_since_start", None) is not None
+    if counted and original_response is not None:
+        return original_response
+    response = render(request, "pages/too_many.html", {"what": "sign-in"}, status=429)
+    response["Retry-After"] = str(settings.E31_LOGIN_WINDOW_S)
+    return response

@@ -1,0 +1,51 @@
+"""The API throttle: E31_API_RATE requests per token, then 429 with Retry-After; other tokens are not slowed."""
+
+import logging
+
+import pytest
+
+from accounts import services
+
+pytestmark = pytest.mark.django_db
+JOBS = "/api/v1/jobs"
+
+
+@pytest.fixture(autouse=True)
+def _three_a_minute(settings):
+    settings.E31_API_RATE = "3/m"
+
+
+def _bearer(user, label: str = "cli") -> dict:
+    _, token = services.create_api_token(user=user, label=label)
+    return {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+
+
+def test_a_token_past_its_rate_gets_429_with_retry_after(client, member, caplog):
+    caplog.set_level(logging.WARNING, logger="e31.denials")
+    token = _bearer(member)
+    assert [client.get(JOBS, **token).status_code for _ in range(3)] == [200, 200, 200]
+    refused = client.get(JOBS, **token)
+    assert refused.status_code == 429
+    assert 0 < int(refused["Retry-After"]) <= 60
+    assert refused.json() == {"detail": "Too many requests."}
+    assert [(r.status, r.path) for r in caplog.records if r.name == "e31.denials"] == [(429, JOBS)]
+
+
+def test_the_count_is_per_token_not_per_address(client, member, outsider):
+    first, second = _bearer(member, "laptop"), _bearer(outsider, "ci")
+    for _ in range(3):
+        client.get(JOBS, **first)
+    assert client.get(JOBS, **first).status_code == 429
+    assert client.get(JOBS, **second).status_code == 200  # same address, another token
+
+
+def test_a_second_token_of_the_same_user_has_its_own_count(client, member):
+    first, second = _bearer(member, "laptop"), _bearer(member, "ci")
+    for _ in range(3):
+        client.get(JOBS, **first)
+    assert client.get(JOBS, **first).status_code == 429
+    assert client.get(JOBS, **second).status_code == 200
+
+
+def test_a_browser_session_is_counted_per_user(member_client):
+    assert [member_client.get(JOBS).status_code for _ in range(4)] == [200, 200, 200, 429]
