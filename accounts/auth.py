@@ -1,15 +1,16 @@
 """API authentication (``Authorization: Bearer <token>`` or the browser's session) and its throttle."""
 
 import hashlib
+import time
 
 from django.conf import settings
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja.security import HttpBearer, SessionAuth
-from ninja.throttling import SimpleRateThrottle
+from ninja.throttling import BaseThrottle
 
 from accounts import services
-from common import clients
+from common import clients, ratelimit
 
 
 class BearerToken(HttpBearer):
@@ -21,32 +22,38 @@ class BearerToken(HttpBearer):
         return user
 
 
-class ApiThrottle(SimpleRateThrottle):
+class ApiThrottle(BaseThrottle):
     """``E31_API_RATE`` requests per token (per user for a browser session), else per client address.
 
-    django-ninja's sliding window, kept in the shared cache; over it the API answers 429 with
-    Retry-After. The rate is read per request so it can change without a restart of the URLconf.
+    django-ninja's throttle hook answers 429 with Retry-After; the count is the one rate limiter's
+    (common.ratelimit), in clock-aligned windows so Retry-After is exactly the time to the next one.
+    Ninja's own SimpleRateThrottle rewrites a list of every request's time on each request, which
+    grows with the rate; a counter does not. Read per request, so the rate changes without a restart.
     """
 
-    scope = "api"
-
-    def __init__(self) -> None:
-        super().__init__(settings.E31_API_RATE)
-
     def allow_request(self, request: HttpRequest) -> bool:
-        self.rate = settings.E31_API_RATE
-        self.num_requests, self.duration = self.parse_rate(self.rate)
-        return super().allow_request(request)
+        limit, period = _rate()
+        window = int(time.time() // period)
+        return ratelimit.hit(f"api:{_ident(request)}:{window}", window_s=period) <= limit
 
-    def get_cache_key(self, request: HttpRequest) -> str:
-        if digest := getattr(request, "api_token_digest", ""):
-            ident = f"token:{digest}"
-        elif request.user.is_authenticated:
-            ident = f"user:{request.user.pk}"
-        else:
-            address = clients.client_address(request) or "unknown"
-            ident = "addr:" + hashlib.sha256(address.encode()).hexdigest()[:32]
-        return self.cache_format % {"scope": self.scope, "ident": ident}
+    def wait(self) -> float:
+        _, period = _rate()
+        return period - time.time() % period
+
+
+def _rate() -> tuple[int, int]:
+    """E31_API_RATE, "600/m": (600, 60). Periods: s, m, h, d."""
+    count, _, unit = settings.E31_API_RATE.partition("/")
+    return int(count), {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit.strip()[:1]]
+
+
+def _ident(request: HttpRequest) -> str:
+    if digest := getattr(request, "api_token_digest", ""):
+        return f"token:{digest}"
+    if request.user.is_authenticated:
+        return f"user:{request.user.pk}"
+    address = clients.client_address(request) or "unknown"
+    return "addr:" + hashlib.sha256(address.encode()).hexdigest()[:32]
 
 
 API_AUTH = [BearerToken(), SessionAuth()]

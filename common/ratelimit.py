@@ -1,9 +1,12 @@
-"""A per-client limit on posts to the public forms, counted in the cache every web process shares.
+"""The one rate limiter: fixed-window counts in the cache every web process shares.
 
-A fixed window per client address (``common.clients``): the first post opens it, and past
-``E31_PUBLIC_FORM_LIMIT`` posts within ``E31_PUBLIC_FORM_WINDOW_S`` seconds the client gets HTTP 429
-until the window ends. The cache is the database's cache table by default, Redis when
-``E31_CACHE_URL`` names it: never one process's memory, so two web workers count together.
+``hit`` counts one event under a key for a window; the public forms (per client address,
+``common.clients``) and the API throttle (per token, ``accounts.auth``) both count through it.
+The cache is the database's cache table by default, Redis when ``E31_CACHE_URL`` names it: never
+one process's memory, so two web workers count together. A count is O(1) (add, then incr).
+
+Public forms: the first post opens a window; past ``E31_PUBLIC_FORM_LIMIT`` posts within
+``E31_PUBLIC_FORM_WINDOW_S`` seconds the client gets HTTP 429 until the window ends.
 """
 
 from collections.abc import Callable
@@ -17,10 +20,11 @@ from django.shortcuts import render
 from common import clients
 
 
-def _count_post(*, scope: str, addr: str) -> int:
-    key = f"e31:public-form:{scope}:{addr}"
-    window = settings.E31_PUBLIC_FORM_WINDOW_S
-    cache.add(key, 0, timeout=window)  # only the first post of a window sets the expiry
+def hit(key: str, *, window_s: int) -> int:
+    """Counts one event under ``key``; returns the count in the window the first event opened."""
+    key = f"e31:limit:{key}"
+    window = window_s
+    cache.add(key, 0, timeout=window)  # only the first event of a window sets the expiry
     try:
         return cache.incr(key)
     except ValueError:  # the window expired between add and incr
@@ -30,7 +34,8 @@ def _count_post(*, scope: str, addr: str) -> int:
 
 def over_limit(request: HttpRequest, *, scope: str = "public") -> bool:
     addr = clients.client_address(request) or "unknown"
-    return _count_post(scope=scope, addr=addr) > settings.E31_PUBLIC_FORM_LIMIT
+    count = hit(f"public-form:{scope}:{addr}", window_s=settings.E31_PUBLIC_FORM_WINDOW_S)
+    return count > settings.E31_PUBLIC_FORM_LIMIT
 
 
 def limit_posts(scope: str = "public") -> Callable:

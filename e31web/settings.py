@@ -6,6 +6,7 @@ second settings tree.
 """
 
 import ipaddress
+import re
 from pathlib import Path
 
 import environ
@@ -218,6 +219,10 @@ except ValueError as exc:
     raise ImproperlyConfigured(f"E31_TRUSTED_PROXIES: {exc}") from exc
 # The API: at most this many requests per token (per user for a browser session) per period.
 E31_API_RATE = env.str("E31_API_RATE", default="600/m")
+if not re.fullmatch(r"[1-9][0-9]*/[smhd][a-z]*", E31_API_RATE):
+    raise ImproperlyConfigured(
+        f"E31_API_RATE is a count per period, such as 600/m or 20/s (not {E31_API_RATE!r})"
+    )
 # Public forms (waitlist, design-partner application): at most LIMIT posts per client per window.
 E31_PUBLIC_FORM_LIMIT = env.int("E31_PUBLIC_FORM_LIMIT", default=5)
 E31_PUBLIC_FORM_WINDOW_S = env.int("E31_PUBLIC_FORM_WINDOW_S", default=600)
