@@ -11,6 +11,7 @@ called between fork and exec), so nothing the job starts escapes them.
 import errno
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Iterable, Mapping
@@ -138,6 +139,20 @@ class AttemptGroup:
                         log.warning("could not remove cgroup %s: %s", path, exc)
                         break
                     time.sleep(0.05)
+
+
+def remove_stale(hierarchies: Mapping[str, Hierarchy], *, prefix: str, node: str) -> list[str]:
+    """Removes the attempt groups (``<node>-<job>-<attempt>``) an agent that died left (its jobs died with it)."""
+    mine = re.compile(rf"{re.escape(node)}-[0-9]+-[0-9]+")
+    removed = []
+    for hierarchy in hierarchies.values():
+        parent = hierarchy.parent(prefix)
+        children = parent.iterdir() if parent.is_dir() else ()
+        stale = sorted(p.name for p in children if p.is_dir() and mine.fullmatch(p.name))
+        for name in stale:
+            AttemptGroup({hierarchy.controller: hierarchy}, prefix=prefix, name=name).remove(timeout_s=1)
+            removed.append(f"{hierarchy.controller}:{name}")
+    return removed
 
 
 def join(procs_files: Iterable[str]) -> None:

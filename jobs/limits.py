@@ -32,6 +32,7 @@ def probe(node_name: str) -> str:
     found = hierarchies()
     if not found:
         return "none: no cgroup controllers found"
+    cgroups.remove_stale(found, prefix=PREFIX, node=node_name)
     group = cgroups.AttemptGroup(found, prefix=PREFIX, name=f"{node_name}-probe")
     try:
         group.create(cgroups.Limits(memory_bytes=64 * 2**20, cpus=1, pids=64))

@@ -138,3 +138,16 @@ def test_a_part_gets_its_declared_amount_split_by_gpus_or_else_the_nodes_share()
     declared = types.part_share(declared=48e9, job_gpus=12, node_total=64e9, node_gpus=8, gpus_here=4)
     share = types.part_share(declared=None, job_gpus=12, node_total=64e9, node_gpus=8, gpus_here=4)
     assert (declared, share) == (16e9, 32e9)
+
+
+def test_an_agent_starting_again_removes_the_groups_its_dead_predecessor_left_and_no_others(tmp_path):
+    root = tmp_path / "cgroup"
+    _v1(root, "memory", "pids")
+    found = cgroups.detect(root=root, self_cgroup=_self(tmp_path, "4:memory:/\n8:pids:/\n"))
+    names = ("gpu-1-7-1", "gpu-1-8-2", "gpu-10-3-1", "gpu-1-2-5-1")  # the last two: nodes gpu-10, gpu-1-2
+    for controller in ("memory", "pids"):
+        for name in names:  # empty, as the kernel shows a group whose processes are gone
+            (root / controller / "e31" / name).mkdir(parents=True)
+    removed = cgroups.remove_stale(found, prefix="e31", node="gpu-1")
+    assert sorted(removed) == ["memory:gpu-1-7-1", "memory:gpu-1-8-2", "pids:gpu-1-7-1", "pids:gpu-1-8-2"]
+    assert sorted(p.name for p in (root / "memory" / "e31").iterdir()) == ["gpu-1-2-5-1", "gpu-10-3-1"]
