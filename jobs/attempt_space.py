@@ -54,7 +54,7 @@ def release(root: Path) -> None:
 
 
 def release_all(under: Path) -> list[str]:
-    """Releases every attempt space mounted below ``under`` (an agent starting again: its attempts are gone)."""
+    """Releases every attempt space mounted below ``under`` (a whole state directory being removed)."""
     released = []
     prefix = str(under.resolve()) + "/"
     for mountpoint in _mountpoints():

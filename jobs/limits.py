@@ -44,9 +44,9 @@ def probe(node_name: str) -> str:
 
 
 def probe_space(jobs_dir: Path) -> str:
-    """'' when attempt space is bounded here, else why not; stale spaces of a previous agent are released first."""
+    """'' when attempt space is bounded here, else why not. Spaces of earlier attempts stay mounted
+    across an agent's restart (the kernel keeps them): their outputs may still be awaiting delivery."""
     jobs_dir.mkdir(parents=True, exist_ok=True)
-    attempt_space.release_all(jobs_dir)
     return attempt_space.probe(jobs_dir)
 
 

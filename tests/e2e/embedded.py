@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobs import attempt_space
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -103,6 +105,7 @@ def embedded_console(tmp_path: Path, **extra_env: str) -> Iterator[Console]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            attempt_space.release_all(tmp_path)  # its agents' attempt filesystems, before tmp_path goes
 
 
 def demo_token(console: Console) -> str:
