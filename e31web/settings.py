@@ -19,9 +19,14 @@ env = environ.Env()
 environ.Env.smart_cast = True
 
 
+# Every secret file a setting was read from: jobs never see them (the node agent checks at start).
+SECRET_FILES: list[Path] = []
+
+
 def _env_or_file(name: str, default: str | None = None) -> str | None:
     path = env.str(f"{name}_FILE", default="")
     if path:
+        SECRET_FILES.append(Path(path).resolve())
         return Path(path).read_text().strip()
     return env.str(name, default=default)
 
@@ -322,6 +327,22 @@ E31_ATTEMPT_PIDS = env.int("E31_ATTEMPT_PIDS", default=4096)
 E31_SCRATCH_BYTES = env.int("E31_SCRATCH_BYTES", default=10 * 10**9)
 if E31_ATTEMPT_PIDS < 16 or E31_SCRATCH_BYTES < 0:
     raise ImproperlyConfigured("E31_ATTEMPT_PIDS is at least 16; E31_SCRATCH_BYTES is not negative")
+# Each agent runs every attempt under a uid of its own from this range (agents on one machine need
+# disjoint ranges: `node_agent --uid-base`); an attempt's directory is removed this long after delivery.
+E31_JOB_UID_BASE = env.int("E31_JOB_UID_BASE", default=200000)
+E31_JOB_UID_COUNT = env.int("E31_JOB_UID_COUNT", default=1000)
+E31_ATTEMPT_RETENTION_S = env.float("E31_ATTEMPT_RETENTION_S", default=86400.0)
+# Where the agent finds /dev/nvidia* (tests point it at fake device nodes).
+E31_DEVICE_ROOT = Path(env.str("E31_DEVICE_ROOT", default="/dev"))
+# Parts of jobs spanning nodes get addresses from here: node N owns the N-th /24 (route it to N).
+E31_JOB_SUBNET = env.str("E31_JOB_SUBNET", default="100.64.0.0/10")
+try:
+    if ipaddress.IPv4Network(E31_JOB_SUBNET).prefixlen > 24:
+        raise ValueError(E31_JOB_SUBNET)
+except ValueError as _exc:
+    raise ImproperlyConfigured(
+        f"E31_JOB_SUBNET is an IPv4 network of /24 or wider, such as 100.64.0.0/10: {_exc}"
+    ) from _exc
 E31_DEMO_PASSWORD = env.str("E31_DEMO_PASSWORD", default="")
 # A rate card is display-only and unset by default: no money appears anywhere without it.
 E31_RATE_PER_GPU_HOUR = env.str("E31_RATE_PER_GPU_HOUR", default="")

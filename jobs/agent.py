@@ -9,17 +9,19 @@ import collections
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 
-from jobs import cgroups, limits, logs, rental, sandbox
+from jobs import attempt_space, cgroups, devices, limits, logs, network, rental, sandbox
 from jobs.lifecycle import PREEMPTED, EndReason
 from jobs.models import Allocation, Job
 from jobs.rental import STOPPED
@@ -101,54 +103,90 @@ class Part:
     rank: int
     num_nodes: int
     coordinator: str
+    key: str  # names this part's namespace, links and groups on the host
+    visible_devices: str  # CUDA_VISIBLE_DEVICES
+    network: network.PartNetwork | None  # a part of a job spanning nodes, sandboxed: its own wired namespace
 
 
-def run_part(*, allocation_id: int, mode: str) -> None:
+def run_part(
+    *, allocation_id: int, mode: str, uids: sandbox.UidRange | None, gpu_uuids: tuple[str, ...] = ()
+) -> None:
     """Runs one allocation's process to its end, then finishes, seals and (last part) releases."""
     if not rental.start_allocation(allocation_id=allocation_id, now=timezone.now()):
         return  # a duplicate delivery, or released before it could start
-    part = _load_part(allocation_id)
+    part = _load_part(allocation_id, mode, gpu_uuids)
     dirs = sandbox.attempt_dirs(part.allocation)
-    limits.bound_space(dirs.root, part.job)
-    dirs.create()
+    limits.bound_space(dirs.root, part.job)  # created mounted: the job's files live in its bounded space
+    uid = uids.take(allocation_id) if uids and os.geteuid() == 0 else os.getuid()
     try:
-        outcome, exit_code = _run(part, dirs, mode)
+        outcome, exit_code = _confined_run(part, dirs, mode, uid)
     except Exception as exc:  # the agent itself failed: never leave GPUs held
         log.exception("allocation %s: the agent failed", allocation_id)
         rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(),
                            actor=_actor(part), detail=f"the node agent failed: {exc}"[:300])  # fmt: skip
         return
+    finally:
+        if uids:
+            uids.give_back(uid)
     _with_database(lambda: _after_exit(part, dirs, outcome, exit_code))
 
 
-def _load_part(allocation_id: int) -> Part:
+def _confined_run(part: Part, dirs: sandbox.AttemptDirs, mode: str, uid: int) -> tuple[str, int | None]:
+    """The part under its own uid, with its GPUs only, in its own network; then its files are the agent's."""
+    sandboxed = mode == sandbox.BUBBLEWRAP
+    gpus = devices.gpu_nodes(settings.E31_DEVICE_ROOT, part.allocation.gpu_indices) if sandboxed else ()
+    device_procs = devices.constrain(part.key, gpus) if sandboxed else None
+    dirs.create(owner=uid)
+    sandbox.write_identity(dirs, uid=uid, gid=uid)
+    if part.network:
+        network.wire(part.network)
+    group = limits.open_group(part.allocation)
+    confinement = sandbox.Confinement(
+        uid=uid, gid=uid, netns=part.network.namespace if part.network else "", devices=gpus,
+        cgroup_procs=(*group.procs_files(), *([str(device_procs)] if device_procs else [])),
+        libraries=devices.driver_libraries() if gpus else (),
+    )  # fmt: skip
+    try:
+        return _run_bounded(part, dirs, mode, confinement, group)
+    finally:
+        group.remove()  # whatever of the job is still alive goes with its groups
+        if part.network:
+            network.unwire(part.network)
+        devices.release(part.key)
+        sandbox.reown(dirs.root)  # sealing and delivery read files no job process can change any more
+
+
+def _load_part(allocation_id: int, mode: str, gpu_uuids: tuple[str, ...]) -> Part:
     allocation = Allocation.objects.select_related("node", "job").get(id=allocation_id)
     siblings = list(
         Allocation.objects.filter(job_id=allocation.job_id, attempt=allocation.attempt)
         .select_related("node")
         .order_by("rank")
     )
-    first = siblings[0].node
-    return Part(allocation, allocation.job, allocation.rank, len(siblings), first.address or first.name)
+    # Names on the host (network namespace, links, groups) hash the node too: pools sharing a machine never clash.
+    key = hashlib.sha256(f"{allocation.node.name}:{allocation.id}".encode()).hexdigest()[:10]
+    visible = devices.visible_devices(allocation.gpu_indices, gpu_uuids)
+    first = siblings[0]
+    if len(siblings) == 1 or mode != sandbox.BUBBLEWRAP:
+        coordinator = first.node.address or first.node.name
+        return Part(
+            allocation, allocation.job, allocation.rank, len(siblings), coordinator, key, visible, None
+        )
+    subnet = settings.E31_JOB_SUBNET
+    wired = network.plan(subnet=subnet, key=key, node_id=allocation.node_id, gpu_indices=allocation.gpu_indices,
+                         peers=[(s.node_id, s.gpu_indices) for s in siblings])  # fmt: skip
+    coordinator = network.part_addresses(subnet, first.node_id, first.gpu_indices)[1]
+    return Part(allocation, allocation.job, allocation.rank, len(siblings), coordinator, key, visible, wired)
 
 
-def _run(part: Part, dirs: sandbox.AttemptDirs, mode: str) -> tuple[str, int | None]:
+def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: sandbox.Confinement,
+                 group: cgroups.AttemptGroup) -> tuple[str, int | None]:  # fmt: skip
     env = _job_env(part, dirs)
     cmd = sandbox.command(
-        argv=part.job.argv, env=env, dirs=dirs, workdir=part.job.workdir, mode=mode,
-        hidden=_hidden_paths(), share_network=part.num_nodes > 1,
-    )  # fmt: skip
-    group = limits.open_group(part.allocation)
+        argv=part.job.argv, env=env, dirs=dirs, workdir=part.job.workdir, mode=mode, confinement=confinement
+    )
     try:
-        return _run_bounded(part, dirs, mode, cmd, env, group)
-    finally:
-        group.remove()  # whatever of the job is still alive goes with its groups
-
-
-def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, cmd: list[str], env: dict[str, str],
-                 group: cgroups.AttemptGroup) -> tuple[str, int | None]:  # fmt: skip
-    try:
-        proc = sandbox.launch(cmd, env=env, cwd=dirs.work, mode=mode, cgroup_procs=group.procs_files())
+        proc = sandbox.launch(cmd, env=env, cwd=dirs.work, mode=mode, confinement=confinement)
     except OSError as exc:  # unsandboxed and the program does not exist
         (dirs.root / "job.log").write_text(f"could not start {part.job.argv[0]!r}: {exc}\n")
         _store_tail(part, f"could not start {part.job.argv[0]!r}: {exc}")
@@ -251,12 +289,16 @@ def seal(output_dir: Path, *, prefix: str = "") -> list[dict]:
 
 def _job_env(part: Part, dirs: sandbox.AttemptDirs) -> dict[str, str]:
     """Only what the job declared plus what the platform owes it; none of the agent's own settings."""
+    driver = [
+        str(d) for d in devices.DRIVER_DIRS if d.is_dir()
+    ]  # NVIDIA's folder, outside the loader's cache
+    libraries = {"LD_LIBRARY_PATH": ":".join(filter(None, [part.job.env.get("LD_LIBRARY_PATH"), *driver]))}
     return {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": str(dirs.work),
         "TMPDIR": "/tmp",
         **part.job.env,
-        "CUDA_VISIBLE_DEVICES": ",".join(map(str, part.allocation.gpu_indices)),
+        "CUDA_VISIBLE_DEVICES": part.visible_devices,
         "E31_JOB_ID": str(part.job.id),
         "E31_ATTEMPT": str(part.allocation.attempt),
         "E31_DATA_DIR": str(dirs.data),
@@ -264,15 +306,38 @@ def _job_env(part: Part, dirs: sandbox.AttemptDirs) -> dict[str, str]:
         "E31_NODE_RANK": str(part.rank),
         "E31_NUM_NODES": str(part.num_nodes),
         "E31_COORDINATOR": part.coordinator,
+        **(libraries if driver else {}),
     }
 
 
-def _hidden_paths() -> list[Path]:
-    """The platform's own state (database files, broker folders, other jobs, staging) is never visible."""
-    paths = [settings.STATE_DIR, settings.E31_AGENT_ROOT, settings.E31_STAGING_ROOT]
-    if secret_file := os.environ.get("SECRET_KEY_FILE"):
-        paths.append(Path(secret_file).parent)
-    return paths
+def remove_expired_attempts(*, node_name: str, now) -> list[str]:
+    """Removes attempt directories E31_ATTEMPT_RETENTION_S after RELEASE and delivery: nothing a job wrote lingers."""
+    jobs_dir = sandbox.agent_root(node_name) / "jobs"
+    if not jobs_dir.is_dir():
+        return []
+    cutoff = now - timedelta(seconds=settings.E31_ATTEMPT_RETENTION_S)
+    removed = []
+    for entry in jobs_dir.iterdir():
+        job_id, _, attempt = entry.name.partition("-")
+        if not (job_id.isdigit() and attempt.isdigit()):
+            continue
+        allocation = (
+            Allocation.objects.filter(job_id=int(job_id), attempt=int(attempt), node__name=node_name)
+            .select_related("job")
+            .first()
+        )
+        if allocation is None or _finished_before(allocation, cutoff):
+            attempt_space.release(entry)  # its bounded filesystem first: the files go with its image
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry.name)
+    return removed
+
+
+def _finished_before(allocation: Allocation, cutoff) -> bool:
+    if allocation.released_at is None or allocation.job.delivery_state == "delivering":
+        return False
+    done = max(filter(None, (allocation.released_at, allocation.delivered_at, allocation.job.delivered_at)))
+    return done < cutoff
 
 
 def _store_tail(part: Part, text: str) -> None:

@@ -159,6 +159,8 @@ class Node(models.Model):
     memory_bytes = models.BigIntegerField(default=0)
     cpus = models.FloatField(default=0)
     limits = models.CharField(max_length=200, blank=True)
+    # Why the node takes no part of a job spanning nodes (it cannot isolate their network); empty: it can.
+    multi_node_refusal = models.CharField(max_length=300, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField()
     state_changed_at = models.DateTimeField()

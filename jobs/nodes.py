@@ -16,10 +16,11 @@ LIVE_STATES = (Node.NodeState.UP, Node.NodeState.DRAINING, Node.NodeState.DRAINE
 @transaction.atomic
 def register_node(
     *, name: str, gpus: int, gpu_model: str, address: str, agent_version: str, sandbox: str, now: datetime,
-    memory_bytes: int = 0, cpus: float = 0, limits: str = "",
+    memory_bytes: int = 0, cpus: float = 0, limits: str = "", multi_node_refusal: str = "",
 ) -> Node:  # fmt: skip
     """An agent (re)starting: the node is up, and any attempt it held before is lost with the old process."""
-    offered = {"memory_bytes": memory_bytes, "cpus": cpus, "limits": limits[:200]}
+    offered = {"memory_bytes": memory_bytes, "cpus": cpus, "limits": limits[:200],
+               "multi_node_refusal": multi_node_refusal[:300]}  # fmt: skip
     node, created = Node.objects.select_for_update().get_or_create(
         name=name,
         defaults={

@@ -1,18 +1,24 @@
 """Builds and controls the isolated process a job runs in.
 
-With bubblewrap: a read-only root, a private /tmp, /proc of its own PID namespace, no network,
-an empty environment but for the declared variables, the platform's state directories hidden
-under empty tmpfs mounts, and only the attempt's own directory writable. Without bubblewrap the
-agent refuses to start unless an operator allowed the unsandboxed mode, which the pool page labels.
+A job is a stranger on the node. With bubblewrap it runs under an unprivileged uid of its own (one
+per attempt, from the agent's range, so the host's ``ps`` and file owners show it), in new user,
+PID, IPC, UTS and network namespaces, and sees an allow-listed view of the node (``VIEW`` below:
+the system's programs and libraries read-only, a minimal /etc with a synthesized passwd/group, its
+own /proc, /dev and /tmp, its directories, its data and its GPUs) and nothing else: no host
+sockets, no state directory, no data or output root, no secret file. Bubblewrap mounts every bind
+nosuid, and the job holds no capability outside its user namespace, so a setuid file it writes
+grants nothing. Without bubblewrap the agent refuses to start unless an operator allowed the
+unsandboxed mode, which the pool page labels.
 """
 
 import ctypes
-import functools
 import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +35,26 @@ from jobs import cgroups
 BUBBLEWRAP = "bubblewrap"
 UNSANDBOXED = "none"
 PR_SET_PDEATHSIG = 1
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = Path("/run/netns")
+
+# The node as a job sees it, in this one place: what is not listed here does not exist inside.
+VIEW = {
+    # The system's programs and libraries, read-only (a symlink on the host stays a symlink).
+    "system": ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"),
+    # The few /etc entries the dynamic loader, Python, TLS and name resolution read, read-only.
+    "etc": (
+        "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
+        "/etc/ssl/certs", "/etc/ssl/openssl.cnf", "/etc/ca-certificates.conf", "/etc/resolv.conf",
+        "/etc/hosts", "/etc/host.conf", "/etc/nsswitch.conf", "/etc/gai.conf", "/etc/localtime",
+        "/etc/protocols", "/etc/services", "/etc/mime.types", "/etc/python3", "/etc/python3.11",
+        "/etc/python3.12",
+    ),
+    # Written by the agent for each attempt: the job's own user and group, root and nobody.
+    "synthesized": ("/etc/passwd", "/etc/group"),
+    # Private to the attempt: its PID namespace's /proc, a minimal /dev (plus its GPUs), a fresh /tmp.
+    "private": ("/proc", "/dev", "/tmp"),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -38,9 +64,14 @@ class AttemptDirs:
     output: Path
     data: Path
 
-    def create(self) -> None:
+    def create(self, *, owner: int) -> None:
+        """The attempt root stays the agent's (job.log lives there); work and output are the job's own."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o711)
         for path in (self.work, self.output):
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(exist_ok=True)
+            os.chown(path, owner, owner)
+            path.chmod(0o700)  # nobody else on the host enters, so a file left here is the job's alone
 
 
 def agent_root(node_name: str) -> Path:
@@ -58,35 +89,120 @@ def attempt_dirs(allocation: "Allocation") -> AttemptDirs:
     )
 
 
-def available_mode() -> str:
-    """'bubblewrap' when bwrap runs here, else '' (the caller decides whether unsandboxed is allowed)."""
+@dataclass(frozen=True)
+class Confinement:
+    """What one attempt's process gets beyond the common view: its identity, network, devices, groups."""
+
+    uid: int
+    gid: int
+    netns: str = ""  # a named network namespace made by the agent; empty: bubblewrap's private loopback
+    devices: tuple[Path, ...] = ()  # device nodes bound in under /dev (the allocated GPUs and controls)
+    cgroup_procs: tuple[
+        str, ...
+    ] = ()  # cgroup.procs files the process joins (as root) before it drops privileges
+    libraries: tuple[Path, ...] = ()  # the host's GPU driver libraries, bound where the view lacks them
+
+
+class UidRange:
+    """The uids one agent hands out: one per running attempt, never two attempts at once."""
+
+    def __init__(self, base: int, count: int) -> None:
+        if base < 1000 or count < 1:
+            raise ValueError("the job uid range starts at 1000 or above and holds at least one uid")
+        self.base, self.count = base, count
+        self._taken: set[int] = set()
+        self._lock = threading.Lock()
+
+    def take(self, seed: int) -> int:
+        """A free uid, starting from ``seed`` (an allocation id) so that successive attempts rotate."""
+        with self._lock:
+            for step in range(self.count):
+                uid = self.base + (seed + step) % self.count
+                if uid not in self._taken:
+                    self._taken.add(uid)
+                    return uid
+        raise RuntimeError(f"all {self.count} job uids from {self.base} are in use on this node")
+
+    def give_back(self, uid: int) -> None:
+        with self._lock:
+            self._taken.discard(uid)
+
+
+def available_mode(*, probe_uid: int) -> str:
+    """'bubblewrap' when bwrap runs here as a job would (under ``probe_uid`` when the agent is root),
+    else '' (the caller decides whether unsandboxed is allowed)."""
     bwrap = shutil.which("bwrap")
     if not bwrap:
         return ""
     probe = subprocess.run(
-        [bwrap, "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"],
+        [bwrap, "--unshare-all", *_system_view(), "--proc", "/proc", "--dev", "/dev", "/usr/bin/true"],
         capture_output=True,
         timeout=20,
+        preexec_fn=lambda: _enter(Confinement(uid=probe_uid, gid=probe_uid)),
     )
     return BUBBLEWRAP if probe.returncode == 0 else ""
 
 
+def exposed_by_view(paths: Sequence[Path]) -> list[Path]:
+    """Those of ``paths`` (state, roots, secret files) that a job would see through the view: must be none."""
+    shown = [Path(p) for p in (*VIEW["system"], *VIEW["etc"])]
+    return [p for p in paths if any(p.resolve().is_relative_to(s.resolve()) for s in shown if s.exists())]
+
+
+def untraversable(path: Path) -> Path | None:
+    """The first directory on the way to ``path`` that other uids cannot pass through, if any.
+
+    Bubblewrap runs as the job's uid, so it must reach the directories it binds; passing through
+    (o+x) is all it needs: the directories themselves stay closed (0700 and 0711).
+    """
+    path = Path(path).resolve()
+    for directory in (*reversed(path.parents), path):
+        if directory.exists() and not directory.stat().st_mode & stat.S_IXOTH:
+            return directory
+    return None
+
+
+def passwd_lines(*, uid: int, gid: int, home: Path) -> tuple[str, str]:
+    """/etc/passwd and /etc/group as the job sees them: root, the job itself, nobody."""
+    passwd = (
+        "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
+        f"job:x:{uid}:{gid}:e31 job:{home}:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+    group = f"root:x:0:\njob:x:{gid}:\nnogroup:x:65534:\n"
+    return passwd, group
+
+
 def command(
     *, argv: Sequence[str], env: dict[str, str], dirs: AttemptDirs, workdir: str, mode: str,
-    hidden: Sequence[Path], share_network: bool = False,
+    confinement: Confinement,
 ) -> list[str]:  # fmt: skip
     """The full command line that runs ``argv`` inside the sandbox (or as is, when unsandboxed)."""
     if mode != BUBBLEWRAP:
         return list(argv)
-    cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
-    if share_network:  # processes of a multi-node job must reach their coordinator
-        cmd.append("--share-net")
-    cmd += ["--ro-bind", "/", "/", "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
-    for path in _outermost(hidden):
-        cmd += ["--tmpfs", str(path)]
-    cmd += ["--bind", str(dirs.root), str(dirs.root)]
+    cmd = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+           "--die-with-parent", "--new-session", "--hostname", "e31-job"]  # fmt: skip
+    if not confinement.netns:  # else the process already joined the namespace the agent wired up
+        cmd.append("--unshare-net")
+    cmd += _system_view()
+    cmd += [
+        "--ro-bind",
+        str(dirs.root / "passwd"),
+        "/etc/passwd",
+        "--ro-bind",
+        str(dirs.root / "group"),
+        "/etc/group",
+    ]
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for device in confinement.devices:
+        cmd += ["--dev-bind", str(device), f"/dev/{device.name}"]
+    for library in confinement.libraries:
+        if not exposed_by_view([library]):
+            cmd += ["--ro-bind", str(library), str(library)]
+    cmd += ["--bind", str(dirs.work), str(dirs.work), "--bind", str(dirs.output), str(dirs.output)]
     if dirs.data.exists():
         cmd += ["--ro-bind", str(dirs.data), str(dirs.data)]
+    cmd += ["--remount-ro", "/"]  # the root that holds the view's mount points: nothing new under / or /etc
     cmd.append("--clearenv")
     for key, value in env.items():
         cmd += ["--setenv", key, value]
@@ -94,24 +210,31 @@ def command(
     return cmd
 
 
-def _outermost(paths: Sequence[Path]) -> list[Path]:
-    """Hide each tree once: a path inside another hidden one needs no mount of its own."""
-    ordered = sorted({p.resolve() for p in paths if p.exists()}, key=lambda p: len(p.parts))
-    kept: list[Path] = []
-    for path in ordered:
-        if not any(path.is_relative_to(k) for k in kept):
-            kept.append(path)
-    return kept
+def write_identity(dirs: AttemptDirs, *, uid: int, gid: int) -> None:
+    """The synthesized /etc/passwd and /etc/group, owned by the agent and bound read-only."""
+    passwd, group = passwd_lines(uid=uid, gid=gid, home=dirs.work)
+    (dirs.root / "passwd").write_text(passwd)
+    (dirs.root / "group").write_text(group)
+
+
+def _system_view() -> list[str]:
+    args: list[str] = []
+    for path in (*VIEW["system"], *VIEW["etc"]):
+        if os.path.islink(path) and path in VIEW["system"]:
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    return args
 
 
 def launch(
-    cmd: list[str], *, env: dict[str, str], cwd: Path, mode: str, cgroup_procs: Sequence[str] = ()
+    cmd: list[str], *, env: dict[str, str], cwd: Path, mode: str, confinement: Confinement
 ) -> subprocess.Popen:
     """Starts the job in a new session (its own process group), stdout and stderr on one pipe.
 
-    The child joins the attempt's cgroups (``cgroup_procs``) before it execs, so everything the job
-    ever starts is bounded. Python runs ``preexec_fn`` after Popen's own ``user=``/``group=``
-    switch, so the uid is dropped later (by bwrap or setpriv), never there: the join needs root.
+    The child joins its cgroups and network namespace as root, then drops to the attempt's uid
+    before bubblewrap runs: bubblewrap is not setuid here and makes the user namespace itself, so
+    the host sees the job's own uid (a root bwrap with ``--uid`` would map it only inside).
     """
     return subprocess.Popen(
         cmd,
@@ -121,15 +244,33 @@ def launch(
         cwd=cwd,
         env=env if mode != BUBBLEWRAP else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
         start_new_session=True,
-        preexec_fn=functools.partial(_child_limits, tuple(cgroup_procs)),
+        preexec_fn=lambda: _enter(confinement),
     )
 
 
-def _child_limits(cgroup_procs: tuple[str, ...]) -> None:
-    cgroups.join(cgroup_procs)
-    # Die with the agent even unsandboxed, and never write core dumps into someone's directory.
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def _enter(confinement: Confinement) -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    cgroups.join(confinement.cgroup_procs)  # resource limits and the devices group bound all it starts
+    if confinement.netns:
+        with open(NETNS_DIR / confinement.netns) as handle:
+            if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"cannot join network namespace {confinement.netns}")
+    if os.geteuid() == 0:
+        os.setgroups([])
+        os.setresgid(confinement.gid, confinement.gid, confinement.gid)
+        os.setresuid(confinement.uid, confinement.uid, confinement.uid)
+    # After the uid change, which clears it: die with the agent, and never dump core into a directory.
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def reown(root: Path) -> None:
+    """After the job: its files become the agent's, setuid/setgid bits cleared, before sealing reads them."""
+    for path in (root, *root.rglob("*")):
+        info = path.lstat()
+        os.lchown(path, os.geteuid(), os.getegid())
+        if not stat.S_ISLNK(info.st_mode) and info.st_mode & (stat.S_ISUID | stat.S_ISGID):
+            path.chmod(stat.S_IMODE(info.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
 
 
 def descendants(pid: int) -> list[int]:

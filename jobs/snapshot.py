@@ -54,7 +54,7 @@ def _nodes(pool_cached: frozenset[str] = frozenset()) -> list[types.NodeView]:
         held[node_id].add(index)
     nodes = list(
         Node.objects.exclude(state=Node.NodeState.DOWN).only(
-            "id", "name", "gpus", "state", "memory_bytes", "cpus"
+            "id", "name", "gpus", "state", "memory_bytes", "cpus", "multi_node_refusal"
         )
     )
     used = _used_memory_and_cpus({node.id: node for node in nodes})
@@ -69,6 +69,7 @@ def _nodes(pool_cached: frozenset[str] = frozenset()) -> list[types.NodeView]:
             cpus=node.cpus,
             free_memory=node.memory_bytes - used[node.id][0],
             free_cpus=node.cpus - used[node.id][1],
+            spans=not node.multi_node_refusal,
         )
         for node in nodes
     ]

@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from jobs import agent, delivery, nodes, reconciler, scheduler, staging
 
-# Set by the node_agent command: how this agent runs jobs ("bubblewrap" or "none").
-AGENT = {"mode": ""}
+# Set by the node_agent command: how this agent runs jobs ("bubblewrap" or "none"), and as whom.
+AGENT: dict = {"mode": "", "uids": None, "gpu_uuids": ()}
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
@@ -29,7 +29,9 @@ def run_safety_pass() -> None:
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def run_part(allocation_id: int) -> None:
-    agent.run_part(allocation_id=allocation_id, mode=AGENT["mode"])
+    agent.run_part(
+        allocation_id=allocation_id, mode=AGENT["mode"], uids=AGENT["uids"], gpu_uuids=AGENT["gpu_uuids"]
+    )
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)

@@ -22,7 +22,7 @@ from jobs.models import Allocation, GpuHold, Node
 from operations import charts, selectors, utilisation
 
 NODE_FIELDS = (
-    "id", "name", "gpus", "gpu_model", "state", "agent_version", "sandbox", "last_heartbeat",
+    "id", "name", "gpus", "gpu_model", "state", "agent_version", "sandbox", "multi_node_refusal", "last_heartbeat",
     "memory_bytes", "cpus", "limits",
 )  # fmt: skip
 
@@ -36,6 +36,7 @@ class NodeInfo:
     state: str
     agent_version: str
     sandbox: str
+    multi_node_refusal: str
     last_heartbeat: datetime | None
     memory_bytes: int  # offered to jobs; 0 when the agent did not say
     cpus: float
@@ -173,9 +174,14 @@ def _row(node: NodeInfo, ctx: _Context) -> str:
 
 
 def _sandbox(node: NodeInfo) -> str:
-    if node.sandbox == "none":
-        return '<strong class="badge loud">UNSANDBOXED</strong>' + _limits(node)
-    return escape(node.sandbox or "—") + _limits(node)
+    mode = (
+        '<strong class="badge loud">UNSANDBOXED</strong>'
+        if node.sandbox == "none"
+        else escape(node.sandbox or "—")
+    )
+    if node.multi_node_refusal:  # the scheduler gives it no part of a job spanning nodes
+        mode += f'<br><small class="bad">one-node jobs only: {escape(node.multi_node_refusal)}</small>'
+    return mode + _limits(node)
 
 
 def _offered(node: NodeInfo) -> str:

@@ -216,6 +216,7 @@ class Pass:
         else:
             self.free = {n.name: list(n.free) for n in nodes if n.free and n.schedulable}
         self.cache_nodes: dict[str, list[str]] = {}
+        self.no_span = {n.name: None for n in nodes if not n.spans}  # never given a part of a spanning job
         if any(map(_cached, nodes)):
             for n in nodes:
                 if n.schedulable:
@@ -274,7 +275,7 @@ class Pass:
             node = local if local and (accept is None or accept(local)) else view.best_fit(g, accept=accept)
             return None if node is None else {node: g}
         whole, rest = divmod(g, self.node_gpus)
-        full = view.buckets[self.node_gpus]
+        full = [node for node in view.buckets[self.node_gpus] if node not in self.no_span]
         if len(full) < whole:
             return None
         chosen: dict[str, int] = {}
@@ -287,7 +288,7 @@ class Pass:
             return None
         if rest:
             accept = None if room is None else (lambda node: room.fits(job, node, rest))
-            node = view.best_fit(rest, exclude=chosen, accept=accept)
+            node = view.best_fit(rest, exclude={**chosen, **self.no_span}, accept=accept)
             if node is None:
                 return None
             chosen[node] = rest

@@ -30,6 +30,7 @@ class NodeView:
     cpus: float = 0
     free_memory: float = 0
     free_cpus: float = 0
+    spans: bool = True  # may hold a part of a job spanning nodes (it can isolate their network)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,9 +5,11 @@ timeouts compressed to seconds (heartbeat 0.5 s, node timeout 3 s, kill grace 1 
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -30,7 +32,19 @@ COMPRESSED = {
     "E31_SCHEDULER_TICK_S": "2",
     "E31_ACCRUE_EVERY_S": "2",
     "E31_LOG_CAP_BYTES": "1000000",
+    "E31_ATTEMPT_RETENTION_S": "2",
 }
+
+
+UIDS_PER_AGENT = 16
+
+
+def state_dir_job_uids_can_pass(tag: str) -> Path:
+    """Job uids must pass through (never list) the state directory to reach their own folders, which
+    pytest's private temporary root (0700, reset by every pytest session) would not allow."""
+    state = Path(tempfile.mkdtemp(prefix=f"e31-e2e-{tag}-"))
+    state.chmod(0o711)
+    return state
 
 
 @dataclass
@@ -45,7 +59,16 @@ class LivePool:
         self.procs[name] = subprocess.Popen(cmd, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
     def start_agent(self, node: str, gpus: int = 4) -> None:
-        self.start(node, [sys.executable, "manage.py", "node_agent", "--name", node, "--gpus", str(gpus)])
+        self.start(node, [sys.executable, "manage.py", "node_agent", "--name", node, "--gpus", str(gpus),
+                          "--uid-base", str(self.uid_base(node)), "--uid-count", str(UIDS_PER_AGENT)])  # fmt: skip
+
+    def uid_base(self, node: str) -> int:
+        """A range of job uids per agent, apart from other test runs on this machine (one per tag)."""
+        return (
+            300000
+            + (int(self.tag, 16) % 10000) * 2 * UIDS_PER_AGENT
+            + self.nodes.index(node) * UIDS_PER_AGENT
+        )
 
     def kill(self, name: str) -> None:
         """SIGKILL, as a crashed machine would: no clean-up of any kind."""
@@ -83,28 +106,41 @@ def wait_for_state(job_id: int, *states: str, timeout: float = 40) -> Job:
 
 
 @pytest.fixture
-def live_pool(transactional_db, settings, tmp_path):
+def live_pool(request, transactional_db, settings, tmp_path):
+    """The pool; ``indirect`` parameters: ``roots_outside_tmp`` puts the data and output roots and the
+    secret files (SECRET_KEY_FILE, DATABASE_URL_FILE) under /var/tmp, as an operator might."""
     if not django_settings.CELERY_BROKER_URL.startswith("redis://"):
         pytest.fail("end-to-end tests need CELERY_BROKER_URL=redis://… (make test sets it)")
+    options = getattr(request, "param", {})
     tag = uuid.uuid4().hex[:6]
-    state = tmp_path / "state"
-    data, outputs = tmp_path / "datasets", tmp_path / "outputs"
-    for path in (state, data, outputs):
-        path.mkdir()
+    state = state_dir_job_uids_can_pass(tag)
+    request.addfinalizer(lambda: shutil.rmtree(state, ignore_errors=True))
+    outside = Path(f"/var/tmp/e31-e2e-{tag}") if options.get("roots_outside_tmp") else tmp_path
+    data, outputs = outside / "datasets", outside / "outputs"
+    for path in (data, outputs):
+        path.mkdir(parents=True)
     db = connection.settings_dict
+    database_url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
     env = {
-        **os.environ, **COMPRESSED,
-        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        **os.environ, **COMPRESSED, "DATABASE_URL": database_url,
         "E31_CONTROL_QUEUE": f"control-{tag}", "E31_STATE_DIR": str(state),
         "E31_DATA_ROOTS": str(data), "E31_OUTPUT_ROOTS": str(outputs),
         "SECRET_KEY": "e2e-secret-never-visible-to-jobs", "PYTHONUNBUFFERED": "1",
+        "E31_JOB_SUBNET": f"100.{64 + int(tag, 16) % 64}.0.0/16",  # apart from other runs on this machine
     }  # fmt: skip
+    if options.get("roots_outside_tmp"):
+        (outside / "secrets").mkdir(mode=0o700)
+        for name, value in (("SECRET_KEY", env.pop("SECRET_KEY")), ("DATABASE_URL", env.pop("DATABASE_URL"))):
+            (outside / "secrets" / name).write_text(value)
+            env[f"{name}_FILE"] = str(outside / "secrets" / name)
+        request.addfinalizer(lambda: shutil.rmtree(outside, ignore_errors=True))
     env.pop("E31_TEST_DB_NAME", None)
     settings.CELERY_TASK_DEFAULT_QUEUE = env["E31_CONTROL_QUEUE"]
     settings.E31_DATA_ROOTS, settings.E31_OUTPUT_ROOTS = [data.resolve()], [outputs.resolve()]
     settings.E31_STAGING_ROOT = (state / "staging").resolve()
     settings.E31_AGENT_ROOT = (state / "agents").resolve()
     settings.E31_MAX_ATTEMPTS = 3
+    settings.E31_JOB_SUBNET = env["E31_JOB_SUBNET"]
     pool = LivePool(tag=tag, env=env, nodes=[f"e2e-{tag}-1", f"e2e-{tag}-2"])
     celery = [sys.executable, "-m", "celery", "-A", "e31web"]
     pool.start("worker", [*celery, "worker", "-Q", env["E31_CONTROL_QUEUE"], "--pool", "threads", "-c", "4",

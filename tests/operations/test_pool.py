@@ -44,6 +44,14 @@ def test_the_pool_page_shows_state_heartbeat_agent_version_and_shouts_unsandboxe
     assert re.search(r'class="bad">30\d s ago', page)  # silent past the reaper's timeout: shown in red
 
 
+def test_the_pool_page_says_why_a_node_takes_one_node_jobs_only(operator_client):
+    NodeFactory(name="gpu-lone", sandbox="bubblewrap", multi_node_refusal="the agent is not root: <no netns>")
+    NodeFactory(name="gpu-wired", sandbox="bubblewrap")
+    page = operator_client.get(POOL).content.decode()
+    assert page.count("one-node jobs only") == 1
+    assert "one-node jobs only: the agent is not root: &lt;no netns&gt;" in page
+
+
 def test_the_pool_fragment_polls_itself_and_offers_actions_by_state(operator_client, pool):
     Node.objects.filter(name="gpu-02").update(state=Node.NodeState.DRAINING)
     fragment = operator_client.get(POOL, **HTMX).content.decode()

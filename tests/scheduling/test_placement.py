@@ -152,3 +152,22 @@ def test_a_pending_backlog_job_only_takes_gpus_nobody_waiting_can_use():
     older_backlog = PendingJob(1, "t", 2, 1.0, NOW - 9999, preemptible=True)
     result = _plan([_node("a", range(4))], [older_backlog, _job(2, 4, hours=5)])
     assert [s.job_id for s in result.starts] == [2]
+
+
+def test_a_node_that_cannot_isolate_spanning_jobs_gets_no_part_of_one_but_still_runs_one_node_jobs():
+    nodes = [
+        _node("a", range(8), spans=False),
+        _node("b", range(8)),
+        _node("c", range(8)),
+        _node("d", range(2)),
+    ]
+    result = _plan(nodes, [_job(1, 10), _job(2, 8)])
+    placed = {s.job_id: s.gpus_by_node for s in result.starts}
+    assert set(placed[1]) <= {"b", "c", "d"} and len(placed[1]) == 2
+    assert "a" in placed[2]  # a one-node job still goes there
+
+
+def test_a_spanning_job_waits_rather_than_take_a_part_on_a_node_that_refuses():
+    nodes = [_node("a", range(8), spans=False), _node("b", range(8))]
+    result = _plan(nodes, [_job(1, 16)])
+    assert result.starts == []

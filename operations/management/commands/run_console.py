@@ -44,7 +44,7 @@ class Command(BaseCommand):
         example = self._write_example_job()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         agent_flags = []
-        if not sandbox.available_mode():
+        if not sandbox.available_mode(probe_uid=settings.E31_JOB_UID_BASE):
             self.stdout.write(self.style.WARNING(
                 "bubblewrap is not installed: the local nodes run jobs UNSANDBOXED (the pool page says so). "
                 "apt-get install bubblewrap to sandbox them."
@@ -68,6 +68,8 @@ class Command(BaseCommand):
                 f"local-{i}",
                 "--gpus",
                 str(gpus_per_node),
+                "--uid-base",  # each local node owns its own range of job uids
+                str(settings.E31_JOB_UID_BASE + (i - 1) * settings.E31_JOB_UID_COUNT),
                 *agent_flags,
             ]
         console = supervisor.Supervisor(commands, env=env, report=_report)

@@ -1,0 +1,98 @@
+"""The GPUs a job sees: its allocated device nodes, the driver's control devices, its driver libraries.
+
+Bubblewrap binds exactly those nodes into the job's fresh /dev, from ``E31_DEVICE_ROOT`` (``/dev``;
+tests point it at fake nodes). Where the devices cgroup exists (v1 here: cgroup v2 has no devices
+file, it filters with BPF programs), the attempt gets a group that allows the standard devices
+and those nodes only, as Slurm's ConstrainDevices does, so no other GPU opens even through a node
+the job could see. A job cannot create device nodes in the first place: it holds no capability
+outside its user namespace.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+# What bubblewrap's minimal /dev holds: null, zero, full, random, urandom, tty, ptmx and the ptys.
+STANDARD_DEVICES = ("c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm", "c 5:0 rwm", "c 5:2 rwm",
+                    "c 136:* rwm")  # fmt: skip
+DEVICES_CGROUP = Path("/sys/fs/cgroup/devices")
+DRIVER_LIBRARIES = re.compile(r"^\s*(libcuda[^ ]*|libnvidia-ml[^ ]*) .*=> (\S+)$")
+DRIVER_DIRS = (Path("/usr/local/nvidia/lib64"),)
+
+
+def gpu_nodes(root: Path, indices: Sequence[int]) -> tuple[Path, ...]:
+    """The allocated GPUs' nodes and the control devices present under ``root``."""
+    names = [f"nvidia{i}" for i in indices] + list(CONTROL_DEVICES)
+    return tuple(root / name for name in names if (root / name).exists())
+
+
+def visible_devices(indices: Sequence[int], uuids: Sequence[str]) -> str:
+    """CUDA_VISIBLE_DEVICES: UUIDs, right however the devices enumerate inside; indices for virtual GPUs."""
+    if uuids and all(i < len(uuids) for i in indices):
+        return ",".join(uuids[i] for i in indices)
+    return ",".join(map(str, indices))
+
+
+def constrain(name: str, nodes: Sequence[Path]) -> Path | None:
+    """An attempt's devices group allowing only the standard devices and ``nodes``; its cgroup.procs.
+
+    None where there is no devices hierarchy to use (cgroup v2 only, or an agent that is not root).
+    """
+    if not DEVICES_CGROUP.is_dir() or os.geteuid() != 0:
+        return None
+    group = DEVICES_CGROUP / "e31" / name
+    group.mkdir(parents=True, exist_ok=True)
+    (group / "devices.deny").write_text("a")
+    for rule in (*STANDARD_DEVICES, *map(_rule, nodes)):
+        (group / "devices.allow").write_text(rule)
+    return group / "cgroup.procs"
+
+
+def release(name: str) -> None:
+    """Removes the attempt's devices group once its processes are gone."""
+    try:
+        (DEVICES_CGROUP / "e31" / name).rmdir()
+    except OSError:  # gone already, or never made (no devices hierarchy)
+        pass
+
+
+def driver_libraries() -> tuple[Path, ...]:
+    """The host's libcuda and libnvidia-ml (from the loader's cache) and NVIDIA's own library folder."""
+    found: list[Path] = [d for d in DRIVER_DIRS if d.is_dir()]
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    try:
+        listing = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=20).stdout
+    except OSError:
+        return tuple(found)
+    for line in listing.splitlines():
+        if match := DRIVER_LIBRARIES.match(line):
+            found.append(Path(match.group(2)))
+    return tuple(dict.fromkeys(found))
+
+
+def gpu_uuids() -> tuple[str, ...]:
+    """The node's GPU UUIDs by index, from nvidia-smi where the driver is installed; none otherwise."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return ()
+    try:
+        done = subprocess.run(
+            [smi, "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return (
+        tuple(line.strip() for line in done.stdout.splitlines() if line.strip())
+        if done.returncode == 0
+        else ()
+    )
+
+
+def _rule(node: Path) -> str:
+    info = node.stat()
+    kind = "c" if node.is_char_device() else "b"
+    return f"{kind} {os.major(info.st_rdev)}:{os.minor(info.st_rdev)} rwm"

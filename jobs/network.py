@@ -1,0 +1,166 @@
+"""The network of one part of a job spanning nodes: its own namespace, wired to its job's parts only.
+
+A one-node job gets bubblewrap's private network namespace (its own loopback, nothing else). A part
+of a job spanning nodes gets a namespace the agent makes and joins it to before bubblewrap runs:
+a veth pair to the node, an address of its own, and an nftables table that lets it reach its own
+job's other parts and nothing else — no address of the node itself (the console, PostgreSQL, the
+broker, the agent), no other job, no other network. The node forwards only for these veths.
+
+Addresses need no coordination: each node owns a /24 of ``E31_JOB_SUBNET`` (its database id picks
+which), and each part a /30 of its node's /24 (its lowest GPU index picks which, unique among the
+node's running parts since no GPU is held twice). The operator routes each node's /24 to that node.
+"""
+
+import ipaddress
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+NODE_PREFIX = 24
+PART_PREFIX = 30
+
+
+class NetworkError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class PartNetwork:
+    namespace: str  # under /run/netns
+    host_link: str  # the node's end of the veth pair
+    host_address: str  # the part's gateway, on the node
+    address: str  # the part's own address
+    peers: tuple[str, ...]  # the addresses of every part of the job, this one included
+
+    @property
+    def table(self) -> str:
+        return self.namespace.replace("-", "_")
+
+
+def node_slice(subnet: str, node_id: int) -> ipaddress.IPv4Network:
+    """The /24 of ``subnet`` whose addresses this node gives its parts (route it to the node)."""
+    network = ipaddress.IPv4Network(subnet)
+    slices = 2 ** (NODE_PREFIX - network.prefixlen)
+    return ipaddress.IPv4Network((int(network.network_address) + (node_id % slices) * 256, NODE_PREFIX))
+
+
+def part_addresses(subnet: str, node_id: int, gpu_indices: Sequence[int]) -> tuple[str, str]:
+    """(the node's end, the part's own address) for the part holding ``gpu_indices`` on that node."""
+    slot = min(gpu_indices)
+    if slot >= 2 ** (32 - NODE_PREFIX - 2):
+        raise NetworkError(f"GPU index {slot} has no address slot: a node's /24 serves 64 parts")
+    base = int(node_slice(subnet, node_id).network_address) + slot * 4
+    return str(ipaddress.IPv4Address(base + 1)), str(ipaddress.IPv4Address(base + 2))
+
+
+def plan(*, subnet: str, key: str, node_id: int, gpu_indices: Sequence[int],
+         peers: Sequence[tuple[int, Sequence[int]]]) -> PartNetwork:  # fmt: skip
+    """The part's network named by ``key`` (ten characters); ``peers``: (node id, GPU indices) of every part."""
+    host, own = part_addresses(subnet, node_id, gpu_indices)
+    addresses = tuple(part_addresses(subnet, node, gpus)[1] for node, gpus in peers)
+    return PartNetwork(namespace=f"e31-{key}", host_link=f"e31{key}", host_address=host,
+                       address=own, peers=addresses)  # fmt: skip
+
+
+def wire(net: PartNetwork) -> None:
+    """Makes the namespace, the veth pair, the routes and the filter (replacing any stale one)."""
+    unwire(net)
+    _stale_holder(net.host_address)
+    _make(net)
+    ns = ["ip", "-n", net.namespace]
+    for step in (
+        ["ip", "addr", "add", f"{net.host_address}/{PART_PREFIX}", "dev", net.host_link],
+        ["ip", "link", "set", net.host_link, "up"],
+        [*ns, "link", "set", "lo", "up"],
+        [*ns, "addr", "add", f"{net.address}/{PART_PREFIX}", "dev", "eth0"],
+        [*ns, "link", "set", "eth0", "up"],
+        [*ns, "route", "add", "default", "via", net.host_address],
+    ):
+        _run(step)
+    # Forwarding for these veths only: the node's own interfaces keep theirs as the operator set them.
+    _write_sysctl(f"net/ipv4/conf/{net.host_link}/forwarding", "1")
+    _run(["ip", "netns", "exec", net.namespace, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"])
+
+
+def _make(net: PartNetwork) -> None:
+    """The filter first, so the link never exists unfiltered; then the namespace and the veth pair."""
+    _nft(_ruleset(net))
+    _run(["ip", "netns", "add", net.namespace])
+    _run(["ip", "link", "add", net.host_link, "type", "veth", "peer", "name", "eth0", "netns", net.namespace])
+
+
+def unwire(net: PartNetwork) -> None:
+    """Removes what ``wire`` made; safe to call when nothing (or only part of it) exists."""
+    for step in (
+        ["ip", "link", "del", net.host_link],
+        ["ip", "netns", "del", net.namespace],
+        ["nft", "delete", "table", "inet", net.table],
+    ):
+        subprocess.run(step, capture_output=True, timeout=20)
+
+
+def refusal() -> str:
+    """Why this node cannot wire parts of jobs spanning nodes ('' when it can), from a real trial."""
+    if os.geteuid() != 0:
+        return "the agent is not root: it cannot make network namespaces, veth pairs or nftables rules"
+    net = plan(
+        subnet="100.127.255.0/24",
+        key=f"p{os.getpid():09d}"[-10:],
+        node_id=0,
+        gpu_indices=[63],
+        peers=[(0, [63])],
+    )
+    try:
+        _make(net)  # no address: a trial never disturbs a running part
+    except (NetworkError, OSError, subprocess.SubprocessError) as exc:
+        return f"cannot isolate a job's network here: {exc}"
+    finally:
+        unwire(net)
+    return ""
+
+
+def _ruleset(net: PartNetwork) -> str:
+    others = ", ".join(p for p in net.peers if p != net.address) or net.address
+    link = f'"{net.host_link}"'
+    return f"""
+table inet {net.table} {{
+    chain input {{
+        type filter hook input priority 0; policy accept;
+        iifname {link} drop
+    }}
+    chain forward {{
+        type filter hook forward priority 0; policy accept;
+        iifname {link} ip saddr {net.address} ip daddr {{ {others} }} accept
+        iifname {link} drop
+        oifname {link} ip saddr {{ {others} }} ip daddr {net.address} accept
+        oifname {link} drop
+    }}
+}}
+"""
+
+
+def _stale_holder(address: str) -> None:
+    """A link left by a part that ended without clean-up still holding this address goes first."""
+    shown = subprocess.run(["ip", "-o", "addr", "show", "to", address], capture_output=True, text=True)
+    for line in shown.stdout.splitlines():
+        link = line.split()[1].split("@")[0]
+        if link.startswith("e31"):
+            subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=20)
+
+
+def _nft(ruleset: str) -> None:
+    done = subprocess.run(["nft", "-f", "-"], input=ruleset, capture_output=True, text=True, timeout=20)
+    if done.returncode != 0:
+        raise NetworkError(f"nft: {done.stderr.strip()[:300]}")
+
+
+def _run(cmd: list[str]) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    if done.returncode != 0:
+        raise NetworkError(f"{' '.join(cmd[:4])}: {done.stderr.strip()[:300]}")
+
+
+def _write_sysctl(key: str, value: str) -> None:
+    with open(f"/proc/sys/{key}", "w") as handle:
+        handle.write(value)

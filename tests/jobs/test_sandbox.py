@@ -1,0 +1,202 @@
+"""The sandbox launcher on its own (no database): uids, the view's command line, GPUs and their cgroup.
+
+The GPU tests use fake device nodes under a device root made here, as a node without GPUs must:
+each fake GPU is a copy (mknod) of a harmless character device that opens for anyone, with a
+major:minor of its own, so the devices cgroup can tell them apart from each other and from the
+standard devices (/dev/null's 1:3 stands in for the control devices, which are always allowed).
+"""
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from jobs import devices, network, sandbox
+
+ROOT_WITH_BWRAP = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("bwrap") or not devices.DEVICES_CGROUP.is_dir(),
+    reason="needs root, bubblewrap and the v1 devices hierarchy (as the CI machines have)",
+)
+FAKE_GPUS = {"nvidia0": (10, 229), "nvidia1": (10, 200), "nvidiactl": (1, 3), "nvidia-uvm": (1, 5)}
+JOB_UID = 398765
+
+
+def test_each_attempt_gets_a_uid_of_its_own_until_it_gives_it_back():
+    uids = sandbox.UidRange(500000, 3)
+    first, second, third = uids.take(7), uids.take(7), uids.take(7)
+    assert {first, second, third} == {500000, 500001, 500002} and first == 500000 + 7 % 3
+    with pytest.raises(RuntimeError, match="all 3 job uids from 500000 are in use"):
+        uids.take(1)
+    uids.give_back(second)
+    assert uids.take(1) == second
+    with pytest.raises(ValueError):
+        sandbox.UidRange(0, 10)  # never root's, nor a system account's
+
+
+def attempt(tmp: Path) -> sandbox.AttemptDirs:
+    root = tmp / "attempt"
+    dirs = sandbox.AttemptDirs(root=root, work=root / "work", output=root / "output", data=tmp / "data")
+    dirs.create(owner=JOB_UID if os.geteuid() == 0 else os.getuid())
+    sandbox.write_identity(dirs, uid=JOB_UID, gid=JOB_UID)
+    return dirs
+
+
+def test_the_command_binds_the_allow_list_never_the_host_root(tmp_path):
+    dirs = attempt(tmp_path)
+    plain = sandbox.command(argv=["true"], env={}, dirs=dirs, workdir="", mode=sandbox.BUBBLEWRAP,
+                            confinement=sandbox.Confinement(uid=JOB_UID, gid=JOB_UID))  # fmt: skip
+    pairs = list(zip(plain, plain[1:], plain[2:], strict=False))
+    assert ("--ro-bind", "/", "/") not in pairs and "--share-net" not in plain and "--unshare-net" in plain
+    assert ("--ro-bind", "/usr", "/usr") in pairs
+    assert ("--ro-bind", str(dirs.root / "passwd"), "/etc/passwd") in pairs
+    assert ("--bind", str(dirs.root), str(dirs.root)) not in pairs  # job.log stays the agent's
+    assert plain[plain.index("--remount-ro") + 1] == "/"  # no file of its own under / or /etc
+    wired = sandbox.command(argv=["true"], env={}, dirs=dirs, workdir="", mode=sandbox.BUBBLEWRAP,
+                            confinement=sandbox.Confinement(uid=JOB_UID, gid=JOB_UID, netns="e31-x"))  # fmt: skip
+    assert "--unshare-net" not in wired  # the process joined the agent's namespace before bubblewrap
+
+
+def test_platform_paths_inside_the_view_are_found(tmp_path):
+    assert sandbox.exposed_by_view([Path("/usr/local/e31/var"), Path("/etc/ssl/certs/x")]) == [
+        Path("/usr/local/e31/var"),
+        Path("/etc/ssl/certs/x"),
+    ]
+    assert sandbox.exposed_by_view([tmp_path, Path("/etc/e31/secret-key"), Path("/var/lib/e31")]) == []
+
+
+def test_the_synthesized_passwd_names_the_job_and_no_host_account():
+    passwd, group = sandbox.passwd_lines(uid=JOB_UID, gid=JOB_UID, home=Path("/w"))
+    assert f"job:x:{JOB_UID}:{JOB_UID}:e31 job:/w:/bin/sh" in passwd.splitlines()
+    assert [line.split(":")[0] for line in passwd.splitlines()] == ["root", "job", "nobody"]
+    assert f"job:x:{JOB_UID}:" in group
+
+
+def test_every_part_of_a_node_gets_its_own_addresses_from_the_nodes_slice():
+    subnet = "100.64.0.0/10"
+    assert str(network.node_slice(subnet, 3)) == "100.64.3.0/24"
+    assert network.part_addresses(subnet, 3, [0, 1]) == ("100.64.3.1", "100.64.3.2")
+    assert network.part_addresses(subnet, 3, [4]) == ("100.64.3.17", "100.64.3.18")
+    assert network.part_addresses(subnet, 300, [0])[1] == "100.65.44.2"
+    with pytest.raises(network.NetworkError):
+        network.part_addresses(subnet, 3, [64])
+    net = network.plan(
+        subnet=subnet, key="abcdefghij", node_id=3, gpu_indices=[4], peers=[(3, [4]), (5, [0])]
+    )
+    assert net.peers == ("100.64.3.18", "100.64.5.2") and net.address == "100.64.3.18"
+    assert len(net.host_link) <= 15  # the kernel's limit on a link's name
+
+
+def test_cuda_visible_devices_uses_uuids_when_the_node_knows_them():
+    assert devices.visible_devices([1, 3], ("GPU-a", "GPU-b", "GPU-c", "GPU-d")) == "GPU-b,GPU-d"
+    assert devices.visible_devices([1, 3], ()) == "1,3"  # virtual GPUs
+
+
+@pytest.fixture
+def fake_device_root():
+    """Fake GPUs and control devices; a folder job uids can pass through (bubblewrap binds as them)."""
+    root = Path(tempfile.mkdtemp(prefix="e31-fake-dev-"))
+    root.chmod(0o755)
+    for name, (major, minor) in FAKE_GPUS.items():
+        os.mknod(root / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        (root / name).chmod(0o666)
+    yield root
+    shutil.rmtree(root)
+
+
+def test_only_the_allocated_gpu_and_the_control_devices_are_bound(fake_device_root):
+    assert devices.gpu_nodes(fake_device_root, [1]) == (
+        fake_device_root / "nvidia1", fake_device_root / "nvidiactl", fake_device_root / "nvidia-uvm"
+    )  # fmt: skip
+
+
+OPEN_EACH = """
+import json, os, sys
+out = {}
+for path in sys.argv[1:]:
+    try:
+        os.close(os.open(path, os.O_RDWR)); out[path] = 'opened'
+    except OSError as exc:
+        out[path] = os.strerror(exc.errno)
+print(json.dumps({'uid': os.getuid(), 'dev': sorted(os.listdir('/dev')), 'opened': out}))
+"""
+
+
+@ROOT_WITH_BWRAP
+def test_the_devices_cgroup_refuses_a_gpu_not_allocated_even_when_the_job_can_see_its_node(fake_device_root):
+    """Both fake GPUs are bound in, as if a node had leaked in; the group allows nvidia0 alone: EPERM."""
+    state = Path(tempfile.mkdtemp(prefix="e31-sandbox-"))
+    state.chmod(0o711)
+    try:
+        dirs = attempt(state)
+        allocated = devices.gpu_nodes(fake_device_root, [0])
+        leaked = (*allocated, fake_device_root / "nvidia1")
+        procs = devices.constrain(f"t{os.getpid()}", allocated)
+        confinement = sandbox.Confinement(
+            uid=JOB_UID, gid=JOB_UID, devices=leaked, cgroup_procs=(str(procs),)
+        )
+        argv = [
+            "/usr/bin/python3",
+            "-c",
+            OPEN_EACH,
+            "/dev/nvidia0",
+            "/dev/nvidia1",
+            "/dev/nvidiactl",
+            "/dev/null",
+        ]
+        cmd = sandbox.command(argv=argv, env={"PATH": "/usr/bin"}, dirs=dirs, workdir="", mode=sandbox.BUBBLEWRAP,
+                              confinement=confinement)  # fmt: skip
+        proc = sandbox.launch(cmd, env={}, cwd=dirs.work, mode=sandbox.BUBBLEWRAP, confinement=confinement)
+        out, _ = proc.communicate(timeout=60)
+        seen = json.loads(out.decode().strip().splitlines()[-1])
+    finally:
+        devices.release(f"t{os.getpid()}")
+        shutil.rmtree(state)
+    assert seen["uid"] == JOB_UID
+    assert seen["opened"] == {
+        "/dev/nvidia0": "opened",
+        "/dev/nvidia1": "Operation not permitted",  # EPERM: the devices cgroup, not file permissions
+        "/dev/nvidiactl": "opened",
+        "/dev/null": "opened",
+    }
+
+
+@ROOT_WITH_BWRAP
+def test_a_job_sees_exactly_its_gpus_and_cannot_make_another(fake_device_root):
+    state = Path(tempfile.mkdtemp(prefix="e31-sandbox-"))
+    state.chmod(0o711)
+    probe = (
+        OPEN_EACH
+        + "\ntry:\n    os.mknod('/tmp/gpu1', 0o666 | 0o020000, os.makedev(10, 200)); print('made')\nexcept OSError as exc:\n    print(os.strerror(exc.errno))\n"
+    )
+    try:
+        dirs = attempt(state)
+        allocated = devices.gpu_nodes(fake_device_root, [1])
+        procs = devices.constrain(f"u{os.getpid()}", allocated)
+        confinement = sandbox.Confinement(
+            uid=JOB_UID, gid=JOB_UID, devices=allocated, cgroup_procs=(str(procs),)
+        )
+        argv = ["/usr/bin/python3", "-c", probe, "/dev/nvidia0", "/dev/nvidia1"]
+        cmd = sandbox.command(argv=argv, env={"PATH": "/usr/bin"}, dirs=dirs, workdir="", mode=sandbox.BUBBLEWRAP,
+                              confinement=confinement)  # fmt: skip
+        proc = sandbox.launch(cmd, env={}, cwd=dirs.work, mode=sandbox.BUBBLEWRAP, confinement=confinement)
+        out, _ = proc.communicate(timeout=60)
+        lines = out.decode().strip().splitlines()
+    finally:
+        devices.release(f"u{os.getpid()}")
+        shutil.rmtree(state)
+    seen = json.loads(lines[-2])
+    assert [d for d in seen["dev"] if d.startswith("nvidia")] == ["nvidia-uvm", "nvidia1", "nvidiactl"]
+    assert seen["opened"] == {"/dev/nvidia0": "No such file or directory", "/dev/nvidia1": "opened"}
+    assert lines[-1] == "Operation not permitted"  # no capability to make device nodes
+
+
+def test_the_node_can_isolate_parts_of_spanning_jobs_here():
+    """This machine provides what a node needs (root, network namespaces, veth, nftables)."""
+    if os.geteuid() != 0:
+        assert "not root" in network.refusal()
+    else:
+        assert network.refusal() == "", network.refusal()
