@@ -1,15 +1,41 @@
 """The console's HTTP API at /api/v1 (OpenAPI docs at /api/v1/docs)."""
 
+import json
+
 from django.http import HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
 
 from accounts.auth import API_AUTH, ApiThrottle
 from jobs import declaration
 from jobs.api import router as jobs_router
 from metering.api import router as metering_router
 
+
+class BodyTooDeep(ValueError):
+    pass
+
+
+class JsonParser(Parser):
+    """JSON bodies nested no deeper than a declaration can be: ``[[[…]]]`` is refused, never recursed into."""
+
+    def parse_body(self, request: HttpRequest):
+        try:
+            body = json.loads(request.body)
+        except RecursionError as exc:
+            raise BodyTooDeep(_too_deep()) from exc
+        if declaration.nesting_depth(body) > declaration.MAX_NESTING:
+            raise BodyTooDeep(_too_deep())
+        return body
+
+
+def _too_deep() -> str:
+    return f"nested too deeply: at most {declaration.MAX_NESTING} levels of lists and objects"
+
+
 api = NinjaAPI(
+    parser=JsonParser(),
     title="E31 Network console API",
     version="1",
     urls_namespace="api",
@@ -52,4 +78,7 @@ def on_unauthenticated(request: HttpRequest, exc: AuthenticationError):
 
 @api.exception_handler(HttpError)
 def on_http_error(request: HttpRequest, exc: HttpError):
-    return api.create_response(request, {"detail": str(exc)}, status=exc.status_code)
+    detail = str(exc)
+    if isinstance(exc.__cause__, BodyTooDeep | json.JSONDecodeError):  # say why the body could not be read
+        detail = f"{detail}: {exc.__cause__}"
+    return api.create_response(request, {"detail": detail}, status=exc.status_code)

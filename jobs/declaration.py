@@ -23,6 +23,8 @@ MAX_ARGS = 256
 MAX_ARG_CHARS = 4096
 MAX_ENV = 128
 MAX_INPUTS = 64
+MAX_NESTING = 10  # a declaration nests four levels deep (data[0].bytes); ten leaves room, 1,500 is an attack
+MIN_HOURS = 1 / 3600  # a time limit under one second is a typo (1e-300), not a job
 DATA_SCHEMES = ("file", "http", "https", "s3")
 OUTPUT_SCHEMES = ("file", "s3")
 RESERVED_ENV = re.compile(r"^(E31_.*|CUDA_VISIBLE_DEVICES)$")
@@ -101,9 +103,29 @@ def parse_job_file(text: str) -> dict[str, Any]:
     if len(text.encode("utf-8", "replace")) > MAX_JOB_FILE_BYTES:
         raise DeclarationInvalid([("file", f"a job file is at most {MAX_JOB_FILE_BYTES // 1024} KB")])
     try:
-        return tomllib.loads(text)
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise DeclarationInvalid([("file", f"not valid TOML: {exc}")]) from exc
+    except RecursionError as exc:  # the parser recurses once per level: [[[[…]]]] exhausts the stack
+        raise DeclarationInvalid([("file", _too_deep())]) from exc
+    if nesting_depth(raw) > MAX_NESTING:
+        raise DeclarationInvalid([("file", _too_deep())])
+    return raw
+
+
+def nesting_depth(value: Any) -> int:
+    """How many lists and tables deep a parsed document goes; iterative, so any depth is safe to measure."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        children = item.values() if isinstance(item, Mapping) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _too_deep() -> str:
+    return f"nested too deeply: a job file nests lists and tables at most {MAX_NESTING} levels"
 
 
 def validate(raw: Any, *, limits: Limits) -> Declaration:
@@ -325,9 +347,9 @@ def _hours(value: Any, limits: Limits, errs: _Collector) -> float:
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or not math.isfinite(value)
-        or value <= 0
+        or value < MIN_HOURS
     ):
-        errs.add("request.hours", "a time limit in hours, more than 0")
+        errs.add("request.hours", "a time limit in hours, at least one second (1/3600 of an hour)")
         return 0.0
     if value > limits.max_hours:
         errs.add("request.hours", f"at most {limits.max_hours:g} hours on this pool")

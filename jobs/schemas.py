@@ -4,12 +4,13 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from ninja import Field, Schema
-from pydantic import StrictBool, WithJsonSchema
+from pydantic import StrictBool, StrictFloat, StrictInt, WithJsonSchema
 
 # Checked by jobs.declaration, as the form and the job file are, so every channel names the same
 # field with the same message (a union here would answer "request.cpus.float" instead).
 _Size = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]})]
 _Number = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "null"}]})]
+# Strict numbers: true is not 1 here, as it is not in the form or a job file.
 
 
 class WorkIn(Schema):
@@ -22,14 +23,16 @@ class WorkIn(Schema):
 class DataIn(Schema):
     name: str = Field(..., description="Mounted under $E31_DATA_DIR/<name>.")
     uri: str = Field(..., description="file:// (under E31_DATA_ROOTS), http(s):// or s3://")
-    bytes: int = Field(..., description="Declared size in bytes; staging refuses a larger source.")
+    bytes: StrictInt = Field(..., description="Declared size in bytes; staging refuses a larger source.")
     sha256: str = ""
 
 
 class RequestIn(Schema):
-    gpus: int
-    hours: float = Field(..., description="Time limit; the scheduler plans with it.")
-    min_gpus: int | None = Field(None, description="Elastic: may start with as few as this.")
+    gpus: StrictInt
+    hours: StrictFloat = Field(
+        ..., description="Time limit in hours, at least one second; the scheduler plans with it."
+    )
+    min_gpus: StrictInt | None = Field(None, description="Elastic: may start with as few as this.")
     gpu_model: str = ""
     preemptible: StrictBool = False
     requeue: StrictBool = Field(False, description="Requeue as a new attempt after a node loss (at most 3).")
@@ -45,7 +48,7 @@ class RequestIn(Schema):
 
 class OutputIn(Schema):
     uri: str = Field(..., description="file:// (under E31_OUTPUT_ROOTS) or s3://")
-    bytes: int
+    bytes: StrictInt
 
 
 class JobIn(Schema):

@@ -164,3 +164,67 @@ def test_uploading_any_bytes_as_a_job_file_never_gets_a_server_error(member_clie
     upload = SimpleUploadedFile(name, content, content_type="application/toml")
     response = member_client.post(reverse("jobs:new"), {"action": "submit-file", "job_file_upload": upload})
     assert response.status_code in {200, 302, 400, 422}
+
+
+# --------------------------------------------------------------------------- nesting, to 10,000 levels
+
+OPENERS = {"array": ("[", "]"), "table": ("{ a = ", " }"), "object": ('{"a": ', "}")}
+
+
+def nested(depth: int, kind: str, leaf: str = "1") -> str:
+    opener, closer = OPENERS[kind]
+    return opener * depth + leaf + closer * depth
+
+
+DEPTHS = st.integers(1, 10_000) | st.sampled_from(
+    [declaration.MAX_NESTING, declaration.MAX_NESTING + 1, 1500]
+)
+NESTED_FILES = st.builds(
+    lambda depth, kind, key: (depth, f"{key} = {nested(depth, kind)}\n"),
+    DEPTHS, st.sampled_from(["array", "table"]), st.sampled_from(["a", "name", "data"]),
+)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None, database=None, derandomize=True)
+@given(case=NESTED_FILES)
+def test_a_job_file_nested_to_any_depth_is_refused_naming_the_nesting_or_judged(case):
+    depth, text = case
+    try:
+        raw = declaration.parse_job_file(text)
+    except declaration.DeclarationInvalid as exc:
+        assert exc.errors[0][0] == "file"
+        assert depth < declaration.MAX_NESTING or "nested too deeply" in exc.errors[0][1]
+        return
+    assert depth < declaration.MAX_NESTING  # anything deeper never reaches the rules
+    refused_or_valid(raw)
+
+
+@pytest.mark.django_db
+@THROUGH_DJANGO
+@given(case=NESTED_FILES, action=st.sampled_from(["load-file", "submit-file"]))
+def test_the_form_answers_a_nested_job_file_of_any_depth_without_a_server_error(
+    member_client, pool, case, action
+):
+    depth, text = case
+    response = member_client.post(reverse("jobs:new"), {"action": action, "job_file": text})
+    assert response.status_code in {200, 400, 422}
+    if depth > declaration.MAX_NESTING:
+        assert response.status_code == 400 and "nested too deeply" in response.context["form"].errors["file"]
+
+
+@pytest.mark.django_db
+@THROUGH_DJANGO
+@given(depth=DEPTHS, kind=st.sampled_from(["array", "object"]), key=st.sampled_from(["name", "request", "x"]))
+def test_the_api_answers_a_nested_body_of_any_depth_without_a_server_error(
+    member_client, member_token, pool, depth, kind, key
+):
+    body = f'{{"{key}": {nested(depth, kind)}}}'
+    response = member_client.post(
+        "/api/v1/jobs",
+        data=body,
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {member_token}",
+    )
+    assert response.status_code in {400, 422}
+    if depth >= declaration.MAX_NESTING:
+        assert response.status_code == 400 and "nested too deeply" in response.json()["detail"]

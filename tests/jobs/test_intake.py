@@ -59,6 +59,14 @@ def _bad_cases(data_root, out_root, outside):
         "zero gpus": ("request.gpus", 0, "request.gpus"),
         "more gpus than the pool": ("request.gpus", 999, "request.gpus"),
         "zero hours": ("request.hours", 0, "request.hours"),
+        "a vanishing time limit": ("request.hours", 1e-300, "request.hours"),
+        "gpus as a boolean": ("request.gpus", True, "request.gpus"),
+        "hours as a boolean": ("request.hours", True, "request.hours"),
+        "min_gpus as a boolean": ("request.min_gpus", True, "request.min_gpus"),
+        "input size as a boolean": ("data.0.bytes", True, "data[0].bytes"),
+        "output size as a boolean": ("output.bytes", True, "output.bytes"),
+        "absurd gpus": ("request.gpus", 10**30, "request.gpus"),
+        "absurd output size": ("output.bytes", 10**30, "output.bytes"),
         "too many hours": ("request.hours", 10_000, "request.hours"),
         "min_gpus above gpus": ("request.min_gpus", 5, "request.min_gpus"),
         "output outside its roots": ("output.uri", f"file://{outside}/out", "output.uri"),
@@ -153,6 +161,33 @@ def test_a_ten_megabyte_paste_is_refused_cleanly(member_client):
     )
     assert response.status_code == 400
     assert Job.objects.count() == 0
+
+
+def _deep_job_file(depth: int) -> str:
+    return "a = " + "[" * depth + "]" * depth + "\n"
+
+
+@pytest.mark.parametrize("action", ["load-file", "submit-file"])
+def test_a_deeply_nested_job_file_is_a_400_naming_the_problem(member_client, action):
+    """Reproduction 9: a 4 KB job file ``a = [[[…1500 deep…]]]`` answered 500 (RecursionError)."""
+    text = _deep_job_file(1500)
+    assert len(text) < 4096
+    response = member_client.post(reverse("jobs:new"), {"action": action, "job_file": text})
+    assert response.status_code == 400
+    assert "nested" in response.context["form"].errors["file"]
+    assert Job.objects.count() == 0
+
+
+def test_a_deeply_nested_api_body_is_a_400(member_client, member_token):
+    body = '{"name": ' + "[" * 5000 + "]" * 5000 + "}"
+    response = member_client.post(
+        "/api/v1/jobs",
+        data=body,
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {member_token}",
+    )
+    assert response.status_code == 400
+    assert "nested" in response.json()["detail"]
 
 
 def test_loading_a_job_file_fills_the_form_without_submitting(good, pool, member_client):
