@@ -286,6 +286,8 @@ for _root in (*E31_DATA_ROOTS, *E31_OUTPUT_ROOTS):
 E31_AGENT_ROOT = Path(env.str("E31_AGENT_ROOT", default=str(STATE_DIR / "agents"))).resolve()
 E31_STAGING_ROOT = Path(env.str("E31_STAGING_ROOT", default=str(STATE_DIR / "staging"))).resolve()
 E31_MAX_JOB_HOURS = env.float("E31_MAX_JOB_HOURS", default=168.0)
+# The largest output a job may declare: its attempt space is an image of that size, and ext4 stops at 16 TiB.
+E31_MAX_OUTPUT_BYTES = env.int("E31_MAX_OUTPUT_BYTES", default=2**40)
 E31_HEARTBEAT_S = env.float("E31_HEARTBEAT_S", default=5.0)
 E31_NODE_TIMEOUT_S = env.float("E31_NODE_TIMEOUT_S", default=30.0)
 E31_KILL_GRACE_S = env.float("E31_KILL_GRACE_S", default=10.0)

@@ -27,6 +27,12 @@ from jobs.models import Allocation, Job
 from jobs.rental import STOPPED
 
 log = logging.getLogger(__name__)
+
+
+class AttemptSpaceUnbounded(RuntimeError):
+    """The node promised bounded attempt space and could not give it: the attempt ends, released."""
+
+
 TAIL_BYTES = 8 * 1024
 POLL_S = 0.2
 CHECK_EVERY_S = 1.0
@@ -116,9 +122,10 @@ def run_part(
         return  # a duplicate delivery, or released before it could start
     part = _load_part(allocation_id, mode, gpu_uuids)
     dirs = sandbox.attempt_dirs(part.allocation)
-    limits.bound_space(dirs.root, part.job)  # created mounted: the job's files live in its bounded space
-    uid = uids.take(allocation_id) if uids and os.geteuid() == 0 else os.getuid()
-    try:
+    uid = None
+    try:  # everything after the start is inside: whatever fails, the GPUs are released
+        _bound_or_refuse(part, dirs)  # created mounted: the job's files live in its bounded space
+        uid = uids.take(allocation_id) if uids and os.geteuid() == 0 else os.getuid()
         outcome, exit_code = _confined_run(part, dirs, mode, uid)
     except Exception as exc:  # the agent itself failed: never leave GPUs held
         log.exception("allocation %s: the agent failed", allocation_id)
@@ -126,9 +133,18 @@ def run_part(
                            actor=_actor(part), detail=f"the node agent failed: {exc}"[:300])  # fmt: skip
         return
     finally:
-        if uids:
+        if uids and uid is not None:
             uids.give_back(uid)
     _with_database(lambda: _after_exit(part, dirs, outcome, exit_code))
+
+
+def _bound_or_refuse(part: Part, dirs: sandbox.AttemptDirs) -> None:
+    """Bounds the attempt's space; a node that advertises a disk bound never runs a job without one."""
+    if limits.bound_space(dirs.root, part.job) or limits.DISK_BOUNDED not in part.allocation.node.limits:
+        return
+    raise AttemptSpaceUnbounded(
+        f"this node advertises a disk bound but could not mount one for {part.job.output_bytes} bytes of output"
+    )
 
 
 def _confined_run(part: Part, dirs: sandbox.AttemptDirs, mode: str, uid: int) -> tuple[str, int | None]:

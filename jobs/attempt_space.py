@@ -39,7 +39,7 @@ def bound(root: Path, *, size: int) -> bool:
             handle.truncate(size)  # sparse: disk is used only as the job writes
         _run("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", str(image))
         _run("mount", "-o", MOUNT_OPTIONS, str(image), str(root))
-    except (OSError, subprocess.CalledProcessError) as exc:
+    except (OSError, subprocess.SubprocessError) as exc:  # a hung mkfs/mount (TimeoutExpired) too
         image.unlink(missing_ok=True)
         log.warning("attempt space %s is not bounded: %s", root, _why(exc))
         return False
@@ -72,7 +72,7 @@ def probe(under: Path) -> str:
             return "attempt disk unbounded (cannot mount a loop filesystem here)"
         release(target)
         target.rmdir()
-    except (OSError, subprocess.CalledProcessError) as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         return f"attempt disk unbounded ({_why(exc)})"
     return ""
 

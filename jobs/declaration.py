@@ -45,6 +45,7 @@ class Limits:
     # What the pool's nodes advertise for jobs in all; 0 where none advertises (then unchecked).
     pool_memory: int = 0
     pool_cpus: float = 0
+    max_output_bytes: int = 0  # E31_MAX_OUTPUT_BYTES; 0: unchecked
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     gpus, min_gpus = _gpus(request, limits, errs)
     hours = _hours(request.get("hours"), limits, errs)
     output_uri = _output_uri(output.get("uri"), limits, errs)
-    output_bytes = _size(output.get("bytes"), "output.bytes", errs)
+    output_bytes = _output_bytes(output.get("bytes"), limits, errs)
     flags = {key: _flag(request.get(key), f"request.{key}", errs) for key in ("preemptible", "requeue")}
     gpu_model = _short_text(request.get("gpu_model"), "request.gpu_model", 60, errs)
     memory = _memory(request.get("memory"), limits, errs)
@@ -282,6 +283,15 @@ def _size(value: Any, path: str, errs: _Collector) -> int:
     except ValueError as exc:
         errs.add(path, str(exc))
         return 0
+
+
+def _output_bytes(value: Any, limits: Limits, errs: _Collector) -> int:
+    size = _size(value, "output.bytes", errs)
+    if limits.max_output_bytes and size > limits.max_output_bytes:
+        errs.add(
+            "output.bytes", f"at most {format_size(limits.max_output_bytes)} of output (E31_MAX_OUTPUT_BYTES)"
+        )
+    return size
 
 
 def _data_uri(value: Any, path: str, limits: Limits, errs: _Collector) -> str:

@@ -19,6 +19,7 @@ from jobs.scheduling import types
 
 log = logging.getLogger(__name__)
 PREFIX = "e31"
+DISK_BOUNDED = "disk bounded"  # what a node's limits say when its attempts get a bounded space
 
 
 @functools.cache

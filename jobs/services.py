@@ -27,6 +27,7 @@ def pool_limits() -> declaration.Limits:
         pool_memory=pool["memory"] or 0,
         pool_cpus=pool["cpus"] or 0,
         max_hours=settings.E31_MAX_JOB_HOURS,
+        max_output_bytes=settings.E31_MAX_OUTPUT_BYTES,
         data_roots=settings.E31_DATA_ROOTS,
         output_roots=settings.E31_OUTPUT_ROOTS,
     )

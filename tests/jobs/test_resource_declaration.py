@@ -83,3 +83,15 @@ def test_a_bad_memory_or_cpus_is_refused_naming_the_field(
     assert response.status_code == 422, response.content[:500]
     assert f"request.{key}" in error_fields(response)
     assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("channel", CHANNELS)
+def test_an_output_past_the_largest_attempt_space_is_refused_naming_the_field(
+    channel, good, pool, member_client, member_token
+):
+    """20 TB would be an ext4 image past its 16 TiB limit: the job ran with no disk bound at all."""
+    raw = {**good, "output": {**good["output"], "bytes": "20 TB"}}
+    response = _submit(channel, member_client, raw, member_token)
+    assert response.status_code == 422, response.content[:500]
+    assert "output.bytes" in error_fields(response)
+    assert not Job.objects.exists()

@@ -101,7 +101,7 @@ def _limits(name: str) -> str:
     """The controllers that bound each attempt, and whether its disk is bounded (for the pool page)."""
     described = limits.probe(name)
     disk = limits.probe_space(sandbox.agent_root(name) / "jobs")
-    return f"{described}; {disk or 'disk bounded'}"
+    return f"{described}; {disk or limits.DISK_BOUNDED}"
 
 
 def _size(text: str) -> int:
