@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from accounts.models import Team
 from jobs.models import Allocation
-from metering import invariants
+from metering import invariants, summaries
 from metering.models import MeterEntry
 from metering.periods import floor_hour, hour_slices, micros
 
@@ -33,6 +33,10 @@ FINAL = MeterEntry.Kind.FINAL
 ADJUSTMENT = MeterEntry.Kind.ADJUSTMENT
 METERED = (ACCRUAL, FINAL)
 BATCH = 2000
+# Two-key advisory locks (this namespace, team id): every ledger writer holds its teams' locks,
+# taken in team order, before it inserts, so the summary rows a trigger updates are reached by
+# one writer per team at a time and no two writers wait on each other in a cycle.
+TEAM_LEDGER_LOCK = 0x0E31_1ED6
 # Accrual leaves the last minute alone: a RELEASE whose `now` was taken just before an hour
 # boundary may still be on its way, and its final row must not find that hour already closed.
 ACCRUAL_GRACE = timedelta(seconds=60)
@@ -43,9 +47,8 @@ def accrue_meter(*, now: datetime) -> int:
     cutoff = floor_hour(now - ACCRUAL_GRACE)
     with transaction.atomic():
         rows = [row for held in _held_behind(cutoff) for row in _accrual_rows(held, cutoff=cutoff, now=now)]
-        # In (team, period) order, the order in which every writer reaches the summary rows that
-        # the ledger's trigger updates (metering.summaries): no two writers wait on each other in a cycle.
         rows.sort(key=lambda row: (row.team_id, row.period_start))
+        _lock_teams({row.team_id for row in rows})
         MeterEntry.objects.bulk_create(rows, batch_size=BATCH, ignore_conflicts=True)
     if rows:
         log.info("meter: offered %d hourly rows up to %s", len(rows), cutoff)
@@ -84,6 +87,7 @@ def _accrual_rows(held: Allocation, *, cutoff: datetime, now: datetime) -> Itera
         )  # fmt: skip
 
 
+@transaction.atomic
 def close_meter(*, allocation_id: int, released_at: datetime) -> int:
     """Writes every period of RENT..RELEASE not closed yet, the last one final: the metered rows then sum to RELEASE - RENT exactly."""
     allocation = Allocation.objects.select_related("job").get(id=allocation_id)
@@ -97,9 +101,22 @@ def close_meter(*, allocation_id: int, released_at: datetime) -> int:
         for start, end in hour_slices(allocation.rented_at, released_at)
     ]  # fmt: skip
     # From RENT, not from the last closed hour: the conflicts cost nothing and any gap is filled.
+    _lock_teams({allocation.job.team_id})
     MeterEntry.objects.bulk_create(rows, batch_size=BATCH, ignore_conflicts=True)
     _report_overshoot(allocation_id=allocation_id, released_at=released_at)
     return len(rows)
+
+
+def _lock_teams(team_ids: set[int]) -> None:
+    """Waits for the teams' ledger locks (held to the end of the transaction), in team order.
+
+    On SQLite the single writer already serialises every ledger insert, so there is nothing to take.
+    """
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        for team_id in sorted(team_ids):
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [TEAM_LEDGER_LOCK, team_id])
 
 
 def _report_overshoot(*, allocation_id: int, released_at: datetime) -> None:
@@ -124,6 +141,7 @@ def adjust_meter(*, allocation_id: int, microseconds: int, reason: str, author, 
     if _gpu_micros(allocation_id) + allocation.gpu_count * microseconds < 0:
         raise ValueError("this credit is larger than the GPU-time the allocation was metered")
     end = allocation.released_at or now
+    _lock_teams({allocation.job.team_id})
     start = max(allocation.rented_at, end - timedelta(microseconds=abs(microseconds)))
     return MeterEntry.objects.create(
         allocation=allocation, job_id=allocation.job_id, team_id=allocation.job.team_id,
@@ -149,11 +167,25 @@ def find_violations(*, now: datetime | None = None) -> list[str]:
     """Every breach of the ledger's invariants, one line each; an empty list means every allocation's rows tile RENT..RELEASE exactly."""
     closed_until = (now or timezone.now()) - accrual_lag()
     with _snapshot():
-        return [
+        found = [
             f"allocation {held.id} (job {held.job_id}): {problem}"
             for held, rows in _allocations_with_rows()
             for problem in invariants.problems(held, rows, closed_until=closed_until)
         ]
+        return found + _summary_drift()
+
+
+def _summary_drift() -> list[str]:
+    """Summary rows (per team-day, per job-month) that differ from the sums of the ledger rows they stand for."""
+    found = []
+    with connection.cursor() as cursor:
+        for table, sql in summaries.drift_sql(connection.vendor):
+            cursor.execute(sql)
+            found += [
+                f"summary {table} ({', '.join(map(str, key))}) differs from its ledger rows"
+                for key in cursor.fetchall()
+            ]
+    return found
 
 
 @contextmanager

@@ -3,8 +3,10 @@
 A trigger, not Python: every row the ledger gains (accrual, final, adjustment, a bulk load, raw
 SQL) adds to its day and its job-month in the same transaction, and a row skipped by ON CONFLICT
 DO NOTHING adds nothing, so a summary never differs from the sum of the rows it stands for.
-Writers insert rows ordered by (team, period), so two transactions take the summary rows' locks
-in the same order. ``rebuild_sql`` fills the tables from the rows (the migration, a bulk load).
+Writers hold a per-team advisory lock, taken in team order, while they insert
+(``metering.services._lock_teams``), so two transactions never wait on each other's summary rows
+in a cycle. ``rebuild_sql`` fills the tables from the rows (the migration, a bulk load);
+``drift_sql`` finds any summary that no longer equals its rows (a trigger dropped or bypassed).
 """
 
 LEDGER = "metering_meterentry"
@@ -65,16 +67,37 @@ def remove_sql(vendor: str) -> list[str]:
     return [f"DROP TRIGGER IF EXISTS {TRIGGER}"]
 
 
-def rebuild_sql(vendor: str) -> list[str]:
-    """Empties both tables and sums them again from every ledger row."""
+def _sums_sql(vendor: str) -> dict[str, str]:
+    """Each summary table's rows as the ledger's rows add up to, in the table's column order."""
     e = _expr(vendor, "r")
-    return [
-        f"DELETE FROM {DAY}",
-        f"DELETE FROM {JOB_MONTH}",
-        f"INSERT INTO {DAY} (team_id, day, gpu_micros, rows) SELECT r.team_id, {e['day']}, "
-        f"SUM({e['amount']}), COUNT(*) FROM {LEDGER} r GROUP BY r.team_id, {e['day']}",
-        f"INSERT INTO {JOB_MONTH} (team_id, job_id, month, metered, adjusted) SELECT r.team_id, r.job_id, "
-        f"{e['month']}, SUM(CASE WHEN r.kind = 'adjustment' THEN 0 ELSE {e['amount']} END), "
+    return {
+        DAY: f"SELECT r.team_id, {e['day']}, SUM({e['amount']}), COUNT(*) FROM {LEDGER} r "
+        f"GROUP BY r.team_id, {e['day']}",
+        JOB_MONTH: f"SELECT r.team_id, r.job_id, {e['month']}, "
+        f"SUM(CASE WHEN r.kind = 'adjustment' THEN 0 ELSE {e['amount']} END), "
         f"SUM(CASE WHEN r.kind = 'adjustment' THEN {e['amount']} ELSE 0 END) "
         f"FROM {LEDGER} r GROUP BY r.team_id, r.job_id, {e['month']}",
+    }
+
+
+COLUMNS = {DAY: "team_id, day, gpu_micros, rows", JOB_MONTH: "team_id, job_id, month, metered, adjusted"}
+KEYS = {DAY: "team_id, day", JOB_MONTH: "job_id, month"}
+
+
+def rebuild_sql(vendor: str) -> list[str]:
+    """Empties both tables and sums them again from every ledger row."""
+    sums = _sums_sql(vendor)
+    return [f"DELETE FROM {DAY}", f"DELETE FROM {JOB_MONTH}"] + [
+        f"INSERT INTO {table} ({COLUMNS[table]}) {sums[table]}" for table in (DAY, JOB_MONTH)
     ]
+
+
+def drift_sql(vendor: str) -> list[tuple[str, str]]:
+    """Per summary table, a query for the keys whose summary row differs from its rows' sums (or is missing, or extra)."""
+    sums = _sums_sql(vendor)
+    queries = []
+    for table in (DAY, JOB_MONTH):
+        kept = f"SELECT {COLUMNS[table]} FROM {table}"
+        differing = f"SELECT * FROM ({kept} EXCEPT {sums[table]}) a UNION SELECT * FROM ({sums[table]} EXCEPT {kept}) b"
+        queries.append((table, f"SELECT DISTINCT {KEYS[table]} FROM ({differing}) d ORDER BY {KEYS[table]}"))
+    return queries

@@ -5,10 +5,11 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.db.models import F
 
 from jobs.models import Allocation
 from metering import services
-from metering.models import MeterEntry
+from metering.models import LedgerDay, LedgerJobMonth, MeterEntry
 from tests.metering.conftest import T0, release, rent
 
 pytestmark = pytest.mark.django_db
@@ -51,3 +52,15 @@ def test_a_gap_and_a_row_past_release_are_violations(team, node):
     problems = services.find_violations(now=T0 + timedelta(days=1))
     assert any("outside RENT..RELEASE" in p for p in problems)
     assert any("gap" in p for p in problems)
+
+
+def test_a_summary_that_drifted_from_its_rows_is_a_violation(team, node):
+    # A trigger dropped by a table rebuild, or a summary written by hand: the rows stay sound.
+    allocation = rent(team=team, node=node, at=T0)
+    release(allocation, at=T0 + timedelta(hours=3))
+    assert services.find_violations(now=T0 + timedelta(days=1)) == []
+    LedgerDay.objects.filter(team_id=team.id).update(gpu_micros=F("gpu_micros") + 1)
+    LedgerJobMonth.objects.filter(job_id=allocation.job_id).delete()
+    problems = services.find_violations(now=T0 + timedelta(days=1))
+    assert any("metering_ledgerday" in p and str(team.id) in p for p in problems), problems
+    assert any("metering_ledgerjobmonth" in p and str(allocation.job_id) in p for p in problems), problems

@@ -5,7 +5,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from metering import services
 from metering.models import MeterEntry
@@ -69,3 +69,24 @@ def test_accrual_racing_a_release_keeps_the_sum_exact(team, node):
     for allocation in allocations:
         allocation.refresh_from_db()
         assert metered_micros(allocation) == micros(allocation.released_at - allocation.rented_at)
+
+
+def test_a_ledger_writer_waits_for_its_teams_lock(team, node):
+    # Writers of one team's summary rows take turns: an accrual waits while another writer holds the lock.
+    rent(team=team, node=node, at=T0)
+    finished = threading.Event()
+    writer = threading.Thread(
+        target=lambda: (
+            services.accrue_meter(now=T0 + timedelta(hours=3)),
+            finished.set(),
+            connection.close(),
+        )
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        # The key of services.TEAM_LEDGER_LOCK, spelled out: the lock is the contract, not the name.
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [0x0E31_1ED6, team.id])
+        writer.start()
+        assert not finished.wait(timeout=1.0)
+    writer.join(timeout=30)
+    assert finished.is_set()
+    assert MeterEntry.objects.filter(team_id=team.id).count() == 3  # 09:20, 10:00, 11:00

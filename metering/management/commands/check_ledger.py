@@ -8,7 +8,8 @@ from metering import services
 
 class Command(BaseCommand):
     help = (
-        "Checks that every allocation's ledger rows tile RENT..RELEASE exactly; exit code 1 on any violation."
+        "Checks that every allocation's ledger rows tile RENT..RELEASE exactly and that the summaries equal "
+        "the rows; exit code 1 on any violation."
     )
 
     def handle(self, *args, **options) -> None:
