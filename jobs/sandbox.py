@@ -34,6 +34,8 @@ from jobs import cgroups
 
 BUBBLEWRAP = "bubblewrap"
 UNSANDBOXED = "none"
+# In a node's limits when its agent is not root: it cannot switch uids, so every job runs as the agent.
+SHARED_UID = "jobs share the agent's uid"
 PR_SET_PDEATHSIG = 1
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
 from accounts.models import Team
-from jobs import units
+from jobs import sandbox, units
 from jobs.models import Allocation, GpuHold, Node
 from operations import charts, selectors, utilisation
 
@@ -179,6 +179,8 @@ def _sandbox(node: NodeInfo) -> str:
         if node.sandbox == "none"
         else escape(node.sandbox or "—")
     )
+    if sandbox.SHARED_UID in node.limits:  # no uid of its own per attempt: jobs can reach each other's files
+        mode += '<br><strong class="badge loud">SHARED UID</strong>'
     if node.multi_node_refusal:  # the scheduler gives it no part of a job spanning nodes
         mode += f'<br><small class="bad">one-node jobs only: {escape(node.multi_node_refusal)}</small>'
     return mode + _limits(node)

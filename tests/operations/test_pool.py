@@ -8,6 +8,7 @@ from django.urls import reverse
 
 from jobs import scheduler, snapshot
 from jobs.lifecycle import EndReason, State
+from jobs.management.commands import node_agent
 from jobs.models import Allocation, Job, Node
 from operations.models import AuditEntry
 from tests.factories import JobFactory, NodeFactory
@@ -163,3 +164,16 @@ def test_the_pool_page_shows_what_each_node_offers_jobs_and_which_limits_it_enfo
         '<strong class="badge loud">NO LIMITS</strong> <small>none: no cgroup controllers found</small>'
         in page
     )
+
+
+def test_the_pool_page_shouts_a_node_whose_jobs_share_the_agents_uid(operator_client, monkeypatch):
+    """An agent that is not root runs every job as itself: no uid of their own, and the page says so."""
+    monkeypatch.setattr(node_agent.limits, "probe", lambda name: "memory, cpu, pids")
+    monkeypatch.setattr(node_agent.limits, "probe_space", lambda jobs_dir: "")
+    monkeypatch.setattr(node_agent.os, "geteuid", lambda: 1000)
+    NodeFactory(name="gpu-user", sandbox="bubblewrap", limits=node_agent._limits("gpu-user"))
+    monkeypatch.setattr(node_agent.os, "geteuid", lambda: 0)
+    NodeFactory(name="gpu-root", sandbox="bubblewrap", limits=node_agent._limits("gpu-root"))
+    rows = operator_client.get(POOL).content.decode().split('<tr id="node-')
+    assert "SHARED UID</strong>" in next(r for r in rows if "gpu-user" in r)
+    assert "SHARED UID" not in next(r for r in rows if "gpu-root" in r)

@@ -2,6 +2,7 @@
 
 import argparse
 import math
+import os
 import socket
 import threading
 import time
@@ -101,7 +102,10 @@ def _limits(name: str) -> str:
     """The controllers that bound each attempt, and whether its disk is bounded (for the pool page)."""
     described = limits.probe(name)
     disk = limits.probe_space(sandbox.agent_root(name) / "jobs")
-    return f"{described}; {disk or limits.DISK_BOUNDED}"
+    uid = (
+        "" if os.geteuid() == 0 else f"; {sandbox.SHARED_UID}"
+    )  # before the disk part: its reason can be long
+    return f"{described}{uid}; {disk or limits.DISK_BOUNDED}"
 
 
 def _size(text: str) -> int:
