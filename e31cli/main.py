@@ -18,6 +18,7 @@ With --wait, the job's own exit code when it ran and failed, else one code per e
 """
 
 import json
+import re
 import sys
 import time
 import uuid
@@ -297,7 +298,7 @@ def _when(text: str) -> str:
     if not text:
         return ""
     units = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-    if text[-1:] in units and text[:-1].isdigit():
+    if text[-1:] in units and re.fullmatch(r"[0-9]+", text[:-1]):
         return (datetime.now(UTC) - timedelta(**{units[text[-1]]: int(text[:-1])})).isoformat()
     try:
         return (

@@ -1,5 +1,7 @@
 """Team-facing job pages: list, intake form, job page and its live fragments."""
 
+import re
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import F
@@ -15,6 +17,8 @@ from jobs import declaration, estimates, logs, presenters, selectors, services, 
 from jobs.forms import JobForm, JobListFilterForm, bound_fields
 from jobs.lifecycle import BEFORE_RENT
 from jobs.models import Job
+
+DIGITS = re.compile(r"[0-9]+")  # not str.isdigit: "²" is a digit to it and int("²") raises
 
 PAGE_SIZE = 25
 
@@ -52,7 +56,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
         return _render_form(request, form, teams)
     if action.startswith("remove-input-"):
         index = action.removeprefix("remove-input-")
-        if index.isdigit() and int(index) < len(form.rows):
+        if DIGITS.fullmatch(index) and int(index) < len(form.rows):
             form.rows.pop(int(index))
         return _render_form(request, form, teams)
     if action in ("load-file", "submit-file"):
@@ -146,7 +150,7 @@ def job_log(request: HttpRequest, job_id: int) -> StreamingHttpResponse:
     """The whole log of one attempt's part, as a download (up to E31_LOG_CAP_BYTES)."""
     job = scoping.get_visible_or_404(request.user, Job.objects.all(), id=job_id)
     attempt, rank = request.GET.get("attempt", ""), request.GET.get("rank", "0")
-    if not (attempt.isdigit() or attempt == "") or not rank.isdigit():
+    if not (DIGITS.fullmatch(attempt) or attempt == "") or not DIGITS.fullmatch(rank):
         raise Http404("No such log")
     attempt_no = int(attempt or job.attempt)
     response = StreamingHttpResponse(

@@ -12,6 +12,7 @@ import errno
 import http.client
 import ipaddress
 import os
+import re
 import socket
 import ssl
 import stat
@@ -185,7 +186,9 @@ class HttpSource:
         length = resp.getheader("Content-Length")
         etag = resp.getheader("ETag", "")
         self.validator = etag if etag and not etag.startswith("W/") else resp.getheader("Last-Modified", "")
-        return transfers.SourceInfo(int(length) if length and length.isdigit() else None, self.validator)
+        return transfers.SourceInfo(
+            int(length) if length and re.fullmatch(r"[0-9]+", length) else None, self.validator
+        )
 
     def open(self, offset: int) -> _StreamReader:
         headers = {"Range": f"bytes={offset}-"} if offset else {}

@@ -1,0 +1,20 @@
+"""The log download parses its query as ASCII digits only: anything else is a 404, never a 500."""
+
+import pytest
+from django.urls import reverse
+
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize("query", [{"rank": "²"}, {"attempt": "\u0661"}, {"rank": "\u0663"}, {"rank": "-1"}])
+def test_a_digit_that_is_not_ascii_is_no_such_log(query, team, member_client):
+    job = JobFactory(team=team, state="running", attempt=1)
+    response = member_client.get(reverse("jobs:log", args=[job.id]), query)
+    assert response.status_code == 404
+
+
+def test_a_removed_row_index_that_is_not_ascii_leaves_the_form_whole(team, member_client):
+    response = member_client.post(reverse("jobs:new"), {"action": "remove-input-²", "team": team.id})
+    assert response.status_code == 200
