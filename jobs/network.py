@@ -38,11 +38,20 @@ class PartNetwork:
         return self.namespace.replace("-", "_")
 
 
+def slice_refusal(subnet: str, node_id: int) -> str:
+    """Why this node has no /24 of its own in ``subnet`` ('' when it has): ids past the slices would share one."""
+    slices = 2 ** (NODE_PREFIX - ipaddress.IPv4Network(subnet).prefixlen)
+    if node_id < slices:
+        return ""
+    return f"node id {node_id} has no /24 of its own in E31_JOB_SUBNET {subnet} ({slices} slices): widen it"
+
+
 def node_slice(subnet: str, node_id: int) -> ipaddress.IPv4Network:
     """The /24 of ``subnet`` whose addresses this node gives its parts (route it to the node)."""
+    if refused := slice_refusal(subnet, node_id):
+        raise NetworkError(refused)  # never a wrapped slice: two nodes' parts would share addresses
     network = ipaddress.IPv4Network(subnet)
-    slices = 2 ** (NODE_PREFIX - network.prefixlen)
-    return ipaddress.IPv4Network((int(network.network_address) + (node_id % slices) * 256, NODE_PREFIX))
+    return ipaddress.IPv4Network((int(network.network_address) + node_id * 256, NODE_PREFIX))
 
 
 def part_addresses(subnet: str, node_id: int, gpu_indices: Sequence[int]) -> tuple[str, str]:

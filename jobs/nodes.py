@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
-from jobs import dispatch, rental
+from jobs import dispatch, network, rental
 from jobs.models import Allocation, Node
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,9 @@ def register_node(
             state_changed_at=now if state != node.state else node.state_changed_at,
         )  # fmt: skip
         node.refresh_from_db()
+    if not node.multi_node_refusal and (refused := network.slice_refusal(settings.E31_JOB_SUBNET, node.id)):
+        Node.objects.filter(id=node.id).update(multi_node_refusal=refused[:300])  # the scheduler skips it
+        node.multi_node_refusal = refused[:300]
     dispatch.request_scheduler_pass()
     return node
 

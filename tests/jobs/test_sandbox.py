@@ -90,6 +90,15 @@ def test_every_part_of_a_node_gets_its_own_addresses_from_the_nodes_slice():
     assert len(net.host_link) <= 15  # the kernel's limit on a link's name
 
 
+def test_a_node_id_past_the_subnets_slices_gets_no_wrapped_slice_of_another_node():
+    """/10 has 16384 /24s: node 16385 wrapped onto node 1's addresses; a /24 has one slice, node 0's."""
+    assert network.slice_refusal("100.64.0.0/10", 16383) == ""
+    for subnet, node_id in (("100.64.0.0/10", 16385), ("100.64.0.0/24", 1)):
+        assert "no /24 of its own" in network.slice_refusal(subnet, node_id)
+        with pytest.raises(network.NetworkError):
+            network.part_addresses(subnet, node_id, [0])
+
+
 def test_cuda_visible_devices_uses_uuids_when_the_node_knows_them():
     assert devices.visible_devices([1, 3], ("GPU-a", "GPU-b", "GPU-c", "GPU-d")) == "GPU-b,GPU-d"
     assert devices.visible_devices([1, 3], ()) == "1,3"  # virtual GPUs
