@@ -86,6 +86,7 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "jobs:detail": [C(T, **JOB)],
     "jobs:live": [C(T, **JOB)],
     "jobs:cancel": [C(T, 302, method="POST", **JOB)],
+    "jobs:log": [C(T, **JOB)],
     "jobs:transfers": [C(ST)],
     "metering:ledger": [C(S), C(T, **TEAM_A_QUERY)],
     "metering:live": [C(S), C(T, **TEAM_A_QUERY)],
@@ -104,10 +105,14 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "api:openapi-view": [C(P)],
     "api:api-root": [C(P, 404)],
     "api:submit_job": [C(S, 422, method="POST")],  # an empty body: refused by validation, never stored
+    "api:submit_job_file": [C(S, 400, method="POST")],  # a body that is no job file: refused, never stored
     "api:list_jobs": [C(S)],
     "api:get_job": [C(T, **JOB)],
     "api:cancel_job": [C(T, 409, method="POST", **JOB)],  # the job has ended: nothing to cancel
     "api:job_meter": [C(T, **JOB)],
+    "api:job_log": [C(T, **JOB)],
+    # Team A's job delivered nothing under that name: 404 for its team too, never its bytes to team B.
+    "api:download_output": [C(T, 404, query=lambda w: "path=ok.txt", **JOB)],
     "api:ledger": [C(S, query=lambda w: RANGE), C(T, query=lambda w: f"team={w.team_a.slug}&{RANGE}")],
     # The operator dashboard (operations/): staff only, 404 for everyone else. GET on an action: its confirm page.
     "operations:pool": [C(ST)],
