@@ -13,7 +13,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from jobs import attempt_space, cgroups
+from jobs import attempt_space, cgroups, selectors
 from jobs.models import Allocation, Job
 from jobs.scheduling import types
 
@@ -52,9 +52,10 @@ def probe_space(jobs_dir: Path) -> str:
 
 
 def attempt_limits(allocation: Allocation) -> cgroups.Limits:
-    """This part's bounds: the job's declared memory and CPUs split by GPUs, else the node's share."""
+    """This part's bounds: the job's declared memory and CPUs split by the GPUs its attempt holds
+    (an elastic job on fewer GPUs than declared gets its whole declaration), else the node's share."""
     job, node, here = allocation.job, allocation.node, len(allocation.gpu_indices)
-    shared = {"job_gpus": job.gpus, "node_gpus": node.gpus, "gpus_here": here}
+    shared = {"job_gpus": selectors.attempt_gpus(allocation), "node_gpus": node.gpus, "gpus_here": here}
     memory = types.part_share(declared=job.memory_bytes, node_total=node.memory_bytes, **shared)
     cpus = types.part_share(declared=job.cpus, node_total=node.cpus, **shared)
     return cgroups.Limits(memory_bytes=int(memory), cpus=cpus, pids=settings.E31_ATTEMPT_PIDS)

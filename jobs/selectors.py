@@ -172,3 +172,9 @@ def open_delivered_output(job: Job, path: str):
     if target is None or not target.is_relative_to(root) or not target.is_file():
         raise OutputUnavailable(f"{path[:200]!r} is no longer at the destination")
     return target.open("rb")
+
+
+def attempt_gpus(allocation: Allocation) -> int:
+    """The GPUs the allocation's attempt holds on all its nodes (an elastic job may hold fewer than declared)."""
+    rows = Allocation.objects.filter(job_id=allocation.job_id, attempt=allocation.attempt)
+    return sum(len(indices) for indices in rows.values_list("gpu_indices", flat=True))

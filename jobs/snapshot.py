@@ -78,12 +78,19 @@ def _nodes(pool_cached: frozenset[str] = frozenset()) -> list[types.NodeView]:
 def _used_memory_and_cpus(nodes: dict[int, Node]) -> dict[int, tuple[float, float]]:
     """Per node: the memory and CPUs its unreleased parts hold (each part's share, as the agent enforces it)."""
     used: dict[int, tuple[float, float]] = defaultdict(lambda: (0.0, 0.0))
-    rows = Allocation.objects.filter(released_at__isnull=True, node_id__in=nodes).values_list(
-        "node_id", "gpu_indices", "job__gpus", "job__memory_bytes", "job__cpus"
+    rows = Allocation.objects.filter(released_at__isnull=True).values_list(
+        "node_id", "gpu_indices", "job_id", "job__memory_bytes", "job__cpus"
     )
-    for node_id, indices, job_gpus, memory, cpus in rows:
+    held: dict[int, int] = defaultdict(
+        int
+    )  # GPUs each job's attempt holds in all: what its declaration splits over
+    for _node_id, indices, job_id, _memory, _cpus in rows:
+        held[job_id] += len(indices)
+    for node_id, indices, job_id, memory, cpus in rows:
+        if node_id not in nodes:
+            continue
         node = nodes[node_id]
-        shape = {"job_gpus": job_gpus, "node_gpus": node.gpus, "gpus_here": len(indices)}
+        shape = {"job_gpus": held[job_id], "node_gpus": node.gpus, "gpus_here": len(indices)}
         memory_used, cpus_used = used[node_id]
         used[node_id] = (
             memory_used + types.part_share(declared=memory, node_total=node.memory_bytes, **shape),

@@ -116,22 +116,24 @@ class _Room:
         self.memory = {name: n.free_memory for name, n in self.nodes.items()}
         self.cpus = {name: n.free_cpus for name, n in self.nodes.items()}
 
-    def need(self, job: PendingJob, node: str, k: int) -> tuple[float, float]:
+    def need(self, job: PendingJob, node: str, k: int, total: int) -> tuple[float, float]:
+        """``k`` of the ``total`` GPUs being placed: an elastic job started on fewer than it declared
+        splits its declaration over the GPUs it gets, as the agent does."""
         n = self.nodes[node]
-        shape = {"job_gpus": job.gpus, "node_gpus": n.gpus, "gpus_here": k}
+        shape = {"job_gpus": total, "node_gpus": n.gpus, "gpus_here": k}
         memory = part_share(declared=job.memory, node_total=n.memory, **shape) if n.memory else 0.0
         cpus = part_share(declared=job.cpus, node_total=n.cpus, **shape) if n.cpus else 0.0
         return memory, cpus
 
-    def fits(self, job: PendingJob, node: str, k: int) -> bool:
+    def fits(self, job: PendingJob, node: str, k: int, total: int) -> bool:
         if node not in self.nodes:
             return True
-        memory, cpus = self.need(job, node, k)
+        memory, cpus = self.need(job, node, k, total)
         return memory <= self.memory[node] * _SLACK and cpus <= self.cpus[node] * _SLACK
 
-    def take(self, job: PendingJob, node: str, k: int) -> None:
+    def take(self, job: PendingJob, node: str, k: int, total: int) -> None:
         if node in self.nodes:
-            memory, cpus = self.need(job, node, k)
+            memory, cpus = self.need(job, node, k, total)
             self.memory[node] -= memory
             self.cpus[node] -= cpus
 
@@ -270,7 +272,7 @@ class Pass:
         on nodes that advertise them, memory and CPUs)."""
         room = self.room
         if g <= self.node_gpus:
-            accept = None if room is None else (lambda node: room.fits(job, node, g))
+            accept = None if room is None else (lambda node: room.fits(job, node, g, g))
             local = self._local_fit(job, g, view)
             node = local if local and (accept is None or accept(local)) else view.best_fit(g, accept=accept)
             return None if node is None else {node: g}
@@ -282,12 +284,12 @@ class Pass:
         for node in full:
             if len(chosen) == whole:
                 break
-            if room is None or room.fits(job, node, self.node_gpus):
+            if room is None or room.fits(job, node, self.node_gpus, g):
                 chosen[node] = self.node_gpus
         if len(chosen) < whole:
             return None
         if rest:
-            accept = None if room is None else (lambda node: room.fits(job, node, rest))
+            accept = None if room is None else (lambda node: room.fits(job, node, rest, g))
             node = view.best_fit(rest, exclude={**chosen, **self.no_span}, accept=accept)
             if node is None:
                 return None
@@ -334,7 +336,7 @@ class Pass:
             gpus_by_node[node] = tuple(sorted(taken))
             self._sync(node)
             if self.room is not None:
-                self.room.take(job, node, k)
+                self.room.take(job, node, k, sum(counts.values()))
         self.local_events.append((end, dict(counts)))
         return gpus_by_node
 

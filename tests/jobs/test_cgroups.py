@@ -3,9 +3,12 @@
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
-from jobs import cgroups
+from jobs import cgroups, limits
+from jobs.models import Allocation
 from jobs.scheduling import types
+from tests.factories import JobFactory, NodeFactory
 
 LIMITS = cgroups.Limits(memory_bytes=512 * 10**6, cpus=2.5, pids=256)
 
@@ -151,3 +154,15 @@ def test_an_agent_starting_again_removes_the_groups_its_dead_predecessor_left_an
     removed = cgroups.remove_stale(found, prefix="e31", node="gpu-1")
     assert sorted(removed) == ["memory:gpu-1-7-1", "memory:gpu-1-8-2", "pids:gpu-1-7-1", "pids:gpu-1-8-2"]
     assert sorted(p.name for p in (root / "memory" / "e31").iterdir()) == ["gpu-1-2-5-1", "gpu-10-3-1"]
+
+
+@pytest.mark.django_db
+def test_an_elastic_job_on_fewer_gpus_than_declared_gets_its_whole_declared_memory_and_cpus():
+    """64 GB and 16 CPUs for 8 GPUs, at least 4; started on 4 it is bounded at 64 GB and 16 CPUs, not half."""
+    job = JobFactory(gpus=8, min_gpus=4, memory_bytes=64 * 10**9, cpus=16.0, state="running", attempt=1)
+    node = NodeFactory(gpus=4, memory_bytes=128 * 10**9, cpus=32)
+    allocation = Allocation.objects.create(
+        job=job, attempt=1, node=node, gpu_indices=[0, 1, 2, 3], rented_at=timezone.now()
+    )
+    bounds = limits.attempt_limits(Allocation.objects.select_related("job", "node").get(id=allocation.id))
+    assert (bounds.memory_bytes, bounds.cpus) == (64 * 10**9, 16.0)

@@ -68,3 +68,10 @@ def test_nodes_that_advertise_nothing_place_by_gpus_alone_as_trace_replays_do():
 def test_the_share_is_split_by_gpus_and_defaults_to_the_nodes_share():
     assert part_share(declared=48 * GB, job_gpus=12, node_total=64 * GB, node_gpus=8, gpus_here=4) == 16 * GB
     assert part_share(declared=None, job_gpus=12, node_total=64 * GB, node_gpus=8, gpus_here=4) == 32 * GB
+
+
+def test_an_elastic_job_started_on_fewer_gpus_needs_its_whole_declaration_on_them():
+    # 64 GB declared for 8 GPUs, at least 4: started on 4 it needs all 64 GB there, not 32.
+    elastic = {"memory": 64 * GB, "min_gpus": 4}
+    assert _placed(_plan([_node("a", range(4), free_memory=40 * GB)], [_job(1, 8, **elastic)])) == {}
+    assert _placed(_plan([_node("a", range(4))], [_job(1, 8, **elastic)])) == {1: {"a": (0, 1, 2, 3)}}
