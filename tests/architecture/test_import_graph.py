@@ -8,7 +8,7 @@ import textwrap
 
 from tools import importgraph
 
-APP_CODE = ("accounts", "e31web", "jobs", "metering", "operations")
+APP_CODE = ("accounts", "common", "e31cli", "e31web", "jobs", "metering", "operations", "public")
 
 
 def _loops(arrows, groups) -> str:
@@ -31,6 +31,12 @@ def test_no_app_imports_one_that_imports_it_back():
 def test_no_app_module_hides_an_import_inside_a_function():
     hidden = [i for i in importgraph.build().hidden() if importgraph.app_of(i.source) in APP_CODE]
     assert not hidden, "imports inside functions: " + ", ".join(f"{i.source}:{i.line}" for i in hidden)
+
+
+def test_every_package_of_the_product_is_checked_for_hidden_imports():
+    """A package left out of APP_CODE (public, common and e31cli were) would hide imports unseen."""
+    packages = {path.parent.name for path in importgraph.ROOT.glob("*/__init__.py")}
+    assert packages - importgraph.NOT_APPS == set(APP_CODE)
 
 
 def _tree(tmp_path, files: dict[str, str]):
