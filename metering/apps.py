@@ -7,8 +7,14 @@ class MeteringConfig(AppConfig):
 
     def ready(self) -> None:
         # Jobs signals release and submission without importing metering: the apps' arrows point one way.
+        from django.core import checks
+
         from jobs import signals
+        from metering import checks as metering_checks
         from metering import receivers
 
         signals.allocation_released.connect(receivers.close_meter_at_release, dispatch_uid="metering.close")
         signals.budget_asked.connect(receivers.answer_budget, dispatch_uid="metering.budget")
+        checks.register(
+            metering_checks.receivers_connected
+        )  # fail closed: a server without them does not start
