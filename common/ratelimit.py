@@ -2,27 +2,59 @@
 
 ``hit`` counts one event under a key for a window; the public forms (per client address,
 ``common.clients``) and the API throttle (per token, ``accounts.auth``) both count through it.
-The cache is the database's cache table by default, Redis when ``E31_CACHE_URL`` names it: never
-one process's memory, so two web workers count together. A count is O(1) (add, then incr).
+Counts live where every web process sees them, never in one process's memory, so two web workers
+count together: with the database cache (the default) in ``RateCount``, one upsert per event that
+adds one and returns the new count (Django's database cache has no atomic incr: it reads then
+writes, and resets the expiry); with Redis (``E31_CACHE_URL``) in the cache, by add then INCR, which
+keep the expiry the first event set. Either way a window lasts exactly ``window_s``.
 
 Public forms: the first post opens a window; past ``E31_PUBLIC_FORM_LIMIT`` posts within
 ``E31_PUBLIC_FORM_WINDOW_S`` seconds the client gets HTTP 429 until the window ends.
 """
 
+import time
 from collections.abc import Callable
 from functools import wraps
 
 from django.conf import settings
-from django.core.cache import cache
+from django.core.cache import cache, caches
+from django.core.cache.backends.db import DatabaseCache
+from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from common import clients
 
+# A new window (count 1) replaces an expired one in the same statement; the row lock the upsert
+# takes makes parallel events count one after another on PostgreSQL, SQLite has one writer anyway.
+_UPSERT = """
+    INSERT INTO common_ratecount (key, count, expires_at) VALUES (%s, 1, %s)
+    ON CONFLICT (key) DO UPDATE SET
+        count = CASE WHEN common_ratecount.expires_at <= %s THEN 1 ELSE common_ratecount.count + 1 END,
+        expires_at = CASE WHEN common_ratecount.expires_at <= %s THEN excluded.expires_at
+                          ELSE common_ratecount.expires_at END
+    RETURNING count
+"""
+
 
 def hit(key: str, *, window_s: int) -> int:
     """Counts one event under ``key``; returns the count in the window the first event opened."""
     key = f"e31:limit:{key}"
+    if isinstance(caches["default"], DatabaseCache):
+        return _hit_table(key, window_s=window_s, now=time.time())
+    return _hit_cache(key, window_s=window_s)
+
+
+def _hit_table(key: str, *, window_s: int, now: float) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(_UPSERT, [key, now + window_s, now, now])
+        (count,) = cursor.fetchone()
+        if count == 1:  # a window opened: the same moment clears the windows that have ended
+            cursor.execute("DELETE FROM common_ratecount WHERE expires_at <= %s", [now])
+    return count
+
+
+def _hit_cache(key: str, *, window_s: int) -> int:
     window = window_s
     cache.add(key, 0, timeout=window)  # only the first event of a window sets the expiry
     try:
