@@ -1,11 +1,13 @@
 """API authentication (``Authorization: Bearer <token>`` or the browser's session) and its throttle."""
 
 import hashlib
+import math
 import time
 
 from django.conf import settings
 from django.http import HttpRequest
 from django.utils import timezone
+from ninja.errors import Throttled
 from ninja.security import HttpBearer, SessionAuth
 from ninja.throttling import BaseThrottle
 
@@ -16,10 +18,20 @@ from common import clients, ratelimit
 class BearerToken(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str):
         user = services.user_for_token(token=token, now=timezone.now())
-        if user is not None:
-            request.user = user
-            request.api_token_digest = services.digest_token(token)  # what the throttle counts by
+        if user is None:
+            _count_failure(request)  # ninja runs throttles only after authentication succeeds
+            return None
+        request.user = user
+        request.api_token_digest = services.digest_token(token)  # what the throttle counts by
         return user
+
+
+def _count_failure(request: HttpRequest) -> None:
+    """A bad token counts against its client address at E31_API_RATE; past it, 429 with Retry-After."""
+    limit, period = _rate()
+    window = int(time.time() // period)
+    if ratelimit.hit(f"api-auth-failed:{_address(request)}:{window}", window_s=period) > limit:
+        raise Throttled(wait=math.ceil(period - time.time() % period))
 
 
 class ApiThrottle(BaseThrottle):
@@ -52,8 +64,12 @@ def _ident(request: HttpRequest) -> str:
         return f"token:{digest}"
     if request.user.is_authenticated:
         return f"user:{request.user.pk}"
+    return "addr:" + _address(request)
+
+
+def _address(request: HttpRequest) -> str:
     address = clients.client_address(request) or "unknown"
-    return "addr:" + hashlib.sha256(address.encode()).hexdigest()[:32]
+    return hashlib.sha256(address.encode()).hexdigest()[:32]
 
 
 API_AUTH = [BearerToken(), SessionAuth()]

@@ -4,7 +4,7 @@ import json
 
 from django.http import HttpRequest
 from ninja import NinjaAPI
-from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 from ninja.parser import Parser
 
 from accounts.auth import API_AUTH, ApiThrottle
@@ -81,4 +81,9 @@ def on_http_error(request: HttpRequest, exc: HttpError):
     detail = str(exc)
     if isinstance(exc.__cause__, BodyTooDeep | json.JSONDecodeError):  # say why the body could not be read
         detail = f"{detail}: {exc.__cause__}"
-    return api.create_response(request, {"detail": detail}, status=exc.status_code)
+    response = api.create_response(request, {"detail": detail}, status=exc.status_code)
+    if (
+        isinstance(exc, Throttled) and exc.wait is not None
+    ):  # raised by authentication, past the throttle hook
+        response["Retry-After"] = str(exc.wait)
+    return response

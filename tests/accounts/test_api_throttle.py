@@ -52,3 +52,13 @@ def test_a_second_token_of_the_same_user_has_its_own_count(client, member):
 
 def test_a_browser_session_is_counted_per_user(member_client):
     assert [member_client.get(JOBS).status_code for _ in range(4)] == [200, 200, 200, 429]
+
+
+def test_bad_tokens_count_per_address_and_past_the_rate_get_429_with_retry_after(client, member):
+    """Authentication runs before ninja's throttles: a flood of bad tokens was answered 401 for ever."""
+    bad = {"HTTP_AUTHORIZATION": "Bearer e31_not-a-token"}
+    assert [client.get(JOBS, **bad).status_code for _ in range(3)] == [401, 401, 401]
+    refused = client.get(JOBS, **bad)
+    assert refused.status_code == 429
+    assert abs(int(refused["Retry-After"]) - (86400 - time.time() % 86400)) <= 2
+    assert client.get(JOBS, **_bearer(member)).status_code == 200  # a good token is counted on its own
