@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db.models import Q
+from django.db.models.functions import Length
 
 from jobs.lifecycle import TERMINAL
 from jobs.models import Allocation, Job, LogChunk
@@ -20,7 +21,14 @@ READ_BYTES = 1024 * 1024
 
 
 def append_log(*, job_id: int, attempt: int, rank: int, offset: int, data: bytes) -> None:
-    """Stores ``data`` at ``offset``; a piece sent twice (a retry after a lost reply) is stored once."""
+    """Stores ``data`` at ``offset``; a piece sent twice (a retry after a lost reply) is stored once.
+
+    A resend may carry more than the send whose reply was lost: only its bytes past the end already
+    stored are new, so the log keeps every byte once and no chunk hides behind a shorter one.
+    """
+    stored_end = _stored_end(job_id, attempt, rank)
+    if stored_end > offset:
+        data, offset = data[stored_end - offset :], max(offset, stored_end)
     LogChunk.objects.bulk_create(
         (
             LogChunk(
@@ -30,6 +38,17 @@ def append_log(*, job_id: int, attempt: int, rank: int, offset: int, data: bytes
         ),
         ignore_conflicts=True,
     )
+
+
+def _stored_end(job_id: int, attempt: int, rank: int) -> int:
+    last = (
+        LogChunk.objects.filter(job_id=job_id, attempt=attempt, rank=rank)
+        .annotate(size=Length("data"))
+        .order_by("-offset")
+        .values_list("offset", "size")
+        .first()
+    )
+    return last[0] + last[1] if last else 0
 
 
 @dataclass(frozen=True)

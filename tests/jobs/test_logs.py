@@ -42,6 +42,17 @@ def test_the_whole_log_is_read_back_from_any_offset_and_a_resent_piece_is_stored
     assert middle.text.encode() == text[300_001 : 300_001 + logs.READ_BYTES]
 
 
+def test_a_resend_that_carries_more_bytes_keeps_them_all(running):
+    # The first send committed but its reply was lost; the agent resends from the same offset with
+    # what it wrote since: the longer resend's extra bytes must not be dropped.
+    job, _ = running
+    logs.append_log(job_id=job.id, attempt=1, rank=0, offset=0, data=b"epoch 1\n")
+    logs.append_log(job_id=job.id, attempt=1, rank=0, offset=0, data=b"epoch 1\nepoch 2\n")
+    logs.append_log(job_id=job.id, attempt=1, rank=0, offset=16, data=b"epoch 3\n")
+    assert b"".join(logs.log_bytes(job, attempt=1, rank=0)) == b"epoch 1\nepoch 2\nepoch 3\n"
+    assert logs.read_log(job, attempt=1, rank=0, offset=0).next_offset == 24
+
+
 def test_a_character_cut_between_two_shipments_is_held_back_until_it_is_whole(running):
     job, _ = running
     data = "loss → 0.1\n".encode()
