@@ -74,8 +74,8 @@ def run(jobs: int) -> dict:
     team = user.memberships.first().team
     spec = declaration.validate(
         {"name": "trivial", "work": {"argv": ["/bin/true"]}, "request": {"gpus": 1, "hours": 1},
-         "output": {"uri": f"file://{settings.E31_OUTPUT_ROOTS[0]}/out", "bytes": 0}},
-        limits=services.pool_limits(),
+         "output": {"uri": f"file://{settings.E31_OUTPUT_ROOTS[0]}/{team.slug}/out", "bytes": 0}},
+        limits=services.pool_limits(team=team),
     )  # fmt: skip
     in_flight, submitted, began = 8, [], time.monotonic()
     while len(submitted) < jobs or Job.objects.exclude(state__in=("released", "ended")).exists():

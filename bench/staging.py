@@ -59,6 +59,7 @@ def make_source(path: Path, size: int) -> str:
     """Random bytes (nothing compresses or dedups them), and their sha256 for the declared runs."""
     digest = hashlib.sha256()
     block = 64 * 1024 * 1024
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as out:
         for offset in range(0, size, block):
             chunk = os.urandom(min(block, size - offset))
@@ -220,10 +221,10 @@ def main() -> None:
     old = setup_databases(verbosity=0, interactive=False, keepdb=False)
     server = None
     try:
-        source = work / "data" / "dataset.bin"
+        source = work / "data" / "bench" / "dataset.bin"  # the bench team's folder of the data root
         log(f"writing {args.size_mb} MB of random bytes to {source}")
         sha = make_source(source, size)
-        server = serve(work / "data")
+        server = serve(source.parent)
         with override_settings(E31_DATA_ROOTS=[work / "data"], E31_STAGING_ROOT=work / "staging",
                                E31_ALLOW_PRIVATE_SOURCES=True, E31_STAGE_CACHE_BYTES=4 * size):  # fmt: skip
             bench = Bench(work, source, size, sha, int(server.stdout.readline()))

@@ -202,7 +202,8 @@ def outputs(
 ) -> None:
     """List a job's sealed outputs (path, size, sha256), or download them."""
     session = api()
-    files = session.get(f"/jobs/{job_id}")["outputs"]
+    sealed = session.get(f"/jobs/{job_id}")["outputs"]["files"]
+    files = list(session.pages(f"/jobs/{job_id}/outputs", limit=sealed))
     table = _table("PATH", "BYTES", "SHA256")
     for item in files:
         table.add_row(item["path"], str(item["bytes"]), item["sha256"][:16])

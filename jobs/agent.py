@@ -10,6 +10,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import threading
 import time
@@ -37,6 +38,7 @@ TAIL_BYTES = 8 * 1024
 POLL_S = 0.2
 CHECK_EVERY_S = 1.0
 SEEN_EVERY_S = 5.0
+MAX_PATH = 1024  # an output file's path, as the manifest row holds it
 
 
 class LogCapture(threading.Thread):
@@ -286,21 +288,60 @@ def _after_exit(part: Part, dirs: sandbox.AttemptDirs, outcome: str, exit_code: 
     if outcome == "sibling_failed":
         outcome = STOPPED  # not this part's failure: the attempt's exit code is the failing part's
     rental.finish_allocation(allocation_id=part.allocation.id, exit_code=exit_code, outcome=outcome, now=now)
-    manifest = seal(dirs.output, prefix=f"rank{part.rank}/" if part.num_nodes > 1 else "")
-    rental.seal_allocation(allocation_id=part.allocation.id, manifest=manifest, now=timezone.now())
+    sealed = seal(
+        dirs.output, prefix=f"rank{part.rank}/" if part.num_nodes > 1 else "",
+        declared_bytes=part.job.output_bytes, max_files=settings.E31_MAX_OUTPUT_FILES,
+    )  # fmt: skip
+    rental.seal_allocation(
+        allocation_id=part.allocation.id, manifest=sealed.files, refused=sealed.refused, now=timezone.now()
+    )
 
 
-def seal(output_dir: Path, *, prefix: str = "") -> list[dict]:
-    """The manifest of everything the job wrote to its output directory: path, bytes, sha256."""
-    manifest = []
-    for path in sorted(p for p in output_dir.rglob("*") if p.is_file() and not p.is_symlink()):
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        rel = prefix + path.relative_to(output_dir).as_posix()
-        manifest.append({"path": rel, "bytes": path.stat().st_size, "sha256": digest.hexdigest()})
-    return manifest
+@dataclass(frozen=True)
+class Sealed:
+    files: list[dict]
+    refused: str = ""  # why nothing is sealed: the output broke its declaration
+
+
+def seal(output_dir: Path, *, prefix: str = "", declared_bytes: int, max_files: int) -> Sealed:
+    """The manifest of what the job wrote (path, bytes, sha256), held to its declaration.
+
+    Past ``max_files`` files, or more bytes than declared, nothing is hashed: the count and sizes
+    are read first, so 20,000 files or 5 GB declared as 100 bytes cost a directory walk, not a seal.
+    """
+    found, total = [], 0
+    for path in _regular_files(output_dir):
+        found.append(path)
+        if len(found) > max_files:
+            return Sealed(
+                [],
+                f"wrote more than {max_files:,} files, the most an attempt may seal (E31_MAX_OUTPUT_FILES)",
+            )
+        total += path.stat().st_size
+    if total > declared_bytes:
+        return Sealed([], f"wrote {total:,} bytes, declared {declared_bytes:,} (output.bytes)")
+    too_long = next((p for p in found if len(prefix + p.relative_to(output_dir).as_posix()) > MAX_PATH), None)
+    if too_long is not None:
+        return Sealed([], f"a file's path is longer than {MAX_PATH} characters: {too_long.name[:60]}…")
+    return Sealed([_entry(output_dir, path, prefix) for path in sorted(found)])
+
+
+def _regular_files(root: Path):
+    """Regular files under ``root``, never following links (a link to a host file is not an output)."""
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = Path(folder) / name
+            if stat.S_ISREG(path.lstat().st_mode):
+                yield path
+
+
+def _entry(output_dir: Path, path: Path, prefix: str) -> dict:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    rel = prefix + path.relative_to(output_dir).as_posix()
+    return {"path": rel, "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def _job_env(part: Part, dirs: sandbox.AttemptDirs) -> dict[str, str]:

@@ -8,17 +8,18 @@ from django.http import FileResponse, HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
-from ninja.pagination import paginate
+from ninja.pagination import LimitOffsetPagination, paginate
 from ninja.responses import Status
 from pydantic import field_validator
 
 from accounts import scoping
 from common import paging
 from jobs import declaration, idempotency, logs, selectors, services
-from jobs.models import Job
-from jobs.schemas import ErrorOut, JobIn, JobOut
+from jobs.models import Job, OutputFile
+from jobs.schemas import ErrorOut, JobIn, JobOut, OutputFileOut
 
 router = Router(tags=["jobs"])
+OUTPUT_PAGE_MAX = 1000  # files per page of /jobs/{id}/outputs
 ERRORS = {400: ErrorOut, 401: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
 
 
@@ -78,7 +79,11 @@ def job_json(job: Job) -> dict:
             }
             for a in job.allocations.all()
         ],
-        "outputs": job.outputs or [],
+        "outputs": {
+            "files": job.sealed_files, "bytes": job.sealed_bytes,
+            "delivered_to": job.delivery_uri if job.sealed_files else "",
+            "files_url": f"/api/v1/jobs/{job.id}/outputs",
+        },
         "delivery_state": job.delivery_state,
         "estimated_start": job.estimated_start,
         "pending_reason": job.pending_reason,
@@ -162,7 +167,7 @@ def _submit(request: HttpRequest, raw: dict, team_slug: str):
         )
         if first is None:
             team = _submitting_team(request, team_slug)
-            spec = declaration.validate(raw, limits=services.pool_limits())
+            spec = declaration.validate(raw, limits=services.pool_limits(team=team))
             job, first = _submit_once(request, team, spec, key, digest, now)
     except idempotency.KeyReused as exc:
         raise HttpError(409, str(exc)) from exc
@@ -190,6 +195,17 @@ def list_jobs(request: HttpRequest, filters: Query[JobFilter]):
 @router.get("/jobs/{job_id}", response={200: JobOut, **ERRORS}, summary="One job with its events")
 def get_job(request: HttpRequest, job_id: int):
     return job_json(_get_job(request, job_id))
+
+
+@router.get(
+    "/jobs/{job_id}/outputs",
+    response={200: list[OutputFileOut], **ERRORS},
+    summary="The files the job's current attempt sealed, by path, a page at a time",
+)
+@paginate(LimitOffsetPagination, max_limit=OUTPUT_PAGE_MAX)
+def list_outputs(request: HttpRequest, job_id: int):
+    job = _visible(request, job_id)
+    return OutputFile.objects.filter(job_id=job.id, attempt=job.attempt).order_by("path")
 
 
 class LogOut(Schema):
@@ -229,7 +245,8 @@ def job_log(
     "/jobs/{job_id}/outputs/download",
     response={200: None, **ERRORS},
     summary="One sealed output file, read from the job's destination",
-    description="`path` is the file's path in the job's `outputs` manifest; answered once delivery has finished.",
+    description="`path` is a file's path as `/jobs/{id}/outputs` lists it (the current attempt's); answered once "
+    "delivery has finished.",
     openapi_extra={"responses": {200: {"content": {"application/octet-stream": {}}}}},
 )
 def download_output(request: HttpRequest, job_id: int, path: str = Query(..., max_length=4096)):

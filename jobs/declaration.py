@@ -46,6 +46,10 @@ class Limits:
     pool_memory: int = 0
     pool_cpus: float = 0
     max_output_bytes: int = 0  # E31_MAX_OUTPUT_BYTES; 0: unchecked
+    # The submitting team: its file:// inputs and destinations lie under <root>/<team>/ (None: not chosen yet).
+    team: str | None = None
+    # Dataset folders an operator shared with that team, readable besides its own prefix.
+    shared: Sequence[Path] = ()
 
 
 @dataclass(frozen=True)
@@ -295,11 +299,37 @@ def _output_bytes(value: Any, limits: Limits, errs: _Collector) -> int:
 
 
 def _data_uri(value: Any, path: str, limits: Limits, errs: _Collector) -> str:
-    return _uri(value, path, DATA_SCHEMES, limits.data_roots, "E31_DATA_ROOTS", errs)
+    before = len(errs.errors)
+    uri = _uri(value, path, DATA_SCHEMES, limits.data_roots, "E31_DATA_ROOTS", errs)
+    if len(errs.errors) == before:
+        _check_team_prefix(uri, path, limits.data_roots, limits, errs, shared=limits.shared)
+    return uri
 
 
 def _output_uri(value: Any, limits: Limits, errs: _Collector) -> str:
-    return _uri(value, "output.uri", OUTPUT_SCHEMES, limits.output_roots, "E31_OUTPUT_ROOTS", errs)
+    before = len(errs.errors)
+    uri = _uri(value, "output.uri", OUTPUT_SCHEMES, limits.output_roots, "E31_OUTPUT_ROOTS", errs)
+    if len(errs.errors) == before:
+        _check_team_prefix(uri, "output.uri", limits.output_roots, limits, errs)
+    return uri
+
+
+def team_prefixes(roots: Sequence[Path], team: str) -> list[Path]:
+    """Each root's folder of one team (``<root>/<team-slug>``): the only place its file:// URIs may point."""
+    return [Path(os.path.realpath(root / team)) for root in roots]
+
+
+def _check_team_prefix(
+    uri: str, path: str, roots: Sequence[Path], limits: Limits, errs: _Collector, *, shared=()
+) -> None:
+    """A file:// URI of another team's folder (or of no team's) is refused, even under an allowed root."""
+    parts = urlsplit(uri)
+    if limits.team is None or parts.scheme != "file":
+        return  # the team is not chosen yet (the form says so), or not a file
+    if resolve_under_roots(unquote(parts.path), [*team_prefixes(roots, limits.team), *shared]) is None:
+        where = " or ".join(f"{root}/{limits.team}/" for root in roots)
+        extra = " or a folder an operator shared with your team" if path.startswith("data") else ""
+        errs.add(path, f"not under your team's folder: a file URI lies under {where}{extra}")
 
 
 def _uri(

@@ -1,7 +1,8 @@
 """Output delivery after RELEASE, off the meter: sealed files to the declared destination, verified there.
 
 Runs on the node that sealed them (its agent's queue), at most E31_DELIVERY_CONCURRENCY at once
-per node. Each file is written beside its final name, hashed as it lands and renamed into place
+per node. Each attempt delivers into a folder of its own, ``<destination>/<job id>-<attempt>/``, so a
+delivery never replaces what another job, or another attempt of the same job, delivered. Each file is written beside its final name, hashed as it lands and renamed into place
 only when its sha256 matches the manifest (file://); on s3:// it is read back and hashed. Transient
 errors are retried with backoff; progress (bytes and files done) is kept on an OutputTransfer row
 whose lease lets a re-driven task take over from a silent one, never run beside a live one.
@@ -21,7 +22,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from jobs import declaration, sandbox, staging, transfers
-from jobs.models import Allocation, Job, OutputTransfer
+from jobs.models import Allocation, Job, OutputFile, OutputTransfer
 from jobs.transfers import destinations, sources
 
 WAITING, DELIVERING, DELIVERED, FAILED = (
@@ -37,7 +38,7 @@ class DeliveryFailed(Exception):
 
 def deliver_part(*, allocation_id: int, now: datetime) -> None:
     """Copies one part's outputs and checks each against the manifest; the last part marks the job delivered."""
-    allocation = Allocation.objects.select_related("node", "job").get(id=allocation_id)
+    allocation = Allocation.objects.select_related("node", "job", "job__team").get(id=allocation_id)
     job = allocation.job
     if job.delivered_at or job.delivery_state != "delivering":
         return
@@ -48,7 +49,7 @@ def deliver_part(*, allocation_id: int, now: datetime) -> None:
     watch = _Watch(transfer)
     try:
         _wait_for_slot(transfer, allocation.node_id, watch)
-        _deliver(job.output_uri, files, watch)
+        _deliver(job.delivery_uri, job.team.slug, files, watch)
     except transfers.TransferStopped:
         return  # a re-driven task took the lease over
     except (DeliveryFailed, transfers.TransferFailed, OSError) as exc:
@@ -58,14 +59,15 @@ def deliver_part(*, allocation_id: int, now: datetime) -> None:
 
 
 def _part_files(allocation: Allocation) -> list[tuple[dict, Path]]:
-    """This part's manifest entries with their sealed files on this node."""
+    """This part's manifest rows with their sealed files on this node."""
     source = sandbox.attempt_dirs(allocation).output
     prefix = f"rank{allocation.rank}/"
     multi = Allocation.objects.filter(job_id=allocation.job_id, attempt=allocation.attempt).count() > 1
+    rows = OutputFile.objects.filter(job_id=allocation.job_id, attempt=allocation.attempt)
+    if multi:
+        rows = rows.filter(path__startswith=prefix)
     files = []
-    for entry in allocation.job.outputs:
-        if multi and not entry["path"].startswith(prefix):
-            continue
+    for entry in rows.order_by("path").values("path", "bytes", "sha256").iterator(chunk_size=2000):
         files.append((entry, source / (entry["path"].removeprefix(prefix) if multi else entry["path"])))
     return files
 
@@ -94,7 +96,14 @@ class _Watch:
     def __init__(self, transfer: OutputTransfer) -> None:
         self.transfer = transfer
         self.base = 0  # bytes of the files already delivered
-        self.began = time.monotonic()
+        self.began = self.last = time.monotonic()
+
+    def due(self) -> bool:
+        """True at most every PROGRESS_EVERY_S: time to write progress again."""
+        if time.monotonic() - self.last < transfers.PROGRESS_EVERY_S:
+            return False
+        self.last = time.monotonic()
+        return True
 
     def __call__(self, done: int) -> bool:
         total = self.base + done
@@ -137,24 +146,32 @@ def claim_slot(*, transfer: OutputTransfer, node_id: int, now: datetime) -> bool
         )
 
 
-def _deliver(output_uri: str, files: list[tuple[dict, Path]], watch: _Watch) -> None:
+def _deliver(output_uri: str, team: str, files: list[tuple[dict, Path]], watch: _Watch) -> None:
+    """``output_uri`` is the attempt's own folder under the declared destination: nothing else is written."""
     scheme = urlsplit(output_uri).scheme
     if scheme not in ("file", "s3"):
         raise DeliveryFailed(f"delivery to {scheme}:// is not configured on this pool")
-    root = _file_destination(output_uri) if scheme == "file" else None
+    root = _file_destination(output_uri, team) if scheme == "file" else None
     for count, (entry, source) in enumerate(files, start=1):
         if root is not None:
             _deliver_file(source, _safe_target(root, entry["path"]), entry, watch)
         else:
             _deliver_s3(source, output_uri.rstrip("/") + "/" + entry["path"], entry, watch)
         watch.base += entry["bytes"]
-        watch.beat(files_done=count, bytes_done=watch.base)
+        if count == len(files) or watch.due():  # thousands of small files: a progress write per half second
+            watch.beat(files_done=count, bytes_done=watch.base)
 
 
-def _file_destination(uri: str) -> Path:
-    real = declaration.resolve_under_roots(unquote(urlsplit(uri).path), settings.E31_OUTPUT_ROOTS)
+def _file_destination(uri: str, team: str) -> Path:
+    """The attempt's folder, created under the team's prefix of an output root, and checked again once made."""
+    prefixes = declaration.team_prefixes(settings.E31_OUTPUT_ROOTS, team)
+    folder = declaration.resolve_under_roots(unquote(urlsplit(uri).path), prefixes)
+    if folder is None:
+        raise DeliveryFailed("the destination is not under the team's folder of an output root")
+    folder.mkdir(parents=True, exist_ok=True)
+    real = declaration.resolve_under_roots(str(folder), prefixes)
     if real is None:
-        raise DeliveryFailed("the destination is no longer under an allowed output root")
+        raise DeliveryFailed("the destination's folder leads outside the team's folder")
     return real
 
 

@@ -47,7 +47,9 @@ class Job(models.Model):
     # output
     output_uri = models.CharField(max_length=2000)
     output_bytes = models.BigIntegerField()
-    outputs = models.JSONField(default=list, blank=True, help_text="Sealed manifest: path, bytes, sha256.")
+    # The sealed manifest of the current attempt lives in OutputFile rows; these are its summary.
+    sealed_files = models.PositiveIntegerField(default=0)
+    sealed_bytes = models.BigIntegerField(default=0)
     delivery_state = models.CharField(max_length=12, blank=True)  # "", delivering, delivered, failed
     delivery_detail = models.CharField(max_length=500, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
@@ -89,9 +91,33 @@ class Job(models.Model):
     def is_alive(self) -> bool:
         return self.state not in (State.RELEASED, State.ENDED)
 
+    @property
+    def delivery_uri(self) -> str:
+        """The attempt's own folder under the declared destination: no two attempts deliver to the same place."""
+        return f"{self.output_uri.rstrip('/')}/{self.id}-{self.attempt}/"
+
     def outputs_pending(self) -> bool:
         """Sealed files that still have to reach the declared destination."""
-        return bool(self.outputs) and not self.delivered_at
+        return self.sealed_files > 0 and not self.delivered_at
+
+
+class OutputFile(models.Model):
+    """One file an attempt sealed: the manifest its delivery is checked against, a row per file."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="output_files")
+    attempt = models.PositiveIntegerField()
+    path = models.CharField(max_length=1024)
+    bytes = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+
+    class Meta:
+        ordering = ["job", "attempt", "path"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt", "path"], name="output_file_once_per_attempt"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/{self.attempt}: {self.path}"
 
 
 class DataInput(models.Model):
@@ -269,8 +295,9 @@ class TeamUsage(models.Model):
 class DatasetCacheEntry(models.Model):
     """A dataset kept in the pool's staging cache (E31_STAGING_ROOT/cache/<key>), shared by the jobs that read it.
 
-    The key addresses content: the declared sha256 and size, or the URI, size and the source's
-    validator (ETag, Last-Modified, inode and mtime). Each job's data dir holds hard links to the
+    The key names one source object as one team reads it: the team, the URI, its size and validator
+    (ETag, Last-Modified, inode and mtime) and the declared sha256. A declared sha256 alone never
+    reaches another source's bytes. Each job's data dir holds hard links to the
     entry's file; a job not yet released or ended pins the entries its inputs link to.
     """
 
@@ -371,3 +398,23 @@ class LogChunk(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} attempt {self.attempt} rank {self.rank} @{self.offset}"
+
+
+class DataShare(models.Model):
+    """A dataset folder under a data root that an operator lets named teams read besides their own prefix.
+
+    A team's file:// inputs lie under ``<data root>/<team-slug>/``; a folder shared here is the one
+    exception, and only for the teams listed.
+    """
+
+    path = models.CharField(max_length=1000, unique=True, help_text="Absolute, real path under a data root.")
+    teams = models.ManyToManyField(Team, related_name="data_shares")
+    note = models.CharField(max_length=200, blank=True)
+    shared_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["path"]
+
+    def __str__(self) -> str:
+        return self.path

@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.core.paginator import Paginator
+
 from jobs.lifecycle import HOLDS_COMPUTE, STEPS, State
 from jobs.models import Job
 
@@ -25,7 +27,10 @@ def any_alive(page) -> bool:
     return any(job.is_alive for job in page)
 
 
-def job_page(job: Job, *, now: datetime) -> dict:
+FILES_PER_PAGE = 50
+
+
+def job_page(job: Job, *, now: datetime, files_page: str | None = None) -> dict:
     events = list(job.events.all())
     allocations = list(job.allocations.select_related("node").order_by("attempt", "rank"))
     return {
@@ -36,7 +41,14 @@ def job_page(job: Job, *, now: datetime) -> dict:
         "steps": timeline(job, events, now=now),
         "gpu_seconds": held_gpu_seconds(allocations, now=now),
         "live": job.is_alive or job.delivery_state == "delivering",
+        "output_files": output_files(job, files_page),
     }
+
+
+def output_files(job: Job, page: str | None):
+    """One page of the files the current attempt sealed: a job may have sealed thousands."""
+    rows = job.output_files.filter(attempt=job.attempt).order_by("path").only("path", "bytes", "sha256")
+    return Paginator(rows, FILES_PER_PAGE).get_page(page)
 
 
 def timeline(job: Job, events, *, now: datetime) -> list[Step]:

@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 
 from jobs import dispatch, signals
 from jobs.lifecycle import HOLDS_COMPUTE, PREEMPTED, REQUEUED, EndReason, State
-from jobs.models import Allocation, GpuHold, Job, JobEvent, Node, TeamUsage
+from jobs.models import Allocation, GpuHold, Job, JobEvent, Node, OutputFile, TeamUsage
 from jobs.transitions import transition
 
 log = logging.getLogger(__name__)
@@ -93,16 +93,41 @@ def finish_allocation(
         _release_when_sealed(job.id, now=now, actor=f"agent:{allocation.node.name}")
 
 
-def seal_allocation(*, allocation_id: int, manifest: list[dict], now: datetime) -> None:
-    """Adds a part's sealed outputs to the job; once every part is sealed and the run is over, RELEASE."""
+def seal_allocation(*, allocation_id: int, manifest: list[dict], now: datetime, refused: str = "") -> None:
+    """Adds a part's sealed outputs to the job (a row per file); once every part is sealed, RELEASE.
+
+    A part whose output broke the declaration (``refused``), or parts that together wrote more than
+    ``output.bytes``, end the attempt ``output_failed``: nothing of it is delivered.
+    """
     with transaction.atomic():
         allocation = Allocation.objects.select_related("node").get(id=allocation_id)
         job = Job.objects.select_for_update().get(id=allocation.job_id)
         if job.state not in (State.RUNNING, State.OUTPUT) or job.attempt != allocation.attempt:
             return
-        Job.objects.filter(id=job.id).update(outputs=[*job.outputs, *manifest])
+        if allocation.sealed_at is not None:
+            return  # a redelivered task: this part's files are in already
+        if not refused:
+            refused = _add_manifest(job, allocation.attempt, manifest)
+        if refused:
+            Allocation.objects.filter(id=allocation_id).update(end_reason=EndReason.OUTPUT_FAILED)
+            Job.objects.filter(id=job.id).update(delivery_detail=refused[:500])
         Allocation.objects.filter(id=allocation_id, sealed_at__isnull=True).update(sealed_at=now)
         _release_when_sealed(job.id, now=now, actor=f"agent:{allocation.node.name}")
+
+
+def _add_manifest(job: Job, attempt: int, manifest: list[dict]) -> str:
+    """Stores a part's files; '' or why the attempt's outputs, all parts together, break the declaration."""
+    OutputFile.objects.bulk_create(
+        (OutputFile(job_id=job.id, attempt=attempt, **entry) for entry in manifest), batch_size=2000
+    )
+    files = job.sealed_files + len(manifest)
+    written = job.sealed_bytes + sum(entry["bytes"] for entry in manifest)
+    Job.objects.filter(id=job.id).update(sealed_files=files, sealed_bytes=written)
+    if files > settings.E31_MAX_OUTPUT_FILES:
+        return f"wrote more than {settings.E31_MAX_OUTPUT_FILES:,} files, the most an attempt may seal (E31_MAX_OUTPUT_FILES)"
+    if written > job.output_bytes:
+        return f"wrote {written:,} bytes, declared {job.output_bytes:,} (output.bytes)"
+    return ""
 
 
 def _release_when_sealed(job_id: int, *, now: datetime, actor: str) -> None:
@@ -112,6 +137,10 @@ def _release_when_sealed(job_id: int, *, now: datetime, actor: str) -> None:
     if job.state != State.OUTPUT or any(p.sealed_at is None for p in parts):
         return
     reason, exit_code = _attempt_outcome(parts)
+    if reason == EndReason.OUTPUT_FAILED:
+        release_job(job_id=job_id, end_reason=reason, now=now, actor=actor, exit_code=exit_code,
+                    detail=f"output not delivered: {job.delivery_detail}")  # fmt: skip
+        return
     detail = OUT_OF_MEMORY_DETAIL if reason == EndReason.OUT_OF_MEMORY else ""
     release_job(job_id=job_id, end_reason=reason, now=now, actor=actor, exit_code=exit_code, deliver=True,
                 detail=detail)  # fmt: skip
@@ -128,13 +157,16 @@ def _attempt_parts(job: Job):
 
 
 def _attempt_outcome(parts) -> tuple[EndReason, int | None]:
-    """Timed out beats out of memory beats failed beats succeeded; the exit code is the first failing part's."""
+    """Output failed (nothing delivered) beats timed out beats out of memory beats failed beats succeeded;
+    the exit code is the first failing part's."""
     reasons = {p.end_reason for p in parts}
     failed = sorted(
         (p for p in parts if p.end_reason in (EndReason.FAILED, EndReason.OUT_OF_MEMORY)),
         key=lambda p: (p.finished_at, p.rank),
     )
     failing = failed[0].exit_code if failed else None
+    if EndReason.OUTPUT_FAILED in reasons:  # whatever the run did, its outputs are not delivered
+        return EndReason.OUTPUT_FAILED, failing if failed else next((p.exit_code for p in parts), None)
     if EndReason.TIMED_OUT in reasons:
         return EndReason.TIMED_OUT, failing
     if EndReason.OUT_OF_MEMORY in reasons:
@@ -167,6 +199,7 @@ def release_job(
             moved = transition(
                 job_id=job.id, source=job.state, target=State.QUEUED, now=now, actor=actor, via=requeue_as,
                 reason=f"{requeue_as}: {detail or end_reason}", cancel_requested_at=None, preempt_requested_at=None,
+                sealed_files=0, sealed_bytes=0, delivery_detail="",  # the next attempt seals its own files
             )  # fmt: skip
         else:
             moved = transition(

@@ -22,7 +22,10 @@ class WorkIn(Schema):
 
 class DataIn(Schema):
     name: str = Field(..., description="Mounted under $E31_DATA_DIR/<name>.")
-    uri: str = Field(..., description="file:// (under E31_DATA_ROOTS), http(s):// or s3://")
+    uri: str = Field(
+        ...,
+        description="file:// (under <data root>/<team-slug>/ or a folder shared with the team), http(s):// or s3://",
+    )
     bytes: StrictInt = Field(..., description="Declared size in bytes; staging refuses a larger source.")
     sha256: str = ""
 
@@ -47,7 +50,10 @@ class RequestIn(Schema):
 
 
 class OutputIn(Schema):
-    uri: str = Field(..., description="file:// (under E31_OUTPUT_ROOTS) or s3://")
+    uri: str = Field(
+        ...,
+        description="file:// (under <output root>/<team-slug>/) or s3://; each attempt is delivered into <uri>/<job id>-<attempt>/",
+    )
     bytes: StrictInt
 
 
@@ -98,6 +104,13 @@ class OutputFileOut(Schema):
     sha256: str
 
 
+class OutputsOut(Schema):
+    files: int = Field(..., description="Files the current attempt sealed.")
+    bytes: int = Field(..., description="Their total size in bytes.")
+    delivered_to: str = Field(..., description="The attempt's own folder under the destination.")
+    files_url: str = Field(..., description="Every file, paged: ?offset=&limit= (at most 1000).")
+
+
 class JobOut(Schema):
     id: int
     name: str
@@ -114,7 +127,7 @@ class JobOut(Schema):
     output: OutputIn
     events: list[EventOut]
     allocations: list[AllocationOut]
-    outputs: list[OutputFileOut]
+    outputs: OutputsOut
     delivery_state: str
     estimated_start: datetime | None
     pending_reason: str

@@ -15,7 +15,7 @@ from django.db.models import Prefetch, QuerySet, Sum
 from accounts import scoping
 from jobs import declaration
 from jobs.lifecycle import ALIVE, BEFORE_RENT, TERMINAL, State
-from jobs.models import Allocation, DataInput, DatasetCacheEntry, Job, OutputTransfer
+from jobs.models import Allocation, DataInput, DatasetCacheEntry, Job, OutputFile, OutputTransfer
 from jobs.transfers import sources
 
 ALIVE_STATES = [s.value for s in ALIVE]
@@ -157,17 +157,22 @@ class OutputUnavailable(Exception):
 
 
 def open_delivered_output(job: Job, path: str):
-    """A sealed output file, read back from the job's declared destination once delivery has finished."""
-    entry = next((e for e in job.outputs or [] if e["path"] == path), None)
-    if entry is None:
+    """A file the job's current attempt sealed, read back from that attempt's delivery folder.
+
+    Only a path of the attempt's manifest is read, and a file:// folder only under the team's own
+    prefix of an output root: a link planted at the destination leads nowhere else.
+    """
+    if not OutputFile.objects.filter(job_id=job.id, attempt=job.attempt, path=path).exists():
         raise OutputUnavailable(f"{path[:200]!r} is not one of job {job.id}'s outputs")
     if not job.delivered_at:
         raise OutputUnavailable(
-            f"job {job.id}'s outputs are not delivered yet ({job.delivery_state or 'not sealed'})"
+            f"job {job.id}'s outputs are not delivered yet ({job.delivery_state or 'not sealed'})", status=409
         )
-    if urlsplit(job.output_uri).scheme == "s3":
-        return sources.filesystem_for(job.output_uri).open(job.output_uri.rstrip("/") + "/" + path, "rb")
-    root = declaration.resolve_under_roots(unquote(urlsplit(job.output_uri).path), settings.E31_OUTPUT_ROOTS)
+    folder = job.delivery_uri
+    if urlsplit(folder).scheme == "s3":
+        return sources.filesystem_for(folder).open(folder + path, "rb")
+    prefixes = declaration.team_prefixes(settings.E31_OUTPUT_ROOTS, job.team.slug)
+    root = declaration.resolve_under_roots(unquote(urlsplit(folder).path), prefixes)
     target = Path(os.path.realpath(root / path)) if root else None
     if target is None or not target.is_relative_to(root) or not target.is_file():
         raise OutputUnavailable(f"{path[:200]!r} is no longer at the destination")

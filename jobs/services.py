@@ -11,14 +11,15 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
 
-from jobs import declaration, dispatch, rental, signals
+from jobs import declaration, dispatch, rental, sharing, signals
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, EndReason, State
 from jobs.models import DataInput, Job, JobEvent, Node
 from jobs.transitions import transition
 
 
-def pool_limits() -> declaration.Limits:
-    """What a declaration is checked against: the GPUs of every node not down, and the configured roots."""
+def pool_limits(*, team=None) -> declaration.Limits:
+    """What a declaration is checked against: the GPUs, memory and CPUs of every node not down, the
+    configured roots, and for a chosen team its prefix of each root and the dataset folders shared with it."""
     pool = Node.objects.exclude(state=Node.NodeState.DOWN).aggregate(
         gpus=Sum("gpus"), memory=Sum("memory_bytes"), cpus=Sum("cpus")
     )
@@ -30,6 +31,8 @@ def pool_limits() -> declaration.Limits:
         max_output_bytes=settings.E31_MAX_OUTPUT_BYTES,
         data_roots=settings.E31_DATA_ROOTS,
         output_roots=settings.E31_OUTPUT_ROOTS,
+        team=team.slug if team is not None else None,
+        shared=sharing.shared_with(team.slug) if team is not None else (),
     )
 
 

@@ -1,6 +1,7 @@
 """STAGE: puts a job's declared inputs in place before any GPU is held, off the meter.
 
-Each input lands in the pool's content-addressed cache (E31_STAGING_ROOT/cache/<key>) and the
+Each input lands in the pool's cache (E31_STAGING_ROOT/cache/<key>, keyed by the team and the source
+object: URI, size and validator, so a hit is never another source's bytes) and the
 job's data dir (E31_STAGING_ROOT/<job_id>/<name>, bind-mounted read-only into its sandbox) holds a
 hard link to it, so a later job reading the same dataset moves 0 bytes. Sizes are held to the
 declaration (a larger source is cut off and refused), sha256 checked when declared; progress is
@@ -23,7 +24,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from jobs import dispatch, selectors, transfers
+from jobs import dispatch, selectors, sharing, transfers
 from jobs.lifecycle import EndReason, State
 from jobs.models import DataInput, DatasetCacheEntry, Job
 from jobs.transfers import destinations, sources
@@ -53,8 +54,9 @@ def stage_job(*, job_id: int, now: datetime) -> bool:
         return False
     sweep_cache(now=now)
     try:
-        for data_input in DataInput.objects.filter(job_id=job_id):
-            _stage_input(data_input)
+        roots = sharing.readable_roots(Job.objects.values_list("team__slug", flat=True).get(id=job_id))
+        for data_input in DataInput.objects.filter(job_id=job_id).select_related("job"):
+            _stage_input(data_input, roots)
     except StagingStopped:
         remove_staged(job_id)  # cancelled: its partial files go with it
         DataInput.objects.filter(job_id=job_id, stage_state__in=("staging", "waiting")).update(
@@ -164,13 +166,14 @@ def progress_transaction():
         yield
 
 
-def _stage_input(data_input: DataInput) -> None:
+def _stage_input(data_input: DataInput, roots: list[Path]) -> None:
+    """``roots``: where the job's team may read file:// sources, checked again here as the file is opened."""
     if _already_in_place(data_input):
         return  # a re-driven stager after a takeover: this input was finished before
     source = None
     try:
         source = sources.open_source(
-            data_input.uri, roots=settings.E31_DATA_ROOTS, allow_private=settings.E31_ALLOW_PRIVATE_SOURCES,
+            data_input.uri, roots=roots, allow_private=settings.E31_ALLOW_PRIVATE_SOURCES,
             allow_hardlinks=settings.E31_ALLOW_HARDLINKED_SOURCES, timeout=settings.E31_TRANSFER_TIMEOUT_S,
         )  # fmt: skip
         _stage_from(source, data_input)
@@ -196,8 +199,9 @@ def _stage_from(source, data_input: DataInput) -> None:
     if info.size is not None and info.size != data_input.bytes:
         _fail(data_input, f"the source has {info.size} bytes, {data_input.bytes} were declared")
     key = cache_key(
-        uri=data_input.uri, size=data_input.bytes, validator=info.validator, sha256=data_input.sha256
-    )
+        team_id=data_input.job.team_id, uri=data_input.uri, size=data_input.bytes, validator=info.validator,
+        sha256=data_input.sha256,
+    )  # fmt: skip
     while True:
         outcome, entry, token = _claim_entry(key, data_input, watch, info.validator)
         if outcome == HIT:
@@ -230,12 +234,14 @@ def _probe(source, watch: _Watch) -> transfers.SourceInfo:
     raise AssertionError("unreachable")
 
 
-def cache_key(*, uri: str, size: int, validator: str, sha256: str) -> str:
-    """Content address: the declared sha256 and size; else the URI, size and the source's validator."""
-    if sha256:
-        basis = f"sha256:{sha256}:{size}"
-    elif validator:
-        basis = f"uri:{uri}\n{size}\n{validator}"
+def cache_key(*, team_id: int, uri: str, size: int, validator: str, sha256: str) -> str:
+    """The same object read by the same team: its URI, size and validator unchanged, and the same declared sha256.
+
+    A declared sha256 alone is never a key: another team (or another URI) declaring it must not
+    receive bytes its own source does not hold, so its source is read and verified like any other.
+    """
+    if validator:
+        basis = f"source:{team_id}\n{uri}\n{size}\n{validator}\n{sha256}"
     else:
         basis = f"once:{uuid.uuid4().hex}"  # nothing proves two reads give the same bytes: never shared
     return hashlib.sha256(basis.encode()).hexdigest()

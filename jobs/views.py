@@ -92,7 +92,7 @@ def _submit(request: HttpRequest, form: JobForm, teams, *, raw: dict | None = No
     team = _chosen_team(request, teams)
     raw = form.to_declaration() if raw is None else raw
     try:
-        spec = declaration.validate(raw, limits=services.pool_limits())
+        spec = declaration.validate(raw, limits=services.pool_limits(team=team))
     except declaration.DeclarationInvalid as exc:
         form.errors = {**exc.as_dict(), **form.errors}
     if form.errors or team is None:
@@ -134,7 +134,7 @@ def _render_form(request: HttpRequest, form: JobForm, teams, *, status: int = 20
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = scoping.get_visible_or_404(request.user, Job.objects.select_related("team"), id=job_id)
-    context = presenters.job_page(job, now=timezone.now())
+    context = presenters.job_page(job, now=timezone.now(), files_page=request.GET.get("files"))
     return render(request, "jobs/detail.html", context)
 
 

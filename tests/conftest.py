@@ -75,11 +75,15 @@ def pool(db):
 
 @pytest.fixture
 def roots(settings, tmp_path):
-    """Fresh data and output roots for declaration checks."""
+    """Fresh data and output roots; returns the first team's (``vision``) folder of each.
+
+    A team's file:// inputs and destinations lie under ``<root>/<team-slug>/``.
+    """
     data = tmp_path / "datasets"
     out = tmp_path / "outputs"
-    data.mkdir()
-    out.mkdir()
+    for root in (data, out):
+        for slug in ("vision", "audio"):
+            (root / slug).mkdir(parents=True)
     settings.E31_DATA_ROOTS = [data.resolve()]
     settings.E31_OUTPUT_ROOTS = [out.resolve()]
-    return data.resolve(), out.resolve()
+    return (data / "vision").resolve(), (out / "vision").resolve()

@@ -49,7 +49,7 @@ def test_a_member_submits_a_job_watches_it_reach_released_live_and_finds_it_in_t
     page = open_page()
     sign_in(page, "alice")
     audit.check(page, "jobs-list")
-    job_id = submit_job(page, audit, settings.E31_OUTPUT_ROOTS[0])
+    job_id = submit_job(page, audit, settings.E31_OUTPUT_ROOTS[0] / "vision")
     page.evaluate("window.__sameDocument = true")  # gone if the page reloads
     live = page.locator(f"#job-{job_id}-live")
     expect(live.locator(".end")).to_contain_text("succeeded", timeout=60_000)  # htmx polls every 2 s

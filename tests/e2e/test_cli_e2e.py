@@ -93,7 +93,7 @@ def e31(env: dict, *args: str, timeout: float = 150) -> subprocess.CompletedProc
 def job_file(path: Path, outputs: Path, name: str, code: str) -> Path:
     path.write_text(
         f'name = "{name}"\n[work]\nargv = ["/usr/bin/python3", "-c", {json.dumps(code)}]\n'
-        f'[request]\ngpus = 1\nhours = 0.5\n[output]\nuri = "file://{outputs}/{name}"\nbytes = "1 MB"\n'
+        f'[request]\ngpus = 1\nhours = 0.5\n[output]\nuri = "file://{outputs}/vision/{name}"\nbytes = "1 MB"\n'
     )
     return path
 

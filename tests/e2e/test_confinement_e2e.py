@@ -279,10 +279,8 @@ def test_parts_of_a_spanning_job_reach_each_other_and_nothing_else(live_pool, me
         listener.kill()
         network.unwire(other)
         console.shutdown()
-    seen = [
-        json.loads((settings.E31_OUTPUT_ROOTS[0] / "out" / f"rank{r}" / "probe.json").read_text())
-        for r in (0, 1)
-    ]
+    delivered = settings.E31_OUTPUT_ROOTS[0] / "vision" / "out" / f"{job.id}-{job.attempt}"
+    seen = [json.loads((delivered / f"rank{r}" / "probe.json").read_text()) for r in (0, 1)]
     assert seen[0]["from_peer"] == "hello from rank 1"  # the parts reach each other
     assert seen[0]["coordinator"] == seen[1]["coordinator"] != nodes[live_pool.nodes[0]].address
     for part in seen:

@@ -47,7 +47,7 @@ def test_a_killed_node_agent_comes_back_and_its_requeueable_job_finishes(tmp_pat
         body = {
             "name": "survivor", "work": {"argv": ["/bin/sh", "-c", "sleep 8; echo finished"]},
             "request": {"gpus": 1, "hours": 0.1, "requeue": True},
-            "output": {"uri": f"file://{console.state_dir}/outputs/survivor", "bytes": 10},
+            "output": {"uri": f"file://{console.state_dir}/outputs/demo/survivor", "bytes": 10},
         }  # fmt: skip
         job_id = submit_when_the_pool_is_up(console, token, body)["id"]
         wait_for(

@@ -18,7 +18,7 @@ ROUNDS, SUBMISSIONS, CANCELS = 3, 20, 60
 def sleeper(console, n: int) -> dict:
     return {
         "name": f"burst-{n}", "work": {"argv": ["/bin/sleep", "120"]}, "request": {"gpus": 1, "hours": 0.1},
-        "output": {"uri": f"file://{console.state_dir}/outputs/burst-{n}", "bytes": 10},
+        "output": {"uri": f"file://{console.state_dir}/outputs/demo/burst-{n}", "bytes": 10},
     }  # fmt: skip
 
 

@@ -37,7 +37,7 @@ def test_the_embedded_console_serves_prints_the_demo_users_and_runs_a_job(embedd
         text=True,
         check=True,
     ).stdout.strip()
-    out_root = Path(env["E31_STATE_DIR"]) / "outputs"
+    out_root = Path(env["E31_STATE_DIR"]) / "outputs" / "demo"  # the demo team's folder
     body = {
         "name": "embedded", "work": {"argv": ["/usr/bin/python3", "-c", "print('hello from the local pool')"]},
         "request": {"gpus": 2, "hours": 0.1}, "output": {"uri": f"file://{out_root}/embedded", "bytes": 10},

@@ -24,17 +24,16 @@ def member(live_pool):
 def submit(member, argv, *, gpus=1, hours=1.0, requeue=False, name="e2e", output="out", data=()):
     from django.conf import settings
 
+    team = member.memberships.first().team
     spec = declaration.validate(
         {
             "name": name, "work": {"argv": argv}, "data": list(data),
             "request": {"gpus": gpus, "hours": hours, "requeue": requeue},
-            "output": {"uri": f"file://{settings.E31_OUTPUT_ROOTS[0]}/{output}", "bytes": 1000},
+            "output": {"uri": f"file://{settings.E31_OUTPUT_ROOTS[0]}/{team.slug}/{output}", "bytes": 1000},
         },
-        limits=services.pool_limits(),
+        limits=services.pool_limits(team=team),
     )  # fmt: skip
-    with_commit = services.submit_job(
-        team=member.memberships.first().team, user=member, spec=spec, now=timezone.now()
-    )
+    with_commit = services.submit_job(team=team, user=member, spec=spec, now=timezone.now())
     return with_commit
 
 
@@ -49,19 +48,23 @@ def test_a_job_goes_through_every_step_and_its_outputs_are_sealed_and_delivered(
     assert (job.end_reason, job.exit_code) == ("succeeded", 0)
     states = list(job.events.values_list("to_state", flat=True))
     assert states == ["submitted", "staging", "queued", "rented", "running", "output", "released"]
-    assert job.outputs == [
+    assert list(job.output_files.values("attempt", "path", "bytes", "sha256")) == [
         {
+            "attempt": 1,
             "path": "result.txt",
             "bytes": 2,
             "sha256": "73475cb40a568e8da8a045ced110137e159f890ac4da883b6b17dc651b3a8049",
         }
     ]
+    assert (job.sealed_files, job.sealed_bytes) == (1, 2)
     assert "gpus " in job.log_tail and len(job.log_tail.split("gpus ")[1].strip().split(",")) == 2
     allocation = job.allocations.get()
     assert allocation.released_at is not None and not GpuHold.objects.filter(active=True).exists()
     delivered = wait_for(lambda: Job.objects.get(id=job.id).delivered_at, what="delivery")
     assert delivered >= allocation.released_at  # delivery ran after RELEASE: off the meter
-    assert (settings.E31_OUTPUT_ROOTS[0] / "out" / "result.txt").read_text() == "42"
+    assert (
+        settings.E31_OUTPUT_ROOTS[0] / "vision" / "out" / f"{job.id}-1" / "result.txt"
+    ).read_text() == "42"
 
 
 def test_a_non_zero_exit_ends_failed_with_its_exit_code_and_releases(live_pool, member):
@@ -205,7 +208,7 @@ def test_a_job_larger_than_a_node_runs_one_process_per_node_with_ranks(live_pool
     assert job.end_reason == "succeeded"
     parts = list(job.allocations.order_by("rank"))
     assert [p.rank for p in parts] == [0, 1] and len({p.node_id for p in parts}) == 2
-    assert sorted(o["path"] for o in job.outputs) == ["rank0/rank.json", "rank1/rank.json"]
+    assert sorted(job.output_files.values_list("path", flat=True)) == ["rank0/rank.json", "rank1/rank.json"]
 
 
 def test_when_one_node_of_a_job_fails_the_others_are_stopped(live_pool, member):

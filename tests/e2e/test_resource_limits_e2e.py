@@ -42,20 +42,19 @@ def one_node(live_pool):
     return live_pool.nodes[0]
 
 
-def submit(member, argv, *, request=None, hours=1.0, name="limits"):
+def submit(member, argv, *, request=None, hours=1.0, name="limits", output_bytes=1000):
     from django.conf import settings
 
+    team = member.memberships.first().team
     spec = declaration.validate(
         {
             "name": name, "work": {"argv": argv},
             "request": {"gpus": 1, "hours": hours, **(request or {})},
-            "output": {"uri": f"file://{settings.E31_OUTPUT_ROOTS[0]}/{name}", "bytes": 1000},
+            "output": {"uri": f"file://{settings.E31_OUTPUT_ROOTS[0]}/{team.slug}/{name}", "bytes": output_bytes},
         },
-        limits=services.pool_limits(),
+        limits=services.pool_limits(team=team),
     )  # fmt: skip
-    return services.submit_job(
-        team=member.memberships.first().team, user=member, spec=spec, now=timezone.now()
-    )
+    return services.submit_job(team=team, user=member, spec=spec, now=timezone.now())
 
 
 def py(code: str) -> list[str]:
@@ -158,3 +157,29 @@ def test_a_job_that_writes_past_its_space_fails_there_while_a_neighbour_on_its_n
     neighbour = wait_for_state(neighbour.id, "released")
     assert neighbour.end_reason == "succeeded" and "neighbour done" in neighbour.log_tail
     assert "disk bounded" in Node.objects.get(name=one_node).limits
+
+
+WRITE_OUTPUT = """
+import os, sys
+with open(os.path.join(os.environ['E31_OUTPUT_DIR'], 'big.bin'), 'wb') as out:
+    for i in range(int(sys.argv[1])):
+        out.write(b'x' * 1_000_000)
+        out.flush()
+print('wrote all', flush=True)
+"""
+
+
+def test_reproduction_an_output_over_its_declaration_ends_output_failed_saying_so_even_past_its_space(
+    member, one_node
+):
+    """Issue 13 point 6: output.bytes = 100 and 5 MB written. Past the attempt's space (100 bytes +
+    20 MB scratch) the write gets ENOSPC first; the end reason still names the broken declaration."""
+    within = submit(member, [*py(WRITE_OUTPUT), "5"], name="over", output_bytes=100)
+    past = submit(member, [*py(WRITE_OUTPUT), "1000"], name="past-space", output_bytes=100)
+    within, past = (wait_for_state(j.id, "released", timeout=90) for j in (within, past))
+    assert (within.end_reason, within.exit_code) == ("output_failed", 0), within.log_tail
+    assert "wrote 5,000,000 bytes, declared 100 (output.bytes)" in within.end_detail
+    assert past.end_reason == "output_failed" and past.exit_code != 0, past.log_tail
+    assert "No space left on device" in past.log_tail and "wrote all" not in past.log_tail
+    assert "bytes, declared 100 (output.bytes)" in past.end_detail, past.end_detail
+    assert not within.delivery_state and not past.delivery_state  # nothing of either is delivered

@@ -29,24 +29,24 @@ def member(live_pool):
 def submit(member, *, name: str, data: list[dict]):
     from django.conf import settings
 
+    team = member.memberships.first().team
     spec = declaration.validate(
         {
             "name": name, "work": {"argv": ["/usr/bin/python3", "-c", READ]}, "data": data,
             "request": {"gpus": 1, "hours": 1.0},
-            "output": {"uri": f"file://{settings.E31_OUTPUT_ROOTS[0]}/{name}", "bytes": 1000},
+            "output": {"uri": f"file://{settings.E31_OUTPUT_ROOTS[0]}/{team.slug}/{name}", "bytes": 1000},
         },
-        limits=services.pool_limits(),
+        limits=services.pool_limits(team=team),
     )  # fmt: skip
-    return services.submit_job(
-        team=member.memberships.first().team, user=member, spec=spec, now=timezone.now()
-    )
+    return services.submit_job(team=team, user=member, spec=spec, now=timezone.now())
 
 
 def test_a_job_reads_its_staged_input_and_a_second_job_on_the_same_dataset_moves_nothing(
     live_pool, member, settings
 ):
     content = os.urandom(3 * 1024 * 1024)
-    path = settings.E31_DATA_ROOTS[0] / "corpus.bin"
+    path = settings.E31_DATA_ROOTS[0] / "nlp" / "corpus.bin"
+    path.parent.mkdir(exist_ok=True)
     path.write_bytes(content)
     digest = hashlib.sha256(content).hexdigest()
     data = [{"name": "corpus", "uri": f"file://{path}", "bytes": len(content), "sha256": digest}]

@@ -51,21 +51,27 @@ def member(live_pool):
 
 
 def submit(
-    member, argv: list[str], *, gpus: int = 1, requeue: bool = False, name: str = "fault", data=()
+    member,
+    argv: list[str],
+    *,
+    gpus: int = 1,
+    requeue: bool = False,
+    name: str = "fault",
+    data=(),
+    output_bytes: int = 1000,
 ) -> Job:
     from django.conf import settings
 
+    team = member.memberships.first().team
     spec = declaration.validate(
         {
             "name": name, "work": {"argv": argv}, "data": list(data),
             "request": {"gpus": gpus, "hours": 1.0, "requeue": requeue},
-            "output": {"uri": f"file://{settings.E31_OUTPUT_ROOTS[0]}/{name}", "bytes": 1000},
+            "output": {"uri": f"file://{settings.E31_OUTPUT_ROOTS[0]}/{team.slug}/{name}", "bytes": output_bytes},
         },
-        limits=services.pool_limits(),
+        limits=services.pool_limits(team=team),
     )  # fmt: skip
-    return services.submit_job(
-        team=member.memberships.first().team, user=member, spec=spec, now=timezone.now()
-    )
+    return services.submit_job(team=team, user=member, spec=spec, now=timezone.now())
 
 
 def py(code: str) -> list[str]:

@@ -27,7 +27,8 @@ def poll_until(rows, what: str, *, timeout: float = 60) -> None:
 def test_a_control_worker_killed_while_staging_a_300_mb_input_is_re_driven_and_the_job_runs(
     live_pool, member, settings
 ):
-    source = settings.E31_DATA_ROOTS[0] / "big.bin"
+    source = settings.E31_DATA_ROOTS[0] / "vision" / "big.bin"
+    source.parent.mkdir(exist_ok=True)
     with open(source, "wb") as f:
         f.truncate(BIG)
     data = [{"name": "big", "uri": f"file://{source}", "bytes": BIG}]
@@ -54,7 +55,7 @@ def test_an_agent_killed_while_sealing_a_300_mb_output_leaves_the_job_requeued_a
     live_pool, member
 ):
     code = f"import os; open(os.environ['E31_OUTPUT_DIR'] + '/big.out', 'wb').truncate({BIG})"
-    job = submit(member, py(code), requeue=True, name="output-kill")
+    job = submit(member, py(code), requeue=True, name="output-kill", output_bytes=BIG)
     poll_until(Job.objects.filter(id=job.id, state="output"), what="OUTPUT")
     node = Allocation.objects.get(job=job, attempt=1).node.name
     killed_at = timezone.now()
@@ -73,5 +74,5 @@ def test_an_agent_killed_while_sealing_a_300_mb_output_leaves_the_job_requeued_a
     assert first.released_at is not None
     assert job.events.filter(to_state="queued", reason__startswith="requeued").exists()
     assert (job.end_reason, job.attempt) == ("succeeded", 2)
-    assert job.outputs and job.outputs[0]["bytes"] == BIG
+    assert list(job.output_files.filter(attempt=2).values_list("bytes", flat=True)) == [BIG]
     assert_settled([job.id])

@@ -14,7 +14,7 @@ from tests.staging.httpserver import DataServer
 
 @pytest.fixture
 def roots(settings, tmp_path):
-    """Data, output, staging and agent roots of their own; quick retries."""
+    """Data, output, staging and agent roots of their own (``datasets``/``outputs``: the team's folder); quick retries."""
     paths = SimpleNamespace(
         **{n: (tmp_path / n) for n in ("datasets", "outputs", "staging", "agents", "outside")}
     )
@@ -22,6 +22,11 @@ def roots(settings, tmp_path):
         path.mkdir()
     settings.E31_DATA_ROOTS = [paths.datasets.resolve()]
     settings.E31_OUTPUT_ROOTS = [paths.outputs.resolve()]
+    # The tests' team ("vision") reads and writes its own folder of each root.
+    paths.data_root, paths.output_root = paths.datasets.resolve(), paths.outputs.resolve()
+    paths.datasets, paths.outputs = paths.data_root / "vision", paths.output_root / "vision"
+    paths.datasets.mkdir()
+    paths.outputs.mkdir()
     settings.E31_STAGING_ROOT = paths.staging.resolve()
     settings.E31_AGENT_ROOT = paths.agents.resolve()
     settings.E31_TRANSFER_RETRIES = 3

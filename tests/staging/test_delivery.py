@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from jobs import delivery, sandbox
-from jobs.models import Allocation, Job, OutputTransfer
+from jobs.models import Allocation, Job, OutputFile, OutputTransfer
 from tests.factories import JobFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
@@ -19,8 +19,9 @@ def released_job(team, roots, files: dict[str, bytes], *, uri: str = "") -> Allo
     manifest = [
         {"path": p, "bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()} for p, b in files.items()
     ]
-    job = JobFactory(team=team, state="released", end_reason="succeeded", attempt=1, outputs=manifest,
-                     delivery_state="delivering", output_uri=uri or f"file://{roots.outputs}/run1")  # fmt: skip
+    job = JobFactory(team=team, state="released", end_reason="succeeded", attempt=1, delivery_state="delivering",
+                     output_uri=uri or f"file://{roots.outputs}/run1", sealed_files=len(manifest))  # fmt: skip
+    OutputFile.objects.bulk_create(OutputFile(job=job, attempt=1, **entry) for entry in manifest)
     allocation = Allocation.objects.create(job=job, attempt=1, node=NodeFactory(), gpu_indices=[0],
                                            rented_at=now, released_at=now, sealed_at=now)  # fmt: skip
     output = sandbox.attempt_dirs(allocation).output
@@ -42,7 +43,7 @@ def test_outputs_are_delivered_with_progress_and_checked_at_the_destination(root
     assert (job.delivery_state, job.delivered_at is not None) == ("delivered", True)
     assert job.delivered_at >= allocation.released_at  # off the meter
     for rel, content in files.items():
-        assert (roots.outputs / "run1" / rel).read_bytes() == content
+        assert (roots.outputs / "run1" / f"{job.id}-1" / rel).read_bytes() == content
     transfer = OutputTransfer.objects.get(allocation=allocation)
     assert (transfer.state, transfer.bytes_done, transfer.bytes_total) == ("delivered", 300_009, 300_009)
     assert (transfer.files_done, transfer.files_total) == (2, 2)
@@ -55,18 +56,68 @@ def test_a_file_that_differs_from_its_manifest_is_never_put_in_place(roots, team
     (sandbox.attempt_dirs(allocation).output / "a.bin").write_bytes(b"evil" * 100)  # changed after sealing
     job = deliver(allocation)
     assert job.delivery_state == "failed" and "checksum differs" in job.delivery_detail
-    assert not (roots.outputs / "run1" / "a.bin").exists()
-    assert list((roots.outputs / "run1").iterdir()) == []
+    assert list((roots.outputs / "run1" / f"{job.id}-1").iterdir()) == []
     transfer = OutputTransfer.objects.get(allocation=allocation)
     assert transfer.state == "failed" and transfer.retries == 1
 
 
 def test_a_planted_link_at_the_destination_cannot_lead_outside_it(roots, team):
-    (roots.outputs / "run1").mkdir()
-    (roots.outputs / "run1" / "sub").symlink_to(roots.outside)
-    job = deliver(released_job(team, roots, {"sub/x.bin": b"x"}))
+    allocation = released_job(team, roots, {"sub/x.bin": b"x"})
+    folder = roots.outputs / "run1" / f"{allocation.job_id}-1"
+    folder.mkdir(parents=True)
+    (folder / "sub").symlink_to(roots.outside)
+    job = deliver(allocation)
     assert job.delivery_state == "failed" and "leads outside" in job.delivery_detail
     assert list(roots.outside.iterdir()) == []
+
+
+def test_a_planted_link_as_the_attempt_folder_cannot_lead_outside_the_teams_folder(roots, team):
+    allocation = released_job(team, roots, {"x.bin": b"x"})
+    (roots.outputs / "run1").mkdir()
+    (roots.outputs / "run1" / f"{allocation.job_id}-1").symlink_to(roots.outside)
+    job = deliver(allocation)
+    assert job.delivery_state == "failed" and "not under the team's folder" in job.delivery_detail
+    assert list(roots.outside.iterdir()) == []
+
+
+def test_a_destination_of_another_teams_folder_is_refused_at_delivery_too(roots, team):
+    """Intake refuses it; a row written another way (or roots changed since) is still not delivered."""
+    (roots.output_root / "audio").mkdir()
+    job = deliver(released_job(team, roots, {"ok.txt": b"B"}, uri=f"file://{roots.output_root}/audio/demo1"))
+    assert job.delivery_state == "failed" and "not under the team's folder" in job.delivery_detail
+    assert not (roots.output_root / "audio" / "demo1").exists()
+
+
+def test_two_jobs_with_one_destination_never_replace_each_others_files(roots, team):
+    """Reproduction 5, within one team: a second delivery to the same destination leaves the first intact."""
+    first = deliver(released_job(team, roots, {"ok.txt": b"first"}))
+    second = deliver(released_job(team, roots, {"ok.txt": b"second"}))
+    assert (first.delivery_state, second.delivery_state) == ("delivered", "delivered")
+    assert (roots.outputs / "run1" / f"{first.id}-1" / "ok.txt").read_bytes() == b"first"
+    assert (roots.outputs / "run1" / f"{second.id}-1" / "ok.txt").read_bytes() == b"second"
+    assert sorted(p.name for p in (roots.outputs / "run1").iterdir()) == sorted(
+        [f"{first.id}-1", f"{second.id}-1"]
+    )
+
+
+def test_a_rerun_of_the_same_job_delivers_into_a_new_attempt_folder(roots, team):
+    first = released_job(team, roots, {"ok.txt": b"attempt 1"})
+    deliver(first)
+    job = first.job
+    now = timezone.now()
+    Job.objects.filter(id=job.id).update(attempt=2, delivered_at=None, delivery_state="delivering")
+    second = Allocation.objects.create(job=job, attempt=2, node=first.node, gpu_indices=[0],
+                                       rented_at=now, released_at=now, sealed_at=now)  # fmt: skip
+    (sandbox.attempt_dirs(second).output).mkdir(parents=True, exist_ok=True)
+    (sandbox.attempt_dirs(second).output / "ok.txt").write_bytes(b"attempt 2")
+    OutputFile.objects.create(job=job, attempt=2, **_entry("ok.txt", b"attempt 2"))
+    assert deliver(second).delivery_state == "delivered"
+    assert (roots.outputs / "run1" / f"{job.id}-1" / "ok.txt").read_bytes() == b"attempt 1"
+    assert (roots.outputs / "run1" / f"{job.id}-2" / "ok.txt").read_bytes() == b"attempt 2"
+
+
+def _entry(path: str, content: bytes) -> dict:
+    return {"path": path, "bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
 
 
 def test_s3_delivery_without_the_optional_extra_fails_with_a_clear_reason(roots, team, monkeypatch):
@@ -80,7 +131,7 @@ def test_a_duplicate_task_does_nothing_while_a_live_one_holds_the_lease(roots, t
     OutputTransfer.objects.create(allocation=allocation, job=allocation.job, token="live", state="delivering",
                                   updated_at=timezone.now())  # fmt: skip
     job = deliver(allocation)
-    assert job.delivery_state == "delivering" and not (roots.outputs / "run1" / "a.bin").exists()
+    assert job.delivery_state == "delivering" and not (roots.outputs / "run1").exists()
 
 
 def test_a_silent_task_loses_its_lease_to_the_next(roots, team):

@@ -5,7 +5,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs import staging
-from jobs.models import Allocation, DataInput, Job, OutputTransfer
+from jobs.models import Allocation, DataInput, Job, OutputFile, OutputTransfer
 from tests.factories import JobFactory, NodeFactory
 from tests.staging.conftest import file_uri, make_job, write
 
@@ -44,7 +44,8 @@ def test_a_cached_input_says_so_on_the_job_page(member_client, team, roots):
 def test_the_job_page_shows_delivery_progress(member_client, team):
     now = timezone.now()
     job = JobFactory(team=team, state="released", end_reason="succeeded", attempt=1, delivery_state="delivering",
-                     outputs=[{"path": "m.bin", "bytes": 2_000_000, "sha256": "0" * 64}])  # fmt: skip
+                     sealed_files=1, sealed_bytes=2_000_000)  # fmt: skip
+    OutputFile.objects.create(job=job, attempt=1, path="m.bin", bytes=2_000_000, sha256="0" * 64)
     allocation = Allocation.objects.create(job=job, attempt=1, node=NodeFactory(), gpu_indices=[0], rented_at=now,
                                            released_at=now)  # fmt: skip
     OutputTransfer.objects.create(allocation=allocation, job=job, state="delivering", bytes_total=2_000_000,

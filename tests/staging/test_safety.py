@@ -22,8 +22,17 @@ def stage(job: Job) -> Job:
 
 def test_dotdot_cannot_lead_out_of_the_data_roots(roots, team):
     write(roots.outside / "secret.txt", b"s" * 10)
-    uri = file_uri(roots.datasets) + "/../outside/secret.txt"
+    uri = file_uri(roots.datasets) + "/../../outside/secret.txt"
     job = stage(make_job(team, {"name": "s", "uri": uri, "bytes": 10}))
+    assert job.end_reason == "staging_failed" and "not under an allowed data root" in job.end_detail
+
+
+def test_another_teams_data_is_refused_at_staging_too(roots, team):
+    """Intake refuses it; staging checks the team's folder again as it opens the file."""
+    write(roots.data_root / "audio" / "a.bin", b"a" * 10)
+    job = stage(
+        make_job(team, {"name": "a", "uri": file_uri(roots.data_root / "audio" / "a.bin"), "bytes": 10})
+    )
     assert job.end_reason == "staging_failed" and "not under an allowed data root" in job.end_detail
 
 

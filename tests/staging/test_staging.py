@@ -5,7 +5,7 @@ import os
 import pytest
 from django.utils import timezone
 
-from jobs import services, snapshot, staging, transfers
+from jobs import services, sharing, snapshot, staging, transfers
 from jobs.models import DataInput, DatasetCacheEntry, Job
 from tests.factories import NodeFactory
 from tests.staging.conftest import file_uri, make_job, write
@@ -162,12 +162,49 @@ def test_a_second_job_on_the_same_dataset_moves_zero_bytes_and_shows_cached(root
     assert DatasetCacheEntry.objects.get().hits == 1
 
 
-def test_the_same_declared_sha256_is_shared_whatever_the_uri(roots, team):
+def test_a_declared_sha256_alone_never_serves_another_sources_bytes(roots, team):
+    """A cache hit needs the same object (team, URI, unchanged validator): another URI is read and verified."""
     one, digest = write(roots.datasets / "one.bin", b"same bytes" * 100)
     two, _ = write(roots.datasets / "copy" / "two.bin", b"same bytes" * 100)
     stage(make_job(team, {"name": "d", "uri": file_uri(one), "bytes": 1000, "sha256": digest}))
     job = stage(make_job(team, {"name": "d", "uri": file_uri(two), "bytes": 1000, "sha256": digest}))
-    assert job.inputs.get().stage_state == "cached"
+    data = job.inputs.get()
+    assert (job.state, data.stage_state, data.bytes_done) == ("queued", "staged", 1000)
+
+
+def test_another_team_declaring_a_cached_sha256_gets_its_own_bytes_or_fails_never_the_cached_ones(
+    roots, team, other_team
+):
+    """Reproduction 7: team B declared its own b.bin with team A's sha256 and received A's bytes as "cached"."""
+    a_bytes, b_bytes = b"A" * 1000, b"B" * 1000
+    a_path, a_digest = write(roots.datasets / "a.bin", a_bytes)
+    b_path, _ = write(roots.data_root / "audio" / "b.bin", b_bytes)
+    first = stage(make_job(team, {"name": "d", "uri": file_uri(a_path), "bytes": 1000, "sha256": a_digest}))
+    assert (roots.staging / str(first.id) / "d").read_bytes() == a_bytes
+
+    lying = stage(
+        make_job(other_team, {"name": "d", "uri": file_uri(b_path), "bytes": 1000, "sha256": a_digest})
+    )
+    assert (lying.state, lying.end_reason) == ("ended", "staging_failed")
+    assert "sha256 mismatch" in lying.end_detail
+    assert not (roots.staging / str(lying.id) / "d").exists()
+    assert DatasetCacheEntry.objects.get(inputs__job=first).hits == 0
+
+    honest = stage(make_job(other_team, {"name": "d", "uri": file_uri(b_path), "bytes": 1000}))
+    assert honest.inputs.get().stage_state == "staged"
+    assert (roots.staging / str(honest.id) / "d").read_bytes() == b_bytes
+
+
+def test_the_same_object_of_another_team_is_not_a_hit_either(roots, team, other_team):
+    """A folder shared with two teams is read by each: a hit is for the same team's same object."""
+    path, digest = write(roots.data_root / "shared" / "set.bin", b"s" * 1000)
+    sharing.share_dataset(
+        path=str(path.parent), team_slugs=["vision", "audio"], by="olga", now=timezone.now()
+    )
+    spec = {"name": "d", "uri": file_uri(path), "bytes": 1000, "sha256": digest}
+    stage(make_job(team, spec))
+    assert stage(make_job(team, spec, name="again")).inputs.get().stage_state == "cached"
+    assert stage(make_job(other_team, spec)).inputs.get().stage_state == "staged"
 
 
 def test_a_changed_source_is_copied_again_not_served_stale(roots, team):

@@ -90,7 +90,7 @@ class Command(BaseCommand):
             path.write_text(
                 'name = "hello"\n[work]\nargv = ["/usr/bin/python3", "-c", ' + json.dumps(code) + ']\n'
                 '[request]\ngpus = 1\nhours = 0.1\n'
-                f'[output]\nuri = "file://{settings.E31_OUTPUT_ROOTS[0]}/hello"\nbytes = "1 MB"\n'
+                f'[output]\nuri = "file://{settings.E31_OUTPUT_ROOTS[0]}/demo/hello"\nbytes = "1 MB"\n'
             )  # fmt: skip
         return os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
 
