@@ -108,6 +108,7 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "api:submit_job_file": [C(S, 400, method="POST")],  # a body that is no job file: refused, never stored
     "api:list_jobs": [C(S)],
     "api:get_job": [C(T, **JOB)],
+    "api:list_outputs": [C(T, **JOB)],
     "api:cancel_job": [C(T, 409, method="POST", **JOB)],  # the job has ended: nothing to cancel
     "api:job_meter": [C(T, **JOB)],
     "api:job_log": [C(T, **JOB)],
