@@ -50,6 +50,7 @@ def test_the_api_list_turns_only_the_requested_page_into_json(api, team, monkeyp
 
 def test_the_api_list_runs_the_same_queries_for_3_jobs_as_for_40(api, team, django_assert_num_queries):
     make_jobs(team, 3)
+    api.get("/api/v1/jobs")  # the throttle's first event in a window also clears expired windows: not per job
     with CaptureQueriesContext(connection) as few:
         assert len(api.get("/api/v1/jobs").json()["items"]) == 3
     make_jobs(team, 37)

@@ -105,7 +105,7 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "api:openapi-view": [C(P)],
     "api:api-root": [C(P, 404)],
     "api:submit_job": [C(S, 422, method="POST")],  # an empty body: refused by validation, never stored
-    "api:submit_job_file": [C(S, 400, method="POST")],  # a body that is no job file: refused, never stored
+    "api:submit_job_file": [C(S, 422, method="POST")],  # "{}" is no job file: refused naming it, never stored
     "api:list_jobs": [C(S)],
     "api:get_job": [C(T, **JOB)],
     "api:list_outputs": [C(T, **JOB)],
