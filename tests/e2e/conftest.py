@@ -126,7 +126,9 @@ def live_pool(request, transactional_db, settings, tmp_path):
         "E31_CONTROL_QUEUE": f"control-{tag}", "E31_STATE_DIR": str(state),
         "E31_DATA_ROOTS": str(data), "E31_OUTPUT_ROOTS": str(outputs),
         "SECRET_KEY": "e2e-secret-never-visible-to-jobs", "PYTHONUNBUFFERED": "1",
-        "E31_JOB_SUBNET": f"100.{64 + int(tag, 16) % 64}.0.0/16",  # apart from other runs on this machine
+        # the whole default range: a node takes spanning parts only if its id has a /24 of its own, and a full
+        # suite registers hundreds of nodes before the e2e pools start
+        "E31_JOB_SUBNET": "100.64.0.0/10",
     }  # fmt: skip
     if options.get("roots_outside_tmp"):
         (outside / "secrets").mkdir(mode=0o700)
