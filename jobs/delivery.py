@@ -6,6 +6,7 @@ delivery never replaces what another job, or another attempt of the same job, de
 only when its sha256 matches the manifest (file://); on s3:// it is read back and hashed. Transient
 errors are retried with backoff; progress (bytes and files done) is kept on an OutputTransfer row
 whose lease lets a re-driven task take over from a silent one, never run beside a live one.
+The part's whole log follows its files, beside the attempt's folder (``<job id>-<attempt>.log``).
 """
 
 import hashlib
@@ -21,7 +22,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import declaration, sandbox, staging, transfers
+from jobs import declaration, logs, sandbox, staging, transfers
 from jobs.models import Allocation, Job, OutputFile, OutputTransfer
 from jobs.transfers import destinations, sources
 
@@ -50,6 +51,7 @@ def deliver_part(*, allocation_id: int, now: datetime) -> None:
     try:
         _wait_for_slot(transfer, allocation.node_id, watch)
         _deliver(job.delivery_uri, job.team.slug, files, watch)
+        _deliver_log(allocation, job)
     except transfers.TransferStopped:
         return  # a re-driven task took the lease over
     except (DeliveryFailed, transfers.TransferFailed, OSError) as exc:
@@ -160,6 +162,32 @@ def _deliver(output_uri: str, team: str, files: list[tuple[dict, Path]], watch: 
         watch.base += entry["bytes"]
         if count == len(files) or watch.due():  # thousands of small files: a progress write per half second
             watch.beat(files_done=count, bytes_done=watch.base)
+
+
+def log_uri(job: Job, rank: int, ranks: int) -> str:
+    """Beside the attempt's folder, not in it: no name the job's own outputs use can be overwritten."""
+    part = f".rank{rank}" if ranks > 1 else ""
+    return f"{job.delivery_uri.rstrip('/')}{part}.log"
+
+
+def _deliver_log(allocation: Allocation, job: Job) -> None:
+    """The part's whole log as the database holds it (up to E31_LOG_CAP_BYTES), written beside its outputs."""
+    ranks = Allocation.objects.filter(job_id=job.id, attempt=allocation.attempt).count()
+    uri = log_uri(job, allocation.rank, ranks)
+    chunks = logs.log_bytes(job, attempt=allocation.attempt, rank=allocation.rank)
+    if urlsplit(uri).scheme == "s3":
+        with sources.filesystem_for(uri).open(uri, "wb") as dst:
+            for chunk in chunks:
+                dst.write(chunk)
+        return
+    folder = _file_destination(job.delivery_uri, job.team.slug)  # resolved and checked under the team's prefix
+    target = folder.parent / uri.rsplit("/", 1)[-1]
+    part = target.with_name(f".{target.name}.e31part")
+    part.unlink(missing_ok=True)  # a link planted under this name is removed, never followed
+    with os.fdopen(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as dst:
+        for chunk in chunks:
+            dst.write(chunk)
+    os.replace(part, target)
 
 
 def _file_destination(uri: str, team: str) -> Path:

@@ -6,7 +6,7 @@ import os
 import pytest
 from django.utils import timezone
 
-from jobs import delivery, sandbox
+from jobs import delivery, logs, sandbox
 from jobs.models import Allocation, Job, OutputFile, OutputTransfer
 from tests.factories import JobFactory, NodeFactory
 
@@ -96,7 +96,7 @@ def test_two_jobs_with_one_destination_never_replace_each_others_files(roots, te
     assert (roots.outputs / "run1" / f"{first.id}-1" / "ok.txt").read_bytes() == b"first"
     assert (roots.outputs / "run1" / f"{second.id}-1" / "ok.txt").read_bytes() == b"second"
     assert sorted(p.name for p in (roots.outputs / "run1").iterdir()) == sorted(
-        [f"{first.id}-1", f"{second.id}-1"]
+        [f"{first.id}-1", f"{second.id}-1", f"{first.id}-1.log", f"{second.id}-1.log"]
     )
 
 
@@ -153,3 +153,44 @@ def test_no_more_than_the_configured_deliveries_run_at_once_per_node(roots, team
     assert not delivery.claim_slot(transfer=waiting, node_id=first.node_id, now=now)
     other_node = NodeFactory()
     assert delivery.claim_slot(transfer=waiting, node_id=other_node.id, now=now)  # the limit is per node
+
+
+def test_the_whole_log_is_delivered_beside_the_outputs(roots, team):
+    """The log of the attempt lands next to its output folder, never among the job's own files."""
+    allocation = released_job(team, roots, {"job.log": b"the job's own file"})
+    text = b"epoch 1\n" * 50_000 + "fin \u00e9\n".encode()  # more than one stored chunk
+    logs.append_log(job_id=allocation.job_id, attempt=1, rank=0, offset=0, data=text)
+    job = deliver(allocation)
+    assert job.delivery_state == "delivered"
+    assert (roots.outputs / "run1" / f"{job.id}-1.log").read_bytes() == text
+    assert (roots.outputs / "run1" / f"{job.id}-1" / "job.log").read_bytes() == b"the job's own file"
+    assert not list((roots.outputs / "run1").rglob("*.e31part"))
+
+
+def test_each_part_of_a_job_spanning_nodes_delivers_its_own_log(roots, team):
+    first = released_job(team, roots, {"rank0/a.txt": b"a"})
+    now = timezone.now()
+    second = Allocation.objects.create(job=first.job, attempt=1, rank=1, node=NodeFactory(), gpu_indices=[0],
+                                       rented_at=now, released_at=now, sealed_at=now)  # fmt: skip
+    (sandbox.attempt_dirs(first).output / "rank0" / "a.txt").rename(sandbox.attempt_dirs(first).output / "a.txt")
+    sandbox.attempt_dirs(second).output.mkdir(parents=True, exist_ok=True)
+    (sandbox.attempt_dirs(second).output / "b.txt").write_bytes(b"b")
+    OutputFile.objects.create(job=first.job, attempt=1, **_entry("rank1/b.txt", b"b"))
+    for rank in (0, 1):
+        logs.append_log(job_id=first.job_id, attempt=1, rank=rank, offset=0, data=f"rank {rank}\n".encode())
+    deliver(first)
+    job = deliver(second)
+    assert job.delivery_state == "delivered"
+    for rank in (0, 1):
+        assert (roots.outputs / "run1" / f"{job.id}-1.rank{rank}.log").read_text() == f"rank {rank}\n"
+
+
+def test_a_link_planted_where_the_log_is_written_is_not_followed(roots, team):
+    allocation = released_job(team, roots, {"a.txt": b"a"})
+    logs.append_log(job_id=allocation.job_id, attempt=1, rank=0, offset=0, data=b"secret-free log\n")
+    (roots.outputs / "run1").mkdir()
+    (roots.outputs / "run1" / f".{allocation.job_id}-1.log.e31part").symlink_to(roots.outside / "victim")
+    job = deliver(allocation)
+    assert job.delivery_state == "delivered"
+    assert not (roots.outside / "victim").exists()
+    assert (roots.outputs / "run1" / f"{job.id}-1.log").read_bytes() == b"secret-free log\n"
