@@ -50,6 +50,7 @@ class LogCapture(threading.Thread):
         self.stream, self.path, self.cap = stream, path, cap
         self.tail: collections.deque[bytes] = collections.deque()
         self.tail_size = 0
+        self.lines = 0  # newlines seen in the whole output, so the tail can say how many lines it left out
         self.written = 0
         self.capped = False
         self.lock = threading.Lock()
@@ -91,17 +92,28 @@ class LogCapture(threading.Thread):
                 self.shipped += len(data)
 
     def _keep_tail(self, chunk: bytes) -> None:
+        self.lines += chunk.count(b"\n")
         self.tail.append(chunk)
         self.tail_size += len(chunk)
         while self.tail_size - len(self.tail[0]) >= TAIL_BYTES:
             self.tail_size -= len(self.tail.popleft())
 
     def text(self) -> str:
-        data = b"".join(self.tail)[-TAIL_BYTES:]
         note = (
             f"[log capped at {self.cap} bytes; the tail below is the latest output]\n" if self.capped else ""
         )
-        return note + data.decode("utf-8", "replace")
+        return note + whole_lines_tail(b"".join(self.tail), lines=self.lines)
+
+
+def whole_lines_tail(data: bytes, *, lines: int) -> str:
+    """The last TAIL_BYTES of ``data`` from a line's start, under a note counting the lines left out above
+    (``lines`` counts every newline of the whole output, ``data`` being its end)."""
+    if len(data) <= TAIL_BYTES and data.count(b"\n") == lines:
+        return data.decode("utf-8", "replace")  # the whole output: nothing left out
+    start = data.find(b"\n", max(len(data) - TAIL_BYTES - 1, 0)) + 1  # the first line start in the window
+    kept = data[start:] if 0 < start < len(data) else data[-TAIL_BYTES:]  # one line longer than it: its end
+    earlier = lines - kept.count(b"\n")
+    return f"… {earlier} earlier line{'' if earlier == 1 else 's'}\n" + kept.decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)

@@ -139,3 +139,28 @@ def test_the_job_page_offers_the_whole_log_as_a_download(member_client, running)
     assert b"".join(response.streaming_content) == b"a" * 300_000 + b"\nend\n"
     assert response["Content-Disposition"] == f'attachment; filename="job-{job.id}-attempt-1-rank-0.log"'
     assert LogChunk.objects.filter(job=job).count() == 2
+
+
+def _tail_of(output: bytes, tmp_path) -> str:
+    capture = agent.LogCapture(
+        io.BufferedReader(io.BytesIO(output), buffer_size=997), tmp_path / "job.log", cap=10**7
+    )
+    capture.run()
+    return capture.text()
+
+
+def test_the_job_page_tail_starts_on_a_whole_line_and_counts_the_lines_above_it(tmp_path):
+    text = _tail_of("".join(f"line {i}\n" for i in range(5000)).encode(), tmp_path)
+    first, second, *rest = text.splitlines()
+    kept = int(second.removeprefix("line "))
+    assert first == f"… {kept} earlier lines"
+    assert [second, *rest] == [f"line {i}" for i in range(kept, 5000)]
+
+
+def test_a_short_log_is_shown_whole_with_no_note(tmp_path):
+    assert _tail_of(b"hello\nworld\n", tmp_path) == "hello\nworld\n"
+
+
+def test_one_earlier_line_is_counted_in_the_singular(tmp_path):
+    window = b"second\n" + b"y" * (agent.TAIL_BYTES - 8) + b"\n"  # exactly the tail's size
+    assert _tail_of(b"first\n" + window, tmp_path) == "… 1 earlier line\n" + window.decode()
