@@ -180,7 +180,8 @@ def _deliver_log(allocation: Allocation, job: Job) -> None:
             for chunk in chunks:
                 dst.write(chunk)
         return
-    folder = _file_destination(job.delivery_uri, job.team.slug)  # resolved and checked under the team's prefix
+    # The attempt's folder, resolved and checked under the team's prefix; the log goes beside it.
+    folder = _file_destination(job.delivery_uri, job.team.slug)
     target = folder.parent / uri.rsplit("/", 1)[-1]
     part = target.with_name(f".{target.name}.e31part")
     part.unlink(missing_ok=True)  # a link planted under this name is removed, never followed

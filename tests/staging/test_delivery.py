@@ -172,7 +172,8 @@ def test_each_part_of_a_job_spanning_nodes_delivers_its_own_log(roots, team):
     now = timezone.now()
     second = Allocation.objects.create(job=first.job, attempt=1, rank=1, node=NodeFactory(), gpu_indices=[0],
                                        rented_at=now, released_at=now, sealed_at=now)  # fmt: skip
-    (sandbox.attempt_dirs(first).output / "rank0" / "a.txt").rename(sandbox.attempt_dirs(first).output / "a.txt")
+    output = sandbox.attempt_dirs(first).output
+    (output / "rank0" / "a.txt").rename(output / "a.txt")
     sandbox.attempt_dirs(second).output.mkdir(parents=True, exist_ok=True)
     (sandbox.attempt_dirs(second).output / "b.txt").write_bytes(b"b")
     OutputFile.objects.create(job=first.job, attempt=1, **_entry("rank1/b.txt", b"b"))
