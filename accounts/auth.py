@@ -11,14 +11,26 @@ from ninja.errors import Throttled
 from ninja.security import HttpBearer, SessionAuth
 from ninja.throttling import BaseThrottle
 
-from accounts import services
+from accounts import selectors, services
 from common import clients, ratelimit
 
 
 class BearerToken(HttpBearer):
+    """A refused token leaves ``request.api_auth_problem``: the 401 says what is wrong with it."""
+
+    def __call__(self, request: HttpRequest):
+        scheme = request.headers.get(self.header, "").partition(" ")[0]
+        if scheme and scheme.lower() != self.openapi_scheme:
+            request.api_auth_problem = (
+                f"The Authorization header is not a Bearer token ({scheme[:20]!r}): "
+                "send 'Authorization: Bearer <token>'."
+            )
+        return super().__call__(request)
+
     def authenticate(self, request: HttpRequest, token: str):
         user = services.user_for_token(token=token, now=timezone.now())
         if user is None:
+            request.api_auth_problem = selectors.why_token_refused(token.strip())
             _count_failure(request)  # ninja runs throttles only after authentication succeeds
             return None
         request.user = user

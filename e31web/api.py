@@ -60,7 +60,19 @@ def field_path(loc: tuple | list) -> str:
 @api.exception_handler(ValidationError)
 def on_validation_error(request: HttpRequest, exc: ValidationError):
     errors = [{"field": field_path(e.get("loc", ())), "message": e.get("msg", "invalid")} for e in exc.errors]
-    return api.create_response(request, {"detail": "The job is not valid.", "errors": errors}, status=422)
+    return api.create_response(request, {"detail": _what_is_wrong(exc, errors), "errors": errors}, status=422)
+
+
+def _what_is_wrong(exc: ValidationError, errors: list[dict]) -> str:
+    """A body is a job; anything else (a query, a path) is named with its parameters."""
+    if any(tuple(e.get("loc", ()))[:1] == ("body",) for e in exc.errors):
+        return "The job is not valid."
+    named = "; ".join(f"{e['field']}: {_lower_first(e['message'])}" for e in errors)
+    return f"The request's parameters are not valid: {named}."
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
 
 
 @api.exception_handler(declaration.DeclarationInvalid)
@@ -71,9 +83,8 @@ def on_declaration_invalid(request: HttpRequest, exc: declaration.DeclarationInv
 
 @api.exception_handler(AuthenticationError)
 def on_unauthenticated(request: HttpRequest, exc: AuthenticationError):
-    return api.create_response(
-        request, {"detail": "Authentication required: send a Bearer token."}, status=401
-    )
+    detail = getattr(request, "api_auth_problem", "") or "Authentication required: send a Bearer token."
+    return api.create_response(request, {"detail": detail}, status=401)
 
 
 @api.exception_handler(HttpError)

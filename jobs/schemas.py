@@ -4,7 +4,8 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from ninja import Field, Schema
-from pydantic import StrictBool, StrictFloat, StrictInt, WithJsonSchema
+from ninja.schema import DjangoGetter
+from pydantic import StrictBool, StrictFloat, StrictInt, WithJsonSchema, model_validator
 
 # Checked by jobs.declaration, as the form and the job file are, so every channel names the same
 # field with the same message (a union here would answer "request.cpus.float" instead).
@@ -13,14 +14,33 @@ _Number = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "number"}, {"type": 
 # Strict numbers: true is not 1 here, as it is not in the form or a job file.
 
 
-class WorkIn(Schema):
+class NullIsAbsent(Schema):
+    """An explicit ``null`` for an optional field means "not given": clients generated from the
+    OpenAPI schema send it for every field left unset. A required field's null is still refused."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        # ninja hands a before-validator its DjangoGetter around the body's dict.
+        raw = data._obj if isinstance(data, DjangoGetter) else data
+        if not isinstance(raw, dict):
+            return data
+        optional = {name for name, f in cls.model_fields.items() if not f.is_required()}
+        kept = {key: value for key, value in raw.items() if value is not None or key not in optional}
+        if isinstance(data, DjangoGetter):
+            data._obj = kept
+            return data
+        return kept
+
+
+class WorkIn(NullIsAbsent):
     argv: list[str] = Field(..., description="The program and its arguments, never a shell string.")
     env: dict[str, str] = Field(default_factory=dict, description="Non-secret variables; E31_* are reserved.")
     image: str = ""
     workdir: str = ""
 
 
-class DataIn(Schema):
+class DataIn(NullIsAbsent):
     name: str = Field(..., description="Mounted under $E31_DATA_DIR/<name>.")
     uri: str = Field(
         ...,
@@ -30,7 +50,7 @@ class DataIn(Schema):
     sha256: str = ""
 
 
-class RequestIn(Schema):
+class RequestIn(NullIsAbsent):
     gpus: StrictInt
     hours: StrictFloat = Field(
         ..., description="Time limit in hours, at least one second; the scheduler plans with it."
@@ -49,7 +69,7 @@ class RequestIn(Schema):
     )
 
 
-class OutputIn(Schema):
+class OutputIn(NullIsAbsent):
     uri: str = Field(
         ...,
         description="file:// (under <output root>/<team-slug>/) or s3://; each attempt is delivered into <uri>/<job id>-<attempt>/",
@@ -57,7 +77,7 @@ class OutputIn(Schema):
     bytes: StrictInt
 
 
-class JobIn(Schema):
+class JobIn(NullIsAbsent):
     name: str
     team: str = Field("", description="Team slug; needed only by members of several teams.")
     work: WorkIn
