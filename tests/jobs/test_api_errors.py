@@ -87,7 +87,12 @@ def test_explicit_null_for_optional_fields_is_taken_as_absent(api, roots, pool):
 
 
 def test_null_for_a_required_field_is_still_refused_naming_it(api, roots, pool):
-    body = {"name": "x", "work": {"argv": ["a"]}, "request": {"gpus": None, "hours": 1}, "output": {"bytes": 1}}
+    body = {
+        "name": "x",
+        "work": {"argv": ["a"]},
+        "request": {"gpus": None, "hours": 1},
+        "output": {"bytes": 1},
+    }
     response = api.post("/api/v1/jobs", data=json.dumps(body), content_type="application/json")
     assert response.status_code == 422
     assert "request.gpus" in {e["field"] for e in response.json()["errors"]}
