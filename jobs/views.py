@@ -65,30 +65,38 @@ def job_new(request: HttpRequest) -> HttpResponse:
 
 
 def _job_file(request: HttpRequest, teams, *, submit: bool) -> HttpResponse:
-    """A TOML job file fills the form; with "submit" it is submitted as it is, if valid."""
+    """A TOML job file fills the form; with "submit" it is submitted as it is, if valid. On an error the
+    file's text stays in the paste box, so the user fixes it there instead of pasting it again."""
     upload = request.FILES.get("job_file_upload")
+    text = request.POST.get("job_file", "")
     try:
         if upload is not None:
             if upload.size > declaration.MAX_JOB_FILE_BYTES:
                 raise declaration.DeclarationInvalid([("file", "a job file is at most 256 KB")])
             text = upload.read().decode("utf-8")
-        else:
-            text = request.POST.get("job_file", "")
         raw = declaration.parse_job_file(text)
     except UnicodeDecodeError:
-        return _render_form(request, JobForm(errors={"file": "a job file is UTF-8 text"}), teams, status=400)
+        form = JobForm(errors={"file": "a job file is UTF-8 text"})
+        return _render_form(request, form, teams, status=400)
     except declaration.DeclarationInvalid as exc:
         form = JobForm.blank()
         form.errors = exc.as_dict()
-        return _render_form(request, form, teams, status=400)
+        return _render_form(request, form, teams, status=400, job_file=_kept_paste(text))
     form = JobForm.from_declaration(raw)
     if submit:
-        return _submit(request, form, teams, raw=raw)
+        return _submit(request, form, teams, raw=raw, job_file=text)
     messages.info(request, "Job file loaded. Check the fields, then submit.")
     return _render_form(request, form, teams)
 
 
-def _submit(request: HttpRequest, form: JobForm, teams, *, raw: dict | None = None) -> HttpResponse:
+def _kept_paste(text: str) -> str:
+    """What is put back in the paste box: nothing past the size a job file may have."""
+    return text if len(text.encode("utf-8", "replace")) <= declaration.MAX_JOB_FILE_BYTES else ""
+
+
+def _submit(
+    request: HttpRequest, form: JobForm, teams, *, raw: dict | None = None, job_file: str = ""
+) -> HttpResponse:
     team = _chosen_team(request, teams)
     raw = form.to_declaration() if raw is None else raw
     try:
@@ -98,12 +106,12 @@ def _submit(request: HttpRequest, form: JobForm, teams, *, raw: dict | None = No
     if form.errors or team is None:
         if team is None:
             form.errors["team"] = "choose one of your teams"
-        return _render_form(request, form, teams, status=422)
+        return _render_form(request, form, teams, status=422, job_file=job_file)
     try:
         job = services.submit_job(team=team, user=request.user, spec=spec, now=timezone.now())
     except declaration.DeclarationInvalid as exc:  # over an enforced budget
         form.errors = exc.as_dict()
-        return _render_form(request, form, teams, status=422)
+        return _render_form(request, form, teams, status=422, job_file=job_file)
     messages.success(request, f"Job #{job.id} submitted.")
     if job.budget_note:
         messages.warning(request, job.budget_note)
@@ -120,9 +128,12 @@ def _chosen_team(request: HttpRequest, teams):
     return next((t for t in teams if str(t.id) == wanted), None)
 
 
-def _render_form(request: HttpRequest, form: JobForm, teams, *, status: int = 200) -> HttpResponse:
+def _render_form(
+    request: HttpRequest, form: JobForm, teams, *, status: int = 200, job_file: str = ""
+) -> HttpResponse:
     context = {
         "form": form,
+        "job_file": job_file,
         "f": bound_fields(form),
         "teams": teams,
         "chosen_team": request.POST.get("team", ""),
