@@ -203,9 +203,9 @@ def _load_part(allocation_id: int, mode: str, gpu_uuids: tuple[str, ...]) -> Par
             allocation, allocation.job, allocation.rank, len(siblings), coordinator, key, visible, None
         )
     subnet = settings.E31_JOB_SUBNET
-    wired = network.plan(subnet=subnet, key=key, node_id=allocation.node_id, gpu_indices=allocation.gpu_indices,
-                         peers=[(s.node_id, s.gpu_indices) for s in siblings])  # fmt: skip
-    coordinator = network.part_addresses(subnet, first.node_id, first.gpu_indices)[1]
+    wired = network.plan(subnet=subnet, key=key, slot=allocation.node.network_slot, gpu_indices=allocation.gpu_indices,
+                         peers=[(s.node.network_slot, s.gpu_indices) for s in siblings])  # fmt: skip
+    coordinator = network.part_addresses(subnet, first.node.network_slot, first.gpu_indices)[1]
     return Part(allocation, allocation.job, allocation.rank, len(siblings), coordinator, key, visible, wired)
 
 

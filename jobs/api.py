@@ -20,7 +20,8 @@ from jobs.schemas import ErrorOut, JobIn, JobOut, OutputFileOut
 
 router = Router(tags=["jobs"])
 OUTPUT_PAGE_MAX = 1000  # files per page of /jobs/{id}/outputs
-ERRORS = {400: ErrorOut, 401: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
+# 429: every operation passes the throttle first
+ERRORS = {400: ErrorOut, 401: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut, 429: ErrorOut}
 
 
 class JobFilter(Schema):

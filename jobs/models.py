@@ -187,6 +187,9 @@ class Node(models.Model):
     limits = models.CharField(max_length=200, blank=True)
     # Why the node takes no part of a job spanning nodes (it cannot isolate their network); empty: it can.
     multi_node_refusal = models.CharField(max_length=300, blank=True)
+    # Which /24 of E31_JOB_SUBNET the node gives its parts of spanning jobs: the lowest free at its first
+    # registration, never its id (sequences only grow, past the subnet's slices when nodes come and go).
+    network_slot = models.PositiveIntegerField(null=True, blank=True, unique=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField()
     state_changed_at = models.DateTimeField()

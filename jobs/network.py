@@ -6,9 +6,10 @@ a veth pair to the node, an address of its own, and an nftables table that lets 
 job's other parts and nothing else — no address of the node itself (the console, PostgreSQL, the
 broker, the agent), no other job, no other network. The node forwards only for these veths.
 
-Addresses need no coordination: each node owns a /24 of ``E31_JOB_SUBNET`` (its database id picks
-which), and each part a /30 of its node's /24 (its lowest GPU index picks which, unique among the
-node's running parts since no GPU is held twice). The operator routes each node's /24 to that node.
+Addresses need no coordination at run time: each node owns a /24 of ``E31_JOB_SUBNET`` (its network
+slot, the lowest free one given at its first registration and unique in the database), and each part a
+/30 of its node's /24 (its lowest GPU index picks which, unique among the node's running parts since no
+GPU is held twice). The operator routes each node's /24 to that node.
 """
 
 import ipaddress
@@ -38,36 +39,43 @@ class PartNetwork:
         return self.namespace.replace("-", "_")
 
 
-def slice_refusal(subnet: str, node_id: int) -> str:
-    """Why this node has no /24 of its own in ``subnet`` ('' when it has): ids past the slices would share one."""
-    slices = 2 ** (NODE_PREFIX - ipaddress.IPv4Network(subnet).prefixlen)
-    if node_id < slices:
+def slice_count(subnet: str) -> int:
+    """How many nodes can own a /24 of ``subnet``."""
+    return 2 ** (NODE_PREFIX - ipaddress.IPv4Network(subnet).prefixlen)
+
+
+def slice_refusal(subnet: str, slot: int | None) -> str:
+    """Why a node with this network slot has no /24 of its own in ``subnet`` ('' when it has)."""
+    slices = slice_count(subnet)
+    if slot is None:
+        return f"every /24 of E31_JOB_SUBNET {subnet} ({slices} slices) belongs to another node: widen it"
+    if slot < slices:
         return ""
-    return f"node id {node_id} has no /24 of its own in E31_JOB_SUBNET {subnet} ({slices} slices): widen it"
+    return f"network slot {slot} has no /24 of its own in E31_JOB_SUBNET {subnet} ({slices} slices): widen it"
 
 
-def node_slice(subnet: str, node_id: int) -> ipaddress.IPv4Network:
-    """The /24 of ``subnet`` whose addresses this node gives its parts (route it to the node)."""
-    if refused := slice_refusal(subnet, node_id):
+def node_slice(subnet: str, slot: int | None) -> ipaddress.IPv4Network:
+    """The /24 of ``subnet`` whose addresses the node with this slot gives its parts (route it to the node)."""
+    if refused := slice_refusal(subnet, slot):
         raise NetworkError(refused)  # never a wrapped slice: two nodes' parts would share addresses
     network = ipaddress.IPv4Network(subnet)
-    return ipaddress.IPv4Network((int(network.network_address) + node_id * 256, NODE_PREFIX))
+    return ipaddress.IPv4Network((int(network.network_address) + slot * 256, NODE_PREFIX))
 
 
-def part_addresses(subnet: str, node_id: int, gpu_indices: Sequence[int]) -> tuple[str, str]:
-    """(the node's end, the part's own address) for the part holding ``gpu_indices`` on that node."""
-    slot = min(gpu_indices)
-    if slot >= 2 ** (32 - NODE_PREFIX - 2):
-        raise NetworkError(f"GPU index {slot} has no address slot: a node's /24 serves 64 parts")
-    base = int(node_slice(subnet, node_id).network_address) + slot * 4
+def part_addresses(subnet: str, slot: int | None, gpu_indices: Sequence[int]) -> tuple[str, str]:
+    """(the node's end, the part's own address) for the part holding ``gpu_indices`` on the node with ``slot``."""
+    lowest = min(gpu_indices)
+    if lowest >= 2 ** (32 - NODE_PREFIX - 2):
+        raise NetworkError(f"GPU index {lowest} has no address slot: a node's /24 serves 64 parts")
+    base = int(node_slice(subnet, slot).network_address) + lowest * 4
     return str(ipaddress.IPv4Address(base + 1)), str(ipaddress.IPv4Address(base + 2))
 
 
-def plan(*, subnet: str, key: str, node_id: int, gpu_indices: Sequence[int],
-         peers: Sequence[tuple[int, Sequence[int]]]) -> PartNetwork:  # fmt: skip
-    """The part's network named by ``key`` (ten characters); ``peers``: (node id, GPU indices) of every part."""
-    host, own = part_addresses(subnet, node_id, gpu_indices)
-    addresses = tuple(part_addresses(subnet, node, gpus)[1] for node, gpus in peers)
+def plan(*, subnet: str, key: str, slot: int | None, gpu_indices: Sequence[int],
+         peers: Sequence[tuple[int | None, Sequence[int]]]) -> PartNetwork:  # fmt: skip
+    """The part's network named by ``key`` (ten characters); ``peers``: (network slot, GPU indices) of every part."""
+    host, own = part_addresses(subnet, slot, gpu_indices)
+    addresses = tuple(part_addresses(subnet, peer, gpus)[1] for peer, gpus in peers)
     return PartNetwork(namespace=f"e31-{key}", host_link=f"e31{key}", host_address=host,
                        address=own, peers=addresses)  # fmt: skip
 
@@ -116,7 +124,7 @@ def refusal() -> str:
     net = plan(
         subnet="100.127.255.0/24",
         key=f"p{os.getpid():09d}"[-10:],
-        node_id=0,
+        slot=0,
         gpu_indices=[63],
         peers=[(0, [63])],
     )

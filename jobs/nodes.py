@@ -4,7 +4,7 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from jobs import dispatch, network, rental
 from jobs.models import Allocation, Node
@@ -37,11 +37,35 @@ def register_node(
             state_changed_at=now if state != node.state else node.state_changed_at,
         )  # fmt: skip
         node.refresh_from_db()
-    if not node.multi_node_refusal and (refused := network.slice_refusal(settings.E31_JOB_SUBNET, node.id)):
+    if node.network_slot is None:
+        node.network_slot = _claim_network_slot(node.id)
+    if not node.multi_node_refusal and (
+        refused := network.slice_refusal(settings.E31_JOB_SUBNET, node.network_slot)
+    ):
         Node.objects.filter(id=node.id).update(multi_node_refusal=refused[:300])  # the scheduler skips it
         node.multi_node_refusal = refused[:300]
     dispatch.request_scheduler_pass()
     return node
+
+
+def _claim_network_slot(node_id: int, tries: int = 5) -> int | None:
+    """The lowest /24 of E31_JOB_SUBNET no node holds, now this node's (None when every one is held).
+
+    Two agents registering at once may pick the same slot: the unique constraint refuses the second,
+    which picks again.
+    """
+    for _ in range(tries):
+        taken = set(Node.objects.exclude(network_slot=None).values_list("network_slot", flat=True))
+        slot = next((s for s in range(network.slice_count(settings.E31_JOB_SUBNET)) if s not in taken), None)
+        if slot is None:
+            return None
+        try:
+            with transaction.atomic():
+                Node.objects.filter(id=node_id).update(network_slot=slot)
+            return slot
+        except IntegrityError:
+            continue
+    return None
 
 
 def heartbeat(*, name: str, now: datetime) -> bool:

@@ -18,7 +18,7 @@ from metering.models import MeterEntry
 from metering.periods import MICROS_PER_HOUR
 
 router = Router(tags=["meter"])
-ERRORS = {401: ErrorOut, 404: ErrorOut, 422: ErrorOut}
+ERRORS = {401: ErrorOut, 404: ErrorOut, 422: ErrorOut, 429: ErrorOut}  # 429: the throttle comes first
 
 
 class EntryOut(Schema):

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from django.db import connection
 
 from jobs import attempt_space
 from jobs.models import Job, Node
+from tests.e2e.embedded import state_dir_job_uids_can_pass
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPRESSED = {
@@ -37,14 +37,7 @@ COMPRESSED = {
 
 
 UIDS_PER_AGENT = 16
-
-
-def state_dir_job_uids_can_pass(tag: str) -> Path:
-    """Job uids must pass through (never list) the state directory to reach their own folders, which
-    pytest's private temporary root (0700, reset by every pytest session) would not allow."""
-    state = Path(tempfile.mkdtemp(prefix=f"e31-e2e-{tag}-"))
-    state.chmod(0o711)
-    return state
+AGENTS_PER_POOL = 4  # the two a pool starts and the spares a fault test adds (e2e-<tag>-1 .. -4)
 
 
 @dataclass
@@ -64,11 +57,11 @@ class LivePool:
 
     def uid_base(self, node: str) -> int:
         """A range of job uids per agent, apart from other test runs on this machine (one per tag)."""
-        return (
-            300000
-            + (int(self.tag, 16) % 10000) * 2 * UIDS_PER_AGENT
-            + self.nodes.index(node) * UIDS_PER_AGENT
+        number = int(node.rsplit("-", 1)[1])
+        assert 1 <= number <= AGENTS_PER_POOL, (
+            f"{node}: a pool's agents are e2e-<tag>-1 .. -{AGENTS_PER_POOL}"
         )
+        return 300000 + ((int(self.tag, 16) % 10000) * AGENTS_PER_POOL + number - 1) * UIDS_PER_AGENT
 
     def kill(self, name: str) -> None:
         """SIGKILL, as a crashed machine would: no clean-up of any kind."""
@@ -126,9 +119,7 @@ def live_pool(request, transactional_db, settings, tmp_path):
         "E31_CONTROL_QUEUE": f"control-{tag}", "E31_STATE_DIR": str(state),
         "E31_DATA_ROOTS": str(data), "E31_OUTPUT_ROOTS": str(outputs),
         "SECRET_KEY": "e2e-secret-never-visible-to-jobs", "PYTHONUNBUFFERED": "1",
-        # the whole default range: a node takes spanning parts only if its id has a /24 of its own, and a full
-        # suite registers hundreds of nodes before the e2e pools start
-        "E31_JOB_SUBNET": "100.64.0.0/10",
+        "E31_JOB_SUBNET": "100.64.0.0/10",  # the default range: every pool node gets a /24 slot of its own
     }  # fmt: skip
     if options.get("roots_outside_tmp"):
         (outside / "secrets").mkdir(mode=0o700)

@@ -2,10 +2,12 @@
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -17,6 +19,14 @@ from pathlib import Path
 from jobs import attempt_space
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def state_dir_job_uids_can_pass(tag: str) -> Path:
+    """Job uids must pass through (never list) the state directory to reach their own folders, which
+    pytest's private temporary root (0700, reset by every pytest session) would not allow."""
+    state = Path(tempfile.mkdtemp(prefix=f"e31-e2e-{tag}-"))
+    state.chmod(0o711)
+    return state
 
 
 def free_port() -> int:
@@ -83,7 +93,8 @@ def embedded_console(tmp_path: Path, **extra_env: str) -> Iterator[Console]:
         for k, v in os.environ.items()
         if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "E31_TEST_DB_NAME")
     }
-    env.update(E31_STATE_DIR=str(tmp_path / "var"), PORT=str(free_port()), E31_DEMO_PASSWORD="demo-pass-123",
+    state = state_dir_job_uids_can_pass("embedded")
+    env.update(E31_STATE_DIR=str(state), PORT=str(free_port()), E31_DEMO_PASSWORD="demo-pass-123",
                E31_HEARTBEAT_S="1", E31_SCHEDULER_TICK_S="2", PYTHONUNBUFFERED="1", **extra_env)  # fmt: skip
     log_path = tmp_path / "console.log"
     with open(log_path, "wb") as log:
@@ -105,7 +116,8 @@ def embedded_console(tmp_path: Path, **extra_env: str) -> Iterator[Console]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            attempt_space.release_all(tmp_path)  # its agents' attempt filesystems, before tmp_path goes
+            attempt_space.release_all(state)  # its agents' attempt filesystems, before the folder goes
+            shutil.rmtree(state, ignore_errors=True)
 
 
 def demo_token(console: Console) -> str:

@@ -262,7 +262,7 @@ def test_parts_of_a_spanning_job_reach_each_other_and_nothing_else(live_pool, me
     port = console.server_address[1]
     nodes = {n.name: n for n in Node.objects.filter(name__in=live_pool.nodes)}
     other = network.plan(subnet=settings.E31_JOB_SUBNET, key=f"o{live_pool.tag}xyz",
-                         node_id=nodes[live_pool.nodes[1]].id, gpu_indices=[63], peers=[(nodes[live_pool.nodes[1]].id, [63])])  # fmt: skip
+                         slot=nodes[live_pool.nodes[1]].network_slot, gpu_indices=[63], peers=[(nodes[live_pool.nodes[1]].network_slot, [63])])  # fmt: skip
     network.wire(other)
     listener = subprocess.Popen(["ip", "netns", "exec", other.namespace, sys.executable, "-c",
                                  "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', 7000)); s.listen(8); time.sleep(300)"])  # fmt: skip

@@ -83,20 +83,18 @@ def test_every_part_of_a_node_gets_its_own_addresses_from_the_nodes_slice():
     assert network.part_addresses(subnet, 300, [0])[1] == "100.65.44.2"
     with pytest.raises(network.NetworkError):
         network.part_addresses(subnet, 3, [64])
-    net = network.plan(
-        subnet=subnet, key="abcdefghij", node_id=3, gpu_indices=[4], peers=[(3, [4]), (5, [0])]
-    )
+    net = network.plan(subnet=subnet, key="abcdefghij", slot=3, gpu_indices=[4], peers=[(3, [4]), (5, [0])])
     assert net.peers == ("100.64.3.18", "100.64.5.2") and net.address == "100.64.3.18"
     assert len(net.host_link) <= 15  # the kernel's limit on a link's name
 
 
-def test_a_node_id_past_the_subnets_slices_gets_no_wrapped_slice_of_another_node():
-    """/10 has 16384 /24s: node 16385 wrapped onto node 1's addresses; a /24 has one slice, node 0's."""
+def test_a_slot_past_the_subnets_slices_gets_no_wrapped_slice_of_another_node():
+    """/10 has 16384 /24s: slot 16385 would wrap onto slot 1's addresses; a /24 has one slice, slot 0's."""
     assert network.slice_refusal("100.64.0.0/10", 16383) == ""
-    for subnet, node_id in (("100.64.0.0/10", 16385), ("100.64.0.0/24", 1)):
-        assert "no /24 of its own" in network.slice_refusal(subnet, node_id)
+    for subnet, slot in (("100.64.0.0/10", 16385), ("100.64.0.0/24", 1), ("100.64.0.0/24", None)):
+        assert "/24" in network.slice_refusal(subnet, slot)
         with pytest.raises(network.NetworkError):
-            network.part_addresses(subnet, node_id, [0])
+            network.part_addresses(subnet, slot, [0])
 
 
 def test_cuda_visible_devices_uses_uuids_when_the_node_knows_them():

@@ -121,9 +121,9 @@ def test_the_eleventh_failed_sign_in_is_refused_whichever_worker_takes_it(two_wo
     print(f"failed sign-ins answered before the first 429: {statuses.index(429) if 429 in statuses else 'none'}; "
           f"requests per worker: {dict(workers)}")  # fmt: skip
     assert statuses == [200] * 10 + [429] * 10, f"statuses {statuses}, workers {dict(workers)}"
+    # With both workers taking some of the 20, counters of their own would let more than 10 through
+    # (each allows up to 10): exactly 10 means one shared count, whichever worker took the refusals.
     assert len(workers) == 2, f"both workers took sign-ins: {dict(workers)}"
-    refused_by = {pid for pid, status in served if status == "429"}
-    assert refused_by == set(workers), f"each worker refused once the limit was reached: {served}"
 
     # The operator, signing in from another address, is not locked out by the attack.
     operator_site = Site(site.base)
