@@ -295,6 +295,8 @@ E31_RECONCILE_AFTER_S = env.float("E31_RECONCILE_AFTER_S", default=60.0)
 E31_RECONCILE_EVERY_S = env.float("E31_RECONCILE_EVERY_S", default=15.0)
 E31_SCHEDULER_TICK_S = env.float("E31_SCHEDULER_TICK_S", default=30.0)
 E31_FAIRSHARE_HALF_LIFE_S = env.float("E31_FAIRSHARE_HALF_LIFE_S", default=7 * 86400.0)
+# Finished jobs a team needs before the scheduler plans with its learned run times (jobs.scheduling.prediction).
+E31_PREDICTION_MIN_JOBS = env.int("E31_PREDICTION_MIN_JOBS", default=5)
 # Until a transfer reports its own rate, staging ETAs assume this many bytes per second.
 E31_ASSUMED_STAGE_RATE = env.float("E31_ASSUMED_STAGE_RATE", default=200e6)
 # Staging and delivery transfers (jobs.staging, jobs.delivery, jobs.transfers).

@@ -7,7 +7,7 @@ fewer GPUs or an elastic range would change.
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from jobs import snapshot
+from jobs import selectors, snapshot
 from jobs.scheduling import policy, types
 
 DRAFT_ID = -1
@@ -31,6 +31,7 @@ def draft_options(
 ) -> list[Option]:
     """The draft as declared, then the variations that could start it sooner."""
     view = snapshot.take(now=now)
+    learned = selectors.learned_run_times([team])[team]
     variants = [("as declared", gpus, hours, min_gpus)]
     if hours > 0.5:
         variants.append((f"with a {hours / 2:g} h limit", gpus, hours / 2, min_gpus))
@@ -38,12 +39,12 @@ def draft_options(
         variants.append((f"with {max(1, gpus // 2)} GPUs", max(1, gpus // 2), hours, None))
         if not min_gpus:
             variants.append((f"elastic, {max(1, gpus // 2)}-{gpus} GPUs", gpus, hours, max(1, gpus // 2)))
-    return [_estimate(view, team, label, g, h, m, preemptible, now) for label, g, h, m in variants]
+    return [_estimate(view, team, label, g, h, m, preemptible, now, learned) for label, g, h, m in variants]
 
 
-def _estimate(view, team, label, gpus, hours, min_gpus, preemptible, now) -> Option:
+def _estimate(view, team, label, gpus, hours, min_gpus, preemptible, now, learned) -> Option:
     draft = types.PendingJob(
-        job_id=DRAFT_ID, team=team, gpus=gpus, hours=hours, submitted_at=now.timestamp(),
+        job_id=DRAFT_ID, team=team, gpus=gpus, hours=learned.predict_hours(hours), submitted_at=now.timestamp(),
         min_gpus=min_gpus, preemptible=preemptible,
     )  # fmt: skip
     plan = policy.plan(

@@ -5,7 +5,8 @@ from datetime import datetime, timedelta
 
 from django.core.paginator import Paginator
 
-from jobs.lifecycle import HOLDS_COMPUTE, STEPS, State
+from jobs import selectors
+from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, STEPS, State
 from jobs.models import Job
 
 LIST_FIELDS = (
@@ -42,7 +43,17 @@ def job_page(job: Job, *, now: datetime, files_page: str | None = None) -> dict:
         "gpu_seconds": held_gpu_seconds(allocations, now=now),
         "live": job.is_alive or job.delivery_state == "delivering",
         "output_files": output_files(job, files_page),
+        "planned": planned_run(job, allocations, now=now),
     }
+
+
+def planned_run(job: Job, allocations, *, now: datetime) -> selectors.PlannedRun | None:
+    """What the scheduler plans this job with, while that still matters (waiting or holding GPUs)."""
+    if job.state not in BEFORE_RENT | HOLDS_COMPUTE:
+        return None
+    current = [a for a in allocations if a.attempt == job.attempt and a.released_at is None]
+    started = min((a.rented_at for a in current), default=None) if job.state in HOLDS_COMPUTE else None
+    return selectors.planned_run(team_name=job.team.name, hours=job.hours, started_at=started, now=now)
 
 
 def output_files(job: Job, page: str | None):

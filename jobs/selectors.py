@@ -10,12 +10,13 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
-from django.db.models import Prefetch, QuerySet, Sum
+from django.db.models import F, Prefetch, QuerySet, Sum
 
 from accounts import scoping
 from jobs import declaration
-from jobs.lifecycle import ALIVE, BEFORE_RENT, TERMINAL, State
+from jobs.lifecycle import ALIVE, BEFORE_RENT, TERMINAL, EndReason, State
 from jobs.models import Allocation, DataInput, DatasetCacheEntry, Job, OutputFile, OutputTransfer
+from jobs.scheduling import prediction
 from jobs.transfers import sources
 
 ALIVE_STATES = [s.value for s in ALIVE]
@@ -183,3 +184,52 @@ def attempt_gpus(allocation: Allocation) -> int:
     """The GPUs the allocation's attempt holds on all its nodes (an elastic job may hold fewer than declared)."""
     rows = Allocation.objects.filter(job_id=allocation.job_id, attempt=allocation.attempt)
     return sum(len(indices) for indices in rows.values_list("gpu_indices", flat=True))
+
+
+# Ends where the job itself decided how long it ran (not cancelled, lost or refused).
+RAN_TO_ITS_END = (EndReason.SUCCEEDED, EndReason.FAILED, EndReason.TIMED_OUT, EndReason.OUT_OF_MEMORY)
+
+
+def learned_run_times(team_names) -> dict[str, prediction.Learned]:
+    """Each team's learned run-time ratio from its own last finished jobs (one query per team)."""
+    return {name: _learned(name) for name in set(team_names)}
+
+
+def _learned(team_name: str) -> prediction.Learned:
+    runs = (
+        Allocation.objects.filter(
+            job__team__name=team_name, job__state=State.RELEASED, job__end_reason__in=RAN_TO_ITS_END,
+            attempt=F("job__attempt"), rank=0, started_at__isnull=False, finished_at__isnull=False,
+        )
+        .order_by("-finished_at", "-id")
+        .values_list("started_at", "finished_at", "job__hours")[: prediction.WINDOW]
+    )  # fmt: skip
+    history = [
+        prediction.Finished(run_s=(finished - started).total_seconds(), declared_hours=hours)
+        for started, finished, hours in reversed(runs)
+    ]
+    return prediction.learn(history, min_jobs=settings.E31_PREDICTION_MIN_JOBS)
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """The run time the scheduler plans a job with, its declared limit, and why."""
+
+    hours: float
+    limit_hours: float
+    reason: str
+
+
+def planned_run(*, team_name: str, hours: float, started_at: datetime | None, now: datetime) -> PlannedRun:
+    """What the scheduler plans a job (or a draft) of ``team_name`` with: its team's learned run
+    time, extended once a running job outran it, never past the declared ``hours``."""
+    learned = _learned(team_name)
+    if started_at is None:
+        return PlannedRun(learned.predict_hours(hours), hours, learned.reason())
+    start = started_at.timestamp()
+    end = prediction.planned_end(learned, started_at=start, limit_s=hours * 3600, now=now.timestamp())
+    planned = (end - start) / 3600
+    reason = learned.reason()
+    if planned > learned.predict_hours(hours) + 1e-9:
+        reason += "; extended, as the job ran past its prediction"
+    return PlannedRun(planned, hours, reason)

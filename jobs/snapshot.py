@@ -6,7 +6,7 @@ the same policy.
 """
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from django.conf import settings
@@ -15,7 +15,7 @@ from accounts.models import Team
 from jobs import selectors
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, State
 from jobs.models import Allocation, DataInput, GpuHold, Job, Node, TeamUsage
-from jobs.scheduling import types
+from jobs.scheduling import prediction, types
 
 
 @dataclass(frozen=True)
@@ -34,17 +34,27 @@ def config() -> types.PolicyConfig:
 
 
 def take(*, now: datetime) -> PoolView:
-    """One consistent read of nodes, holds, running allocations, the queue and usage."""
-    pending = _pending(now)
+    """One consistent read of nodes, holds, running allocations, the queue and usage.
+
+    Pending and running jobs are planned with their team's learned run times (never past their
+    declared limit, which the node agent enforces as the deadline)."""
+    pending, running = _pending(now), _running()
+    learned = selectors.learned_run_times([j.team for j in [*pending, *running]])
     return PoolView(
         nodes=_nodes(frozenset().union(*(p.datasets for p in pending))),
-        running=_running(),
-        pending=pending,
+        running=[_as_predicted(r, learned[r.team], now) for r in running],
+        pending=[replace(p, hours=learned[p.team].predict_hours(p.hours)) for p in pending],
         usage=_usage(now),
         shares=dict(Team.objects.values_list("name", "share")),
         config=config(),
         requested_gpus={p.job_id: p.gpus for p in pending},
     )
+
+
+def _as_predicted(r: types.RunningView, learned: prediction.Learned, now: datetime) -> types.RunningView:
+    limit_s = r.expected_end - r.started_at
+    end = prediction.planned_end(learned, started_at=r.started_at, limit_s=limit_s, now=now.timestamp())
+    return replace(r, expected_end=end)
 
 
 def _nodes(pool_cached: frozenset[str] = frozenset()) -> list[types.NodeView]:

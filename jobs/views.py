@@ -222,6 +222,9 @@ def estimate(request: HttpRequest) -> HttpResponse:
             preemptible=bool(raw.get("preemptible")), now=context["now"],
         )  # fmt: skip
         context["budget"] = signals.check_budget(team=team, gpu_hours=gpus * hours, now=context["now"])
+        context["planned"] = selectors.planned_run(
+            team_name=team.name, hours=hours, started_at=None, now=context["now"]
+        )
     return render(request, "jobs/new.html#estimate", context)
 
 

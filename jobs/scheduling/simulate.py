@@ -2,12 +2,14 @@
 
     python -m jobs.scheduling.simulate --trace FILE [--nodes N --gpus-per-node G | --load L]
         --policies default,easy-nodes,easy,sjf-easy,fcfs --json [--plot out.svg] [--limit N] [--procs-per-gpu P]
+        [--estimates declared|learned|exact]
 
 Event-driven with a simulated clock: at each distinct submit or finish time (with jobs waiting,
 and some GPU idle or preemptible - otherwise no policy could start anything) the policy's
 ``plan()`` runs once (the same function the live scheduler calls; ``explain=False``, so it skips
 the sentences but decides the same) and its starts and preemptions are applied. Jobs run for their
-trace run time; the policy only knows their declared hours. Team usage is metered exactly
+trace run time; the policy knows their declared hours, or with ``--estimates learned`` their
+team's learned prediction (``jobs.scheduling.prediction``), or with ``exact`` the run time itself. Team usage is metered exactly
 (decayed GPU-seconds, updated at each start and finish). Policies: ``default`` (the policy),
 ``easy-nodes`` (EASY on the policy's own node-aware engine: the fair comparison on the same pool),
 and the textbook flat-pool references of ``jobs.scheduling.baselines``: ``easy``, ``sjf-easy``,
@@ -23,7 +25,8 @@ The last stdout line is JSON; per policy: wait percentiles (nearest rank) and ma
 slowdown ``max((wait + run) / max(run, 10), 1)``; utilisation = GPU-seconds used / (pool GPUs x
 makespan); makespan_ratio = makespan / max(GPU-seconds / pool GPUs, last submit + its run), both
 from the first submit; jain_teams = Jain's index over teams' mean bounded slowdown; by_size by
-requested GPUs; wall_s = replay seconds. The lines before it say what was assumed.
+requested GPUs; reservations = jobs reserved, how many started after their first reserved
+start (late) and by how much; wall_s = replay seconds. The lines before it say what was assumed.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-from jobs.scheduling import baselines, plot, policy, traces, types
+from jobs.scheduling import baselines, plot, policy, prediction, traces, types
 from jobs.scheduling.traces import TraceJob
 from jobs.scheduling.types import HOUR_S, NodeView, PendingJob, Plan, PolicyConfig, RunningView
 
@@ -61,14 +64,39 @@ LABELS = {
 SIZE_CLASSES = (("1", 1, 1), ("2-4", 2, 4), ("5-8", 5, 8), (">8", 9, math.inf))
 
 
+ESTIMATES = ("declared", "learned", "exact")
+
+
+@dataclass(frozen=True, slots=True)
+class Declarations:
+    """What the jobs of a replay tell the scheduler beyond their trace row.
+
+    ``estimates``: the run time the policy plans with - the declared hours (today), the team's
+    learned ratio x declared hours (``jobs.scheduling.prediction``, from ``min_jobs`` of the team's
+    jobs finished earlier in the replay), or the true run time (an oracle, the bound).
+    """
+
+    estimates: str = "declared"
+    min_jobs: int = prediction.MIN_JOBS
+
+    def __post_init__(self) -> None:
+        if self.estimates not in ESTIMATES:
+            raise ValueError(f"estimates {self.estimates!r}: one of {', '.join(ESTIMATES)}")
+
+
+TODAY = Declarations()
+
+
 @dataclass(slots=True)
 class Outcome:
-    """What happened to one trace job in a replay (``start`` is its first start)."""
+    """What happened to one trace job in a replay (``start`` is its first start; ``promised`` the start
+    of its first reservation, if it had one)."""
 
     job: TraceJob
     start: float = math.nan
     end: float = math.nan
     gpu_seconds: float = 0.0
+    promised: float = math.nan
 
 
 class UsageMeter(Mapping[str, float]):
@@ -161,19 +189,31 @@ def replay(
     config: PolicyConfig = REPLAY_CONFIG,
     shares: Mapping[str, float] | None = None,
     on_plan: Callable[[float, Plan], None] | None = None,
+    declarations: Declarations = TODAY,
 ) -> list[Outcome]:
     """Replay ``jobs`` (sorted by submit time) on ``nodes`` x ``gpus_per_node``; outcomes in job order.
 
     ``policy`` runs at every distinct event time with jobs pending. Elastic starts run for
     ``run_s * requested / allocated`` (work conserved); preempted jobs requeue with the run time
-    they had left (checkpointed) and the policy runs again at the same instant.
+    they had left (checkpointed) and the policy runs again at the same instant. A running job
+    that outruns the run time it was planned with has it extended at that instant
+    (``prediction.extended_s``), and the policy runs again.
     """
-    state = _Replay(jobs, nodes=nodes, gpus_per_node=gpus_per_node, half_life_s=config.half_life_s)
+    state = _Replay(
+        jobs,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        half_life_s=config.half_life_s,
+        declarations=declarations,
+    )
     memo: types.ReleaseMemo = {}  # running jobs' releases, computed once per start
     nxt = 0
     while nxt < len(jobs) or state.finishes:
-        now = min(jobs[nxt].submit_s if nxt < len(jobs) else math.inf, state.next_finish())
+        now = min(
+            jobs[nxt].submit_s if nxt < len(jobs) else math.inf, state.next_finish(), state.next_extension()
+        )
         state.finish_until(now)
+        state.extend_until(now)
         while nxt < len(jobs) and jobs[nxt].submit_s <= now:
             state.submit(nxt)
             nxt += 1
@@ -193,6 +233,7 @@ def replay(
             )
             if on_plan is not None:
                 on_plan(now, result)
+            state.promise(result.reservations)
             for s in result.starts:
                 state.start(s.job_id, s.gpus_by_node, now)
             if not result.preemptions:
@@ -209,9 +250,19 @@ class _Replay:
     """The simulated world: queue, running jobs (kept in expected-end order), pool, meter, outcomes."""
 
     def __init__(
-        self, jobs: Sequence[TraceJob], *, nodes: int, gpus_per_node: int, half_life_s: float
+        self,
+        jobs: Sequence[TraceJob],
+        *,
+        nodes: int,
+        gpus_per_node: int,
+        half_life_s: float,
+        declarations: Declarations = TODAY,
     ) -> None:
         self.jobs = jobs
+        self.declarations = declarations
+        self.history: dict[str, list[prediction.Finished]] = {}
+        self.learned: dict[str, prediction.Learned] = {}
+        self.extensions: list[tuple[float, int]] = []  # (planned end, job) of runs that will outrun it
         self.pool = _Pool(nodes=nodes, gpus_per_node=gpus_per_node)
         self.meter = UsageMeter(half_life_s=half_life_s)
         self.outcomes = [Outcome(job=j) for j in jobs]
@@ -226,13 +277,32 @@ class _Replay:
     def next_finish(self) -> float:
         return self.finishes[0][0] if self.finishes else math.inf
 
+    def next_extension(self) -> float:
+        return self.extensions[0][0] if self.extensions else math.inf
+
+    def planned_hours(self, j: TraceJob) -> float:
+        """The run time the policy is told: declared, learned for the team, or the true one."""
+        estimates = self.declarations.estimates
+        if estimates == "exact":
+            return min(j.run_s / HOUR_S, j.declared_hours)
+        if estimates == "learned":
+            return self.learned.get(j.team, prediction.COLD).predict_hours(j.declared_hours)
+        return j.declared_hours
+
+    def promise(self, reservations: Sequence[types.Reservation]) -> None:
+        """Remember each job's first reserved start: what a late prediction delays."""
+        for r in reservations:
+            out = self.outcomes[r.job_id]
+            if r.start_at is not None and math.isnan(out.promised) and math.isnan(out.start):
+                out.promised = r.start_at
+
     def submit(self, index: int, *, preemptible: bool | None = None) -> None:
         j = self.jobs[index]
         self.pending[index] = PendingJob(
             index,
             j.team,
             j.gpus,
-            j.declared_hours,
+            self.planned_hours(j),
             j.submit_s,
             min_gpus=j.min_gpus,
             preemptible=j.preemptible if preemptible is None else preemptible,
@@ -249,6 +319,8 @@ class _Replay:
         insort(self.by_end, rv, key=_end_key)
         self.ends[jid] = now + run
         heapq.heappush(self.finishes, (now + run, jid))
+        if rv.expected_end < now + run:
+            heapq.heappush(self.extensions, (rv.expected_end, jid))
         self.meter.change(job.team, now, got)
         out = self.outcomes[jid]
         if math.isnan(out.start):
@@ -259,6 +331,41 @@ class _Replay:
             end, jid = heapq.heappop(self.finishes)
             if self.ends.get(jid) == end:  # else a stale entry of a preempted run
                 self._stop(jid, now)
+                self._learn(self.jobs[jid])
+
+    def _learn(self, j: TraceJob) -> None:
+        if self.declarations.estimates != "learned":
+            return
+        history = self.history.setdefault(j.team, [])
+        history.append(prediction.Finished(run_s=j.run_s, declared_hours=j.declared_hours))
+        if len(history) > 2 * prediction.WINDOW:
+            del history[: -prediction.WINDOW]
+        self.learned[j.team] = prediction.learn(history, min_jobs=self.declarations.min_jobs)
+
+    def extend_until(self, now: float) -> None:
+        """Running jobs past the end they were planned with get a longer one, never past their limit."""
+        while self.extensions and self.extensions[0][0] <= now:
+            planned_end, jid = heapq.heappop(self.extensions)
+            rv = self.running.get(jid)
+            if rv is None or rv.expected_end != planned_end:
+                continue  # finished or preempted since
+            got = sum(len(v) for v in rv.gpus_by_node.values())
+            j = self.jobs[jid]
+            limit_s = j.declared_hours * HOUR_S * j.gpus / got  # an elastic start stretches the limit too
+            planned = prediction.extended_s(
+                planned_end - rv.started_at, elapsed_s=now - rv.started_at, limit_s=limit_s
+            )
+            if rv.started_at + planned <= planned_end:
+                continue  # already at its limit
+            i = bisect_left(self.by_end, _end_key(rv), key=_end_key)
+            del self.by_end[i]
+            longer = RunningView(
+                jid, rv.team, rv.gpus_by_node, rv.started_at, rv.started_at + planned, rv.preemptible
+            )
+            self.running[jid] = longer
+            insort(self.by_end, longer, key=_end_key)
+            if longer.expected_end < self.ends[jid]:
+                heapq.heappush(self.extensions, (longer.expected_end, jid))
 
     def _stop(self, jid: int, now: float) -> RunningView:
         rv = self.running.pop(jid)
@@ -328,6 +435,23 @@ def summarize(outcomes: Sequence[Outcome], *, pool_gpus: int) -> dict:
         "makespan_ratio": round(makespan / bound, 4),
         "jain_teams": round(jain([sum(v) / len(v) for v in by_team.values()]), 4),
         "by_size": _by_size(waits, outcomes),
+        "reservations": reservation_delays(outcomes),
+    }
+
+
+def reservation_delays(outcomes: Sequence[Outcome]) -> dict:
+    """Jobs that were reserved, how many started after their first reserved start, and by how much.
+
+    Declared limits are upper bounds, so a reservation made from them is kept or beaten; one made
+    from predictions that fell short is late by as long as the running jobs outran them.
+    """
+    delays = [o.start - o.promised for o in outcomes if not math.isnan(o.promised)]
+    late = [d for d in delays if d > 1e-6]
+    return {
+        "reserved": len(delays),
+        "late": len(late),
+        "mean_delay_s": round(sum(late) / len(late), 1) if late else 0.0,
+        "max_delay_s": round(max(late), 1) if late else 0.0,
     }
 
 
@@ -390,6 +514,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--limit", type=int, help="replay only the first N jobs")
     ap.add_argument("--procs-per-gpu", type=int, default=1, help="SWF: processors per GPU (default 1)")
     ap.add_argument("--itp-overestimate", type=float, default=1.0, help="ITP: declared = duration x this")
+    ap.add_argument(
+        "--estimates", choices=ESTIMATES, default="declared",
+        help="run times the policy plans with: declared hours, learned per team, or the true ones",
+    )  # fmt: skip
     return ap.parse_args(argv)
 
 
@@ -424,7 +552,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     replays = {}
     for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
         began = time.perf_counter()
-        outcomes = replay(kept, nodes=nodes, gpus_per_node=args.gpus_per_node, policy=POLICIES[name])
+        outcomes = replay(
+            kept, nodes=nodes, gpus_per_node=args.gpus_per_node, policy=POLICIES[name],
+            declarations=Declarations(estimates=args.estimates),
+        )  # fmt: skip
         wall = time.perf_counter() - began
         metrics = summarize(outcomes, pool_gpus=pool_gpus)
         metrics["wall_s"] = round(wall, 1)

@@ -35,7 +35,8 @@ class NodeView:
 
 @dataclass(frozen=True, slots=True)
 class RunningView:
-    """A job holding GPUs now; ``expected_end`` is rent time + declared hours."""
+    """A job holding GPUs now; ``expected_end`` is when the scheduler plans it to end: rent time +
+    declared hours, or + its team's learned run time (``prediction``), never past the declared limit."""
 
     job_id: int
     team: str
@@ -47,7 +48,8 @@ class RunningView:
 
 @dataclass(frozen=True, slots=True)
 class PendingJob:
-    """A queued (or still staging) job; ``hours`` is the declared limit used for backfill."""
+    """A queued (or still staging) job; ``hours`` is the run time the scheduler plans with: the declared
+    limit, or its team's learned prediction (``prediction``), never more than the limit."""
 
     job_id: int
     team: str
