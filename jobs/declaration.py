@@ -307,11 +307,22 @@ def _data_uri(value: Any, path: str, limits: Limits, errs: _Collector) -> str:
 
 
 def _output_uri(value: Any, limits: Limits, errs: _Collector) -> str:
+    if value is None or value == "":
+        if default := default_destination(limits.output_roots, limits.team):
+            return default
     before = len(errs.errors)
     uri = _uri(value, "output.uri", OUTPUT_SCHEMES, limits.output_roots, "E31_OUTPUT_ROOTS", errs)
     if len(errs.errors) == before:
         _check_team_prefix(uri, "output.uri", limits.output_roots, limits, errs)
     return uri
+
+
+def default_destination(roots: Sequence[Path], team: str | None) -> str:
+    """Where a job that names no destination delivers: its team's folder of the first output root
+    (each attempt into ``<job id>-<attempt>/`` under it). Empty until the team is known."""
+    if team is None or not roots:
+        return ""
+    return (Path(roots[0]) / team).as_uri() + "/"
 
 
 def team_prefixes(roots: Sequence[Path], team: str) -> list[Path]:

@@ -71,8 +71,9 @@ class RequestIn(NullIsAbsent):
 
 class OutputIn(NullIsAbsent):
     uri: str = Field(
-        ...,
-        description="file:// (under <output root>/<team-slug>/) or s3://; each attempt is delivered into <uri>/<job id>-<attempt>/",
+        "",
+        description="file:// (under <output root>/<team-slug>/) or s3://; each attempt is delivered into "
+        "<uri>/<job id>-<attempt>/. Left out: the team's default destination, <first output root>/<team-slug>/.",
     )
     bytes: StrictInt
 

@@ -233,3 +233,23 @@ def planned_run(*, team_name: str, hours: float, started_at: datetime | None, no
     if planned > learned.predict_hours(hours) + 1e-9:
         reason += "; extended, as the job ran past its prediction"
     return PlannedRun(planned, hours, reason)
+
+
+@dataclass(frozen=True)
+class TeamFolders:
+    """Where a team's file:// URIs may point, as the form shows them."""
+
+    team: str
+    data: list[str]
+    output: list[str]
+    default_destination: str
+
+
+def team_folders(team_slug: str) -> TeamFolders:
+    """The team's folder of each data and output root, and where a job naming no destination delivers."""
+    return TeamFolders(
+        team=team_slug,
+        data=[f"{root / team_slug}/" for root in settings.E31_DATA_ROOTS],
+        output=[f"{root / team_slug}/" for root in settings.E31_OUTPUT_ROOTS],
+        default_destination=declaration.default_destination(settings.E31_OUTPUT_ROOTS, team_slug),
+    )

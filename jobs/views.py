@@ -137,6 +137,7 @@ def _render_form(
         "f": bound_fields(form),
         "teams": teams,
         "chosen_team": request.POST.get("team", ""),
+        "folders": selectors.team_folders((_chosen_team(request, teams) or teams[0]).slug),
     }
     template = "jobs/new.html#job-form" if request.htmx else "jobs/new.html"
     return render(request, template, context, status=status)
