@@ -92,7 +92,7 @@ def wait_until_registered(node: str, *, after) -> None:
 
     wait_for(
         lambda: Node.objects.filter(name=node, state="up", registered_at__gt=after).exists(),
-        timeout=30, what=f"{node}'s agent to register again",
+        timeout=90, what=f"{node}'s agent to register again",
     )  # fmt: skip
 
 
