@@ -158,6 +158,11 @@ def show(
         out.print(
             f"  waiting: {job['pending_reason']} (estimated start {_short_time(job['estimated_start'])})"
         )
+    for key, how in (("after_ok", "succeed"), ("after_any", "end")):
+        if job.get(key):
+            out.print(f"  runs after job(s) {', '.join(map(str, job[key]))} {how}")
+    if job.get("dependents"):
+        out.print(f"  then: job(s) {', '.join(map(str, job['dependents']))}")
     out.print(f"  argv: {' '.join(job['work']['argv'])}")
     out.print(
         f"  request: {job['request']['gpus']} GPU(s) for {job['request']['hours']} h; output {job['output']['uri']}"

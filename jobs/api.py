@@ -15,7 +15,7 @@ from pydantic import field_validator
 from accounts import scoping
 from common import paging
 from jobs import declaration, idempotency, logs, selectors, services
-from jobs.models import Job, OutputFile
+from jobs.models import Dependency, Job, OutputFile
 from jobs.schemas import ErrorOut, JobIn, JobOut, OutputFileOut
 
 router = Router(tags=["jobs"])
@@ -88,7 +88,17 @@ def job_json(job: Job) -> dict:
         "delivery_state": job.delivery_state,
         "estimated_start": job.estimated_start,
         "pending_reason": job.pending_reason,
+        **_dependencies_json(job),
     }  # fmt: skip
+
+
+def _dependencies_json(job: Job) -> dict:
+    before = job.prerequisites.all()
+    return {
+        "after_ok": [d.prerequisite_id for d in before if d.kind == Dependency.AFTER_OK],
+        "after_any": [d.prerequisite_id for d in before if d.kind == Dependency.AFTER_ANY],
+        "dependents": [d.job_id for d in job.dependents.all()],
+    }
 
 
 def _input_json(d) -> dict:

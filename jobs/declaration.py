@@ -34,6 +34,7 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MIN_MEMORY = 16 * 2**20  # below this not even an interpreter starts
 MIN_CPUS = 0.01  # the smallest CFS quota the kernel takes is 1 ms of every 100 ms
 MAX_CPUS = 100_000
+MAX_PREREQUISITES = 64
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,9 @@ class Declaration:
     output_bytes: int
     memory_bytes: int | None = None  # None: the node's share for the job's GPUs
     cpus: float | None = None
+    # Older jobs of the same team it runs after: once each has succeeded / once each has ended.
+    after_ok: tuple[int, ...] = ()
+    after_any: tuple[int, ...] = ()
 
 
 @dataclass
@@ -155,6 +159,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     gpu_model = _short_text(request.get("gpu_model"), "request.gpu_model", 60, errs)
     memory = _memory(request.get("memory"), limits, errs)
     cpus = _cpus(request.get("cpus"), limits, errs)
+    after_ok, after_any = _prerequisites(raw, errs)
     if errs.errors:
         raise DeclarationInvalid(errs.errors)
     return Declaration(
@@ -163,7 +168,34 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
         hours=hours, min_gpus=min_gpus,
         preemptible=flags["preemptible"], requeue=flags["requeue"],
         output_uri=output_uri, output_bytes=output_bytes, memory_bytes=memory, cpus=cpus,
+        after_ok=after_ok, after_any=after_any,
     )  # fmt: skip
+
+
+def _prerequisites(raw: Mapping, errs: _Collector) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``after_ok`` and ``after_any``: lists of job ids, each named once across both."""
+    seen: set[int] = set()
+    lists = []
+    for key in ("after_ok", "after_any"):
+        value = raw.get(key)
+        if value in (None, ""):
+            lists.append(())
+            continue
+        if not isinstance(value, list) or len(value) > MAX_PREREQUISITES:
+            errs.add(key, f"a list of at most {MAX_PREREQUISITES} job ids, such as [812, 813]")
+            lists.append(())
+            continue
+        ids = []
+        for i, item in enumerate(value):
+            if not _is_int(item) or item < 1:
+                errs.add(f"{key}[{i}]", "a job id (a whole number)")
+            elif item in seen:
+                errs.add(f"{key}[{i}]", f"job {item} is already named")
+            else:
+                seen.add(item)
+                ids.append(item)
+        lists.append(tuple(ids))
+    return lists[0], lists[1]
 
 
 def _part(raw: Mapping, key: str, errs: _Collector) -> Mapping:

@@ -68,6 +68,8 @@ class JobForm:
             "request.requeue": "on" if request.get("requeue") is True else "",
             "output.uri": _text(output.get("uri")),
             "output.bytes": _size_text(output.get("bytes")),
+            "after_ok": _ids_text(raw.get("after_ok")),
+            "after_any": _ids_text(raw.get("after_any")),
         }
         data = raw.get("data") if isinstance(raw.get("data"), list) else []
         rows = [
@@ -105,6 +107,8 @@ class JobForm:
                 "requeue": bool(v.get("request.requeue")),
             },
             "output": {"uri": v.get("output.uri", ""), "bytes": v.get("output.bytes", "")},
+            "after_ok": _ids(v.get("after_ok", "")),
+            "after_any": _ids(v.get("after_any", "")),
         }
 
     def _number(self, key: str, kind: type, *, optional: bool = False) -> Any:
@@ -140,9 +144,19 @@ class JobForm:
 _SCALARS = (
     "name", "work.argv", "work.env", "work.image", "work.workdir",
     "request.gpus", "request.min_gpus", "request.hours", "request.gpu_model", "request.memory", "request.cpus",
-    "output.uri", "output.bytes",
+    "output.uri", "output.bytes", "after_ok", "after_any",
 )  # fmt: skip
+_JOB_ID_SEPARATORS = re.compile(r"[\s,]+")
 _FLAGS = ("request.preemptible", "request.requeue")
+
+
+def _ids(text: str) -> list[int | str]:
+    """Job ids typed as "812, 813": whole numbers become ints, anything else is left for the rules to name."""
+    return [int(t) if t.isascii() and t.isdigit() else t for t in _JOB_ID_SEPARATORS.split(text.strip()) if t]
+
+
+def _ids_text(value: Any) -> str:
+    return ", ".join(map(str, value)) if isinstance(value, list) else _text(value)
 
 
 def _blank_row() -> dict[str, str]:

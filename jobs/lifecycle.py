@@ -35,6 +35,7 @@ class EndReason(StrEnum):
     STAGING_FAILED = "staging_failed"
     OUTPUT_FAILED = "output_failed"
     REJECTED = "rejected"
+    DEPENDENCY_FAILED = "dependency_failed"  # a job it runs after did not end as it required; never metered
 
 
 # Reasons that move a job without ending it.
@@ -47,8 +48,14 @@ BEFORE_RENT = frozenset({State.SUBMITTED, State.STAGING, State.QUEUED})
 ALIVE = frozenset(State) - TERMINAL
 
 # The only end reasons each terminal state can carry.
-ENDED_REASONS = frozenset({EndReason.CANCELLED, EndReason.STAGING_FAILED, EndReason.REJECTED})
-RELEASED_REASONS = frozenset(EndReason) - {EndReason.STAGING_FAILED, EndReason.REJECTED}
+ENDED_REASONS = frozenset(
+    {EndReason.CANCELLED, EndReason.STAGING_FAILED, EndReason.REJECTED, EndReason.DEPENDENCY_FAILED}
+)
+RELEASED_REASONS = frozenset(EndReason) - {
+    EndReason.STAGING_FAILED,
+    EndReason.REJECTED,
+    EndReason.DEPENDENCY_FAILED,
+}
 
 TRANSITIONS: dict[State, frozenset[State]] = {
     State.SUBMITTED: frozenset({State.STAGING, State.ENDED}),
@@ -101,3 +108,21 @@ def can_cancel(state: State | str) -> bool:
 def end_state_for_cancel(state: State | str) -> State:
     """Cancelling before RENT ends the job unmetered; after it, the compute must be released."""
     return State.ENDED if State(state) in BEFORE_RENT else State.RELEASED
+
+
+# What a dependent job needs of its prerequisite: to have succeeded, or only to have ended.
+AFTER_OK, AFTER_ANY = "after_ok", "after_any"
+MET, WAITING, FAILED = "met", "waiting", "failed"
+
+
+def prerequisite_outcome(*, kind: str, state: str, end_reason: str, delivery_state: str) -> str:
+    """MET, WAITING or FAILED (after_ok only): what a prerequisite in this state means for its dependent.
+
+    A prerequisite counts as ended once its outputs are delivered (or delivery failed), since that is
+    what a pipeline's next step reads; a success whose delivery failed did not succeed.
+    """
+    if not is_terminal(state) or delivery_state == "delivering":
+        return WAITING
+    if kind == AFTER_ANY:
+        return MET
+    return MET if end_reason == EndReason.SUCCEEDED and delivery_state != "failed" else FAILED

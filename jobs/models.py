@@ -5,7 +5,7 @@ from django.db import models
 from django.db.models import Q
 
 from accounts.models import Team
-from jobs.lifecycle import EndReason, State
+from jobs.lifecycle import AFTER_ANY, AFTER_OK, EndReason, State
 
 
 class Job(models.Model):
@@ -17,7 +17,7 @@ class Job(models.Model):
     state = models.CharField(
         max_length=12, choices=[(s.value, s.value) for s in State], default=State.SUBMITTED
     )
-    end_reason = models.CharField(max_length=16, choices=[(r.value, r.value) for r in EndReason], blank=True)
+    end_reason = models.CharField(max_length=20, choices=[(r.value, r.value) for r in EndReason], blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     end_detail = models.CharField(max_length=500, blank=True)
     submitted_at = models.DateTimeField(db_index=True)
@@ -99,6 +99,32 @@ class Job(models.Model):
     def outputs_pending(self) -> bool:
         """Sealed files that still have to reach the declared destination."""
         return self.sealed_files > 0 and not self.delivered_at
+
+
+class Dependency(models.Model):
+    """``job`` runs only after ``prerequisite`` ends: successfully (``after_ok``), or in any way (``after_any``).
+
+    A prerequisite is always an older job of the same team, named at intake: the check constraint
+    (prerequisite id below the job's) is what makes a cycle impossible, whatever a writer does.
+    """
+
+    AFTER_OK, AFTER_ANY = AFTER_OK, AFTER_ANY
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="prerequisites")
+    prerequisite = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="dependents")
+    kind = models.CharField(max_length=9, choices=[(AFTER_OK, AFTER_OK), (AFTER_ANY, AFTER_ANY)])
+
+    class Meta:
+        ordering = ["job_id", "prerequisite_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "prerequisite"], name="dependency_once_per_pair"),
+            models.CheckConstraint(
+                condition=Q(prerequisite__lt=models.F("job")), name="dependency_on_an_older_job"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.kind} {self.prerequisite_id}"
 
 
 class OutputFile(models.Model):

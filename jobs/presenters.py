@@ -7,7 +7,7 @@ from django.core.paginator import Paginator
 
 from jobs import selectors
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, STEPS, State
-from jobs.models import Job
+from jobs.models import Dependency, Job
 
 LIST_FIELDS = (
     "id", "name", "state", "end_reason", "gpus", "hours", "submitted_at", "state_changed_at",
@@ -44,6 +44,17 @@ def job_page(job: Job, *, now: datetime, files_page: str | None = None) -> dict:
         "live": job.is_alive or job.delivery_state == "delivering",
         "output_files": output_files(job, files_page),
         "planned": planned_run(job, allocations, now=now),
+        "pipeline": pipeline(job),
+    }
+
+
+def pipeline(job: Job) -> dict:
+    """The jobs this one runs after (and what each must do) and the jobs that run after it."""
+    before = job.prerequisites.select_related("prerequisite").order_by("prerequisite_id")
+    after = job.dependents.select_related("job").order_by("job_id")
+    return {
+        "before": [(d.prerequisite, "succeed" if d.kind == Dependency.AFTER_OK else "end") for d in before],
+        "after": [d.job for d in after],
     }
 
 

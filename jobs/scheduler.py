@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 
 from django.db import connection, transaction
 
-from jobs import dispatch, nodes, planning, rental, snapshot
+from jobs import dependencies, dispatch, nodes, planning, rental, snapshot
 from jobs.scheduling import policy
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,15 @@ def pass_lock():
 
 
 def run_pass(*, now: datetime) -> PassResult | None:
-    """One pass: snapshot, plan, rent what starts, preempt what must yield, store every estimate."""
+    """One pass: end jobs whose prerequisite failed, snapshot, plan, rent what starts, preempt what must
+    yield, store every estimate."""
     with pass_lock() as held:
         if not held:
             return None
         began = time.perf_counter()
+        dependencies.end_unsatisfiable(
+            now=now
+        )  # before the snapshot: a job that can never start is not planned
         view = snapshot.take(now=now)
         plan = policy.plan(
             now=now.timestamp(), nodes=view.nodes, running=view.running, pending=view.pending,

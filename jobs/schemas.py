@@ -12,6 +12,9 @@ from pydantic import StrictBool, StrictFloat, StrictInt, WithJsonSchema, model_v
 _Size = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]})]
 _Number = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "null"}]})]
 # Strict numbers: true is not 1 here, as it is not in the form or a job file.
+_JobIds = Annotated[
+    Any, WithJsonSchema({"anyOf": [{"type": "array", "items": {"type": "integer"}}, {"type": "null"}]})
+]
 
 
 class NullIsAbsent(Schema):
@@ -85,6 +88,12 @@ class JobIn(NullIsAbsent):
     data: list[DataIn] = Field(default_factory=list)
     request: RequestIn
     output: OutputIn
+    after_ok: _JobIds = Field(
+        None, description="Ids of the team's older jobs this one runs after, once each has succeeded."
+    )
+    after_any: _JobIds = Field(
+        None, description="Ids of the team's older jobs this one runs after, however they end."
+    )
 
 
 class FieldError(Schema):
@@ -152,6 +161,9 @@ class JobOut(Schema):
     delivery_state: str
     estimated_start: datetime | None
     pending_reason: str
+    after_ok: list[int] = Field(default_factory=list, description="Prerequisites that must succeed first.")
+    after_any: list[int] = Field(default_factory=list, description="Prerequisites that must end first.")
+    dependents: list[int] = Field(default_factory=list, description="Jobs that wait for this one.")
     budget_note: str = Field(
         "", description="Set on submission when the job takes its team past a budget that only warns."
     )

@@ -145,8 +145,9 @@ def job_list(user, filters: JobFilters) -> QuerySet[Job]:
 def with_details(jobs: QuerySet[Job]) -> QuerySet[Job]:
     """Everything the API's job JSON reads, fetched per page in a fixed number of queries."""
     return jobs.prefetch_related(
-        "inputs", "events", Prefetch("allocations", queryset=Allocation.objects.select_related("node"))
-    )
+        "inputs", "events", Prefetch("allocations", queryset=Allocation.objects.select_related("node")),
+        "prerequisites", "dependents",
+    )  # fmt: skip
 
 
 class OutputUnavailable(Exception):

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
 
-from jobs import declaration, dispatch, rental, sharing, signals
+from jobs import declaration, dependencies, dispatch, rental, sharing, signals
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, EndReason, State
 from jobs.models import DataInput, Job, JobEvent, Node
 from jobs.transitions import transition
@@ -46,6 +46,7 @@ def submit_job(*, team, user, spec: declaration.Declaration, now: datetime) -> J
     budget = signals.check_budget(team=team, gpu_hours=spec.gpus * spec.hours, now=now)
     if budget and budget.refused:
         raise declaration.DeclarationInvalid([("request.hours", budget.message)])
+    dependencies.check_prerequisites(team=team, after_ok=spec.after_ok, after_any=spec.after_any)
     job = Job.objects.create(
         team=team, submitted_by=user, name=spec.name, state=State.SUBMITTED,
         submitted_at=now, state_changed_at=now,
@@ -58,6 +59,7 @@ def submit_job(*, team, user, spec: declaration.Declaration, now: datetime) -> J
         DataInput(job=job, position=i, name=d.name, uri=d.uri, bytes=d.bytes, sha256=d.sha256)
         for i, d in enumerate(spec.data)
     )
+    dependencies.record(job_ids=[job.id], after_ok=spec.after_ok, after_any=spec.after_any)
     JobEvent.objects.create(job=job, to_state=State.SUBMITTED, at=now, actor=_actor(user), reason="submitted")
     dispatch.stage_job(job.id)
     dispatch.request_scheduler_pass()  # an estimated start for the team at once, even while staging

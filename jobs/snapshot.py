@@ -12,7 +12,7 @@ from datetime import datetime
 from django.conf import settings
 
 from accounts.models import Team
-from jobs import selectors
+from jobs import dependencies, selectors
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, State
 from jobs.models import Allocation, DataInput, GpuHold, Job, Node, TeamUsage
 from jobs.scheduling import prediction, types
@@ -153,12 +153,14 @@ def _pending(now: datetime) -> list[types.PendingJob]:
     )  # fmt: skip
     etas = staging_etas(now)
     datasets = selectors.job_datasets([row[0] for row in jobs])
+    waits = dependencies.unmet(row[0] for row in jobs)
     return [
         types.PendingJob(
             job_id=job_id, team=team, gpus=gpus, hours=hours, submitted_at=submitted.timestamp(),
             min_gpus=min_gpus, preemptible=preemptible,
             ready_at=None if state == State.QUEUED else etas.get(job_id, now.timestamp() + 60),
             datasets=datasets.get(job_id, frozenset()), memory=memory, cpus=cpus,
+            waits_for=waits.get(job_id, ()),
         )
         for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state, memory, cpus in jobs
     ]  # fmt: skip

@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from operator import attrgetter
 
-from jobs.scheduling import explanation, placement, priority
+from jobs.scheduling import explanation, gates, placement, priority
 from jobs.scheduling.types import (
     DEFAULT_CONFIG,
     NodeView,
@@ -64,9 +64,14 @@ def plan(
     config: PolicyConfig = DEFAULT_CONFIG,
     memo: ReleaseMemo | None = None,
 ) -> Plan:
-    """One pass of the default policy (module docstring): starts, preemptions, reservations, estimates."""
+    """One pass of the default policy (module docstring): starts, preemptions, reservations, estimates.
+
+    Jobs with prerequisites left, and array tasks past their array's running limit, are held back
+    before ranking (``gates``): they take no GPUs and no reservation, and are told why.
+    """
+    gate = gates.split(pending, running)
     ranking = priority.rank(
-        now=now, pending=pending, running=running, usage=usage, shares=shares, config=config
+        now=now, pending=gate.ready, running=running, usage=usage, shares=shares, config=config
     )
     explainer = None
     if config.explain:
@@ -83,11 +88,12 @@ def plan(
     )
     if not config.explain:
         return result
+    held = gates.estimates(now=now, gate=gate, running=running, planned=result.estimates)
     return Plan(
         starts=result.starts,
         preemptions=result.preemptions,
         reservations=result.reservations,
-        estimates=result.estimates,
+        estimates={**result.estimates, **held},
         priority=ranking.components(),
     )
 

@@ -44,6 +44,7 @@ class RunningView:
     started_at: float
     expected_end: float
     preemptible: bool = False
+    array: int | None = None  # the array it is a task of, whose running limit it counts against
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,11 @@ class PendingJob:
     datasets: frozenset[str] = frozenset()
     memory: float | None = None  # for the whole job (see ``part_share``); None: each node's share
     cpus: float | None = None
+    # Prerequisites not yet ended as required: (job id, "succeed" or "end"). Held back while any is left.
+    waits_for: tuple[tuple[int, str], ...] = ()
+    # A task of array ``array``, of which at most ``array_limit`` run at once (None: no limit).
+    array: int | None = None
+    array_limit: int | None = None
 
 
 def part_share(

@@ -1,0 +1,166 @@
+"""Jobs held back by facts the pool does not decide: prerequisites still to end, an array at its limit.
+
+Pure core: the caller states the facts (``PendingJob.waits_for``, ``array``/``array_limit``,
+``RunningView.array``). ``split`` runs before ranking, so a held job is never ranked, placed,
+reserved for or counted as starved; ``estimates`` runs after the pass and tells each held job
+when it should start and why not sooner, from the pass's own estimates and the running jobs' ends.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from jobs.scheduling.explanation import format_utc
+from jobs.scheduling.types import HOUR_S, Estimate, PendingJob, RunningView
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    ready: list[PendingJob]  # in the caller's order
+    waiting: list[PendingJob]  # prerequisites left
+    throttled: list[PendingJob]  # their array already runs (or is about to run) its limit
+
+
+def split(pending: Sequence[PendingJob], running: Sequence[RunningView]) -> Split:
+    """Lets through every job without prerequisites left, and of each array only as many tasks
+    (lowest ids first) as its limit leaves room for beside the tasks running now."""
+    room: Counter[int] = Counter()
+    for r in running:
+        if r.array is not None:
+            room[r.array] -= 1
+    waiting, throttled, blocked = [], [], set()
+    for job in sorted(pending, key=_job_id):
+        if job.waits_for:
+            waiting.append(job)
+            blocked.add(job.job_id)
+        elif job.array is not None and job.array_limit is not None:
+            if job.array_limit + room[job.array] <= 0:
+                throttled.append(job)
+                blocked.add(job.job_id)
+            else:
+                room[job.array] -= 1
+    ready = [job for job in pending if job.job_id not in blocked] if blocked else list(pending)
+    return Split(ready=ready, waiting=waiting, throttled=throttled)
+
+
+def _job_id(job: PendingJob) -> int:
+    return job.job_id
+
+
+def estimates(
+    *, now: float, gate: Split, running: Sequence[RunningView], planned: Mapping[int, Estimate]
+) -> dict[int, Estimate]:
+    """An estimate for every held job: throttled tasks first (they follow their array's waves),
+    then jobs waiting for prerequisites (whose ends may be any other estimate, held ones included)."""
+    out = _throttled(now=now, gate=gate, running=running, planned=planned)
+    ends = _Ends(now=now, running=running, pending=[*gate.ready, *gate.throttled], known={**planned, **out})
+    waiting = {job.job_id: job for job in gate.waiting}
+    for job in gate.waiting:
+        out[job.job_id] = ends.dependency_estimate(job, waiting)
+    return out
+
+
+def _throttled(
+    *, now: float, gate: Split, running: Sequence[RunningView], planned: Mapping[int, Estimate]
+) -> dict[int, Estimate]:
+    """A held task starts as a slot of its array frees: the i-th held task takes the i-th slot to
+    end (running tasks by their declared ends, this pass's by their estimates), wave after wave."""
+    slots: dict[int, list[float]] = defaultdict(list)
+    active: Counter[int] = Counter()
+    for r in running:
+        if r.array is not None:
+            slots[r.array].append(r.expected_end)
+            active[r.array] += 1
+    for job in gate.ready:
+        estimate = planned.get(job.job_id)
+        if job.array is None or job.array_limit is None or estimate is None:
+            continue
+        if estimate.start_at is not None:
+            slots[job.array].append(estimate.start_at + job.hours * HOUR_S)
+        active[job.array] += estimate.start_at == now
+    out: dict[int, Estimate] = {}
+    position: Counter[int] = Counter()
+    for job in gate.throttled:
+        a, i = job.array, position[job.array]
+        position[a] += 1
+        ends = sorted(slots[a])
+        start = ends[i % len(ends)] + (i // len(ends)) * job.hours * HOUR_S if ends else None
+        running_now = active[a]
+        detail = (
+            f"{running_now} are running"
+            if running_now >= job.array_limit
+            else f"{running_now} running, {job.array_limit - running_now} next in line"
+        )
+        reason = f"array {a} runs at most {job.array_limit} tasks at once: {detail}"
+        out[job.job_id] = Estimate(
+            job.job_id, None if start is None else max(start, now), "array_limit", reason
+        )
+    return out
+
+
+class _Ends:
+    """When each job should end: running ones by declared hours, others by estimated start + hours."""
+
+    def __init__(
+        self, *, now: float, running: Sequence[RunningView], pending: Sequence[PendingJob],
+        known: Mapping[int, Estimate],
+    ) -> None:  # fmt: skip
+        self.now = now
+        self.end: dict[int, float | None] = {r.job_id: r.expected_end for r in running}
+        for job in pending:
+            estimate = known.get(job.job_id)
+            if estimate is not None:
+                self.end[job.job_id] = _end_of(job, estimate)
+        self.estimated: dict[int, Estimate] = {}
+
+    def dependency_estimate(self, job: PendingJob, waiting: Mapping[int, PendingJob]) -> Estimate:
+        if job.job_id in self.estimated:
+            return self.estimated[job.job_id]
+        first, how = job.waits_for[0]
+        self.estimated[job.job_id] = Estimate(
+            job.job_id, None, "dependency", _waiting_sentence(job, first, how, "")
+        )
+        latest: tuple[float, int, str] | None = None
+        never = False
+        for prerequisite, how in job.waits_for:
+            end = self._end(prerequisite, waiting)
+            if end is None:
+                never = True
+                latest = (float("inf"), prerequisite, how)
+            elif latest is None or end > latest[0]:
+                latest = (end, prerequisite, how)
+        assert latest is not None  # a waiting job has at least one prerequisite left
+        start = None if never else max(latest[0], self.now)
+        end, prerequisite, how = latest
+        if start is None:
+            when = "it cannot be placed on this pool as it is"
+        elif prerequisite in self.end or prerequisite in waiting:
+            when = f"expected to end by {format_utc(end, now=self.now)}"
+        else:
+            when = ""  # it has ended and is settling (its outputs being delivered)
+        sentence = _waiting_sentence(job, prerequisite, how, when)
+        estimate = Estimate(job.job_id, start, "dependency", sentence)
+        self.estimated[job.job_id] = estimate
+        return estimate
+
+    def _end(self, job_id: int, waiting: Mapping[int, PendingJob]) -> float | None:
+        if job_id in self.end:
+            return self.end[job_id]
+        if job_id in waiting:  # a chain: its own prerequisites first (ids only grow, so it ends)
+            return _end_of(waiting[job_id], self.dependency_estimate(waiting[job_id], waiting))
+        return self.now  # ended already, or finishing delivery: nothing of the pool's to wait for
+
+
+def _end_of(job: PendingJob, estimate: Estimate) -> float | None:
+    return None if estimate.start_at is None else estimate.start_at + job.hours * HOUR_S
+
+
+def _waiting_sentence(job: PendingJob, prerequisite: int, how: str, when: str) -> str:
+    """Names the prerequisite that binds (the last to end), and when it should end if the pool knows."""
+    sentence = f"waiting for job {prerequisite} to {how}" + (f" ({when})" if when else "")
+    others = len(job.waits_for) - 1
+    if others:
+        sentence += f"; {others} other prerequisite{'s' if others > 1 else ''} left"
+    return sentence

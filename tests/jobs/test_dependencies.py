@@ -1,0 +1,162 @@
+"""Jobs that run after others: after_ok / after_any, the team's own jobs only, held in the queue with a
+reason, ended dependency_failed (never metered) when a prerequisite did not succeed."""
+
+import pytest
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from jobs import declaration, rental, scheduler, services
+from jobs.models import Dependency, Job
+from tests.factories import JobFactory
+from tests.jobs.intake_channels import error_fields, submit_api, submit_file
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def raw(roots):
+    _, out_root = roots
+    return {
+        "name": "train",
+        "work": {"argv": ["python3", "train.py"]},
+        "request": {"gpus": 1, "hours": 1.0},
+        "output": {"uri": f"file://{out_root}/train", "bytes": 100},
+    }
+
+
+def _submit(team, user, raw, **extra):
+    spec = declaration.validate({**raw, **extra}, limits=services.pool_limits(team=team))
+    return services.submit_job(team=team, user=user, spec=spec, now=timezone.now())
+
+
+def _queued(job: Job) -> Job:
+    Job.objects.filter(id=job.id).update(state="queued")
+    return job
+
+
+def _pass() -> None:
+    scheduler.run_pass(now=timezone.now())
+
+
+def test_a_job_file_and_the_api_declare_after_ok_and_after_any(team, member, member_token, client, pool, raw):
+    first, second = JobFactory(team=team), JobFactory(team=team)
+    by_file = submit_file(client_for(member), {**raw, "after_ok": [first.id], "after_any": [second.id]})
+    assert by_file.status_code == 302, by_file.content
+    by_api = submit_api(client, {**raw, "after_ok": [first.id, second.id]}, member_token)
+    assert by_api.status_code == 201, by_api.content
+    assert by_api.json()["after_ok"] == [first.id, second.id] and by_api.json()["after_any"] == []
+    kinds = sorted(Dependency.objects.values_list("prerequisite_id", "kind"))
+    assert kinds == sorted(
+        [(first.id, "after_ok"), (second.id, "after_any"), (first.id, "after_ok"), (second.id, "after_ok")]
+    )
+
+
+def client_for(user):
+    from django.test import Client
+
+    c = Client()
+    c.force_login(user)
+    return c
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [("812", "after_ok"), ([True], "after_ok[0]"), ([0], "after_ok[0]"), ([1, 1], "after_ok[1]")],
+)
+def test_malformed_prerequisites_are_refused_with_their_field(client, member_token, pool, raw, value, field):
+    response = submit_api(client, {**raw, "after_ok": value}, member_token)
+    assert response.status_code == 422 and field in error_fields(response)
+
+
+def test_another_teams_job_is_refused_exactly_as_a_job_that_does_not_exist(
+    team, other_team, member, pool, raw
+):
+    foreign = JobFactory(team=other_team)
+    missing = foreign.id + 1000
+    messages = []
+    for job_id in (foreign.id, missing):
+        with pytest.raises(declaration.DeclarationInvalid) as refused:
+            _submit(team, member, raw, after_any=[job_id])
+        messages.append(refused.value.as_dict()["after_any[0]"].replace(str(job_id), "N"))
+    assert messages[0] == messages[1] == "no job N in your team"
+    assert not Job.objects.filter(name="train").exists()
+
+
+def test_a_cycle_cannot_be_declared_a_job_can_only_wait_for_older_jobs(team, member, pool, raw):
+    earlier = _submit(team, member, raw)
+    with pytest.raises(declaration.DeclarationInvalid) as refused:
+        _submit(team, member, raw, after_ok=[earlier.id + 1])  # the id the new job itself would take
+    assert "after_ok[0]" in refused.value.as_dict()
+    later = _submit(team, member, raw)
+    with pytest.raises(IntegrityError), transaction.atomic():  # and the database refuses a writer that tries
+        Dependency.objects.create(job=earlier, prerequisite=later, kind=Dependency.AFTER_OK)
+
+
+def test_after_ok_on_a_job_that_already_failed_is_refused_at_intake(team, member, pool, raw):
+    failed = JobFactory(team=team, state="released", end_reason="failed")
+    with pytest.raises(declaration.DeclarationInvalid) as refused:
+        _submit(team, member, raw, after_ok=[failed.id])
+    assert (
+        refused.value.as_dict()["after_ok[0]"]
+        == f"job {failed.id} already ended failed: this job could never start"
+    )
+    assert _submit(team, member, raw, after_any=[failed.id]).prerequisites.count() == 1
+
+
+def test_a_job_waits_queued_with_a_reason_while_its_prerequisite_runs_then_starts_after_it_succeeds(
+    team, member, pool, raw
+):
+    pre = _queued(_submit(team, member, raw))
+    job = _queued(_submit(team, member, raw, after_ok=[pre.id]))
+    _pass()
+    pre.refresh_from_db(), job.refresh_from_db()
+    assert pre.state == "rented" and job.state == "queued"
+    assert job.pending_reason.startswith(f"waiting for job {pre.id} to succeed (expected to end by ")
+    assert job.estimated_start is not None
+    rental.release_job(job_id=pre.id, end_reason="succeeded", now=timezone.now(), actor="agent")
+    _pass()
+    job.refresh_from_db()
+    assert job.state == "rented"
+
+
+def test_a_failed_prerequisite_ends_its_dependents_unmetered_down_the_chain(team, member, pool, raw):
+    pre = _queued(_submit(team, member, raw))
+    train = _queued(_submit(team, member, raw, after_ok=[pre.id]))
+    evaluate = _submit(team, member, raw, after_ok=[train.id])  # still before staging
+    report = _queued(_submit(team, member, raw, after_any=[pre.id]))
+    _pass()
+    rental.release_job(job_id=pre.id, end_reason="failed", now=timezone.now(), actor="agent", exit_code=3)
+    _pass()
+    for job in (train, evaluate, report):
+        job.refresh_from_db()
+    assert (train.state, train.end_reason) == ("ended", "dependency_failed")
+    assert train.end_detail == f"job {pre.id} ended failed; this job ran only after it succeeded"
+    assert (evaluate.state, evaluate.end_reason) == ("ended", "dependency_failed")
+    assert not train.allocations.exists() and not evaluate.allocations.exists()
+    assert report.state == "rented"  # after_any: it ran once the prerequisite ended, however it ended
+
+
+def test_a_prerequisite_whose_outputs_failed_to_deliver_did_not_succeed(team, member, pool, raw):
+    pre = JobFactory(team=team, state="released", end_reason="succeeded", delivery_state="delivering")
+    job = _queued(_submit(team, member, raw, after_ok=[pre.id]))
+    _pass()
+    job.refresh_from_db()
+    assert job.state == "queued" and job.pending_reason == f"waiting for job {pre.id} to succeed"
+    Job.objects.filter(id=pre.id).update(delivery_state="failed")
+    _pass()
+    job.refresh_from_db()
+    assert job.end_reason == "dependency_failed"
+
+
+def test_the_job_page_shows_the_pipeline_around_the_job(team, member, member_client, pool, raw):
+    pre = _submit(team, member, {**raw, "name": "preprocess"})
+    job = _submit(team, member, {**raw, "name": "train"}, after_ok=[pre.id])
+    after = _submit(team, member, {**raw, "name": "evaluate"}, after_any=[job.id])
+    page = member_client.get(f"/jobs/{job.id}/").content.decode()
+    pipeline = page[page.index(f'id="job-{job.id}-pipeline"') :]
+    assert (
+        pipeline.index(f"#{pre.id} preprocess")
+        < pipeline.index(f"#{job.id} train")
+        < pipeline.index(f"#{after.id} evaluate")
+    )
+    assert "must succeed first" in pipeline
