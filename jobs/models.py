@@ -217,6 +217,8 @@ class Node(models.Model):
     # registration, never its id (sequences only grow, past the subnet's slices when nodes come and go).
     network_slot = models.PositiveIntegerField(null=True, blank=True, unique=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
+    # The operator who marked the node down: it stays down, whatever its agent says, until resumed.
+    held_down_by = models.CharField(max_length=150, blank=True)
     registered_at = models.DateTimeField()
     state_changed_at = models.DateTimeField()
 

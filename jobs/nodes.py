@@ -5,6 +5,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from jobs import dispatch, network, rental
 from jobs.models import Allocation, Node
@@ -30,7 +31,8 @@ def register_node(
     )  # fmt: skip
     if not created:
         rental.lose_node_allocations(node=node, now=now, detail=f"the agent on {name} restarted")
-        state = Node.NodeState.UP if node.state == Node.NodeState.DOWN else node.state
+        held = node.held_down_by != ""  # an operator's mark-down outlives the agent's restarts
+        state = Node.NodeState.UP if node.state == Node.NodeState.DOWN and not held else node.state
         Node.objects.filter(id=node.id).update(
             gpus=gpus, gpu_model=gpu_model, address=address, agent_version=agent_version, sandbox=sandbox,
             last_heartbeat=now, registered_at=now, state=state, **offered,
@@ -69,8 +71,12 @@ def _claim_network_slot(node_id: int, tries: int = 5) -> int | None:
 
 
 def heartbeat(*, name: str, now: datetime) -> bool:
-    """Records a sign of life; False if the node was declared down meanwhile (the agent must re-register)."""
-    return bool(Node.objects.filter(name=name, state__in=LIVE_STATES).update(last_heartbeat=now))
+    """Records a sign of life; False if the node was declared down meanwhile (the agent must re-register).
+
+    A node an operator marked down keeps beating without registering again: it stays down until resumed.
+    """
+    beating = Q(state__in=LIVE_STATES) | Q(state=Node.NodeState.DOWN, held_down_by__gt="")
+    return bool(Node.objects.filter(beating, name=name).update(last_heartbeat=now))
 
 
 def reap_silent_nodes(*, now: datetime) -> list[str]:
@@ -101,12 +107,17 @@ def _declare_down(*, node_id: int, cutoff: datetime, now: datetime) -> str:
 @transaction.atomic
 def set_node_state(*, name: str, target: str, now: datetime, actor: str) -> bool:
     """Operator actions: drain (no new work), resume, mark down (a node loss, now)."""
-    allowed_from = {
+    allowed_from = Q(state__in={
         Node.NodeState.DRAINING: (Node.NodeState.UP,),
         Node.NodeState.UP: (Node.NodeState.DRAINING, Node.NodeState.DRAINED),
         Node.NodeState.DOWN: LIVE_STATES,
-    }[target]
-    moved = Node.objects.filter(name=name, state__in=allowed_from).update(state=target, state_changed_at=now)
+    }[target])  # fmt: skip
+    if target == Node.NodeState.UP:  # resume: also a node an operator marked down (not one gone silent)
+        allowed_from |= Q(state=Node.NodeState.DOWN, held_down_by__gt="")
+    held_by = actor[:150] if target == Node.NodeState.DOWN else ""
+    moved = Node.objects.filter(allowed_from, name=name).update(
+        state=target, state_changed_at=now, held_down_by=held_by
+    )
     if moved and target == Node.NodeState.DOWN:
         rental.lose_node_allocations(
             node=Node.objects.get(name=name), now=now, detail=f"marked down by {actor}"

@@ -23,7 +23,7 @@ from operations import charts, selectors, utilisation
 
 NODE_FIELDS = (
     "id", "name", "gpus", "gpu_model", "state", "agent_version", "sandbox", "multi_node_refusal", "last_heartbeat",
-    "memory_bytes", "cpus", "limits",
+    "memory_bytes", "cpus", "limits", "held_down_by",
 )  # fmt: skip
 
 
@@ -41,6 +41,7 @@ class NodeInfo:
     memory_bytes: int  # offered to jobs; 0 when the agent did not say
     cpus: float
     limits: str  # the cgroup controllers that bound each attempt, or "none: why"
+    held_down_by: str  # the operator who marked it down; it waits for a resume
 
 
 @dataclass(frozen=True)
@@ -200,11 +201,16 @@ def _limits(node: NodeInfo) -> str:
 
 
 def _actions(node: NodeInfo, ctx: _Context) -> str:
-    actions = selectors.ACTIONS_BY_STATE.get(node.state, ())
+    actions = selectors.actions_for(node.state, node.held_down_by)
     if not actions:
         return '<span class="muted">waits for its agent</span>'
     href = quote(node.name)
-    return " ".join(
+    held = (
+        f'<small class="muted">marked down by {escape(node.held_down_by)}</small><br>'
+        if node.held_down_by
+        else ""
+    )
+    return held + " ".join(
         f'<a class="button small" href="{ctx.action_href.format(href, a)}">{a}</a>' for a in actions
     )
 

@@ -11,5 +11,12 @@ ACTIONS_BY_STATE: dict[str, tuple[str, ...]] = {
     Node.NodeState.UP: ("drain", "mark-down"),
     Node.NodeState.DRAINING: ("resume", "mark-down"),
     Node.NodeState.DRAINED: ("resume", "mark-down"),
-    Node.NodeState.DOWN: (),  # a down node comes back when its agent registers again
+    Node.NodeState.DOWN: (),  # a node down for silence comes back when its agent registers again
 }
+
+
+def actions_for(state: str, held_down_by: str = "") -> tuple[str, ...]:
+    """The actions offered on a node: one an operator marked down waits for an operator to resume it."""
+    if state == Node.NodeState.DOWN and held_down_by:
+        return ("resume",)
+    return ACTIONS_BY_STATE.get(state, ())

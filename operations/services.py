@@ -52,7 +52,7 @@ def change_node_state(*, name: str, action: str, actor, now: datetime) -> bool:
     job is requeued or ended as its declaration allows.
     """
     node = Node.objects.select_for_update().filter(name=name).first()
-    if node is None or action not in selectors.ACTIONS_BY_STATE.get(node.state, ()):
+    if node is None or action not in selectors.actions_for(node.state, node.held_down_by):
         return False
     before = {"state": node.state, "jobs_holding_gpus": _jobs_on(node)}
     moved = nodes.set_node_state(name=name, target=NODE_ACTIONS[action], now=now, actor=_username(actor))

@@ -11,6 +11,7 @@ from django.contrib import messages
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.defaultfilters import pluralize
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -59,7 +60,7 @@ def node_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
     if action not in services.NODE_ACTIONS:
         raise Http404("No such action")
     node = get_object_or_404(Node, name=name)
-    if action not in selectors.ACTIONS_BY_STATE.get(node.state, ()):
+    if action not in selectors.actions_for(node.state, node.held_down_by):
         messages.warning(request, f"{node.name} is {node.state}: “{action}” does not apply now.")
         return redirect("operations:pool")
     context = {"node": node, "action": action, "jobs": pages.jobs_on_node(node)}
@@ -69,10 +70,27 @@ def node_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
         context["error"] = "Tick the box to confirm."
         return render(request, "operations/node_confirm.html", context, status=422)
     if services.change_node_state(name=name, action=action, actor=request.user, now=timezone.now()):
-        messages.success(request, f"{node.name}: {action} done.")
+        messages.success(request, _what_happened(node, action, running=len(context["jobs"])))
     else:
         messages.warning(request, f"{node.name} changed meanwhile: nothing was done.")
     return redirect("operations:pool")
+
+
+def _what_happened(node: Node, action: str, *, running: int) -> str:
+    """The node's state after the action, as it is (a drain is under way until its jobs end)."""
+    if action == "drain":
+        until = (
+            f"it becomes drained when its {running} running job{pluralize(running)} end{pluralize(running, 's,')}"
+            if running
+            else "nothing runs there: it becomes drained at the next scheduler pass"
+        )
+        return f"{node.name} is draining: no new job is placed on it; {until}."
+    if action == "mark-down":
+        return (
+            f"{node.name} is marked down: its allocations were released now, and it takes no work, "
+            "whatever its agent says, until an operator resumes it."
+        )
+    return f"{node.name} is up: it takes new work from the next scheduler pass."
 
 
 # --------------------------------------------------------------------------- queue and utilisation

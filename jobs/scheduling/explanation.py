@@ -132,10 +132,20 @@ class Explainer:
         if not p.capacity:
             reason = "no node in the pool is taking jobs now (all draining, drained or down)"
             return Estimate(job.job_id, None, "no_nodes", reason)
-        reason = (
-            f"larger than the pool can ever place: needs {g} GPUs, the schedulable pool has "
-            f"{p.total_gpus} on {len(p.capacity)} nodes of up to {p.node_gpus} GPUs"
+        now_has = (
+            f"the schedulable pool has {_count(p.total_gpus, 'GPU')} on {_count(len(p.capacity), 'node')} "
+            f"of up to {_count(p.node_gpus, 'GPU')}"
         )
+        paused_nodes, paused_gpus = p.paused
+        if paused_nodes and g <= p.total_gpus + paused_gpus:  # the drain is temporary: so is this wait
+            reason = (
+                f"cannot be placed while {_count(paused_nodes, 'node')} {'is' if paused_nodes == 1 else 'are'} "
+                f"draining or drained (a pause, not a limit): needs "
+                f"{_count(g, 'GPU')}, {now_has}; it waits until an operator resumes "
+                f"{'it' if paused_nodes == 1 else 'them'}"
+            )
+            return Estimate(job.job_id, None, "drained_capacity", reason)
+        reason = f"larger than the pool can ever place: needs {g} GPUs, {now_has}"
         return Estimate(job.job_id, None, "too_large", reason)
 
     def _started(self, p: Pass, job: PendingJob, got: int) -> Estimate:
@@ -242,3 +252,8 @@ class FairshareExplainer(Explainer):
             f"behind team {head.team} (your team used {used_h:,.0f} GPU-h, decayed with a "
             f"{days:g}-day half-life, against a {self.share_pct.get(job.team, 0.0):.0f}% share)"
         )
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 node', '4 GPUs', '0 GPUs'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -163,6 +163,7 @@ class _Shape:
     big_nodes: int  # how many nodes have that many GPUs
     second_gpus: int  # the largest smaller node, 0 if none
     total_gpus: int
+    paused: tuple[int, int]  # (nodes, GPUs) draining or drained: back in the pool when resumed
 
 
 _SHAPE_MEMO: list[tuple[tuple, _Shape]] = []
@@ -183,6 +184,7 @@ def _pool_shape(nodes: Sequence[NodeView]) -> _Shape:
         big_nodes=sizes.count(largest),
         second_gpus=max((g for g in set(sizes) if g < largest), default=0),
         total_gpus=sum(sizes),
+        paused=(len(nodes) - len(capacity), sum(n.gpus for n in nodes) - sum(sizes)),
     )
     _SHAPE_MEMO[:] = [(key, shape)]
     return shape
@@ -212,6 +214,7 @@ class Pass:
         self.all_schedulable = shape.all_schedulable
         self.node_gpus, self.big_nodes, self.second_gpus = shape.node_gpus, shape.big_nodes, shape.second_gpus
         self.total_gpus = shape.total_gpus
+        self.paused = shape.paused
         # Comprehensions rather than loops: this runs every pass over every node.
         if shape.all_schedulable:
             self.free: dict[str, list[int]] = {n.name: list(n.free) for n in nodes if n.free}

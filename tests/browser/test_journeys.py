@@ -89,7 +89,7 @@ def test_an_operator_drains_a_node_and_sees_the_pool_grid_change_without_reloadi
     audit.check(actor, "operator-drain-confirm")
     actor.get_by_label(f"I confirm: drain {node}").check()
     actor.get_by_role("button", name=f"Drain {node}").click()
-    expect(actor.locator("main")).to_contain_text("drain done")
+    expect(actor.locator("main")).to_contain_text(f"{node} is draining")
 
     # The first page's grid refreshes itself every 5 s; an idle node drains at the next safety pass.
     expect(row).to_contain_text("drained", timeout=30_000)

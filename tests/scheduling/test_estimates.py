@@ -133,7 +133,7 @@ def test_every_pending_job_gets_an_estimate_and_decisions_do_not_depend_on_expla
     quiet = plan(**kwargs, config=PolicyConfig(explain=False))
     assert set(full.estimates) == {j.job_id for j in pending}
     for e in full.estimates.values():
-        assert e.reason and (e.start_at is not None or e.reason_code == "too_large")
+        assert e.reason and (e.start_at is not None or e.reason_code in ("too_large", "drained_capacity"))
         assert e.start_at is None or e.start_at >= NOW
     assert full.starts == quiet.starts
     assert full.preemptions == quiet.preemptions
@@ -143,3 +143,18 @@ def test_every_pending_job_gets_an_estimate_and_decisions_do_not_depend_on_expla
     free = {(n.name, i) for n in nodes if n.schedulable for i in n.free}
     used = [(node, i) for s in full.starts for node, ix in s.gpus_by_node.items() for i in ix]
     assert len(used) == len(set(used)) and set(used) <= free
+
+
+def test_a_job_that_fits_only_once_a_drain_ends_is_told_the_drain_is_temporary():
+    nodes = [
+        NodeView("gpu-01", 4, tuple(range(4))),
+        NodeView("gpu-02", 4, tuple(range(4)), schedulable=False),
+    ]
+    result = plan(
+        now=NOW, nodes=nodes, running=[], pending=[PendingJob(1, "a", 8, 1.0, NOW)], usage={}, shares={}
+    )
+    e = result.estimates[1]
+    assert e.start_at is None and e.reason_code == "drained_capacity"
+    assert "ever" not in e.reason and "larger than the pool" not in e.reason
+    assert "1 node is draining or drained" in e.reason and "until an operator resumes" in e.reason
+    assert "4 GPUs on 1 node" in e.reason

@@ -1,0 +1,83 @@
+"""Node actions report what happened: a drain is under way, a mark-down holds until a resume."""
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.messages import get_messages
+from django.urls import reverse
+
+from jobs import nodes
+from jobs.models import Node
+from tests.operations.conftest import running_job
+
+pytestmark = pytest.mark.django_db
+POOL = reverse("operations:pool")
+
+
+def action_url(node: str, action: str) -> str:
+    return reverse("operations:node-action", args=[node, action])
+
+
+def _said(response) -> str:
+    return " ".join(str(m) for m in get_messages(response.wsgi_request))
+
+
+def _register(name: str, now) -> Node:
+    return nodes.register_node(
+        name=name, gpus=4, gpu_model="", address="", agent_version="t", sandbox="bubblewrap", now=now
+    )
+
+
+def test_draining_a_busy_node_says_it_is_draining_not_done(operator_client, pool, team, now):
+    running_job(team=team, node=pool[0], now=now)
+    response = operator_client.post(action_url("gpu-01", "drain"), {"confirm": "yes"}, follow=True)
+    said = _said(response)
+    assert "drain done" not in said
+    assert "gpu-01 is draining" in said and "1 running job ends" in said
+    assert Node.objects.get(name="gpu-01").state == Node.NodeState.DRAINING
+
+
+def test_draining_an_idle_node_says_when_it_will_be_drained(operator_client, pool):
+    response = operator_client.post(action_url("gpu-02", "drain"), {"confirm": "yes"}, follow=True)
+    said = _said(response)
+    assert "gpu-02 is draining" in said and "next scheduler pass" in said
+
+
+def test_a_node_marked_down_stays_down_while_its_agent_heartbeats(operator_client, pool, now):
+    operator_client.post(action_url("gpu-01", "mark-down"), {"confirm": "yes"})
+    later = now + timedelta(seconds=10)
+    assert nodes.heartbeat(name="gpu-01", now=later)  # the agent need not register again
+    _register("gpu-01", later)  # and if it does (restarted), the operator's hold still stands
+    node = Node.objects.get(name="gpu-01")
+    assert node.state == Node.NodeState.DOWN and node.held_down_by == "olga"
+    assert node.last_heartbeat == later  # the pool page still sees the agent alive
+    assert "gpu-01" not in nodes.reap_silent_nodes(now=later + timedelta(hours=1))
+
+
+def test_the_mark_down_message_says_it_holds_until_resumed(operator_client, pool):
+    response = operator_client.post(action_url("gpu-01", "mark-down"), {"confirm": "yes"}, follow=True)
+    said = _said(response)
+    assert "until an operator resumes it" in said
+
+
+def test_an_operator_resumes_a_node_marked_down(operator_client, pool, now):
+    operator_client.post(action_url("gpu-01", "mark-down"), {"confirm": "yes"})
+    page = operator_client.get(POOL).content.decode()
+    assert action_url("gpu-01", "resume") in page
+    operator_client.post(action_url("gpu-01", "resume"), {"confirm": "yes"})
+    node = Node.objects.get(name="gpu-01")
+    assert node.state == Node.NodeState.UP and node.held_down_by == ""
+
+
+def test_a_node_declared_down_for_silence_comes_back_when_its_agent_registers(pool, now):
+    Node.objects.filter(name="gpu-01").update(last_heartbeat=now - timedelta(hours=1))
+    assert nodes.reap_silent_nodes(now=now) == ["gpu-01"]
+    assert not nodes.heartbeat(name="gpu-01", now=now)
+    _register("gpu-01", now)
+    assert Node.objects.get(name="gpu-01").state == Node.NodeState.UP
+
+
+def test_a_node_down_for_silence_offers_no_resume(operator_client, pool, now):
+    Node.objects.filter(name="gpu-01").update(state=Node.NodeState.DOWN)
+    page = operator_client.get(POOL).content.decode()
+    assert action_url("gpu-01", "resume") not in page and "waits for its agent" in page
