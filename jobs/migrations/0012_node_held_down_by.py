@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0010_node_network_slot'),
+        ('jobs', '0011_job_dependencies'),
     ]
 
     operations = [
