@@ -14,6 +14,7 @@ import stat
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -129,7 +130,11 @@ class Part:
 
 
 def run_part(
-    *, allocation_id: int, mode: str, uids: sandbox.UidRange | None, gpu_uuids: tuple[str, ...] = ()
+    *,
+    allocation_id: int,
+    mode: str,
+    uids: sandbox.UidRange | None,
+    gpu_uuids: Mapping[int, str] | None = None,
 ) -> None:
     """Runs one allocation's process to its end, then finishes, seals and (last part) releases."""
     if not rental.start_allocation(allocation_id=allocation_id, now=timezone.now()):
@@ -186,7 +191,7 @@ def _confined_run(part: Part, dirs: sandbox.AttemptDirs, mode: str, uid: int) ->
         sandbox.reown(dirs.root)  # sealing and delivery read files no job process can change any more
 
 
-def _load_part(allocation_id: int, mode: str, gpu_uuids: tuple[str, ...]) -> Part:
+def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | None) -> Part:
     allocation = Allocation.objects.select_related("node", "job").get(id=allocation_id)
     siblings = list(
         Allocation.objects.filter(job_id=allocation.job_id, attempt=allocation.attempt)
@@ -195,7 +200,7 @@ def _load_part(allocation_id: int, mode: str, gpu_uuids: tuple[str, ...]) -> Par
     )
     # Names on the host (network namespace, links, groups) hash the node too: pools sharing a machine never clash.
     key = hashlib.sha256(f"{allocation.node.name}:{allocation.id}".encode()).hexdigest()[:10]
-    visible = devices.visible_devices(allocation.gpu_indices, gpu_uuids)
+    visible = devices.visible_devices(allocation.gpu_indices, gpu_uuids or {})
     first = siblings[0]
     if len(siblings) == 1 or mode != sandbox.BUBBLEWRAP:
         coordinator = first.node.address or first.node.name

@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
@@ -30,9 +30,10 @@ def gpu_nodes(root: Path, indices: Sequence[int]) -> tuple[Path, ...]:
     return tuple(root / name for name in names if (root / name).exists())
 
 
-def visible_devices(indices: Sequence[int], uuids: Sequence[str]) -> str:
-    """CUDA_VISIBLE_DEVICES: UUIDs, right however the devices enumerate inside; indices for virtual GPUs."""
-    if uuids and all(i < len(uuids) for i in indices):
+def visible_devices(indices: Sequence[int], uuids: Mapping[int, str]) -> str:
+    """CUDA_VISIBLE_DEVICES: UUIDs (by device index), right however the devices enumerate inside;
+    indices for virtual GPUs, which have none."""
+    if uuids and all(i in uuids for i in indices):
         return ",".join(uuids[i] for i in indices)
     return ",".join(map(str, indices))
 
@@ -72,24 +73,6 @@ def driver_libraries() -> tuple[Path, ...]:
         if match := DRIVER_LIBRARIES.match(line):
             found.append(Path(match.group(2)))
     return tuple(dict.fromkeys(found))
-
-
-def gpu_uuids() -> tuple[str, ...]:
-    """The node's GPU UUIDs by index, from nvidia-smi where the driver is installed; none otherwise."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return ()
-    try:
-        done = subprocess.run(
-            [smi, "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ()
-    return (
-        tuple(line.strip() for line in done.stdout.splitlines() if line.strip())
-        if done.returncode == 0
-        else ()
-    )
 
 
 def _rule(node: Path) -> str:

@@ -216,6 +216,8 @@ class Node(models.Model):
     # Which /24 of E31_JOB_SUBNET the node gives its parts of spanning jobs: the lowest free at its first
     # registration, never its id (sequences only grow, past the subnet's slices when nodes come and go).
     network_slot = models.PositiveIntegerField(null=True, blank=True, unique=True)
+    # Where the agent found its GPUs: "nvml", "nvidia-smi", or "virtual" (made up by --virtual-gpus).
+    gpu_source = models.CharField(max_length=20, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     # The operator who marked the node down: it stays down, whatever its agent says, until resumed.
     held_down_by = models.CharField(max_length=150, blank=True)
@@ -227,6 +229,36 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class NodeGpu(models.Model):
+    """One GPU a node's agent registered, by device minor (/dev/nvidia<index>), and its latest reading.
+
+    A GPU that an agent no longer finds stays listed, not present: the scheduler places nothing on it.
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpu_devices")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=80, blank=True)
+    model = models.CharField(max_length=60, blank=True)
+    memory_bytes = models.BigIntegerField(default=0)
+    driver_version = models.CharField(max_length=40, blank=True)
+    cuda_version = models.CharField(max_length=20, blank=True)
+    virtual = models.BooleanField(default=False)
+    present = models.BooleanField(default=True)
+    changed_at = models.DateTimeField()  # registered, or found missing
+    utilisation = models.FloatField(null=True, blank=True)
+    memory_used_bytes = models.BigIntegerField(null=True, blank=True)
+    power_w = models.FloatField(null=True, blank=True)
+    temperature_c = models.FloatField(null=True, blank=True)
+    sampled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="one_gpu_row_per_index")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}:{self.index}"
 
 
 class Allocation(models.Model):

@@ -1,6 +1,7 @@
 """Node registration, heartbeats, and the reaper that declares silent nodes down."""
 
 import logging
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -8,9 +9,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from jobs import dispatch, network, rental
-from jobs.models import Allocation, Node
+from jobs.models import Allocation, Node, NodeGpu
 
 log = logging.getLogger(__name__)
+GPU_FIELDS = ("uuid", "model", "memory_bytes", "driver_version", "cuda_version", "virtual")
 LIVE_STATES = (Node.NodeState.UP, Node.NodeState.DRAINING, Node.NodeState.DRAINED)
 
 
@@ -18,10 +20,15 @@ LIVE_STATES = (Node.NodeState.UP, Node.NodeState.DRAINING, Node.NodeState.DRAINE
 def register_node(
     *, name: str, gpus: int, gpu_model: str, address: str, agent_version: str, sandbox: str, now: datetime,
     memory_bytes: int = 0, cpus: float = 0, limits: str = "", multi_node_refusal: str = "",
+    gpu_list: Sequence[Mapping] = (), gpu_source: str = "",
 ) -> Node:  # fmt: skip
-    """An agent (re)starting: the node is up, and any attempt it held before is lost with the old process."""
+    """An agent (re)starting: the node is up, and any attempt it held before is lost with the old process.
+
+    ``gpu_list``: each GPU the agent found (index, uuid, model, memory_bytes, driver_version,
+    cuda_version, virtual); a GPU registered before and absent now is kept as not present.
+    """
     offered = {"memory_bytes": memory_bytes, "cpus": cpus, "limits": limits[:200],
-               "multi_node_refusal": multi_node_refusal[:300]}  # fmt: skip
+               "multi_node_refusal": multi_node_refusal[:300], "gpu_source": gpu_source}  # fmt: skip
     node, created = Node.objects.select_for_update().get_or_create(
         name=name,
         defaults={
@@ -39,6 +46,8 @@ def register_node(
             state_changed_at=now if state != node.state else node.state_changed_at,
         )  # fmt: skip
         node.refresh_from_db()
+    if gpu_list:
+        _record_gpus(node=node, gpu_list=gpu_list, now=now)
     if node.network_slot is None:
         node.network_slot = _claim_network_slot(node.id)
     if not node.multi_node_refusal and (
@@ -68,6 +77,44 @@ def _claim_network_slot(node_id: int, tries: int = 5) -> int | None:
         except IntegrityError:
             continue
     return None
+
+
+@transaction.atomic
+def update_node_gpus(*, name: str, gpu_list: Sequence[Mapping], now: datetime) -> list[int]:
+    """A running agent found a different GPU set: record it; jobs holding a GPU now gone are lost.
+
+    Returns the indices that went missing. The node row is locked as RENT locks it, so no
+    placement lands on a GPU between its disappearance and this record.
+    """
+    node = Node.objects.select_for_update().filter(name=name).first()
+    if node is None:
+        return []
+    missing = _record_gpus(node=node, gpu_list=gpu_list, now=now)
+    Node.objects.filter(id=node.id).update(gpus=len(gpu_list))
+    if missing:
+        gone = ", ".join(map(str, missing))
+        log.warning("node %s: GPU %s no longer found; jobs holding it are lost", name, gone)
+        rental.lose_node_allocations(
+            node=node, now=now, detail=f"GPU {gone} of {name} is gone", gpu_indices=missing
+        )
+    dispatch.request_scheduler_pass()
+    return missing
+
+
+def _record_gpus(*, node: Node, gpu_list: Sequence[Mapping], now: datetime) -> list[int]:
+    """Upserts the found GPUs as present and marks the others not present; the newly missing indices."""
+    found = {int(gpu["index"]): gpu for gpu in gpu_list}
+    known = {row.index: row for row in NodeGpu.objects.filter(node=node)}
+    for index, gpu in found.items():
+        fields = {key: gpu[key] for key in GPU_FIELDS if key in gpu}
+        row = known.get(index)
+        if row is None:
+            NodeGpu.objects.create(node=node, index=index, changed_at=now, **fields)
+        elif not row.present or any(getattr(row, k) != v for k, v in fields.items()):
+            NodeGpu.objects.filter(id=row.id).update(present=True, changed_at=now, **fields)
+    missing = sorted(i for i, row in known.items() if row.present and i not in found)
+    NodeGpu.objects.filter(node=node, index__in=missing).update(present=False, changed_at=now)
+    return missing
 
 
 def heartbeat(*, name: str, now: datetime) -> bool:

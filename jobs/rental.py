@@ -7,12 +7,13 @@ runs two attempts at once.
 """
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from jobs import dispatch, signals
+from jobs import dispatch, selectors, signals
 from jobs.lifecycle import HOLDS_COMPUTE, PREEMPTED, REQUEUED, EndReason, State
 from jobs.models import Allocation, GpuHold, Job, JobEvent, Node, OutputFile, TeamUsage
 from jobs.transitions import transition
@@ -30,8 +31,10 @@ def rent_job(
             job = Job.objects.select_for_update().filter(id=job_id, state=State.QUEUED).first()
             if job is None or Allocation.objects.filter(job=job, released_at__isnull=True).exists():
                 return False
-            nodes = {n.name: n for n in Node.objects.filter(name__in=gpus_by_node, state=Node.NodeState.UP)}
-            if len(nodes) != len(gpus_by_node):
+            # Locked as a GPU-set change locks it: no placement lands on a GPU that just went missing.
+            up = Node.objects.select_for_update().filter(name__in=gpus_by_node, state=Node.NodeState.UP)
+            nodes = {n.name: n for n in up.order_by("name")}
+            if len(nodes) != len(gpus_by_node) or not _all_present(nodes, gpus_by_node):
                 return False
             attempt = job.attempt + 1
             allocations = [
@@ -48,6 +51,11 @@ def rent_job(
     for allocation in allocations:
         dispatch.run_part(allocation.id, allocation.node.name)
     return True
+
+
+def _all_present(nodes: dict[str, Node], gpus_by_node: dict[str, tuple[int, ...]]) -> bool:
+    present = selectors.present_gpus({node.id: node.gpus for node in nodes.values()})
+    return all(set(indices) <= set(present[nodes[name].id]) for name, indices in gpus_by_node.items())
 
 
 def _hold(*, job: Job, attempt: int, node: Node, rank: int, indices, now: datetime) -> Allocation:
@@ -243,11 +251,16 @@ def request_preemption(*, job_id: int, now: datetime) -> bool:
         return bool(marked)
 
 
-def lose_node_allocations(*, node: Node, now: datetime, detail: str) -> int:
-    """A node was declared down: release its jobs' attempts now and requeue those that allow it."""
-    job_ids = set(
-        Allocation.objects.filter(node=node, released_at__isnull=True).values_list("job_id", flat=True)
-    )
+def lose_node_allocations(
+    *, node: Node, now: datetime, detail: str, gpu_indices: Sequence[int] | None = None
+) -> int:
+    """A node was declared down (or only ``gpu_indices`` of it are gone): release the attempts there
+    now and requeue those that allow it."""
+    lost = Allocation.objects.filter(node=node, released_at__isnull=True)
+    if gpu_indices is not None:
+        holding = GpuHold.objects.filter(node=node, gpu_index__in=gpu_indices, active=True)
+        lost = lost.filter(id__in=holding.values("allocation_id"))
+    job_ids = set(lost.values_list("job_id", flat=True))
     for job in Job.objects.filter(id__in=job_ids):
         requeue = job.requeue and job.attempt < settings.E31_MAX_ATTEMPTS
         release_job(

@@ -4,6 +4,7 @@ plans with, delivered outputs read back. Nothing here writes.
 """
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -15,7 +16,7 @@ from django.db.models import F, Prefetch, QuerySet, Sum
 from accounts import scoping
 from jobs import declaration
 from jobs.lifecycle import ALIVE, BEFORE_RENT, TERMINAL, EndReason, State
-from jobs.models import Allocation, DataInput, DatasetCacheEntry, Job, OutputFile, OutputTransfer
+from jobs.models import Allocation, DataInput, DatasetCacheEntry, Job, NodeGpu, OutputFile, OutputTransfer
 from jobs.scheduling import prediction
 from jobs.transfers import sources
 
@@ -254,3 +255,14 @@ def team_folders(team_slug: str) -> TeamFolders:
         output=[f"{root / team_slug}/" for root in settings.E31_OUTPUT_ROOTS],
         default_destination=declaration.default_destination(settings.E31_OUTPUT_ROOTS, team_slug),
     )
+
+
+def present_gpus(gpus_by_node: Mapping[int, int]) -> dict[int, tuple[int, ...]]:
+    """The GPU indices each node (id -> its GPU count) offers; one registered without a GPU list: 0..count-1."""
+    listed: dict[int, list[int]] = {}
+    rows = NodeGpu.objects.filter(node_id__in=list(gpus_by_node)).values_list("node_id", "index", "present")
+    for node_id, index, present in rows.order_by("node_id", "index"):
+        listed.setdefault(node_id, [])
+        if present:
+            listed[node_id].append(index)
+    return {node_id: tuple(listed.get(node_id, range(count))) for node_id, count in gpus_by_node.items()}

@@ -68,11 +68,12 @@ def _nodes(pool_cached: frozenset[str] = frozenset()) -> list[types.NodeView]:
         )
     )
     used = _used_memory_and_cpus({node.id: node for node in nodes})
+    present = selectors.present_gpus({node.id: node.gpus for node in nodes})
     return [
         types.NodeView(
             name=node.name,
             gpus=node.gpus,
-            free=tuple(i for i in range(node.gpus) if i not in held[node.id]),
+            free=tuple(i for i in present[node.id] if i not in held[node.id]),
             schedulable=node.state == Node.NodeState.UP,
             cached_datasets=pool_cached,
             memory=node.memory_bytes,

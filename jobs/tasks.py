@@ -8,8 +8,9 @@ from django.utils import timezone
 
 from jobs import agent, delivery, nodes, reconciler, scheduler, staging
 
-# Set by the node_agent command: how this agent runs jobs ("bubblewrap" or "none"), and as whom.
-AGENT: dict = {"mode": "", "uids": None, "gpu_uuids": ()}
+# Set by the node_agent command: how this agent runs jobs ("bubblewrap" or "none"), as whom, and its
+# GPUs' UUIDs by device index.
+AGENT: dict = {"mode": "", "uids": None, "gpu_uuids": {}}
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)

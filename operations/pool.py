@@ -18,13 +18,17 @@ from django.utils.safestring import SafeString, mark_safe
 
 from accounts.models import Team
 from jobs import sandbox, units
-from jobs.models import Allocation, GpuHold, Node
+from jobs.models import Allocation, GpuHold, Node, NodeGpu
 from operations import charts, selectors, utilisation
 
 NODE_FIELDS = (
     "id", "name", "gpus", "gpu_model", "state", "agent_version", "sandbox", "multi_node_refusal", "last_heartbeat",
-    "memory_bytes", "cpus", "limits", "held_down_by",
+    "memory_bytes", "cpus", "limits", "held_down_by", "gpu_source",
 )  # fmt: skip
+VIRTUAL = "virtual"  # a node's gpu_source when its agent serves made-up GPUs (--virtual-gpus)
+LIVE_FOR_S = 60  # a GPU's latest sample older than this is not shown as its utilisation now
+GPU_FIELDS = ("node_id", "index", "uuid", "present", "virtual", "changed_at", "utilisation", "memory_used_bytes",
+              "power_w", "temperature_c", "sampled_at")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +46,22 @@ class NodeInfo:
     cpus: float
     limits: str  # the cgroup controllers that bound each attempt, or "none: why"
     held_down_by: str  # the operator who marked it down; it waits for a resume
+    gpu_source: str  # "nvml", "nvidia-smi", "virtual"; empty: registered before GPUs were listed
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    node_id: int
+    index: int
+    uuid: str
+    present: bool
+    virtual: bool
+    changed_at: datetime
+    utilisation: float | None  # the latest sample's, with the others below
+    memory_used_bytes: int | None
+    power_w: float | None
+    temperature_c: float | None
+    sampled_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -64,6 +84,7 @@ class _Context:
     held: dict[tuple[int, int], str]  # (node id, GPU index) -> its cell, for held GPUs
     holders: set[int]  # team ids holding GPUs
     reserved: dict[tuple[str, int], str]
+    gpus: dict[int, list[GpuInfo]]  # node id -> its registered GPUs by index (none: 0..gpus-1, unlisted)
     action_href: str
     now: datetime
 
@@ -78,6 +99,7 @@ def pool_page(*, now: datetime, state: str = "") -> PoolPage:
         held=held,
         holders=holders,
         reserved=_reserved(),
+        gpus=_gpus(),
         action_href=reverse("operations:node-action", args=["NODE", "ACTION"]).replace(
             "NODE/ACTION", "{}/{}"
         ),
@@ -86,7 +108,7 @@ def pool_page(*, now: datetime, state: str = "") -> PoolPage:
     shown = [n for n in nodes if not state or n.state == state]
     live = [n for n in nodes if n.state != Node.NodeState.DOWN]
     live_names = {n.name for n in live}
-    held_names = {(n.name, i) for n in live for i in range(n.gpus) if (n.id, i) in held}
+    held_names = {(n.name, i) for n in live for i in _indices(n, ctx) if (n.id, i) in held}
     return PoolPage(
         rows=mark_safe("".join(_row(n, ctx) for n in shown)),  # safe: _row escapes every text
         shown=len(shown),
@@ -133,6 +155,19 @@ def _held_cells(teams: dict[int, Team], job_href: str) -> tuple[dict[tuple[int, 
     return cells, holders
 
 
+def _gpus() -> dict[int, list[GpuInfo]]:
+    by_node: dict[int, list[GpuInfo]] = {}
+    for row in NodeGpu.objects.order_by("node_id", "index").values_list(*GPU_FIELDS):
+        by_node.setdefault(row[0], []).append(GpuInfo(*row))
+    return by_node
+
+
+def _indices(node: NodeInfo, ctx: _Context) -> list[int]:
+    """The GPUs the node offers now (a missing one is drawn, not counted)."""
+    listed = ctx.gpus.get(node.id)
+    return [g.index for g in listed if g.present] if listed is not None else list(range(node.gpus))
+
+
 def _reserved() -> dict[tuple[str, int], str]:
     """(node name, GPU index) -> "reserved for job #N from <time>", from the latest utilisation sample."""
     sample = utilisation.latest()
@@ -158,15 +193,17 @@ def _stale(node: NodeInfo, now: datetime) -> bool:
 
 
 def _row(node: NodeInfo, ctx: _Context) -> str:
-    cells = "".join(_cell(node, i, ctx) for i in range(node.gpus))
-    busy = sum(1 for i in range(node.gpus) if (node.id, i) in ctx.held)
+    listed = ctx.gpus.get(node.id) or [None] * node.gpus
+    cells = "".join(_cell(node, gpu.index if gpu else i, ctx, gpu) for i, gpu in enumerate(listed))
+    busy = sum(1 for i in _indices(node, ctx) if (node.id, i) in ctx.held)
     age = _age(node, ctx.now)
     name, state = escape(node.name), escape(node.state)
     heartbeat = "never" if age is None else f"{age:.0f} s ago"
     heartbeat_td = f'<td class="bad">{heartbeat}</td>' if _stale(node, ctx.now) else f"<td>{heartbeat}</td>"
     return (
         f'<tr id="node-{node.id}-row"><td><strong>{name}</strong><br>'
-        f'<small class="muted">{node.gpus} &times; {escape(node.gpu_model or "GPU")}{_offered(node)}</small></td>'
+        f'<small class="muted">{node.gpus} &times; {escape(node.gpu_model or "GPU")}{_offered(node)}</small>'
+        f"{_gpu_line(node, ctx)}</td>"
         f'<td><span class="badge node-{state}">{state}</span></td>'
         f'<td><div class="gpu-grid" role="group" aria-label="{busy} of {node.gpus} GPUs busy">{cells}</div></td>'
         f"{heartbeat_td}<td>{escape(node.agent_version or '—')}</td><td>{_sandbox(node)}</td>"
@@ -215,13 +252,52 @@ def _actions(node: NodeInfo, ctx: _Context) -> str:
     )
 
 
-def _cell(node: NodeInfo, index: int, ctx: _Context) -> str:
+def _gpu_line(node: NodeInfo, ctx: _Context) -> str:
+    """Virtual GPUs say so; real ones show each GPU's latest utilisation, and which went missing."""
+    if node.gpu_source == VIRTUAL:
+        return '<br><span class="badge">virtual</span> <small class="muted">no metrics (virtual)</small>'
+    listed = ctx.gpus.get(node.id)
+    if not listed:
+        return ""
+    live = " · ".join(f"{g.index}: {_live(g, ctx.now)}" for g in listed if g.present)
+    missing = "".join(
+        f'<br><small class="bad">GPU {g.index} missing since {g.changed_at:%Y-%m-%d %H:%M} UTC</small>'
+        for g in listed
+        if not g.present
+    )
+    return f'<br><small class="muted">utilisation {live} (from {escape(node.gpu_source)})</small>{missing}'
+
+
+def _live(gpu: GpuInfo, now: datetime) -> str:
+    fresh = gpu.sampled_at and (now - gpu.sampled_at).total_seconds() <= LIVE_FOR_S
+    return f"{gpu.utilisation:.0f} %" if fresh and gpu.utilisation is not None else "—"
+
+
+def _about(gpu: GpuInfo | None, now: datetime) -> str:
+    """The cell's hover text: its UUID and latest sample, for a real GPU."""
+    if gpu is None or gpu.virtual:
+        return ""
+    text = f" · {gpu.uuid}" if gpu.uuid else ""
+    if _live(gpu, now) != "—":
+        text += f" · {gpu.utilisation:.0f} % busy"
+        text += (
+            f" · {units.format_size(gpu.memory_used_bytes)} used" if gpu.memory_used_bytes is not None else ""
+        )
+        text += f" · {gpu.power_w:.0f} W" if gpu.power_w is not None else ""
+        text += f" · {gpu.temperature_c:.0f} °C" if gpu.temperature_c is not None else ""
+    return escape(text)
+
+
+def _cell(node: NodeInfo, index: int, ctx: _Context, gpu: GpuInfo | None = None) -> str:
+    about = _about(gpu, ctx.now)
+    if gpu is not None and not gpu.present:
+        return f'<span class="gpu off" title="GPU {index} · missing{about}"></span>'
     held = ctx.held.get((node.id, index))
     if held is not None:
-        return held
+        return held.replace(f'title="GPU {index} ', f'title="GPU {index}{about} ', 1)
     if node.state == Node.NodeState.DOWN:
         return f'<span class="gpu off" title="GPU {index} · node down"></span>'
     reserved = ctx.reserved.get((node.name, index))
     if reserved:
-        return f'<span class="gpu reserved" title="GPU {index} · {escape(reserved)}"></span>'
-    return f'<span class="gpu free" title="GPU {index} · free"></span>'
+        return f'<span class="gpu reserved" title="GPU {index}{about} · {escape(reserved)}"></span>'
+    return f'<span class="gpu free" title="GPU {index}{about} · free"></span>'

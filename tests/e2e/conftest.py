@@ -47,13 +47,24 @@ class LivePool:
     nodes: list[str]
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
-    def start(self, name: str, cmd: list[str]) -> None:
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
         log = open(Path(self.env["E31_STATE_DIR"]) / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(cmd, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = subprocess.Popen(
+            cmd, env={**self.env, **(env or {})}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
 
-    def start_agent(self, node: str, gpus: int = 4) -> None:
-        self.start(node, [sys.executable, "manage.py", "node_agent", "--name", node, "--gpus", str(gpus),
-                          "--uid-base", str(self.uid_base(node)), "--uid-count", str(UIDS_PER_AGENT)])  # fmt: skip
+    def start_agent(
+        self,
+        node: str,
+        gpus: int = 4,
+        *,
+        gpu_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``gpu_args`` replaces ``--virtual-gpus N`` (``[]``: the GPUs the agent finds, as on a GPU machine)."""
+        gpu_args = ["--virtual-gpus", str(gpus)] if gpu_args is None else gpu_args
+        self.start(node, [sys.executable, "manage.py", "node_agent", "--name", node, *gpu_args,
+                          "--uid-base", str(self.uid_base(node)), "--uid-count", str(UIDS_PER_AGENT)], env)  # fmt: skip
 
     def uid_base(self, node: str) -> int:
         """A range of job uids per agent, apart from other test runs on this machine (one per tag)."""

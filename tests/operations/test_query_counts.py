@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from accounts.models import Team
 from jobs.lifecycle import EndReason, State
-from jobs.models import Allocation, GpuHold, Job, Node
+from jobs.models import Allocation, GpuHold, Job, Node, NodeGpu
 from operations import services
 from tests.operations.conftest import HTMX, store_samples
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 NODES, JOBS, GPUS = 100, 10_000, 8
 # Session, user and the header's teams are 3 of these; the rest is each page's own, independent of size.
-LIMITS = {"pool": 8, "queue": 8, "utilisation": 7, "jobs": 7, "teams": 8, "health": 11, "audit": 4}
+LIMITS = {"pool": 9, "queue": 8, "utilisation": 7, "jobs": 7, "teams": 8, "health": 11, "audit": 4}
 
 
 def build(now, *, nodes: int, jobs: int, prefix: str = "") -> None:
@@ -29,6 +29,11 @@ def build(now, *, nodes: int, jobs: int, prefix: str = "") -> None:
         Node(name=f"{prefix}n{i:04d}", gpus=GPUS, gpu_model="h100", sandbox="none" if i % 10 == 0 else "bubblewrap",
              registered_at=now, state_changed_at=now, last_heartbeat=now, agent_version="1.0")
         for i in range(nodes)
+    )  # fmt: skip
+    NodeGpu.objects.bulk_create(  # every GPU listed, with a live sample; the last one of each node missing
+        NodeGpu(node=node, index=i, uuid=f"GPU-{node.id}-{i}", model="h100", present=i < GPUS - 1, changed_at=now,
+                utilisation=50, memory_used_bytes=2**30, power_w=300, temperature_c=50, sampled_at=now)
+        for node in pool for i in range(GPUS)
     )  # fmt: skip
     running = Job.objects.bulk_create(_job(i, teams, now, State.RUNNING) for i in range(nodes))
     allocations = Allocation.objects.bulk_create(

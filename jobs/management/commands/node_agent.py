@@ -6,6 +6,8 @@ import os
 import socket
 import threading
 import time
+from collections import Counter
+from dataclasses import asdict
 
 import celery
 from django.conf import settings
@@ -13,22 +15,25 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 from django.utils import timezone
 
-from jobs import agent, devices, limits, network, nodes, sandbox, tasks, units
+from jobs import agent, gpus, limits, network, nodes, sandbox, tasks, units
 
 AGENT_VERSION = "1.0"
 
 
 class Command(BaseCommand):
-    help = "Runs a node agent: python manage.py node_agent --name gpu-07 --gpus 8 [--gpu-model H100]"
+    help = "Runs a node agent: python manage.py node_agent --name gpu-07 [--gpus 8 | --virtual-gpus 4]"
 
     def add_arguments(self, parser):
         parser.add_argument("--name", required=True, help="the node's name, unique in the pool")
         parser.add_argument(
-            "--gpus", type=int, required=True, help="GPUs on this node (virtual indices without a GPU)"
-        )
+            "--gpus", type=int, default=None, dest="gpu_cap",
+            help="use at most this many of the GPUs found (NVML, else nvidia-smi); default: all of them",
+        )  # fmt: skip
         parser.add_argument(
-            "--gpu-model", default="", help="for example H100; 'virtual' when none is present"
-        )
+            "--virtual-gpus", type=int, default=None,
+            help="serve this many made-up GPUs instead of looking for real ones (a node without GPUs, tests)",
+        )  # fmt: skip
+        parser.add_argument("--gpu-model", default="", help="the model virtual GPUs claim; default 'virtual'")
         parser.add_argument(
             "--address", default="", help="address other nodes reach this one on (multi-node jobs)"
         )
@@ -56,11 +61,12 @@ class Command(BaseCommand):
         )  # fmt: skip
 
     def handle(
-        self, *args, name: str, gpus: int, gpu_model: str, address: str, allow_unsandboxed: bool,
-        memory: int | None, cpus: float | None, uid_base: int, uid_count: int, **options,
+        self, *args, name: str, gpu_cap: int | None, virtual_gpus: int | None, gpu_model: str, address: str,
+        allow_unsandboxed: bool, memory: int | None, cpus: float | None, uid_base: int, uid_count: int, **options,
     ):  # fmt: skip
-        if gpus < 1 or not name.replace("-", "").replace("_", "").isalnum():
-            raise CommandError("--name is letters, digits, - and _; --gpus at least 1")
+        if not name.replace("-", "").replace("_", "").isalnum():
+            raise CommandError("--name is letters, digits, - and _")
+        found, source = _find_gpus(cap=gpu_cap, virtual_gpus=virtual_gpus, gpu_model=gpu_model)
         try:
             tasks.AGENT["uids"] = sandbox.UidRange(uid_base, uid_count)
         except ValueError as exc:
@@ -75,27 +81,62 @@ class Command(BaseCommand):
                 "(apt-get install bubblewrap) or start with --allow-unsandboxed (E31_ALLOW_UNSANDBOXED=1)."
             )
         tasks.AGENT["mode"] = mode
-        tasks.AGENT["gpu_uuids"] = devices.gpu_uuids()
+        tasks.AGENT["gpu_uuids"] = _uuids(found)
         refusal = network.refusal() if mode == sandbox.BUBBLEWRAP else "it runs jobs unsandboxed"
-        register = {"name": name, "gpus": gpus, "gpu_model": gpu_model or "virtual", "address": address or socket.getfqdn(),
+        register = {"name": name, "address": address or socket.getfqdn(), **_gpu_fields(found, source),
                     "agent_version": AGENT_VERSION, "sandbox": mode, "memory_bytes": limits.node_memory(memory),
                     "cpus": limits.node_cpus(cpus), "limits": _limits(name), "multi_node_refusal": refusal}  # fmt: skip
         nodes.register_node(now=timezone.now(), **register)
         self.stdout.write(
-            f"node {name}: {gpus} GPU(s), {units.format_size(register['memory_bytes'])} and {register['cpus']:g} CPUs "
-            f"for jobs, sandbox {mode}, limits: {register['limits']}, queue node.{name}"
+            f"node {name}: {_describe(found, source)}, {units.format_size(register['memory_bytes'])} and "
+            f"{register['cpus']:g} CPUs for jobs, sandbox {mode}, limits: {register['limits']}, queue node.{name}"
         )
         if refusal:
             self.stdout.write(f"node {name} takes one-node jobs only: {refusal}")
-        threading.Thread(target=_heartbeat, args=(register,), daemon=True, name="heartbeat").start()
+        threading.Thread(target=_heartbeat, args=(register, gpu_cap), daemon=True, name="heartbeat").start()
         # The project's Celery app (e31web.celery), made current when Django loaded its settings.
         celery.current_app.worker_main(
             [
-                "worker", "--queues", f"node.{name}", "--pool", "threads", "--concurrency", str(gpus + 2),
+                "worker", "--queues", f"node.{name}", "--pool", "threads", "--concurrency", str(len(found) + 2),
                 "--hostname", f"agent-{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
                 "--loglevel", "INFO",
             ]
         )  # fmt: skip
+
+
+def _find_gpus(*, cap: int | None, virtual_gpus: int | None, gpu_model: str) -> tuple[list[gpus.Gpu], str]:
+    """The GPUs this agent serves: made up with --virtual-gpus, else found (and capped by --gpus)."""
+    if virtual_gpus is not None:
+        if virtual_gpus < 1 or cap is not None:
+            raise CommandError("--virtual-gpus is at least 1, and replaces --gpus")
+        return gpus.virtual(virtual_gpus, model=gpu_model or gpus.VIRTUAL), gpus.VIRTUAL
+    if cap is not None and cap < 1:
+        raise CommandError("--gpus is at least 1")
+    found, source = gpus.discover()
+    if not found:
+        raise CommandError(
+            "no GPU found through NVML or nvidia-smi. On a node without GPUs, serve virtual ones: --virtual-gpus N"
+        )
+    return gpus.capped(found, cap), source
+
+
+def _gpu_fields(found: list[gpus.Gpu], source: str) -> dict:
+    """What register_node records of the GPUs: their count, the model most of them are, each one."""
+    models = Counter(gpu.model for gpu in found)
+    return {"gpus": len(found), "gpu_model": models.most_common(1)[0][0] if models else "",
+            "gpu_list": [asdict(gpu) for gpu in found], "gpu_source": source}  # fmt: skip
+
+
+def _uuids(found: list[gpus.Gpu]) -> dict[int, str]:
+    return {gpu.index: gpu.uuid for gpu in found if gpu.uuid}
+
+
+def _describe(found: list[gpus.Gpu], source: str) -> str:
+    if source == gpus.VIRTUAL:
+        return f"{len(found)} virtual GPU(s)"
+    first = found[0]
+    return (f"{len(found)} GPU(s) from {source} ({', '.join(sorted({gpu.model for gpu in found}))}, "
+            f"driver {first.driver_version or '?'}, CUDA {first.cuda_version or '?'})")  # fmt: skip
 
 
 def _limits(name: str) -> str:
@@ -146,21 +187,43 @@ def _check_the_view(name: str) -> None:
             )
 
 
-def _heartbeat(register: dict) -> None:
+def _heartbeat(register: dict, cap: int | None) -> None:
     """Beats every E31_HEARTBEAT_S; a node declared down meanwhile registers again (its old attempts are lost).
 
-    The same thread removes attempt directories past E31_ATTEMPT_RETENTION_S after their delivery.
+    The same thread looks for its GPUs again every E31_GPU_RESCAN_S (a changed set is registered), and
+    removes attempt directories past E31_ATTEMPT_RETENTION_S after their delivery.
     """
     stop = threading.Event()
     sweep_every = min(60.0, max(settings.E31_HEARTBEAT_S, settings.E31_ATTEMPT_RETENTION_S / 2))
-    next_sweep = time.monotonic()
+    next_sweep = next_scan = time.monotonic()
     while not stop.wait(settings.E31_HEARTBEAT_S):
         try:
             close_old_connections()
             if not nodes.heartbeat(name=register["name"], now=timezone.now()):
                 nodes.register_node(now=timezone.now(), **register)
+            if register["gpu_source"] != gpus.VIRTUAL and time.monotonic() >= next_scan:
+                next_scan = time.monotonic() + settings.E31_GPU_RESCAN_S
+                _rescan(register, cap)
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + sweep_every
                 agent.remove_expired_attempts(node_name=register["name"], now=timezone.now())
         except Exception:  # the database is restarting: keep beating, the next one will get through
             close_old_connections()
+
+
+def _rescan(register: dict, cap: int | None) -> None:
+    """Registers the GPU set again when it changed: the scheduler stops placing on a GPU that is gone.
+
+    A scan that finds nothing at all (the driver restarting, nvidia-smi hung) changes nothing.
+    """
+    found, source = gpus.discover()
+    found = gpus.capped(found, cap)
+    if not found or _identity(found) == _identity(register["gpu_list"]):
+        return
+    nodes.update_node_gpus(name=register["name"], gpu_list=[asdict(gpu) for gpu in found], now=timezone.now())
+    register.update(_gpu_fields(found, source))
+    tasks.AGENT["gpu_uuids"] = _uuids(found)
+
+
+def _identity(gpu_list) -> set[tuple[int, str]]:
+    return {(g["index"], g["uuid"]) if isinstance(g, dict) else (g.index, g.uuid) for g in gpu_list}

@@ -66,7 +66,7 @@ class Command(BaseCommand):
                 "node_agent",
                 "--name",
                 f"local-{i}",
-                "--gpus",
+                "--virtual-gpus",
                 str(gpus_per_node),
                 "--uid-base",  # each local node owns its own range of job uids
                 str(settings.E31_JOB_UID_BASE + (i - 1) * settings.E31_JOB_UID_COUNT),
