@@ -414,7 +414,11 @@ def _gpus(request: Mapping, limits: Limits, errs: _Collector) -> tuple[int, int 
     if not _is_int(gpus) or gpus < 1:
         errs.add("request.gpus", "at least 1 GPU")
         return 0, None
-    if gpus > limits.pool_gpus:
+    if not limits.pool_gpus:
+        errs.add(
+            "request.gpus", "no node is up yet: the pool has no GPUs to place a job on (try again shortly)"
+        )
+    elif gpus > limits.pool_gpus:
         errs.add("request.gpus", f"the pool can place at most {limits.pool_gpus} GPUs for one job")
     min_gpus = request.get("min_gpus")
     if min_gpus in (None, ""):

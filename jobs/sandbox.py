@@ -164,6 +164,16 @@ def untraversable(path: Path) -> Path | None:
     return None
 
 
+def traversal_refusal(path: Path) -> str:
+    """Why job uids could not reach their directories under ``path`` ('' when they can), and the fix."""
+    if blocked := untraversable(path):
+        return (
+            f"job uids cannot pass through {blocked} to reach {path}: allow it (chmod o+x {blocked}); "
+            "they still cannot list it, and inside the sandbox only their own directories exist"
+        )
+    return ""
+
+
 def passwd_lines(*, uid: int, gid: int, home: Path) -> tuple[str, str]:
     """/etc/passwd and /etc/group as the job sees them: root, the job itself, nobody."""
     passwd = (

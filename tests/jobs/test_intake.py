@@ -260,3 +260,12 @@ def test_the_form_previews_the_estimated_start_and_the_budget(pool, member_clien
 def test_the_preview_says_when_a_draft_is_larger_than_the_pool(pool, member_client):
     response = member_client.post(reverse("jobs:estimate"), {"request.gpus": "64", "request.hours": "1"})
     assert "cannot place that many GPUs" in response.content.decode()
+
+
+def test_a_job_sent_before_any_node_is_up_is_told_so_not_that_the_pool_places_0_gpus(
+    good, member_client, member_token
+):
+    response = submit_api(member_client, good, member_token)  # no `pool`: no node has registered
+    assert response.status_code == 422
+    messages = {e["field"]: e["message"] for e in response.json()["errors"]}
+    assert messages["request.gpus"].startswith("no node is up yet"), messages

@@ -180,11 +180,8 @@ def _check_the_view(name: str) -> None:
     jobs_dir = sandbox.agent_root(name) / "jobs"
     jobs_dir.mkdir(parents=True, exist_ok=True)
     for path in (jobs_dir, settings.E31_STAGING_ROOT):
-        if blocked := sandbox.untraversable(path):
-            raise CommandError(
-                f"job uids cannot pass through {blocked} to reach {path}: allow it (chmod o+x {blocked}); "
-                "they still cannot list it, and inside the sandbox only their own directories exist"
-            )
+        if refused := sandbox.traversal_refusal(path):
+            raise CommandError(refused)
 
 
 def _heartbeat(register: dict, cap: int | None) -> None:

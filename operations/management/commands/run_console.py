@@ -14,7 +14,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 from django.utils import timezone
 
@@ -36,6 +36,8 @@ class Command(BaseCommand):
         parser.add_argument("--port", default=os.environ.get("PORT", "8000"))
 
     def handle(self, *args, nodes: int, gpus_per_node: int, port: str, **options):
+        if refused := sandbox.traversal_refusal(settings.STATE_DIR):
+            raise CommandError(refused)  # else every local node would exit at start, and restart, forever
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write(
             self.style.SUCCESS("Database ready: " + settings.DATABASES["default"]["NAME"].__str__())
