@@ -14,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import CharField, Count, F, Func, OuterRef, QuerySet, Subquery, Sum
 
 from accounts.models import Team
+from common import scales
 from jobs.models import Allocation
 from metering.models import LedgerDay, LedgerJobMonth, MeterEntry
 from metering.periods import (
@@ -309,13 +310,17 @@ def day_chart(days: list[Bucket], *, width: int = 720, height: int = 180) -> Cha
     """Bars scaled to the busiest day; labels on the 1st and every 5th day."""
     top, bottom, left = 12.0, 22.0, 4.0
     plot = height - top - bottom
-    peak = max((d.gpu_hours for d in days), default=0.0) or 1.0
+    # The scale ends at a round figure above the busiest day: a day of 0.014 GPU-hours is a short bar
+    # under "0.02", not a full-height one under "0.0"; an empty month draws none under "0".
+    peak = scales.nice_ceiling(max((d.gpu_hours for d in days), default=0.0))
     slot = (width - left) / max(1, len(days))
-    bars = [_bar(d, i, slot=slot, left=left, top=top, plot=plot, peak=peak) for i, d in enumerate(days)]
+    bars = [
+        _bar(d, i, slot=slot, left=left, top=top, plot=plot, peak=peak or 1.0) for i, d in enumerate(days)
+    ]
     ticks = [
         (round(left + i * slot + slot / 2, 2), f"{d.start.day}") for i, d in enumerate(days) if _labelled(d)
     ]
-    return Chart(width, height, height - bottom, bars, f"{peak:,.1f}", ticks)
+    return Chart(width, height, height - bottom, bars, scales.figure(peak), ticks)
 
 
 def _labelled(day: Bucket) -> bool:

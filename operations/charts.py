@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
+from common import scales
+
 TOP, BOTTOM, LEFT, RIGHT = 16.0, 22.0, 44.0, 8.0
 TEAM_COLOURS = 12  # classes team-c0 .. team-c11
 
@@ -34,7 +36,8 @@ def stacked_columns(
 ) -> SafeString:  # fmt: skip
     """Columns per slot, the series stacked bottom-up in the given order, scaled to the tallest stack."""
     plot_w, plot_h = width - LEFT - RIGHT, height - TOP - BOTTOM
-    peak = ceiling or max((sum(s.values.get(t, 0.0) for s in series) for t in slots), default=0.0) or 1.0
+    tallest = ceiling or max((sum(s.values.get(t, 0.0) for s in series) for t in slots), default=0.0)
+    peak = scales.nice_ceiling(tallest) or 1.0
     slot_w = plot_w / max(1, len(slots))
     marks = [
         _column(i, t, series, slot_w=slot_w, plot_h=plot_h, peak=peak, label=slot_label(t), unit=unit)
@@ -42,11 +45,22 @@ def stacked_columns(
     ]
     every = max(1, len(slots) // 6)
     ticks = [
-        f'<text class="chart-tick" x="{LEFT + i * slot_w:.1f}" y="{height - 6}">{escape(tick(t))}</text>'
+        _tick(LEFT + i * slot_w, height, tick(t), right=width - RIGHT)
         for i, t in enumerate(slots)
         if i % every == 0
     ]
     return _svg(width, height, title, [*_axes(width, plot_h, peak, unit), *marks, *ticks])
+
+
+TICK_CHAR_W = 6.5  # a 10px label's widest characters, to keep the last one inside the chart
+
+
+def _tick(x: float, height: int, text: str, *, right: float) -> str:
+    """A label starting at its slot, or ending at the chart's edge when it would run past it."""
+    anchor = ""
+    if x + len(text) * TICK_CHAR_W > right:
+        x, anchor = right, ' text-anchor="end"'
+    return f'<text class="chart-tick" x="{x:.1f}" y="{height - 6}"{anchor}>{escape(text)}</text>'
 
 
 def _column(
@@ -73,7 +87,7 @@ def _axes(width: int, plot_h: float, peak: float, unit: str) -> list[str]:
     return [
         f'<line class="chart-axis" x1="{LEFT}" x2="{width - RIGHT}" y1="{base}" y2="{base}"></line>',
         f'<line class="chart-grid" x1="{LEFT}" x2="{width - RIGHT}" y1="{TOP}" y2="{TOP}"></line>',
-        f'<text class="chart-label" x="{LEFT - 4}" y="{TOP + 4}" text-anchor="end">{peak:,.0f}</text>',
+        f'<text class="chart-label" x="{LEFT - 4}" y="{TOP + 4}" text-anchor="end">{scales.figure(peak)}</text>',
         f'<text class="chart-label" x="{LEFT - 4}" y="{base}" text-anchor="end">0</text>',
         f'<text class="chart-label" x="{LEFT}" y="{TOP - 4}">{escape(unit)}</text>',
     ]
