@@ -89,21 +89,34 @@ def login(
 
 @app.command()
 def submit(
-    job_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A TOML job file.")],
+    job_file: Annotated[
+        Path | None, typer.Argument(exists=True, dir_okay=False, help="A TOML job file (or --from).")
+    ] = None,
+    from_job: Annotated[
+        int | None, typer.Option("--from", min=1, help="Re-run this job of your team, as it was declared.")
+    ] = None,
     wait: Annotated[bool, typer.Option(help="Wait for the end; exit with the job's exit code.")] = False,
     follow: Annotated[bool, typer.Option(help="Print the log as it is written (implies --wait).")] = False,
     team: Annotated[str, typer.Option(help="Team slug, if you belong to several.")] = "",
     key: Annotated[str, typer.Option(help="Idempotency-Key (default: a new one per command).")] = "",
 ) -> None:
-    """Submit a job file. Retries after a dropped connection reuse its Idempotency-Key: never two jobs."""
+    """Submit a job file, or re-run a job (--from ID). Retries after a dropped connection reuse its
+    Idempotency-Key: never two jobs."""
+    if (job_file is None) == (from_job is None):
+        raise typer.BadParameter("give a job file or --from ID, one of them")
     key = key or f"e31-cli-{uuid.uuid4()}"
     session = api()
-    job = session.post(
-        "/jobs/file", retry=True, params={"team": team} if team else None, data=job_file.read_bytes(),
-        headers={"Content-Type": "application/toml", "Idempotency-Key": key},
-    )  # fmt: skip
+    headers = {"Idempotency-Key": key}
+    if from_job is not None:
+        job = session.post(f"/jobs/{from_job}/rerun", retry=True, headers=headers)
+    else:
+        job = session.post(
+            "/jobs/file", retry=True, params={"team": team} if team else None, data=job_file.read_bytes(),
+            headers={**headers, "Content-Type": "application/toml"},
+        )  # fmt: skip
     again = " (already submitted with this key)" if session.last_status == 200 else ""
-    err.print(f"Submitted job {job['id']} {job['name']}{again}: {job['state']}")
+    source = f" (re-run of {job['rerun_of']})" if job.get("rerun_of") else ""
+    err.print(f"Submitted job {job['id']} {job['name']}{source}{again}: {job['state']}")
     if not (wait or follow):
         out.print(job["id"])  # alone on stdout, for JOB=$(e31 submit job.toml)
     if job.get("budget_note"):

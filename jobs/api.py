@@ -89,6 +89,7 @@ def job_json(job: Job) -> dict:
         "estimated_start": job.estimated_start,
         "pending_reason": job.pending_reason,
         **_dependencies_json(job),
+        "rerun_of": job.rerun_of_id,
     }  # fmt: skip
 
 
@@ -166,12 +167,25 @@ def submit_job_file(request: HttpRequest, team: str = ""):
     return _submit(request, raw, team or str(raw.get("team", "")))
 
 
-def _submit(request: HttpRequest, raw: dict, team_slug: str):
+@router.post(
+    "/jobs/{job_id}/rerun",
+    response={200: JobOut, 201: JobOut, **ERRORS},
+    summary="Submit a job again as it was declared",
+    description="A new job with the source's declaration (checked again against today's rules), in its "
+    "team, linked by `rerun_of`. " + IDEMPOTENCY,
+)
+def rerun_job(request: HttpRequest, job_id: int):
+    source = _visible(request, job_id)
+    return _submit(request, selectors.declaration_of(source), source.team.slug, rerun_of=source)
+
+
+def _submit(request: HttpRequest, raw: dict, team_slug: str, *, rerun_of: Job | None = None):
     """Validates and submits; with an Idempotency-Key, a retry gets the first job back (200)."""
     key = request.headers.get("Idempotency-Key", "")
     if key and not idempotency.VALID_KEY.match(key):
         raise HttpError(422, "Idempotency-Key must be 1 to 255 printable ASCII characters without spaces.")
-    digest, now = idempotency.body_sha256(raw), timezone.now()
+    signed = {**raw, "rerun_of": rerun_of.id} if rerun_of else raw  # a re-run's key is for its source only
+    digest, now = idempotency.body_sha256(signed), timezone.now()
     try:
         first = (
             idempotency.earlier_job(user=request.user, key=key, body_sha256=digest, now=now) if key else None
@@ -179,7 +193,7 @@ def _submit(request: HttpRequest, raw: dict, team_slug: str):
         if first is None:
             team = _submitting_team(request, team_slug)
             spec = declaration.validate(raw, limits=services.pool_limits(team=team))
-            job, first = _submit_once(request, team, spec, key, digest, now)
+            job, first = _submit_once(request, team, spec, key, digest, now, rerun_of)
     except idempotency.KeyReused as exc:
         raise HttpError(409, str(exc)) from exc
     if first is not None:
@@ -187,12 +201,14 @@ def _submit(request: HttpRequest, raw: dict, team_slug: str):
     return Status(201, {**job_json(job_queryset().get(id=job.id)), "budget_note": job.budget_note})
 
 
-def _submit_once(request: HttpRequest, team, spec, key: str, digest: str, now) -> tuple[Job, Job | None]:
+def _submit_once(
+    request: HttpRequest, team, spec, key: str, digest: str, now, rerun_of: Job | None
+) -> tuple[Job, Job | None]:
     """(the new job, None), or (the first job, the first job) when a concurrent retry with the key won."""
     if not key:
-        return services.submit_job(team=team, user=request.user, spec=spec, now=now), None
+        return services.submit_job(team=team, user=request.user, spec=spec, now=now, rerun_of=rerun_of), None
     job, created = idempotency.submit_once(
-        team=team, user=request.user, spec=spec, key=key, body_sha256=digest, now=now
+        team=team, user=request.user, spec=spec, key=key, body_sha256=digest, now=now, rerun_of=rerun_of
     )
     return job, None if created else job
 

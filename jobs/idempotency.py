@@ -42,12 +42,13 @@ def earlier_job(*, user, key: str, body_sha256: str, now: datetime) -> Job | Non
 
 
 def submit_once(
-    *, team, user, spec: declaration.Declaration, key: str, body_sha256: str, now: datetime
-) -> tuple[Job, bool]:
+    *, team, user, spec: declaration.Declaration, key: str, body_sha256: str, now: datetime,
+    rerun_of: Job | None = None,
+) -> tuple[Job, bool]:  # fmt: skip
     """Submits the job and records its key in one transaction; (job, True) if new, (first job, False) if not."""
     try:
         with transaction.atomic():
-            job = services.submit_job(team=team, user=user, spec=spec, now=now)
+            job = services.submit_job(team=team, user=user, spec=spec, now=now, rerun_of=rerun_of)
             SubmissionKey.objects.create(user=user, key=key, body_sha256=body_sha256, job=job, created_at=now)
     except IntegrityError:
         first = earlier_job(user=user, key=key, body_sha256=body_sha256, now=now)

@@ -60,6 +60,10 @@ class Job(models.Model):
     priority = models.FloatField(null=True, blank=True)
     priority_detail = models.JSONField(default=dict, blank=True)
     log_tail = models.TextField(blank=True)
+    # The job this one was cloned from (a re-run); always a job of the same team.
+    rerun_of = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="reruns"
+    )
 
     class Meta:
         ordering = ["-submitted_at", "-id"]

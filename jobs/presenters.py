@@ -45,6 +45,7 @@ def job_page(job: Job, *, now: datetime, files_page: str | None = None) -> dict:
         "output_files": output_files(job, files_page),
         "planned": planned_run(job, allocations, now=now),
         "pipeline": pipeline(job),
+        **reruns(job),
     }
 
 
@@ -65,6 +66,15 @@ def planned_run(job: Job, allocations, *, now: datetime) -> selectors.PlannedRun
     current = [a for a in allocations if a.attempt == job.attempt and a.released_at is None]
     started = min((a.rented_at for a in current), default=None) if job.state in HOLDS_COMPUTE else None
     return selectors.planned_run(team_name=job.team.name, hours=job.hours, started_at=started, now=now)
+
+
+RERUNS_SHOWN = 20
+
+
+def reruns(job: Job) -> dict:
+    """The latest re-runs of this job, newest first: a page, never every one."""
+    rows = list(job.reruns.order_by("-id").only("id", "state")[: RERUNS_SHOWN + 1])
+    return {"reruns": rows[:RERUNS_SHOWN], "more_reruns": len(rows) > RERUNS_SHOWN}
 
 
 def output_files(job: Job, page: str | None):

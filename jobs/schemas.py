@@ -164,6 +164,7 @@ class JobOut(Schema):
     after_ok: list[int] = Field(default_factory=list, description="Prerequisites that must succeed first.")
     after_any: list[int] = Field(default_factory=list, description="Prerequisites that must end first.")
     dependents: list[int] = Field(default_factory=list, description="Jobs that wait for this one.")
+    rerun_of: int | None = Field(None, description="The job this one re-runs, if it is a re-run.")
     budget_note: str = Field(
         "", description="Set on submission when the job takes its team past a budget that only warns."
     )

@@ -266,3 +266,21 @@ def present_gpus(gpus_by_node: Mapping[int, int]) -> dict[int, tuple[int, ...]]:
         if present:
             listed[node_id].append(index)
     return {node_id: tuple(listed.get(node_id, range(count))) for node_id, count in gpus_by_node.items()}
+
+
+def declaration_of(job: Job) -> dict:
+    """The job's four parts as a job file declares them: what a re-run submits again, or prefills."""
+    request = {
+        "gpus": job.gpus, "hours": job.hours, "min_gpus": job.min_gpus, "gpu_model": job.gpu_model,
+        "preemptible": job.preemptible, "requeue": job.requeue, "memory": job.memory_bytes, "cpus": job.cpus,
+    }  # fmt: skip
+    return {
+        "name": job.name,
+        "work": {"argv": list(job.argv), "env": dict(job.env), "image": job.image, "workdir": job.workdir},
+        "data": [
+            {"name": d.name, "uri": d.uri, "bytes": d.bytes, "sha256": d.sha256}
+            for d in job.inputs.order_by("position")
+        ],
+        "request": {k: v for k, v in request.items() if v is not None},
+        "output": {"uri": job.output_uri, "bytes": job.output_bytes},
+    }

@@ -37,12 +37,17 @@ def pool_limits(*, team=None) -> declaration.Limits:
 
 
 @transaction.atomic
-def submit_job(*, team, user, spec: declaration.Declaration, now: datetime) -> Job:
+def submit_job(
+    *, team, user, spec: declaration.Declaration, now: datetime, rerun_of: Job | None = None
+) -> Job:
     """Stores a validated declaration as a submitted job and rings for staging after commit.
 
     A job that would take its team past an enforced monthly budget is refused like any invalid
-    field; past a budget that only warns, it is stored and ``job.budget_note`` says so.
+    field; past a budget that only warns, it is stored and ``job.budget_note`` says so. A re-run
+    links to its source, which must be a job of the same team.
     """
+    if rerun_of is not None and rerun_of.team_id != team.id:
+        raise declaration.DeclarationInvalid([("rerun_of", "a re-run belongs to its source job's team")])
     budget = signals.check_budget(team=team, gpu_hours=spec.gpus * spec.hours, now=now)
     if budget and budget.refused:
         raise declaration.DeclarationInvalid([("request.hours", budget.message)])
@@ -53,7 +58,7 @@ def submit_job(*, team, user, spec: declaration.Declaration, now: datetime) -> J
         argv=spec.argv, env=spec.env, image=spec.image, workdir=spec.workdir,
         gpus=spec.gpus, gpu_model=spec.gpu_model, hours=spec.hours, min_gpus=spec.min_gpus,
         preemptible=spec.preemptible, requeue=spec.requeue, memory_bytes=spec.memory_bytes, cpus=spec.cpus,
-        output_uri=spec.output_uri, output_bytes=spec.output_bytes,
+        output_uri=spec.output_uri, output_bytes=spec.output_bytes, rerun_of=rerun_of,
     )  # fmt: skip
     DataInput.objects.bulk_create(
         DataInput(job=job, position=i, name=d.name, uri=d.uri, bytes=d.bytes, sha256=d.sha256)

@@ -14,4 +14,5 @@ urlpatterns = [
     path("<int:job_id>/live/", views.job_live, name="live"),
     path("<int:job_id>/log/", views.job_log, name="log"),
     path("<int:job_id>/cancel/", views.job_cancel, name="cancel"),
+    path("<int:job_id>/rerun/", views.job_rerun, name="rerun"),
 ]

@@ -94,10 +94,35 @@ def _kept_paste(text: str) -> str:
     return text if len(text.encode("utf-8", "replace")) <= declaration.MAX_JOB_FILE_BYTES else ""
 
 
+@login_required
+def job_rerun(request: HttpRequest, job_id: int) -> HttpResponse:
+    """The submit form filled from one of the team's jobs; what is submitted links to it."""
+    source = scoping.get_visible_or_404(request.user, Job.objects.select_related("team"), id=job_id)
+    teams = list(scoping.teams_of(request.user))
+    if not teams:
+        return render(request, "jobs/no_team.html", status=403)
+    form = JobForm.from_declaration(selectors.declaration_of(source))
+    return _render_form(request, form, teams, rerun_of=source)
+
+
+def _rerun_source(request: HttpRequest, form: JobForm) -> Job | None:
+    """The job a posted form re-runs: only one the user may see (another's id is an error, never a link)."""
+    wanted = request.POST.get("rerun_of", "")
+    if not wanted:
+        return None
+    source = None
+    if DIGITS.fullmatch(wanted) and len(wanted) < 19:
+        source = scoping.visible_to(request.user, Job.objects.all()).filter(id=int(wanted)).first()
+    if source is None:
+        form.errors["rerun_of"] = "no job of your teams has this id"
+    return source
+
+
 def _submit(
     request: HttpRequest, form: JobForm, teams, *, raw: dict | None = None, job_file: str = ""
 ) -> HttpResponse:
     team = _chosen_team(request, teams)
+    rerun_of = _rerun_source(request, form)
     raw = form.to_declaration() if raw is None else raw
     try:
         spec = declaration.validate(raw, limits=services.pool_limits(team=team))
@@ -106,12 +131,14 @@ def _submit(
     if form.errors or team is None:
         if team is None:
             form.errors["team"] = "choose one of your teams"
-        return _render_form(request, form, teams, status=422, job_file=job_file)
+        return _render_form(request, form, teams, status=422, job_file=job_file, rerun_of=rerun_of)
     try:
-        job = services.submit_job(team=team, user=request.user, spec=spec, now=timezone.now())
-    except declaration.DeclarationInvalid as exc:  # over an enforced budget
+        job = services.submit_job(
+            team=team, user=request.user, spec=spec, now=timezone.now(), rerun_of=rerun_of
+        )
+    except declaration.DeclarationInvalid as exc:  # over an enforced budget, or a re-run into another team
         form.errors = exc.as_dict()
-        return _render_form(request, form, teams, status=422, job_file=job_file)
+        return _render_form(request, form, teams, status=422, job_file=job_file, rerun_of=rerun_of)
     messages.success(request, f"Job #{job.id} submitted.")
     if job.budget_note:
         messages.warning(request, job.budget_note)
@@ -129,15 +156,22 @@ def _chosen_team(request: HttpRequest, teams):
 
 
 def _render_form(
-    request: HttpRequest, form: JobForm, teams, *, status: int = 200, job_file: str = ""
+    request: HttpRequest,
+    form: JobForm,
+    teams,
+    *,
+    status: int = 200,
+    job_file: str = "",
+    rerun_of: Job | None = None,
 ) -> HttpResponse:
     context = {
         "form": form,
         "job_file": job_file,
         "f": bound_fields(form),
         "teams": teams,
-        "chosen_team": request.POST.get("team", ""),
+        "chosen_team": request.POST.get("team", "") or (str(rerun_of.team_id) if rerun_of else ""),
         "folders": selectors.team_folders((_chosen_team(request, teams) or teams[0]).slug),
+        "rerun_of": rerun_of,
     }
     template = "jobs/new.html#job-form" if request.htmx else "jobs/new.html"
     return render(request, template, context, status=status)

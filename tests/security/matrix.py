@@ -87,6 +87,7 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "jobs:live": [C(T, **JOB)],
     "jobs:cancel": [C(T, 302, method="POST", **JOB)],
     "jobs:log": [C(T, **JOB)],
+    "jobs:rerun": [C(T, **JOB)],
     "jobs:transfers": [C(ST)],
     "metering:ledger": [C(S), C(T, **TEAM_A_QUERY)],
     "metering:live": [C(S), C(T, **TEAM_A_QUERY)],
@@ -112,6 +113,8 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "api:cancel_job": [C(T, 409, method="POST", **JOB)],  # the job has ended: nothing to cancel
     "api:job_meter": [C(T, **JOB)],
     "api:job_log": [C(T, **JOB)],
+    # The world's job was stored as a row, not submitted: its declaration is refused again (422), past the team gate.
+    "api:rerun_job": [C(T, 422, method="POST", **JOB)],
     # Team A's job delivered nothing under that name: 404 for its team too, never its bytes to team B.
     "api:download_output": [C(T, 404, query=lambda w: "path=ok.txt", **JOB)],
     "api:ledger": [C(S, query=lambda w: RANGE), C(T, query=lambda w: f"team={w.team_a.slug}&{RANGE}")],

@@ -1,0 +1,144 @@
+"""Re-run: any of the team's jobs cloned into a prefilled form, or submitted again by the API and the CLI."""
+
+import json
+
+import pytest
+
+from jobs.models import DataInput, Job
+from tests.cli.inprocess import e31
+from tests.factories import JobFactory, MembershipFactory, TeamFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def source(team, member, roots):
+    data, out = roots
+    (data / "corpus.tar").write_bytes(b"x" * 10)
+    job = JobFactory(
+        team=team, submitted_by=member, name="train-q3", state="released", end_reason="failed", exit_code=2,
+        argv=["python3", "train.py", "--lr=0.1"], env={"SEED": "7"}, gpus=2, hours=1.5, preemptible=True,
+        memory_bytes=2_000_000_000, output_uri=f"file://{out}/train", output_bytes=5000,
+    )  # fmt: skip
+    DataInput.objects.create(job=job, position=0, name="corpus", uri=f"file://{data}/corpus.tar", bytes=10)
+    return job
+
+
+def test_the_rerun_page_is_the_submit_form_filled_from_the_source(member_client, source, pool):
+    page = member_client.get(f"/jobs/{source.id}/rerun/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    for shown in (
+        "train-q3",
+        "--lr=0.1",
+        "SEED=7",
+        'value="1.5"',
+        source.output_uri,
+        "corpus.tar",
+        "2000000000",
+    ):
+        assert shown in html
+    assert f'name="rerun_of" value="{source.id}"' in html
+
+
+def test_submitting_the_prefilled_form_makes_a_job_linked_to_its_source(member_client, source, pool):
+    form = {
+        "name": "train-q3", "work.argv": "python3\ntrain.py\n--lr=0.05", "request.gpus": "2",
+        "request.hours": "1.5", "output.uri": source.output_uri, "output.bytes": "5000",
+        "rerun_of": str(source.id),
+    }  # fmt: skip
+    answer = member_client.post("/jobs/new/", form)
+    assert answer.status_code == 302
+    rerun = Job.objects.exclude(id=source.id).get()
+    assert rerun.rerun_of_id == source.id and rerun.argv[-1] == "--lr=0.05"
+    page = member_client.get(f"/jobs/{rerun.id}/").content.decode()
+    assert f'href="/jobs/{source.id}/"' in page and "Re-run of" in page
+    assert f"/jobs/{rerun.id}/" in member_client.get(f"/jobs/{source.id}/").content.decode()
+
+
+def test_another_teams_job_cannot_be_cloned_nor_linked(outsider_client, outsider, source, pool, roots):
+    assert outsider_client.get(f"/jobs/{source.id}/rerun/").status_code == 404
+    _, out = roots
+    form = {
+        "name": "mine", "work.argv": "true", "request.gpus": "1", "request.hours": "1",
+        "output.uri": f"file://{out.parent}/audio/x", "output.bytes": "10", "rerun_of": str(source.id),
+    }  # fmt: skip
+    answer = outsider_client.post("/jobs/new/", form)
+    assert answer.status_code == 422 and Job.objects.filter(name="mine").count() == 0
+    assert "rerun_of" in answer.content.decode()
+
+
+def api_rerun(client, token, job_id, key=None):
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    if key:
+        headers["HTTP_IDEMPOTENCY_KEY"] = key
+    return client.post(f"/api/v1/jobs/{job_id}/rerun", **headers)
+
+
+def test_the_api_reruns_a_job_with_its_declaration_and_link(client, member_token, source, pool):
+    answer = api_rerun(client, member_token, source.id)
+    assert answer.status_code == 201, answer.content
+    body = answer.json()
+    assert body["rerun_of"] == source.id and body["state"] == "submitted"
+    assert body["work"]["argv"] == source.argv and body["request"]["gpus"] == 2
+    assert [d["name"] for d in body["data"]] == ["corpus"]
+    assert (
+        client.get(f"/api/v1/jobs/{source.id}", HTTP_AUTHORIZATION=f"Bearer {member_token}").json()[
+            "rerun_of"
+        ]
+        is None
+    )
+
+
+def test_an_api_rerun_retried_with_its_key_makes_one_job(client, member_token, source, pool):
+    first = api_rerun(client, member_token, source.id, key="again-1")
+    again = api_rerun(client, member_token, source.id, key="again-1")
+    assert (first.status_code, again.status_code) == (201, 200) and first.json()["id"] == again.json()["id"]
+    assert Job.objects.filter(rerun_of=source).count() == 1
+
+
+def test_the_api_refuses_another_teams_job_with_404(client, outsider, source, pool):
+    from accounts import services as accounts
+
+    _, token = accounts.create_api_token(user=outsider, label="t")
+    assert api_rerun(client, token, source.id).status_code == 404
+    assert not Job.objects.filter(rerun_of=source).exists()
+
+
+def test_a_source_whose_declaration_no_longer_passes_is_refused_naming_the_field(
+    client, member_token, source, pool, settings, tmp_path
+):
+    settings.E31_OUTPUT_ROOTS = [tmp_path / "elsewhere"]  # the destination is no longer under an output root
+    answer = api_rerun(client, member_token, source.id)
+    assert answer.status_code == 422 and "output.uri" in json.dumps(answer.json())
+
+
+def test_a_member_of_several_teams_reruns_into_the_sources_team(client, member, member_token, source, pool):
+    MembershipFactory(team=TeamFactory(name="nlp", slug="nlp"), user=member)
+    answer = api_rerun(client, member_token, source.id)
+    assert answer.status_code == 201 and answer.json()["team"] == "vision"
+
+
+def test_e31_submit_from_an_id_reruns_it(monkeypatch, member_token, source, pool):
+    code, out, err = e31(monkeypatch, member_token, "submit", "--from", str(source.id))
+    assert code == 0, err
+    rerun = Job.objects.get(rerun_of=source)
+    assert out.strip() == str(rerun.id) and f"re-run of {source.id}" in err
+
+
+def test_e31_submit_needs_a_file_or_a_source_not_both(monkeypatch, member_token, source, pool, tmp_path):
+    assert e31(monkeypatch, member_token, "submit")[0] == 2
+    job_file = tmp_path / "j.toml"
+    job_file.write_text('name = "x"\n')
+    assert e31(monkeypatch, member_token, "submit", str(job_file), "--from", str(source.id))[0] == 2
+    assert e31(monkeypatch, member_token, "submit", "--from", "999999")[0] == 4
+
+
+def test_another_team_member_cannot_rerun_through_the_cli(monkeypatch, source, pool):
+    from accounts import services as accounts
+
+    stranger = MembershipFactory(
+        team=TeamFactory(name="nlp", slug="nlp"), user=UserFactory(username="n")
+    ).user
+    _, token = accounts.create_api_token(user=stranger, label="t")
+    assert e31(monkeypatch, token, "submit", "--from", str(source.id))[0] == 4
