@@ -45,20 +45,28 @@ def _figure_text(value: object) -> str:
     return str(value)
 
 
+# Figures shown as tables and a list of assumptions, not as name/value pairs (record_simulation --declarations).
+TABULAR = ("traces", "assumptions")
+
+
 def _attach_measurements(problems: list[Problem]) -> None:
     """Each problem gets ``measured``: per key, the latest stored measurement (or None) and its figures."""
     latest = selectors.latest_measurements(key for problem in problems for key in problem.measurement_keys)
     for problem in problems:
-        problem.measured = [
-            {
-                "key": key,
-                "m": latest.get(key),
-                "rows": [(name, _figure_text(v)) for name, v in latest[key].figures.items()]
-                if key in latest
-                else [],
-            }
-            for key in problem.measurement_keys
-        ]
+        problem.measured = [_measured(key, latest.get(key)) for key in problem.measurement_keys]
+
+
+def _measured(key: str, m) -> dict:
+    figures = m.figures if m else {}
+    return {
+        "key": key,
+        "m": m,
+        "rows": [(name, _figure_text(v)) for name, v in figures.items() if name not in TABULAR],
+        "tables": [
+            t for t in figures.get("traces", []) if isinstance(t, dict) and isinstance(t.get("rows"), list)
+        ],
+        "assumptions": [a for a in figures.get("assumptions", []) if isinstance(a, str)],
+    }
 
 
 def unsolved(request: HttpRequest) -> HttpResponse:

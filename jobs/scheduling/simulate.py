@@ -32,6 +32,7 @@ start (late) and by how much; wall_s = replay seconds. The lines before it say w
 from __future__ import annotations
 
 import argparse
+import hashlib
 import heapq
 import json
 import math
@@ -39,7 +40,7 @@ import sys
 import time
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 
 from jobs.scheduling import baselines, plot, policy, prediction, traces, types
@@ -74,14 +75,45 @@ class Declarations:
     ``estimates``: the run time the policy plans with - the declared hours (today), the team's
     learned ratio x declared hours (``jobs.scheduling.prediction``, from ``min_jobs`` of the team's
     jobs finished earlier in the replay), or the true run time (an oracle, the bound).
+    The shares pick jobs stably (a BLAKE2b hash of the job id, one salt per switch): ``checkpoint_share``
+    of them checkpoint every ``checkpoint_interval_s`` (0: continuously) and are preemptible; a
+    preempted one loses the work since its last checkpoint and takes ``restore_s`` to resume.
+    ``preemptible_share`` are preemptible without checkpoints: preempted, they start over.
+    ``elastic_share`` of the multi-GPU jobs may start on half their GPUs (rounded up) and run
+    proportionally longer (work conserved).
     """
 
     estimates: str = "declared"
     min_jobs: int = prediction.MIN_JOBS
+    checkpoint_share: float = 0.0
+    preemptible_share: float = 0.0
+    elastic_share: float = 0.0
+    checkpoint_interval_s: float = 1800.0
+    restore_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.estimates not in ESTIMATES:
             raise ValueError(f"estimates {self.estimates!r}: one of {', '.join(ESTIMATES)}")
+
+
+def _picked(job: TraceJob, share: float, salt: str) -> bool:
+    digest = hashlib.blake2b(f"{salt}:{job.job_id}".encode(), digest_size=8).digest()
+    return share > 0 and int.from_bytes(digest) / 2**64 < share
+
+
+def declare(jobs: Sequence[TraceJob], d: Declarations) -> list[TraceJob]:
+    """The trace's jobs with the declarations ``d`` asks a share of them to make (the same jobs every run)."""
+    if not (d.checkpoint_share or d.preemptible_share or d.elastic_share):
+        return list(jobs)
+    out = []
+    for j in jobs:
+        checkpoints = j.checkpoints or _picked(j, d.checkpoint_share, "checkpoint")
+        preemptible = j.preemptible or checkpoints or _picked(j, d.preemptible_share, "preemptible")
+        min_gpus = j.min_gpus
+        if min_gpus is None and j.gpus > 1 and _picked(j, d.elastic_share, "elastic"):
+            min_gpus = (j.gpus + 1) // 2
+        out.append(replace(j, checkpoints=checkpoints, preemptible=preemptible, min_gpus=min_gpus))
+    return out
 
 
 TODAY = Declarations()
@@ -97,6 +129,7 @@ class Outcome:
     end: float = math.nan
     gpu_seconds: float = 0.0
     promised: float = math.nan
+    lost_gpu_seconds: float = 0.0  # held for work a preemption threw away, and to restore from checkpoints
 
 
 class UsageMeter(Mapping[str, float]):
@@ -199,6 +232,7 @@ def replay(
     that outruns the run time it was planned with has it extended at that instant
     (``prediction.extended_s``), and the policy runs again.
     """
+    jobs = declare(jobs, declarations)
     state = _Replay(
         jobs,
         nodes=nodes,
@@ -381,11 +415,19 @@ class _Replay:
         return rv
 
     def preempt(self, jid: int, now: float) -> None:
-        """Stop a backlog job and requeue it with the work it had left (checkpointed)."""
+        """Stop a backlog job and requeue it with the work it had left: all of it without checkpoints,
+        else what came after its last checkpoint, plus the time to restore."""
         rv = self._stop(jid, now)
-        job = self.outcomes[jid].job
+        job = self.jobs[jid]
         got = sum(len(v) for v in rv.gpus_by_node.values())
-        self.remaining[jid] = max(self.remaining[jid] - (now - rv.started_at) * got / job.gpus, 1.0)
+        done = (now - rv.started_at) * got / job.gpus  # work done, in seconds at the declared width
+        kept, restore = 0.0, 0.0
+        if job.checkpoints:
+            interval = self.declarations.checkpoint_interval_s
+            kept = done if interval <= 0 else math.floor(done / interval) * interval
+            restore = self.declarations.restore_s if kept > 0 else 0.0
+        self.remaining[jid] = max(self.remaining[jid] - kept + restore, 1.0)
+        self.outcomes[jid].lost_gpu_seconds += (done - kept + restore) * job.gpus
         self.submit(jid, preemptible=True)
 
 
@@ -436,6 +478,7 @@ def summarize(outcomes: Sequence[Outcome], *, pool_gpus: int) -> dict:
         "jain_teams": round(jain([sum(v) / len(v) for v in by_team.values()]), 4),
         "by_size": _by_size(waits, outcomes),
         "reservations": reservation_delays(outcomes),
+        "lost_gpu_hours": round(sum(o.lost_gpu_seconds for o in outcomes) / HOUR_S, 2),
     }
 
 

@@ -30,6 +30,7 @@ class TraceJob:
     team: str
     min_gpus: int | None = None  # never set by the readers: for synthetic workloads
     preemptible: bool = False
+    checkpoints: bool = False  # a preempted run resumes from its last checkpoint (else it starts over)
 
 
 @dataclass(slots=True)

@@ -74,8 +74,12 @@ def test_sjf_starts_the_shortest_declared_job_first():
 
 def test_a_preempted_backlog_job_requeues_and_finishes_later():
     # A preemptible job fills the node; a normal job arrives and must not wait for it.
-    jobs = [TraceJob(0, 0, 1000, 4, 1.0, "batch", preemptible=True), TraceJob(1, 100, 50, 4, 1.0, "t")]
-    outcomes = simulate.replay(jobs, nodes=1, gpus_per_node=4, policy=policy.plan)
+    jobs = [
+        TraceJob(0, 0, 1000, 4, 1.0, "batch", preemptible=True, checkpoints=True),
+        TraceJob(1, 100, 50, 4, 1.0, "t"),
+    ]
+    continuous = simulate.Declarations(checkpoint_interval_s=0, restore_s=0)
+    outcomes = simulate.replay(jobs, nodes=1, gpus_per_node=4, policy=policy.plan, declarations=continuous)
     assert outcomes[1].start == 100  # the backlog job was preempted at once
     assert outcomes[0].start == 0 and outcomes[0].end == pytest.approx(150 + 900)  # resumed, checkpointed
 
