@@ -159,6 +159,34 @@ def _ids_text(value: Any) -> str:
     return ", ".join(map(str, value)) if isinstance(value, list) else _text(value)
 
 
+# What the form calls each field (its label), for the error summary above the form.
+LABELS = {
+    "": "Job", "team": "Team", "file": "Job file", "name": "Job name", "data": "Data",
+    "work": "Work", "work.argv": "Command", "work.env": "Environment", "work.image": "Container image",
+    "work.workdir": "Working directory", "request": "Request", "request.gpus": "GPUs",
+    "request.hours": "Time limit (hours)", "request.min_gpus": "Elastic minimum GPUs",
+    "request.gpu_model": "GPU model", "request.memory": "Memory", "request.cpus": "CPUs",
+    "request.preemptible": "Preemptible", "request.requeue": "Requeue after a node loss",
+    "output": "Output", "output.uri": "Destination URI", "output.bytes": "Expected size",
+}  # fmt: skip
+_ROW_LABELS = {"name": "name", "uri": "URI", "bytes": "size", "sha256": "sha256"}
+_ROW_PATH = re.compile(r"^data\[(\d+)\](?:\.(\w+))?$")
+_ENV_PATH = re.compile(r"^work\.env\.(.+)$")
+
+
+def field_label(path: str) -> str:
+    """``data[0].uri`` -> "Input 1: URI", ``work.env.PATH`` -> "Environment (PATH)"; unknown paths as they are."""
+    if path in LABELS:
+        return LABELS[path]
+    if row := _ROW_PATH.match(path):
+        name = f"Input {int(row.group(1)) + 1}"
+        return f"{name}: {_ROW_LABELS.get(row.group(2), row.group(2))}" if row.group(2) else name
+    if env := _ENV_PATH.match(path):
+        return f"Environment ({env.group(1)})"
+    base = path.split("[", 1)[0]
+    return LABELS.get(base, path)
+
+
 def _blank_row() -> dict[str, str]:
     return {"name": "", "uri": "", "bytes": "", "sha256": ""}
 
@@ -199,6 +227,7 @@ def bound_fields(form: JobForm) -> dict[str, Any]:
         | {"index": i, "error": form.errors.get(f"data[{i}]", "")}
         for i, row in enumerate(form.rows)
     ]
+    fields["summary"] = [(field_label(path), message) for path, message in form.errors.items()]
     fields["data_error"] = form.errors.get("data", "")
     fields["team_error"] = form.errors.get("team", "")
     fields["file_error"] = form.errors.get("file", "")
