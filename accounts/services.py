@@ -59,21 +59,24 @@ def add_member(*, team: Team, user, role: str = Membership.Role.MEMBER) -> Membe
 
 
 @transaction.atomic
-def ensure_demo_accounts(*, password: str) -> dict[str, str]:
-    """Creates the demo operator and team member if missing; returns {username: password} of new ones."""
+def ensure_demo_accounts(*, password: str = "") -> dict[str, str]:
+    """Creates the demo operator and team member if missing; returns {username: password} of new ones.
+
+    Each new user gets a password of its own unless ``password`` (E31_DEMO_PASSWORD) names one for both.
+    """
     User = get_user_model()
     created: dict[str, str] = {}
     team = Team.objects.filter(slug="demo").first() or create_team(name="demo")
     operator, made = User.objects.get_or_create(username="operator", defaults={"is_staff": True})
     if made:
-        operator.set_password(password)
+        created["operator"] = password or secrets.token_urlsafe(9)
+        operator.set_password(created["operator"])
         operator.is_superuser = True
         operator.save()
-        created["operator"] = password
     demo, made = User.objects.get_or_create(username="demo")
     if made:
-        demo.set_password(password)
+        created["demo"] = password or secrets.token_urlsafe(9)
+        demo.set_password(created["demo"])
         demo.save()
-        created["demo"] = password
     add_member(team=team, user=demo, role=Membership.Role.ADMIN)
     return created
