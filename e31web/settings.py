@@ -289,8 +289,9 @@ E31_MAX_JOB_HOURS = env.float("E31_MAX_JOB_HOURS", default=168.0)
 # The largest output a job may declare: its attempt space is an image of that size, and ext4 stops at 16 TiB.
 E31_MAX_OUTPUT_BYTES = env.int("E31_MAX_OUTPUT_BYTES", default=2**40)
 E31_HEARTBEAT_S = env.float("E31_HEARTBEAT_S", default=5.0)
-# How often an agent looks for its GPUs again (a GPU that fell off the bus).
+# How often an agent looks for its GPUs again (a GPU that fell off the bus), and samples them.
 E31_GPU_RESCAN_S = env.float("E31_GPU_RESCAN_S", default=30.0)
+E31_GPU_SAMPLE_S = env.float("E31_GPU_SAMPLE_S", default=5.0)
 E31_NODE_TIMEOUT_S = env.float("E31_NODE_TIMEOUT_S", default=30.0)
 E31_KILL_GRACE_S = env.float("E31_KILL_GRACE_S", default=10.0)
 E31_RECONCILE_AFTER_S = env.float("E31_RECONCILE_AFTER_S", default=60.0)

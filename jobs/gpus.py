@@ -9,8 +9,9 @@ Virtual GPUs (``--virtual-gpus``) are made up here and never sampled.
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pynvml
@@ -197,3 +198,56 @@ def _number(text: str) -> float | None:
         return float(text)
     except ValueError:
         return None
+
+
+@dataclass
+class _Minute:
+    samples: int = 0
+    utilisation_sum: float = 0.0
+    utilisation_max: float = 0.0
+    memory_used_max_bytes: int = 0
+    power_sum_w: float = 0.0
+    power_samples: int = 0
+    temperature_max_c: float | None = None
+
+    def add(self, s: Sample) -> None:
+        self.samples += 1
+        self.utilisation_sum += s.utilisation
+        self.utilisation_max = max(self.utilisation_max, s.utilisation)
+        self.memory_used_max_bytes = max(self.memory_used_max_bytes, s.memory_used_bytes)
+        if s.power_w is not None:
+            self.power_sum_w += s.power_w
+            self.power_samples += 1
+        if s.temperature_c is not None:
+            self.temperature_max_c = max(self.temperature_max_c or s.temperature_c, s.temperature_c)
+
+
+class Minutes:
+    """Samples of allocated GPUs folded into one summary per (allocation, GPU, UTC minute).
+
+    ``add`` takes each sample with its time; ``closed`` hands over the minutes that are over, and those
+    of allocations no longer running (their last, partial minute), each once.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[int, int, datetime], _Minute] = {}
+
+    def add(self, *, allocation_id: int, sample: Sample, at: datetime) -> None:
+        key = (allocation_id, sample.index, at.replace(second=0, microsecond=0))
+        self._open.setdefault(key, _Minute()).add(sample)
+
+    def closed(self, *, now: datetime, running: Collection[int]) -> list[dict]:
+        current = now.replace(second=0, microsecond=0)
+        done = [key for key in self._open if key[2] < current or key[0] not in running]
+        return [self._summary(key, self._open.pop(key)) for key in sorted(done)]
+
+    @staticmethod
+    def _summary(key: tuple[int, int, datetime], m: _Minute) -> dict:
+        allocation_id, index, minute = key
+        return {
+            "allocation_id": allocation_id, "gpu_index": index, "minute": minute, "samples": m.samples,
+            "utilisation_avg": m.utilisation_sum / m.samples, "utilisation_max": m.utilisation_max,
+            "memory_used_max_bytes": m.memory_used_max_bytes,
+            "power_avg_w": m.power_sum_w / m.power_samples if m.power_samples else None,
+            "temperature_max_c": m.temperature_max_c,
+        }  # fmt: skip

@@ -324,6 +324,33 @@ class GpuHold(models.Model):
         return f"{self.node_id}:{self.gpu_index} ({'held' if self.active else 'freed'})"
 
 
+class GpuMinute(models.Model):
+    """What one allocated GPU did over one UTC minute, summarised by its node agent from its samples."""
+
+    allocation = models.ForeignKey(Allocation, on_delete=models.PROTECT, related_name="gpu_minutes")
+    gpu_index = models.PositiveSmallIntegerField()
+    minute = models.DateTimeField()
+    samples = models.PositiveIntegerField()
+    utilisation_avg = models.FloatField()
+    utilisation_max = models.FloatField()
+    memory_used_max_bytes = models.BigIntegerField()
+    power_avg_w = models.FloatField(null=True, blank=True)
+    temperature_max_c = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["allocation", "minute", "gpu_index"]
+        constraints = [
+            models.UniqueConstraint(fields=["allocation", "gpu_index", "minute"], name="one_gpu_minute"),
+            models.CheckConstraint(
+                condition=Q(samples__gt=0, utilisation_avg__gte=0, utilisation_avg__lte=100),
+                name="gpu_minute_utilisation_is_a_percentage",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.allocation_id}:{self.gpu_index}@{self.minute:%H:%M}"
+
+
 class SchedulerState(models.Model):
     """A single row: the coalescing doorbell for scheduler passes and the last pass's figures."""
 

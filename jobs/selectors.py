@@ -4,19 +4,28 @@ plans with, delivered outputs read back. Nothing here writes.
 """
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
-from django.db.models import F, Prefetch, QuerySet, Sum
+from django.db.models import Avg, Count, F, Max, Prefetch, Q, QuerySet, Sum
 
 from accounts import scoping
 from jobs import declaration
 from jobs.lifecycle import ALIVE, BEFORE_RENT, TERMINAL, EndReason, State
-from jobs.models import Allocation, DataInput, DatasetCacheEntry, Job, NodeGpu, OutputFile, OutputTransfer
+from jobs.models import (
+    Allocation,
+    DataInput,
+    DatasetCacheEntry,
+    GpuMinute,
+    Job,
+    NodeGpu,
+    OutputFile,
+    OutputTransfer,
+)
 from jobs.scheduling import prediction
 from jobs.transfers import sources
 
@@ -284,3 +293,67 @@ def declaration_of(job: Job) -> dict:
         "request": {k: v for k, v in request.items() if v is not None},
         "output": {"uri": job.output_uri, "bytes": job.output_bytes},
     }
+
+
+def running_allocations(*, node_name: str) -> dict[int, list[int]]:
+    """The allocations whose process runs on the node now, with their GPU indices (what its agent samples)."""
+    rows = Allocation.objects.filter(
+        node__name=node_name, started_at__isnull=False, finished_at__isnull=True, released_at__isnull=True
+    ).values_list("id", "gpu_indices")
+    return dict(rows)
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """How busy the GPUs a job (or one allocation) held were, from its agents' minute summaries."""
+
+    virtual: bool  # every GPU it held was virtual: there is nothing to measure
+    samples: int
+    utilisation: float | None  # percent, averaged over every sample of every GPU it held
+    utilisation_max: float | None = None
+    memory_used_max_bytes: int | None = None
+    power_avg_w: float | None = None
+    temperature_max_c: float | None = None
+
+    def __str__(self) -> str:
+        if self.virtual:
+            return "no metrics (virtual)"
+        return f"{self.utilisation:.0f} %" if self.samples else "no GPU samples"
+
+
+def gpu_use_by_job(job_ids: Sequence[int]) -> dict[int, GpuUse]:
+    """Each job's GPU use over all its attempts (two queries, whatever the number of jobs)."""
+    held = Allocation.objects.filter(job_id__in=job_ids).values("job_id")
+    virtual = {
+        row["job_id"]: row["real"] == 0
+        for row in held.annotate(real=Count("id", filter=~Q(node__gpu_source=VIRTUAL_GPUS)))
+    }
+    minutes = GpuMinute.objects.filter(allocation__job_id__in=job_ids).values("allocation__job_id")
+    summed = {row.pop("allocation__job_id"): row for row in minutes.annotate(**_USE).order_by()}
+    return {job_id: _gpu_use(virtual.get(job_id, False), summed.get(job_id)) for job_id in job_ids}
+
+
+def gpu_use_by_allocation(allocations: Sequence[Allocation]) -> dict[int, GpuUse]:
+    """Each allocation's GPU use (its node is read from the allocation: select_related it)."""
+    minutes = GpuMinute.objects.filter(allocation_id__in=[a.id for a in allocations]).values("allocation_id")
+    summed = {row.pop("allocation_id"): row for row in minutes.annotate(**_USE).order_by()}
+    return {a.id: _gpu_use(a.node.gpu_source == VIRTUAL_GPUS, summed.get(a.id)) for a in allocations}
+
+
+VIRTUAL_GPUS = "virtual"  # a node's gpu_source when its agent serves made-up GPUs
+# Named apart from the fields they sum: an annotation named as a field would shadow it in F().
+_USE = {
+    "sampled": Sum("samples"), "weighted": Sum(F("utilisation_avg") * F("samples")),
+    "peak": Max("utilisation_max"), "memory_peak": Max("memory_used_max_bytes"),
+    "power": Avg("power_avg_w"), "hottest": Max("temperature_max_c"),
+}  # fmt: skip
+
+
+def _gpu_use(virtual: bool, row: dict | None) -> GpuUse:
+    if virtual or not row or not row["sampled"]:
+        return GpuUse(virtual=virtual, samples=0, utilisation=None)
+    return GpuUse(
+        virtual=False, samples=row["sampled"], utilisation=row["weighted"] / row["sampled"],
+        utilisation_max=row["peak"], memory_used_max_bytes=row["memory_peak"], power_avg_w=row["power"],
+        temperature_max_c=row["hottest"],
+    )  # fmt: skip

@@ -15,6 +15,7 @@ from django.db.models import CharField, Count, F, Func, OuterRef, QuerySet, Subq
 
 from accounts.models import Team
 from common import scales
+from jobs import selectors as job_selectors
 from jobs.models import Allocation
 from metering.models import LedgerDay, LedgerJobMonth, MeterEntry
 from metering.periods import (
@@ -89,6 +90,7 @@ class JobLine:
     team: str
     metered: int
     adjusted: int
+    gpu_use: job_selectors.GpuUse | None = None  # how busy the GPUs it held were
 
     @property
     def gpu_micros(self) -> int:
@@ -121,8 +123,9 @@ def statement(*, team: Team | None, month: datetime) -> Statement:
         .order_by("-total", "job_id")
         .values_list("job_id", "job__name", "team__slug", "metered", "adjusted")[:JOB_LIMIT]
     )
+    uses = job_selectors.gpu_use_by_job([row[0] for row in shown]) if shown else {}
     lines = [
-        JobLine(job_id, name, slug, int(metered), int(adjusted))
+        JobLine(job_id, name, slug, int(metered), int(adjusted), uses[job_id])
         for job_id, name, slug, metered, adjusted in shown
     ]
     return Statement(month, int(totals["metered"] or 0), int(totals["adjusted"] or 0), lines, totals["jobs"])

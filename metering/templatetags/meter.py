@@ -2,6 +2,7 @@
 
 from django import template
 
+from jobs import selectors as job_selectors
 from jobs.models import Job
 from metering import reports, selectors
 from metering.models import format_seconds
@@ -14,10 +15,12 @@ register = template.Library()
 def job_meter(context, job: Job) -> dict:
     """The job's ledger rows grouped by allocation (attempt, node), for the job page."""
     parts = selectors.job_meter(job)
+    uses = job_selectors.gpu_use_by_allocation([p.allocation for p in parts]) if parts else {}
     user = context.get("user") or getattr(context.get("request"), "user", None)
     return {
         "job": job,
-        "parts": parts,
+        "parts": [(part, uses[part.allocation.id]) for part in parts],
+        "gpu_use": job_selectors.gpu_use_by_job([job.id])[job.id] if parts else None,
         "gpu_micros": sum(p.gpu_micros for p in parts),
         "is_operator": bool(user and user.is_staff),
         "rate": reports.rate(),

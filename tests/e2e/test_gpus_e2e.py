@@ -4,21 +4,24 @@ its PATH answers from a file the test edits, to take a GPU off the bus or make t
 import os
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from jobs import nodes
-from jobs.models import Allocation, Node, NodeGpu
+from jobs.models import Allocation, GpuMinute, Node, NodeGpu
 from tests.e2e.conftest import wait_for, wait_for_state
 from tests.e2e.test_lifecycle_e2e import py, submit
+from tests.factories import UserFactory
 from tests.fakes import FAKE_BIN, h100, write_gpus
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+UTIL = [10, 30, 50, 70]  # each GPU's utilisation, as the stand-in nvidia-smi reports it
 
 
 @pytest.fixture
 def gpu_node(live_pool, tmp_path):
     """A third agent started as on a GPU machine (no --gpus, no --virtual-gpus), the only node taking work."""
-    gpus_file = write_gpus(tmp_path / "gpus.json", [h100(i, util=20 * i) for i in range(4)])
+    gpus_file = write_gpus(tmp_path / "gpus.json", [h100(i, util=UTIL[i]) for i in range(4)])
     name = f"e2e-{live_pool.tag}-3"  # a pool's third agent
     env = {"PATH": f"{FAKE_BIN}{os.pathsep}{os.environ['PATH']}", "E31_FAKE_GPUS": str(gpus_file),
            "E31_GPU_RESCAN_S": "1", "E31_GPU_SAMPLE_S": "0.5"}  # fmt: skip
@@ -53,3 +56,34 @@ def test_the_agent_registers_the_gpus_nvidia_smi_reports_and_stops_offering_one_
     assert Allocation.objects.get(job=job).gpu_indices == [0, 2, 3]
     # CUDA names them by UUID: right whatever the renumbering once GPU 1 is gone
     assert f"visible {h100(0)['uuid']},{h100(2)['uuid']},{h100(3)['uuid']}" in job.log_tail
+
+
+def test_the_agent_samples_the_gpus_a_job_holds_and_the_job_page_shows_how_busy_they_were(
+    gpu_node, member, client
+):
+    name, _ = gpu_node
+    job = submit(member, py("import time; time.sleep(4)"), gpus=2)
+    job = wait_for_state(job.id, "released", timeout=60)
+    allocation = Allocation.objects.get(job=job)
+    minutes = wait_for(
+        lambda: list(GpuMinute.objects.filter(allocation=allocation).order_by("gpu_index")) or None,
+        timeout=15, what="the agent to store the job's minute summaries",
+    )  # fmt: skip
+    assert {m.gpu_index for m in minutes} == set(allocation.gpu_indices)
+    for m in minutes:
+        assert m.samples >= 2 and m.utilisation_avg == UTIL[m.gpu_index], m.__dict__
+        assert (m.power_avg_w, m.temperature_max_c) == (70.0, 35.0)
+    expected = sum(UTIL[i] * n for i, n in ((m.gpu_index, m.samples) for m in minutes)) / sum(
+        m.samples for m in minutes
+    )
+    client.force_login(member)
+    page = client.get(reverse("jobs:detail", args=[job.id])).content.decode()
+    assert f"GPU-hours at {expected:.0f} % average utilisation" in page
+
+    # the operator's pool page shows each GPU's live utilisation, idle ones included
+    node = Node.objects.get(name=name)
+    wait_for(lambda: NodeGpu.objects.filter(node=node, sampled_at__isnull=False).count() == 4, timeout=10,
+             what="every GPU's latest reading")  # fmt: skip
+    client.force_login(UserFactory(username="olga", is_staff=True))
+    row = client.get(reverse("operations:pool")).content.decode().split(f'id="node-{node.id}-row"')[1]
+    assert "utilisation 0: 10 % · 1: 30 % · 2: 50 % · 3: 70 % (from nvidia-smi)" in row.split("</tr>")[0]

@@ -1,6 +1,7 @@
 """Starts the agent of one GPU node: registers it, heartbeats, and serves queue node.<name>."""
 
 import argparse
+import logging
 import math
 import os
 import socket
@@ -15,9 +16,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 from django.utils import timezone
 
-from jobs import agent, gpus, limits, network, nodes, sandbox, tasks, units
+from jobs import agent, gpu_usage, gpus, limits, network, nodes, sandbox, selectors, tasks, units
 
 AGENT_VERSION = "1.0"
+log = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
@@ -94,6 +96,8 @@ class Command(BaseCommand):
         if refusal:
             self.stdout.write(f"node {name} takes one-node jobs only: {refusal}")
         threading.Thread(target=_heartbeat, args=(register, gpu_cap), daemon=True, name="heartbeat").start()
+        if source != gpus.VIRTUAL:  # virtual GPUs have nothing to measure
+            threading.Thread(target=_sample_gpus, args=(register,), daemon=True, name="gpu-sampler").start()
         # The project's Celery app (e31web.celery), made current when Django loaded its settings.
         celery.current_app.worker_main(
             [
@@ -220,6 +224,37 @@ def _rescan(register: dict, cap: int | None) -> None:
     nodes.update_node_gpus(name=register["name"], gpu_list=[asdict(gpu) for gpu in found], now=timezone.now())
     register.update(_gpu_fields(found, source))
     tasks.AGENT["gpu_uuids"] = _uuids(found)
+
+
+def _sample_gpus(register: dict) -> None:
+    """Every E31_GPU_SAMPLE_S: each GPU's reading for the pool page, folded per minute for the jobs holding it.
+
+    A minute the database did not take is offered again at the next sample.
+    """
+    minutes, unsent = gpus.Minutes(), []
+    while not threading.Event().wait(settings.E31_GPU_SAMPLE_S):
+        try:
+            close_old_connections()
+            unsent += _sample_once(register, minutes)
+            gpu_usage.record_gpu_minutes(node_name=register["name"], minutes=unsent)
+            unsent = []
+        except Exception:  # the database is restarting: the next sample will get through
+            log.warning("node %s: GPU sample not recorded", register["name"], exc_info=True)
+            close_old_connections()
+
+
+def _sample_once(register: dict, minutes: gpus.Minutes) -> list[dict]:
+    """Samples the node's GPUs now; the minute summaries that closed."""
+    now = timezone.now()
+    samples = gpus.sample([gpus.Gpu(**g) for g in register["gpu_list"]], register["gpu_source"])
+    gpu_usage.record_gpu_readings(node_name=register["name"], readings=[asdict(s) for s in samples], now=now)
+    running = selectors.running_allocations(node_name=register["name"])
+    by_index = {s.index: s for s in samples}
+    for allocation_id, indices in running.items():
+        for index in indices:
+            if index in by_index:
+                minutes.add(allocation_id=allocation_id, sample=by_index[index], at=now)
+    return minutes.closed(now=now, running=running)
 
 
 def _identity(gpu_list) -> set[tuple[int, str]]:
