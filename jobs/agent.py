@@ -127,6 +127,7 @@ class Part:
     key: str  # names this part's namespace, links and groups on the host
     visible_devices: str  # CUDA_VISIBLE_DEVICES
     network: network.PartNetwork | None  # a part of a job spanning nodes, sandboxed: its own wired namespace
+    num_gpus: int = 0  # GPUs the attempt holds on all its nodes (elastic: fewer or more than declared)
 
 
 def run_part(
@@ -202,16 +203,28 @@ def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | Non
     key = hashlib.sha256(f"{allocation.node.name}:{allocation.id}".encode()).hexdigest()[:10]
     visible = devices.visible_devices(allocation.gpu_indices, gpu_uuids or {})
     first = siblings[0]
+    held = sum(len(s.gpu_indices) for s in siblings)
     if len(siblings) == 1 or mode != sandbox.BUBBLEWRAP:
         coordinator = first.node.address or first.node.name
         return Part(
-            allocation, allocation.job, allocation.rank, len(siblings), coordinator, key, visible, None
-        )
+            allocation, allocation.job, allocation.rank, len(siblings), coordinator, key, visible, None,
+            num_gpus=held,
+        )  # fmt: skip
     subnet = settings.E31_JOB_SUBNET
     wired = network.plan(subnet=subnet, key=key, slot=allocation.node.network_slot, gpu_indices=allocation.gpu_indices,
                          peers=[(s.node.network_slot, s.gpu_indices) for s in siblings])  # fmt: skip
     coordinator = network.part_addresses(subnet, first.node.network_slot, first.gpu_indices)[1]
-    return Part(allocation, allocation.job, allocation.rank, len(siblings), coordinator, key, visible, wired)
+    return Part(
+        allocation,
+        allocation.job,
+        allocation.rank,
+        len(siblings),
+        coordinator,
+        key,
+        visible,
+        wired,
+        num_gpus=held,
+    )
 
 
 def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: sandbox.Confinement,
@@ -379,6 +392,7 @@ def _job_env(part: Part, dirs: sandbox.AttemptDirs) -> dict[str, str]:
         "E31_OUTPUT_DIR": str(dirs.output),
         "E31_NODE_RANK": str(part.rank),
         "E31_NUM_NODES": str(part.num_nodes),
+        "E31_NUM_GPUS": str(part.num_gpus),
         "E31_COORDINATOR": part.coordinator,
         **(libraries if driver else {}),
     }

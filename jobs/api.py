@@ -68,7 +68,7 @@ def job_json(job: Job) -> dict:
         "work": {"argv": job.argv, "env": job.env, "image": job.image, "workdir": job.workdir},
         "data": [_input_json(d) for d in job.inputs.all()],
         "request": {
-            "gpus": job.gpus, "hours": job.hours, "min_gpus": job.min_gpus, "gpu_model": job.gpu_model,
+            "gpus": job.gpus, "hours": job.hours, "min_gpus": job.min_gpus, "max_gpus": job.max_gpus, "gpu_model": job.gpu_model,
             "preemptible": job.preemptible, "requeue": job.requeue, "memory": job.memory_bytes, "cpus": job.cpus,
         },
         "output": {"uri": job.output_uri, "bytes": job.output_bytes},

@@ -78,6 +78,7 @@ class Declaration:
     output_uri: str
     output_bytes: int
     memory_bytes: int | None = None  # None: the node's share for the job's GPUs
+    max_gpus: int | None = None  # elastic: may start this wide on GPUs nothing else waits for
     cpus: float | None = None
     # Older jobs of the same team it runs after: once each has succeeded / once each has ended.
     after_ok: tuple[int, ...] = ()
@@ -152,6 +153,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     workdir = _workdir(work.get("workdir"), errs)
     data = _inputs(raw.get("data", []), limits, errs)
     gpus, min_gpus = _gpus(request, limits, errs)
+    max_gpus = _max_gpus(request.get("max_gpus"), gpus, limits, errs)
     hours = _hours(request.get("hours"), limits, errs)
     output_uri = _output_uri(output.get("uri"), limits, errs)
     output_bytes = _output_bytes(output.get("bytes"), limits, errs)
@@ -165,7 +167,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     return Declaration(
         name=name, argv=argv, env=env, image=image, workdir=workdir, data=data,
         gpus=gpus, gpu_model=gpu_model,
-        hours=hours, min_gpus=min_gpus,
+        hours=hours, min_gpus=min_gpus, max_gpus=max_gpus,
         preemptible=flags["preemptible"], requeue=flags["requeue"],
         output_uri=output_uri, output_bytes=output_bytes, memory_bytes=memory, cpus=cpus,
         after_ok=after_ok, after_any=after_any,
@@ -427,6 +429,17 @@ def _gpus(request: Mapping, limits: Limits, errs: _Collector) -> tuple[int, int 
         errs.add("request.min_gpus", f"an elastic minimum is between 1 and the {gpus} GPUs requested")
         return gpus, None
     return gpus, (None if min_gpus == gpus else min_gpus)
+
+
+def _max_gpus(value: Any, gpus: int, limits: Limits, errs: _Collector) -> int | None:
+    """Elastic growth: at least the GPUs requested, at most what the pool can place for one job."""
+    if value in (None, "") or not gpus:
+        return None
+    top = limits.pool_gpus or gpus
+    if not _is_int(value) or not gpus <= value <= top:
+        errs.add("request.max_gpus", f"an elastic maximum is between the {gpus} GPUs requested and {top}")
+        return None
+    return None if value == gpus else value
 
 
 def _hours(value: Any, limits: Limits, errs: _Collector) -> float:

@@ -27,7 +27,14 @@ class Option:
 
 
 def draft_options(
-    *, team: str, gpus: int, hours: float, min_gpus: int | None, preemptible: bool, now: datetime
+    *,
+    team: str,
+    gpus: int,
+    hours: float,
+    min_gpus: int | None,
+    preemptible: bool,
+    now: datetime,
+    max_gpus: int | None = None,
 ) -> list[Option]:
     """The draft as declared, then the variations that could start it sooner."""
     view = snapshot.take(now=now)
@@ -39,23 +46,33 @@ def draft_options(
         variants.append((f"with {max(1, gpus // 2)} GPUs", max(1, gpus // 2), hours, None))
         if not min_gpus:
             variants.append((f"elastic, {max(1, gpus // 2)}-{gpus} GPUs", gpus, hours, max(1, gpus // 2)))
-    return [_estimate(view, team, label, g, h, m, preemptible, now, learned) for label, g, h, m in variants]
+    return [
+        _estimate(view, team, label, g, h, m, preemptible, now, learned, max_gpus if i == 0 else None)
+        for i, (label, g, h, m) in enumerate(variants)
+    ]
 
 
-def _estimate(view, team, label, gpus, hours, min_gpus, preemptible, now, learned) -> Option:
+def _estimate(view, team, label, gpus, hours, min_gpus, preemptible, now, learned, max_gpus=None) -> Option:
     draft = types.PendingJob(
         job_id=DRAFT_ID, team=team, gpus=gpus, hours=learned.predict_hours(hours), submitted_at=now.timestamp(),
-        min_gpus=min_gpus, preemptible=preemptible,
+        min_gpus=min_gpus, preemptible=preemptible, max_gpus=max_gpus,
     )  # fmt: skip
     plan = policy.plan(
         now=now.timestamp(), nodes=view.nodes, running=view.running, pending=[*view.pending, draft],
         usage=view.usage, shares=view.shares, config=view.config,
     )  # fmt: skip
     estimate = plan.estimates.get(DRAFT_ID)
-    started = any(s.job_id == DRAFT_ID for s in plan.starts)
+    started = [s for s in plan.starts if s.job_id == DRAFT_ID]
     if started:
+        held = sum(len(ix) for ix in started[0].gpus_by_node.values())
+        wider = f" with {held} GPUs (elastic, up to {max_gpus})" if held > gpus else ""
         return Option(
-            label, gpus, hours, min_gpus, now, "GPUs are free: it would start as soon as its data is staged"
+            label,
+            gpus,
+            hours,
+            min_gpus,
+            now,
+            f"GPUs are free: it would start{wider} as soon as its data is staged",
         )
     if estimate is None:
         return Option(label, gpus, hours, min_gpus, None, "no estimate")

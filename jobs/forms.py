@@ -60,6 +60,7 @@ class JobForm:
             "work.workdir": _text(work.get("workdir")),
             "request.gpus": _text(request.get("gpus")),
             "request.min_gpus": _text(request.get("min_gpus")),
+            "request.max_gpus": _text(request.get("max_gpus")),
             "request.hours": _text(request.get("hours")),
             "request.gpu_model": _text(request.get("gpu_model")),
             "request.memory": _size_text(request.get("memory")),
@@ -99,6 +100,7 @@ class JobForm:
             "request": {
                 "gpus": self._number("request.gpus", int),
                 "min_gpus": self._number("request.min_gpus", int, optional=True),
+                "max_gpus": self._number("request.max_gpus", int, optional=True),
                 "hours": self._number("request.hours", float),
                 "gpu_model": v.get("request.gpu_model", ""),
                 "memory": v.get("request.memory", "").strip(),
@@ -143,7 +145,7 @@ class JobForm:
 
 _SCALARS = (
     "name", "work.argv", "work.env", "work.image", "work.workdir",
-    "request.gpus", "request.min_gpus", "request.hours", "request.gpu_model", "request.memory", "request.cpus",
+    "request.gpus", "request.min_gpus", "request.max_gpus", "request.hours", "request.gpu_model", "request.memory", "request.cpus",
     "output.uri", "output.bytes", "after_ok", "after_any",
 )  # fmt: skip
 _JOB_ID_SEPARATORS = re.compile(r"[\s,]+")
@@ -164,7 +166,7 @@ LABELS = {
     "": "Job", "team": "Team", "file": "Job file", "name": "Job name", "data": "Data",
     "work": "Work", "work.argv": "Command", "work.env": "Environment", "work.image": "Container image",
     "work.workdir": "Working directory", "request": "Request", "request.gpus": "GPUs",
-    "request.hours": "Time limit (hours)", "request.min_gpus": "Elastic minimum GPUs",
+    "request.hours": "Time limit (hours)", "request.min_gpus": "Elastic minimum GPUs", "request.max_gpus": "Elastic maximum GPUs",
     "request.gpu_model": "GPU model", "request.memory": "Memory", "request.cpus": "CPUs",
     "request.preemptible": "Preemptible", "request.requeue": "Requeue after a node loss",
     "output": "Output", "output.uri": "Destination URI", "output.bytes": "Expected size",

@@ -39,6 +39,8 @@ class Job(models.Model):
     gpu_model = models.CharField(max_length=60, blank=True)
     hours = models.FloatField()
     min_gpus = models.PositiveIntegerField(null=True, blank=True)
+    # Elastic: may start this wide on GPUs nothing else waits for (the job reads E31_NUM_GPUS).
+    max_gpus = models.PositiveIntegerField(null=True, blank=True)
     preemptible = models.BooleanField(default=False)
     requeue = models.BooleanField(default=False)
     # For the whole job, split across its nodes by GPUs; null: the node's share for its GPUs.
@@ -77,6 +79,10 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(min_gpus__isnull=True) | Q(min_gpus__gte=1, min_gpus__lte=models.F("gpus")),
                 name="job_min_gpus_in_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_gpus__isnull=True) | Q(max_gpus__gte=models.F("gpus")),
+                name="job_max_gpus_at_least_gpus",
             ),
             models.CheckConstraint(
                 condition=Q(memory_bytes__isnull=True) | Q(memory_bytes__gt=0), name="job_memory_positive"

@@ -104,6 +104,8 @@ def _start_reason(start, view) -> str:
     held = sum(len(ix) for ix in start.gpus_by_node.values())
     wanted = view.requested_gpus.get(start.job_id, held)
     where = ", ".join(f"{node} GPUs {','.join(map(str, ix))}" for node, ix in start.gpus_by_node.items())
+    if held > wanted:
+        return f"placed on {where} (elastic: {held} GPUs for {wanted} requested, on GPUs nothing else waited for)"
     return f"placed on {where}" + (f" (elastic: {held} of {wanted} GPUs)" if held < wanted else "")
 
 

@@ -59,6 +59,10 @@ class RequestIn(NullIsAbsent):
         ..., description="Time limit in hours, at least one second; the scheduler plans with it."
     )
     min_gpus: StrictInt | None = Field(None, description="Elastic: may start with as few as this.")
+    max_gpus: StrictInt | None = Field(
+        None,
+        description="Elastic: may start this wide on GPUs nothing else waits for (the job reads E31_NUM_GPUS).",
+    )
     gpu_model: str = ""
     preemptible: StrictBool = False
     requeue: StrictBool = Field(False, description="Requeue as a new attempt after a node loss (at most 3).")

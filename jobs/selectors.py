@@ -280,8 +280,8 @@ def present_gpus(gpus_by_node: Mapping[int, int]) -> dict[int, tuple[int, ...]]:
 def declaration_of(job: Job) -> dict:
     """The job's four parts as a job file declares them: what a re-run submits again, or prefills."""
     request = {
-        "gpus": job.gpus, "hours": job.hours, "min_gpus": job.min_gpus, "gpu_model": job.gpu_model,
-        "preemptible": job.preemptible, "requeue": job.requeue, "memory": job.memory_bytes, "cpus": job.cpus,
+        "gpus": job.gpus, "hours": job.hours, "min_gpus": job.min_gpus, "max_gpus": job.max_gpus,
+        "gpu_model": job.gpu_model, "preemptible": job.preemptible, "requeue": job.requeue, "memory": job.memory_bytes, "cpus": job.cpus,
     }  # fmt: skip
     return {
         "name": job.name,

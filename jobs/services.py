@@ -56,7 +56,7 @@ def submit_job(
         team=team, submitted_by=user, name=spec.name, state=State.SUBMITTED,
         submitted_at=now, state_changed_at=now,
         argv=spec.argv, env=spec.env, image=spec.image, workdir=spec.workdir,
-        gpus=spec.gpus, gpu_model=spec.gpu_model, hours=spec.hours, min_gpus=spec.min_gpus,
+        gpus=spec.gpus, gpu_model=spec.gpu_model, hours=spec.hours, min_gpus=spec.min_gpus, max_gpus=spec.max_gpus,
         preemptible=spec.preemptible, requeue=spec.requeue, memory_bytes=spec.memory_bytes, cpus=spec.cpus,
         output_uri=spec.output_uri, output_bytes=spec.output_bytes, rerun_of=rerun_of,
     )  # fmt: skip

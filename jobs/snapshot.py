@@ -150,7 +150,7 @@ def _pending(now: datetime) -> list[types.PendingJob]:
     """Queued jobs are ready; staging ones are planned from their staging ETA."""
     jobs = Job.objects.filter(state__in=(State.QUEUED, State.STAGING, State.SUBMITTED)).values_list(
         "id", "team__name", "gpus", "hours", "submitted_at", "min_gpus", "preemptible", "state",
-        "memory_bytes", "cpus",
+        "memory_bytes", "cpus", "max_gpus",
     )  # fmt: skip
     etas = staging_etas(now)
     datasets = selectors.job_datasets([row[0] for row in jobs])
@@ -158,12 +158,12 @@ def _pending(now: datetime) -> list[types.PendingJob]:
     return [
         types.PendingJob(
             job_id=job_id, team=team, gpus=gpus, hours=hours, submitted_at=submitted.timestamp(),
-            min_gpus=min_gpus, preemptible=preemptible,
+            min_gpus=min_gpus, max_gpus=max_gpus, preemptible=preemptible,
             ready_at=None if state == State.QUEUED else etas.get(job_id, now.timestamp() + 60),
             datasets=datasets.get(job_id, frozenset()), memory=memory, cpus=cpus,
             waits_for=waits.get(job_id, ()),
         )
-        for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state, memory, cpus in jobs
+        for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state, memory, cpus, max_gpus in jobs
     ]  # fmt: skip
 
 

@@ -237,6 +237,11 @@ def queue(request: HttpRequest) -> HttpResponse:
     return render(request, "jobs/queue.html#queue-rows" if request.htmx else "jobs/queue.html", context)
 
 
+def _max_gpus(request: dict, gpus: int) -> int | None:
+    value = request.get("max_gpus")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > gpus else None
+
+
 @login_required
 @require_POST
 def estimate(request: HttpRequest) -> HttpResponse:
@@ -254,7 +259,7 @@ def estimate(request: HttpRequest) -> HttpResponse:
     else:
         context["options"] = estimates.draft_options(
             team=team.name, gpus=gpus, hours=hours, min_gpus=raw.get("min_gpus"),
-            preemptible=bool(raw.get("preemptible")), now=context["now"],
+            preemptible=bool(raw.get("preemptible")), now=context["now"], max_gpus=_max_gpus(raw, gpus),
         )  # fmt: skip
         context["budget"] = signals.check_budget(team=team, gpu_hours=gpus * hours, now=context["now"])
         context["planned"] = selectors.planned_run(

@@ -27,7 +27,8 @@ The default policy, in order of precedence:
    nodes caching the job's datasets first. Larger jobs take whole free nodes of the largest size,
    plus a best-fit node for any remainder.
 5. **Elastic and backlog jobs** - an elastic job that cannot start at full size starts now with as
-   many GPUs as one placement gives (at least ``min_gpus``). Preemptible ("backlog") jobs are
+   many GPUs as one placement gives (at least ``min_gpus``); one that declared ``max_gpus`` starts
+   wider on its nodes' idle GPUs when the pass leaves nothing waiting (``widening``). Preemptible ("backlog") jobs are
    placed after every other job, on any idle GPU, and count as free when reservations are made: a
    reservation that could start now on their GPUs preempts them (ids in ``Plan.preemptions``).
 
@@ -41,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from operator import attrgetter
 
-from jobs.scheduling import explanation, gates, placement, priority
+from jobs.scheduling import explanation, gates, placement, priority, widening
 from jobs.scheduling.types import (
     DEFAULT_CONFIG,
     NodeView,
@@ -86,6 +87,7 @@ def plan(
         explainer=explainer,
         memo=memo,
     )
+    result = widening.widen(result, pending=pending, nodes=nodes)
     if not config.explain:
         return result
     held = gates.estimates(now=now, gate=gate, running=running, planned=result.estimates)

@@ -339,6 +339,7 @@ class _Replay:
             self.planned_hours(j),
             j.submit_s,
             min_gpus=j.min_gpus,
+            max_gpus=j.max_gpus,
             preemptible=j.preemptible if preemptible is None else preemptible,
         )
 
@@ -346,7 +347,9 @@ class _Replay:
         job = self.pending.pop(jid)
         self.pool.claim(gpus_by_node)
         got = sum(len(v) for v in gpus_by_node.values())
-        run = self.remaining[jid] * job.gpus / got  # elastic: fewer GPUs, proportionally longer
+        run = (
+            self.remaining[jid] * job.gpus / got
+        )  # elastic: fewer GPUs, proportionally longer (more: shorter)
         rv = RunningView(jid, job.team, dict(gpus_by_node), now, now + job.hours * HOUR_S, job.preemptible)
         self.running[jid] = rv
         self.backlog_running += rv.preemptible

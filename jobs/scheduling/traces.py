@@ -31,6 +31,7 @@ class TraceJob:
     min_gpus: int | None = None  # never set by the readers: for synthetic workloads
     preemptible: bool = False
     checkpoints: bool = False  # a preempted run resumes from its last checkpoint (else it starts over)
+    max_gpus: int | None = None  # elastic: may start this wide; a wider run is proportionally shorter
 
 
 @dataclass(slots=True)

@@ -60,6 +60,7 @@ class PendingJob:
     min_gpus: int | None = None
     preemptible: bool = False
     ready_at: float | None = None
+    max_gpus: int | None = None  # elastic: may start this wide on GPUs nothing else waits for (``widening``)
     datasets: frozenset[str] = frozenset()
     memory: float | None = None  # for the whole job (see ``part_share``); None: each node's share
     cpus: float | None = None

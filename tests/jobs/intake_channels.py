@@ -19,6 +19,7 @@ def as_form_fields(raw: dict) -> dict[str, str]:
         "request.gpus": str(request.get("gpus", "")),
         "request.hours": str(request.get("hours", "")),
         "request.min_gpus": "" if request.get("min_gpus") is None else str(request["min_gpus"]),
+        "request.max_gpus": "" if request.get("max_gpus") is None else str(request["max_gpus"]),
         "request.memory": "" if request.get("memory") is None else str(request["memory"]),
         "request.cpus": "" if request.get("cpus") is None else str(request["cpus"]),
         "output.uri": output.get("uri", ""),
