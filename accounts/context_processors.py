@@ -1,9 +1,10 @@
-from accounts import scoping
+from accounts.models import Team
 
 
 def membership(request) -> dict:
-    """The signed-in user's teams, for the header's team name."""
+    """The teams the signed-in user is a member of, for the header's label (an operator sees every
+    team, but belongs only to its own)."""
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {"user_teams": []}
-    return {"user_teams": list(scoping.teams_of(user).only("name", "slug")[:5])}
+    return {"user_teams": list(Team.objects.filter(memberships__user=user).only("name", "slug")[:5])}
