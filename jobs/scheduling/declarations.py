@@ -6,7 +6,7 @@
 Each scenario changes one declaration (the last all at once) and replays the same jobs on the same
 pool with the same policy (``jobs.scheduling.simulate.replay``): run times as declared, learned per
 team or exact; a share of jobs that checkpoint; a share preemptible without checkpoints; a share of
-elastic ranges. Each row gives mean bounded slowdown, the p99 wait of the largest size class
+elastic ranges (narrower starts); a share that may start twice as wide. Each row gives mean bounded slowdown, the p99 wait of the largest size class
 present, utilisation and GPU-hours lost to preemption, each against the baseline of today's
 declarations, and how many reserved jobs started after their first reserved start (by how much, on
 average). Predictions that fell short delay reservations; declared limits never delay an EASY
@@ -42,6 +42,7 @@ SCENARIOS: tuple[tuple[str, Declarations], ...] = (
     ("half the jobs checkpoint", Declarations(checkpoint_share=0.5)),
     ("half the jobs preemptible, no checkpoints", Declarations(preemptible_share=0.5)),
     ("half the multi-GPU jobs elastic", Declarations(elastic_share=0.5)),
+    ("half the jobs may start twice as wide", Declarations(wide_share=0.5)),
     (
         "all: learned, half checkpoint, half elastic",
         Declarations(estimates="learned", checkpoint_share=0.5, elastic_share=0.5),
@@ -59,7 +60,10 @@ ASSUMPTIONS = (
     "work since its last one and takes 2 minutes to restore. Preemptible jobs without checkpoints "
     "start over.",
     "How a narrower start slows a job: an elastic job (half to all of its declared GPUs) started on "
-    "fewer GPUs runs proportionally longer (work conserved); no job starts wider than declared.",
+    "fewer GPUs runs proportionally longer (work conserved).",
+    "How a wider start speeds a job: a job that may start twice as wide (max_gpus) does so only on GPUs "
+    "nothing else waits for, on the nodes it was placed on, and runs proportionally shorter - linear "
+    "speed-up, the best case; real jobs gain less.",
     "GPU-hours lost: GPU time of work thrown away by preemptions plus restoring from checkpoints.",
 )
 

@@ -80,7 +80,8 @@ class Declarations:
     preempted one loses the work since its last checkpoint and takes ``restore_s`` to resume.
     ``preemptible_share`` are preemptible without checkpoints: preempted, they start over.
     ``elastic_share`` of the multi-GPU jobs may start on half their GPUs (rounded up) and run
-    proportionally longer (work conserved).
+    proportionally longer (work conserved). ``wide_share`` of the jobs declare ``max_gpus`` twice
+    their GPUs: started wider on idle GPUs, they run proportionally shorter.
     """
 
     estimates: str = "declared"
@@ -88,6 +89,7 @@ class Declarations:
     checkpoint_share: float = 0.0
     preemptible_share: float = 0.0
     elastic_share: float = 0.0
+    wide_share: float = 0.0
     checkpoint_interval_s: float = 1800.0
     restore_s: float = 120.0
 
@@ -103,7 +105,7 @@ def _picked(job: TraceJob, share: float, salt: str) -> bool:
 
 def declare(jobs: Sequence[TraceJob], d: Declarations) -> list[TraceJob]:
     """The trace's jobs with the declarations ``d`` asks a share of them to make (the same jobs every run)."""
-    if not (d.checkpoint_share or d.preemptible_share or d.elastic_share):
+    if not (d.checkpoint_share or d.preemptible_share or d.elastic_share or d.wide_share):
         return list(jobs)
     out = []
     for j in jobs:
@@ -112,7 +114,12 @@ def declare(jobs: Sequence[TraceJob], d: Declarations) -> list[TraceJob]:
         min_gpus = j.min_gpus
         if min_gpus is None and j.gpus > 1 and _picked(j, d.elastic_share, "elastic"):
             min_gpus = (j.gpus + 1) // 2
-        out.append(replace(j, checkpoints=checkpoints, preemptible=preemptible, min_gpus=min_gpus))
+        max_gpus = j.max_gpus
+        if max_gpus is None and _picked(j, d.wide_share, "wide"):
+            max_gpus = 2 * j.gpus
+        out.append(
+            replace(j, checkpoints=checkpoints, preemptible=preemptible, min_gpus=min_gpus, max_gpus=max_gpus)
+        )
     return out
 
 

@@ -85,3 +85,10 @@ def test_a_replay_makes_the_declarations_it_is_given():
     )  # fmt: skip
     assert all(o.job.checkpoints and o.job.preemptible for o in outcomes)
     assert all(o.job.min_gpus == (o.job.gpus + 1) // 2 for o in outcomes if o.job.gpus > 1)
+
+
+def test_a_wide_share_may_start_twice_as_wide():
+    declared = simulate.declare(_many(), Declarations(wide_share=0.5))
+    wide = [j for j in declared if j.max_gpus is not None]
+    assert 900 < len(wide) < 1100 and all(j.max_gpus == 2 * j.gpus for j in wide)
+    assert any(name.startswith("half the jobs may start twice as wide") for name, _ in declarations.SCENARIOS)
