@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from jobs import imageref
 from jobs.units import format_size, parse_size
 
 MAX_JOB_FILE_BYTES = 256 * 1024
@@ -147,9 +148,9 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     work = _part(raw, "work", errs)
     request = _part(raw, "request", errs)
     output = _part(raw, "output", errs)
-    argv = _argv(work.get("argv"), errs)
+    image = _image(work.get("image"), errs)
+    argv = _argv(work.get("argv"), errs, image=image)
     env = _env(work.get("env", {}), errs)
-    image = _short_text(work.get("image"), "work.image", 200, errs)
     workdir = _workdir(work.get("workdir"), errs)
     data = _inputs(raw.get("data", []), limits, errs)
     gpus, min_gpus = _gpus(request, limits, errs)
@@ -220,12 +221,14 @@ def _name(value: Any, errs: _Collector) -> str:
     return value
 
 
-def _argv(value: Any, errs: _Collector) -> list[str]:
+def _argv(value: Any, errs: _Collector, *, image: str) -> list[str]:
+    if image and value in (None, []):
+        return []  # the image's own Entrypoint and Cmd run
     if isinstance(value, str):
         errs.add("work.argv", "argv is a list of arguments, never a shell string")
         return []
     if not isinstance(value, list) or not value:
-        errs.add("work.argv", "argv needs at least the program to run")
+        errs.add("work.argv", "argv needs at least the program to run (or name an image whose Cmd runs)")
         return []
     if len(value) > MAX_ARGS:
         errs.add("work.argv", f"at most {MAX_ARGS} arguments")
@@ -262,6 +265,19 @@ def _env(value: Any, errs: _Collector) -> dict[str, str]:
         if not isinstance(val, str) or "\x00" in val or len(val) > MAX_ARG_CHARS:
             errs.add(path, f"a value is a string of at most {MAX_ARG_CHARS} characters")
     return {str(k): str(v) for k, v in value.items()}
+
+
+def _image(value: Any, errs: _Collector) -> str:
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or len(value) > 200:
+        errs.add("work.image", "an image reference of at most 200 characters")
+        return ""
+    try:
+        return str(imageref.parse(value.strip()))
+    except imageref.BadReference as exc:
+        errs.add("work.image", str(exc))
+        return ""
 
 
 def _workdir(value: Any, errs: _Collector) -> str:

@@ -16,6 +16,7 @@ def as_form_fields(raw: dict) -> dict[str, str]:
         if isinstance(work.get("argv"), list)
         else str(work.get("argv", "")),
         "work.env": "\n".join(f"{k}={v}" for k, v in work.get("env", {}).items()),
+        "work.image": work.get("image", ""),
         "request.gpus": str(request.get("gpus", "")),
         "request.hours": str(request.get("hours", "")),
         "request.min_gpus": "" if request.get("min_gpus") is None else str(request["min_gpus"]),

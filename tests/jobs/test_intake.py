@@ -73,6 +73,10 @@ def _bad_cases(data_root, out_root, outside):
         "output over http": ("output.uri", "https://example.com/up", "output.uri"),
         "missing request part": ("request", ..., "request"),
         "missing name": ("name", "", "name"),
+        "image without a registry": ("work.image", "busybox:latest", "work.image"),
+        "image with a shell in it": ("work.image", "reg.example/a:b;rm -rf /", "work.image"),
+        "image with a short digest": ("work.image", "reg.example/a@sha256:abc", "work.image"),
+        "image with an upper-case name": ("work.image", "reg.example/Team/App:1", "work.image"),
         "control characters in name": ("name", "bad\x07name", "name"),
     }  # fmt: skip
 
@@ -269,3 +273,18 @@ def test_a_job_sent_before_any_node_is_up_is_told_so_not_that_the_pool_places_0_
     assert response.status_code == 422
     messages = {e["field"]: e["message"] for e in response.json()["errors"]}
     assert messages["request.gpus"].startswith("no node is up yet"), messages
+
+
+@pytest.mark.parametrize("channel", ["form", "file", "api"])
+def test_a_job_naming_an_image_may_leave_argv_to_the_images_cmd(
+    channel, good, pool, member_client, member_token
+):
+    raw = _with(_with(good, "work.argv", []), "work.image", "registry.example.com/team/trainer")
+    response = {
+        "form": lambda: submit_form(member_client, raw),
+        "file": lambda: submit_file(member_client, raw),
+        "api": lambda: submit_api(member_client, raw, member_token),
+    }[channel]()
+    assert response.status_code in (201, 302), response.content[:500]
+    job = Job.objects.get()
+    assert (job.argv, job.image) == ([], "registry.example.com/team/trainer:latest")
