@@ -318,6 +318,9 @@ E31_TRANSFER_TIMEOUT_S = env.float("E31_TRANSFER_TIMEOUT_S", default=30.0)
 E31_ALLOW_PRIVATE_SOURCES = env.bool("E31_ALLOW_PRIVATE_SOURCES", default=False)
 # A file:// source with several hard links may have a name outside the data roots: refused by default.
 E31_ALLOW_HARDLINKED_SOURCES = env.bool("E31_ALLOW_HARDLINKED_SOURCES", default=False)
+# Registries the pool runs itself (host or host:port): reached even on private addresses, over plain
+# HTTP or TLS without verification. Every other registry needs verified TLS on a public address.
+E31_POOL_REGISTRIES = env.list("E31_POOL_REGISTRIES", default=[])
 if min(E31_STAGE_CONCURRENCY, E31_DELIVERY_CONCURRENCY) < 1 or E31_STAGE_CACHE_BYTES < 0:
     raise ImproperlyConfigured(
         "E31_STAGE_CONCURRENCY and E31_DELIVERY_CONCURRENCY are at least 1; E31_STAGE_CACHE_BYTES is not negative"

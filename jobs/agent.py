@@ -23,9 +23,9 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 
-from jobs import attempt_space, cgroups, devices, limits, logs, network, rental, sandbox
+from jobs import attempt_space, cgroups, devices, image_staging, limits, logs, network, rental, sandbox
 from jobs.lifecycle import PREEMPTED, EndReason
-from jobs.models import Allocation, Job
+from jobs.models import Allocation, ImagePull, Job
 from jobs.rental import STOPPED
 
 log = logging.getLogger(__name__)
@@ -229,10 +229,10 @@ def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | Non
 
 def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: sandbox.Confinement,
                  group: cgroups.AttemptGroup) -> tuple[str, int | None]:  # fmt: skip
-    env = _job_env(part, dirs)
-    cmd = sandbox.command(
-        argv=part.job.argv, env=env, dirs=dirs, workdir=part.job.workdir, mode=mode, confinement=confinement
-    )
+    image = _image(part)
+    env = _job_env(part, sandbox.seen_inside(dirs, image), image, confinement.libraries)
+    cmd = sandbox.command(argv=part.job.argv, env=env, dirs=dirs, workdir=part.job.workdir, mode=mode,
+                          confinement=confinement, image=image)  # fmt: skip
     try:
         proc = sandbox.launch(cmd, env=env, cwd=dirs.work, mode=mode, confinement=confinement)
     except OSError as exc:  # unsandboxed and the program does not exist
@@ -374,17 +374,35 @@ def _entry(output_dir: Path, path: Path, prefix: str) -> dict:
     return {"path": rel, "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
-def _job_env(part: Part, dirs: sandbox.AttemptDirs) -> dict[str, str]:
-    """Only what the job declared plus what the platform owes it; none of the agent's own settings."""
-    driver = [
-        str(d) for d in devices.DRIVER_DIRS if d.is_dir()
-    ]  # NVIDIA's folder, outside the loader's cache
-    libraries = {"LD_LIBRARY_PATH": ":".join(filter(None, [part.job.env.get("LD_LIBRARY_PATH"), *driver]))}
+def _image(part: Part) -> sandbox.ImageView | None:
+    """The job's image as staged for it (by the digest it resolved to); None for the node's own view."""
+    if not part.job.image:
+        return None
+    pull = ImagePull.objects.select_related("entry").filter(job_id=part.job.id).first()
+    if pull is None or pull.entry is None or not image_staging.rootfs(pull.entry.key).is_dir():
+        raise RuntimeError(f"the job's image {part.job.image} is not staged on this pool's storage")
+    return sandbox.ImageView.from_config(image_staging.rootfs(pull.entry.key), pull.entry.config)
+
+
+def _job_env(
+    part: Part, dirs: sandbox.AttemptDirs, image: sandbox.ImageView | None, driver_libraries: tuple = ()
+) -> dict[str, str]:
+    """Only what the job declared plus what the platform owes it; none of the agent's own settings.
+
+    ``dirs`` as the job sees them. An image's Env comes first (its PATH too); the job's env overrides it.
+    """
+    if image is None:  # NVIDIA's folder, outside the loader's cache
+        driver = [str(d) for d in devices.DRIVER_DIRS if d.is_dir()]
+    else:
+        driver = sandbox.image_library_path(driver_libraries)
+    image_env = image.environment() if image else {}
+    declared = {**image_env, **part.job.env}
+    libraries = {"LD_LIBRARY_PATH": ":".join(filter(None, [declared.get("LD_LIBRARY_PATH"), *driver]))}
     return {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": str(dirs.work),
         "TMPDIR": "/tmp",
-        **part.job.env,
+        **declared,
         "CUDA_VISIBLE_DEVICES": part.visible_devices,
         "E31_JOB_ID": str(part.job.id),
         "E31_ATTEMPT": str(part.allocation.attempt),

@@ -67,6 +67,7 @@ def job_json(job: Job) -> dict:
         "submitted_at": job.submitted_at, "attempt": job.attempt,
         "work": {"argv": job.argv, "env": job.env, "image": job.image, "workdir": job.workdir},
         "data": [_input_json(d) for d in job.inputs.all()],
+        "image": _image_json(getattr(job, "image_pull", None)),
         "request": {
             "gpus": job.gpus, "hours": job.hours, "min_gpus": job.min_gpus, "max_gpus": job.max_gpus, "gpu_model": job.gpu_model,
             "preemptible": job.preemptible, "requeue": job.requeue, "memory": job.memory_bytes, "cpus": job.cpus,
@@ -100,6 +101,16 @@ def _dependencies_json(job: Job) -> dict:
         "after_any": [d.prerequisite_id for d in before if d.kind == Dependency.AFTER_ANY],
         "dependents": [d.job_id for d in job.dependents.all()],
     }
+
+
+def _image_json(pull) -> dict | None:
+    if pull is None:
+        return None
+    return {
+        "reference": pull.reference, "digest": pull.digest, "stage_state": pull.stage_state, "bytes": pull.bytes,
+        "bytes_done": pull.bytes_done, "rate_bytes_s": pull.rate_bytes_s, "eta_s": selectors.eta_s(pull),
+        "stage_detail": pull.stage_detail,
+    }  # fmt: skip
 
 
 def _input_json(d) -> dict:

@@ -240,7 +240,8 @@ def _argv(value: Any, errs: _Collector, *, image: str) -> list[str]:
             errs.add(f"work.argv[{i}]", f"an argument has no NUL byte and at most {MAX_ARG_CHARS} characters")
     if isinstance(value[0], str) and not value[0].strip():
         errs.add("work.argv[0]", "the program to run cannot be empty")
-    elif isinstance(value[0], str) and any(c.isspace() for c in value[0].strip()):
+    # With an image, argv may be its Entrypoint's arguments (sh -c's script): only a program is checked.
+    elif isinstance(value[0], str) and not image and any(c.isspace() for c in value[0].strip()):
         errs.add(
             "work.argv[0]",
             "this looks like a shell command line: give the program and each argument separately",

@@ -518,3 +518,63 @@ class DataShare(models.Model):
 
     def __str__(self) -> str:
         return self.path
+
+
+class ImageCacheEntry(models.Model):
+    """An image in the pool's staging cache (E31_STAGING_ROOT/images/<key>/: its OCI layout and unpacked root).
+
+    Keyed by the team and the manifest digest: the same content for the same team is pulled once, and
+    another team never runs an image its own registry access did not resolve. A job not yet released
+    or ended pins the entry its pull links to; the rest are evicted as dataset entries are.
+    """
+
+    FILLING, READY = "filling", "ready"
+
+    key = models.CharField(max_length=64, unique=True)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+")
+    reference = models.CharField(max_length=300)  # by digest: registry/name@sha256:…
+    digest = models.CharField(max_length=71)
+    bytes = models.BigIntegerField(default=0)  # on the staging storage: layout and root filesystem
+    config = models.JSONField(default=dict, blank=True)  # Env, Entrypoint, Cmd, WorkingDir
+    state = models.CharField(max_length=8, default="filling")
+    # The pull filling it; a filler silent past E31_RECONCILE_AFTER_S loses it to the next.
+    filler = models.CharField(max_length=32, blank=True)
+    hits = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["-last_used_at"]
+
+    def __str__(self) -> str:
+        return f"{self.key[:12]} {self.reference} ({self.state})"
+
+
+class ImagePull(models.Model):
+    """A job's image and its staging progress, shown beside its inputs'; ``digest`` is the image it runs."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="image_pull")
+    reference = models.CharField(max_length=200)  # as declared
+    digest = models.CharField(max_length=71, blank=True)  # what the reference resolved to at staging
+    entry = models.ForeignKey(
+        ImageCacheEntry, on_delete=models.SET_NULL, null=True, blank=True, related_name="pulls"
+    )
+    bytes = models.BigIntegerField(default=0)  # what the pull moves (config and compressed layers)
+    stage_state = models.CharField(max_length=12, blank=True)  # "", staging, staged, cached, failed, ...
+    bytes_done = models.BigIntegerField(default=0)
+    rate_bytes_s = models.FloatField(default=0)
+    stage_started_at = models.DateTimeField(null=True, blank=True)
+    stage_finished_at = models.DateTimeField(null=True, blank=True)
+    stage_detail = models.CharField(max_length=500, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.reference} {self.digest[:19]}"
+
+    @property
+    def name(self) -> str:
+        return "image"
+
+    @property
+    def uri(self) -> str:
+        return self.reference

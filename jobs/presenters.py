@@ -36,7 +36,8 @@ def job_page(job: Job, *, now: datetime, files_page: str | None = None) -> dict:
     allocations = list(job.allocations.select_related("node").order_by("attempt", "rank"))
     return {
         "job": job,
-        "inputs": list(job.inputs.all()),
+        # The image stages first and shows as the first input: the same progress, rate and ETA.
+        "inputs": [*([job.image_pull] if hasattr(job, "image_pull") else []), *job.inputs.all()],
         "events": events,
         "allocations": allocations,
         "steps": timeline(job, events, now=now),

@@ -105,6 +105,59 @@ class Confinement:
     libraries: tuple[Path, ...] = ()  # the host's GPU driver libraries, bound where the view lacks them
 
 
+# Inside an image's root, the attempt's own directories and the host's GPU driver libraries appear
+# here: the image owns every other path, read-only, so nothing of the host's layout can be mounted
+# into its /var or /usr.
+IMAGE_MOUNTS = Path("/e31")
+# Entries of an image's root that the sandbox makes itself (or synthesizes, under /etc).
+IMAGE_PRIVATE = {"proc", "dev", "tmp", "sys", "etc", IMAGE_MOUNTS.name}
+IMAGE_SYNTHESIZED_ETC = {"passwd", "group"}
+
+
+@dataclass(frozen=True)
+class ImageView:
+    """A job's image as staged: its unpacked root and what its config asks of a run."""
+
+    rootfs: Path
+    env: tuple[str, ...] = ()  # KEY=value, as the image's Env lists them
+    workdir: str = ""  # the image's WorkingDir, absolute inside the image
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, rootfs: Path, config: dict) -> "ImageView":
+        return cls(
+            rootfs=rootfs, env=tuple(config.get("Env") or ()), workdir=config.get("WorkingDir") or "",
+            entrypoint=tuple(config.get("Entrypoint") or ()), cmd=tuple(config.get("Cmd") or ()),
+        )  # fmt: skip
+
+    def argv(self, argv: Sequence[str]) -> list[str]:
+        """Entrypoint, then the job's argv in place of the image's Cmd when it gave one (as ``docker run``)."""
+        full = [*self.entrypoint, *(argv or self.cmd)]
+        if not full:
+            raise ValueError("the image declares no Entrypoint or Cmd, and the job gave no argv")
+        return full
+
+    def environment(self) -> dict[str, str]:
+        return dict(item.split("=", 1) for item in self.env if "=" in item)
+
+
+def seen_inside(dirs: AttemptDirs, image: ImageView | None) -> AttemptDirs:
+    """The attempt's directories as the job sees them: where they are on the host, or under /e31 in an image."""
+    if image is None:
+        return dirs
+    return AttemptDirs(root=dirs.root, work=IMAGE_MOUNTS / "work", output=IMAGE_MOUNTS / "output",
+                       data=IMAGE_MOUNTS / "data")  # fmt: skip
+
+
+def image_library_path(libraries: Sequence[Path]) -> list[str]:
+    """Where an image's job finds the host's driver libraries (its LD_LIBRARY_PATH entries)."""
+    if not libraries:
+        return []
+    folders = [str(IMAGE_MOUNTS / "driver" / lib.name) for lib in libraries if lib.is_dir()]
+    return [str(IMAGE_MOUNTS / "driver"), *folders]
+
+
 class UidRange:
     """The uids one agent hands out: one per running attempt, never two attempts at once."""
 
@@ -187,16 +240,21 @@ def passwd_lines(*, uid: int, gid: int, home: Path) -> tuple[str, str]:
 
 def command(
     *, argv: Sequence[str], env: dict[str, str], dirs: AttemptDirs, workdir: str, mode: str,
-    confinement: Confinement,
+    confinement: Confinement, image: ImageView | None = None,
 ) -> list[str]:  # fmt: skip
-    """The full command line that runs ``argv`` inside the sandbox (or as is, when unsandboxed)."""
+    """The full command line that runs ``argv`` inside the sandbox (or as is, when unsandboxed).
+
+    With an image, its root is the job's ``/`` (read-only) and its Entrypoint, Cmd and WorkingDir apply.
+    """
     if mode != BUBBLEWRAP:
+        if image is not None:
+            raise ValueError("a job's image needs the bubblewrap sandbox, which this node does not run")
         return list(argv)
     cmd = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
            "--die-with-parent", "--new-session", "--hostname", "e31-job"]  # fmt: skip
     if not confinement.netns:  # else the process already joined the namespace the agent wired up
         cmd.append("--unshare-net")
-    cmd += _system_view()
+    cmd += _system_view() if image is None else _image_view(image.rootfs)
     cmd += [
         "--ro-bind",
         str(dirs.root / "passwd"),
@@ -209,17 +267,51 @@ def command(
     for device in confinement.devices:
         cmd += ["--dev-bind", str(device), f"/dev/{device.name}"]
     for library in confinement.libraries:
-        if not exposed_by_view([library]):
+        if image is not None:
+            cmd += ["--ro-bind", str(library), str(IMAGE_MOUNTS / "driver" / library.name)]
+        elif not exposed_by_view([library]):
             cmd += ["--ro-bind", str(library), str(library)]
-    cmd += ["--bind", str(dirs.work), str(dirs.work), "--bind", str(dirs.output), str(dirs.output)]
+    inside = seen_inside(dirs, image)
+    cmd += ["--bind", str(dirs.work), str(inside.work), "--bind", str(dirs.output), str(inside.output)]
     if dirs.data.exists():
-        cmd += ["--ro-bind", str(dirs.data), str(dirs.data)]
+        cmd += ["--ro-bind", str(dirs.data), str(inside.data)]
     cmd += ["--remount-ro", "/"]  # the root that holds the view's mount points: nothing new under / or /etc
     cmd.append("--clearenv")
     for key, value in env.items():
         cmd += ["--setenv", key, value]
-    cmd += ["--chdir", str(dirs.work / workdir if workdir else dirs.work), "--", *argv]
+    cmd += ["--chdir", _start_dir(inside, workdir, image), "--", *(image.argv(argv) if image else argv)]
     return cmd
+
+
+def _start_dir(inside: AttemptDirs, workdir: str, image: ImageView | None) -> str:
+    """The job's own workdir when it declared one, else the image's WorkingDir, else its work directory."""
+    if workdir:
+        return str(inside.work / workdir)
+    return (image.workdir if image else "") or str(inside.work)
+
+
+def _image_view(rootfs: Path) -> list[str]:
+    """The image's root as ``/``, read-only: each top-level entry bound (or its symlink made) on bubblewrap's
+    own root, so the sandbox can still add /proc, /dev, /tmp, /e31 and the synthesized /etc/passwd and group
+    without writing into the cached image. /etc is made here and filled from the image, entry by entry."""
+    args = _entries(rootfs, "/", skip=IMAGE_PRIVATE)
+    args += ["--dir", "/etc"]
+    etc = rootfs / "etc"
+    if etc.is_dir() and not etc.is_symlink():
+        args += _entries(etc, "/etc/", skip=IMAGE_SYNTHESIZED_ETC)
+    return args
+
+
+def _entries(folder: Path, prefix: str, *, skip: set[str]) -> list[str]:
+    args: list[str] = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.name in skip:
+            continue
+        if entry.is_symlink():  # recreated, never followed on the host: it resolves inside the image
+            args += ["--symlink", os.readlink(entry.path), prefix + entry.name]
+        elif entry.is_dir() or entry.is_file():
+            args += ["--ro-bind", entry.path, prefix + entry.name]
+    return args
 
 
 def write_identity(dirs: AttemptDirs, *, uid: int, gid: int) -> None:

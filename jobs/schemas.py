@@ -37,9 +37,12 @@ class NullIsAbsent(Schema):
 
 
 class WorkIn(NullIsAbsent):
-    argv: list[str] = Field(..., description="The program and its arguments, never a shell string.")
+    argv: list[str] = Field(
+        default_factory=list,
+        description="The program and its arguments, never a shell string; with an image, empty runs its Cmd.",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Non-secret variables; E31_* are reserved.")
-    image: str = ""
+    image: str = Field("", description="An OCI image: registry/name:tag or registry/name@sha256:<digest>.")
     workdir: str = ""
 
 
@@ -123,6 +126,17 @@ class DataOut(DataIn):
     eta_s: float | None
 
 
+class ImageOut(Schema):
+    reference: str = Field(..., description="The image as declared.")
+    digest: str = Field(..., description="What the reference resolved to at staging: the image the job runs.")
+    stage_state: str
+    bytes: int = Field(..., description="What the pull moves: config and compressed layers.")
+    bytes_done: int
+    rate_bytes_s: float
+    eta_s: float | None
+    stage_detail: str
+
+
 class AllocationOut(Schema):
     attempt: int
     node: str
@@ -157,6 +171,7 @@ class JobOut(Schema):
     attempt: int
     work: WorkIn
     data: list[DataOut]
+    image: ImageOut | None = Field(None, description="The job's image and its staging, once staging began.")
     request: RequestIn
     output: OutputIn
     events: list[EventOut]

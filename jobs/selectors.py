@@ -21,6 +21,8 @@ from jobs.models import (
     DataInput,
     DatasetCacheEntry,
     GpuMinute,
+    ImageCacheEntry,
+    ImagePull,
     Job,
     NodeGpu,
     OutputFile,
@@ -45,7 +47,7 @@ def of_size(jobs: QuerySet, size: str) -> QuerySet:
 # --------------------------------------------------------------------------- transfers
 
 
-def eta_s(item: DataInput | OutputTransfer) -> float | None:
+def eta_s(item: DataInput | ImagePull | OutputTransfer) -> float | None:
     """Seconds left for an input being staged or outputs being delivered, from the rate so far."""
     total = getattr(item, "bytes_total", None) or getattr(item, "bytes", 0)
     if getattr(item, "stage_state", "staging") != "staging" or not item.rate_bytes_s:
@@ -80,7 +82,9 @@ def deliveries_in_flight() -> QuerySet:
 
 
 def cache_bytes() -> int:
-    return DatasetCacheEntry.objects.aggregate(total=Sum("bytes"))["total"] or 0
+    """Datasets and images in the staging cache: one capacity holds both."""
+    datasets = DatasetCacheEntry.objects.aggregate(total=Sum("bytes"))["total"] or 0
+    return datasets + (ImageCacheEntry.objects.aggregate(total=Sum("bytes"))["total"] or 0)
 
 
 def cache_summary() -> dict:
@@ -155,7 +159,7 @@ def job_list(user, filters: JobFilters) -> QuerySet[Job]:
 def with_details(jobs: QuerySet[Job]) -> QuerySet[Job]:
     """Everything the API's job JSON reads, fetched per page in a fixed number of queries."""
     return jobs.prefetch_related(
-        "inputs", "events", Prefetch("allocations", queryset=Allocation.objects.select_related("node")),
+        "inputs", "events", "image_pull", Prefetch("allocations", queryset=Allocation.objects.select_related("node")),
         "prerequisites", "dependents",
     )  # fmt: skip
 

@@ -14,7 +14,7 @@ from django.conf import settings
 from accounts.models import Team
 from jobs import dependencies, selectors
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, State
-from jobs.models import Allocation, DataInput, GpuHold, Job, Node, TeamUsage
+from jobs.models import Allocation, DataInput, GpuHold, ImagePull, Job, Node, TeamUsage
 from jobs.scheduling import prediction, types
 
 
@@ -173,7 +173,10 @@ def staging_etas(now: datetime) -> dict[int, float]:
     rows = DataInput.objects.filter(job__state__in=BEFORE_RENT).values_list(
         "job_id", "bytes", "bytes_done", "rate_bytes_s"
     )
-    for job_id, size, done, rate in rows:
+    pulls = ImagePull.objects.filter(job__state__in=BEFORE_RENT).values_list(
+        "job_id", "bytes", "bytes_done", "rate_bytes_s"
+    )
+    for job_id, size, done, rate in [*rows, *pulls]:
         seconds = (size - done) / rate if rate > 0 else (size - done) / settings.E31_ASSUMED_STAGE_RATE
         left[job_id] = max(left[job_id], seconds)
     return {job_id: now.timestamp() + seconds for job_id, seconds in left.items()}

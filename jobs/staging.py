@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from jobs import dispatch, selectors, sharing, transfers
+from jobs import dispatch, image_staging, selectors, sharing, transfers
 from jobs.lifecycle import EndReason, State
 from jobs.models import DataInput, DatasetCacheEntry, Job
 from jobs.transfers import destinations, sources
@@ -54,16 +54,20 @@ def stage_job(*, job_id: int, now: datetime) -> bool:
         return False
     sweep_cache(now=now)
     try:
+        if Job.objects.filter(id=job_id).exclude(image="").exists():
+            image_staging.stage_image(
+                job_id=job_id
+            )  # first: a missing image ends the job before any data moves
         roots = sharing.readable_roots(Job.objects.values_list("team__slug", flat=True).get(id=job_id))
         for data_input in DataInput.objects.filter(job_id=job_id).select_related("job"):
             _stage_input(data_input, roots)
-    except StagingStopped:
+    except (StagingStopped, image_staging.ImageStopped):
         remove_staged(job_id)  # cancelled: its partial files go with it
         DataInput.objects.filter(job_id=job_id, stage_state__in=("staging", "waiting")).update(
             stage_state="cancelled", rate_bytes_s=0
         )
         return True
-    except StagingFailed as exc:
+    except (StagingFailed, image_staging.ImageFailed) as exc:
         remove_staged(job_id)
         transition(job_id=job_id, source=State.STAGING, target=State.ENDED, now=timezone.now(), actor="stager",
                    end_reason=EndReason.STAGING_FAILED, reason=str(exc)[:300], end_detail=str(exc)[:500])  # fmt: skip
@@ -411,20 +415,37 @@ def copying(now: datetime):
 
 
 def sweep_cache(*, now: datetime, room_for: int = 0) -> int:
-    """Drops finished jobs' data dirs, then evicts unpinned entries: past retention, then LRU past capacity."""
+    """Drops finished jobs' data dirs, then evicts unpinned entries, datasets and images alike: past
+    retention, then least recently used past capacity."""
     _remove_finished_job_dirs()
     _remove_orphan_parts(now)
+    image_staging.remove_orphan_parts(now)
     retention = timedelta(seconds=settings.E31_STAGE_RETENTION_S)
-    evicted = sum(
-        _evict(i) for i in unpinned().filter(last_used_at__lt=now - retention).values_list("id", flat=True)
-    )
+    evicted = sum(evict(entry) for entry in _evictable(now - retention))
     over = selectors.cache_bytes() + room_for - settings.E31_STAGE_CACHE_BYTES
-    for entry_id, size in unpinned().order_by("last_used_at").values_list("id", "bytes"):
+    for entry in sorted(_evictable(None), key=lambda e: e[0]):
         if over <= 0:
             break
-        if _evict(entry_id):
-            evicted, over = evicted + 1, over - size
+        if evict(entry):
+            evicted, over = evicted + 1, over - entry[3]
     return evicted
+
+
+def _evictable(used_before: datetime | None) -> list[tuple]:
+    """(last used, kind, id, bytes) of every unpinned entry, those last used before ``used_before`` if given."""
+    found = []
+    for kind, entries in (("data", unpinned()), ("image", image_staging.unpinned())):
+        if used_before is not None:
+            entries = entries.filter(last_used_at__lt=used_before)
+        found += [
+            (used, kind, i, size) for i, used, size in entries.values_list("id", "last_used_at", "bytes")
+        ]
+    return found
+
+
+def evict(entry: tuple) -> bool:
+    _, kind, entry_id, _ = entry
+    return image_staging.evict(entry_id) if kind == "image" else _evict(entry_id)
 
 
 def unpinned():

@@ -1,0 +1,298 @@
+"""STAGE for a job's image: its reference resolved to a digest, pulled and unpacked before RENT, off the meter.
+
+The image lands in the pool's cache (E31_STAGING_ROOT/images/<key>/: ``oci/`` the OCI layout skopeo
+wrote, ``bundle/rootfs`` what umoci unpacked), keyed by the team and the manifest digest, so a later
+job of the team running the same image moves no layer again: only its reference is resolved (one
+manifest request), which is also what proves the team still reaches it. The job records the digest it
+resolved to and runs exactly that. Progress, pinning and eviction follow the data cache's rules.
+"""
+
+import hashlib
+import shutil
+import time
+import uuid
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from jobs import imageref, selectors, transfers
+from jobs.lifecycle import State
+from jobs.models import ImageCacheEntry, ImagePull, Job
+from jobs.transfers import registry, sources
+
+FILLING, READY = ImageCacheEntry.FILLING, ImageCacheEntry.READY
+HIT, FILL, WAIT = "hit", "fill", "wait"
+WAIT_S = 0.5
+
+
+class ImageFailed(Exception):
+    """The image cannot be staged: the registry's answer (missing, refused) or its last error after retries."""
+
+
+class ImageStopped(Exception):
+    """The job left STAGING (cancelled) while its image was moving."""
+
+
+def images_dir() -> Path:
+    return settings.E31_STAGING_ROOT / "images"
+
+
+def entry_dir(key: str) -> Path:
+    return images_dir() / key
+
+
+def rootfs(key: str) -> Path:
+    return entry_dir(key) / "bundle" / "rootfs"
+
+
+def cache_key(*, team_id: int, digest: str) -> str:
+    return hashlib.sha256(f"image:{team_id}\n{digest}".encode()).hexdigest()
+
+
+def stage_image(*, job_id: int) -> None:
+    """Puts the job's image in place and records its digest; ImageFailed or ImageStopped otherwise."""
+    job = Job.objects.get(id=job_id)
+    pull, _ = ImagePull.objects.get_or_create(job_id=job_id, defaults={"reference": job.image})
+    if _already_in_place(pull):
+        return  # a re-driven stager after a takeover: the image was in place before
+    beat = _Beat(pull)
+    try:
+        ref = imageref.parse(job.image)
+        access = registry_access(team_id=job.team_id, ref=ref)
+        resolved = _retrying(lambda: registry.resolve(ref, access=access), beat)
+        _record_digest(pull, resolved)
+        _stage_digest(pull, job.team_id, ref, resolved, access, beat)
+    except (transfers.TransferFailed, imageref.BadReference) as exc:
+        ImagePull.objects.filter(id=pull.id).update(
+            stage_state="failed", rate_bytes_s=0, stage_detail=str(exc)[:500]
+        )
+        raise ImageFailed(f"image {job.image}: {exc}") from exc
+    except ImageStopped:
+        ImagePull.objects.filter(id=pull.id).update(stage_state="cancelled", rate_bytes_s=0)
+        raise
+
+
+def registry_access(*, team_id: int, ref: imageref.Reference) -> registry.Access:
+    """How the node reaches the image's registry for this team.
+
+    A pool's own registry (E31_POOL_REGISTRIES) may be private and plain HTTP; any other is reached
+    over verified TLS, and only on public addresses unless private sources are allowed. The login is
+    the team's registry credential when it stored one (see ``team_credentials``); anonymous otherwise.
+    """
+    pool = ref.registry in settings.E31_POOL_REGISTRIES
+    if not pool:
+        host, _, port = ref.registry.partition(":")
+        sources.checked_addresses(host, int(port or 443), allow_private=settings.E31_ALLOW_PRIVATE_SOURCES)
+    username, password = team_credentials(team_id=team_id, registry_host=ref.registry)
+    return registry.Access(
+        tls_verify=not pool, username=username, password=password, timeout_s=settings.E31_TRANSFER_TIMEOUT_S
+    )
+
+
+def team_credentials(*, team_id: int, registry_host: str) -> tuple[str, str]:
+    """The team's login for ``registry_host``: ("", "") for an anonymous pull.
+
+    The one place a pull learns credentials: team secrets plug in here, and the values go to skopeo
+    in a 0600 auth file of the pull's own, never on a command line, in a log or on a page.
+    """
+    return "", ""
+
+
+def _already_in_place(pull: ImagePull) -> bool:
+    return (
+        pull.stage_state in ("staged", "cached")
+        and pull.entry_id is not None
+        and ImageCacheEntry.objects.filter(id=pull.entry_id, state=READY).exists()
+        and rootfs(pull.entry.key).is_dir()
+    )
+
+
+def _record_digest(pull: ImagePull, resolved: registry.Resolved) -> None:
+    pull.digest, pull.bytes = resolved.digest, resolved.bytes
+    ImagePull.objects.filter(id=pull.id).update(
+        digest=resolved.digest, bytes=resolved.bytes, bytes_done=0, stage_state="staging",
+        stage_started_at=timezone.now(), stage_detail="",
+    )  # fmt: skip
+
+
+def _stage_digest(pull, team_id, ref, resolved, access, beat) -> None:
+    key = cache_key(team_id=team_id, digest=resolved.digest)
+    token = uuid.uuid4().hex
+    while True:
+        outcome, entry = _try_claim(key=key, team_id=team_id, reference=ref.pinned(resolved.digest),
+                                    digest=resolved.digest, token=token, now=timezone.now())  # fmt: skip
+        if outcome == HIT:
+            _mark(pull, entry, "cached", resolved.bytes, "served from the pool cache: 0 bytes moved")
+            return
+        if outcome == WAIT:
+            beat.wait("another job is pulling the same image; it will be shared")
+            continue
+        beat.entry_id, beat.token = entry.id, token
+        try:
+            moved = _fill(entry, token, ref, resolved, access, beat)
+        except transfers.TransferStopped:
+            if beat.stopped == "cancelled":
+                raise ImageStopped() from None
+            beat.entry_id = None
+            continue  # another stager took the entry over: wait for it, or hit what it filled
+        _mark(pull, entry, "staged", moved, "")
+        return
+
+
+@transaction.atomic
+def _try_claim(*, key: str, team_id: int, reference: str, digest: str, token: str, now: datetime):
+    """HIT (pinned for this pull), FILL (this pull fills it) or WAIT (another is filling it)."""
+    entry = ImageCacheEntry.objects.select_for_update().filter(key=key).first()
+    if entry is None:
+        try:
+            with transaction.atomic():
+                return FILL, ImageCacheEntry.objects.create(
+                    key=key, team_id=team_id, reference=reference, digest=digest, state=FILLING, filler=token,
+                    created_at=now, updated_at=now, last_used_at=now,
+                )  # fmt: skip
+        except IntegrityError:
+            return WAIT, None  # another stager created it a moment ago
+    if entry.state == READY and rootfs(key).is_dir():
+        ImageCacheEntry.objects.filter(id=entry.id).update(hits=entry.hits + 1, last_used_at=now)
+        return HIT, entry
+    if entry.state == READY or entry.updated_at < _stale(now):
+        # Its files are gone, or its filler went silent: this pull fills it afresh.
+        ImageCacheEntry.objects.filter(id=entry.id).update(state=FILLING, filler=token, updated_at=now)
+        return FILL, entry
+    return WAIT, entry
+
+
+def _fill(entry, token, ref, resolved, access, beat) -> int:
+    """Pulls into a directory of this pull's own, unpacks it, then moves it in place in one rename."""
+    part = images_dir() / f"{entry.key}.{token}.part"
+    try:
+        beat.began = time.monotonic()
+        moved = _retrying(
+            lambda: registry.pull(ref, resolved.digest, part / "oci", access=access, progress=beat), beat
+        )
+        registry.unpack(part / "oci", part / "bundle")
+        config = registry.image_config(part / "oci")
+        _open_to_jobs(part)
+        size = registry.tree_bytes(part)
+        shutil.rmtree(entry_dir(entry.key), ignore_errors=True)  # what a lost filler left, if anything
+        part.rename(entry_dir(entry.key))
+    except BaseException:
+        shutil.rmtree(part, ignore_errors=True)
+        ImageCacheEntry.objects.filter(id=entry.id, filler=token).delete()
+        raise
+    now = timezone.now()
+    ImageCacheEntry.objects.filter(id=entry.id, filler=token).update(
+        state=READY, filler="", bytes=size, config=config, updated_at=now, last_used_at=now
+    )
+    return moved
+
+
+def _open_to_jobs(part: Path) -> None:
+    """Job uids (bubblewrap runs as the job) pass through to the root filesystem, never list the cache."""
+    for folder in (images_dir(), part, part / "bundle"):
+        folder.chmod(0o711)
+    (part / "oci").chmod(0o700)
+
+
+def _mark(pull: ImagePull, entry: ImageCacheEntry, state: str, moved: int, detail: str) -> None:
+    elapsed = (timezone.now() - pull.stage_started_at).total_seconds() if pull.stage_started_at else 0
+    ImagePull.objects.filter(id=pull.id).update(
+        entry=entry, stage_state=state, bytes_done=pull.bytes, stage_finished_at=timezone.now(),
+        rate_bytes_s=moved / elapsed if state == "staged" and elapsed > 0 else 0, stage_detail=detail,
+    )  # fmt: skip
+
+
+def _retrying(call, beat: "_Beat"):
+    """Retries what the registry may answer next time (down, 5xx, timeout); then fails with its reason."""
+    for attempt in range(settings.E31_TRANSFER_RETRIES + 1):
+        try:
+            return call()
+        except transfers.Transient as exc:
+            if attempt == settings.E31_TRANSFER_RETRIES:
+                raise transfers.TransferFailed(
+                    f"the registry did not answer after {attempt + 1} tries: {exc}"
+                ) from exc
+            beat.retrying(attempt + 1, str(exc))
+            time.sleep(min(transfers.MAX_BACKOFF_S, settings.E31_TRANSFER_BACKOFF_S * 2**attempt))
+    raise AssertionError("unreachable")
+
+
+def _stale(now: datetime) -> datetime:
+    return now - timedelta(seconds=settings.E31_RECONCILE_AFTER_S)
+
+
+class _Beat:
+    """The pull's progress callback: records progress, notices a cancel or a lost cache claim."""
+
+    def __init__(self, pull: ImagePull) -> None:
+        self.pull = pull
+        self.began = time.monotonic()
+        self.entry_id: int | None = None
+        self.token = ""
+        self.stopped = ""
+
+    def __call__(self, done: int) -> bool:
+        rate = done / max(time.monotonic() - self.began, 1e-6)
+        ImagePull.objects.filter(id=self.pull.id).update(bytes_done=done, rate_bytes_s=rate)
+        return self.job_alive() and self.claim_alive()
+
+    def job_alive(self) -> bool:
+        alive = Job.objects.filter(id=self.pull.job_id, state=State.STAGING).update(
+            worker_seen_at=timezone.now()
+        )
+        self.stopped = "" if alive else "cancelled"
+        return bool(alive)
+
+    def claim_alive(self) -> bool:
+        if self.entry_id and not ImageCacheEntry.objects.filter(id=self.entry_id, filler=self.token).update(
+            updated_at=timezone.now()
+        ):
+            self.stopped = "lost"
+            return False
+        return True
+
+    def retrying(self, tries: int, reason: str) -> None:
+        ImagePull.objects.filter(id=self.pull.id).update(stage_detail=f"retry {tries}: {reason}"[:500])
+        if not self.job_alive():
+            raise ImageStopped()
+
+    def wait(self, detail: str) -> None:
+        ImagePull.objects.filter(id=self.pull.id).update(stage_state="waiting", stage_detail=detail[:500])
+        time.sleep(WAIT_S)
+        if not self.job_alive():
+            raise ImageStopped()
+
+
+# --------------------------------------------------------------------------- eviction
+
+
+def unpinned():
+    """Ready images no live job (not yet released or ended) runs."""
+    return ImageCacheEntry.objects.filter(state=READY).exclude(pulls__job__state__in=selectors.ALIVE_STATES)
+
+
+@transaction.atomic
+def evict(entry_id: int) -> bool:
+    entry = (
+        ImageCacheEntry.objects.select_for_update(skip_locked=True).filter(id=entry_id, state=READY).first()
+    )
+    if entry is None or entry.pulls.filter(job__state__in=selectors.ALIVE_STATES).exists():
+        return False  # pinned meanwhile, or another sweep has it
+    shutil.rmtree(entry_dir(entry.key), ignore_errors=True)
+    entry.delete()
+    return True
+
+
+def remove_orphan_parts(now: datetime) -> None:
+    """Pull directories of fills that died with their worker (a live fill keeps its claim fresh)."""
+    if not images_dir().is_dir():
+        return
+    cutoff = _stale(now).timestamp()
+    for part in images_dir().glob("*.part"):
+        key, _, token = part.name.removesuffix(".part").partition(".")
+        live = ImageCacheEntry.objects.filter(key=key, filler=token, state=FILLING).exists()
+        if not live and part.stat().st_mtime < cutoff:
+            shutil.rmtree(part, ignore_errors=True)

@@ -1,0 +1,204 @@
+"""Images from an OCI registry: resolve a reference to a digest, pull it into an OCI layout, unpack it.
+
+``skopeo`` talks to the registry and writes the layout, ``umoci`` unpacks it into a root
+filesystem; both are Debian's packages, run as subprocesses with an environment of their own (no
+host credential file, no proxy settings) so a job's pull never borrows the node's identity. No
+database here: staging passes in the registry access and a ``progress`` callback, as for data.
+"""
+
+import base64
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jobs import imageref, transfers
+
+LAYOUT_TAG = "image"
+INDEX_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+# What a registry says when the image is not there or not this team's: retrying cannot help.
+PERMANENT = (
+    "manifest unknown", "name unknown", "not found", "unauthorized", "denied", "authentication required",
+    "no such host", "invalid reference", "blob unknown", "digest invalid", "does not match",
+)  # fmt: skip
+RUN_CONFIG = ("Env", "Entrypoint", "Cmd", "WorkingDir")
+ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+
+
+@dataclass(frozen=True)
+class Access:
+    """How this pull reaches its registry: TLS checked or not (a pool's own registry), and whose login."""
+
+    tls_verify: bool = True
+    username: str = ""
+    password: str = field(default="", repr=False)
+    timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Resolved:
+    digest: str  # the manifest the tag named at this moment: the image the job runs
+    bytes: int  # what a pull moves: config and compressed layers
+
+
+def resolve(ref: imageref.Reference, *, access: Access) -> Resolved:
+    """The digest a reference names now and the bytes a pull moves; manifests only, no layer is fetched."""
+    target = ref.pinned(ref.digest) if ref.digest else str(ref)
+    raw = _inspect(target, access, "--raw")
+    digest = ref.digest or "sha256:" + hashlib.sha256(raw).hexdigest()
+    manifest = json.loads(raw)
+    if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
+        instance = _platform_instance(manifest, ref)
+        manifest = json.loads(_inspect(ref.pinned(instance), access, "--raw"))
+    size = manifest.get("config", {}).get("size", 0) + sum(
+        layer.get("size", 0) for layer in manifest.get("layers", [])
+    )
+    return Resolved(digest=digest, bytes=size)
+
+
+def _platform_instance(index: dict, ref: imageref.Reference) -> str:
+    for entry in index.get("manifests", []):
+        wanted = entry.get("platform", {})
+        if wanted.get("os") == "linux" and wanted.get("architecture") == ARCH:
+            return entry["digest"]
+    raise transfers.TransferFailed(f"{ref} has no image for linux/{ARCH}")
+
+
+def pull(
+    ref: imageref.Reference, digest: str, layout: Path, *, access: Access, progress: transfers.Progress
+) -> int:
+    """Copies the image by digest into the OCI layout ``layout``; returns the bytes that landed there.
+
+    Blobs already in the layout are not fetched again (skopeo checks the layout first), so a retry
+    after a dropped connection moves only what is missing.
+    """
+    layout.parent.mkdir(parents=True, exist_ok=True)
+    before = _tree_bytes(layout)
+    args = ["copy", "--quiet", *_tls("--src-tls-verify", access), "docker://" + ref.pinned(digest),
+            f"oci:{layout}:{LAYOUT_TAG}"]  # fmt: skip
+    with _skopeo_env(access, "--src-authfile", ref.registry) as (env, auth):
+        proc = subprocess.Popen(
+            ["skopeo", *args[:1], *auth, *args[1:]],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        _follow(proc, layout, before, progress)
+        _, err = proc.communicate()
+    if proc.returncode:
+        raise _classified(err.decode("utf-8", "replace"))
+    return _tree_bytes(layout) - before
+
+
+def _follow(proc: subprocess.Popen, layout: Path, before: int, progress: transfers.Progress) -> None:
+    """Reports the layout's growth while skopeo writes it; stops skopeo when progress says stop."""
+    while proc.poll() is None:
+        time.sleep(transfers.PROGRESS_EVERY_S)
+        if proc.poll() is None and not progress(max(0, _tree_bytes(layout) - before)):
+            proc.kill()
+            proc.wait()
+            raise transfers.TransferStopped()
+
+
+def unpack(layout: Path, bundle: Path) -> None:
+    """The layout's image as a root filesystem at ``bundle/rootfs``.
+
+    ``--rootless`` even as root: files keep their modes but not their owners, and no device node
+    or setuid-root file an image carries becomes one on the node.
+    """
+    done = subprocess.run(
+        ["umoci", "unpack", "--rootless", "--image", f"{layout}:{LAYOUT_TAG}", str(bundle)],
+        capture_output=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )  # fmt: skip
+    if done.returncode:
+        raise transfers.TransferFailed(
+            f"unpacking failed: {_last_line(done.stderr.decode('utf-8', 'replace'))}"
+        )
+
+
+def image_config(layout: Path) -> dict:
+    """Env, Entrypoint, Cmd and WorkingDir as the pulled image declares them, read from the layout."""
+    index = json.loads((layout / "index.json").read_text())
+    manifest = json.loads(_blob(layout, index["manifests"][0]["digest"]))
+    config = json.loads(_blob(layout, manifest["config"]["digest"])).get("config") or {}
+    return {key: config[key] for key in RUN_CONFIG if config.get(key)}
+
+
+def _blob(layout: Path, digest: str) -> bytes:
+    algorithm, _, hexdigest = digest.partition(":")
+    return (layout / "blobs" / algorithm / hexdigest).read_bytes()
+
+
+def tree_bytes(root: Path) -> int:
+    return _tree_bytes(root)
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for directory, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_size
+            except OSError:
+                pass  # a temporary file renamed meanwhile: counted under its new name next time
+    return total
+
+
+def _inspect(target: str, access: Access, *flags: str) -> bytes:
+    with _skopeo_env(access, "--authfile", target.split("/", 1)[0]) as (env, auth):
+        try:
+            done = subprocess.run(
+                ["skopeo", "--command-timeout", f"{access.timeout_s:.0f}s", "inspect", *auth, *flags,
+                 *_tls("--tls-verify", access), "docker://" + target],
+                env=env, capture_output=True, timeout=access.timeout_s + 10,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            raise transfers.Transient(f"the registry did not answer within {access.timeout_s:.0f} s") from exc
+    if done.returncode:
+        raise _classified(done.stderr.decode("utf-8", "replace"))
+    return done.stdout
+
+
+def _tls(flag: str, access: Access) -> list[str]:
+    return [f"{flag}={'true' if access.tls_verify else 'false'}"]
+
+
+@contextmanager
+def _skopeo_env(access: Access, flag: str, registry: str) -> Iterator[tuple[dict[str, str], list[str]]]:
+    """An empty home and an auth file of this pull's own (0600, removed after): never the node's login,
+    and the password never on a command line where ``ps`` would show it."""
+    with tempfile.TemporaryDirectory(prefix="e31-registry-") as home:
+        auth = Path(home) / "auth.json"
+        auths = {}
+        if access.username:
+            token = base64.b64encode(f"{access.username}:{access.password}".encode()).decode()
+            auths = {"auths": {registry: {"auth": token}}}
+        auth.write_text(json.dumps(auths))
+        auth.chmod(0o600)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "XDG_RUNTIME_DIR": home,
+               "XDG_CONFIG_HOME": home, "TMPDIR": home}  # fmt: skip
+        yield env, [f"{flag}={auth}"]
+
+
+def _classified(stderr: str) -> Exception:
+    """The registry's own answer, permanent (missing, refused) or worth retrying (down, 5xx, timeout)."""
+    message = _last_line(stderr)
+    if any(marker in message.lower() for marker in PERMANENT):
+        return transfers.TransferFailed(message)
+    return transfers.Transient(message)
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    line = lines[-1] if lines else "no answer"
+    if 'msg="' in line:  # skopeo's log format: time=… level=fatal msg="…"
+        line = line.split('msg="', 1)[1].rsplit('"', 1)[0]
+    return line[:400]

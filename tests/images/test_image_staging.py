@@ -1,0 +1,164 @@
+"""STAGE pulls a job's image from a real registry before RENT: digest pinned, cached, refusals with the registry's answer."""
+
+import os
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs import image_staging, staging
+from jobs.models import ImageCacheEntry, ImagePull, Job
+from tests.factories import JobFactory, TeamFactory
+from tests.images.conftest import build_image, push
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def stage_root(settings, tmp_path):
+    settings.E31_STAGING_ROOT = (tmp_path / "staging").resolve()
+    settings.E31_TRANSFER_RETRIES = 2
+    settings.E31_TRANSFER_BACKOFF_S = 0.01
+    settings.E31_ALLOW_PRIVATE_SOURCES = False
+    return settings.E31_STAGING_ROOT
+
+
+def image_job(team, image: str, **fields) -> Job:
+    return JobFactory(team=team, state="submitted", image=image, argv=[], **fields)
+
+
+def staged(job: Job) -> Job:
+    staging.stage_job(job_id=job.id, now=timezone.now())
+    return Job.objects.get(id=job.id)
+
+
+def test_a_tag_is_pulled_and_unpacked_before_rent_and_the_job_records_its_digest(
+    pool_registry, base_image, stage_root
+):
+    job = staged(image_job(TeamFactory(), base_image))
+    assert job.state == "queued", job.end_detail
+    assert job.allocations.count() == 0  # staged off the meter: nothing rented yet
+    pull = ImagePull.objects.get(job=job)
+    assert pull.digest == pool_registry.digest("tests/busybox:1")
+    assert pull.stage_state == "staged" and pull.bytes_done == pull.bytes > 1_000_000
+    root = image_staging.rootfs(pull.entry.key)
+    assert (root / "bin" / "busybox").stat().st_size == os.stat("/bin/busybox").st_size
+    assert pull.entry.config == {
+        "Env": ["PATH=/bin", "GREETING=hello from the image"],
+        "Entrypoint": ["/bin/sh", "-c"],
+        "Cmd": ['echo "$GREETING in $(pwd) as $(id -u)"'],
+        "WorkingDir": "/srv",
+    }
+    assert pull.entry.bytes >= pull.bytes  # the layout and the unpacked root count against the cache
+
+
+def test_a_second_job_of_the_team_moves_no_layer_byte(pool_registry, base_image, stage_root):
+    team = TeamFactory()
+    first = staged(image_job(team, base_image))
+    before = pool_registry.blob_bytes()
+    second = staged(image_job(team, base_image))
+    assert second.state == "queued", second.end_detail
+    assert pool_registry.blob_bytes() == before  # only the tag was resolved: no blob fetched
+    pull = ImagePull.objects.get(job=second)
+    assert (pull.stage_state, pull.digest) == ("cached", first.image_pull.digest)
+    assert "0 bytes moved" in pull.stage_detail
+    assert ImageCacheEntry.objects.get().hits == 1
+
+
+def test_another_team_never_runs_the_first_teams_cached_image(pool_registry, base_image, stage_root):
+    staged(image_job(TeamFactory(slug="a"), base_image))
+    before = pool_registry.blob_bytes()
+    other = staged(image_job(TeamFactory(slug="b"), base_image))
+    assert ImagePull.objects.get(job=other).stage_state == "staged"
+    assert pool_registry.blob_bytes() > before  # its own pull, through its own registry access
+    assert ImageCacheEntry.objects.count() == 2
+
+
+def test_the_digest_is_pinned_when_the_tag_moves_on(pool_registry, base_image, stage_root, tmp_path):
+    layout = tmp_path / "moving"
+    build_image(layout, files={"etc/version": b"1\n"})
+    old = push(layout, pool_registry, "tests/moving:stable")
+    team = TeamFactory()
+    job = staged(image_job(team, f"{pool_registry.host}/tests/moving:stable"))
+    build_image(tmp_path / "next", files={"etc/version": b"2\n"})
+    new = push(tmp_path / "next", pool_registry, "tests/moving:stable")
+    assert new != old
+    pull = ImagePull.objects.get(job=job)
+    assert pull.digest == old
+    assert (image_staging.rootfs(pull.entry.key) / "etc" / "version").read_text() == "1\n"
+    later = staged(image_job(team, f"{pool_registry.host}/tests/moving:stable"))
+    assert later.image_pull.digest == new
+
+
+def test_a_reference_by_digest_runs_exactly_that_digest(pool_registry, base_image, stage_root):
+    digest = pool_registry.digest("tests/busybox:1")
+    job = staged(image_job(TeamFactory(), f"{pool_registry.host}/tests/busybox@{digest}"))
+    assert job.state == "queued", job.end_detail
+    assert job.image_pull.digest == digest
+
+
+def test_a_missing_tag_ends_staging_failed_with_the_registrys_answer(pool_registry, base_image, stage_root):
+    job = staged(image_job(TeamFactory(), f"{pool_registry.host}/tests/busybox:no-such-tag"))
+    assert (job.state, job.end_reason) == ("ended", "staging_failed")
+    assert "manifest unknown" in job.end_detail
+    assert job.image_pull.stage_state == "failed"
+    assert not job.allocations.exists()
+
+
+def test_a_missing_image_ends_staging_failed_with_the_registrys_answer(pool_registry, stage_root):
+    job = staged(image_job(TeamFactory(), f"{pool_registry.host}/tests/nothing-here:1"))
+    assert (job.state, job.end_reason) == ("ended", "staging_failed")
+    assert "unknown" in job.end_detail  # the registry's "name unknown" / "manifest unknown"
+
+
+def test_a_registry_that_is_down_is_retried_then_the_job_fails_with_its_reason(settings, stage_root):
+    with_closed_port = "127.0.0.1:9"  # discard: nothing listens
+    settings.E31_POOL_REGISTRIES = [with_closed_port]
+    job = staged(image_job(TeamFactory(), f"{with_closed_port}/tests/busybox:1"))
+    assert (job.state, job.end_reason) == ("ended", "staging_failed")
+    assert "after 3 tries" in job.end_detail and "connection refused" in job.end_detail
+
+
+def test_a_registry_on_a_private_address_is_refused_unless_it_is_the_pools(
+    pool_registry, base_image, settings, stage_root
+):
+    settings.E31_POOL_REGISTRIES = []
+    before = pool_registry.blob_bytes()
+    job = staged(image_job(TeamFactory(), base_image))
+    assert (job.state, job.end_reason) == ("ended", "staging_failed")
+    assert "private address" in job.end_detail
+    assert pool_registry.blob_bytes() == before
+
+
+def test_an_unpinned_image_is_evicted_past_retention_and_a_pinned_one_is_kept(
+    pool_registry, base_image, stage_root, settings, tmp_path
+):
+    team = TeamFactory()
+    done = staged(image_job(team, base_image))
+    layout = tmp_path / "other"
+    build_image(layout, files={"etc/other": b"x"})
+    push(layout, pool_registry, "tests/other:1")
+    running = staged(image_job(team, f"{pool_registry.host}/tests/other:1"))
+    Job.objects.filter(id=done.id).update(state="ended", end_reason="succeeded")
+    old = timezone.now() - timedelta(days=30)
+    ImageCacheEntry.objects.update(last_used_at=old)
+    settings.E31_STAGE_RETENTION_S = 86400
+    assert staging.sweep_cache(now=timezone.now()) == 1
+    kept = ImageCacheEntry.objects.get()
+    assert kept.id == running.image_pull.entry_id and image_staging.rootfs(kept.key).is_dir()
+    assert not image_staging.entry_dir(
+        image_staging.cache_key(team_id=team.id, digest=done.image_pull.digest)
+    ).exists()
+
+
+def test_the_job_page_and_the_api_show_the_image_its_digest_and_its_staging(
+    pool_registry, base_image, stage_root, team, member_client, member_token
+):
+    job = staged(image_job(team, base_image))
+    digest = job.image_pull.digest
+    page = member_client.get(f"/jobs/{job.id}/").content.decode()
+    assert digest in page and "staged" in page
+    body = member_client.get(f"/api/v1/jobs/{job.id}", HTTP_AUTHORIZATION=f"Bearer {member_token}").json()
+    assert body["image"]["digest"] == digest and body["image"]["stage_state"] == "staged"
+    assert body["image"]["bytes_done"] == body["image"]["bytes"] > 0
+    assert body["work"]["image"] == base_image and body["work"]["argv"] == []
