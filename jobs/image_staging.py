@@ -118,7 +118,10 @@ def _record_digest(pull: ImagePull, resolved: registry.Resolved) -> None:
     )  # fmt: skip
 
 
-def _stage_digest(pull, team_id, ref, resolved, access, beat) -> None:
+def _stage_digest(
+    pull: ImagePull, team_id: int, ref: imageref.Reference, resolved: registry.Resolved, access: registry.Access,
+    beat: "_Beat",
+) -> None:  # fmt: skip
     key = cache_key(team_id=team_id, digest=resolved.digest)
     token = uuid.uuid4().hex
     while True:
@@ -165,7 +168,10 @@ def _try_claim(*, key: str, team_id: int, reference: str, digest: str, token: st
     return WAIT, entry
 
 
-def _fill(entry, token, ref, resolved, access, beat) -> int:
+def _fill(
+    entry: ImageCacheEntry, token: str, ref: imageref.Reference, resolved: registry.Resolved,
+    access: registry.Access, beat: "_Beat",
+) -> int:  # fmt: skip
     """Pulls into a directory of this pull's own, unpacks it, then moves it in place in one rename."""
     part = images_dir() / f"{entry.key}.{token}.part"
     try:

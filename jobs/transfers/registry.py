@@ -13,7 +13,6 @@ import os
 import platform
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -100,9 +99,13 @@ def pull(
 
 def _follow(proc: subprocess.Popen, layout: Path, before: int, progress: transfers.Progress) -> None:
     """Reports the layout's growth while skopeo writes it; stops skopeo when progress says stop."""
-    while proc.poll() is None:
-        time.sleep(transfers.PROGRESS_EVERY_S)
-        if proc.poll() is None and not progress(max(0, _tree_bytes(layout) - before)):
+    while True:
+        try:
+            proc.wait(timeout=transfers.PROGRESS_EVERY_S)  # returns the moment skopeo is done
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        if not progress(max(0, _tree_bytes(layout) - before)):
             proc.kill()
             proc.wait()
             raise transfers.TransferStopped()

@@ -1,116 +1,23 @@
-"""A real registry on 127.0.0.1 (Debian's docker-registry) and images the tests build themselves.
+"""The image tests' registry and base image, both made once per session.
 
-The registry starts once per session, as PostgreSQL does for the suite; the base image is built
-once too, with umoci from busybox-static (2 MB), so every registry test stays well under a second
-of image work. Its access log tells how many layer bytes each pull really moved.
+The registry starts as PostgreSQL does for the suite; the base image is built with umoci from
+busybox-static (2 MB), so every registry test stays well under a second of image work.
 """
 
-import re
 import shutil
-import socket
-import subprocess
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-BUSYBOX = Path("/bin/busybox")
-APPLETS = ("sh", "echo", "cat", "env", "pwd", "ls", "id", "touch", "test", "sleep")
-BLOB_GET = re.compile(r'"GET /v2/(\S+)/blobs/sha256:[0-9a-f]{64} HTTP/[0-9.]+" 200 (\d+)')
-# Env, WorkingDir, Entrypoint and Cmd of the tests' base image: the job prints them back.
-BASE_CONFIG = {
-    "env": ["PATH=/bin", "GREETING=hello from the image"],
-    "workingdir": "/srv",
-    "entrypoint": ["/bin/sh", "-c"],
-    "cmd": ['echo "$GREETING in $(pwd) as $(id -u)"'],
-}
-
-
-@dataclass
-class Registry:
-    host: str
-    log: Path
-    proc: subprocess.Popen
-
-    def blob_bytes(self) -> int:
-        """Layer and config bytes the registry has served so far (its access log, 200 answers)."""
-        return sum(int(m.group(2)) for m in BLOB_GET.finditer(self.log.read_text(errors="replace")))
-
-    def digest(self, reference: str) -> str:
-        done = subprocess.run(
-            ["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", f"docker://{self.host}/{reference}"],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        return done.stdout.strip()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.images.registry import build_image, push, start, stop
 
 
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory):
     if not shutil.which("docker-registry") or not shutil.which("skopeo") or not shutil.which("umoci"):
         pytest.fail("image tests need docker-registry, skopeo and umoci (bin/ensure-services installs them)")
-    root = tmp_path_factory.mktemp("registry")
-    port = _free_port()
-    config = root / "config.yml"
-    config.write_text(
-        "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
-        f"    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n"
-    )
-    log = root / "access.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            ["docker-registry", "serve", str(config)], stdout=out, stderr=subprocess.STDOUT
-        )
-    deadline = time.monotonic() + 20
-    while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
-        if time.monotonic() > deadline or proc.poll() is not None:
-            pytest.fail(f"the registry did not start: {log.read_text()[-500:]}")
-        time.sleep(0.05)
-    yield Registry(host=f"127.0.0.1:{port}", log=log, proc=proc)
-    proc.terminate()
-    proc.wait(timeout=10)
-
-
-def build_image(layout: Path, *, files: dict[str, bytes] = {}, config: dict = BASE_CONFIG) -> None:  # noqa: B006
-    """An OCI layout holding one image: busybox and its applets, /srv, the given files, the given config."""
-    subprocess.run(["umoci", "init", "--layout", str(layout)], check=True)
-    subprocess.run(["umoci", "new", "--image", f"{layout}:t"], check=True)
-    bundle = layout.parent / f"{layout.name}-bundle"
-    subprocess.run(["umoci", "unpack", "--rootless", "--image", f"{layout}:t", str(bundle)], check=True)
-    rootfs = bundle / "rootfs"
-    (rootfs / "bin").mkdir()
-    (rootfs / "srv").mkdir()
-    (rootfs / "etc").mkdir()
-    (rootfs / "etc" / "image-release").write_text("tests\n")
-    shutil.copy(BUSYBOX, rootfs / "bin" / "busybox")
-    for applet in APPLETS:
-        (rootfs / "bin" / applet).symlink_to("busybox")
-    for name, content in files.items():
-        (rootfs / name).parent.mkdir(parents=True, exist_ok=True)
-        (rootfs / name).write_bytes(content)
-    subprocess.run(["umoci", "repack", "--image", f"{layout}:t", str(bundle)], check=True)
-    args = [f"--config.env={e}" for e in config.get("env", [])]
-    args += [f"--config.entrypoint={e}" for e in config.get("entrypoint", [])]
-    args += [f"--config.cmd={c}" for c in config.get("cmd", [])]
-    if config.get("workingdir"):
-        args.append(f"--config.workingdir={config['workingdir']}")
-    subprocess.run(["umoci", "config", "--image", f"{layout}:t", *args], check=True)
-    shutil.rmtree(bundle)
-
-
-def push(layout: Path, registry: Registry, reference: str) -> str:
-    """Pushes the layout's image as ``reference`` (repository:tag); returns its manifest digest."""
-    subprocess.run(
-        ["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:t", f"docker://{registry.host}/{reference}"],
-        check=True,
-    )  # fmt: skip
-    return registry.digest(reference)
+    running = start(tmp_path_factory.mktemp("registry"))
+    yield running
+    stop(running)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from django.utils import timezone
 from jobs import image_staging, staging
 from jobs.models import ImageCacheEntry, ImagePull, Job
 from tests.factories import JobFactory, TeamFactory
-from tests.images.conftest import build_image, push
+from tests.images.registry import build_image, push
 
 pytestmark = pytest.mark.django_db
 
