@@ -117,6 +117,11 @@ def submit(
     again = " (already submitted with this key)" if session.last_status == 200 else ""
     source = f" (re-run of {job['rerun_of']})" if job.get("rerun_of") else ""
     err.print(f"Submitted job {job['id']} {job['name']}{source}{again}: {job['state']}")
+    if job.get("array"):
+        array = job["array"]
+        err.print(
+            f"  array {array['id']}: {array['size']} tasks [{array['spec']}]; e31 ls --array {array['id']}"
+        )
     if not (wait or follow):
         out.print(job["id"])  # alone on stdout, for JOB=$(e31 submit job.toml)
     if job.get("budget_note"):
@@ -134,20 +139,28 @@ def list_jobs(
     since: Annotated[str, typer.Option(help="Submitted since: 2h, 3d, 2026-11-30 or an ISO time.")] = "",
     until: Annotated[str, typer.Option(help="Submitted before (same forms).")] = "",
     team: Annotated[str, typer.Option(help="Team slug.")] = "",
+    array: Annotated[int | None, typer.Option(help="Only the tasks of this array.", min=1)] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
     """List your team's jobs, newest first."""
     jobs = api().pages(
-        "/jobs", limit=limit, state=state, name=name, team=team, since=_when(since), until=_when(until)
+        "/jobs",
+        limit=limit,
+        state=state,
+        name=name,
+        team=team,
+        since=_when(since),
+        until=_when(until),
+        array=array,
     )
     if as_json:
         for job in jobs:
             out.print_json(json.dumps(job), indent=None)
         return
-    table = _table("ID", "NAME", "STATE", "END", "EXIT", "GPUS", "HOURS", "SUBMITTED")
+    table = _table("ID", "NAME", "TASK", "STATE", "END", "EXIT", "GPUS", "HOURS", "SUBMITTED")
     for job in jobs:
-        table.add_row(str(job["id"]), job["name"], job["state"], job["end_reason"], _text(job["exit_code"]),
+        table.add_row(str(job["id"]), job["name"], _task(job), job["state"], job["end_reason"], _text(job["exit_code"]),
                       str(job["request"]["gpus"]), str(job["request"]["hours"]), _short_time(job["submitted_at"]))  # fmt: skip
     out.print(table)
 
@@ -167,6 +180,10 @@ def show(
               + (f", exit {job['exit_code']}" if job["exit_code"] is not None else ""))  # fmt: skip
     if job["end_detail"]:
         out.print(f"  {job['end_detail']}")
+    if job.get("array"):
+        a = job["array"]
+        out.print(f"  task {a['index']} of array {a['id']} [{a['spec']}], {a['size']} tasks"
+                  + (f", at most {a['max_running']} running at once" if a["max_running"] else ""))  # fmt: skip
     if job["pending_reason"]:
         out.print(
             f"  waiting: {job['pending_reason']} (estimated start {_short_time(job['estimated_start'])})"
@@ -198,10 +215,22 @@ def logs(
 
 
 @app.command()
-def cancel(job_ids: Annotated[list[int], typer.Argument(help="One or more job ids.")]) -> None:
-    """Cancel jobs; exits 0 only if every one was cancelled."""
+def cancel(
+    job_ids: Annotated[list[int] | None, typer.Argument(help="One or more job ids.")] = None,
+    array: Annotated[list[int] | None, typer.Option(help="Cancel every live task of this array.")] = None,
+) -> None:
+    """Cancel jobs, or whole arrays; exits 0 only if every one was cancelled."""
     session, worst = api(), 0
-    for job_id in job_ids:
+    if not job_ids and not array:
+        raise typer.BadParameter("name job ids, or --array ID")
+    for array_id in array or []:
+        try:
+            body = session.post(f"/arrays/{array_id}/cancel")
+            out.print(f"Array {array_id}: cancel requested ({_states(body['states'])})")
+        except client.ApiError as exc:
+            err.print(exc.detail)
+            worst = max(worst, STATUS_EXITS.get(exc.status, EXIT_API))
+    for job_id in job_ids or []:
         try:
             job = session.post(f"/jobs/{job_id}/cancel")
             out.print(f"Job {job_id}: cancel requested ({job['state']})")
@@ -258,12 +287,12 @@ def ledger(
     rows = list(
         api().pages("/ledger", limit=100_000, start=first.isoformat(), end=last.isoformat(), team=team)
     )
-    table = _table("JOB", "PERIOD START", "GPUS", "SECONDS", "KIND")
+    table = _table("JOB", "ARRAY", "PERIOD START", "GPUS", "SECONDS", "KIND")
     for e in rows:
-        table.add_row(
-            str(e["job_id"]), _short_time(e["period_start"]), str(e["gpus"]), f"{e['seconds']:.3f}", e["kind"]
-        )
+        table.add_row(str(e["job_id"]), _text(e.get("array_id")), _short_time(e["period_start"]), str(e["gpus"]),
+                      f"{e['seconds']:.3f}", e["kind"])  # fmt: skip
     out.print(table)
+    _print_array_totals(rows)
     gpu_hours = sum(e["gpus"] * e["microseconds"] for e in rows) / 3_600_000_000
     out.print(f"{first:%B %Y}: {len(rows)} rows, {gpu_hours:.4f} GPU-hours")
 
@@ -327,6 +356,26 @@ def _when(text: str) -> str:
         )
     except ValueError as exc:
         raise typer.BadParameter(f"{text!r}: use 2h, 3d, 2026-11-30 or an ISO time") from exc
+
+
+def _print_array_totals(rows: list[dict]) -> None:
+    """The ledger groups an array's tasks: one GPU-hours line per array."""
+    arrays: dict[int, float] = {}
+    for e in rows:
+        if e.get("array_id"):
+            arrays[e["array_id"]] = (
+                arrays.get(e["array_id"], 0) + e["gpus"] * e["microseconds"] / 3_600_000_000
+            )
+    for array_id, gpu_hours in sorted(arrays.items()):
+        out.print(f"array {array_id}: {gpu_hours:.4f} GPU-hours")
+
+
+def _task(job: dict) -> str:
+    return f"{job['array']['id']}[{job['array']['index']}]" if job.get("array") else ""
+
+
+def _states(states: dict[str, int]) -> str:
+    return ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
 
 
 def _table(*columns: str) -> Table:

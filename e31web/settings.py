@@ -332,6 +332,7 @@ E31_LOG_CAP_BYTES = env.int("E31_LOG_CAP_BYTES", default=10 * 1024 * 1024)
 E31_LOG_WAITERS_PER_PROCESS = env.int("E31_LOG_WAITERS_PER_PROCESS", default=2)
 # An attempt that writes more files than this ends output_failed; its manifest is never built.
 E31_MAX_OUTPUT_FILES = env.int("E31_MAX_OUTPUT_FILES", default=10_000)
+E31_MAX_ARRAY = env.int("E31_MAX_ARRAY", default=1000)  # tasks in one array
 E31_ALLOW_UNSANDBOXED = env.bool("E31_ALLOW_UNSANDBOXED", default=False)
 # Per-attempt bounds beside memory and CPUs (which come from the declaration or the node's share):
 # processes and threads, and writable space on top of the declared output bytes.

@@ -412,8 +412,16 @@ def _job_env(
         "E31_NUM_NODES": str(part.num_nodes),
         "E31_NUM_GPUS": str(part.num_gpus),
         "E31_COORDINATOR": part.coordinator,
+        **_array_env(part.job),
         **(libraries if driver else {}),
     }
+
+
+def _array_env(job) -> dict[str, str]:
+    """A task of an array learns which one it is; other jobs see neither variable."""
+    if job.array_id is None:
+        return {}
+    return {"E31_ARRAY_ID": str(job.array_id), "E31_ARRAY_INDEX": str(job.array_index)}
 
 
 def remove_expired_attempts(*, node_name: str, now) -> list[str]:

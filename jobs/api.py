@@ -15,8 +15,8 @@ from pydantic import field_validator
 from accounts import scoping
 from common import paging
 from jobs import declaration, idempotency, logs, selectors, services
-from jobs.models import Dependency, Job, OutputFile
-from jobs.schemas import ErrorOut, JobIn, JobOut, OutputFileOut
+from jobs.models import Dependency, Job, JobArray, OutputFile
+from jobs.schemas import ArrayOut, ErrorOut, JobIn, JobOut, OutputFileOut
 
 router = Router(tags=["jobs"])
 OUTPUT_PAGE_MAX = 1000  # files per page of /jobs/{id}/outputs
@@ -38,6 +38,7 @@ class JobFilter(Schema):
     team: str = Field("", max_length=80, pattern=r"^[^\x00]*$", description="Team slug.")
     since: datetime | None = Field(None, description="Submitted at or after (ISO 8601; UTC if no offset).")
     until: datetime | None = Field(None, description="Submitted before (ISO 8601; UTC if no offset).")
+    array: int | None = Field(None, ge=1, le=2**31 - 1, description="Only the tasks of this array.")
 
     @field_validator("since", "until")
     @classmethod
@@ -57,7 +58,7 @@ class JobPages(paging.CappedLimitOffset):
 
 
 def job_queryset():
-    return selectors.with_details(Job.objects.select_related("team"))
+    return selectors.with_details(Job.objects.select_related("team", "array"))
 
 
 def job_json(job: Job) -> dict:
@@ -91,7 +92,21 @@ def job_json(job: Job) -> dict:
         "pending_reason": job.pending_reason,
         **_dependencies_json(job),
         "rerun_of": job.rerun_of_id,
+        "array": _array_ref(job),
     }  # fmt: skip
+
+
+def _array_ref(job: Job) -> dict | None:
+    if job.array_id is None:
+        return None
+    a = job.array
+    return {
+        "id": a.id,
+        "index": job.array_index,
+        "size": a.size,
+        "max_running": a.max_running,
+        "spec": a.spec,
+    }
 
 
 def _dependencies_json(job: Job) -> dict:
@@ -227,7 +242,8 @@ def _submit_once(
 @router.get("/jobs", response={200: list[JobOut], **ERRORS}, summary="List your team's jobs, newest first")
 @paginate(JobPages)
 def list_jobs(request: HttpRequest, filters: Query[JobFilter]):
-    return selectors.with_details(selectors.job_list(request.user, selectors.JobFilters(**filters.dict())))
+    listed = selectors.job_list(request.user, selectors.JobFilters(**filters.dict()))
+    return selectors.with_details(listed.select_related("array"))
 
 
 @router.get("/jobs/{job_id}", response={200: JobOut, **ERRORS}, summary="One job with its events")
@@ -302,3 +318,35 @@ def cancel_job(request: HttpRequest, job_id: int):
     if not services.cancel_job(job_id=job.id, user=request.user, now=timezone.now()):
         raise HttpError(409, f"Job {job.id} is {job.state}: nothing to cancel")
     return job_json(_get_job(request, job_id))
+
+
+def _visible_array(request: HttpRequest, array_id: int) -> JobArray:
+    array = (
+        scoping.visible_to(request.user, JobArray.objects.select_related("team")).filter(id=array_id).first()
+    )
+    if array is None:
+        raise HttpError(404, "No such array")
+    return array
+
+
+def _array_json(array: JobArray) -> dict:
+    return {
+        "id": array.id, "name": array.name, "team": array.team.name, "spec": array.spec, "size": array.size,
+        "max_running": array.max_running, "submitted_at": array.submitted_at,
+        "states": selectors.array_states([array.id]).get(array.id, {}), "tasks_url": f"/api/v1/jobs?array={array.id}",
+    }  # fmt: skip
+
+
+@router.get("/arrays/{array_id}", response={200: ArrayOut, **ERRORS}, summary="An array: its tasks' states")
+def get_array(request: HttpRequest, array_id: int):
+    return _array_json(_visible_array(request, array_id))
+
+
+@router.post(
+    "/arrays/{array_id}/cancel", response={200: ArrayOut, **ERRORS}, summary="Cancel every live task"
+)
+def cancel_array(request: HttpRequest, array_id: int):
+    array = _visible_array(request, array_id)
+    if not services.cancel_array(array_id=array.id, user=request.user, now=timezone.now()):
+        raise HttpError(409, f"Array {array.id} has no live task: nothing to cancel")
+    return _array_json(array)

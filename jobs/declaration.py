@@ -36,6 +36,8 @@ MIN_MEMORY = 16 * 2**20  # below this not even an interpreter starts
 MIN_CPUS = 0.01  # the smallest CFS quota the kernel takes is 1 ms of every 100 ms
 MAX_CPUS = 100_000
 MAX_PREREQUISITES = 64
+MAX_ARRAY_INDEX = 10_000_000
+ARRAY_SPEC = re.compile(r"^\s*([0-9][0-9,\s-]*?)\s*(?:%\s*([0-9]+))?\s*$")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Limits:
     team: str | None = None
     # Dataset folders an operator shared with that team, readable besides its own prefix.
     shared: Sequence[Path] = ()
+    max_array: int = 1000  # E31_MAX_ARRAY: tasks in one array
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,15 @@ class DataInput:
     uri: str
     bytes: int
     sha256: str = ""
+
+
+@dataclass(frozen=True)
+class Array:
+    """``array = "0-99%8"``: one task per index, each a job of its own, at most ``limit`` running at once."""
+
+    indices: tuple[int, ...]
+    limit: int | None = None
+    text: str = ""
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,7 @@ class Declaration:
     # Older jobs of the same team it runs after: once each has succeeded / once each has ended.
     after_ok: tuple[int, ...] = ()
     after_any: tuple[int, ...] = ()
+    array: Array | None = None
 
 
 @dataclass
@@ -163,6 +176,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     memory = _memory(request.get("memory"), limits, errs)
     cpus = _cpus(request.get("cpus"), limits, errs)
     after_ok, after_any = _prerequisites(raw, errs)
+    array = _array(raw.get("array"), limits, errs)
     if errs.errors:
         raise DeclarationInvalid(errs.errors)
     return Declaration(
@@ -171,7 +185,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
         hours=hours, min_gpus=min_gpus, max_gpus=max_gpus,
         preemptible=flags["preemptible"], requeue=flags["requeue"],
         output_uri=output_uri, output_bytes=output_bytes, memory_bytes=memory, cpus=cpus,
-        after_ok=after_ok, after_any=after_any,
+        after_ok=after_ok, after_any=after_any, array=array,
     )  # fmt: skip
 
 
@@ -199,6 +213,37 @@ def _prerequisites(raw: Mapping, errs: _Collector) -> tuple[tuple[int, ...], tup
                 ids.append(item)
         lists.append(tuple(ids))
     return lists[0], lists[1]
+
+
+def _array(value: Any, limits: Limits, errs: _Collector) -> Array | None:
+    """``"0-99%8"``: indices as ranges and single numbers separated by commas, then ``%`` and how many
+    may run at once (Slurm's --array syntax)."""
+    if value in (None, ""):
+        return None
+    match = ARRAY_SPEC.match(value) if isinstance(value, str) and len(value) <= 200 else None
+    if match is None:
+        errs.add("array", 'indices such as "0-99", "1,3,5-7", optionally "%8" to run at most 8 at once')
+        return None
+    indices: set[int] = set()
+    for part in filter(None, (p.strip() for p in match.group(1).split(","))):
+        low, _, high = part.partition("-")
+        if not low.strip().isdecimal() or (high and not high.strip().isdecimal()):
+            errs.add("array", f"{part!r} is not an index or a range such as 0-99")
+            return None
+        first, last = int(low), int(high or low)
+        if last < first or last > MAX_ARRAY_INDEX:
+            errs.add("array", f"{part!r}: a range goes up, from 0 to at most {MAX_ARRAY_INDEX}")
+            return None
+        if last - first + 1 + len(indices) > limits.max_array:
+            errs.add("array", f"at most {limits.max_array} tasks in one array (E31_MAX_ARRAY)")
+            return None
+        indices.update(range(first, last + 1))
+    limit = int(match.group(2)) if match.group(2) else None
+    if not indices or limit == 0:
+        errs.add("array", "at least one index, and at least 1 task running at once")
+        return None
+    limit = None if limit is None or limit >= len(indices) else limit  # a limit past the size limits nothing
+    return Array(indices=tuple(sorted(indices)), limit=limit, text=value.strip())
 
 
 def _part(raw: Mapping, key: str, errs: _Collector) -> Mapping:

@@ -71,6 +71,7 @@ class JobForm:
             "output.bytes": _size_text(output.get("bytes")),
             "after_ok": _ids_text(raw.get("after_ok")),
             "after_any": _ids_text(raw.get("after_any")),
+            "array": _text(raw.get("array")),
         }
         data = raw.get("data") if isinstance(raw.get("data"), list) else []
         rows = [
@@ -111,6 +112,7 @@ class JobForm:
             "output": {"uri": v.get("output.uri", ""), "bytes": v.get("output.bytes", "")},
             "after_ok": _ids(v.get("after_ok", "")),
             "after_any": _ids(v.get("after_any", "")),
+            "array": v.get("array", "").strip(),
         }
 
     def _number(self, key: str, kind: type, *, optional: bool = False) -> Any:
@@ -146,7 +148,7 @@ class JobForm:
 _SCALARS = (
     "name", "work.argv", "work.env", "work.image", "work.workdir",
     "request.gpus", "request.min_gpus", "request.max_gpus", "request.hours", "request.gpu_model", "request.memory", "request.cpus",
-    "output.uri", "output.bytes", "after_ok", "after_any",
+    "output.uri", "output.bytes", "after_ok", "after_any", "array",
 )  # fmt: skip
 _JOB_ID_SEPARATORS = re.compile(r"[\s,]+")
 _FLAGS = ("request.preemptible", "request.requeue")
@@ -245,6 +247,7 @@ class JobListFilterForm(forms.Form):
     )
     since = forms.DateField(required=False, label="Submitted from")
     until = forms.DateField(required=False, label="to")
+    array = forms.IntegerField(required=False, min_value=1, max_value=2**31 - 1, widget=forms.HiddenInput)
 
     def filters(self) -> selectors.JobFilters:
         data = self.cleaned_data
@@ -253,6 +256,8 @@ class JobListFilterForm(forms.Form):
             name=data["name"].strip(),
             since=_day_start(data["since"]),
             until=_day_start(data["until"] + timedelta(days=1)) if data["until"] else None,
+            array=data["array"],
+            arrays_folded=data["array"] is None,  # an array is one row, until it is the one asked for
         )
 
     def query_string(self) -> str:

@@ -8,6 +8,30 @@ from accounts.models import Team
 from jobs.lifecycle import AFTER_ANY, AFTER_OK, EndReason, State
 
 
+class JobArray(models.Model):
+    """One declaration submitted as many tasks (``array = "0-99%8"``): each task is a job of its own, with
+    its index; at most ``max_running`` of them hold GPUs at once (null: no limit)."""
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="job_arrays")
+    name = models.CharField(max_length=120)
+    spec = models.CharField(max_length=200)  # as declared, "0-99%8"
+    size = models.PositiveIntegerField()
+    max_running = models.PositiveIntegerField(null=True, blank=True)
+    first_index = models.PositiveIntegerField()  # the task the job list shows the array's row at
+    submitted_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(max_running__isnull=True) | Q(max_running__gte=1), name="array_limit_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"array {self.pk} {self.name} [{self.spec}]"
+
+
 class Job(models.Model):
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
     submitted_by = models.ForeignKey(
@@ -66,6 +90,9 @@ class Job(models.Model):
     rerun_of = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="reruns"
     )
+    # A task of an array: E31_ARRAY_INDEX is its index.
+    array = models.ForeignKey(JobArray, on_delete=models.PROTECT, null=True, blank=True, related_name="tasks")
+    array_index = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
@@ -92,6 +119,12 @@ class Job(models.Model):
                 condition=Q(state__in=[State.RELEASED, State.ENDED]) | Q(end_reason=""),
                 name="job_end_reason_only_when_terminal",
             ),
+            models.CheckConstraint(
+                condition=Q(array__isnull=True, array_index__isnull=True)
+                | Q(array__isnull=False, array_index__isnull=False),
+                name="job_array_task_has_an_index",
+            ),
+            models.UniqueConstraint(fields=["array", "array_index"], name="job_array_index_once"),
         ]
 
     def __str__(self) -> str:

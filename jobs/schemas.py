@@ -101,6 +101,11 @@ class JobIn(NullIsAbsent):
     after_any: _JobIds = Field(
         None, description="Ids of the team's older jobs this one runs after, however they end."
     )
+    array: Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "null"}]})] = Field(
+        None,
+        description='An array: "0-99%8" submits one task per index (each a job with E31_ARRAY_INDEX), at most 8 '
+        "running at once; the answer is the first task, whose `array` names the rest.",
+    )
 
 
 class FieldError(Schema):
@@ -159,6 +164,26 @@ class OutputsOut(Schema):
     files_url: str = Field(..., description="Every file, paged: ?offset=&limit= (at most 1000).")
 
 
+class ArrayRefOut(Schema):
+    id: int
+    index: int
+    size: int
+    max_running: int | None
+    spec: str
+
+
+class ArrayOut(Schema):
+    id: int
+    name: str
+    team: str
+    spec: str
+    size: int
+    max_running: int | None
+    submitted_at: datetime
+    states: dict[str, int] = Field(..., description="How many tasks are in each state.")
+    tasks_url: str = Field(..., description="The tasks, as jobs: /api/v1/jobs?array=<id>.")
+
+
 class JobOut(Schema):
     id: int
     name: str
@@ -184,6 +209,7 @@ class JobOut(Schema):
     after_any: list[int] = Field(default_factory=list, description="Prerequisites that must end first.")
     dependents: list[int] = Field(default_factory=list, description="Jobs that wait for this one.")
     rerun_of: int | None = Field(None, description="The job this one re-runs, if it is a re-run.")
+    array: ArrayRefOut | None = Field(None, description="Set on a task of an array.")
     budget_note: str = Field(
         "", description="Set on submission when the job takes its team past a budget that only warns."
     )

@@ -128,6 +128,8 @@ class JobFilters:
     team: str = ""
     since: datetime | None = None
     until: datetime | None = None
+    array: int | None = None  # one array's tasks only
+    arrays_folded: bool = False  # an array shows as one row: its first task's
 
 
 def visible_jobs(user) -> QuerySet[Job]:
@@ -148,7 +150,24 @@ def filtered(jobs: QuerySet[Job], filters: JobFilters) -> QuerySet[Job]:
         jobs = jobs.filter(submitted_at__gte=filters.since)
     if filters.until:
         jobs = jobs.filter(submitted_at__lt=filters.until)
+    if filters.array is not None:
+        jobs = jobs.filter(array_id=filters.array)
+    elif filters.arrays_folded:
+        jobs = jobs.filter(Q(array__isnull=True) | Q(array_index=F("array__first_index")))
     return jobs
+
+
+def array_states(array_ids) -> dict[int, dict[str, int]]:
+    """Per array, how many of its tasks are in each state (one query for a page of arrays)."""
+    out: dict[int, dict[str, int]] = {}
+    rows = (
+        Job.objects.filter(array_id__in=list(array_ids))
+        .values_list("array_id", "state")
+        .annotate(n=Count("id"))
+    )
+    for array_id, state, n in rows.order_by():
+        out.setdefault(array_id, {})[state] = n
+    return out
 
 
 def job_list(user, filters: JobFilters) -> QuerySet[Job]:

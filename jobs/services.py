@@ -12,8 +12,8 @@ from django.db import transaction
 from django.db.models import Sum
 
 from jobs import declaration, dependencies, dispatch, rental, sharing, signals
-from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, EndReason, State
-from jobs.models import DataInput, Job, JobEvent, Node
+from jobs.lifecycle import ALIVE, BEFORE_RENT, HOLDS_COMPUTE, EndReason, State
+from jobs.models import DataInput, Job, JobArray, JobEvent, Node
 from jobs.transitions import transition
 
 
@@ -33,6 +33,7 @@ def pool_limits(*, team=None) -> declaration.Limits:
         output_roots=settings.E31_OUTPUT_ROOTS,
         team=team.slug if team is not None else None,
         shared=sharing.shared_with(team.slug) if team is not None else (),
+        max_array=settings.E31_MAX_ARRAY,
     )
 
 
@@ -40,7 +41,8 @@ def pool_limits(*, team=None) -> declaration.Limits:
 def submit_job(
     *, team, user, spec: declaration.Declaration, now: datetime, rerun_of: Job | None = None
 ) -> Job:
-    """Stores a validated declaration as a submitted job and rings for staging after commit.
+    """Stores a validated declaration as a submitted job (an array: one job per index, its first task
+    returned) and rings for staging after commit.
 
     A job that would take its team past an enforced monthly budget is refused like any invalid
     field; past a budget that only warns, it is stored and ``job.budget_note`` says so. A re-run
@@ -48,28 +50,63 @@ def submit_job(
     """
     if rerun_of is not None and rerun_of.team_id != team.id:
         raise declaration.DeclarationInvalid([("rerun_of", "a re-run belongs to its source job's team")])
-    budget = signals.check_budget(team=team, gpu_hours=spec.gpus * spec.hours, now=now)
+    tasks = len(spec.array.indices) if spec.array else 1
+    budget = signals.check_budget(team=team, gpu_hours=spec.gpus * spec.hours * tasks, now=now)
     if budget and budget.refused:
         raise declaration.DeclarationInvalid([("request.hours", budget.message)])
     dependencies.check_prerequisites(team=team, after_ok=spec.after_ok, after_any=spec.after_any)
-    job = Job.objects.create(
-        team=team, submitted_by=user, name=spec.name, state=State.SUBMITTED,
-        submitted_at=now, state_changed_at=now,
-        argv=spec.argv, env=spec.env, image=spec.image, workdir=spec.workdir,
-        gpus=spec.gpus, gpu_model=spec.gpu_model, hours=spec.hours, min_gpus=spec.min_gpus, max_gpus=spec.max_gpus,
-        preemptible=spec.preemptible, requeue=spec.requeue, memory_bytes=spec.memory_bytes, cpus=spec.cpus,
-        output_uri=spec.output_uri, output_bytes=spec.output_bytes, rerun_of=rerun_of,
+    array = _array(team=team, spec=spec, now=now)
+    indices = spec.array.indices if spec.array else (None,)
+    jobs = Job.objects.bulk_create(
+        Job(
+            team=team, submitted_by=user, name=spec.name, state=State.SUBMITTED,
+            submitted_at=now, state_changed_at=now, array=array, array_index=index,
+            argv=spec.argv, env=spec.env, image=spec.image, workdir=spec.workdir,
+            gpus=spec.gpus, gpu_model=spec.gpu_model, hours=spec.hours, min_gpus=spec.min_gpus, max_gpus=spec.max_gpus,
+            preemptible=spec.preemptible, requeue=spec.requeue, memory_bytes=spec.memory_bytes, cpus=spec.cpus,
+            output_uri=spec.output_uri, output_bytes=spec.output_bytes, rerun_of=rerun_of,
+        )
+        for index in indices
     )  # fmt: skip
     DataInput.objects.bulk_create(
         DataInput(job=job, position=i, name=d.name, uri=d.uri, bytes=d.bytes, sha256=d.sha256)
+        for job in jobs
         for i, d in enumerate(spec.data)
     )
-    dependencies.record(job_ids=[job.id], after_ok=spec.after_ok, after_any=spec.after_any)
-    JobEvent.objects.create(job=job, to_state=State.SUBMITTED, at=now, actor=_actor(user), reason="submitted")
-    dispatch.stage_job(job.id)
+    dependencies.record(job_ids=[job.id for job in jobs], after_ok=spec.after_ok, after_any=spec.after_any)
+    reason = f"submitted as task {{}} of array {array.id} [{array.spec}]" if array else "submitted"
+    JobEvent.objects.bulk_create(
+        JobEvent(
+            job=job,
+            to_state=State.SUBMITTED,
+            at=now,
+            actor=_actor(user),
+            reason=reason.format(job.array_index),
+        )
+        for job in jobs
+    )
+    for job in jobs:
+        dispatch.stage_job(job.id)
     dispatch.request_scheduler_pass()  # an estimated start for the team at once, even while staging
-    job.budget_note = budget.message if budget and budget.would_exceed else ""
-    return job
+    first = jobs[0]
+    first.budget_note = budget.message if budget and budget.would_exceed else ""
+    return first
+
+
+def _array(*, team, spec: declaration.Declaration, now: datetime) -> JobArray | None:
+    if spec.array is None:
+        return None
+    return JobArray.objects.create(
+        team=team, name=spec.name, spec=spec.array.text[:200], size=len(spec.array.indices),
+        max_running=spec.array.limit, first_index=spec.array.indices[0], submitted_at=now,
+    )  # fmt: skip
+
+
+@transaction.atomic
+def cancel_array(*, array_id: int, user, now: datetime) -> int:
+    """Cancels every live task of an array (each as ``cancel_job`` would); returns how many."""
+    live = Job.objects.filter(array_id=array_id, state__in=ALIVE).order_by("id").values_list("id", flat=True)
+    return sum(cancel_job(job_id=job_id, user=user, now=now) for job_id in list(live))
 
 
 @transaction.atomic

@@ -120,8 +120,9 @@ def _running() -> list[types.RunningView]:
         "rented_at",
         "job__hours",
         "job__preemptible",
+        "job__array_id",
     )
-    for job_id, team, node, indices, rented_at, hours, preemptible in rows:
+    for job_id, team, node, indices, rented_at, hours, preemptible, array in rows:
         entry = by_job.setdefault(
             job_id,
             {
@@ -130,6 +131,7 @@ def _running() -> list[types.RunningView]:
                 "rented": rented_at.timestamp(),
                 "hours": hours,
                 "preemptible": preemptible,
+                "array": array,
             },
         )
         entry["nodes"][node] = tuple(indices)
@@ -141,6 +143,7 @@ def _running() -> list[types.RunningView]:
             started_at=e["rented"],
             expected_end=e["rented"] + e["hours"] * 3600,
             preemptible=e["preemptible"],
+            array=e["array"],
         )
         for job_id, e in by_job.items()
     ]
@@ -150,7 +153,7 @@ def _pending(now: datetime) -> list[types.PendingJob]:
     """Queued jobs are ready; staging ones are planned from their staging ETA."""
     jobs = Job.objects.filter(state__in=(State.QUEUED, State.STAGING, State.SUBMITTED)).values_list(
         "id", "team__name", "gpus", "hours", "submitted_at", "min_gpus", "preemptible", "state",
-        "memory_bytes", "cpus", "max_gpus",
+        "memory_bytes", "cpus", "max_gpus", "array_id", "array__max_running",
     )  # fmt: skip
     etas = staging_etas(now)
     datasets = selectors.job_datasets([row[0] for row in jobs])
@@ -161,9 +164,9 @@ def _pending(now: datetime) -> list[types.PendingJob]:
             min_gpus=min_gpus, max_gpus=max_gpus, preemptible=preemptible,
             ready_at=None if state == State.QUEUED else etas.get(job_id, now.timestamp() + 60),
             datasets=datasets.get(job_id, frozenset()), memory=memory, cpus=cpus,
-            waits_for=waits.get(job_id, ()),
+            waits_for=waits.get(job_id, ()), array=array, array_limit=array_limit,
         )
-        for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state, memory, cpus, max_gpus in jobs
+        for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state, memory, cpus, max_gpus, array, array_limit in jobs
     ]  # fmt: skip
 
 

@@ -15,4 +15,5 @@ urlpatterns = [
     path("<int:job_id>/log/", views.job_log, name="log"),
     path("<int:job_id>/cancel/", views.job_cancel, name="cancel"),
     path("<int:job_id>/rerun/", views.job_rerun, name="rerun"),
+    path("arrays/<int:array_id>/cancel/", views.array_cancel, name="array-cancel"),
 ]

@@ -7,6 +7,7 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import F
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -16,7 +17,7 @@ from common.operators import operator_only
 from jobs import declaration, estimates, logs, presenters, selectors, services, signals
 from jobs.forms import JobForm, JobListFilterForm, bound_fields
 from jobs.lifecycle import BEFORE_RENT
-from jobs.models import Job
+from jobs.models import Job, JobArray
 
 DIGITS = re.compile(r"[0-9]+")  # not str.isdigit: "²" is a digit to it and int("²") raises
 
@@ -27,13 +28,15 @@ PAGE_SIZE = 25
 def job_list(request: HttpRequest) -> HttpResponse:
     """The team's jobs, filtered by state, name and submission time (all in the URL, so a view is a bookmark)."""
     form = JobListFilterForm(request.GET)
-    filters = form.filters() if form.is_valid() else selectors.JobFilters()
-    jobs = selectors.job_list(request.user, filters).only(*presenters.LIST_FIELDS)
+    filters = form.filters() if form.is_valid() else selectors.JobFilters(arrays_folded=True)
+    jobs = selectors.job_list(request.user, filters).select_related("array").only(*presenters.LIST_FIELDS)
     page = paging.CappedPaginator(jobs, PAGE_SIZE).get_page(request.GET.get("page"))
+    presenters.count_array_tasks(page)
     context = {
         "page": page,
         "form": form,
-        "filtered": filters != selectors.JobFilters(),
+        "array": _array_shown(request, filters),
+        "filtered": filters not in (selectors.JobFilters(), selectors.JobFilters(arrays_folded=True)),
         "query": form.query_string(),
         "live": presenters.any_alive(page),
     }
@@ -216,6 +219,28 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     else:
         messages.warning(request, f"Job #{job.id} has already ended.")
     return redirect("jobs:detail", job_id=job.id)
+
+
+def _array_shown(request: HttpRequest, filters: selectors.JobFilters) -> JobArray | None:
+    """The array whose tasks the list is showing, with its tasks' states (None for another team's)."""
+    if filters.array is None:
+        return None
+    array = scoping.visible_to(request.user, JobArray.objects.all()).filter(id=filters.array).first()
+    if array is not None:
+        array.task_states = selectors.array_states([array.id]).get(array.id, {})
+    return array
+
+
+@login_required
+@require_POST
+def array_cancel(request: HttpRequest, array_id: int) -> HttpResponse:
+    array = scoping.get_visible_or_404(request.user, JobArray.objects.all(), id=array_id)
+    cancelled = services.cancel_array(array_id=array.id, user=request.user, now=timezone.now())
+    messages.success(
+        request,
+        f"Array {array.id}: cancel requested for {cancelled} live task{'s' if cancelled != 1 else ''}.",
+    )
+    return redirect(f"{reverse('jobs:list')}?array={array.id}")
 
 
 @login_required

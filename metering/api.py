@@ -45,6 +45,9 @@ class LedgerEntryOut(EntryOut):
     id: int
     team: str = Field(..., alias="team.slug")
     job_id: int
+    array_id: int | None = Field(
+        None, alias="job.array_id", description="Set when the job is a task of an array."
+    )
     allocation_id: int
     created_at: datetime
 
@@ -78,7 +81,7 @@ def ledger(request: HttpRequest, filters: Query[LedgerQuery]):
     )
     return (
         reports.in_range(team, start, end)
-        .select_related("team")
+        .select_related("team", "job")
         .order_by("period_start", "allocation_id", "id")
     )
 

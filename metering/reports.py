@@ -4,6 +4,7 @@ Read-only. Every figure is a sum of ledger rows in exact GPU-microseconds; conve
 (and to money, only when a rate is configured) happens at display time.
 """
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -11,7 +12,7 @@ from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db.models import CharField, Count, F, Func, OuterRef, QuerySet, Subquery, Sum
+from django.db.models import Case, CharField, Count, F, Func, Min, OuterRef, QuerySet, Subquery, Sum, When
 
 from accounts.models import Team
 from common import scales
@@ -91,6 +92,8 @@ class JobLine:
     metered: int
     adjusted: int
     gpu_use: job_selectors.GpuUse | None = None  # how busy the GPUs it held were
+    array_id: int | None = None  # a line for a whole array: its tasks summed, job_id its first task
+    tasks: int = 0
 
     @property
     def gpu_micros(self) -> int:
@@ -118,17 +121,32 @@ def statement(*, team: Team | None, month: datetime) -> Statement:
     rows = LedgerJobMonth.objects.filter(month=month.date())
     rows = rows if team is None else rows.filter(team=team)
     totals = rows.aggregate(metered=Sum("metered"), adjusted=Sum("adjusted"), jobs=Count("id"))
-    shown = list(
-        rows.annotate(total=F("metered") + F("adjusted"))
-        .order_by("-total", "job_id")
-        .values_list("job_id", "job__name", "team__slug", "metered", "adjusted")[:JOB_LIMIT]
-    )
-    uses = job_selectors.gpu_use_by_job([row[0] for row in shown]) if shown else {}
+    lines = _lines(rows)
+    singles = [line.job_id for line in lines if line.array_id is None]
+    uses = job_selectors.gpu_use_by_job(singles) if singles else {}
     lines = [
-        JobLine(job_id, name, slug, int(metered), int(adjusted), uses[job_id])
-        for job_id, name, slug, metered, adjusted in shown
+        dataclasses.replace(line, gpu_use=uses.get(line.job_id)) if line.array_id is None else line
+        for line in lines
     ]
     return Statement(month, int(totals["metered"] or 0), int(totals["adjusted"] or 0), lines, totals["jobs"])
+
+
+def _lines(rows: QuerySet) -> list[JobLine]:
+    """The largest lines of the month in one grouped query: a job each, and one per array (its tasks summed)."""
+    grouped = (
+        rows.values("team__slug", "job__array_id", single=Case(When(job__array__isnull=True, then=F("job_id"))))
+        .annotate(
+            first=Min("job_id"), name=Min("job__name"), metered_sum=Sum("metered"), adjusted_sum=Sum("adjusted"),
+            tasks=Count("id"),
+        )
+        .annotate(total=F("metered_sum") + F("adjusted_sum"))
+        .order_by("-total", "first")[:JOB_LIMIT]
+    )  # fmt: skip
+    return [
+        JobLine(g["first"], g["name"], g["team__slug"], int(g["metered_sum"]), int(g["adjusted_sum"]),
+                array_id=g["job__array_id"], tasks=g["tasks"] if g["job__array_id"] else 0)
+        for g in grouped
+    ]  # fmt: skip
 
 
 def by_team(*, month: datetime) -> dict[int, int]:

@@ -1,5 +1,7 @@
 """Pipelines and arrays on real agents: jobs that run after others, and many tasks from one declaration."""
 
+import json
+
 import pytest
 from django.conf import settings
 from django.utils import timezone
@@ -8,6 +10,7 @@ from jobs import declaration, services
 from jobs.models import Job
 from metering.models import MeterEntry
 from tests.e2e.conftest import wait_for, wait_for_state
+from tests.e2e.test_cli_e2e import console, e31, job_file  # noqa: F401 (console is a fixture)
 from tests.factories import MembershipFactory, TeamFactory, UserFactory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -57,3 +60,59 @@ def test_a_pipeline_runs_in_order_and_a_failed_step_ends_what_needed_it_unmetere
     assert not needs_broken.allocations.exists()
     assert not MeterEntry.objects.filter(allocation__job=needs_broken).exists()
     assert wait_for_state(then_report.id, "released", timeout=90).end_reason == "succeeded"
+
+
+def _overlap(intervals) -> int:
+    """The most intervals open at one instant."""
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_an_array_from_the_terminal_runs_each_index_at_most_n_at_once_and_cancels_as_one(console, tmp_path):  # noqa: F811
+    base, token, env, outputs = console
+    env = {**env, "E31_URL": base, "E31_TOKEN": token}
+    code = (
+        "import os, time; i = os.environ['E31_ARRAY_INDEX']; print('task', i); time.sleep(1.5); "
+        "open(os.environ['E31_OUTPUT_DIR'] + '/index.txt', 'w').write(i)"
+    )
+    path = job_file(tmp_path / "sweep.toml", outputs, "sweep", code)
+    path.write_text('array = "0-5%2"\n' + path.read_text())
+    run = e31(env, "submit", str(path))
+    assert run.returncode == 0, run.stderr
+    first = Job.objects.get(id=int(run.stdout))
+    tasks = wait_for(
+        lambda: (ts := list(Job.objects.filter(array_id=first.array_id))) and all(t.state == "released" for t in ts) and ts,
+        timeout=180, what="every task of the array to end",
+    )  # fmt: skip
+    assert sorted(t.array_index for t in tasks) == [0, 1, 2, 3, 4, 5]
+    assert {t.end_reason for t in tasks} == {"succeeded"}
+    for t in tasks:
+        assert f"task {t.array_index}" in t.log_tail
+    held = [(a.rented_at, a.released_at) for t in tasks for a in t.allocations.all()]
+    assert len(held) == 6 and _overlap(held) <= 2
+    listed = e31(env, "ls", "--array", str(first.array_id), "--json")
+    assert sorted(json.loads(line)["array"]["index"] for line in listed.stdout.splitlines()) == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
+
+    slow = job_file(tmp_path / "slow.toml", outputs, "slow", "import time; time.sleep(120)")
+    slow.write_text('array = "0-9%1"\n' + slow.read_text())
+    second = Job.objects.get(id=int(e31(env, "submit", str(slow)).stdout))
+    wait_for_state(second.id, "running", timeout=90)
+    cancelled = e31(env, "cancel", "--array", str(second.array_id))
+    assert cancelled.returncode == 0, cancelled.stderr
+    ends = wait_for(
+        lambda: (ts := list(Job.objects.filter(array_id=second.array_id))) and all(not t.is_alive for t in ts) and ts,
+        timeout=60, what="the cancelled array to end",
+    )  # fmt: skip
+    assert {t.end_reason for t in ends} == {"cancelled"}
+    assert sum(t.allocations.exists() for t in ends) == 1  # only the one running task was ever metered

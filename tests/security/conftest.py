@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from accounts import services as accounts
 from accounts.models import ApiToken, Team
-from jobs.models import Allocation, Job, Node
+from jobs.models import Allocation, Job, JobArray, Node
 from public import services as pages
 from public.models import Application, Problem
 from tests.factories import JobFactory, NodeFactory
@@ -34,6 +34,7 @@ class World:
     application: Application
     invitation_token: str
     token_a: ApiToken  # member_a's own API token
+    array_a: JobArray  # team A's array, whose tasks have all ended
 
     def client(self, visitor: str) -> Client:
         # A server error is one more line in the matrix's report, not the end of the run.
@@ -83,4 +84,7 @@ def world(team, other_team, member, outsider, team_admin, operator) -> World:
         team_a=team, team_b=other_team, users=users, bearer=bearer, job_a=job, allocation_a=allocation,
         node=node, problem=ProblemFactory(), application=ApplicationFactory(),
         invitation_token=invitation_token, token_a=token_a,
+        array_a=JobArray.objects.create(
+            team=team, name="sweep", spec="0-1", size=2, first_index=0, submitted_at=timezone.now()
+        ),
     )  # fmt: skip

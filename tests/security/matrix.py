@@ -52,6 +52,7 @@ def C(policy: Policy, *ok: int, **options) -> Case:
 
 P, S, T, ST = Policy.PUBLIC, Policy.SIGNED_IN, Policy.TEAM_A, Policy.STAFF
 JOB = {"kwargs": lambda w: {"job_id": w.job_a.id}}
+ARRAY = {"kwargs": lambda w: {"array_id": w.array_a.id}}
 PROBLEM = {"kwargs": lambda w: {"slug": w.problem.slug}}
 APPLICATION = {"kwargs": lambda w: {"application_id": w.application.id}}
 TEAM_A_QUERY = {"query": lambda w: f"team={w.team_a.slug}"}
@@ -86,6 +87,7 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "jobs:detail": [C(T, **JOB)],
     "jobs:live": [C(T, **JOB)],
     "jobs:cancel": [C(T, 302, method="POST", **JOB)],
+    "jobs:array-cancel": [C(T, 302, method="POST", **ARRAY)],
     "jobs:log": [C(T, **JOB)],
     "jobs:rerun": [C(T, **JOB)],
     "jobs:transfers": [C(ST)],
@@ -111,6 +113,8 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "api:get_job": [C(T, **JOB)],
     "api:list_outputs": [C(T, **JOB)],
     "api:cancel_job": [C(T, 409, method="POST", **JOB)],  # the job has ended: nothing to cancel
+    "api:get_array": [C(T, **ARRAY)],
+    "api:cancel_array": [C(T, 409, method="POST", **ARRAY)],  # no live task: nothing to cancel
     "api:job_meter": [C(T, **JOB)],
     "api:job_log": [C(T, **JOB)],
     # The world's job was stored as a row, not submitted: its declaration is refused again (422), past the team gate.
