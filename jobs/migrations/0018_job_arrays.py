@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('accounts', '0001_initial'),
-        ('jobs', '0016_job_max_gpus'),
+        ('jobs', '0017_image_cache_and_pulls'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
