@@ -257,7 +257,9 @@ class JobListFilterForm(forms.Form):
             since=_day_start(data["since"]),
             until=_day_start(data["until"] + timedelta(days=1)) if data["until"] else None,
             array=data["array"],
-            arrays_folded=data["array"] is None,  # an array is one row, until it is the one asked for
+            # An array is one row (its first task's), unless it is the one asked for or a state is: then
+            # each task in that state is listed, so no task hides behind a first task in another state.
+            arrays_folded=data["array"] is None and not data["state"],
         )
 
     def query_string(self) -> str:

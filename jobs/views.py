@@ -36,6 +36,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "page": page,
         "form": form,
         "array": _array_shown(request, filters),
+        "folded": filters.arrays_folded,
         "filtered": filters not in (selectors.JobFilters(), selectors.JobFilters(arrays_folded=True)),
         "query": form.query_string(),
         "live": presenters.any_alive(page),

@@ -212,3 +212,13 @@ def test_the_form_submits_an_array_and_a_tasks_page_names_it(member_client, pool
     assert (
         f'task 1 of <a href="/jobs/?array={task.array_id}">array {task.array_id}</a> [0-2%1], 3 tasks' in page
     )
+
+
+def test_a_state_filter_lists_each_task_in_that_state_even_when_the_first_task_is_not(
+    member_client, client, member_token, pool, raw
+):
+    array_id = _array_of(client, member_token, raw, "0-2")
+    Job.objects.filter(array_id=array_id, array_index=0).update(state="queued")
+    page = member_client.get("/jobs/?state=submitted").content.decode()
+    rows = page[page.index("<tbody>") : page.index("</tbody>")]
+    assert rows.count("<tr") == 2 and rows.count("task ") == 2
