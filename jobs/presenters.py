@@ -6,12 +6,12 @@ from datetime import datetime, timedelta
 from django.core.paginator import Paginator
 
 from jobs import selectors
-from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, STEPS, State
+from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, STEPS, EndReason, State
 from jobs.models import Dependency, Job
 
 LIST_FIELDS = (
     "id", "name", "state", "end_reason", "gpus", "hours", "submitted_at", "state_changed_at",
-    "estimated_start", "pending_reason", "team__name",
+    "estimated_start", "pending_reason", "team__name", "exit_code", "cancel_requested_at",
     "array_id", "array_index", "array__name", "array__spec", "array__size", "array__max_running",
 )  # fmt: skip
 
@@ -30,6 +30,27 @@ def count_array_tasks(page) -> None:
     states = selectors.array_states({job.array_id for job in page if job.array_id})
     for job in page:
         job.task_states = states.get(job.array_id, {}) if job.array_id else {}
+
+
+# The badge's colour class for each way a job can end; any reason not named here is a failure.
+OUTCOME_TONES = {EndReason.SUCCEEDED: "ok", EndReason.CANCELLED: "muted", EndReason.TIMED_OUT: "warn"}
+
+
+def outcome(job: Job) -> tuple[str, str]:
+    """The job's badge, in words, and its colour class: the state while it lives, how it ended once it
+    has ("failed exit 3", "timed out after 0.5 h", "cancelled by alice"), never a bare "released"."""
+    if job.is_alive:
+        return ("cancelling" if job.cancel_requested_at else job.state), f"state-{job.state}"
+    reason = job.end_reason
+    if reason == EndReason.FAILED and job.exit_code is not None:
+        words = f"failed exit {job.exit_code}"
+    elif reason == EndReason.TIMED_OUT:
+        words = f"timed out after {job.hours:.2f}".rstrip("0").rstrip(".") + " h"
+    elif reason == EndReason.CANCELLED and getattr(job, "cancelled_by", ""):
+        words = f"cancelled by {job.cancelled_by}"
+    else:
+        words = (reason or job.state).replace("_", " ")
+    return words, OUTCOME_TONES.get(reason, "bad")
 
 
 def any_alive(page) -> bool:

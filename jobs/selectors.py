@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
-from django.db.models import Avg, Count, F, Max, Prefetch, Q, QuerySet, Sum
+from django.db.models import Avg, Count, F, Max, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
 
 from accounts import scoping
 from jobs import declaration
@@ -24,6 +24,7 @@ from jobs.models import (
     ImageCacheEntry,
     ImagePull,
     Job,
+    JobEvent,
     NodeGpu,
     OutputFile,
     OutputTransfer,
@@ -172,7 +173,13 @@ def array_states(array_ids) -> dict[int, dict[str, int]]:
 
 def job_list(user, filters: JobFilters) -> QuerySet[Job]:
     """The team's job list, filtered in SQL; callers slice it, so only one page is ever read."""
-    return filtered(visible_jobs(user), filters)
+    return with_canceller(filtered(visible_jobs(user), filters))
+
+
+def with_canceller(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """Adds ``cancelled_by``: who asked to cancel each job (the actor of its first cancel event), for its badge."""
+    cancels = JobEvent.objects.filter(job_id=OuterRef("pk"), reason__startswith="cancel").order_by("at", "id")
+    return jobs.annotate(cancelled_by=Subquery(cancels.values("actor")[:1]))
 
 
 def with_details(jobs: QuerySet[Job]) -> QuerySet[Job]:

@@ -13,6 +13,7 @@ urlpatterns = [
     path("<int:job_id>/", views.job_detail, name="detail"),
     path("<int:job_id>/live/", views.job_live, name="live"),
     path("<int:job_id>/log/", views.job_log, name="log"),
+    path("<int:job_id>/outputs/download/", views.job_output, name="output"),
     path("<int:job_id>/cancel/", views.job_cancel, name="cancel"),
     path("<int:job_id>/rerun/", views.job_rerun, name="rerun"),
     path("arrays/<int:array_id>/cancel/", views.array_cancel, name="array-cancel"),

@@ -5,7 +5,7 @@ import re
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import F
-from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -181,18 +181,36 @@ def _render_form(
     return render(request, template, context, status=status)
 
 
+def _job_page(request: HttpRequest, job_id: int) -> dict:
+    jobs = selectors.with_canceller(Job.objects.select_related("team", "submitted_by"))
+    job = scoping.get_visible_or_404(request.user, jobs, id=job_id)
+    return presenters.job_page(job, now=timezone.now(), files_page=request.GET.get("files"))
+
+
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
-    job = scoping.get_visible_or_404(request.user, Job.objects.select_related("team"), id=job_id)
-    context = presenters.job_page(job, now=timezone.now(), files_page=request.GET.get("files"))
-    return render(request, "jobs/detail.html", context)
+    return render(request, "jobs/detail.html", _job_page(request, job_id))
 
 
 @login_required
 def job_live(request: HttpRequest, job_id: int) -> HttpResponse:
-    """The self-refreshing part of the job page; it stops polling once the job has ended."""
+    """The self-refreshing part of the job page (all that can change); it stops polling once the job
+    has ended and its outputs are delivered."""
+    return render(request, "jobs/detail.html#job-live", _job_page(request, job_id))
+
+
+@login_required
+def job_output(request: HttpRequest, job_id: int) -> HttpResponse:
+    """One delivered output file of the current attempt, as a download from the job page."""
     job = scoping.get_visible_or_404(request.user, Job.objects.select_related("team"), id=job_id)
-    return render(request, "jobs/detail.html#job-live", presenters.job_page(job, now=timezone.now()))
+    path = request.GET.get("path", "")[:4096]
+    try:
+        handle = selectors.open_delivered_output(job, path)
+    except selectors.OutputUnavailable as exc:
+        if exc.status == 404:
+            raise Http404(str(exc)) from exc
+        return HttpResponse(str(exc), status=exc.status, content_type="text/plain; charset=utf-8")
+    return FileResponse(handle, as_attachment=True, filename=path.rsplit("/", 1)[-1])
 
 
 @login_required

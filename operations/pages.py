@@ -26,7 +26,7 @@ from operations.models import AuditEntry, TeamBusySample
 WAITING_STATES = [State.SUBMITTED.value, State.STAGING.value, State.QUEUED.value]
 LIST_FIELDS = (
     "id", "name", "team__name", "team__slug", "state", "end_reason", "gpus", "min_gpus", "hours",
-    "submitted_at", "state_changed_at", "cancel_requested_at", "attempt", "requeue",
+    "submitted_at", "state_changed_at", "cancel_requested_at", "attempt", "requeue", "exit_code",
 )  # fmt: skip
 QUEUE_FIELDS = (
     *LIST_FIELDS,
@@ -246,7 +246,8 @@ def _day_start(day: str) -> datetime:
 
 
 def all_jobs() -> QuerySet:
-    return Job.objects.select_related("team").only(*LIST_FIELDS).order_by("-submitted_at", "-id")
+    jobs = Job.objects.select_related("team").only(*LIST_FIELDS).order_by("-submitted_at", "-id")
+    return jobs_selectors.with_canceller(jobs)
 
 
 def attach_nodes(page: Iterable[Job]) -> None:

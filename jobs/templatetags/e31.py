@@ -3,7 +3,9 @@
 from datetime import timedelta
 
 from django import template
+from django.utils.html import format_html
 
+from jobs import presenters
 from jobs.units import format_size
 
 register = template.Library()
@@ -37,3 +39,12 @@ def gpu_hours(seconds: float | int | None) -> str:
 @register.filter
 def percent(done, total) -> int:
     return 100 if not total else max(0, min(100, int(100 * (done or 0) / total)))
+
+
+@register.simple_tag
+def job_badge(job, *, with_id: bool = False) -> str:
+    """The job's state while it lives, how it ended once it has, in words and a matching colour."""
+    words, tone = presenters.outcome(job)
+    if with_id:
+        return format_html('<span class="badge {}" id="job-{}-badge">{}</span>', tone, job.id, words)
+    return format_html('<span class="badge {}">{}</span>', tone, words)

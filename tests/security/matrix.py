@@ -90,6 +90,9 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "jobs:array-cancel": [C(T, 302, method="POST", **ARRAY)],
     "jobs:log": [C(T, **JOB)],
     "jobs:rerun": [C(T, **JOB)],
+    # Team A's job has no delivered file of that name: 404 to its members too (the download itself is
+    # checked per team in tests/staging/test_output_page_download.py).
+    "jobs:output": [C(T, 404, query=lambda w: "path=result.txt", **JOB)],
     "jobs:transfers": [C(ST)],
     "metering:ledger": [C(S), C(T, **TEAM_A_QUERY)],
     "metering:live": [C(S), C(T, **TEAM_A_QUERY)],
