@@ -21,7 +21,8 @@ def store_estimates(plan: types.Plan, *, now: datetime) -> None:
         job.priority_detail = plan.priority.get(job.id, {})
         job.priority = job.priority_detail.get("total")
         rows.append(job)
-    Job.objects.bulk_update(
+    # Still waiting at the write, too: a job that ended since the read keeps its cleared reason.
+    Job.objects.filter(state__in=BEFORE_RENT).bulk_update(
         rows, ["estimated_start", "pending_reason", "priority", "priority_detail"], batch_size=1000
     )
 

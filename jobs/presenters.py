@@ -116,8 +116,12 @@ def output_files(job: Job, page: str | None):
 def timeline(job: Job, events, *, now: datetime) -> list[Step]:
     """The seven steps of the current attempt: when each began, how long it took, where the job is."""
     began: dict[str, datetime] = {}
+    finished: dict[str, datetime] = {}  # steps of the first attempt that a requeue does not repeat
     for event in events:
         if event.to_state == State.QUEUED and event.from_state in HOLDS_COMPUTE:
+            for kept, until in ((State.SUBMITTED, State.STAGING), (State.STAGING, State.QUEUED)):
+                if kept in began and until in began:
+                    finished.setdefault(kept, began[until])
             began = {k: v for k, v in began.items() if k in (State.SUBMITTED, State.STAGING, State.QUEUED)}
             began[State.QUEUED] = event.at  # a requeue starts a new attempt's wait
         began.setdefault(event.to_state, event.at)
@@ -126,7 +130,9 @@ def timeline(job: Job, events, *, now: datetime) -> list[Step]:
     for position, (label, state) in enumerate(STEPS):
         start = began.get(state)
         later = [began[s] for _, s in STEPS[position + 1 :] if s in began]
-        end = min(later) if later else (ended_at if ended_at and ended_at != start else None)
+        end = finished.get(state) or (
+            min(later) if later else (ended_at if ended_at and ended_at != start else None)
+        )
         if start is None:
             status = "todo" if job.is_alive else "never"
         else:

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from django.db import transaction
 
-from jobs.lifecycle import State, check_transition
+from jobs.lifecycle import TERMINAL, State, check_transition
 from jobs.models import Job, JobEvent
 
 
@@ -22,6 +22,8 @@ def transition(
     ``via`` names a non-ending cause the table checks (REQUEUED, PREEMPTED) when ``reason`` is prose.
     """
     sources = [State(source)] if isinstance(source, str) else [State(s) for s in source]
+    if target in TERMINAL:  # an ended job waits for nothing: its last wait must not be shown as current
+        fields = {"pending_reason": "", "estimated_start": None, **fields}
     for s in sources:
         check_transition(s, target, end_reason or via or reason)
     with transaction.atomic():
