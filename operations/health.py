@@ -37,6 +37,22 @@ class Check:
     ok: bool
     summary: str
     detail: list[str] = field(default_factory=list)
+    pending: bool = False  # not run yet, and not yet due: neither green nor red
+
+
+def beat_silence_limit() -> timedelta:
+    """Three missed heartbeats, and never under a minute: one late tick is not an outage."""
+    return timedelta(seconds=max(60.0, 3 * beat_period_s(BEAT_ENTRY, 15.0)))
+
+
+UP_SINCE = "up since "
+
+
+def beat_up_since(probe: HealthProbe | None) -> datetime | None:
+    """When the running beat started (its first heartbeat after a silence), as its heartbeat row notes it."""
+    if probe is None or not probe.detail.startswith(UP_SINCE):
+        return None
+    return datetime.fromisoformat(probe.detail.removeprefix(UP_SINCE))
 
 
 def run_all(*, now: datetime) -> list[Check]:
@@ -47,7 +63,7 @@ def run_all(*, now: datetime) -> list[Check]:
         agents(now=now),
         beat(probes.get("beat"), now=now),
         reconciler(now=now),
-        ledger(probes.get("ledger"), now=now),
+        ledger(probes.get("ledger"), beat_probe=probes.get("beat"), now=now),
         *console(probes.get(supervisor.PROBE)),
     ]
 
@@ -88,8 +104,7 @@ def agents(*, now: datetime) -> Check:
 
 
 def beat(probe: HealthProbe | None, *, now: datetime) -> Check:
-    # Three missed heartbeats, and never under a minute: one late tick is not an outage.
-    limit = timedelta(seconds=max(60.0, 3 * beat_period_s(BEAT_ENTRY, 15.0)))
+    limit = beat_silence_limit()
     if probe is None:
         return Check("beat", "Beat", False, "no heartbeat recorded yet: is celery beat running?")
     age = (now - probe.at).total_seconds()
@@ -152,10 +167,10 @@ def console(probe: HealthProbe | None) -> list[Check]:
     return [Check("console", "Console processes", probe.ok, f"{head} ({when})", lines)]
 
 
-def ledger(probe: HealthProbe | None, *, now: datetime) -> Check:
+def ledger(probe: HealthProbe | None, *, beat_probe: HealthProbe | None = None, now: datetime) -> Check:
     limit = timedelta(seconds=2 * beat_period_s(LEDGER_ENTRY, 600.0) + 60)
     if probe is None:
-        return Check("ledger", "Ledger check", False, "not run yet: beat runs it periodically, or check now")
+        return _ledger_not_run(beat_up_since(beat_probe), limit=limit, now=now)
     when = f"checked {probe.at:%Y-%m-%d %H:%M:%S} UTC"
     if now - probe.at > limit:
         return Check("ledger", "Ledger check", False, f"stale: last {when}", probe.detail.splitlines())
@@ -164,3 +179,13 @@ def ledger(probe: HealthProbe | None, *, now: datetime) -> Check:
             "ledger", "Ledger check", False, f"invariants broken ({when})", probe.detail.splitlines()
         )
     return Check("ledger", "Ledger check", True, f"every allocation's rows tile RENT..RELEASE ({when})")
+
+
+def _ledger_not_run(up_since: datetime | None, *, limit: timedelta, now: datetime) -> Check:
+    """Never run: pending on a fresh start (beat runs it within its period), red once it is overdue."""
+    if up_since is not None and now - up_since > limit:
+        summary = f"not run since beat started at {up_since:%Y-%m-%d %H:%M:%S} UTC: check now"
+        return Check("ledger", "Ledger check", False, summary)
+    every = f"{beat_period_s(LEDGER_ENTRY, 600.0) / 60:g} min"
+    summary = f"not run yet: beat runs it every {every} after it starts, or check now"
+    return Check("ledger", "Ledger check", True, summary, pending=True)

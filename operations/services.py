@@ -19,7 +19,7 @@ from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE
 from jobs.models import Allocation, GpuHold, Job, Node
 from jobs.scheduling import policy
 from metering import services as metering
-from operations import audit, selectors, utilisation
+from operations import audit, health, selectors, utilisation
 from operations.models import HealthProbe, TeamBusySample, UtilisationSample
 
 # What each node action asks of jobs.nodes.set_node_state; the states it is offered from are
@@ -155,8 +155,12 @@ def record_probe(*, name: str, ok: bool, detail: str, now: datetime) -> HealthPr
 
 
 def beat_heartbeat(*, now: datetime) -> HealthProbe:
-    """Beat's sign of life: written by a periodic task, so a fresh row means beat is running."""
-    return record_probe(name="beat", ok=True, detail="", now=now)
+    """Beat's sign of life: written by a periodic task, so a fresh row means beat is running. The row
+    keeps when this run of beat started, so checks that beat runs less often are not overdue on a fresh start."""
+    previous = HealthProbe.objects.filter(name="beat").first()
+    running = previous is not None and now - previous.at <= health.beat_silence_limit()
+    since = (health.beat_up_since(previous) if running else None) or now
+    return record_probe(name="beat", ok=True, detail=f"{health.UP_SINCE}{since.isoformat()}", now=now)
 
 
 def check_ledger(*, now: datetime, actor=None) -> HealthProbe:

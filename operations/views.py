@@ -202,7 +202,12 @@ def team_view(request: HttpRequest, slug: str) -> HttpResponse:
 @operator_only
 def health_view(request: HttpRequest) -> HttpResponse:
     checks = health.run_all(now=timezone.now())
-    context = {"checks": checks, "all_ok": all(c.ok for c in checks), "now": timezone.now()}
+    context = {
+        "checks": checks,
+        "all_ok": all(c.ok for c in checks),
+        "pending": sum(c.pending for c in checks),
+        "now": timezone.now(),
+    }
     return _page(request, "health", "health-checks", context)
 
 

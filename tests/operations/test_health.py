@@ -82,10 +82,30 @@ def test_the_ledger_check_reports_violations_in_red(team, pool, now):
     assert any("allocation" in line and f"job {job.id}" in line for line in check.detail)
 
 
-def test_a_ledger_check_never_run_or_long_ago_is_red(now):
-    assert not checks(now)["ledger"].ok
+def test_on_a_fresh_start_a_ledger_check_not_run_yet_is_pending_not_red(operator_client, pool, now):
+    services.beat_heartbeat(now=now - timedelta(seconds=20))  # beat has just started
+    services.beat_heartbeat(now=now)
+    check = checks(now)["ledger"]
+    assert check.pending and "not run yet" in check.summary
+    page = operator_client.get(HEALTH).content.decode()
+    assert ">red</span>" not in page and "attention" not in page
+    assert '<span class="badge muted">pending</span>' in page and "1 check not run yet" in page
+
+
+def test_a_ledger_check_not_run_long_after_beat_started_or_run_long_ago_is_red(now):
+    limit = timedelta(seconds=2 * health.beat_period_s(health.LEDGER_ENTRY, 600.0) + 60)
+    for beat in range(0, int(limit.total_seconds()) + 30, 10):  # beat kept beating all along
+        services.beat_heartbeat(now=now - limit - timedelta(seconds=30) + timedelta(seconds=beat))
+    check = checks(now)["ledger"]
+    assert not check.ok and not check.pending and "not run since beat started" in check.summary
     services.check_ledger(now=now - timedelta(days=1))
-    assert "stale" in checks(now)["ledger"].summary
+    assert "stale" in checks(now)["ledger"].summary and not checks(now)["ledger"].ok
+
+
+def test_beat_back_after_a_silence_counts_as_a_fresh_start(now):
+    services.beat_heartbeat(now=now - timedelta(days=1))
+    services.beat_heartbeat(now=now)
+    assert checks(now)["ledger"].pending
 
 
 def test_check_now_runs_the_ledger_check_and_records_who_asked(operator_client):
