@@ -13,7 +13,7 @@ from accounts.models import Team
 from common import paging
 from jobs.models import Job
 from jobs.schemas import ErrorOut
-from metering import reports
+from metering import reports, selectors
 from metering.models import MeterEntry
 from metering.periods import MICROS_PER_HOUR
 
@@ -39,6 +39,12 @@ class JobMeterOut(Schema):
     job_id: int
     entries: list[EntryOut]
     gpu_hours: float = Field(..., description="GPUs x held time over every row, adjustments included.")
+    holding: bool = Field(..., description="GPUs are still held: the open period is not a row yet.")
+    open_gpu_hours: float = Field(
+        ...,
+        description="GPUs x time held since the last closed row; a row once its UTC hour ends or at RELEASE.",
+    )
+    gpu_hours_so_far: float = Field(..., description="gpu_hours + open_gpu_hours: the running total.")
 
 
 class LedgerEntryOut(EntryOut):
@@ -65,7 +71,16 @@ def job_meter(request: HttpRequest, job_id: int):
         raise HttpError(404, "No such job")
     entries = list(MeterEntry.objects.filter(job=job).order_by("period_start", "allocation_id", "id"))
     gpu_micros = sum(e.gpus * e.microseconds for e in entries)
-    return {"job_id": job.id, "entries": entries, "gpu_hours": gpu_micros / MICROS_PER_HOUR}
+    parts = selectors.job_meter(job, now=timezone.now())
+    open_micros = sum(p.open_micros for p in parts)
+    return {
+        "job_id": job.id,
+        "entries": entries,
+        "gpu_hours": gpu_micros / MICROS_PER_HOUR,
+        "holding": any(p.allocation.released_at is None for p in parts),
+        "open_gpu_hours": open_micros / MICROS_PER_HOUR,
+        "gpu_hours_so_far": (gpu_micros + open_micros) / MICROS_PER_HOUR,
+    }
 
 
 @router.get(

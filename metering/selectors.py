@@ -120,6 +120,7 @@ class MeterPart:
 
     allocation: Allocation
     entries: list[MeterEntry]
+    open_micros: int = 0  # GPU-time held since its last closed row: in the ledger once that period closes
 
     @property
     def gpu_micros(self) -> int:
@@ -137,9 +138,22 @@ class MeterPart:
         return any(e.kind == MeterEntry.Kind.ADJUSTMENT for e in self.entries)
 
 
-def job_meter(job: Job) -> list[MeterPart]:
-    """The job's ledger rows grouped by allocation (attempt, node), oldest attempt first."""
+def job_meter(job: Job, *, now: datetime) -> list[MeterPart]:
+    """The job's ledger rows grouped by allocation (attempt, node), oldest attempt first, each with the
+    GPU-time of its open period up to ``now`` while it still holds GPUs."""
     allocations = list(job.allocations.select_related("node").order_by("attempt", "rank", "id"))
     rows = MeterEntry.objects.filter(job=job).order_by("allocation_id", "period_start", "id")
     by_allocation = {key: list(group) for key, group in groupby(rows, key=lambda e: e.allocation_id)}
-    return [MeterPart(a, by_allocation.get(a.id, [])) for a in allocations]
+    parts = []
+    for a in allocations:
+        entries = by_allocation.get(a.id, [])
+        parts.append(MeterPart(a, entries, _open_micros(a, entries, now=now)))
+    return parts
+
+
+def _open_micros(allocation: Allocation, entries: list[MeterEntry], *, now: datetime) -> int:
+    if allocation.released_at is not None:
+        return 0
+    closed = [e.period_end for e in entries if e.kind != MeterEntry.Kind.ADJUSTMENT]
+    since = max(closed, default=allocation.rented_at)
+    return max(micros(now - since), 0) * allocation.gpu_count
