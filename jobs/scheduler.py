@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 
 from django.db import connection, transaction
 
-from jobs import dependencies, dispatch, nodes, planning, rental, snapshot
+from jobs import dependencies, dispatch, nodes, planning, rental, snapshot, units
 from jobs.scheduling import policy
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def run_safety_pass(*, now: datetime) -> None:
 def _start_reason(start, view) -> str:
     held = sum(len(ix) for ix in start.gpus_by_node.values())
     wanted = view.requested_gpus.get(start.job_id, held)
-    where = ", ".join(f"{node} GPUs {','.join(map(str, ix))}" for node, ix in start.gpus_by_node.items())
+    where = ", ".join(units.gpus_on(node, ix) for node, ix in start.gpus_by_node.items())
     if held > wanted:
         return f"placed on {where} (elastic: {held} GPUs for {wanted} requested, on GPUs nothing else waited for)"
     return f"placed on {where}" + (f" (elastic: {held} of {wanted} GPUs)" if held < wanted else "")

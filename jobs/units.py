@@ -13,6 +13,12 @@ _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 MAX_BYTES = 10**18  # an exabyte: anything larger is a typo, not a dataset
 
 
+def gpus_on(node: str, indices) -> str:
+    """'local-1 (GPU 0)', 'gpu-01 (GPUs 0, 1)': GPU indices never read as a count."""
+    indices = list(indices)
+    return f"{node} (GPU{'' if len(indices) == 1 else 's'} {', '.join(map(str, indices))})"
+
+
 def parse_size(value: object) -> int:
     """An exact byte count from an int or a string with an optional unit; ValueError otherwise."""
     if isinstance(value, bool):

@@ -96,14 +96,21 @@ def _message(team: Team, used, running, queued, extra, budget, *, exceed: bool) 
     subject = f"This job would bring team {team.name} to" if extra else f"Team {team.name} is at"
     total = used + running + queued + extra
     if budget is None:
-        return f"{subject} {_n(total)} GPU-hours this month ({parts}); the team has no monthly budget."
-    sentence = f"{subject} {_n(total)} of {_n(budget)} GPU-hours this month ({parts})."
+        return (
+            f"{subject} {_n(total)} GPU-hour{_s(total)} this month ({parts}); the team has no monthly budget."
+        )
+    sentence = f"{subject} {_n(total)} of {_n(budget)} GPU-hour{_s(budget)} this month ({parts})."
     if not exceed:
         return sentence
     if team.budget_enforced:
         verdict = "so this job is refused" if extra else "so new jobs are refused"
         return f"{sentence} The budget is enforced, {verdict}."
     return f"{sentence} The budget is not enforced: this is a warning only."
+
+
+def _s(hours: float) -> str:
+    """The plural ending for an amount as ``_n`` shows it: '1 GPU-hour', '1.5 GPU-hours'."""
+    return "" if _n(hours) == "1" else "s"
 
 
 def _n(hours: float) -> str:

@@ -17,6 +17,7 @@ from django.utils.safestring import SafeString
 
 from accounts.models import Team
 from jobs import selectors as jobs_selectors
+from jobs import units
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, EndReason, State
 from jobs.models import Allocation, GpuHold, Job, Node, TeamUsage
 from metering import selectors as metering_selectors
@@ -103,7 +104,7 @@ def attach_reservations(page: Iterable[Job]) -> None:
 
 
 def _describe_reservation(held: dict) -> str:
-    where = "; ".join(f"{node} GPUs {','.join(map(str, ix))}" for node, ix in held["gpus_by_node"].items())
+    where = "; ".join(units.gpus_on(node, ix) for node, ix in held["gpus_by_node"].items())
     return f"{where or 'GPUs to be named'} from {held['start_at'][:16].replace('T', ' ')} UTC"
 
 

@@ -33,7 +33,7 @@ def _describe_size(g: int, node_gpus: int) -> str:
         return f"needs {g} GPU{'s' if g != 1 else ''} on one node"
     whole, rest = divmod(g, node_gpus)
     extra = f" plus {rest} on another" if rest else ""
-    return f"needs {g} GPUs: {whole} whole nodes{extra}"
+    return f"needs {g} GPUs: {_count(whole, 'whole node')}{extra}"
 
 
 class _Profile:
@@ -209,7 +209,9 @@ class Explainer:
         behind = self.behind(job, head)
         if behind:
             return Estimate(job.job_id, at, "fairshare", f"{behind}; {size}; {when}")
-        reason = f"{size}; waiting behind higher-priority job {head.job_id} ({head.gpus} GPUs); {when}"
+        reason = (
+            f"{size}; waiting behind higher-priority job {head.job_id} ({_count(head.gpus, 'GPU')}); {when}"
+        )
         return Estimate(job.job_id, at, "queued", reason)
 
     def behind(self, job: PendingJob, head: PendingJob) -> str:

@@ -47,7 +47,7 @@ def test_the_queue_shows_the_schedulers_estimate_reason_and_reservation(operator
     page = operator_client.get(QUEUE).content.decode()
     assert big.pending_reason and big.pending_reason in page
     assert big.estimated_start.strftime("%b %-d %H:%M") in page
-    assert "gpu-01 GPUs 0,1,2,3; gpu-02 GPUs 0,1,2,3 from" in page
+    assert "gpu-01 (GPUs 0, 1, 2, 3); gpu-02 (GPUs 0, 1, 2, 3) from" in page
 
 
 def test_the_queue_filters_by_team_size_and_state(operator_client, team, other_team):
