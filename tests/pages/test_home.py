@@ -35,3 +35,13 @@ def test_every_visitor_sees_the_public_links_and_only_operators_see_the_review_l
     assert f'href="{reverse("unsolved")}"' in visitor and f'href="{reverse("partners")}"' in visitor
     assert reverse("partners-review") not in visitor
     assert reverse("partners-review") in operator_client.get(reverse("home")).content.decode()
+
+
+@pytest.mark.django_db
+def test_the_number_of_steps_the_home_page_announces_is_the_number_it_lists(client):
+    main = _main(client.get(reverse("home")).content)
+    words = {"five": 5, "six": 6, "seven": 7}
+    heading = main[main.index("<h2>A job") : main.index("</h2>", main.index("<h2>A job"))]
+    announced = [n for word, n in words.items() if f" {word} " in f"{heading} "]
+    listed = main[main.index('<ol class="steps">') : main.index("</ol>")].count("<li")
+    assert announced == [listed], (heading, listed)
