@@ -37,6 +37,15 @@ def gpu_hours(seconds: float | int | None) -> str:
 
 
 @register.filter
+def cut_at_word(text: str, limit: int) -> str:
+    """At most ``limit`` characters, cut between two words with an ellipsis; short text is returned whole."""
+    if len(text) <= limit:
+        return text
+    head = text[: limit + 1].rsplit(" ", 1)[0] if " " in text[:limit] else text[:limit]
+    return head.rstrip(" ,;:") + "…"
+
+
+@register.filter
 def percent(done, total) -> int:
     return 100 if not total else max(0, min(100, int(100 * (done or 0) / total)))
 

@@ -1,0 +1,37 @@
+"""The job list's "next" column never cuts a word: a long reason is cut between words, whole in a tooltip."""
+
+import re
+
+import pytest
+from django.urls import reverse
+
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+REASON = (
+    "needs 8 GPUs on one node; waiting behind higher-priority job 41 (8 GPUs); "
+    "expected to start about 14:20 UTC on 2 Dec once the reservation on gpu-07 ends"
+)
+
+
+def _next_cell(html: str) -> re.Match:
+    found = re.search(r'<td class="muted next"( title="([^"]*)")?>(.*?)</td>', html, re.S)
+    assert found, "no next cell"
+    return found
+
+
+def test_a_long_reason_is_cut_between_words_and_shown_whole_in_a_tooltip(team, member_client):
+    JobFactory(team=team, state="queued", pending_reason=REASON)
+    cell = _next_cell(member_client.get(reverse("jobs:list")).content.decode())
+    shown = cell.group(3).strip()
+    assert shown.endswith("…") and len(shown) < len(REASON)
+    kept = shown.removesuffix("…")
+    assert REASON.startswith(kept) and REASON[len(kept)] in " ,;:"  # the cut falls after a whole word
+    assert cell.group(2) == REASON
+
+
+def test_a_short_reason_is_shown_whole_with_no_tooltip(team, member_client):
+    JobFactory(team=team, state="queued", pending_reason="not enough idle GPUs yet")
+    cell = _next_cell(member_client.get(reverse("jobs:list")).content.decode())
+    assert cell.group(3).strip() == "not enough idle GPUs yet" and cell.group(1) is None
