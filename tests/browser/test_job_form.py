@@ -19,7 +19,9 @@ def member(transactional_db):
     return MembershipFactory(team=team, user=UserFactory(username="alice")).user
 
 
-@pytest.mark.parametrize(("pasted", "error"), [(BROKEN, "not valid TOML"), (INVALID, "Nothing was submitted")])
+@pytest.mark.parametrize(
+    ("pasted", "error"), [(BROKEN, "not valid TOML"), (INVALID, "Nothing was submitted")]
+)
 def test_a_pasted_job_file_submitted_with_an_error_is_still_in_the_textarea(
     member, open_page, audit, pasted, error
 ):
