@@ -15,10 +15,15 @@ def h100(index: int, *, util: float = 0, power: float | str = 70.0, temp: float 
             "memory_used_mib": 1024 * index, "power": power, "temp": temp}  # fmt: skip
 
 
-def write_gpus(path: Path, gpus: list[dict], *, driver: str = "550.54.15", cuda: str = "12.4") -> Path:
-    """The fake nvidia-smi's whole state, replaced atomically (the agent may read it at any moment)."""
+def write_gpus(
+    path: Path, gpus: list[dict], *, driver: str = "550.54.15", cuda: str = "12.4", delay_s: float = 0
+) -> Path:
+    """The fake nvidia-smi's whole state, replaced atomically (the agent may read it at any moment).
+
+    ``delay_s``: each answer takes that long, as nvidia-smi does on a busy or wedged node.
+    """
     staged = path.with_suffix(".new")
-    staged.write_text(json.dumps({"driver": driver, "cuda": cuda, "gpus": gpus}))
+    staged.write_text(json.dumps({"driver": driver, "cuda": cuda, "gpus": gpus, "delay_s": delay_s}))
     staged.replace(path)
     return path
 

@@ -19,6 +19,7 @@ from django.utils import timezone
 from jobs import agent, gpu_usage, gpus, limits, network, nodes, sandbox, selectors, tasks, units
 
 AGENT_VERSION = "1.0"
+UNSENT_MINUTES = 10_000  # GPU-minute summaries kept for a database that is away (hours of a full node)
 log = logging.getLogger(__name__)
 
 
@@ -95,9 +96,14 @@ class Command(BaseCommand):
         )
         if refusal:
             self.stdout.write(f"node {name} takes one-node jobs only: {refusal}")
-        threading.Thread(target=_heartbeat, args=(register, gpu_cap), daemon=True, name="heartbeat").start()
-        if source != gpus.VIRTUAL:  # virtual GPUs have nothing to measure
-            threading.Thread(target=_sample_gpus, args=(register,), daemon=True, name="gpu-sampler").start()
+        threading.Thread(target=_heartbeat, args=(register,), daemon=True, name="heartbeat").start()
+        if source != gpus.VIRTUAL:  # virtual GPUs never change and have nothing to measure
+            # Threads of their own: nvidia-smi can take seconds (or hang to its timeout), and a late
+            # heartbeat gets a node declared down; a slow rescan must not thin out the samples either.
+            threading.Thread(
+                target=_rescan_gpus, args=(register, gpu_cap), daemon=True, name="gpu-scan"
+            ).start()
+            threading.Thread(target=_sample_gpus, args=(register,), daemon=True, name="gpu-samples").start()
         # The project's Celery app (e31web.celery), made current when Django loaded its settings.
         celery.current_app.worker_main(
             [
@@ -188,23 +194,19 @@ def _check_the_view(name: str) -> None:
             raise CommandError(refused)
 
 
-def _heartbeat(register: dict, cap: int | None) -> None:
+def _heartbeat(register: dict) -> None:
     """Beats every E31_HEARTBEAT_S; a node declared down meanwhile registers again (its old attempts are lost).
 
-    The same thread looks for its GPUs again every E31_GPU_RESCAN_S (a changed set is registered), and
-    removes attempt directories past E31_ATTEMPT_RETENTION_S after their delivery.
+    The same thread removes attempt directories past E31_ATTEMPT_RETENTION_S after their delivery.
     """
     stop = threading.Event()
     sweep_every = min(60.0, max(settings.E31_HEARTBEAT_S, settings.E31_ATTEMPT_RETENTION_S / 2))
-    next_sweep = next_scan = time.monotonic()
+    next_sweep = time.monotonic()
     while not stop.wait(settings.E31_HEARTBEAT_S):
         try:
             close_old_connections()
             if not nodes.heartbeat(name=register["name"], now=timezone.now()):
                 nodes.register_node(now=timezone.now(), **register)
-            if register["gpu_source"] != gpus.VIRTUAL and time.monotonic() >= next_scan:
-                next_scan = time.monotonic() + settings.E31_GPU_RESCAN_S
-                _rescan(register, cap)
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + sweep_every
                 agent.remove_expired_attempts(node_name=register["name"], now=timezone.now())
@@ -226,16 +228,28 @@ def _rescan(register: dict, cap: int | None) -> None:
     tasks.AGENT["gpu_uuids"] = _uuids(found)
 
 
+def _rescan_gpus(register: dict, cap: int | None) -> None:
+    """Every E31_GPU_RESCAN_S, the GPU set found again (a GPU fallen off the bus is registered missing)."""
+    stop = threading.Event()
+    while not stop.wait(settings.E31_GPU_RESCAN_S):
+        try:
+            close_old_connections()
+            _rescan(register, cap)
+        except Exception:  # the database is restarting: the next scan will get through
+            log.warning("node %s: GPU set not checked", register["name"], exc_info=True)
+            close_old_connections()
+
+
 def _sample_gpus(register: dict) -> None:
     """Every E31_GPU_SAMPLE_S: each GPU's reading for the pool page, folded per minute for the jobs holding it.
 
-    A minute the database did not take is offered again at the next sample.
+    A minute the database did not take is offered again at the next sample (the last UNSENT_MINUTES of them).
     """
-    minutes, unsent = gpus.Minutes(), []
-    while not threading.Event().wait(settings.E31_GPU_SAMPLE_S):
+    stop, minutes, unsent = threading.Event(), gpus.Minutes(), []
+    while not stop.wait(settings.E31_GPU_SAMPLE_S):
         try:
             close_old_connections()
-            unsent += _sample_once(register, minutes)
+            unsent = (unsent + _sample_once(register, minutes))[-UNSENT_MINUTES:]
             gpu_usage.record_gpu_minutes(node_name=register["name"], minutes=unsent)
             unsent = []
         except Exception:  # the database is restarting: the next sample will get through
@@ -245,8 +259,8 @@ def _sample_gpus(register: dict) -> None:
 
 def _sample_once(register: dict, minutes: gpus.Minutes) -> list[dict]:
     """Samples the node's GPUs now; the minute summaries that closed."""
-    now = timezone.now()
     samples = gpus.sample([gpus.Gpu(**g) for g in register["gpu_list"]], register["gpu_source"])
+    now = timezone.now()  # after the reading: nvidia-smi may take seconds
     gpu_usage.record_gpu_readings(node_name=register["name"], readings=[asdict(s) for s in samples], now=now)
     running = selectors.running_allocations(node_name=register["name"])
     by_index = {s.index: s for s in samples}
