@@ -9,6 +9,7 @@ limits and the allowed roots are passed in.
 import math
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -177,6 +178,8 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     cpus = _cpus(request.get("cpus"), limits, errs)
     after_ok, after_any = _prerequisites(raw, errs)
     array = _array(raw.get("array"), limits, errs)
+    if not (after_ok or after_any):  # inputs a prerequisite will write are checked when they stage
+        _check_own_files(data, limits, errs)
     if errs.errors:
         raise DeclarationInvalid(errs.errors)
     return Declaration(
@@ -372,6 +375,38 @@ def _inputs(value: Any, limits: Limits, errs: _Collector) -> list[DataInput]:
             sha = ""
         inputs.append(DataInput(name=str(name), uri=uri, bytes=size, sha256=sha.lower()))
     return inputs
+
+
+def _check_own_files(inputs: list[DataInput], limits: Limits, errs: _Collector) -> None:
+    """Each file:// input under the team's own folder is there now, a regular file of its declared
+    size: what staging would refuse, refused at submit with the reason (a shared folder's are left to it)."""
+    if limits.team is None or any(path.startswith("data") for path, _ in errs.errors):
+        return  # the team is not chosen yet, or the inputs do not line up with their rows
+    own = team_prefixes(limits.data_roots, limits.team)
+    for i, item in enumerate(inputs):
+        parts = urlsplit(item.uri)
+        path = resolve_under_roots(unquote(parts.path), own) if parts.scheme == "file" else None
+        if path is None:
+            continue
+        try:
+            found = path.stat()
+        except FileNotFoundError:
+            errs.add(
+                f"data[{i}].uri",
+                f"no such file: {path} (if another job writes it, name that job in after_ok)",
+            )
+            continue
+        except OSError as exc:
+            errs.add(f"data[{i}].uri", f"cannot be read: {exc.strerror or exc}")
+            continue
+        if not stat.S_ISREG(found.st_mode):
+            errs.add(f"data[{i}].uri", f"not a regular file: {path}")
+        elif found.st_size != item.bytes:
+            errs.add(
+                f"data[{i}].bytes",
+                f"the file holds {found.st_size:,} bytes ({format_size(found.st_size)}); "
+                f"{item.bytes:,} were declared",
+            )
 
 
 def _size(value: Any, path: str, errs: _Collector) -> int:

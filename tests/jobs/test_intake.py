@@ -127,7 +127,10 @@ def test_a_valid_declaration_is_stored_the_same_through_every_channel(
 
 
 def test_the_form_accepts_sizes_with_units(good, pool, member_client):
-    raw = _with(good, "data.0.bytes", "1.5 TB")
+    remote = _with(
+        good, "data.0.uri", "https://data.example.com/corpus.bin"
+    )  # a local file is checked for size
+    raw = _with(remote, "data.0.bytes", "1.5 TB")
     response = submit_form(member_client, raw)
     assert response.status_code == 302
     assert DataInput.objects.get().bytes == 1_500_000_000_000
