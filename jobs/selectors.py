@@ -70,6 +70,15 @@ def staging_in_flight() -> QuerySet:
     )
 
 
+def images_in_flight() -> QuerySet:
+    """Every image a staging job is pulling or waiting for (another job's pull of the same image)."""
+    return (
+        ImagePull.objects.filter(job__state=State.STAGING, stage_state__in=("staging", "waiting"))
+        .select_related("job", "job__team")
+        .order_by("job_id")
+    )
+
+
 def deliveries_in_flight() -> QuerySet:
     """Deliveries waiting for a slot or copying now, for the operators' transfers page."""
     return (

@@ -316,7 +316,7 @@ def estimate(request: HttpRequest) -> HttpResponse:
 def transfers(request: HttpRequest) -> HttpResponse:
     """Operators: every staging input and every delivery in flight, with progress, and the cache's policy."""
     context = {
-        "inputs": selectors.staging_in_flight(),
+        "inputs": [*selectors.images_in_flight(), *selectors.staging_in_flight()],
         "deliveries": selectors.deliveries_in_flight(),
         "cache": selectors.cache_summary(),
     }

@@ -162,3 +162,11 @@ def test_the_job_page_and_the_api_show_the_image_its_digest_and_its_staging(
     assert body["image"]["digest"] == digest and body["image"]["stage_state"] == "staged"
     assert body["image"]["bytes_done"] == body["image"]["bytes"] > 0
     assert body["work"]["image"] == base_image and body["work"]["argv"] == []
+
+
+def test_an_image_being_pulled_shows_on_the_operators_transfers_page(operator_client):
+    job = JobFactory(state="staging", image="registry.example.com/team/trainer:2", argv=[])
+    ImagePull.objects.create(job=job, reference=job.image, stage_state="staging", bytes=4_000_000_000,
+                             bytes_done=1_000_000_000, rate_bytes_s=100e6)  # fmt: skip
+    page = operator_client.get("/jobs/transfers/").content.decode()
+    assert "registry.example.com/team/trainer:2" in page and "30.0 s" in page  # 3 GB left at 100 MB/s
