@@ -99,11 +99,17 @@ def submit(
     follow: Annotated[bool, typer.Option(help="Print the log as it is written (implies --wait).")] = False,
     team: Annotated[str, typer.Option(help="Team slug, if you belong to several.")] = "",
     key: Annotated[str, typer.Option(help="Idempotency-Key (default: a new one per command).")] = "",
+    notify: Annotated[
+        str,
+        typer.Option(help="E-mail you when this job ends: end, failure or never (over your team choice)."),
+    ] = "",
 ) -> None:
     """Submit a job file, or re-run a job (--from ID). Retries after a dropped connection reuse its
     Idempotency-Key: never two jobs."""
     if (job_file is None) == (from_job is None):
         raise typer.BadParameter("give a job file or --from ID, one of them")
+    if notify not in ("", "end", "failure", "never"):
+        raise typer.BadParameter("--notify is end, failure or never")
     key = key or f"e31-cli-{uuid.uuid4()}"
     session = api()
     headers = {"Idempotency-Key": key}
@@ -115,6 +121,8 @@ def submit(
             headers={**headers, "Content-Type": "application/toml"},
         )  # fmt: skip
     again = " (already submitted with this key)" if session.last_status == 200 else ""
+    if notify:
+        session.post(f"/jobs/{job['id']}/email", retry=True, json={"email": notify})
     source = f" (re-run of {job['rerun_of']})" if job.get("rerun_of") else ""
     err.print(f"Submitted job {job['id']} {job['name']}{source}{again}: {job['state']}")
     if job.get("array"):

@@ -11,6 +11,7 @@ from accounts.auth import API_AUTH, ApiThrottle
 from jobs import declaration
 from jobs.api import router as jobs_router
 from metering.api import router as metering_router
+from notifications.api import router as notifications_router
 
 
 class BodyTooDeep(ValueError):
@@ -46,6 +47,7 @@ api = NinjaAPI(
 )
 api.add_router("/", jobs_router)
 api.add_router("/", metering_router)
+api.add_router("/", notifications_router)
 
 
 def field_path(loc: tuple | list) -> str:

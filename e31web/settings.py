@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "axes",
     "common",
     "public",
+    "notifications",
     "e31web",  # configuration only; installed for the migrations that created the public pages' tables
 ]
 
@@ -235,6 +236,13 @@ E31_PUBLIC_FORM_WINDOW_S = env.int("E31_PUBLIC_FORM_WINDOW_S", default=600)
 # --- Email: the console backend in development.
 EMAIL_BACKEND = env.str("E31_EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env.str("E31_FROM_EMAIL", default="E31 Network <noreply@e31.invalid>")
+# For E31_EMAIL_BACKEND=django.core.mail.backends.smtp.EmailBackend (the password may come from a file).
+EMAIL_HOST = env.str("E31_SMTP_HOST", default="localhost")
+EMAIL_PORT = env.int("E31_SMTP_PORT", default=25)
+EMAIL_HOST_USER = env.str("E31_SMTP_USER", default="")
+EMAIL_HOST_PASSWORD = _env_or_file("E31_SMTP_PASSWORD", "") or ""
+EMAIL_USE_TLS = env.bool("E31_SMTP_TLS", default=False)
+EMAIL_TIMEOUT = 30
 
 # --- Celery. The broker only rings the doorbell: PostgreSQL holds every state.
 BROKER_DIR = STATE_DIR / "broker"
@@ -321,6 +329,26 @@ E31_ALLOW_HARDLINKED_SOURCES = env.bool("E31_ALLOW_HARDLINKED_SOURCES", default=
 # Registries the pool runs itself (host or host:port): reached even on private addresses, over plain
 # HTTP or TLS without verification. Every other registry needs verified TLS on a public address.
 E31_POOL_REGISTRIES = env.list("E31_POOL_REGISTRIES", default=[])
+
+
+def _networks(name: str) -> list:
+    """Comma-separated CIDR networks (a bare address is its own /32 or /128)."""
+    raw = env.str(name, default="")
+    try:
+        return [ipaddress.ip_network(part.strip(), strict=False) for part in raw.split(",") if part.strip()]
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} lists networks such as 10.1.0.0/16,fd00::/8: {exc}") from exc
+
+
+# Webhooks reach public addresses only, plus the private networks listed here; never the platform's
+# own services (database, broker, cache), the jobs' subnet, the nodes, nor E31_WEBHOOK_DENY.
+E31_WEBHOOK_PRIVATE_NETWORKS = _networks("E31_WEBHOOK_PRIVATE_NETWORKS")
+E31_WEBHOOK_DENY = _networks("E31_WEBHOOK_DENY")
+E31_WEBHOOK_ATTEMPTS = env.int("E31_WEBHOOK_ATTEMPTS", default=6)
+E31_WEBHOOK_BACKOFF_S = env.float("E31_WEBHOOK_BACKOFF_S", default=10.0)  # doubles after each failed try
+E31_WEBHOOK_TIMEOUT_S = env.float("E31_WEBHOOK_TIMEOUT_S", default=10.0)
+# The console's address as its users reach it, for the links in e-mails.
+E31_CONSOLE_URL = env.str("E31_CONSOLE_URL", default="http://127.0.0.1:8000")
 if min(E31_STAGE_CONCURRENCY, E31_DELIVERY_CONCURRENCY) < 1 or E31_STAGE_CACHE_BYTES < 0:
     raise ImproperlyConfigured(
         "E31_STAGE_CONCURRENCY and E31_DELIVERY_CONCURRENCY are at least 1; E31_STAGE_CACHE_BYTES is not negative"
@@ -382,6 +410,7 @@ CELERY_BEAT_SCHEDULE = {
     # The operator dashboard: beat's own sign of life, a utilisation sample per minute, the ledger check.
     "operations-beat-heartbeat": {"task": "operations.tasks.beat_heartbeat", "schedule": 15.0},
     "operations-utilisation-sample": {"task": "operations.tasks.sample_utilisation", "schedule": 60.0},
+    "notifications-send-due": {"task": "notifications.tasks.send_due_notifications", "schedule": 5.0},
     "operations-ledger-check": {
         "task": "operations.tasks.check_ledger",
         "schedule": env.float("E31_LEDGER_CHECK_EVERY_S", default=600.0),

@@ -13,6 +13,7 @@ urlpatterns = [
     path("accounts/", include("accounts.urls")),
     path("jobs/", include("jobs.urls")),
     path("ledger/", include("metering.urls")),
+    path("notifications/", include("notifications.urls")),
     path("operator/", include("operations.urls")),
     path("api/v1/", api.urls),
     path("admin/", admin.site.urls),

@@ -126,3 +126,12 @@ def prerequisite_outcome(*, kind: str, state: str, end_reason: str, delivery_sta
     if kind == AFTER_ANY:
         return MET
     return MET if end_reason == EndReason.SUCCEEDED and delivery_state != "failed" else FAILED
+
+
+def notice_for(target: State | str, end_reason: str) -> str:
+    """The event a team hears of when a job moves to ``target``: started, ended, staging_failed or ""."""
+    if State(target) is State.RUNNING:
+        return "started"
+    if State(target) is State.ENDED and end_reason == EndReason.STAGING_FAILED:
+        return "staging_failed"
+    return "ended" if State(target) in TERMINAL else ""

@@ -90,6 +90,10 @@ def submit_job(
     dispatch.request_scheduler_pass()  # an estimated start for the team at once, even while staging
     first = jobs[0]
     first.budget_note = budget.message if budget and budget.would_exceed else ""
+    if first.budget_note:
+        signals.job_event.send(
+            sender=Job, job_id=first.id, event="budget_warning", attempt=0, now=now, detail=first.budget_note
+        )
     return first
 
 

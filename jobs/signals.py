@@ -18,6 +18,10 @@ allocation_released = Signal()
 # (the job's GPUs x hours) and ``now``. A receiver answers a BudgetCheck, or None.
 budget_asked = Signal()
 
+# Sent inside the transaction of what a team hears about (notifications listens), with ``job_id``,
+# ``event`` (started, ended, staging_failed, budget_warning), ``attempt``, ``now`` and ``detail``.
+job_event = Signal()
+
 
 class BudgetCheck(Protocol):
     """A team's budget's word on more GPU-hours this month."""

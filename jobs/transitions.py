@@ -9,7 +9,8 @@ from datetime import datetime
 
 from django.db import transaction
 
-from jobs.lifecycle import TERMINAL, State, check_transition
+from jobs import signals
+from jobs.lifecycle import TERMINAL, State, check_transition, notice_for
 from jobs.models import Job, JobEvent
 
 
@@ -38,4 +39,9 @@ def transition(
                 job_id=job_id, from_state=job["state"], to_state=target, at=now,
                 reason=(reason or end_reason)[:300], actor=actor[:150], attempt=fields.get("attempt", job["attempt"]),
             )  # fmt: skip
+            if event := notice_for(target, end_reason):
+                signals.job_event.send(
+                    sender=Job, job_id=job_id, event=event, attempt=fields.get("attempt", job["attempt"]), now=now,
+                    detail=(reason or end_reason)[:300],
+                )  # fmt: skip
         return bool(claimed)

@@ -8,7 +8,17 @@ import textwrap
 
 from tools import importgraph
 
-APP_CODE = ("accounts", "common", "e31cli", "e31web", "jobs", "metering", "operations", "public")
+APP_CODE = (
+    "accounts",
+    "common",
+    "e31cli",
+    "e31web",
+    "jobs",
+    "metering",
+    "notifications",
+    "operations",
+    "public",
+)
 
 
 def _loops(arrows, groups) -> str:

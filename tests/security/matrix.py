@@ -4,12 +4,14 @@ A new URL fails the matrix until it is added here with the objects its arguments
 page or endpoint ships without its authorization being checked for every kind of visitor.
 """
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from tests.security.conftest import World
 from tests.security.routes import Route, build_path
@@ -78,6 +80,12 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "accounts:login": [C(P)],
     "accounts:logout": [C(P, 302, method="POST")],
     "accounts:tokens": [C(S)],
+    "notifications:settings": [C(S)],
+    "notifications:webhooks": [C(T, kwargs=lambda w: {"team_slug": w.team_a.slug})],
+    # A member who is not the team's admin is told so on the page (302); the webhook stays for the next visitor.
+    "notifications:remove-webhook": [
+        C(T, 302, method="POST", kwargs=lambda w: {"team_slug": w.team_a.slug, "webhook_id": _webhook(w).id})
+    ],
     # Another user's token id is a silent no-op (the token stays live: checked in the test).
     "accounts:revoke-token": [C(S, 302, method="POST", kwargs=lambda w: {"token_id": w.token_a.id})],
     "jobs:list": [C(S)],
@@ -120,6 +128,12 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "api:cancel_array": [C(T, 409, method="POST", **ARRAY)],  # no live task: nothing to cancel
     "api:job_meter": [C(T, **JOB)],
     "api:job_log": [C(T, **JOB)],
+    # Only a job's submitter chooses its e-mail; the world's job has none, so every member is refused with 409.
+    "api:set_job_email": [C(T, 409, method="POST", data={"email": "end"}, **JOB)],
+    "api:email_choices": [C(S)],
+    "api:set_email_choice": [
+        C(T, method="PUT", data={"email": "failure"}, kwargs=lambda w: {"team_slug": w.team_a.slug})
+    ],
     # The world's job was stored as a row, not submitted: its declaration is refused again (422), past the team gate.
     "api:rerun_job": [C(T, 422, method="POST", **JOB)],
     # Team A's job delivered nothing under that name: 404 for its team too, never its bytes to team B.
@@ -175,6 +189,18 @@ def admin_kwargs(route: Route, world: World) -> dict:
     return values
 
 
+def _webhook(world: World):
+    """Team A's webhook, made again for each visitor (an admin's visit removes it)."""
+    from notifications.models import Webhook
+
+    hook, _ = Webhook.objects.get_or_create(
+        team=world.team_a,
+        url="https://hooks.example/e31",
+        defaults={"secret": "s" * 20, "created_at": timezone.now()},
+    )
+    return hook
+
+
 def path_for(route: Route, case: Case, world: World) -> str:
     kwargs = admin_kwargs(route, world) if route.route.startswith("admin/") else case.kwargs(world)
     try:
@@ -217,7 +243,7 @@ def request(world: World, visitor: str, route: Route, case: Case):
     if is_api(route):
         client = Client(raise_request_exception=False)
         headers = {"Authorization": f"Bearer {world.bearer[visitor]}"} if visitor != "anonymous" else {}
-        body = "{}" if case.method == "POST" else None
+        body = json.dumps(case.data) if case.data else ("{}" if case.method == "POST" else None)
         return client.generic(case.method, path, body or "", content_type="application/json", headers=headers)
     client = world.client(visitor)
     return client.post(path, case.data) if case.method == "POST" else client.get(path)

@@ -1,0 +1,116 @@
+"""Where a webhook may be sent: a public address, or a network an operator allowed; never the platform.
+
+Checked when a webhook is added and again before every send (a name may resolve elsewhere by then),
+and the connection goes to the very address that passed, so a second lookup cannot redirect it.
+The platform is the database, the broker and the cache this console uses, the jobs' subnet, the
+nodes' addresses and whatever E31_WEBHOOK_DENY lists: refused even inside an allowed network.
+"""
+
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+from jobs.models import Node
+from jobs.transfers import sources
+
+MAX_URL = 2000
+DEFAULT_PORTS = {"db": 5432, "redis": 6379, "rediss": 6379, "amqp": 5672, "amqps": 5671}
+
+
+class Refused(Exception):
+    """The URL or the address it resolves to may not receive webhooks; the message says why."""
+
+
+def check_url(url: str) -> tuple[str, int]:
+    """(host, port) of a well-formed http(s) URL without credentials; Refused otherwise."""
+    if not url or len(url) > MAX_URL:
+        raise Refused(f"a URL of 1 to {MAX_URL} characters")
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in url) or not url.isascii():
+        raise Refused("no spaces or control characters; write international names in their ASCII form")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise Refused(f"not a URL: {exc}") from exc
+    if parts.scheme not in ("http", "https"):
+        raise Refused("only http:// and https:// URLs")
+    if not parts.hostname:
+        raise Refused("the URL names no host")
+    if parts.username is not None or parts.password is not None:
+        raise Refused("no user or password in the URL: the signature authenticates each event")
+    return parts.hostname, port or (443 if parts.scheme == "https" else 80)
+
+
+def checked_addresses(host: str, port: int) -> list[str]:
+    """Every address ``host`` has, if each one may receive a webhook on ``port``."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise Refused(f"{host}: no such host") from exc
+    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    platform = platform_endpoints()
+    for address in addresses:
+        why = refusal(address, port, platform)
+        if why:
+            raise Refused(f"{host} resolves to {address}: {why}")
+    return addresses
+
+
+def refusal(address: str, port: int, platform: tuple[set, list]) -> str:
+    """Why ``address:port`` may not receive a webhook, or ""."""
+    ip = _unwrapped(address)
+    endpoints, networks = platform
+    if (ip, port) in endpoints or any(ip in net for net in networks if net.version == ip.version):
+        return "an address of this platform, refused"
+    if sources.is_public(address):
+        return ""
+    allowed = settings.E31_WEBHOOK_PRIVATE_NETWORKS
+    if any(ip in net for net in allowed if net.version == ip.version):
+        return ""
+    return "a loopback, link-local or private address, refused (an operator may allow a network)"
+
+
+def platform_endpoints() -> tuple[set, list]:
+    """(address, port) of the services this console uses, and the networks of jobs and nodes."""
+    endpoints = set()
+    for url in (_database_url(), settings.CELERY_BROKER_URL, _cache_url()):
+        parts = urlsplit(url or "")
+        port = parts.port or DEFAULT_PORTS.get(parts.scheme)
+        if parts.hostname and port:
+            endpoints |= {(ip, port) for ip in _resolved(parts.hostname, port)}
+    networks = [ipaddress.ip_network(settings.E31_JOB_SUBNET), *settings.E31_WEBHOOK_DENY]
+    for address in Node.objects.exclude(address="").values_list("address", flat=True):
+        try:
+            networks.append(ipaddress.ip_network(_unwrapped(address)))
+        except ValueError:
+            networks += [ipaddress.ip_network(ip) for ip in _resolved(address, 0)]
+    return endpoints, networks
+
+
+def _database_url() -> str:
+    db = settings.DATABASES["default"]
+    return f"db://{db.get('HOST') or ''}:{db.get('PORT') or 5432}" if db.get("HOST") else ""
+
+
+def _cache_url() -> str:
+    location = settings.CACHES["default"].get("LOCATION", "")
+    return location if isinstance(location, str) and "://" in location else ""
+
+
+def _resolved(host: str, port: int) -> list:
+    try:
+        return [
+            _unwrapped(info[4][0]) for info in socket.getaddrinfo(host, port or None, type=socket.SOCK_STREAM)
+        ]
+    except (socket.gaierror, UnicodeError):
+        return []
+
+
+def _unwrapped(address: str):
+    """The address as compared: IPv4 inside IPv6 (mapped, 6to4) is the IPv4 it carries."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        ip = ip.ipv4_mapped or ip.sixtofour or ip
+    return ip

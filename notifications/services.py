@@ -1,0 +1,281 @@
+"""The only writers of notifications: choices, webhooks, and the events owed to each.
+
+Events are recorded inside the transaction that moved the job (a rolled-back transition owes
+nothing), as rows; tasks carrying their ids are enqueued after commit. A delivery is claimed by a
+conditional UPDATE before each try, so a duplicated task never sends twice at once, and beat
+re-sends anything due: a lost message delays an event, never loses it.
+"""
+
+import http.client
+import json
+import secrets
+import socket
+import ssl
+import time
+from datetime import datetime, timedelta
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import transaction
+from django.db.models import F
+
+from accounts import scoping
+from accounts.models import Team
+from jobs import dispatch
+from jobs.models import Job
+from notifications import addresses, signing
+from notifications.models import (
+    EmailChoice,
+    EmailPreference,
+    JobEmail,
+    Webhook,
+    WebhookAttempt,
+    WebhookDelivery,
+)
+
+DELIVER_WEBHOOK = "notifications.tasks.deliver_webhook"
+SEND_JOB_EMAIL = "notifications.tasks.send_job_email"
+MIN_SECRET, MAX_SECRET = 16, 200
+FAILED_ENDS = {
+    "ended": lambda reason: reason not in ("succeeded", "cancelled"),
+    "staging_failed": lambda _: True,
+}
+
+
+class NotAllowed(Exception):
+    """The user may not change this (the message says why)."""
+
+
+def set_email_preference(*, user, team: Team, email: str) -> EmailPreference:
+    """A member's e-mail choice for the jobs they submit in ``team``."""
+    if email not in EmailChoice.values:
+        raise NotAllowed(f"e-mail is one of {', '.join(EmailChoice.values)}")
+    if not scoping.teams_of(user).filter(id=team.id).exists():
+        raise NotAllowed("not one of your teams")
+    preference, _ = EmailPreference.objects.update_or_create(user=user, team=team, defaults={"email": email})
+    return preference
+
+
+def set_job_email(*, job: Job, user, email: str) -> None:
+    """This job's e-mail to its submitter, over their team preference; only the submitter chooses it."""
+    if email not in EmailChoice.values:
+        raise NotAllowed(f"e-mail is one of {', '.join(EmailChoice.values)}")
+    if job.submitted_by_id != user.id:
+        raise NotAllowed("only the job's submitter chooses its e-mail")
+    JobEmail.objects.update_or_create(job=job, defaults={"email": email})
+
+
+@transaction.atomic
+def add_webhook(*, team: Team, user, url: str, secret: str, now: datetime) -> Webhook:
+    """A team admin's webhook; its URL must pass the address rules now (and again before each send)."""
+    if not scoping.is_team_admin(user, team):
+        raise NotAllowed("only the team's admins manage its webhooks")
+    host, port = addresses.check_url(url)
+    addresses.checked_addresses(host, port)
+    secret = secret or secrets.token_urlsafe(32)
+    if not (MIN_SECRET <= len(secret) <= MAX_SECRET) or not secret.isascii() or not secret.isprintable():
+        raise addresses.Refused(f"a secret is {MIN_SECRET} to {MAX_SECRET} printable ASCII characters")
+    return Webhook.objects.create(team=team, url=url, secret=secret, created_by=user, created_at=now)
+
+
+def remove_webhook(*, webhook: Webhook, user) -> None:
+    if not scoping.is_team_admin(user, webhook.team):
+        raise NotAllowed("only the team's admins manage its webhooks")
+    webhook.delete()
+
+
+def record_job_event(*, job_id: int, event: str, attempt: int, now: datetime, detail: str = "") -> None:
+    """What a job's event owes: a delivery per webhook of its team, and its submitter's e-mail."""
+    job = Job.objects.select_related("team").get(id=job_id)
+    payload = _payload(job, event, now=now, detail=detail)
+    key = f"job:{job.id}:{attempt}:{event}"
+    for webhook in Webhook.objects.filter(team_id=job.team_id):
+        delivery, created = WebhookDelivery.objects.get_or_create(
+            webhook=webhook, event_key=key,
+            defaults={"event": event, "job": job, "payload": payload, "next_attempt_at": now, "created_at": now},
+        )  # fmt: skip
+        if created:
+            _ring(DELIVER_WEBHOOK, delivery.id)
+    if event in FAILED_ENDS and _email_wanted(job, event):
+        JobEmail.objects.update_or_create(job=job, defaults={"due_at": now, "sent_at": None})
+        _ring(SEND_JOB_EMAIL, job.id)
+
+
+def _email_wanted(job: Job, event: str) -> bool:
+    if job.submitted_by_id is None:
+        return False
+    override = JobEmail.objects.filter(job=job).values_list("email", flat=True).first()
+    choice = override or (
+        EmailPreference.objects.filter(user_id=job.submitted_by_id, team_id=job.team_id)
+        .values_list("email", flat=True)
+        .first()
+    )
+    if choice == EmailChoice.END:
+        return True
+    return choice == EmailChoice.FAILURE and FAILED_ENDS[event](job.end_reason)
+
+
+def _payload(job: Job, event: str, *, now: datetime, detail: str) -> dict:
+    return {
+        "type": event,
+        "created_at": now.isoformat(),
+        "team": job.team.slug,
+        "job": {
+            "id": job.id, "name": job.name, "state": job.state, "end_reason": job.end_reason,
+            "exit_code": job.exit_code, "attempt": job.attempt, "url": f"/jobs/{job.id}/",
+        },
+        "detail": detail[:500],
+    }  # fmt: skip
+
+
+def _ring(task: str, object_id: int) -> None:
+    dispatch.send_after_commit(task, (object_id,), queue=dispatch.control_queue())
+
+
+def deliver_webhook(*, delivery_id: int, now: datetime) -> str:
+    """One try of a due delivery: signed, sent to the address that passed the rules, no redirects followed."""
+    lease = timedelta(seconds=settings.E31_WEBHOOK_TIMEOUT_S * 2 + 5)
+    claimed = WebhookDelivery.objects.filter(
+        id=delivery_id, state=WebhookDelivery.PENDING, next_attempt_at__lte=now
+    ).update(next_attempt_at=now + lease, attempts=F("attempts") + 1)
+    if not claimed:
+        return "not due"  # delivered, given up, or another task holds this try
+    delivery = WebhookDelivery.objects.select_related("webhook").get(id=delivery_id)
+    status, response, refused, took = _send(delivery, now=now)
+    return _record_try(delivery, status=status, response=response, refused=refused, took_ms=took, now=now)
+
+
+def _send(delivery: WebhookDelivery, *, now: datetime) -> tuple[int | None, str, bool, int]:
+    """(HTTP status or None, what answered or why not, refused by the rules, milliseconds)."""
+    body = json.dumps({"id": str(delivery.event_id), **delivery.payload}, separators=(",", ":")).encode()
+    headers = signing.headers(
+        secret=delivery.webhook.secret,
+        event_id=str(delivery.event_id),
+        timestamp=int(now.timestamp()),
+        body=body,
+    )
+    began = time.monotonic()
+    try:
+        host, port = addresses.check_url(delivery.webhook.url)
+        pinned = addresses.checked_addresses(host, port)
+    except addresses.Refused as exc:
+        return None, str(exc), True, 0
+    try:
+        status, text = _post(delivery.webhook.url, pinned, port, headers, body)
+    except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
+        status, text = None, f"no answer: {exc.__class__.__name__}: {exc}"
+    return status, text, False, int((time.monotonic() - began) * 1000)
+
+
+def _post(url: str, pinned: list[str], port: int, headers: dict, body: bytes) -> tuple[int, str]:
+    parts = urlsplit(url)
+    timeout = settings.E31_WEBHOOK_TIMEOUT_S
+    cls = _PinnedHTTPS if parts.scheme == "https" else _PinnedHTTP
+    conn = cls(parts.hostname, port, addresses=pinned, timeout=timeout)
+    try:
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        conn.request("POST", target, body=body, headers={**headers, "User-Agent": "e31-webhooks"})
+        response = conn.getresponse()
+        text = response.read(1000).decode("utf-8", "replace")
+        if 300 <= response.status < 400:
+            text = f"redirects are not followed ({response.getheader('Location', '')[:200]}) {text}"
+        return response.status, text
+    finally:
+        conn.close()
+
+
+@transaction.atomic
+def _record_try(delivery, *, status: int | None, response: str, refused: bool, took_ms: int, now) -> str:
+    WebhookAttempt.objects.create(
+        delivery=delivery, number=delivery.attempts, at=now, status=status, response=response[:1000],
+        duration_ms=took_ms,
+    )  # fmt: skip
+    if status is not None and 200 <= status < 300:
+        state, next_at = WebhookDelivery.DELIVERED, now
+    elif refused or delivery.attempts >= settings.E31_WEBHOOK_ATTEMPTS:
+        state, next_at = WebhookDelivery.FAILED, now
+    else:  # retried with backoff: 10 s, 20 s, 40 s, … by default
+        state = WebhookDelivery.PENDING
+        next_at = now + timedelta(seconds=settings.E31_WEBHOOK_BACKOFF_S * 2 ** (delivery.attempts - 1))
+    WebhookDelivery.objects.filter(id=delivery.id, attempts=delivery.attempts).update(
+        state=state, next_attempt_at=next_at, finished_at=None if state == WebhookDelivery.PENDING else now
+    )
+    return state
+
+
+def send_job_email(*, job_id: int, now: datetime) -> bool:
+    """The e-mail owed for a job's end, sent once: claimed by a conditional UPDATE before it is sent."""
+    if not JobEmail.objects.filter(job_id=job_id, due_at__isnull=False, sent_at__isnull=True).update(
+        sent_at=now
+    ):
+        return False
+    job = Job.objects.select_related("submitted_by", "team").get(id=job_id)
+    if not job.submitted_by.email:
+        JobEmail.objects.filter(job_id=job_id).update(detail="the submitter has no e-mail address")
+        return False
+    outcome = job.end_reason or job.state
+    subject = f"[E31] job #{job.id} {job.name}: {outcome}"
+    lines = [f"Job #{job.id} {job.name} of team {job.team.name} ended: {outcome}."]
+    if job.exit_code is not None:
+        lines.append(f"Exit code: {job.exit_code}.")
+    if job.end_detail:
+        lines.append(job.end_detail)
+    lines.append(f"{settings.E31_CONSOLE_URL.rstrip('/')}/jobs/{job.id}/")
+    try:
+        send_mail(subject, "\n".join(lines), None, [job.submitted_by.email])
+    except (OSError, ValueError) as exc:  # the mail server refused or is down: beat tries again
+        JobEmail.objects.filter(job_id=job_id).update(sent_at=None, detail=str(exc)[:300])
+        return False
+    return True
+
+
+def send_due_notifications(*, now: datetime) -> int:
+    """Beat's sweep: rings again for every delivery due and every e-mail owed a while."""
+    due = list(
+        WebhookDelivery.objects.filter(state=WebhookDelivery.PENDING, next_attempt_at__lte=now)
+        .order_by("next_attempt_at")
+        .values_list("id", flat=True)[:500]
+    )
+    owed = list(
+        JobEmail.objects.filter(sent_at__isnull=True, due_at__lte=now - timedelta(minutes=1)).values_list(
+            "job_id", flat=True
+        )[:500]
+    )
+    with transaction.atomic():
+        for delivery_id in due:
+            _ring(DELIVER_WEBHOOK, delivery_id)
+        for job_id in owed:
+            _ring(SEND_JOB_EMAIL, job_id)
+    return len(due) + len(owed)
+
+
+class _PinnedHTTP(http.client.HTTPConnection):
+    """Connects only to the checked addresses; the Host header still names the host."""
+
+    def __init__(self, host: str, port: int, *, addresses: list[str], timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._addresses = addresses
+
+    def connect(self) -> None:
+        self.sock = _connect_any(self._addresses, self.port, self.timeout)
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    def __init__(self, host: str, port: int, *, addresses: list[str], timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        self._addresses = addresses
+
+    def connect(self) -> None:
+        sock = _connect_any(self._addresses, self.port, self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+
+
+def _connect_any(pinned: list[str], port: int, timeout: float) -> socket.socket:
+    error: OSError | None = None
+    for address in pinned:
+        try:
+            return socket.create_connection((address, port), timeout)
+        except OSError as exc:
+            error = exc
+    raise error or OSError("no address to connect to")

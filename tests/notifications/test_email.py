@@ -1,0 +1,165 @@
+"""E-mail per user per team: on end, on failure only, or never; a job may choose for itself (--notify)."""
+
+import pytest
+from django.core import mail
+from django.utils import timezone
+
+from jobs import transitions
+from jobs.lifecycle import EndReason, State
+from notifications import services as notify
+from notifications.models import JobEmail
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def mailed(settings, member):
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    member.email = "alice@example.com"
+    member.save()
+    return mail.outbox
+
+
+def finish(job, reason):
+    target = State.ENDED if reason in (EndReason.STAGING_FAILED,) else State.RELEASED
+    source = State.STAGING if target == State.ENDED else State.RUNNING
+    transitions.transition(job_id=job.id, source=source, target=target, now=timezone.now(), end_reason=reason)
+    notify.send_job_email(job_id=job.id, now=timezone.now())
+
+
+@pytest.mark.parametrize(
+    "choice, reason, sent",
+    [
+        ("end", EndReason.SUCCEEDED, True),
+        ("end", EndReason.CANCELLED, True),
+        ("failure", EndReason.SUCCEEDED, False),
+        ("failure", EndReason.CANCELLED, False),
+        ("failure", EndReason.FAILED, True),
+        ("failure", EndReason.TIMED_OUT, True),
+        ("failure", EndReason.STAGING_FAILED, True),
+        ("never", EndReason.FAILED, False),
+    ],
+)
+def test_each_choice_mails_the_submitter_as_it_says(team, member, mailed, choice, reason, sent):
+    notify.set_email_preference(user=member, team=team, email=choice)
+    state = "staging" if reason == EndReason.STAGING_FAILED else "running"
+    job = JobFactory(team=team, submitted_by=member, state=state)
+    finish(job, reason)
+    assert len(mailed) == int(sent)
+    if sent:
+        assert mailed[0].to == ["alice@example.com"] and f"job #{job.id}" in mailed[0].subject
+        assert str(reason) in mailed[0].subject and f"/jobs/{job.id}/" in mailed[0].body
+
+
+def test_no_choice_means_no_mail(team, member, mailed):
+    finish(JobFactory(team=team, submitted_by=member, state="running"), EndReason.FAILED)
+    assert mailed == []
+
+
+def test_the_choice_is_per_team(team, other_team, member, mailed):
+    from accounts.models import Membership
+
+    Membership.objects.create(team=other_team, user=member)
+    notify.set_email_preference(user=member, team=team, email="never")
+    notify.set_email_preference(user=member, team=other_team, email="end")
+    finish(JobFactory(team=team, submitted_by=member, state="running"), EndReason.SUCCEEDED)
+    finish(JobFactory(team=other_team, submitted_by=member, state="running"), EndReason.SUCCEEDED)
+    assert len(mailed) == 1 and "audio" in mailed[0].body
+
+
+def test_a_jobs_own_choice_wins_over_the_team_preference(team, member, mailed):
+    notify.set_email_preference(user=member, team=team, email="never")
+    job = JobFactory(team=team, submitted_by=member, state="running")
+    notify.set_job_email(job=job, user=member, email="end")
+    finish(job, EndReason.SUCCEEDED)
+    assert len(mailed) == 1
+
+
+def test_an_email_is_sent_once(team, member, mailed):
+    notify.set_email_preference(user=member, team=team, email="end")
+    job = JobFactory(team=team, submitted_by=member, state="running")
+    finish(job, EndReason.SUCCEEDED)
+    assert notify.send_job_email(job_id=job.id, now=timezone.now()) is False  # a duplicated task
+    assert len(mailed) == 1 and JobEmail.objects.get(job=job).sent_at is not None
+
+
+def test_only_the_submitter_chooses_a_jobs_email(team, member, team_admin):
+    job = JobFactory(team=team, submitted_by=member, state="running")
+    with pytest.raises(notify.NotAllowed):
+        notify.set_job_email(job=job, user=team_admin, email="end")
+
+
+def test_a_choice_for_a_team_one_is_not_in_is_refused(other_team, member):
+    with pytest.raises(notify.NotAllowed):
+        notify.set_email_preference(user=member, team=other_team, email="end")
+
+
+def test_an_unknown_choice_is_refused(team, member):
+    with pytest.raises(notify.NotAllowed, match="end, failure, never"):
+        notify.set_email_preference(user=member, team=team, email="always")
+
+
+def test_a_submitter_without_an_address_gets_nothing_and_the_job_says_why(team, member, mailed):
+    member.email = ""
+    member.save()
+    notify.set_email_preference(user=member, team=team, email="end")
+    job = JobFactory(team=team, submitted_by=member, state="running")
+    finish(job, EndReason.SUCCEEDED)
+    assert mailed == [] and JobEmail.objects.get(job=job).detail == "the submitter has no e-mail address"
+
+
+def test_e31_submit_notify_sets_the_jobs_choice(
+    monkeypatch, team, member, member_token, pool, roots, mailed, tmp_path
+):
+    from tests.cli.inprocess import e31
+
+    _, out = roots
+    job_file = tmp_path / "j.toml"
+    job_file.write_text(
+        f'name = "n"\n[work]\nargv = ["true"]\n[request]\ngpus = 1\nhours = 1\n[output]\nuri = "file://{out}/n"\nbytes = 10\n'
+    )
+    code, stdout, stderr = e31(monkeypatch, member_token, "submit", str(job_file), "--notify", "failure")
+    assert code == 0, stderr
+    assert JobEmail.objects.get(job_id=int(stdout.strip())).email == "failure"
+    assert e31(monkeypatch, member_token, "submit", str(job_file), "--notify", "sometimes")[0] == 2
+
+
+def test_the_api_sets_a_jobs_choice_for_its_submitter_only(client, team, member, member_token, team_admin):
+    from accounts import services as accounts
+
+    job = JobFactory(team=team, submitted_by=member)
+    answer = client.post(f"/api/v1/jobs/{job.id}/email", {"email": "end"}, content_type="application/json",
+                         HTTP_AUTHORIZATION=f"Bearer {member_token}")  # fmt: skip
+    assert answer.status_code == 200 and JobEmail.objects.get(job=job).email == "end"
+    _, admin_token = accounts.create_api_token(user=team_admin, label="t")
+    other = client.post(f"/api/v1/jobs/{job.id}/email", {"email": "never"}, content_type="application/json",
+                        HTTP_AUTHORIZATION=f"Bearer {admin_token}")  # fmt: skip
+    assert other.status_code == 409
+    bad = client.post(f"/api/v1/jobs/{job.id}/email", {"email": "always"}, content_type="application/json",
+                      HTTP_AUTHORIZATION=f"Bearer {member_token}")  # fmt: skip
+    assert bad.status_code == 422
+
+
+def test_another_teams_job_is_a_404_for_its_email(client, team, member, outsider):
+    from accounts import services as accounts
+
+    job = JobFactory(team=team, submitted_by=member)
+    _, token = accounts.create_api_token(user=outsider, label="t")
+    answer = client.post(f"/api/v1/jobs/{job.id}/email", {"email": "end"}, content_type="application/json",
+                         HTTP_AUTHORIZATION=f"Bearer {token}")  # fmt: skip
+    assert answer.status_code == 404 and not JobEmail.objects.exists()
+
+
+def test_the_api_reads_and_sets_the_choice_per_team(client, team, member, member_token):
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {member_token}"}
+    assert client.get("/api/v1/notifications/email", **auth).json() == [{"team": "vision", "email": "never"}]
+    put = client.put(
+        "/api/v1/notifications/email/vision", {"email": "failure"}, content_type="application/json", **auth
+    )
+    assert put.status_code == 200
+    assert client.get("/api/v1/notifications/email", **auth).json() == [
+        {"team": "vision", "email": "failure"}
+    ]
+    assert client.put("/api/v1/notifications/email/audio", {"email": "end"}, content_type="application/json",
+                      **auth).status_code == 404  # fmt: skip
