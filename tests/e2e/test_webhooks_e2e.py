@@ -19,11 +19,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 @pytest.fixture
 def receiver(monkeypatch, settings):
-    """A receiver on loopback, allowed as an operator may allow a network; retries a second apart."""
-    monkeypatch.setenv("E31_WEBHOOK_PRIVATE_NETWORKS", "127.0.0.1/32")
+    """A receiver on a loopback address of its own, in a network allowed as an operator may allow one
+    (the pool's nodes are on 127.0.0.1: that address stays refused, it is the platform); retries a second apart."""
+    monkeypatch.setenv("E31_WEBHOOK_PRIVATE_NETWORKS", "127.0.0.0/8")
     monkeypatch.setenv("E31_WEBHOOK_BACKOFF_S", "1")
-    settings.E31_WEBHOOK_PRIVATE_NETWORKS = [ipaddress.ip_network("127.0.0.1/32")]
-    server = Receiver(statuses=[500, 200])
+    settings.E31_WEBHOOK_PRIVATE_NETWORKS = [ipaddress.ip_network("127.0.0.0/8")]
+    server = Receiver(statuses=[500, 200], host="127.0.0.2")
     yield server
     server.stop()
 
@@ -48,6 +49,10 @@ def test_a_jobs_events_reach_the_webhook_signed_and_retried_after_a_500(receiver
     )
     for _, headers, body in receiver.requests:
         assert signing.verify(hook.secret, headers, body, now=int(timezone.now().timestamp()))
+    with pytest.raises(
+        notify.addresses.Refused, match="platform"
+    ):  # a node's address, even in the allowed range
+        notify.add_webhook(team=team, user=lead, url="http://127.0.0.1:9/", secret="", now=timezone.now())
     tries = sorted([t.status for t in d.tries.all()] for d in WebhookDelivery.objects.filter(job=job))
     assert tries == [[200], [500, 200]]  # whichever event came first met the 500 and was sent again
     assert len(events) == 3 and len({e["id"] for e in events}) == 2  # a retry carries its event's id

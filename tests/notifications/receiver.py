@@ -5,7 +5,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Receiver:
-    def __init__(self, statuses=(200,)) -> None:
+    def __init__(self, statuses=(200,), host: str = "127.0.0.1") -> None:
         self.statuses = list(statuses)
         self.requests: list[tuple[str, dict, bytes]] = []
         owner = self
@@ -22,8 +22,8 @@ class Receiver:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/e31"
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}/hooks/e31"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def stop(self) -> None:
