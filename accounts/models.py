@@ -58,3 +58,22 @@ class ApiToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class TeamSecret(models.Model):
+    """A named value a team's jobs receive as an environment variable. Only its Fernet token is stored
+    (``accounts.team_secrets``): no page, API answer or log shows the value after it is entered."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="secrets")
+    name = models.CharField(max_length=128)
+    token = models.TextField()  # the value, encrypted under E31_SECRETS_KEYS
+    set_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="one_secret_per_team_and_name")]
+
+    def __str__(self) -> str:
+        return f"{self.team} secret {self.name}"

@@ -10,4 +10,6 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.revoke_token, name="revoke-token"),
+    path("secrets/", views.secrets_page, name="secrets"),
+    path("secrets/<slug:team_slug>/delete/", views.delete_secret, name="delete-secret"),
 ]

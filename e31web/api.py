@@ -7,6 +7,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 from ninja.parser import Parser
 
+from accounts.api import router as accounts_router
 from accounts.auth import API_AUTH, ApiThrottle
 from jobs import declaration
 from jobs.api import router as jobs_router
@@ -48,6 +49,7 @@ api = NinjaAPI(
 api.add_router("/", jobs_router)
 api.add_router("/", metering_router)
 api.add_router("/", notifications_router)
+api.add_router("/", accounts_router)
 
 
 def field_path(loc: tuple | list) -> str:

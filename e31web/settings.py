@@ -384,6 +384,13 @@ except ValueError as _exc:
     raise ImproperlyConfigured(
         f"E31_JOB_SUBNET is an IPv4 network of /24 or wider, such as 100.64.0.0/10: {_exc}"
     ) from _exc
+# Team secrets are encrypted at rest under keys of their own, never SECRET_KEY: comma-separated Fernet keys,
+# the first encrypts and every one decrypts (rotation: put a new key first, run `manage.py rotate_secrets_key`,
+# then drop the old one). Unset outside production: a key made once in E31_STATE_DIR/secrets.key (0600).
+E31_SECRETS_KEYS = [k.strip() for k in (_env_or_file("E31_SECRETS_KEYS") or "").split(",") if k.strip()]
+if PRODUCTION and not E31_SECRETS_KEYS:
+    raise ImproperlyConfigured("E31_SECRETS_KEYS (or E31_SECRETS_KEYS_FILE) must be set in production")
+E31_SECRETS_KEY_FILE = STATE_DIR / "secrets.key"
 E31_DEMO_PASSWORD = env.str("E31_DEMO_PASSWORD", default="")
 # A rate card is display-only and unset by default: no money appears anywhere without it.
 E31_RATE_PER_GPU_HOUR = env.str("E31_RATE_PER_GPU_HOUR", default="")

@@ -23,7 +23,19 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 
-from jobs import attempt_space, cgroups, devices, image_staging, limits, logs, network, rental, sandbox
+from accounts import team_secrets
+from jobs import (
+    attempt_space,
+    cgroups,
+    devices,
+    image_staging,
+    limits,
+    logs,
+    masking,
+    network,
+    rental,
+    sandbox,
+)
 from jobs.lifecycle import PREEMPTED, EndReason
 from jobs.models import Allocation, ImagePull, Job
 from jobs.rental import STOPPED
@@ -46,9 +58,10 @@ class LogCapture(threading.Thread):
     """Drains the job's output into a capped log file, keeps a rolling tail for the job page, and holds
     what is not yet shipped to the database (``unshipped``), so the whole log outlives the attempt dir."""
 
-    def __init__(self, stream, path: Path, cap: int) -> None:
+    def __init__(self, stream, path: Path, cap: int, secrets: dict[str, str] | None = None) -> None:
         super().__init__(daemon=True)
         self.stream, self.path, self.cap = stream, path, cap
+        self.mask = masking.SecretMask(secrets or {})  # before anything is kept: file, tail, database
         self.tail: collections.deque[bytes] = collections.deque()
         self.tail_size = 0
         self.lines = 0  # newlines seen in the whole output, so the tail can say how many lines it left out
@@ -61,12 +74,18 @@ class LogCapture(threading.Thread):
     def run(self) -> None:
         with self.path.open("wb") as out:
             for chunk in iter(lambda: self.stream.read1(65536), b""):
-                self._keep_tail(chunk)
-                try:
-                    self._capped_write(out, chunk)
-                except OSError:  # the job filled its own space: keep draining, so it never blocks on output
-                    self.written = self.cap
-                    self.capped = True
+                self._keep(out, self.mask.feed(chunk))
+            self._keep(out, self.mask.flush())
+
+    def _keep(self, out, chunk: bytes) -> None:
+        if not chunk:
+            return
+        self._keep_tail(chunk)
+        try:
+            self._capped_write(out, chunk)
+        except OSError:  # the job filled its own space: keep draining, so it never blocks on output
+            self.written = self.cap
+            self.capped = True
 
     def _capped_write(self, out, chunk: bytes) -> None:
         room = self.cap - self.written
@@ -145,8 +164,16 @@ def run_part(
     uid = None
     try:  # everything after the start is inside: whatever fails, the GPUs are released
         _bound_or_refuse(part, dirs)  # created mounted: the job's files live in its bounded space
+        # Decrypted only now, for the attempt this agent has just started, and held in memory only.
+        secrets = _with_database(
+            lambda: team_secrets.values_for_attempt(team_id=part.job.team_id, declared=part.job.secrets)
+        )
         uid = uids.take(allocation_id) if uids and os.geteuid() == 0 else os.getuid()
-        outcome, exit_code = _confined_run(part, dirs, mode, uid)
+        outcome, exit_code = _confined_run(part, dirs, mode, uid, secrets)
+    except team_secrets.SecretsUnavailable as exc:  # names only, never a value
+        rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(),
+                           actor=_actor(part), detail=f"secrets: {exc}"[:300])  # fmt: skip
+        return
     except Exception as exc:  # the agent itself failed: never leave GPUs held
         log.exception("allocation %s: the agent failed", allocation_id)
         rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(),
@@ -167,7 +194,9 @@ def _bound_or_refuse(part: Part, dirs: sandbox.AttemptDirs) -> None:
     )
 
 
-def _confined_run(part: Part, dirs: sandbox.AttemptDirs, mode: str, uid: int) -> tuple[str, int | None]:
+def _confined_run(
+    part: Part, dirs: sandbox.AttemptDirs, mode: str, uid: int, secrets: dict[str, str]
+) -> tuple[str, int | None]:
     """The part under its own uid, with its GPUs only, in its own network; then its files are the agent's."""
     sandboxed = mode == sandbox.BUBBLEWRAP
     gpus = devices.gpu_nodes(settings.E31_DEVICE_ROOT, part.allocation.gpu_indices) if sandboxed else ()
@@ -183,7 +212,7 @@ def _confined_run(part: Part, dirs: sandbox.AttemptDirs, mode: str, uid: int) ->
         libraries=devices.driver_libraries() if gpus else (),
     )  # fmt: skip
     try:
-        return _run_bounded(part, dirs, mode, confinement, group)
+        return _run_bounded(part, dirs, mode, confinement, group, secrets)
     finally:
         group.remove()  # whatever of the job is still alive goes with its groups
         if part.network:
@@ -228,19 +257,17 @@ def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | Non
 
 
 def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: sandbox.Confinement,
-                 group: cgroups.AttemptGroup) -> tuple[str, int | None]:  # fmt: skip
+                 group: cgroups.AttemptGroup, secrets: dict[str, str]) -> tuple[str, int | None]:  # fmt: skip
     image = _image(part)
     env = _job_env(part, sandbox.seen_inside(dirs, image), image, confinement.libraries)
-    cmd = sandbox.command(argv=part.job.argv, env=env, dirs=dirs, workdir=part.job.workdir, mode=mode,
-                          confinement=confinement, image=image)  # fmt: skip
     try:
-        proc = sandbox.launch(cmd, env=env, cwd=dirs.work, mode=mode, confinement=confinement)
+        proc = _launch(part, dirs, mode, confinement, env, secrets, image)
     except OSError as exc:  # unsandboxed and the program does not exist
         (dirs.root / "job.log").write_text(f"could not start {part.job.argv[0]!r}: {exc}\n")
         _store_tail(part, f"could not start {part.job.argv[0]!r}: {exc}")
         _ship_log(part, 0, f"could not start {part.job.argv[0]!r}: {exc}\n".encode())
         return EndReason.FAILED, 127
-    capture = LogCapture(proc.stdout, dirs.root / "job.log", settings.E31_LOG_CAP_BYTES)
+    capture = LogCapture(proc.stdout, dirs.root / "job.log", settings.E31_LOG_CAP_BYTES, secrets)
     capture.start()
     stop = _watch(part, proc, capture)
     code = sandbox.terminate(proc, grace_s=settings.E31_KILL_GRACE_S, mode=mode) if stop else proc.wait()
@@ -254,6 +281,24 @@ def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: 
         return EndReason.SUCCEEDED, code
     # Read from the cgroup's own counter: a job that dies of SIGKILL is not assumed to be out of memory.
     return (EndReason.OUT_OF_MEMORY if group.oom_kills() else EndReason.FAILED), code
+
+
+def _launch(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: sandbox.Confinement,
+            env: dict[str, str], secrets: dict[str, str], image: sandbox.ImageView | None) -> subprocess.Popen:  # fmt: skip
+    """Starts the part; its secrets reach bubblewrap through an inherited descriptor, never its argv or environment."""
+    if mode != sandbox.BUBBLEWRAP:  # no sandbox: the job's own environment is the only place left
+        cmd = sandbox.command(argv=part.job.argv, env=env, dirs=dirs, workdir=part.job.workdir, mode=mode,
+                              confinement=confinement, image=image)  # fmt: skip
+        return sandbox.launch(cmd, env={**env, **secrets}, cwd=dirs.work, mode=mode, confinement=confinement)
+    fd = sandbox.secret_arguments(secrets) if secrets else None
+    try:
+        cmd = sandbox.command(argv=part.job.argv, env=env, dirs=dirs, workdir=part.job.workdir, mode=mode,
+                              confinement=confinement, image=image, secrets_fd=fd)  # fmt: skip
+        return sandbox.launch(cmd, env=env, cwd=dirs.work, mode=mode, confinement=confinement,
+                              pass_fds=(fd,) if fd is not None else ())  # fmt: skip
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _watch(part: Part, proc: subprocess.Popen, capture: LogCapture) -> str:

@@ -66,7 +66,7 @@ def job_json(job: Job) -> dict:
         "id": job.id, "name": job.name, "team": job.team.name, "state": job.state,
         "end_reason": job.end_reason, "exit_code": job.exit_code, "end_detail": job.end_detail,
         "submitted_at": job.submitted_at, "attempt": job.attempt,
-        "work": {"argv": job.argv, "env": job.env, "image": job.image, "workdir": job.workdir},
+        "work": {"argv": job.argv, "env": job.env, "image": job.image, "secrets": job.secrets, "workdir": job.workdir},
         "data": [_input_json(d) for d in job.inputs.all()],
         "image": _image_json(getattr(job, "image_pull", None)),
         "request": {

@@ -25,6 +25,7 @@ MAX_ARGS = 256
 MAX_ARG_CHARS = 4096
 MAX_ENV = 128
 MAX_INPUTS = 64
+MAX_SECRETS = 32
 MAX_NESTING = 10  # a declaration nests four levels deep (data[0].bytes); ten leaves room, 1,500 is an attack
 MIN_HOURS = 1 / 3600  # a time limit under one second is a typo (1e-300), not a job
 DATA_SCHEMES = ("file", "http", "https", "s3")
@@ -56,6 +57,8 @@ class Limits:
     # Dataset folders an operator shared with that team, readable besides its own prefix.
     shared: Sequence[Path] = ()
     max_array: int = 1000  # E31_MAX_ARRAY: tasks in one array
+    # The names of the submitting team's secrets (None: not checked, as before a team is chosen).
+    secrets: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class Declaration:
     after_ok: tuple[int, ...] = ()
     after_any: tuple[int, ...] = ()
     array: Array | None = None
+    secrets: list[str] = field(default_factory=list)  # names of team secrets, received as variables
 
 
 @dataclass
@@ -165,6 +169,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     image = _image(work.get("image"), errs)
     argv = _argv(work.get("argv"), errs, image=image)
     env = _env(work.get("env", {}), errs)
+    secrets = _secrets(work.get("secrets", []), env, limits, errs)
     workdir = _workdir(work.get("workdir"), errs)
     data = _inputs(raw.get("data", []), limits, errs)
     gpus, min_gpus = _gpus(request, limits, errs)
@@ -188,7 +193,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
         hours=hours, min_gpus=min_gpus, max_gpus=max_gpus,
         preemptible=flags["preemptible"], requeue=flags["requeue"],
         output_uri=output_uri, output_bytes=output_bytes, memory_bytes=memory, cpus=cpus,
-        after_ok=after_ok, after_any=after_any, array=array,
+        after_ok=after_ok, after_any=after_any, array=array, secrets=secrets,
     )  # fmt: skip
 
 
@@ -327,6 +332,27 @@ def _image(value: Any, errs: _Collector) -> str:
     except imageref.BadReference as exc:
         errs.add("work.image", str(exc))
         return ""
+
+
+def _secrets(value: Any, env: Mapping[str, str], limits: Limits, errs: _Collector) -> list[str]:
+    """Names of the team's secrets the job receives as variables; the values never pass through here."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_SECRETS:
+        errs.add("work.secrets", f"secrets is a list of at most {MAX_SECRETS} names of your team's secrets")
+        return []
+    names: list[str] = []
+    for i, name in enumerate(value):
+        path = f"work.secrets[{i}]"
+        if not isinstance(name, str) or not ENV_NAME.match(name) or RESERVED_ENV.match(name):
+            errs.add(path, "a secret's name is letters, digits and _, not E31_* or CUDA_VISIBLE_DEVICES")
+        elif name in env or name in names:
+            errs.add(path, f"{name} is declared twice (in env or secrets)")
+        elif limits.secrets is not None and name not in limits.secrets:
+            errs.add(path, f"your team has no secret named {name}: add it on the team's secrets page first")
+        else:
+            names.append(name)
+    return names
 
 
 def _workdir(value: Any, errs: _Collector) -> str:

@@ -57,6 +57,7 @@ class JobForm:
             "work.argv": "\n".join(map(str, argv)) if isinstance(argv, list) else _text(argv),
             "work.env": "\n".join(f"{k}={v}" for k, v in env.items()) if isinstance(env, Mapping) else "",
             "work.image": _text(work.get("image")),
+            "work.secrets": _names_text(work.get("secrets")),
             "work.workdir": _text(work.get("workdir")),
             "request.gpus": _text(request.get("gpus")),
             "request.min_gpus": _text(request.get("min_gpus")),
@@ -95,6 +96,7 @@ class JobForm:
                 "argv": [line for line in v.get("work.argv", "").splitlines() if line.strip()],
                 "env": self._env(v.get("work.env", "")),
                 "image": v.get("work.image", ""),
+                "secrets": v.get("work.secrets", "").replace(",", " ").split(),
                 "workdir": v.get("work.workdir", ""),
             },
             "data": [dict(row) for row in self.rows],
@@ -146,7 +148,7 @@ class JobForm:
 
 
 _SCALARS = (
-    "name", "work.argv", "work.env", "work.image", "work.workdir",
+    "name", "work.argv", "work.env", "work.image", "work.secrets", "work.workdir",
     "request.gpus", "request.min_gpus", "request.max_gpus", "request.hours", "request.gpu_model", "request.memory", "request.cpus",
     "output.uri", "output.bytes", "after_ok", "after_any", "array",
 )  # fmt: skip
@@ -197,6 +199,10 @@ def _blank_row() -> dict[str, str]:
 
 def _mapping(value: Any) -> Mapping:
     return value if isinstance(value, Mapping) else {}
+
+
+def _names_text(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else _text(value)
 
 
 def _text(value: Any) -> str:

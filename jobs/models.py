@@ -57,6 +57,8 @@ class Job(models.Model):
     argv = models.JSONField()
     env = models.JSONField(default=dict, blank=True)
     image = models.CharField(max_length=200, blank=True)
+    # Names of team secrets the job receives as environment variables; the values live only in TeamSecret.
+    secrets = models.JSONField(default=list, blank=True)
     workdir = models.CharField(max_length=200, blank=True)
     # request
     gpus = models.PositiveIntegerField()

@@ -240,11 +240,14 @@ def passwd_lines(*, uid: int, gid: int, home: Path) -> tuple[str, str]:
 
 def command(
     *, argv: Sequence[str], env: dict[str, str], dirs: AttemptDirs, workdir: str, mode: str,
-    confinement: Confinement, image: ImageView | None = None,
+    confinement: Confinement, image: ImageView | None = None, secrets_fd: int | None = None,
 ) -> list[str]:  # fmt: skip
     """The full command line that runs ``argv`` inside the sandbox (or as is, when unsandboxed).
 
     With an image, its root is the job's ``/`` (read-only) and its Entrypoint, Cmd and WorkingDir apply.
+
+    Secrets never appear in it: bubblewrap reads their ``--setenv`` arguments from ``secrets_fd``
+    (``secret_arguments``), so ``ps`` and ``/proc/*/cmdline`` show only the descriptor's number.
     """
     if mode != BUBBLEWRAP:
         if image is not None:
@@ -279,6 +282,8 @@ def command(
     cmd.append("--clearenv")
     for key, value in env.items():
         cmd += ["--setenv", key, value]
+    if secrets_fd is not None:
+        cmd += ["--args", str(secrets_fd)]
     cmd += ["--chdir", _start_dir(inside, workdir, image), "--", *(image.argv(argv) if image else argv)]
     return cmd
 
@@ -314,6 +319,23 @@ def _entries(folder: Path, prefix: str, *, skip: set[str]) -> list[str]:
     return args
 
 
+def secret_arguments(secrets: dict[str, str]) -> int:
+    """An anonymous in-memory file of bubblewrap arguments (``--setenv NAME VALUE``, NUL-separated).
+
+    Handed to bubblewrap as an inherited descriptor, which it reads and closes before the job starts:
+    the values never touch a command line, an environment block on the host or a file on disk. The
+    caller closes its own descriptor once bubblewrap is started.
+    """
+    fd = os.memfd_create("e31-job-secrets", os.MFD_CLOEXEC)
+    payload = b"".join(
+        b"--setenv\0%s\0%s\0" % (name.encode(), value.encode()) for name, value in secrets.items()
+    )
+    with open(fd, "wb", closefd=False) as handle:
+        handle.write(payload)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def write_identity(dirs: AttemptDirs, *, uid: int, gid: int) -> None:
     """The synthesized /etc/passwd and /etc/group, owned by the agent and bound read-only."""
     passwd, group = passwd_lines(uid=uid, gid=gid, home=dirs.work)
@@ -332,7 +354,13 @@ def _system_view() -> list[str]:
 
 
 def launch(
-    cmd: list[str], *, env: dict[str, str], cwd: Path, mode: str, confinement: Confinement
+    cmd: list[str],
+    *,
+    env: dict[str, str],
+    cwd: Path,
+    mode: str,
+    confinement: Confinement,
+    pass_fds: tuple[int, ...] = (),
 ) -> subprocess.Popen:
     """Starts the job in a new session (its own process group), stdout and stderr on one pipe.
 
@@ -348,6 +376,7 @@ def launch(
         cwd=cwd,
         env=env if mode != BUBBLEWRAP else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
         start_new_session=True,
+        pass_fds=pass_fds,
         preexec_fn=lambda: _enter(confinement),
     )
 

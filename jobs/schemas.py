@@ -43,6 +43,10 @@ class WorkIn(NullIsAbsent):
     )
     env: dict[str, str] = Field(default_factory=dict, description="Non-secret variables; E31_* are reserved.")
     image: str = Field("", description="An OCI image: registry/name:tag or registry/name@sha256:<digest>.")
+    secrets: list[str] = Field(
+        default_factory=list,
+        description="Names of the team's secrets the job receives as environment variables (values are never shown).",
+    )
     workdir: str = ""
 
 

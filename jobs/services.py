@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
 
+from accounts import team_secrets
 from jobs import declaration, dependencies, dispatch, rental, sharing, signals
 from jobs.lifecycle import ALIVE, BEFORE_RENT, HOLDS_COMPUTE, EndReason, State
 from jobs.models import DataInput, Job, JobArray, JobEvent, Node
@@ -34,6 +35,7 @@ def pool_limits(*, team=None) -> declaration.Limits:
         team=team.slug if team is not None else None,
         shared=sharing.shared_with(team.slug) if team is not None else (),
         max_array=settings.E31_MAX_ARRAY,
+        secrets=frozenset(team_secrets.names(team)) if team is not None else None,
     )
 
 
@@ -61,7 +63,7 @@ def submit_job(
         Job(
             team=team, submitted_by=user, name=spec.name, state=State.SUBMITTED,
             submitted_at=now, state_changed_at=now, array=array, array_index=index,
-            argv=spec.argv, env=spec.env, image=spec.image, workdir=spec.workdir,
+            argv=spec.argv, env=spec.env, image=spec.image, workdir=spec.workdir, secrets=spec.secrets,
             gpus=spec.gpus, gpu_model=spec.gpu_model, hours=spec.hours, min_gpus=spec.min_gpus, max_gpus=spec.max_gpus,
             preemptible=spec.preemptible, requeue=spec.requeue, memory_bytes=spec.memory_bytes, cpus=spec.cpus,
             output_uri=spec.output_uri, output_bytes=spec.output_bytes, rerun_of=rerun_of,

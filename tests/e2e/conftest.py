@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
 from django.conf import settings as django_settings
 from django.db import connection
 
@@ -131,6 +132,7 @@ def live_pool(request, transactional_db, settings, tmp_path):
         "E31_DATA_ROOTS": str(data), "E31_OUTPUT_ROOTS": str(outputs),
         "SECRET_KEY": "e2e-secret-never-visible-to-jobs", "PYTHONUNBUFFERED": "1",
         "E31_JOB_SUBNET": "100.64.0.0/10",  # the default range: every pool node gets a /24 slot of its own
+        "E31_SECRETS_KEYS": Fernet.generate_key().decode(),  # the agents decrypt what this process encrypts
     }  # fmt: skip
     if options.get("roots_outside_tmp"):
         (outside / "secrets").mkdir(mode=0o700)
@@ -145,6 +147,7 @@ def live_pool(request, transactional_db, settings, tmp_path):
     settings.E31_AGENT_ROOT = (state / "agents").resolve()
     settings.E31_MAX_ATTEMPTS = 3
     settings.E31_JOB_SUBNET = env["E31_JOB_SUBNET"]
+    settings.E31_SECRETS_KEYS = [env["E31_SECRETS_KEYS"]]
     pool = LivePool(tag=tag, env=env, nodes=[f"e2e-{tag}-1", f"e2e-{tag}-2"])
     celery = [sys.executable, "-m", "celery", "-A", "e31web"]
     pool.start("worker", [*celery, "worker", "-Q", env["E31_CONTROL_QUEUE"], "--pool", "threads", "-c", "4",

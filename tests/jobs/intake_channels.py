@@ -17,6 +17,7 @@ def as_form_fields(raw: dict) -> dict[str, str]:
         else str(work.get("argv", "")),
         "work.env": "\n".join(f"{k}={v}" for k, v in work.get("env", {}).items()),
         "work.image": work.get("image", ""),
+        "work.secrets": " ".join(map(str, work.get("secrets", []))),
         "request.gpus": str(request.get("gpus", "")),
         "request.hours": str(request.get("hours", "")),
         "request.min_gpus": "" if request.get("min_gpus") is None else str(request["min_gpus"]),

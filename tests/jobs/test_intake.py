@@ -46,6 +46,9 @@ def _bad_cases(data_root, out_root, outside):
         "reserved env E31_": ("work.env", {"E31_JOB_ID": "1"}, "work.env.E31_JOB_ID"),
         "reserved env CUDA": ("work.env", {"CUDA_VISIBLE_DEVICES": "0"}, "work.env.CUDA_VISIBLE_DEVICES"),
         "invalid env name": ("work.env", {"1BAD": "x"}, "work.env.1BAD"),
+        "a secret the team does not hold": ("work.secrets", ["WANDB_API_KEY"], "work.secrets[0]"),
+        "a reserved name as a secret": ("work.secrets", ["E31_JOB_ID"], "work.secrets[0]"),
+        "a secret also declared in env": ("work.secrets", ["SEED"], "work.secrets[0]"),
         "duplicate input names": ("data", [
             {"name": "a", "uri": f"file://{data_root}/corpus.bin", "bytes": 64},
             {"name": "a", "uri": f"file://{data_root}/corpus.bin", "bytes": 64}], "data[1].name"),

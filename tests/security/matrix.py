@@ -88,6 +88,9 @@ EXPECTATIONS: dict[str, list[Case]] = {
     ],
     # Another user's token id is a silent no-op (the token stays live: checked in the test).
     "accounts:revoke-token": [C(S, 302, method="POST", kwargs=lambda w: {"token_id": w.token_a.id})],
+    "accounts:secrets": [C(S)],
+    # A plain member of team A is told only an admin deletes: a redirect, the secret kept (checked in tests/accounts).
+    "accounts:delete-secret": [C(T, 302, method="POST", kwargs=lambda w: {"team_slug": w.team_a.slug})],
     "jobs:list": [C(S)],
     "jobs:new": [C(S)],
     "jobs:estimate": [C(S, method="POST")],
@@ -138,6 +141,13 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "api:rerun_job": [C(T, 422, method="POST", **JOB)],
     # Team A's job delivered nothing under that name: 404 for its team too, never its bytes to team B.
     "api:download_output": [C(T, 404, query=lambda w: "path=ok.txt", **JOB)],
+    "api:list_secrets": [C(T, kwargs=lambda w: {"slug": w.team_a.slug})],
+    # An empty body is refused before the team is looked up, for every signed-in visitor alike (no probing).
+    "api:set_secret": [C(S, 422, method="PUT", kwargs=lambda w: {"slug": w.team_a.slug, "name": "HF_TOKEN"})],
+    # Team A holds no such secret: 404 for its admin and operators, 403 for its plain member, 404 for team B.
+    "api:delete_secret": [
+        C(T, 403, 404, method="DELETE", kwargs=lambda w: {"slug": w.team_a.slug, "name": "HF_TOKEN"})
+    ],
     "api:ledger": [C(S, query=lambda w: RANGE), C(T, query=lambda w: f"team={w.team_a.slug}&{RANGE}")],
     # The operator dashboard (operations/): staff only, 404 for everyone else. GET on an action: its confirm page.
     "operations:pool": [C(ST)],

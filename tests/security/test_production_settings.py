@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
@@ -39,12 +40,15 @@ def production_env(tmp_path) -> dict[str, str]:
     key_file.write_text(secrets.token_urlsafe(50) + "\n")
     db_file = tmp_path / "database_url"
     db_file.write_text(f"sqlite:///{tmp_path / 'prod.sqlite3'}\n")
+    secrets_keys = tmp_path / "secrets_keys"
+    secrets_keys.write_text(Fernet.generate_key().decode() + "\n")
     # Nothing of the test run leaks in (the browser tests set DJANGO_ALLOW_ASYNC_UNSAFE, which check --deploy refuses).
     dev_only = ("E31_", "DATABASE_URL", "SECRET_KEY", "DJANGO_ALLOW_ASYNC_UNSAFE")
     env = {k: v for k, v in os.environ.items() if not k.startswith(dev_only)}
     return {
         **env, "DJANGO_SETTINGS_MODULE": "e31web.settings", "E31_PRODUCTION": "1",
         "SECRET_KEY_FILE": str(key_file), "DATABASE_URL_FILE": str(db_file),
+        "E31_SECRETS_KEYS_FILE": str(secrets_keys),
         "E31_ALLOWED_HOSTS": "console.e31.example,testserver", "E31_STATE_DIR": str(tmp_path / "state"),
     }  # fmt: skip
 
@@ -80,3 +84,9 @@ def test_production_refuses_to_start_without_a_secret_key_or_with_debug_on(produ
     assert "SECRET_KEY" in _run(without_key, "manage.py", "check").stderr
     debug = {**production_env, "E31_DEBUG": "1"}
     assert "E31_DEBUG must be off" in _run(debug, "manage.py", "check").stderr
+
+
+def test_production_refuses_to_start_without_a_key_of_its_own_for_team_secrets(production_env):
+    production_env.pop("E31_SECRETS_KEYS_FILE")
+    done = _run(production_env, "manage.py", "check")
+    assert done.returncode != 0 and "E31_SECRETS_KEYS" in done.stderr

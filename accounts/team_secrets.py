@@ -1,0 +1,126 @@
+"""Team secrets: named values a team enters once and its jobs receive as environment variables.
+
+Values are encrypted at rest with Fernet (AES-CBC with an HMAC-SHA256, from ``cryptography``) under
+keys of their own (``E31_SECRETS_KEYS``), never ``SECRET_KEY``: a leaked session-signing key then
+opens no secret, and the secrets key can be rotated on its own. ``MultiFernet`` decrypts with any
+listed key and encrypts with the first, so a rotation is a new key put first, ``rotate`` over the
+rows, then the old key dropped. Pages and the API only write, replace and delete values and list
+names; the one reader is ``values_for_attempt``, called by a node agent for the attempt it starts.
+"""
+
+import os
+import re
+from datetime import datetime
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from django.conf import settings
+from django.db import transaction
+
+from accounts.models import Team, TeamSecret
+
+# The same rule as a declared environment variable's name (jobs.declaration), kept here so that
+# accounts imports nothing of jobs: a secret is a variable the job receives.
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+RESERVED = re.compile(r"^(E31_.*|CUDA_VISIBLE_DEVICES)$")
+MAX_VALUE_BYTES = 64 * 1024
+MAX_PER_TEAM = 100
+
+
+class SecretInvalid(ValueError):
+    """A name or value the store refuses; the message names the rule and never holds the value."""
+
+
+class SecretsUnavailable(RuntimeError):
+    """A secret the job declared cannot be handed over (deleted since intake, or the key does not open it)."""
+
+
+def keys() -> list[str]:
+    """E31_SECRETS_KEYS, or outside production a key made once under the state directory (0600)."""
+    if settings.E31_SECRETS_KEYS:
+        return list(settings.E31_SECRETS_KEYS)
+    path = settings.E31_SECRETS_KEY_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # O_EXCL: two processes starting at once keep the first one's key
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(Fernet.generate_key().decode())
+    return [path.read_text().strip()]
+
+
+def _fernet() -> MultiFernet:
+    try:
+        return MultiFernet([Fernet(key.encode()) for key in keys()])
+    except ValueError as exc:  # never echo the key
+        raise SecretsUnavailable("E31_SECRETS_KEYS holds a key that is not a Fernet key") from exc
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise SecretInvalid("a secret's name is letters, digits and _, not starting with a digit")
+    if RESERVED.match(name):
+        raise SecretInvalid(f"{name} is set by the platform and cannot be a secret")
+    return name
+
+
+def _check_value(value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise SecretInvalid("a secret's value cannot be empty")
+    if "\x00" in value or len(value.encode()) > MAX_VALUE_BYTES:
+        raise SecretInvalid(f"a secret's value has no NUL byte and at most {MAX_VALUE_BYTES // 1024} KB")
+
+
+@transaction.atomic
+def set_secret(*, team: Team, name: str, value: str, user, now: datetime) -> TeamSecret:
+    """Stores (or replaces) a team's secret, encrypted; the value is never readable through the console again."""
+    check_name(name)
+    _check_value(value)
+    existing = TeamSecret.objects.select_for_update().filter(team=team, name=name).first()
+    if existing is None and TeamSecret.objects.filter(team=team).count() >= MAX_PER_TEAM:
+        raise SecretInvalid(f"a team holds at most {MAX_PER_TEAM} secrets")
+    token = _fernet().encrypt(value.encode()).decode()
+    row, _ = TeamSecret.objects.update_or_create(
+        team=team, name=name, defaults={"token": token, "set_by": user, "updated_at": now},
+        create_defaults={"token": token, "set_by": user, "updated_at": now, "created_at": now},
+    )  # fmt: skip
+    return row
+
+
+def delete_secret(*, team: Team, name: str) -> bool:
+    """Deletes a team's secret; False if it had none of that name. Jobs that declared it fail to start."""
+    deleted, _ = TeamSecret.objects.filter(team=team, name=name).delete()
+    return bool(deleted)
+
+
+def names(team: Team) -> list[str]:
+    return list(TeamSecret.objects.filter(team=team).values_list("name", flat=True))
+
+
+def values_for_attempt(*, team_id: int, declared: list[str]) -> dict[str, str]:
+    """The decrypted values of the secrets a job declared, for the attempt its node agent is starting."""
+    if not declared:
+        return {}
+    rows = dict(TeamSecret.objects.filter(team_id=team_id, name__in=declared).values_list("name", "token"))
+    if missing := [name for name in declared if name not in rows]:
+        raise SecretsUnavailable(f"the team has no secret named {', '.join(missing)} any more")
+    fernet = _fernet()
+    try:
+        return {name: fernet.decrypt(rows[name].encode()).decode() for name in declared}
+    except InvalidToken as exc:
+        raise SecretsUnavailable(
+            "E31_SECRETS_KEYS cannot open the team's secrets (a key was dropped?)"
+        ) from exc
+
+
+@transaction.atomic
+def rotate() -> int:
+    """Re-encrypts every secret under the first key of E31_SECRETS_KEYS; returns how many rows."""
+    fernet = _fernet()
+    count = 0
+    for row in TeamSecret.objects.select_for_update().order_by("id"):
+        TeamSecret.objects.filter(id=row.id).update(token=fernet.rotate(row.token.encode()).decode())
+        count += 1
+    return count

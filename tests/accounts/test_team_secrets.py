@@ -1,0 +1,185 @@
+"""Team secrets: entered on a page or by API, encrypted under keys of their own, never shown again."""
+
+import json
+
+import pytest
+from cryptography.fernet import Fernet
+from django.core.management import call_command
+from django.db import connection
+from django.urls import reverse
+from django.utils import timezone
+
+from accounts import services as accounts
+from accounts import team_secrets
+from accounts.models import TeamSecret
+from jobs.models import Job
+from tests.jobs.intake_channels import submit_api, submit_form
+
+pytestmark = pytest.mark.django_db
+VALUE = "wandb-7f3c9e1a-never-shown-again"
+
+
+@pytest.fixture(autouse=True)
+def secrets_key(settings):
+    settings.E31_SECRETS_KEYS = [Fernet.generate_key().decode()]
+    return settings.E31_SECRETS_KEYS[0]
+
+
+@pytest.fixture
+def admin_client(client, team_admin):
+    client.force_login(team_admin)
+    return client
+
+
+@pytest.fixture
+def admin_token(team_admin) -> str:
+    return accounts.create_api_token(user=team_admin, label="tests")[1]
+
+
+def stored_bytes() -> bytes:
+    """Every byte PostgreSQL holds for the secrets table, as text."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT row_to_json(s)::text FROM accounts_teamsecret s")
+        return "".join(row[0] for row in cursor.fetchall()).encode()
+
+
+def test_a_value_is_stored_encrypted_under_the_secrets_key_not_the_secret_key(team, team_admin, settings):
+    team_secrets.set_secret(team=team, name="WANDB_API_KEY", value=VALUE, user=team_admin, now=timezone.now())
+    assert VALUE.encode() not in stored_bytes()
+    token = TeamSecret.objects.get().token
+    assert Fernet(settings.E31_SECRETS_KEYS[0].encode()).decrypt(token.encode()).decode() == VALUE
+    settings.E31_SECRETS_KEYS = [Fernet.generate_key().decode()]  # SECRET_KEY unchanged, secrets key gone
+    with pytest.raises(team_secrets.SecretsUnavailable):
+        team_secrets.values_for_attempt(team_id=team.id, declared=["WANDB_API_KEY"])
+
+
+def test_rotation_reencrypts_under_the_new_key_and_the_old_key_can_go(
+    team, team_admin, settings, secrets_key
+):
+    team_secrets.set_secret(team=team, name="HF_TOKEN", value=VALUE, user=team_admin, now=timezone.now())
+    new = Fernet.generate_key().decode()
+    settings.E31_SECRETS_KEYS = [new, secrets_key]
+    call_command("rotate_secrets_key")
+    settings.E31_SECRETS_KEYS = [new]
+    assert team_secrets.values_for_attempt(team_id=team.id, declared=["HF_TOKEN"]) == {"HF_TOKEN": VALUE}
+
+
+def test_without_a_configured_key_a_key_file_of_its_own_is_made_0600(team, team_admin, settings, tmp_path):
+    settings.E31_SECRETS_KEYS = []
+    settings.E31_SECRETS_KEY_FILE = tmp_path / "secrets.key"
+    team_secrets.set_secret(team=team, name="HF_TOKEN", value=VALUE, user=team_admin, now=timezone.now())
+    assert settings.E31_SECRETS_KEY_FILE.stat().st_mode & 0o777 == 0o600
+    assert settings.E31_SECRETS_KEY_FILE.read_text().strip() != settings.SECRET_KEY
+    assert team_secrets.values_for_attempt(team_id=team.id, declared=["HF_TOKEN"]) == {"HF_TOKEN": VALUE}
+
+
+def test_the_page_sets_a_secret_and_never_shows_its_value(admin_client, team):
+    response = admin_client.post(
+        reverse("accounts:secrets"), {"team": "vision", "name": "WANDB_API_KEY", "value": VALUE}
+    )
+    assert response.status_code == 302
+    page = admin_client.get(reverse("accounts:secrets"))
+    assert b"WANDB_API_KEY" in page.content and VALUE.encode() not in page.content
+    assert TeamSecret.objects.get().team == team
+
+
+def test_a_plain_member_sees_names_but_cannot_set_or_delete(member_client, team, team_admin):
+    team_secrets.set_secret(team=team, name="HF_TOKEN", value=VALUE, user=team_admin, now=timezone.now())
+    page = member_client.get(reverse("accounts:secrets"))
+    assert b"HF_TOKEN" in page.content and VALUE.encode() not in page.content
+    refused = member_client.post(reverse("accounts:secrets"), {"team": "vision", "name": "X", "value": "y"})
+    assert refused.status_code == 403
+    member_client.post(reverse("accounts:delete-secret", args=["vision"]), {"name": "HF_TOKEN"})
+    assert TeamSecret.objects.filter(name="HF_TOKEN").exists()
+
+
+def test_another_team_neither_sees_nor_deletes_a_secret(outsider_client, team, team_admin):
+    team_secrets.set_secret(team=team, name="HF_TOKEN", value=VALUE, user=team_admin, now=timezone.now())
+    assert b"HF_TOKEN" not in outsider_client.get(reverse("accounts:secrets")).content
+    assert (
+        outsider_client.post(
+            reverse("accounts:delete-secret", args=["vision"]), {"name": "HF_TOKEN"}
+        ).status_code
+        == 404
+    )
+    assert TeamSecret.objects.count() == 1
+
+
+def test_a_bad_name_is_refused_with_422(admin_client, team):
+    response = admin_client.post(
+        reverse("accounts:secrets"), {"team": "vision", "name": "E31_JOB_ID", "value": VALUE}
+    )
+    assert response.status_code == 422 and VALUE.encode() not in response.content
+    assert not TeamSecret.objects.exists()
+
+
+def api(client, method, path, token, body=None):
+    return getattr(client, method)(
+        path, data=json.dumps(body) if body is not None else None, content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )  # fmt: skip
+
+
+def test_the_api_sets_lists_replaces_and_deletes_without_ever_answering_a_value(client, team, admin_token):
+    put = api(client, "put", "/api/v1/teams/vision/secrets/WANDB_API_KEY", admin_token, {"value": VALUE})
+    assert put.status_code == 200 and put.json()["name"] == "WANDB_API_KEY"
+    api(client, "put", "/api/v1/teams/vision/secrets/WANDB_API_KEY", admin_token, {"value": VALUE + "2"})
+    listed = api(client, "get", "/api/v1/teams/vision/secrets", admin_token)
+    assert [row["name"] for row in listed.json()] == ["WANDB_API_KEY"]
+    for response in (put, listed):
+        assert VALUE.encode() not in response.content
+    assert team_secrets.values_for_attempt(team_id=team.id, declared=["WANDB_API_KEY"]) == {
+        "WANDB_API_KEY": VALUE + "2"
+    }
+    assert api(client, "delete", "/api/v1/teams/vision/secrets/WANDB_API_KEY", admin_token).status_code == 204
+    assert not TeamSecret.objects.exists()
+
+
+def test_the_api_refuses_members_and_other_teams(client, team, other_team, member_token, admin_token):
+    assert (
+        api(client, "put", "/api/v1/teams/vision/secrets/X", member_token, {"value": "v"}).status_code == 403
+    )
+    assert api(client, "put", "/api/v1/teams/audio/secrets/X", admin_token, {"value": "v"}).status_code == 404
+    assert api(client, "get", "/api/v1/teams/audio/secrets", admin_token).status_code == 404
+    assert (
+        api(client, "put", "/api/v1/teams/vision/secrets/1BAD", admin_token, {"value": "v"}).status_code
+        == 422
+    )
+
+
+@pytest.fixture
+def declaring(roots, pool, team, team_admin):
+    team_secrets.set_secret(team=team, name="WANDB_API_KEY", value=VALUE, user=team_admin, now=timezone.now())
+    return {
+        "name": "with-secrets",
+        "work": {"argv": ["python3", "train.py"], "secrets": ["WANDB_API_KEY"]},
+        "request": {"gpus": 1, "hours": 1},
+        "output": {"uri": f"file://{roots[1]}/out", "bytes": 1000},
+    }
+
+
+def test_a_job_declares_secrets_by_name_and_its_api_and_page_show_names_only(
+    declaring, client, member, member_client, member_token
+):
+    created = submit_api(client, declaring, member_token)
+    assert created.status_code == 201, created.content
+    job = Job.objects.get()
+    assert job.secrets == ["WANDB_API_KEY"]
+    shown = api(client, "get", f"/api/v1/jobs/{job.id}", member_token)
+    page = member_client.get(reverse("jobs:detail", args=[job.id]))
+    assert shown.json()["work"]["secrets"] == ["WANDB_API_KEY"]
+    for response in (created, shown, page):
+        assert VALUE.encode() not in response.content
+    assert VALUE not in json.dumps(list(job.events.values()), default=str)
+
+
+def test_the_form_takes_secret_names(declaring, member_client):
+    assert submit_form(member_client, declaring).status_code == 302
+    assert Job.objects.get().secrets == ["WANDB_API_KEY"]
+
+
+def test_a_secret_deleted_after_intake_is_named_when_the_attempt_starts(team, team_admin):
+    team_secrets.set_secret(team=team, name="HF_TOKEN", value=VALUE, user=team_admin, now=timezone.now())
+    team_secrets.delete_secret(team=team, name="HF_TOKEN")
+    with pytest.raises(team_secrets.SecretsUnavailable, match="HF_TOKEN"):
+        team_secrets.values_for_attempt(team_id=team.id, declared=["HF_TOKEN"])

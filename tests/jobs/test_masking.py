@@ -1,0 +1,40 @@
+"""A job's secrets are masked in its log however the output is cut into reads."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jobs.masking import SecretMask
+
+SECRETS = {"WANDB_API_KEY": "wandb-7f3c9e1a", "HF_TOKEN": "hf_abc", "INNER": "7f3c"}
+
+
+def masked_stream(text: bytes, cuts: list[int], secrets=SECRETS) -> bytes:
+    mask = SecretMask(secrets)
+    points = sorted({c % (len(text) + 1) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
+    return b"".join(mask.feed(piece) for piece in pieces) + mask.flush()
+
+
+def test_a_value_split_across_reads_is_masked_whole():
+    out = masked_stream(b"key=wandb-7f3c9e1a done\n", [7, 12])
+    assert out == b"key=[secret WANDB_API_KEY] done\n"
+
+
+def test_a_value_holding_another_is_masked_as_the_longer_one():
+    assert masked_stream(b"7f3c and wandb-7f3c9e1a", []) == b"[secret INNER] and [secret WANDB_API_KEY]"
+
+
+def test_without_secrets_the_stream_passes_unchanged():
+    assert masked_stream(b"hello\n", [2], secrets={}) == b"hello\n"
+
+
+@given(
+    st.lists(st.sampled_from([b"x", b"\n", b"wandb-7f3c9e1a", b"hf_abc", b"wandb-7f", b"hf_"]), max_size=30),
+    st.lists(st.integers(min_value=0, max_value=10_000), max_size=12),
+)
+def test_no_cut_of_the_stream_lets_a_value_through(parts, cuts):
+    text = b"".join(parts)
+    out = masked_stream(text, cuts)
+    assert out == masked_stream(text, [])  # the cut points change nothing
+    for value in SECRETS.values():
+        assert value.encode() not in out
