@@ -12,6 +12,9 @@ class Team(models.Model):
     # Monthly GPU-hour budget; null means none. enforce=False only warns.
     monthly_budget_gpu_hours = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
     budget_enforced = models.BooleanField(default=True)
+    # Jobs are offline by default; an operator may let a team's jobs reach the internet (never the
+    # platform, the node or private ranges: jobs.network).
+    egress_allowed = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -391,6 +391,13 @@ E31_SECRETS_KEYS = [k.strip() for k in (_env_or_file("E31_SECRETS_KEYS") or "").
 if PRODUCTION and not E31_SECRETS_KEYS:
     raise ImproperlyConfigured("E31_SECRETS_KEYS (or E31_SECRETS_KEYS_FILE) must be set in production")
 E31_SECRETS_KEY_FILE = STATE_DIR / "secrets.key"
+# Networks a job with egress never reaches besides the private ranges (jobs.network.NEVER_REACHED): the
+# public addresses of the console, load balancer and nodes, comma-separated CIDRs.
+E31_EGRESS_DENY = env.list("E31_EGRESS_DENY", default=[])
+try:
+    [ipaddress.IPv4Network(_net, strict=False) for _net in E31_EGRESS_DENY]
+except ValueError as _exc:
+    raise ImproperlyConfigured(f"E31_EGRESS_DENY lists IPv4 addresses or networks: {_exc}") from _exc
 E31_DEMO_PASSWORD = env.str("E31_DEMO_PASSWORD", default="")
 # A rate card is display-only and unset by default: no money appears anywhere without it.
 E31_RATE_PER_GPU_HOUR = env.str("E31_RATE_PER_GPU_HOUR", default="")

@@ -10,6 +10,7 @@ import hashlib
 import logging
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import threading
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
@@ -145,8 +147,9 @@ class Part:
     coordinator: str
     key: str  # names this part's namespace, links and groups on the host
     visible_devices: str  # CUDA_VISIBLE_DEVICES
-    network: network.PartNetwork | None  # a part of a job spanning nodes, sandboxed: its own wired namespace
+    network: network.PartNetwork | None  # spanning nodes or with egress, sandboxed: its own wired namespace
     num_gpus: int = 0  # GPUs the attempt holds on all its nodes (elastic: fewer or more than declared)
+    network_note: str = ""  # what the job page says of its network
 
 
 def run_part(
@@ -205,6 +208,7 @@ def _confined_run(
     sandbox.write_identity(dirs, uid=uid, gid=uid)
     if part.network:
         network.wire(part.network)
+    rental.note_network(allocation_id=part.allocation.id, network=part.network_note)
     group = limits.open_group(part.allocation)
     confinement = sandbox.Confinement(
         uid=uid, gid=uid, netns=part.network.namespace if part.network else "", devices=gpus,
@@ -222,7 +226,7 @@ def _confined_run(
 
 
 def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | None) -> Part:
-    allocation = Allocation.objects.select_related("node", "job").get(id=allocation_id)
+    allocation = Allocation.objects.select_related("node", "job__team").get(id=allocation_id)
     siblings = list(
         Allocation.objects.filter(job_id=allocation.job_id, attempt=allocation.attempt)
         .select_related("node")
@@ -233,27 +237,57 @@ def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | Non
     visible = devices.visible_devices(allocation.gpu_indices, gpu_uuids or {})
     first = siblings[0]
     held = sum(len(s.gpu_indices) for s in siblings)
-    if len(siblings) == 1 or mode != sandbox.BUBBLEWRAP:
+    sandboxed = mode == sandbox.BUBBLEWRAP
+    egress, refused = _egress(allocation, sandboxed)
+    if (len(siblings) == 1 and not egress) or not sandboxed:
         coordinator = first.node.address or first.node.name
+        note = network.describe(None, sandboxed=sandboxed) + refused
         return Part(
             allocation, allocation.job, allocation.rank, len(siblings), coordinator, key, visible, None,
-            num_gpus=held,
+            num_gpus=held, network_note=note,
         )  # fmt: skip
     subnet = settings.E31_JOB_SUBNET
     wired = network.plan(subnet=subnet, key=key, slot=allocation.node.network_slot, gpu_indices=allocation.gpu_indices,
-                         peers=[(s.node.network_slot, s.gpu_indices) for s in siblings])  # fmt: skip
-    coordinator = network.part_addresses(subnet, first.node.network_slot, first.gpu_indices)[1]
-    return Part(
-        allocation,
-        allocation.job,
-        allocation.rank,
-        len(siblings),
-        coordinator,
-        key,
-        visible,
-        wired,
-        num_gpus=held,
+                         peers=[(s.node.network_slot, s.gpu_indices) for s in siblings], egress=egress,
+                         platform=_platform_networks() if egress else (), resolvers=network.node_resolvers())  # fmt: skip
+    coordinator = (
+        network.part_addresses(subnet, first.node.network_slot, first.gpu_indices)[1]
+        if len(siblings) > 1
+        else first.node.address or first.node.name
     )
+    note = network.describe(wired, sandboxed=True) + refused
+    return Part(
+        allocation, allocation.job, allocation.rank, len(siblings), coordinator, key, visible, wired,
+        num_gpus=held, network_note=note,
+    )  # fmt: skip
+
+
+def _egress(allocation: Allocation, sandboxed: bool) -> tuple[bool, str]:
+    """(whether this part reaches the internet, why not though its team may): read as the attempt starts."""
+    if not (sandboxed and allocation.job.team.egress_allowed):
+        return False, ""
+    if allocation.node.multi_node_refusal:  # the node cannot wire a namespace of its own for a part
+        return (
+            False,
+            f" (its team may reach the internet, but this node cannot wire it: {allocation.node.multi_node_refusal})",
+        )
+    return True, ""
+
+
+def _platform_networks() -> list[str]:
+    """The platform's own addresses a job with egress never reaches, even public ones: E31_EGRESS_DENY,
+    and where the database and the broker resolve to."""
+    hosts = {
+        settings.DATABASES["default"].get("HOST") or "",
+        urlsplit(settings.CELERY_BROKER_URL).hostname or "",
+    }
+    found = list(settings.E31_EGRESS_DENY)
+    for host in filter(None, hosts):
+        try:
+            found += [f"{info[4][0]}/32" for info in socket.getaddrinfo(host, None, socket.AF_INET)]
+        except OSError:
+            continue
+    return found
 
 
 def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: sandbox.Confinement,

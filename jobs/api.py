@@ -79,6 +79,7 @@ def job_json(job: Job) -> dict:
             {
                 "attempt": a.attempt, "node": a.node.name, "gpu_indices": a.gpu_indices,
                 "rented_at": a.rented_at, "released_at": a.released_at, "end_reason": a.end_reason,
+                "network": a.network,
             }
             for a in job.allocations.all()
         ],

@@ -313,6 +313,8 @@ class Allocation(models.Model):
     attempt = models.PositiveIntegerField()
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
     rank = models.PositiveSmallIntegerField(default=0)  # this node's rank in a multi-node job
+    # The network this part had, as its node agent wired it (offline, its job's parts, the internet).
+    network = models.CharField(max_length=300, blank=True)
     gpu_indices = models.JSONField()
     rented_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)

@@ -6,6 +6,12 @@ a veth pair to the node, an address of its own, and an nftables table that lets 
 job's other parts and nothing else — no address of the node itself (the console, PostgreSQL, the
 broker, the agent), no other job, no other network. The node forwards only for these veths.
 
+A part whose team an operator allowed egress gets the same wiring plus a way out: the node
+masquerades its traffic to the internet, and only there. Everything a job must never reach stays
+dropped first: the node itself (the input hook), the platform's own addresses, and every private,
+loopback, link-local, CGNAT, multicast or reserved range (``NEVER_REACHED``); the one exception is
+DNS (port 53) to the node's own resolvers, so names resolve. IPv6 stays off in the namespace.
+
 Addresses need no coordination at run time: each node owns a /24 of ``E31_JOB_SUBNET`` (its network
 slot, the lowest free one given at its first registration and unique in the database), and each part a
 /30 of its node's /24 (its lowest GPU index picks which, unique among the node's running parts since no
@@ -20,6 +26,12 @@ from dataclasses import dataclass
 
 NODE_PREFIX = 24
 PART_PREFIX = 30
+# Never reached by a job with egress: private (RFC 1918), loopback, link-local (cloud metadata),
+# CGNAT (other jobs' parts), "this network", IETF protocol assignments, benchmarking, multicast, reserved.
+NEVER_REACHED = (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+    "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4",
+)  # fmt: skip
 
 
 class NetworkError(Exception):
@@ -33,6 +45,10 @@ class PartNetwork:
     host_address: str  # the part's gateway, on the node
     address: str  # the part's own address
     peers: tuple[str, ...]  # the addresses of every part of the job, this one included
+    egress: bool = False  # may reach the internet (masqueraded), never what ``deny`` lists
+    deny: tuple[str, ...] = NEVER_REACHED  # with egress: networks dropped before anything else
+    resolvers: tuple[str, ...] = ()  # with egress: DNS servers it may query on port 53
+    subnet: str = "100.64.0.0/10"  # E31_JOB_SUBNET: never masqueraded (parts reach each other as themselves)
 
     @property
     def table(self) -> str:
@@ -72,12 +88,48 @@ def part_addresses(subnet: str, slot: int | None, gpu_indices: Sequence[int]) ->
 
 
 def plan(*, subnet: str, key: str, slot: int | None, gpu_indices: Sequence[int],
-         peers: Sequence[tuple[int | None, Sequence[int]]]) -> PartNetwork:  # fmt: skip
-    """The part's network named by ``key`` (ten characters); ``peers``: (network slot, GPU indices) of every part."""
+         peers: Sequence[tuple[int | None, Sequence[int]]], egress: bool = False,
+         platform: Sequence[str] = (), resolvers: Sequence[str] = ()) -> PartNetwork:  # fmt: skip
+    """The part's network named by ``key`` (ten characters); ``peers``: (network slot, GPU indices) of every part.
+
+    With ``egress``, ``platform`` lists the console's, database's, broker's and nodes' own networks,
+    dropped like the private ranges even where they are public addresses.
+    """
     host, own = part_addresses(subnet, slot, gpu_indices)
     addresses = tuple(part_addresses(subnet, peer, gpus)[1] for peer, gpus in peers)
-    return PartNetwork(namespace=f"e31-{key}", host_link=f"e31{key}", host_address=host,
-                       address=own, peers=addresses)  # fmt: skip
+    networks = [ipaddress.ip_network(n, strict=False) for n in (*NEVER_REACHED, subnet, *platform)]
+    deny = tuple(str(n) for n in ipaddress.collapse_addresses(n for n in networks if n.version == 4))
+    return PartNetwork(namespace=f"e31-{key}", host_link=f"e31{key}", host_address=host, address=own,
+                       peers=addresses, egress=egress, deny=deny, resolvers=tuple(resolvers), subnet=subnet)  # fmt: skip
+
+
+def node_resolvers(resolv_conf: str = "/etc/resolv.conf") -> tuple[str, ...]:
+    """The IPv4 name servers the node uses (the job's /etc/resolv.conf is the node's), loopback ones left out."""
+    try:
+        lines = open(resolv_conf).read().splitlines()
+    except OSError:
+        return ()
+    found = []
+    for fields in (line.split() for line in lines):
+        if len(fields) >= 2 and fields[0] == "nameserver":
+            try:
+                address = ipaddress.IPv4Address(fields[1])
+            except ValueError:
+                continue
+            if not address.is_loopback:
+                found.append(str(address))
+    return tuple(found)
+
+
+def describe(net: "PartNetwork | None", *, sandboxed: bool) -> str:
+    """What the job page says of a part's network."""
+    if not sandboxed:
+        return "the node's own network (unsandboxed node)"
+    parts = "its job's other parts" if net is not None and len(net.peers) > 1 else ""
+    if net is None or not net.egress:
+        return f"{parts} only" if parts else "offline: its own loopback only"
+    internet = "the internet (IPv4), never the platform, the node or private ranges"
+    return f"{internet}, and {parts}" if parts else internet
 
 
 def wire(net: PartNetwork) -> None:
@@ -140,6 +192,7 @@ def refusal() -> str:
 def _ruleset(net: PartNetwork) -> str:
     others = ", ".join(p for p in net.peers if p != net.address) or net.address
     link = f'"{net.host_link}"'
+    out = f"iifname {link} ip saddr {net.address}"
     return f"""
 table inet {net.table} {{
     chain input {{
@@ -148,13 +201,32 @@ table inet {net.table} {{
     }}
     chain forward {{
         type filter hook forward priority 0; policy accept;
-        iifname {link} ip saddr {net.address} ip daddr {{ {others} }} accept
+        {out} ip daddr {{ {others} }} accept
+        {_egress_rules(net, out) if net.egress else ""}
         iifname {link} drop
         oifname {link} ip saddr {{ {others} }} ip daddr {net.address} accept
+        {f"oifname {link} ip daddr {net.address} ct state established,related accept" if net.egress else ""}
         oifname {link} drop
     }}
+    {_masquerade(net) if net.egress else ""}
 }}
 """
+
+
+def _egress_rules(net: PartNetwork, out: str) -> str:
+    """DNS to the node's resolvers, then every network it must never reach dropped, then the rest accepted."""
+    dns = ", ".join(net.resolvers)
+    rules = [f"{out} ip daddr {{ {dns} }} {proto} dport 53 accept" for proto in ("udp", "tcp")] if dns else []
+    rules += [f'iifname "{net.host_link}" ip daddr {{ {", ".join(net.deny)} }} drop', f"{out} accept"]
+    return "\n        ".join(rules)
+
+
+def _masquerade(net: PartNetwork) -> str:
+    """Its traffic leaves with the node's address; to its own job's parts it keeps its own."""
+    return f"""chain postrouting {{
+        type nat hook postrouting priority 100; policy accept;
+        ip saddr {net.address} ip daddr != {net.subnet} masquerade
+    }}"""
 
 
 def _stale_holder(address: str) -> None:

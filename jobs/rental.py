@@ -66,6 +66,11 @@ def _hold(*, job: Job, attempt: int, node: Node, rank: int, indices, now: dateti
     return allocation
 
 
+def note_network(*, allocation_id: int, network: str) -> None:
+    """Records the network the part's agent gave it, for the job page (offline, its job's parts, the internet)."""
+    Allocation.objects.filter(id=allocation_id).update(network=network[:300])
+
+
 def start_allocation(*, allocation_id: int, now: datetime) -> bool:
     """Claims an allocation for its node agent; the first part to start moves the job to RUNNING."""
     with transaction.atomic():

@@ -153,6 +153,9 @@ class AllocationOut(Schema):
     rented_at: datetime
     released_at: datetime | None
     end_reason: str
+    network: str = Field(
+        "", description="The network the part had: offline, its job's parts, or the internet."
+    )
 
 
 class OutputFileOut(Schema):

@@ -143,6 +143,21 @@ def set_team_share(*, team_id: int, share: float, actor, now: datetime) -> Team:
     return team
 
 
+@transaction.atomic
+def set_team_egress(*, team_id: int, allowed: bool, actor, now: datetime) -> Team:
+    """Lets a team's jobs reach the internet (never the platform or private ranges), or takes it back;
+    attempts that start afterwards are wired accordingly."""
+    team = Team.objects.select_for_update().get(id=team_id)
+    before = {"egress_allowed": team.egress_allowed}
+    Team.objects.filter(id=team_id).update(egress_allowed=allowed)
+    team.egress_allowed = allowed
+    audit.record(
+        actor=actor, action="team.egress", target=f"team:{team.slug}", before=before,
+        after={"egress_allowed": allowed}, now=now,
+    )  # fmt: skip
+    return team
+
+
 # --------------------------------------------------------------------------- health probes
 
 

@@ -182,6 +182,14 @@ def teams_view(request: HttpRequest) -> HttpResponse:
 def team_view(request: HttpRequest, slug: str) -> HttpResponse:
     team = get_object_or_404(Team, slug=slug)
     error, status = "", 200
+    if request.method == "POST" and "egress" in request.POST:
+        allowed = request.POST["egress"] == "allow"
+        services.set_team_egress(team_id=team.id, allowed=allowed, actor=request.user, now=timezone.now())
+        messages.success(
+            request,
+            f"{team.name}: jobs {'may reach the internet' if allowed else 'run offline'} from their next attempt.",
+        )
+        return redirect("operations:team", slug=team.slug)
     if request.method == "POST":
         share = pages.parse_number(request.POST.get("share", ""))
         try:

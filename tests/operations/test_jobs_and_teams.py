@@ -144,6 +144,33 @@ def test_an_operator_sets_a_teams_share_and_it_is_audited(operator_client, team)
     assert "2.5" in operator_client.get(reverse("operations:team", args=["vision"])).content.decode()
 
 
+def test_teams_are_offline_until_an_operator_allows_egress_and_it_is_audited(
+    operator_client, team, member_client
+):
+    assert not team.egress_allowed
+    page = operator_client.get(reverse("operations:team", args=["vision"])).content.decode()
+    assert "Offline:" in page and "Allow internet egress" in page
+    member_client.post(
+        reverse("operations:team", args=["vision"]), {"egress": "allow"}
+    )  # 404: not an operator
+    team.refresh_from_db()
+    assert not team.egress_allowed
+    assert (
+        operator_client.post(reverse("operations:team", args=["vision"]), {"egress": "allow"}).status_code
+        == 302
+    )
+    team.refresh_from_db()
+    assert team.egress_allowed
+    entry = AuditEntry.objects.get(action="team.egress")
+    assert (entry.before, entry.after) == ({"egress_allowed": False}, {"egress_allowed": True})
+    assert (
+        "Egress allowed:" in operator_client.get(reverse("operations:team", args=["vision"])).content.decode()
+    )
+    operator_client.post(reverse("operations:team", args=["vision"]), {"egress": "deny"})
+    team.refresh_from_db()
+    assert not team.egress_allowed
+
+
 @pytest.mark.parametrize("share", ["0", "-1", "abc", "inf", "nan", "5000"])
 def test_a_share_that_is_not_a_positive_number_is_refused(operator_client, team, share):
     response = operator_client.post(reverse("operations:team", args=["vision"]), {"share": share})
