@@ -322,9 +322,12 @@ def declaration_of(job: Job) -> dict:
         "gpus": job.gpus, "hours": job.hours, "min_gpus": job.min_gpus, "max_gpus": job.max_gpus,
         "gpu_model": job.gpu_model, "preemptible": job.preemptible, "requeue": job.requeue, "memory": job.memory_bytes, "cpus": job.cpus,
     }  # fmt: skip
+    work = {"argv": list(job.argv), "env": dict(job.env), "image": job.image, "workdir": job.workdir}
+    if job.secrets:  # names only: a re-run receives the team's values as they are when it starts
+        work["secrets"] = list(job.secrets)
     return {
         "name": job.name,
-        "work": {"argv": list(job.argv), "env": dict(job.env), "image": job.image, "workdir": job.workdir},
+        "work": work,
         "data": [
             {"name": d.name, "uri": d.uri, "bytes": d.bytes, "sha256": d.sha256}
             for d in job.inputs.order_by("position")

@@ -183,3 +183,12 @@ def test_a_secret_deleted_after_intake_is_named_when_the_attempt_starts(team, te
     team_secrets.delete_secret(team=team, name="HF_TOKEN")
     with pytest.raises(team_secrets.SecretsUnavailable, match="HF_TOKEN"):
         team_secrets.values_for_attempt(team_id=team.id, declared=["HF_TOKEN"])
+
+
+def test_a_rerun_declares_the_same_secret_names(declaring, client, member_token):
+    assert submit_api(client, declaring, member_token).status_code == 201
+    source = Job.objects.get()
+    rerun = client.post(f"/api/v1/jobs/{source.id}/rerun", HTTP_AUTHORIZATION=f"Bearer {member_token}")
+    assert rerun.status_code in (200, 201), rerun.content
+    assert Job.objects.exclude(id=source.id).get().secrets == ["WANDB_API_KEY"]
+    assert VALUE.encode() not in rerun.content

@@ -35,7 +35,10 @@ for name, host, port in json.loads(sys.argv[1]):
     s = socket.socket(); s.settimeout(3)
     try:
         s.connect((host, port)); s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')
-        out[name] = 'reached: ' + s.recv(200).decode(errors='replace').split('\\r\\n\\r\\n')[-1]
+        answer = b''
+        while chunk := s.recv(4096):  # to the end: headers and body may come in separate reads
+            answer += chunk
+        out[name] = 'reached: ' + answer.decode(errors='replace').split('\\r\\n\\r\\n')[-1]
     except OSError as exc:
         out[name] = type(exc).__name__
     finally:
