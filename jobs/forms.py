@@ -169,6 +169,7 @@ def _ids_text(value: Any) -> str:
 LABELS = {
     "": "Job", "team": "Team", "file": "Job file", "name": "Job name", "data": "Data",
     "work": "Work", "work.argv": "Command", "work.env": "Environment", "work.image": "Container image",
+    "work.secrets": "Secrets",
     "work.workdir": "Working directory", "request": "Request", "request.gpus": "GPUs",
     "request.hours": "Time limit (hours)", "request.min_gpus": "Elastic minimum GPUs", "request.max_gpus": "Elastic maximum GPUs",
     "request.gpu_model": "GPU model", "request.memory": "Memory", "request.cpus": "CPUs",

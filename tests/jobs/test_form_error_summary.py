@@ -36,6 +36,7 @@ def test_the_summary_uses_the_forms_labels(member_client, roots, pool):
     [
         ("name", "Job name"), ("work.argv[2]", "Command"), ("request.min_gpus", "Elastic minimum GPUs"),
         ("data[11].sha256", "Input 12: sha256"), ("data[3]", "Input 4"), ("output.uri", "Destination URI"),
+        ("work.secrets[1]", "Secrets"),
         ("", "Job"), ("something.new", "something.new"),
     ],
 )  # fmt: skip
