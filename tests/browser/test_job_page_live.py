@@ -79,3 +79,27 @@ def test_the_job_page_changes_everything_live_and_stops_polling_once_final_and_d
         download.click()
     assert open(downloaded.value.path()).read() == "42"
     audit.assert_clean()
+
+
+def test_a_meter_table_the_reader_opened_stays_open_while_the_page_polls(
+    live_pool, member, open_page, settings
+):
+    page = open_page()
+    sign_in(page, "alice")
+    page.goto("/jobs/new/")
+    page.locator("input[name='name']").fill("long-enough")
+    page.locator("textarea[name='work.argv']").fill("/usr/bin/python3\n-c\nimport time; time.sleep(12)")
+    page.locator("input[name='output.uri']").fill(f"file://{settings.E31_OUTPUT_ROOTS[0] / 'vision'}/long")
+    page.locator("input[name='output.bytes']").fill("1 KB")
+    page.get_by_role("button", name="Submit the job").click()
+    page.wait_for_url(re.compile(r"/jobs/\d+/$"))
+    job_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+    rows = page.locator(f"#job-{job_id}-meter details").first
+    expect(rows).to_be_attached(timeout=30_000)  # the meter card gains its part once GPUs are rented
+    rows.locator("summary").click()
+    expect(rows).to_have_attribute("open", "")
+    with page.expect_response(re.compile(r"/live/")):  # the next poll swaps the whole live fragment
+        pass
+    page.wait_for_timeout(300)  # the swap settles
+    assert Job.objects.get(id=job_id).is_alive, "the job ended before a poll could be watched"
+    expect(page.locator(f"#job-{job_id}-meter details").first).to_have_attribute("open", "")
