@@ -13,6 +13,9 @@ from ninja import Field, Schema
 from ninja.pagination import LimitOffsetPagination
 
 COUNT_CAP = 10_000
+# PostgreSQL's OFFSET and byte positions are bigints: a larger number is refused with a 422, never sent on
+# to fail as a 500. Still far past any real table or log.
+MAX_OFFSET = 2**62
 
 
 def capped_count(queryset: QuerySet) -> int:
@@ -36,7 +39,14 @@ class CappedPaginator(Paginator):
         return self._counted > COUNT_CAP
 
 
-class CappedLimitOffset(LimitOffsetPagination):
+class BoundedLimitOffset(LimitOffsetPagination):
+    """ninja's limit/offset with an offset the database can take."""
+
+    class Input(LimitOffsetPagination.Input):
+        offset: int = Field(0, ge=0, le=MAX_OFFSET)
+
+
+class CappedLimitOffset(BoundedLimitOffset):
     """limit/offset for the API with a bounded count; ``serialise`` turns only the sliced page into JSON."""
 
     class Output(Schema):

@@ -8,7 +8,7 @@ from django.http import FileResponse, HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.pagination import paginate
 from ninja.responses import Status
 from pydantic import field_validator
 
@@ -257,7 +257,7 @@ def get_job(request: HttpRequest, job_id: int):
     response={200: list[OutputFileOut], **ERRORS},
     summary="The files the job's current attempt sealed, by path, a page at a time",
 )
-@paginate(LimitOffsetPagination, max_limit=OUTPUT_PAGE_MAX)
+@paginate(paging.BoundedLimitOffset, max_limit=OUTPUT_PAGE_MAX)
 def list_outputs(request: HttpRequest, job_id: int):
     job = _visible(request, job_id)
     return OutputFile.objects.filter(job_id=job.id, attempt=job.attempt).order_by("path")
@@ -288,7 +288,7 @@ def job_log(
     job_id: int,
     attempt: int = Query(0, ge=0, description="0: the latest attempt."),
     rank: int = Query(0, ge=0, le=1023),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=paging.MAX_OFFSET),
     wait: float = Query(0, ge=0, le=20),
 ):
     job = _visible(request, job_id)

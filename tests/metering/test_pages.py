@@ -202,8 +202,8 @@ def test_the_job_meter_tag_shows_when_and_why_the_meter_stopped_and_the_last_hea
     )
 
 
-def test_the_navigation_links_to_the_ledger(member_client):
-    assert f'href="{LEDGER}">Ledger</a>' in member_client.get(LEDGER).content.decode()
+def test_the_navigation_links_to_the_ledger_and_marks_it_as_the_current_page(member_client):
+    assert f'href="{LEDGER}" aria-current="page">Ledger</a>' in member_client.get(LEDGER).content.decode()
 
 
 def test_sqlite_formats_export_timestamps_like_postgresql():
