@@ -36,7 +36,8 @@ def test_pages_follow_each_other_newest_first(member_client, team):
 
 
 @pytest.mark.parametrize(
-    "path", ["/api/v1/jobs?offset={}", "/api/v1/jobs/{job}/outputs?offset={}", "/api/v1/jobs/{job}/log?offset={}"]
+    "path",
+    ["/api/v1/jobs?offset={}", "/api/v1/jobs/{job}/outputs?offset={}", "/api/v1/jobs/{job}/log?offset={}"],
 )
 def test_an_offset_past_what_the_database_counts_is_a_422_not_a_500(member_client, team, path):
     job = JobFactory(team=team)
