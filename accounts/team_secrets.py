@@ -115,6 +115,22 @@ def values_for_attempt(*, team_id: int, declared: list[str]) -> dict[str, str]:
         ) from exc
 
 
+def registry_secret_name(registry_host: str) -> str:
+    """The secret holding a team's login ("user:password") for a registry: REGISTRY_ and the host, port
+    included, with every other character an underscore (registry.example.com:5000 ->
+    REGISTRY_REGISTRY_EXAMPLE_COM_5000)."""
+    return "REGISTRY_" + re.sub(r"[^A-Z0-9]", "_", registry_host.upper())
+
+
+def registry_login(*, team_id: int, registry_host: str) -> tuple[str, str]:
+    """(user, password) from the team's registry secret for this host; ("", "") when it stored none."""
+    name = registry_secret_name(registry_host)
+    if not TeamSecret.objects.filter(team_id=team_id, name=name).exists():
+        return "", ""
+    user, _, password = values_for_attempt(team_id=team_id, declared=[name])[name].partition(":")
+    return user, password
+
+
 @transaction.atomic
 def rotate() -> int:
     """Re-encrypts every secret under the first key of E31_SECRETS_KEYS; returns how many rows."""

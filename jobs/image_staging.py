@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from accounts import team_secrets
 from jobs import imageref, selectors, transfers
 from jobs.lifecycle import State
 from jobs.models import ImageCacheEntry, ImagePull, Job
@@ -65,7 +66,7 @@ def stage_image(*, job_id: int) -> None:
         resolved = _retrying(lambda: registry.resolve(ref, access=access), beat)
         _record_digest(pull, resolved)
         _stage_digest(pull, job.team_id, ref, resolved, access, beat)
-    except (transfers.TransferFailed, imageref.BadReference) as exc:
+    except (transfers.TransferFailed, imageref.BadReference, team_secrets.SecretsUnavailable) as exc:
         ImagePull.objects.filter(id=pull.id).update(
             stage_state="failed", rate_bytes_s=0, stage_detail=str(exc)[:500]
         )
@@ -93,12 +94,12 @@ def registry_access(*, team_id: int, ref: imageref.Reference) -> registry.Access
 
 
 def team_credentials(*, team_id: int, registry_host: str) -> tuple[str, str]:
-    """The team's login for ``registry_host``: ("", "") for an anonymous pull.
+    """The team's login for ``registry_host`` (its secret REGISTRY_<host>): ("", "") for an anonymous pull.
 
-    The one place a pull learns credentials: team secrets plug in here, and the values go to skopeo
-    in a 0600 auth file of the pull's own, never on a command line, in a log or on a page.
+    The one place a pull learns credentials: the values go to skopeo in a 0600 auth file of the pull's
+    own, never on a command line, in a log or on a page; the job itself gets them only if it declares them.
     """
-    return "", ""
+    return team_secrets.registry_login(team_id=team_id, registry_host=registry_host)
 
 
 def _already_in_place(pull: ImagePull) -> bool:

@@ -5,7 +5,12 @@ import json
 import subprocess
 from pathlib import Path
 
-from jobs import imageref
+import pytest
+from cryptography.fernet import Fernet
+from django.utils import timezone
+
+from accounts import team_secrets
+from jobs import image_staging, imageref
 from jobs.transfers import registry
 
 PASSWORD = "s3cret-never-in-ps"
@@ -42,3 +47,30 @@ def test_an_anonymous_pull_carries_an_empty_auth_file_so_the_nodes_own_login_is_
     monkeypatch.setattr(registry.subprocess, "run", fake_run)
     registry.resolve(imageref.parse("registry.example.com/team/app:1"), access=registry.Access())
     assert seen["auth"] == {} and seen["home"] != str(Path.home())
+
+
+@pytest.mark.django_db
+def test_a_teams_registry_secret_is_its_login_there_and_no_one_elses(
+    monkeypatch, settings, team, other_team, team_admin
+):
+    """REGISTRY_<host> ("user:password"), entered like any team secret, is the login its pulls use."""
+    settings.E31_SECRETS_KEYS = [Fernet.generate_key().decode()]
+    settings.E31_ALLOW_PRIVATE_SOURCES = True
+    name = team_secrets.registry_secret_name("registry.example.com:5000")
+    assert name == "REGISTRY_REGISTRY_EXAMPLE_COM_5000"
+    team_secrets.set_secret(
+        team=team, name=name, value=f"team-bot:{PASSWORD}", user=team_admin, now=timezone.now()
+    )
+    monkeypatch.setattr(image_staging.sources, "checked_addresses", lambda *args, **kwargs: None)
+    ref = imageref.parse("registry.example.com:5000/team/app:1")
+    access = image_staging.registry_access(team_id=team.id, ref=ref)
+    assert (access.username, access.password) == ("team-bot", PASSWORD)
+    other = image_staging.registry_access(team_id=other_team.id, ref=ref)
+    assert (other.username, other.password) == (
+        "",
+        "",
+    )  # another team pulls anonymously, never with this login
+    elsewhere = image_staging.registry_access(
+        team_id=team.id, ref=imageref.parse("registry.example.com/app:1")
+    )
+    assert (elsewhere.username, elsewhere.password) == ("", "")  # another registry (port) gets no login
