@@ -50,6 +50,12 @@ def percent(done, total) -> int:
     return 100 if not total else max(0, min(100, int(100 * (done or 0) / total)))
 
 
+@register.filter
+def in_words(reason: str) -> str:
+    """An end reason as people write it: out_of_memory -> out of memory."""
+    return (reason or "").replace("_", " ")
+
+
 @register.simple_tag
 def job_badge(job, *, with_id: bool = False) -> str:
     """The job's state while it lives, how it ended once it has, in words and a matching colour."""

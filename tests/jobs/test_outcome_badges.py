@@ -52,3 +52,11 @@ def test_the_job_list_and_page_say_who_cancelled_a_job(team, member, member_clie
     page = member_client.get(reverse("jobs:detail", args=[job.id])).content.decode()
     assert ">cancelled by alice</span>" in listing and ">cancelled by alice</span>" in page
     assert 'class="badge state-ended"' not in listing + page
+
+
+@pytest.mark.django_db
+def test_the_job_page_writes_every_end_reason_in_words_not_as_an_identifier(team, member_client):
+    job = JobFactory(team=team, state="released", end_reason="timed_out", hours=0.5)
+    page = member_client.get(reverse("jobs:detail", args=[job.id])).content.decode()
+    assert "<strong>Ended:</strong> timed out" in page
+    assert not [word for word in ("timed_out", "out_of_memory") if f">{word}" in page or f" {word}" in page]
