@@ -59,9 +59,9 @@ def _fernet() -> MultiFernet:
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise SecretInvalid("a secret's name is letters, digits and _, not starting with a digit")
-    if RESERVED.match(name):
+    if RESERVED.fullmatch(name):
         raise SecretInvalid(f"{name} is set by the platform and cannot be a secret")
     return name
 

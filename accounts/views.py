@@ -5,6 +5,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
 from accounts import scoping, services, team_secrets
@@ -29,6 +30,7 @@ def revoke_token(request: HttpRequest, token_id: int) -> HttpResponse:
     return redirect("accounts:tokens")
 
 
+@sensitive_post_parameters("value")  # never in an error report
 @login_required
 def secrets_page(request: HttpRequest) -> HttpResponse:
     """Names of the user's teams' secrets; a team admin sets or deletes them. Values are never rendered."""

@@ -312,7 +312,7 @@ def _env(value: Any, errs: _Collector) -> dict[str, str]:
         errs.add("work.env", f"at most {MAX_ENV} variables")
     for key, val in value.items():
         path = f"work.env.{str(key)[:40]}"
-        if not isinstance(key, str) or not ENV_NAME.match(key):
+        if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
             errs.add(path, "a variable name is letters, digits and _, not starting with a digit")
         elif RESERVED_ENV.match(key):
             errs.add(path, f"{key} is set by the platform and cannot be declared")
@@ -344,7 +344,7 @@ def _secrets(value: Any, env: Mapping[str, str], limits: Limits, errs: _Collecto
     names: list[str] = []
     for i, name in enumerate(value):
         path = f"work.secrets[{i}]"
-        if not isinstance(name, str) or not ENV_NAME.match(name) or RESERVED_ENV.match(name):
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name) or RESERVED_ENV.fullmatch(name):
             errs.add(path, "a secret's name is letters, digits and _, not E31_* or CUDA_VISIBLE_DEVICES")
         elif name in env or name in names:
             errs.add(path, f"{name} is declared twice (in env or secrets)")
@@ -387,7 +387,7 @@ def _inputs(value: Any, limits: Limits, errs: _Collector) -> list[DataInput]:
             errs.add(f"data[{i}]", "each input has name, uri and bytes")
             continue
         name = item.get("name")
-        if not isinstance(name, str) or not INPUT_NAME.match(name):
+        if not isinstance(name, str) or not INPUT_NAME.fullmatch(name):
             errs.add(f"data[{i}].name", "a name of letters, digits, '.', '_' or '-' (at most 64)")
         elif name in seen:
             errs.add(f"data[{i}].name", f"another input is already named {name!r}")

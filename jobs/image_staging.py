@@ -66,7 +66,14 @@ def stage_image(*, job_id: int) -> None:
         resolved = _retrying(lambda: registry.resolve(ref, access=access), beat)
         _record_digest(pull, resolved)
         _stage_digest(pull, job.team_id, ref, resolved, access, beat)
-    except (transfers.TransferFailed, imageref.BadReference, team_secrets.SecretsUnavailable) as exc:
+    # Transient: the registry's name did not resolve this time (a lookup that times out): the job fails
+    # with the reason rather than stay in STAGING, re-driven forever.
+    except (
+        transfers.TransferFailed,
+        transfers.Transient,
+        imageref.BadReference,
+        team_secrets.SecretsUnavailable,
+    ) as exc:
         ImagePull.objects.filter(id=pull.id).update(
             stage_state="failed", rate_bytes_s=0, stage_detail=str(exc)[:500]
         )

@@ -53,6 +53,8 @@ def parse(text: str) -> Reference:
         raise BadReference(
             "name the registry first (registry.example.com/team/app:tag): no default registry is assumed"
         )
+    if ":" in registry and not 1 <= int(registry.rpartition(":")[2]) <= 65535:
+        raise BadReference("a registry's port is between 1 and 65535")
     repository, tag = _split_tag(path)
     if not tag and not digest:
         tag = DEFAULT_TAG

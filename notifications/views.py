@@ -5,6 +5,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts import scoping
@@ -34,6 +35,7 @@ def email_settings(request: HttpRequest) -> HttpResponse:
     return render(request, "notifications/settings.html", context)
 
 
+@sensitive_post_parameters("secret")  # never in an error report
 @login_required
 @require_http_methods(["GET", "POST"])
 def webhooks(request: HttpRequest, team_slug: str) -> HttpResponse:

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import platform
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -114,8 +115,9 @@ def _follow(proc: subprocess.Popen, layout: Path, before: int, progress: transfe
 def unpack(layout: Path, bundle: Path) -> None:
     """The layout's image as a root filesystem at ``bundle/rootfs``.
 
-    ``--rootless`` even as root: files keep their modes but not their owners, and no device node
-    or setuid-root file an image carries becomes one on the node.
+    ``--rootless`` even as root: files keep their owner (the stager) but not the image's, and no
+    device node is made. umoci still restores the modes, so a setuid file or a world-writable folder
+    of the image would be one on the node: ``_tame`` clears those bits before anything can use them.
     """
     done = subprocess.run(
         ["umoci", "unpack", "--rootless", "--image", f"{layout}:{LAYOUT_TAG}", str(bundle)],
@@ -125,6 +127,20 @@ def unpack(layout: Path, bundle: Path) -> None:
         raise transfers.TransferFailed(
             f"unpacking failed: {_last_line(done.stderr.decode('utf-8', 'replace'))}"
         )
+    _tame(bundle / "rootfs")
+
+
+UNSAFE_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_IWOTH
+
+
+def _tame(rootfs: Path) -> None:
+    """No setuid/setgid file and nothing writable by other users in an unpacked root (links untouched)."""
+    for folder, dirs, files in os.walk(rootfs):
+        for name in (*dirs, *files):
+            path = os.path.join(folder, name)
+            mode = os.lstat(path).st_mode
+            if not stat.S_ISLNK(mode) and mode & UNSAFE_BITS:
+                os.chmod(path, stat.S_IMODE(mode) & ~UNSAFE_BITS)
 
 
 def image_config(layout: Path) -> dict:

@@ -192,3 +192,8 @@ def test_a_rerun_declares_the_same_secret_names(declaring, client, member_token)
     assert rerun.status_code in (200, 201), rerun.content
     assert Job.objects.exclude(id=source.id).get().secrets == ["WANDB_API_KEY"]
     assert VALUE.encode() not in rerun.content
+
+
+def test_a_name_ending_in_a_newline_is_refused_not_stored_as_another_name():
+    with pytest.raises(team_secrets.SecretInvalid):
+        team_secrets.check_name("WANDB_API_KEY\n")

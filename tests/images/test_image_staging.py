@@ -119,6 +119,20 @@ def test_a_registry_that_is_down_is_retried_then_the_job_fails_with_its_reason(s
     assert "after 3 tries" in job.end_detail and "connection refused" in job.end_detail
 
 
+def test_a_registry_whose_name_does_not_resolve_this_time_ends_the_job_with_the_reason(
+    monkeypatch, stage_root
+):
+    """A lookup that times out is Transient: it was re-driven forever in STAGING, never ending the job."""
+
+    def timed_out(*args, **kwargs):
+        raise image_staging.transfers.Transient("reg.example.com: Temporary failure in name resolution")
+
+    monkeypatch.setattr(image_staging.sources, "checked_addresses", timed_out)
+    job = staged(image_job(TeamFactory(), "reg.example.com/tests/busybox:1"))
+    assert (job.state, job.end_reason) == ("ended", "staging_failed")
+    assert "Temporary failure in name resolution" in job.end_detail
+
+
 def test_a_registry_on_a_private_address_is_refused_unless_it_is_the_pools(
     pool_registry, base_image, settings, stage_root
 ):

@@ -47,6 +47,8 @@ def test_a_reference_names_its_registry_repository_and_tag_or_digest(text, regis
         "reg.example/a//b:1",
         "reg.example/../a:1",
         "docker://reg.example/a:1",
+        "reg.example.com:99999/a/b:1",  # no such port: the node's lookup would fail forever, not once
+        "reg.example.com:0/a/b:1",
     ],
 )
 def test_a_bad_reference_is_refused_with_a_reason(text):

@@ -74,3 +74,24 @@ def test_a_teams_registry_secret_is_its_login_there_and_no_one_elses(
         team_id=team.id, ref=imageref.parse("registry.example.com/app:1")
     )
     assert (elsewhere.username, elsewhere.password) == ("", "")  # another registry (port) gets no login
+
+
+def test_an_unpacked_image_keeps_no_setuid_file_and_no_world_writable_folder(monkeypatch, tmp_path):
+    """umoci --rootless restores an image's modes: a 4755 file would be setuid to the stager on the node."""
+    bundle = tmp_path / "bundle"
+
+    def fake_umoci(argv, **kwargs):
+        rootfs = bundle / "rootfs"
+        (rootfs / "bin").mkdir(parents=True)
+        (rootfs / "bin" / "su").write_bytes(b"\x7fELF")
+        (rootfs / "bin" / "su").chmod(0o6755)
+        (rootfs / "tmp").mkdir()
+        (rootfs / "tmp").chmod(0o1777)
+        (rootfs / "bin" / "sh").symlink_to("/bin/su")
+        return subprocess.CompletedProcess(argv, 0, stdout=b"", stderr=b"")
+
+    monkeypatch.setattr(registry.subprocess, "run", fake_umoci)
+    registry.unpack(tmp_path / "layout", bundle)
+    assert oct((bundle / "rootfs" / "bin" / "su").stat().st_mode & 0o7777) == oct(0o755)
+    assert oct((bundle / "rootfs" / "tmp").stat().st_mode & 0o7777) == oct(0o1775)
+    assert (bundle / "rootfs" / "bin" / "sh").is_symlink()
