@@ -39,7 +39,7 @@ from jobs import (
     sandbox,
 )
 from jobs.lifecycle import PREEMPTED, EndReason
-from jobs.models import Allocation, ImagePull, Job
+from jobs.models import Allocation, ImagePull, Job, Node
 from jobs.rental import STOPPED
 
 log = logging.getLogger(__name__)
@@ -276,10 +276,16 @@ def _egress(allocation: Allocation, sandboxed: bool) -> tuple[bool, str]:
 
 def _platform_networks() -> list[str]:
     """The platform's own addresses a job with egress never reaches, even public ones: E31_EGRESS_DENY,
-    and where the database and the broker resolve to."""
+    and where the database, the broker, the shared cache and every node resolve to."""
+    cache = settings.CACHES["default"].get("LOCATION", "")
     hosts = {
         settings.DATABASES["default"].get("HOST") or "",
         urlsplit(settings.CELERY_BROKER_URL).hostname or "",
+        urlsplit(cache).hostname or "" if isinstance(cache, str) and "://" in cache else "",
+        *(
+            urlsplit(f"//{address}").hostname or ""
+            for address in Node.objects.exclude(address="").values_list("address", flat=True)
+        ),
     }
     found = list(settings.E31_EGRESS_DENY)
     for host in filter(None, hosts):

@@ -1,0 +1,24 @@
+"""A job allowed the internet never reaches the platform: the cache and every node, not only the database and broker."""
+
+import pytest
+
+from jobs import agent
+from tests.factories import NodeFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_platform_networks_name_the_database_broker_cache_and_every_node(settings):
+    db = settings.DATABASES["default"]
+    # a copy: the test database's teardown keeps the real host
+    settings.DATABASES = {**settings.DATABASES, "default": {**db, "HOST": "203.0.113.1"}}
+    settings.CELERY_BROKER_URL = "redis://203.0.113.2:6379/0"
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                   "LOCATION": "redis://203.0.113.3:6379/1"}}  # fmt: skip
+    settings.E31_EGRESS_DENY = ["198.51.100.0/24"]
+    NodeFactory(address="203.0.113.4")
+    NodeFactory(address="203.0.113.5:9000")
+    NodeFactory(address="")
+    denied = set(agent._platform_networks())
+    expected = {"198.51.100.0/24", *(f"203.0.113.{n}/32" for n in range(1, 6))}
+    assert expected <= denied, expected - denied
