@@ -330,6 +330,10 @@ E31_ALLOW_HARDLINKED_SOURCES = env.bool("E31_ALLOW_HARDLINKED_SOURCES", default=
 # Registries the pool runs itself (host or host:port): reached even on private addresses, over plain
 # HTTP or TLS without verification. Every other registry needs verified TLS on a public address.
 E31_POOL_REGISTRIES = env.list("E31_POOL_REGISTRIES", default=[])
+# Pulls from any other registry: off until an operator allows them. The registry's own address is
+# checked, but skopeo follows redirects and token realms the registry names, which nothing checks yet:
+# an outside registry could send the staging node to a private or metadata address.
+E31_OUTSIDE_REGISTRIES = env.bool("E31_OUTSIDE_REGISTRIES", default=False)
 
 
 def _networks(name: str) -> list:

@@ -91,6 +91,11 @@ def registry_access(*, team_id: int, ref: imageref.Reference) -> registry.Access
     the team's registry credential when it stored one (see ``team_credentials``); anonymous otherwise.
     """
     pool = ref.registry in settings.E31_POOL_REGISTRIES
+    if not pool and not settings.E31_OUTSIDE_REGISTRIES:
+        raise transfers.TransferFailed(
+            f"{ref.registry} is not one of the pool's registries (E31_POOL_REGISTRIES), and pulls from outside "
+            "registries are off on this pool (E31_OUTSIDE_REGISTRIES): ask an operator"
+        )
     if not pool:
         host, _, port = ref.registry.partition(":")
         sources.checked_addresses(host, int(port or 443), allow_private=settings.E31_ALLOW_PRIVATE_SOURCES)

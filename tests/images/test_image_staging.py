@@ -20,6 +20,7 @@ def stage_root(settings, tmp_path):
     settings.E31_TRANSFER_RETRIES = 2
     settings.E31_TRANSFER_BACKOFF_S = 0.01
     settings.E31_ALLOW_PRIVATE_SOURCES = False
+    settings.E31_OUTSIDE_REGISTRIES = True  # the address rules for outside registries are under test here
     return settings.E31_STAGING_ROOT
 
 
@@ -117,6 +118,14 @@ def test_a_registry_that_is_down_is_retried_then_the_job_fails_with_its_reason(s
     job = staged(image_job(TeamFactory(), f"{with_closed_port}/tests/busybox:1"))
     assert (job.state, job.end_reason) == ("ended", "staging_failed")
     assert "after 3 tries" in job.end_detail and "connection refused" in job.end_detail
+
+
+def test_an_outside_registry_is_refused_until_an_operator_allows_outside_registries(settings, stage_root):
+    """skopeo follows a registry's redirects and token realms unchecked: outside registries are opt-in."""
+    settings.E31_OUTSIDE_REGISTRIES = False
+    job = staged(image_job(TeamFactory(), "reg.example.com/tests/busybox:1"))
+    assert (job.state, job.end_reason) == ("ended", "staging_failed")
+    assert "not one of the pool's registries" in job.end_detail and "E31_OUTSIDE_REGISTRIES" in job.end_detail
 
 
 def test_a_registry_whose_name_does_not_resolve_this_time_ends_the_job_with_the_reason(

@@ -56,6 +56,7 @@ def test_a_teams_registry_secret_is_its_login_there_and_no_one_elses(
     """REGISTRY_<host> ("user:password"), entered like any team secret, is the login its pulls use."""
     settings.E31_SECRETS_KEYS = [Fernet.generate_key().decode()]
     settings.E31_ALLOW_PRIVATE_SOURCES = True
+    settings.E31_OUTSIDE_REGISTRIES = True
     name = team_secrets.registry_secret_name("registry.example.com:5000")
     assert name == "REGISTRY_REGISTRY_EXAMPLE_COM_5000"
     team_secrets.set_secret(
