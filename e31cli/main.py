@@ -266,7 +266,13 @@ def outputs(
         out.print(table)
         return
     for item in files:
-        target = download.joinpath(*PurePosixPath(item["path"]).parts)
+        parts = PurePosixPath(item["path"]).parts
+        if (
+            not parts or parts[0] == "/" or ".." in parts
+        ):  # never written outside the folder, whatever the server says
+            err.print(f"{item['path']}: skipped, not a path inside the output folder")
+            continue
+        target = download.joinpath(*parts)
         target.parent.mkdir(parents=True, exist_ok=True)
         size = session.download(f"/jobs/{job_id}/outputs/download", target, path=item["path"])
         err.print(f"{item['path']}: {size} bytes")
