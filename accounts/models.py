@@ -14,7 +14,8 @@ class Team(models.Model):
     budget_enforced = models.BooleanField(default=True)
     # Jobs are offline by default; an operator may let a team's jobs reach the internet (never the
     # platform, the node or private ranges: jobs.network).
-    egress_allowed = models.BooleanField(default=False)
+    # db_default: a process of the release before, inserting a team without this column, still gets "offline".
+    egress_allowed = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -36,7 +36,27 @@ def _too_deep() -> str:
     return f"nested too deeply: at most {declaration.MAX_NESTING} levels of lists and objects"
 
 
-api = NinjaAPI(
+THROTTLED = {
+    "description": "Too many requests: ask again after Retry-After seconds.",
+    "content": {"application/json": {"schema": {
+        "type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"],
+    }}},
+}  # fmt: skip
+
+
+class ConsoleApi(NinjaAPI):
+    """Every operation passes the throttle first, so every operation documents its 429, whichever router added it."""
+
+    def get_openapi_schema(self, **kwargs):
+        schema = super().get_openapi_schema(**kwargs)
+        for path_item in schema["paths"].values():
+            for operation in path_item.values():
+                if isinstance(operation, dict) and "responses" in operation:
+                    operation["responses"].setdefault(429, THROTTLED)
+        return schema
+
+
+api = ConsoleApi(
     parser=JsonParser(),
     title="E31 Network console API",
     version="1",
