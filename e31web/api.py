@@ -44,8 +44,12 @@ THROTTLED = {
 }  # fmt: skip
 
 
+BAD_BODY = {**THROTTLED, "description": "The body could not be read as JSON."}
+
+
 class ConsoleApi(NinjaAPI):
-    """Every operation passes the throttle first, so every operation documents its 429, whichever router added it."""
+    """Every operation passes the throttle first and every body the JSON parser, so each documents its 429 (and
+    400 where it takes a body), whichever router added it."""
 
     def get_openapi_schema(self, **kwargs):
         schema = super().get_openapi_schema(**kwargs)
@@ -53,6 +57,8 @@ class ConsoleApi(NinjaAPI):
             for operation in path_item.values():
                 if isinstance(operation, dict) and "responses" in operation:
                     operation["responses"].setdefault(429, THROTTLED)
+                    if "requestBody" in operation:  # a body that is not JSON, or nested too deeply
+                        operation["responses"].setdefault(400, BAD_BODY)
         return schema
 
 

@@ -117,11 +117,22 @@ def test_the_eleventh_failed_sign_in_is_refused_whichever_worker_takes_it(two_wo
         for _ in range(20)
     ]
     served = _served_by(access_log, "/accounts/login/")
+    for _ in range(
+        60
+    ):  # the kernel may hand one worker every connection: ask on until the other serves one too
+        if len({pid for pid, _ in served}) == 2:
+            break
+        statuses.append(
+            site.post("/accounts/login/", {"username": "olga", "password": "wrong"}, client=ATTACKER)
+        )
+        served = _served_by(access_log, "/accounts/login/")
     workers = Counter(pid for pid, _ in served)
     print(f"failed sign-ins answered before the first 429: {statuses.index(429) if 429 in statuses else 'none'}; "
           f"requests per worker: {dict(workers)}")  # fmt: skip
-    assert statuses == [200] * 10 + [429] * 10, f"statuses {statuses}, workers {dict(workers)}"
-    # With both workers taking some of the 20, counters of their own would let more than 10 through
+    assert statuses == [200] * 10 + [429] * (len(statuses) - 10), (
+        f"statuses {statuses}, workers {dict(workers)}"
+    )
+    # With both workers taking some of them, counters of their own would let more than 10 through
     # (each allows up to 10): exactly 10 means one shared count, whichever worker took the refusals.
     assert len(workers) == 2, f"both workers took sign-ins: {dict(workers)}"
 
