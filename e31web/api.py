@@ -44,7 +44,11 @@ THROTTLED = {
 }  # fmt: skip
 
 
-BAD_BODY = {**THROTTLED, "description": "The body could not be read as JSON."}
+# A NUL character in the path or query (common.nul), or a body that is not JSON: any operation may answer it.
+BAD_REQUEST = {
+    **THROTTLED,
+    "description": "The request could not be read: a NUL character, or a body that is not JSON.",
+}
 
 
 class ConsoleApi(NinjaAPI):
@@ -57,8 +61,7 @@ class ConsoleApi(NinjaAPI):
             for operation in path_item.values():
                 if isinstance(operation, dict) and "responses" in operation:
                     operation["responses"].setdefault(429, THROTTLED)
-                    if "requestBody" in operation:  # a body that is not JSON, or nested too deeply
-                        operation["responses"].setdefault(400, BAD_BODY)
+                    operation["responses"].setdefault(400, BAD_REQUEST)
         return schema
 
 
