@@ -81,7 +81,7 @@ def two_workers(transactional_db, tmp_path):
     env.pop("E31_TEST_DB_NAME", None)
     env.pop("E31_CACHE_URL", None)  # the embedded default: the database's cache table
     cmd = [
-        sys.executable, "-m", "gunicorn", "e31web.wsgi", "--workers", "2", "--bind", f"127.0.0.1:{port}",
+        sys.executable, "-m", "gunicorn", "e31web.wsgi", "--workers", "2", "--timeout", "120", "--bind", f"127.0.0.1:{port}",
         "--access-logfile", str(access_log), "--access-logformat", "%(p)s %(m)s %(U)s %(s)s",
     ]  # fmt: skip
     server = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -110,31 +110,52 @@ def _served_by(access_log: Path, path: str) -> list[tuple[str, str]]:
     ]
 
 
+def _accept_queue(port: int) -> int:
+    """Connections waiting in the listening socket's backlog (rx_queue of a LISTEN row in /proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == f"0100007F:{port:04X}" and fields[3] == "0A":  # 127.0.0.1:port, state LISTEN
+            return int(fields[4].split(":")[1], 16)
+    raise AssertionError(f"no listening socket on 127.0.0.1:{port}")
+
+
+def _hold_a_worker(port: int) -> socket.socket:
+    """Occupy one free sync worker: it accepts this connection and waits for a request that never comes.
+
+    After serving, a gunicorn sync worker accepts again before it sleeps, so sequential requests all go
+    to one worker; holding one worker makes the other serve, deterministically.
+    """
+    held = socket.create_connection(("127.0.0.1", port))
+    deadline = time.monotonic() + 10
+    while _accept_queue(port) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _accept_queue(port) == 0, "no worker accepted the held connection"
+    return held
+
+
 def test_the_eleventh_failed_sign_in_is_refused_whichever_worker_takes_it(two_workers, operator):
     site, access_log = two_workers
-    statuses = [
-        site.post("/accounts/login/", {"username": "olga", "password": "wrong"}, client=ATTACKER)
-        for _ in range(20)
-    ]
+    port = int(site.base.rsplit(":", 1)[1])
+    site.get("/accounts/login/")  # the CSRF cookie, before any worker is held
+
+    def fail_to_sign_in() -> int:
+        return site.post("/accounts/login/", {"username": "olga", "password": "wrong"}, client=ATTACKER)
+
+    first_held = _hold_a_worker(port)  # worker A holds it: worker B answers the first five
+    statuses = [fail_to_sign_in() for _ in range(5)]
+    second_held = _hold_a_worker(port)  # now B holds one too...
+    first_held.close()  # ...and A, freed, answers the other fifteen
+    statuses += [fail_to_sign_in() for _ in range(15)]
+    second_held.close()
+
     served = _served_by(access_log, "/accounts/login/")
-    for _ in range(
-        60
-    ):  # the kernel may hand one worker every connection: ask on until the other serves one too
-        if len({pid for pid, _ in served}) == 2:
-            break
-        statuses.append(
-            site.post("/accounts/login/", {"username": "olga", "password": "wrong"}, client=ATTACKER)
-        )
-        served = _served_by(access_log, "/accounts/login/")
     workers = Counter(pid for pid, _ in served)
+    first, rest = {pid for pid, _ in served[:5]}, {pid for pid, _ in served[5:]}
     print(f"failed sign-ins answered before the first 429: {statuses.index(429) if 429 in statuses else 'none'}; "
           f"requests per worker: {dict(workers)}")  # fmt: skip
-    assert statuses == [200] * 10 + [429] * (len(statuses) - 10), (
-        f"statuses {statuses}, workers {dict(workers)}"
-    )
-    # With both workers taking some of them, counters of their own would let more than 10 through
-    # (each allows up to 10): exactly 10 means one shared count, whichever worker took the refusals.
-    assert len(workers) == 2, f"both workers took sign-ins: {dict(workers)}"
+    assert len(first) == len(rest) == 1 and first != rest, f"one worker each side: {served}"
+    # Counters of their own would let worker A answer ten more after B's five: exactly 10 means one shared count.
+    assert statuses == [200] * 10 + [429] * 10, f"statuses {statuses}, workers {dict(workers)}"
 
     # The operator, signing in from another address, is not locked out by the attack.
     operator_site = Site(site.base)
