@@ -67,6 +67,12 @@ class _FreeIndex:
             self.buckets[k][node] = None
         self.top = max(self.count.values(), default=0)  # largest non-empty bucket
 
+    def copy(self) -> _FreeIndex:
+        twin = _FreeIndex.__new__(_FreeIndex)
+        twin.count, twin.top = dict(self.count), self.top
+        twin.buckets = [dict(b) for b in self.buckets]
+        return twin
+
     def set(self, node: str, k: int) -> None:
         old = self.count.get(node, 0)
         if old == k:
@@ -190,6 +196,78 @@ def _pool_shape(nodes: Sequence[NodeView]) -> _Shape:
     return shape
 
 
+class PoolState:
+    """What a pass reads from the pool's nodes: their shape, free GPUs in node order, and the
+    free-GPU index (nodes bucketed by free GPUs, in node order within a bucket).
+
+    The live scheduler builds one from its snapshot each pass (``of(nodes)``). The replay keeps
+    one for the whole run (``types.NodeList.state``) and reports each node whose free GPUs change
+    (``set_free``), so a pass copies it instead of visiting every node. Orders are node order
+    either way - best fit takes the first node on ties - so both give the same decisions: a kept
+    state notes which of its dicts went out of order and re-sorts only those, before a pass.
+    """
+
+    __slots__ = ("_dirty", "_pos", "cache_nodes", "count", "free", "index", "no_span", "offers", "shape")
+
+    def __init__(self, nodes: Sequence[NodeView], *, kept: bool = False) -> None:
+        """``kept``: a keeper will report changes (``set_free``) and hand this state to every pass."""
+        self.shape = shape = _pool_shape(nodes)
+        if shape.all_schedulable:
+            self.free: dict[str, list[int]] = {n.name: list(n.free) for n in nodes if n.free}
+        else:
+            self.free = {n.name: list(n.free) for n in nodes if n.free and n.schedulable}
+        self.no_span = {n.name: None for n in nodes if not n.spans}  # never given a part of a spanning job
+        self.cache_nodes: dict[str, list[str]] = {}
+        if any(map(_cached, nodes)):
+            for n in nodes:
+                if n.schedulable:
+                    for key in n.cached_datasets:
+                        self.cache_nodes.setdefault(key, []).append(n.name)
+        self.offers = any(map(_offers, nodes))
+        self.index = _FreeIndex(shape.node_gpus, {name: len(idx) for name, idx in self.free.items()})
+        self.count = self.index.count
+        self._pos = {n.name: i for i, n in enumerate(nodes)} if kept else {}
+        self._dirty: set[int] = set()  # ids of dicts (free, count, a bucket) out of node order
+
+    @staticmethod
+    def of(nodes: Sequence[NodeView]) -> PoolState:
+        """The state a keeper maintains for ``nodes``, else one built from them now."""
+        kept = getattr(nodes, "state", None)
+        return kept.in_order() if kept is not None else PoolState(nodes)
+
+    def set_free(self, node: str, free: list[int]) -> None:
+        """A keeper's report: ``node`` now has ``free`` idle, in index order (a new list: passes
+        share the lists and never change them)."""
+        if free:
+            self._note_order(self.free, node)
+            self.free[node] = free
+        else:
+            self.free.pop(node, None)
+        index, k = self.index, len(free)
+        if k and index.count.get(node, 0) != k:  # it joins bucket k, and count if it was not there
+            self._note_order(index.buckets[k], node)
+            self._note_order(index.count, node)
+        index.set(node, k)
+
+    def _note_order(self, d: dict, node: str) -> None:
+        """``node`` is about to be added to ``d``: note whether that breaks node order."""
+        if node not in d and d and self._pos[next(reversed(d))] > self._pos[node]:
+            self._dirty.add(id(d))
+
+    def in_order(self) -> PoolState:
+        """Itself, with every dict a keeper put out of order sorted back into node order."""
+        if self._dirty:
+            where = self._pos.__getitem__
+            for d in (self.free, self.count, *self.index.buckets):
+                if id(d) in self._dirty:
+                    keys = sorted(d, key=where)
+                    values = list(map(d.__getitem__, keys))
+                    d.clear()
+                    d.update(zip(keys, values, strict=True))
+            self._dirty.clear()
+        return self
+
+
 class Pass:
     """Working state of one scheduling pass. Never escapes ``schedule()``.
 
@@ -209,28 +287,20 @@ class Pass:
     ) -> None:
         self.now = now
         self.memo: ReleaseMemo = {} if memo is None else memo
-        shape = _pool_shape(nodes)
+        state = PoolState.of(nodes)
+        shape = state.shape
         self.capacity = shape.capacity
         self.all_schedulable = shape.all_schedulable
         self.node_gpus, self.big_nodes, self.second_gpus = shape.node_gpus, shape.big_nodes, shape.second_gpus
         self.total_gpus = shape.total_gpus
         self.paused = shape.paused
-        # Comprehensions rather than loops: this runs every pass over every node.
-        if shape.all_schedulable:
-            self.free: dict[str, list[int]] = {n.name: list(n.free) for n in nodes if n.free}
-        else:
-            self.free = {n.name: list(n.free) for n in nodes if n.free and n.schedulable}
-        self.cache_nodes: dict[str, list[str]] = {}
-        self.no_span = {n.name: None for n in nodes if not n.spans}  # never given a part of a spanning job
-        if any(map(_cached, nodes)):
-            for n in nodes:
-                if n.schedulable:
-                    for key in n.cached_datasets:
-                        self.cache_nodes.setdefault(key, []).append(n.name)
-        free_count = {name: len(idx) for name, idx in self.free.items()}
-        self.short = _FreeIndex(self.node_gpus, free_count)
-        self.long = _FreeIndex(self.node_gpus, dict(free_count))
-        self.room = _Room(nodes) if any(map(_offers, nodes)) else None
+        # Copies of the state's dicts (C-level, its lists shared: a pass replaces them, never edits them).
+        self.free: dict[str, list[int]] = dict(state.free)
+        self.cache_nodes = state.cache_nodes
+        self.no_span = state.no_span
+        self.short = state.index.copy()
+        self.long = state.index.copy()
+        self.room = _Room(nodes) if state.offers else None
         self.running = running
         self.soft: dict[str, int] = {}
         self.soft_jobs: dict[str, list[RunningView]] = {}

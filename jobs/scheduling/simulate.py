@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
 
-from jobs.scheduling import baselines, plot, policy, prediction, traces, types
+from jobs.scheduling import baselines, placement, plot, policy, prediction, traces, types
 from jobs.scheduling.traces import TraceJob
 from jobs.scheduling.types import HOUR_S, NodeView, PendingJob, Plan, PolicyConfig, RunningView
 
@@ -194,10 +194,13 @@ class _Pool:
         )
         self.views.total_gpus = self.views.free_gpus = self.idle
         self.views.with_free = dict.fromkeys(range(nodes))
+        self.views.state = placement.PoolState(self.views, kept=True)
 
     def _refresh(self, node: str) -> None:
         free, at = self.free[node], self.pos[node]
-        self.views[at] = NodeView(name=node, gpus=self.gpus, free=tuple(sorted(free)))
+        ordered = sorted(free)
+        self.views[at] = NodeView(name=node, gpus=self.gpus, free=tuple(ordered))
+        self.views.state.set_free(node, ordered)
         if free:
             self.views.with_free[at] = None
         else:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from jobs.scheduling.placement import PoolState
 
 HOUR_S = 3600.0
 DAY_S = 86400.0
@@ -164,12 +167,14 @@ class NodeList(list[NodeView]):
 
     The replay hands one to every pass so that a policy need not count 1,000 nodes each time; the
     live scheduler hands a plain list, and a policy then counts for itself. ``with_free`` holds the
-    positions of nodes with at least one free GPU.
+    positions of nodes with at least one free GPU. ``state``, when the keeper keeps one, is the
+    engine's view of the free GPUs (``placement.PoolState``), kept up to date the same way.
     """
 
     free_gpus: int
     total_gpus: int
     with_free: dict[int, None]
+    state: PoolState | None = None
 
 
 # A running job's release events, (expected end, node, GPUs), by job id with the view they were

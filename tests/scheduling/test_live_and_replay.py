@@ -1,13 +1,13 @@
 """One policy, live and replayed: a snapshot planned the live scheduler's way and the replay's way
-(a NodeList with kept totals, decisions only, a release memo carried over from an earlier pass)
-gives the same starts, preemptions and reservations."""
+(a NodeList with kept totals and a kept free-GPU state, decisions only, a release memo carried
+over from an earlier pass) gives the same starts, preemptions and reservations."""
 
 import dataclasses
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.scheduling import simulate
+from jobs.scheduling import placement, simulate
 from jobs.scheduling.types import NodeList, NodeView, PendingJob, PolicyConfig, RunningView
 
 NOW = 1_000_000.0
@@ -50,15 +50,31 @@ def _decisions(plan):
     )
 
 
+def _kept_state(nodes, first, then):
+    """The replay's way: a state built when every GPU was idle, then told of the nodes going busy
+    (in the order ``first``) and of their free GPUs now (in the order ``then``)."""
+    idle = [dataclasses.replace(n, free=tuple(range(n.gpus))) for n in nodes]
+    state = placement.PoolState(idle, kept=True)
+    for i in first:
+        state.set_free(nodes[i].name, [])
+    for i in then:
+        state.set_free(nodes[i].name, list(nodes[i].free))
+    return state
+
+
 @settings(max_examples=80, deadline=None)
-@given(snapshots())
-def test_every_policy_decides_the_same_live_and_in_replay(snapshot):
+@given(snapshots(), st.data())
+def test_every_policy_decides_the_same_live_and_in_replay(snapshot, data):
     nodes, running, pending = snapshot
     usage, shares = {"a": 3600.0 * 50, "b": 3600.0}, {"a": 1.0, "b": 2.0}
     listed = NodeList(nodes)
     listed.total_gpus = sum(n.gpus for n in nodes)
     listed.free_gpus = sum(len(n.free) for n in nodes)
     listed.with_free = {i: None for i, n in enumerate(nodes) if n.free}
+    positions = range(len(nodes))
+    listed.state = _kept_state(
+        nodes, data.draw(st.permutations(positions)), data.draw(st.permutations(positions))
+    )
     live_config = PolicyConfig()
     replay_config = dataclasses.replace(live_config, explain=False)
     for name, policy in simulate.POLICIES.items():
