@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter, is_not
 
 from jobs.scheduling.explanation import format_utc
 from jobs.scheduling.types import HOUR_S, Estimate, PendingJob, RunningView
@@ -26,6 +28,8 @@ class Split:
 def split(pending: Sequence[PendingJob], running: Sequence[RunningView]) -> Split:
     """Lets through every job without prerequisites left, and of each array only as many tasks
     (lowest ids first) as its limit leaves room for beside the tasks running now."""
+    if not (any(map(_waits_for, pending)) or any(map(is_not, map(_array_limit, pending), repeat(None)))):
+        return Split(ready=list(pending), waiting=[], throttled=[])  # nothing held: C-level checks only
     room: Counter[int] = Counter()
     for r in running:
         if r.array is not None:
@@ -47,6 +51,10 @@ def split(pending: Sequence[PendingJob], running: Sequence[RunningView]) -> Spli
 
 def _job_id(job: PendingJob) -> int:
     return job.job_id
+
+
+_waits_for = attrgetter("waits_for")
+_array_limit = attrgetter("array_limit")
 
 
 def estimates(

@@ -181,7 +181,12 @@ class UsageMeter(Mapping[str, float]):
 
 
 class _Pool:
-    """Simulated nodes: free GPU indices and the NodeList handed to the policy, kept up to date."""
+    """Simulated nodes: free GPU indices and the NodeList handed to the policy, kept up to date.
+
+    Totals and which nodes have a free GPU change at once; the nodes' views and the engine's
+    free-GPU state (``placement.PoolState``) once per touched node, when a policy is about to
+    plan (``views_now``) - a wide job's start and end touch many nodes, often between two passes.
+    """
 
     def __init__(self, *, nodes: int, gpus_per_node: int) -> None:
         self.gpus = gpus_per_node
@@ -195,17 +200,25 @@ class _Pool:
         self.views.total_gpus = self.views.free_gpus = self.idle
         self.views.with_free = dict.fromkeys(range(nodes))
         self.views.state = placement.PoolState(self.views, kept=True)
+        self.touched: dict[str, None] = {}
 
     def _refresh(self, node: str) -> None:
-        free, at = self.free[node], self.pos[node]
-        ordered = sorted(free)
-        self.views[at] = NodeView(name=node, gpus=self.gpus, free=tuple(ordered))
-        self.views.state.set_free(node, ordered)
-        if free:
-            self.views.with_free[at] = None
+        if self.free[node]:
+            self.views.with_free[self.pos[node]] = None
         else:
-            self.views.with_free.pop(at, None)
+            self.views.with_free.pop(self.pos[node], None)
         self.views.free_gpus = self.idle
+        self.touched[node] = None
+
+    def views_now(self) -> types.NodeList:
+        """The nodes as the policy must see them now."""
+        views, state = self.views, self.views.state
+        for node in self.touched:
+            ordered = sorted(self.free[node])
+            views[self.pos[node]] = NodeView(name=node, gpus=self.gpus, free=tuple(ordered))
+            state.set_free(node, ordered)
+        self.touched.clear()
+        return views
 
     def claim(self, gpus_by_node: Mapping[str, Sequence[int]]) -> None:
         for node, idx in gpus_by_node.items():
@@ -267,7 +280,7 @@ def replay(
             state.meter.now = now
             result = policy(
                 now=now,
-                nodes=state.pool.views,
+                nodes=state.pool.views_now(),
                 running=state.by_end,
                 pending=list(state.pending.values()),
                 usage=state.meter,
