@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from common import pinned
 from jobs.models import Node
-from jobs.transfers import sources
 
 MAX_URL = 2000
 DEFAULT_PORTS = {"db": 5432, "redis": 6379, "rediss": 6379, "amqp": 5672, "amqps": 5671}
@@ -60,11 +60,11 @@ def checked_addresses(host: str, port: int) -> list[str]:
 
 def refusal(address: str, port: int, platform: tuple[set, list]) -> str:
     """Why ``address:port`` may not receive a webhook, or ""."""
-    ip = _unwrapped(address)
+    ip = pinned.unwrapped(address)
     endpoints, networks = platform
     if (ip, port) in endpoints or any(ip in net for net in networks if net.version == ip.version):
         return "an address of this platform, refused"
-    if sources.is_public(address):
+    if pinned.is_public(address):
         return ""
     allowed = settings.E31_WEBHOOK_PRIVATE_NETWORKS
     if any(ip in net for net in allowed if net.version == ip.version):
@@ -83,7 +83,7 @@ def platform_endpoints() -> tuple[set, list]:
     networks = [ipaddress.ip_network(settings.E31_JOB_SUBNET), *settings.E31_WEBHOOK_DENY]
     for address in Node.objects.exclude(address="").values_list("address", flat=True):
         try:
-            networks.append(ipaddress.ip_network(_unwrapped(address)))
+            networks.append(ipaddress.ip_network(pinned.unwrapped(address)))
         except ValueError:
             networks += [ipaddress.ip_network(ip) for ip in _resolved(address, 0)]
     return endpoints, networks
@@ -102,15 +102,8 @@ def _cache_url() -> str:
 def _resolved(host: str, port: int) -> list:
     try:
         return [
-            _unwrapped(info[4][0]) for info in socket.getaddrinfo(host, port or None, type=socket.SOCK_STREAM)
+            pinned.unwrapped(info[4][0])
+            for info in socket.getaddrinfo(host, port or None, type=socket.SOCK_STREAM)
         ]
     except (socket.gaierror, UnicodeError):
         return []
-
-
-def _unwrapped(address: str):
-    """The address as compared: IPv4 inside IPv6 (mapped, 6to4) is the IPv4 it carries."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address):
-        ip = ip.ipv4_mapped or ip.sixtofour or ip
-    return ip

@@ -9,7 +9,6 @@ re-sends anything due: a lost message delays an event, never loses it.
 import http.client
 import json
 import secrets
-import socket
 import ssl
 import time
 from datetime import datetime, timedelta
@@ -22,6 +21,7 @@ from django.db.models import F
 
 from accounts import scoping
 from accounts.models import Team
+from common import pinned
 from jobs import dispatch
 from jobs.models import Job
 from notifications import addresses, signing
@@ -158,23 +158,21 @@ def _send(delivery: WebhookDelivery, *, now: datetime) -> tuple[int | None, str,
     began = time.monotonic()
     try:
         host, port = addresses.check_url(delivery.webhook.url)
-        pinned = addresses.checked_addresses(host, port)
+        checked = addresses.checked_addresses(host, port)
     except addresses.Refused as exc:
         return None, str(exc), True, 0
     try:
-        status, text = _post(delivery.webhook.url, pinned, port, headers, body)
+        status, text = _post(delivery.webhook.url, checked, port, headers, body)
     except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
         status, text = None, f"no answer: {exc.__class__.__name__}: {exc}"
     return status, text, False, int((time.monotonic() - began) * 1000)
 
 
-def _post(url: str, pinned: list[str], port: int, headers: dict, body: bytes) -> tuple[int, str]:
-    parts = urlsplit(url)
-    timeout = settings.E31_WEBHOOK_TIMEOUT_S
-    cls = _PinnedHTTPS if parts.scheme == "https" else _PinnedHTTP
-    conn = cls(parts.hostname, port, addresses=pinned, timeout=timeout)
+def _post(url: str, checked: list[str], port: int, headers: dict, body: bytes) -> tuple[int, str]:
+    conn, target = pinned.connection(
+        urlsplit(url), port, addresses=checked, timeout=settings.E31_WEBHOOK_TIMEOUT_S
+    )
     try:
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         conn.request("POST", target, body=body, headers={**headers, "User-Agent": "e31-webhooks"})
         response = conn.getresponse()
         text = response.read(1000).decode("utf-8", "replace")
@@ -248,34 +246,3 @@ def send_due_notifications(*, now: datetime) -> int:
         for job_id in owed:
             _ring(SEND_JOB_EMAIL, job_id)
     return len(due) + len(owed)
-
-
-class _PinnedHTTP(http.client.HTTPConnection):
-    """Connects only to the checked addresses; the Host header still names the host."""
-
-    def __init__(self, host: str, port: int, *, addresses: list[str], timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self._addresses = addresses
-
-    def connect(self) -> None:
-        self.sock = _connect_any(self._addresses, self.port, self.timeout)
-
-
-class _PinnedHTTPS(http.client.HTTPSConnection):
-    def __init__(self, host: str, port: int, *, addresses: list[str], timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
-        self._addresses = addresses
-
-    def connect(self) -> None:
-        sock = _connect_any(self._addresses, self.port, self.timeout)
-        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
-
-
-def _connect_any(pinned: list[str], port: int, timeout: float) -> socket.socket:
-    error: OSError | None = None
-    for address in pinned:
-        try:
-            return socket.create_connection((address, port), timeout)
-        except OSError as exc:
-            error = exc
-    raise error or OSError("no address to connect to")

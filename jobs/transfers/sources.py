@@ -10,11 +10,9 @@ when used.
 
 import errno
 import http.client
-import ipaddress
 import os
 import re
 import socket
-import ssl
 import stat
 import struct
 from collections.abc import Callable, Sequence
@@ -23,6 +21,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import fsspec
 
+from common import pinned
 from jobs import transfers
 
 # --------------------------------------------------------------------------- readers
@@ -234,9 +233,9 @@ class HttpSource:
             )
         port = parts.port or (443 if parts.scheme == "https" else 80)
         addresses = checked_addresses(parts.hostname, port, allow_private=self.allow_private)
-        cls = _PinnedHTTPS if parts.scheme == "https" else _PinnedHTTP
-        conn = cls(parts.hostname, port, addresses=addresses, timeout=self.timeout)
-        return conn, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        return pinned.connection(
+            parts, port, addresses=addresses, timeout=self.timeout, response_class=_Response
+        )
 
 
 class _Response(http.client.HTTPResponse):
@@ -254,42 +253,6 @@ class _Response(http.client.HTTPResponse):
         if not self.length:
             self._close_conn()
         return n
-
-
-class _PinnedHTTP(http.client.HTTPConnection):
-    """Connects only to the checked addresses; the Host header still names the host."""
-
-    response_class = _Response
-
-    def __init__(self, host: str, port: int, *, addresses: list[str], timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self._addresses = addresses
-
-    def connect(self) -> None:
-        self.sock = _connect_any(self._addresses, self.port, self.timeout)
-
-
-class _PinnedHTTPS(http.client.HTTPSConnection):
-    response_class = _Response
-
-    def __init__(self, host: str, port: int, *, addresses: list[str], timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
-        self._addresses = addresses
-
-    def connect(self) -> None:
-        sock = _connect_any(self._addresses, self.port, self.timeout)
-        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
-
-
-def _connect_any(addresses: list[str], port: int, timeout: float) -> socket.socket:
-    """The first of the checked addresses that answers, in the resolver's order."""
-    error: OSError | None = None
-    for address in addresses:
-        try:
-            return socket.create_connection((address, port), timeout)
-        except OSError as exc:
-            error = exc
-    raise error or OSError("no address to connect to")
 
 
 def _blocking_with_timeout(sock: socket.socket, timeout: float) -> None:
@@ -331,20 +294,12 @@ def checked_addresses(host: str, port: int, *, allow_private: bool) -> list[str]
     addresses = [info[4][0] for info in infos]
     if not allow_private:
         for address in addresses:
-            if not is_public(address):
+            if not pinned.is_public(address):
                 raise transfers.TransferFailed(
                     f"{host} resolves to {address}, a loopback, link-local or private address: "
                     "refused (an operator may allow private sources)"
                 )
     return list(dict.fromkeys(addresses))
-
-
-def is_public(address: str) -> bool:
-    """Globally routable unicast; IPv4 inside IPv6 (mapped, 6to4) is judged as the IPv4 it carries."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address):
-        ip = ip.ipv4_mapped or ip.sixtofour or ip
-    return ip.is_global and not ip.is_multicast
 
 
 class FsspecSource:

@@ -6,6 +6,7 @@ import socket
 import pytest
 from django.utils import timezone
 
+from common import pinned
 from jobs import staging, transfers
 from jobs.models import Job
 from jobs.transfers import sources
@@ -119,7 +120,7 @@ def test_the_stager_connects_to_the_address_it_checked_and_names_the_host(roots,
         )
 
     monkeypatch.setattr(socket, "getaddrinfo", resolve)
-    monkeypatch.setattr(sources, "is_public", lambda address: address == "127.0.0.1")  # pretend it is public
+    monkeypatch.setattr(pinned, "is_public", lambda address: address == "127.0.0.1")  # pretend it is public
     write(server.root / "p.bin", b"p" * 100)
     job = stage(make_job(team, {"name": "p", "uri": server.url("p.bin", host="data.example"), "bytes": 100}))
     assert job.state == "queued", job.end_detail
@@ -146,7 +147,7 @@ def test_a_redirect_to_a_private_address_is_refused(roots, team, server, monkeyp
         return [(0, 0, 0, "", (names[host], port))] if host in names else real(host, port, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", resolve)
-    monkeypatch.setattr(sources, "is_public", lambda address: address == "127.0.0.1")
+    monkeypatch.setattr(pinned, "is_public", lambda address: address == "127.0.0.1")
     server.redirects["r.bin"] = f"http://inside.example:{server.port}/x.bin"
     job = stage(make_job(team, {"name": "r", "uri": server.url("r.bin", host="public.example"), "bytes": 10}))
     assert job.end_reason == "staging_failed" and "10.1.2.3" in job.end_detail
