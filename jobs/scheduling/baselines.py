@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import compress, count, repeat
-from operator import and_, attrgetter, le, or_
+from operator import and_, attrgetter, itemgetter, le, or_
 
 from jobs.scheduling.types import (
     DEFAULT_CONFIG,
@@ -45,6 +45,7 @@ _by_estimate = attrgetter("hours", "submitted_at", "job_id")
 _expected_end = attrgetter("expected_end")
 _gpus = attrgetter("gpus")
 _hours = attrgetter("hours")
+_held = itemgetter(2)  # of a release event (end, node, GPUs)
 
 
 _free = attrgetter("free")
@@ -88,7 +89,7 @@ class _FlatPool:
             hit = (r, [(r.expected_end, n, len(ix)) for n, ix in r.gpus_by_node.items()])
             memo[r.job_id] = hit
         if self.schedulable is None:
-            return sum(k for _, _, k in hit[1])
+            return sum(map(_held, hit[1]))  # C-level: a wide job spans many nodes
         return sum(k for _, n, k in hit[1] if n in self.schedulable)
 
 
