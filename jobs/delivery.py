@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import declaration, logs, sandbox, staging, transfers
+from jobs import cache_fill, declaration, logs, sandbox, transfers
 from jobs.models import Allocation, Job, OutputFile, OutputTransfer
 from jobs.transfers import destinations, sources
 
@@ -112,7 +112,7 @@ class _Watch:
         return self.beat(bytes_done=total, rate_bytes_s=total / max(time.monotonic() - self.began, 1e-6))
 
     def beat(self, **fields) -> bool:
-        with staging.progress_transaction():
+        with cache_fill.progress_transaction():
             return bool(
                 OutputTransfer.objects.filter(id=self.transfer.id, token=self.transfer.token).update(
                     updated_at=timezone.now(), **fields

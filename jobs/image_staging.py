@@ -11,7 +11,7 @@ import hashlib
 import shutil
 import time
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
@@ -19,14 +19,12 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts import team_secrets
-from jobs import imageref, selectors, transfers
-from jobs.lifecycle import State
+from jobs import cache_fill, imageref, selectors, transfers
 from jobs.models import ImageCacheEntry, ImagePull, Job
 from jobs.transfers import registry, sources
 
 FILLING, READY = ImageCacheEntry.FILLING, ImageCacheEntry.READY
 HIT, FILL, WAIT = "hit", "fill", "wait"
-WAIT_S = 0.5
 
 
 class ImageFailed(Exception):
@@ -174,7 +172,7 @@ def _try_claim(*, key: str, team_id: int, reference: str, digest: str, token: st
     if entry.state == READY and rootfs(key).is_dir():
         ImageCacheEntry.objects.filter(id=entry.id).update(hits=entry.hits + 1, last_used_at=now)
         return HIT, entry
-    if entry.state == READY or entry.updated_at < _stale(now):
+    if entry.state == READY or entry.updated_at < cache_fill.stale_before(now):
         # Its files are gone, or its filler went silent: this pull fills it afresh.
         ImageCacheEntry.objects.filter(id=entry.id).update(state=FILLING, filler=token, updated_at=now)
         return FILL, entry
@@ -239,48 +237,14 @@ def _retrying(call, beat: "_Beat"):
     raise AssertionError("unreachable")
 
 
-def _stale(now: datetime) -> datetime:
-    return now - timedelta(seconds=settings.E31_RECONCILE_AFTER_S)
+class _Beat(cache_fill.FillWatch):
+    """A pull: its ImagePull shows the progress; it fills an image cache entry."""
 
-
-class _Beat:
-    """The pull's progress callback: records progress, notices a cancel or a lost cache claim."""
-
-    def __init__(self, pull: ImagePull) -> None:
-        self.pull = pull
-        self.began = time.monotonic()
-        self.entry_id: int | None = None
-        self.token = ""
-        self.stopped = ""
-
-    def __call__(self, done: int) -> bool:
-        rate = done / max(time.monotonic() - self.began, 1e-6)
-        ImagePull.objects.filter(id=self.pull.id).update(bytes_done=done, rate_bytes_s=rate)
-        return self.job_alive() and self.claim_alive()
-
-    def job_alive(self) -> bool:
-        alive = Job.objects.filter(id=self.pull.job_id, state=State.STAGING).update(
-            worker_seen_at=timezone.now()
-        )
-        self.stopped = "" if alive else "cancelled"
-        return bool(alive)
-
-    def claim_alive(self) -> bool:
-        if self.entry_id and not ImageCacheEntry.objects.filter(id=self.entry_id, filler=self.token).update(
-            updated_at=timezone.now()
-        ):
-            self.stopped = "lost"
-            return False
-        return True
+    entries = ImageCacheEntry
+    stopped_error = ImageStopped
 
     def retrying(self, tries: int, reason: str) -> None:
-        ImagePull.objects.filter(id=self.pull.id).update(stage_detail=f"retry {tries}: {reason}"[:500])
-        if not self.job_alive():
-            raise ImageStopped()
-
-    def wait(self, detail: str) -> None:
-        ImagePull.objects.filter(id=self.pull.id).update(stage_state="waiting", stage_detail=detail[:500])
-        time.sleep(WAIT_S)
+        self.update_row(stage_detail=f"retry {tries}: {reason}"[:500])
         if not self.job_alive():
             raise ImageStopped()
 
@@ -307,11 +271,6 @@ def evict(entry_id: int) -> bool:
 
 def remove_orphan_parts(now: datetime) -> None:
     """Pull directories of fills that died with their worker (a live fill keeps its claim fresh)."""
-    if not images_dir().is_dir():
-        return
-    cutoff = _stale(now).timestamp()
-    for part in images_dir().glob("*.part"):
-        key, _, token = part.name.removesuffix(".part").partition(".")
-        live = ImageCacheEntry.objects.filter(key=key, filler=token, state=FILLING).exists()
-        if not live and part.stat().st_mtime < cutoff:
-            shutil.rmtree(part, ignore_errors=True)
+    cache_fill.remove_orphan_parts(
+        images_dir(), ImageCacheEntry, now=now, remove=lambda part: shutil.rmtree(part, ignore_errors=True)
+    )

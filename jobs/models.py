@@ -429,7 +429,30 @@ class TeamUsage(models.Model):
         row.save(update_fields=["gpu_seconds", "as_of"])
 
 
-class DatasetCacheEntry(models.Model):
+class CacheEntry(models.Model):
+    """What the dataset and image caches keep of each entry: its key, the fill that holds it, its use.
+
+    A fill claims the entry by writing its token in ``filler`` and keeps ``updated_at`` fresh while it
+    copies; ``last_used_at`` orders eviction. Abstract: each cache keeps its own table.
+    """
+
+    FILLING, READY = "filling", "ready"
+
+    key = models.CharField(max_length=64, unique=True)
+    state = models.CharField(max_length=8, default="filling")  # filling, ready
+    # The transfer filling it; a filler silent past E31_RECONCILE_AFTER_S loses it to the next.
+    filler = models.CharField(max_length=32, blank=True)
+    hits = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        abstract = True
+        ordering = ["-last_used_at"]
+
+
+class DatasetCacheEntry(CacheEntry):
     """A dataset kept in the pool's staging cache (E31_STAGING_ROOT/cache/<key>), shared by the jobs that read it.
 
     The key names one source object as one team reads it: the team, the URI, its size and validator
@@ -438,27 +461,14 @@ class DatasetCacheEntry(models.Model):
     entry's file; a job not yet released or ended pins the entries its inputs link to.
     """
 
-    FILLING, READY = "filling", "ready"
-
-    key = models.CharField(max_length=64, unique=True)
     uri = models.CharField(max_length=2000)
     bytes = models.BigIntegerField()
     sha256 = models.CharField(max_length=64, blank=True)
     validator = models.CharField(max_length=300, blank=True)
-    state = models.CharField(max_length=8, default="filling")  # filling, ready
-    # The transfer filling it; a filler silent past E31_RECONCILE_AFTER_S loses it to the next.
-    filler = models.CharField(max_length=32, blank=True)
     filling_input = models.ForeignKey(
         DataInput, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     inputs = models.ManyToManyField(DataInput, related_name="cache_entries", blank=True)
-    hits = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField()
-    updated_at = models.DateTimeField()
-    last_used_at = models.DateTimeField(db_index=True)
-
-    class Meta:
-        ordering = ["-last_used_at"]
 
     def __str__(self) -> str:
         return f"{self.key[:12]} {self.uri} ({self.state})"
@@ -557,7 +567,7 @@ class DataShare(models.Model):
         return self.path
 
 
-class ImageCacheEntry(models.Model):
+class ImageCacheEntry(CacheEntry):
     """An image in the pool's staging cache (E31_STAGING_ROOT/images/<key>/: its OCI layout and unpacked root).
 
     Keyed by the team and the manifest digest: the same content for the same team is pulled once, and
@@ -565,24 +575,11 @@ class ImageCacheEntry(models.Model):
     or ended pins the entry its pull links to; the rest are evicted as dataset entries are.
     """
 
-    FILLING, READY = "filling", "ready"
-
-    key = models.CharField(max_length=64, unique=True)
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+")
     reference = models.CharField(max_length=300)  # by digest: registry/name@sha256:…
     digest = models.CharField(max_length=71)
     bytes = models.BigIntegerField(default=0)  # on the staging storage: layout and root filesystem
     config = models.JSONField(default=dict, blank=True)  # Env, Entrypoint, Cmd, WorkingDir
-    state = models.CharField(max_length=8, default="filling")
-    # The pull filling it; a filler silent past E31_RECONCILE_AFTER_S loses it to the next.
-    filler = models.CharField(max_length=32, blank=True)
-    hits = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField()
-    updated_at = models.DateTimeField()
-    last_used_at = models.DateTimeField(db_index=True)
-
-    class Meta:
-        ordering = ["-last_used_at"]
 
     def __str__(self) -> str:
         return f"{self.key[:12]} {self.reference} ({self.state})"

@@ -16,7 +16,6 @@ import os
 import shutil
 import time
 import uuid
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from jobs import dispatch, image_staging, selectors, sharing, transfers
+from jobs import cache_fill, dispatch, image_staging, selectors, sharing, transfers
 from jobs.lifecycle import EndReason, State
 from jobs.models import DataInput, DatasetCacheEntry, Job
 from jobs.transfers import destinations, sources
@@ -33,7 +32,6 @@ from jobs.transitions import transition
 log = logging.getLogger(__name__)
 FILLING, READY = DatasetCacheEntry.FILLING, DatasetCacheEntry.READY
 HIT, FILL, WAIT = "hit", "fill", "wait"
-WAIT_S = 0.5
 SLOT_LOCK = 0x0E31_57A6  # advisory lock serialising claims of the pool's transfer slots
 ALIVE_STATES = selectors.ALIVE_STATES
 
@@ -82,14 +80,10 @@ def _claim(job_id: int, now: datetime) -> bool:
     """One stager at a time: the one that just moved it, or a retry after the last went silent."""
     fresh = Job.objects.filter(id=job_id, state=State.STAGING, worker_seen_at=now).exists()
     return fresh or bool(
-        Job.objects.filter(id=job_id, state=State.STAGING, worker_seen_at__lt=_stale(now)).update(
-            worker_seen_at=now
-        )
+        Job.objects.filter(
+            id=job_id, state=State.STAGING, worker_seen_at__lt=cache_fill.stale_before(now)
+        ).update(worker_seen_at=now)
     )
-
-
-def _stale(now: datetime) -> datetime:
-    return now - timedelta(seconds=settings.E31_RECONCILE_AFTER_S)
 
 
 def job_dir(job_id: int) -> Path:
@@ -111,63 +105,11 @@ def remove_staged(job_id: int) -> None:
 # --------------------------------------------------------------------------- one input
 
 
-class _Watch:
-    """The copy loop's progress callback: records progress, notices a cancel or a lost cache claim."""
+class _Watch(cache_fill.FillWatch):
+    """A data input's copy: its DataInput shows the progress; it fills a dataset cache entry."""
 
-    def __init__(self, data_input: DataInput) -> None:
-        self.data_input = data_input
-        self.began = time.monotonic()
-        self.entry_id: int | None = None
-        self.token = ""
-        self.stopped = ""
-
-    def __call__(self, done: int) -> bool:
-        rate = done / max(time.monotonic() - self.began, 1e-6)
-        with progress_transaction():
-            DataInput.objects.filter(id=self.data_input.id).update(bytes_done=done, rate_bytes_s=rate)
-            return self.job_alive() and self.claim_alive()
-
-    def claim_alive(self) -> bool:
-        """Keeps this transfer's claim on its cache entry fresh; False once another stager took it."""
-        if self.entry_id and not DatasetCacheEntry.objects.filter(id=self.entry_id, filler=self.token).update(
-            updated_at=timezone.now()
-        ):
-            self.stopped = "lost"
-            return False
-        return True
-
-    def job_alive(self) -> bool:
-        """Heartbeat and cancel check in one UPDATE: 0 rows means the job left STAGING."""
-        alive = Job.objects.filter(id=self.data_input.job_id, state=State.STAGING).update(
-            worker_seen_at=timezone.now()
-        )
-        self.stopped = "" if alive else "cancelled"
-        return bool(alive)
-
-    def wait(self, detail: str) -> None:
-        DataInput.objects.filter(id=self.data_input.id).update(
-            stage_state="waiting", stage_detail=detail[:500]
-        )
-        time.sleep(WAIT_S)
-        with progress_transaction():
-            if not self.job_alive():
-                raise StagingStopped()
-            if not self.claim_alive():
-                raise transfers.TransferStopped()
-
-
-@contextmanager
-def progress_transaction():
-    """One commit per progress tick, and on PostgreSQL one that does not wait for its WAL flush.
-
-    Progress and heartbeats are advisory: a tick lost in a crash costs nothing, while three flushed
-    commits every half second measured as a third of an HTTP transfer's time on a busy disk.
-    """
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL synchronous_commit TO OFF")
-        yield
+    entries = DatasetCacheEntry
+    stopped_error = StagingStopped
 
 
 def _stage_input(data_input: DataInput, roots: list[Path]) -> None:
@@ -287,7 +229,7 @@ def _try_claim(*, key: str, data_input: DataInput, token: str, validator: str, n
         entry.inputs.add(data_input)
         DatasetCacheEntry.objects.filter(id=entry.id).update(hits=entry.hits + 1, last_used_at=now)
         return HIT, entry
-    if entry.state == READY or entry.updated_at < _stale(now):
+    if entry.state == READY or entry.updated_at < cache_fill.stale_before(now):
         # Its file is gone, or its filler went silent: this transfer fills it afresh.
         DatasetCacheEntry.objects.filter(id=entry.id).update(
             state=FILLING, filler=token, filling_input=data_input, updated_at=now
@@ -407,7 +349,7 @@ def claim_slot(*, data_input_id: int, now: datetime) -> bool:
 def copying(now: datetime):
     """Inputs being copied now; a stager silent past the reconcile delay no longer holds its slot."""
     return DataInput.objects.filter(
-        stage_state="staging", job__state=State.STAGING, job__worker_seen_at__gte=_stale(now)
+        stage_state="staging", job__state=State.STAGING, job__worker_seen_at__gte=cache_fill.stale_before(now)
     )
 
 
@@ -418,7 +360,9 @@ def sweep_cache(*, now: datetime, room_for: int = 0) -> int:
     """Drops finished jobs' data dirs, then evicts unpinned entries, datasets and images alike: past
     retention, then least recently used past capacity."""
     _remove_finished_job_dirs()
-    _remove_orphan_parts(now)
+    cache_fill.remove_orphan_parts(
+        cache_dir(), DatasetCacheEntry, now=now, remove=lambda part: part.unlink(missing_ok=True)
+    )
     image_staging.remove_orphan_parts(now)
     retention = timedelta(seconds=settings.E31_STAGE_RETENTION_S)
     evicted = sum(evict(entry) for entry in _evictable(now - retention))
@@ -472,15 +416,3 @@ def _remove_finished_job_dirs() -> None:
     alive = set(Job.objects.filter(id__in=ids, state__in=ALIVE_STATES).values_list("id", flat=True))
     for job_id in set(ids) - alive:
         remove_staged(job_id)
-
-
-def _remove_orphan_parts(now: datetime) -> None:
-    """Partial files of fills that died with their worker (a live fill keeps its claim fresh)."""
-    if not cache_dir().is_dir():
-        return
-    cutoff = _stale(now).timestamp()
-    for part in cache_dir().glob("*.part"):
-        key, _, token = part.name.removesuffix(".part").partition(".")
-        live = DatasetCacheEntry.objects.filter(key=key, filler=token, state=FILLING).exists()
-        if not live and part.stat().st_mtime < cutoff:
-            part.unlink(missing_ok=True)
