@@ -297,6 +297,10 @@ E31_STAGING_ROOT = Path(env.str("E31_STAGING_ROOT", default=str(STATE_DIR / "sta
 E31_MAX_JOB_HOURS = env.float("E31_MAX_JOB_HOURS", default=168.0)
 # The largest output a job may declare: its attempt space is an image of that size, and ext4 stops at 16 TiB.
 E31_MAX_OUTPUT_BYTES = env.int("E31_MAX_OUTPUT_BYTES", default=2**40)
+# A pausable job's checkpoint directory: at most this much, kept between its attempts under
+# E31_CHECKPOINT_ROOT (a pool spanning machines mounts it from shared storage on every node).
+E31_MAX_CHECKPOINT_BYTES = env.int("E31_MAX_CHECKPOINT_BYTES", default=2**40)
+E31_CHECKPOINT_ROOT = Path(env.str("E31_CHECKPOINT_ROOT", default=str(STATE_DIR / "checkpoints"))).resolve()
 E31_HEARTBEAT_S = env.float("E31_HEARTBEAT_S", default=5.0)
 # How often an agent looks for its GPUs again (a GPU that fell off the bus), and samples them.
 E31_GPU_RESCAN_S = env.float("E31_GPU_RESCAN_S", default=30.0)

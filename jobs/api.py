@@ -72,6 +72,8 @@ def job_json(job: Job) -> dict:
         "request": {
             "gpus": job.gpus, "hours": job.hours, "min_gpus": job.min_gpus, "max_gpus": job.max_gpus, "gpu_model": job.gpu_model,
             "preemptible": job.preemptible, "requeue": job.requeue, "memory": job.memory_bytes, "cpus": job.cpus,
+            "checkpoint": {"signal": job.checkpoint_signal, "grace_s": job.checkpoint_grace_s, "bytes": job.checkpoint_bytes}
+            if job.checkpoints else None,
         },
         "output": {"uri": job.output_uri, "bytes": job.output_bytes},
         "events": [{"state": e.to_state, "at": e.at, "reason": e.reason} for e in job.events.all()],

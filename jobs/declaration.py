@@ -39,6 +39,11 @@ MIN_CPUS = 0.01  # the smallest CFS quota the kernel takes is 1 ms of every 100 
 MAX_CPUS = 100_000
 MAX_PREREQUISITES = 64
 MAX_ARRAY_INDEX = 10_000_000
+# Signals a job may ask to be warned with before it is stopped: ones a program can catch, nothing else.
+CHECKPOINT_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP")
+CHECKPOINT_KEYS = ("signal", "grace_s", "bytes")
+MIN_GRACE_S, MAX_GRACE_S, DEFAULT_GRACE_S = 1, 3600, 120
+DEFAULT_CHECKPOINT_BYTES = 2**30
 ARRAY_SPEC = re.compile(r"^\s*([0-9][0-9,\s-]*?)\s*(?:%\s*([0-9]+))?\s*$")
 
 
@@ -57,6 +62,7 @@ class Limits:
     # Dataset folders an operator shared with that team, readable besides its own prefix.
     shared: Sequence[Path] = ()
     max_array: int = 1000  # E31_MAX_ARRAY: tasks in one array
+    max_checkpoint_bytes: int = 2**40  # E31_MAX_CHECKPOINT_BYTES: one job's checkpoint directory
     # The names of the submitting team's secrets (None: not checked, as before a team is chosen).
     secrets: frozenset[str] | None = None
 
@@ -67,6 +73,16 @@ class DataInput:
     uri: str
     bytes: int
     sha256: str = ""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """``checkpoint = { signal = "USR1", grace_s = 120, bytes = "2 GB" }``: warned with ``signal``, the job
+    has ``grace_s`` to save into $E31_CHECKPOINT_DIR (at most ``bytes``) before it is stopped."""
+
+    signal: str
+    grace_s: int = DEFAULT_GRACE_S
+    bytes: int = DEFAULT_CHECKPOINT_BYTES
 
 
 @dataclass(frozen=True)
@@ -102,6 +118,7 @@ class Declaration:
     after_any: tuple[int, ...] = ()
     array: Array | None = None
     secrets: list[str] = field(default_factory=list)  # names of team secrets, received as variables
+    checkpoint: Checkpoint | None = None  # pausable: declaring it makes the job preemptible
 
 
 @dataclass
@@ -178,6 +195,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     output_uri = _output_uri(output.get("uri"), limits, errs)
     output_bytes = _output_bytes(output.get("bytes"), limits, errs)
     flags = {key: _flag(request.get(key), f"request.{key}", errs) for key in ("preemptible", "requeue")}
+    checkpoint = _checkpoint(request.get("checkpoint"), limits, errs)
     gpu_model = _short_text(request.get("gpu_model"), "request.gpu_model", 60, errs)
     memory = _memory(request.get("memory"), limits, errs)
     cpus = _cpus(request.get("cpus"), limits, errs)
@@ -191,7 +209,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
         name=name, argv=argv, env=env, image=image, workdir=workdir, data=data,
         gpus=gpus, gpu_model=gpu_model,
         hours=hours, min_gpus=min_gpus, max_gpus=max_gpus,
-        preemptible=flags["preemptible"], requeue=flags["requeue"],
+        preemptible=flags["preemptible"] or checkpoint is not None, requeue=flags["requeue"], checkpoint=checkpoint,
         output_uri=output_uri, output_bytes=output_bytes, memory_bytes=memory, cpus=cpus,
         after_ok=after_ok, after_any=after_any, array=array, secrets=secrets,
     )  # fmt: skip
@@ -563,6 +581,43 @@ def _max_gpus(value: Any, gpus: int, limits: Limits, errs: _Collector) -> int | 
         errs.add("request.max_gpus", f"an elastic maximum is between the {gpus} GPUs requested and {top}")
         return None
     return None if value == gpus else value
+
+
+def _checkpoint(value: Any, limits: Limits, errs: _Collector) -> Checkpoint | None:
+    """Optional: a table of a signal from a safe few, a grace in seconds and a size bound."""
+    if value in (None, "", {}):
+        return None
+    if not isinstance(value, Mapping) or set(value) - set(CHECKPOINT_KEYS):
+        errs.add("request.checkpoint", 'a table such as { signal = "USR1", grace_s = 120, bytes = "2 GB" }')
+        return None
+    signal = value.get("signal")
+    name = signal.strip().upper().removeprefix("SIG") if isinstance(signal, str) else ""
+    if name not in CHECKPOINT_SIGNALS:
+        errs.add(
+            "request.checkpoint.signal",
+            f"the signal to checkpoint on: one of {', '.join(CHECKPOINT_SIGNALS)}",
+        )
+    grace = DEFAULT_GRACE_S if value.get("grace_s") in (None, "") else value.get("grace_s")
+    if not _is_int(grace) or not MIN_GRACE_S <= grace <= MAX_GRACE_S:
+        errs.add("request.checkpoint.grace_s", f"whole seconds from {MIN_GRACE_S} to {MAX_GRACE_S}")
+    size = _checkpoint_bytes(value.get("bytes"), limits, errs)
+    return Checkpoint(name, grace, size) if name in CHECKPOINT_SIGNALS and _is_int(grace) else None
+
+
+def _checkpoint_bytes(value: Any, limits: Limits, errs: _Collector) -> int:
+    if value in (None, ""):
+        return DEFAULT_CHECKPOINT_BYTES
+    try:
+        size = parse_size(value)
+    except ValueError as exc:
+        errs.add("request.checkpoint.bytes", str(exc))
+        return 0
+    if not 1 <= size <= limits.max_checkpoint_bytes:
+        errs.add(
+            "request.checkpoint.bytes",
+            f"from 1 byte to {format_size(limits.max_checkpoint_bytes)} (E31_MAX_CHECKPOINT_BYTES)",
+        )
+    return size
 
 
 def _hours(value: Any, limits: Limits, errs: _Collector) -> float:

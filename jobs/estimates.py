@@ -78,3 +78,16 @@ def _estimate(view, team, label, gpus, hours, min_gpus, preemptible, now, learne
         return Option(label, gpus, hours, min_gpus, None, "no estimate")
     start = None if estimate.start_at is None else datetime.fromtimestamp(estimate.start_at, now.tzinfo)
     return Option(label, gpus, hours, min_gpus, start, estimate.reason)
+
+
+def what_checkpointing_buys(*, declared: bool) -> str:
+    """The draft's line on pausing: what its checkpoint buys, or what declaring one would."""
+    if declared:
+        return (
+            "preemptible, so it may run on GPUs a reservation will need; when one does, it is stopped before "
+            "jobs that do not checkpoint, loses at most the work since its last checkpoint, and resumes from it"
+        )
+    return (
+        "declare a checkpoint signal and this job may also run on GPUs a reservation will need; stopped for "
+        "one, it would resume from its last checkpoint instead of starting over"
+    )

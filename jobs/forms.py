@@ -68,6 +68,7 @@ class JobForm:
             "request.cpus": _text(request.get("cpus")),
             "request.preemptible": "on" if request.get("preemptible") is True else "",
             "request.requeue": "on" if request.get("requeue") is True else "",
+            **_checkpoint_text(request.get("checkpoint")),
             "output.uri": _text(output.get("uri")),
             "output.bytes": _size_text(output.get("bytes")),
             "after_ok": _ids_text(raw.get("after_ok")),
@@ -110,6 +111,7 @@ class JobForm:
                 "cpus": self._number("request.cpus", float, optional=True),
                 "preemptible": bool(v.get("request.preemptible")),
                 "requeue": bool(v.get("request.requeue")),
+                "checkpoint": self._checkpoint(),
             },
             "output": {"uri": v.get("output.uri", ""), "bytes": v.get("output.bytes", "")},
             "after_ok": _ids(v.get("after_ok", "")),
@@ -126,6 +128,19 @@ class JobForm:
         except ValueError:
             self.errors[key] = "a whole number" if kind is int else "a number"
             return None
+
+    def _checkpoint(self) -> dict[str, Any] | None:
+        """Left blank, no checkpoint; a grace or size without a signal is named beside the signal."""
+        signal, grace, size = (
+            self.values.get(f"request.checkpoint.{k}", "").strip() for k in ("signal", "grace_s", "bytes")
+        )
+        if not (signal or grace or size):
+            return None
+        return {
+            "signal": signal,
+            "grace_s": self._number("request.checkpoint.grace_s", int, optional=True),
+            "bytes": size,
+        }
 
     def _env(self, text: str) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -150,6 +165,7 @@ class JobForm:
 _SCALARS = (
     "name", "work.argv", "work.env", "work.image", "work.secrets", "work.workdir",
     "request.gpus", "request.min_gpus", "request.max_gpus", "request.hours", "request.gpu_model", "request.memory", "request.cpus",
+    "request.checkpoint.signal", "request.checkpoint.grace_s", "request.checkpoint.bytes",
     "output.uri", "output.bytes", "after_ok", "after_any", "array",
 )  # fmt: skip
 _JOB_ID_SEPARATORS = re.compile(r"[\s,]+")
@@ -159,6 +175,14 @@ _FLAGS = ("request.preemptible", "request.requeue")
 def _ids(text: str) -> list[int | str]:
     """Job ids typed as "812, 813": whole numbers become ints, anything else is left for the rules to name."""
     return [int(t) if t.isascii() and t.isdigit() else t for t in _JOB_ID_SEPARATORS.split(text.strip()) if t]
+
+
+def _checkpoint_text(value: Any) -> dict[str, str]:
+    c = _mapping(value)
+    return {
+        f"request.checkpoint.{k}": _size_text(c.get(k)) if k == "bytes" else _text(c.get(k))
+        for k in ("signal", "grace_s", "bytes")
+    }
 
 
 def _ids_text(value: Any) -> str:
@@ -174,6 +198,8 @@ LABELS = {
     "request.hours": "Time limit (hours)", "request.min_gpus": "Elastic minimum GPUs", "request.max_gpus": "Elastic maximum GPUs",
     "request.gpu_model": "GPU model", "request.memory": "Memory", "request.cpus": "CPUs",
     "request.preemptible": "Preemptible", "request.requeue": "Requeue after a node loss",
+    "request.checkpoint": "Checkpoint", "request.checkpoint.signal": "Checkpoint signal",
+    "request.checkpoint.grace_s": "Checkpoint grace (seconds)", "request.checkpoint.bytes": "Checkpoint size",
     "output": "Output", "output.uri": "Destination URI", "output.bytes": "Expected size",
 }  # fmt: skip
 _ROW_LABELS = {"name": "name", "uri": "URI", "bytes": "size", "sha256": "sha256"}

@@ -69,6 +69,13 @@ class Job(models.Model):
     max_gpus = models.PositiveIntegerField(null=True, blank=True)
     preemptible = models.BooleanField(default=False)
     requeue = models.BooleanField(default=False)
+    # Pausable: warned with this signal (USR1, …; "" when it does not checkpoint), it has the grace to save
+    # into its checkpoint directory, bounded by checkpoint_bytes, which the next attempt is handed.
+    checkpoint_signal = models.CharField(max_length=4, blank=True)
+    checkpoint_grace_s = models.PositiveIntegerField(null=True, blank=True)
+    checkpoint_bytes = models.BigIntegerField(null=True, blank=True)
+    # What its last attempt left in it, as its node measured it ("paused (checkpoint 1.2 GB)").
+    checkpoint_held_bytes = models.BigIntegerField(null=True, blank=True)
     # For the whole job, split across its nodes by GPUs; null: the node's share for its GPUs.
     memory_bytes = models.BigIntegerField(null=True, blank=True)
     cpus = models.FloatField(null=True, blank=True)
@@ -116,6 +123,11 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(memory_bytes__isnull=True) | Q(memory_bytes__gt=0), name="job_memory_positive"
             ),
+            models.CheckConstraint(  # declaring a checkpoint makes a job preemptible
+                condition=Q(checkpoint_signal="")
+                | Q(preemptible=True, checkpoint_grace_s__gte=1, checkpoint_bytes__gte=1),
+                name="job_checkpoint_is_preemptible",
+            ),
             models.CheckConstraint(condition=Q(cpus__isnull=True) | Q(cpus__gt=0), name="job_cpus_positive"),
             models.CheckConstraint(
                 condition=Q(state__in=[State.RELEASED, State.ENDED]) | Q(end_reason=""),
@@ -131,6 +143,10 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
+
+    @property
+    def checkpoints(self) -> bool:
+        return bool(self.checkpoint_signal)
 
     @property
     def is_alive(self) -> bool:

@@ -11,6 +11,25 @@ from pydantic import StrictBool, StrictFloat, StrictInt, WithJsonSchema, model_v
 # field with the same message (a union here would answer "request.cpus.float" instead).
 _Size = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]})]
 _Number = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "number"}, {"type": "null"}]})]
+_Checkpoint = Annotated[
+    Any,
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {
+                        "signal": {"type": "string", "enum": ["USR1", "USR2", "TERM", "INT", "HUP"]},
+                        "grace_s": {"type": "integer", "minimum": 1, "maximum": 3600},
+                        "bytes": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+                    },
+                    "required": ["signal"],
+                },
+                {"type": "null"},
+            ]
+        }
+    ),
+]
 # Strict numbers: true is not 1 here, as it is not in the form or a job file.
 _JobIds = Annotated[
     Any, WithJsonSchema({"anyOf": [{"type": "array", "items": {"type": "integer"}}, {"type": "null"}]})
@@ -73,6 +92,12 @@ class RequestIn(NullIsAbsent):
     gpu_model: str = ""
     preemptible: StrictBool = False
     requeue: StrictBool = Field(False, description="Requeue as a new attempt after a node loss (at most 3).")
+    checkpoint: _Checkpoint = Field(
+        None,
+        description="Pausable (and so preemptible): before the platform stops the job it sends `signal` (USR1, USR2, "
+        "TERM, INT or HUP), waits `grace_s` (1-3600, default 120), and hands what the job saved in $E31_CHECKPOINT_DIR "
+        "(at most `bytes`, default 1 GiB) to its next attempt, which starts with E31_RESUMED=1.",
+    )
     memory: _Size = Field(
         None,
         description="Memory for the whole job: bytes or a size such as '512 MB' (split across nodes by GPUs). "

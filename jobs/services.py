@@ -35,7 +35,17 @@ def pool_limits(*, team=None) -> declaration.Limits:
         team=team.slug if team is not None else None,
         shared=sharing.shared_with(team.slug) if team is not None else (),
         max_array=settings.E31_MAX_ARRAY,
+        max_checkpoint_bytes=settings.E31_MAX_CHECKPOINT_BYTES,
         secrets=frozenset(team_secrets.names(team)) if team is not None else None,
+    )
+
+
+def _checkpoint(spec: declaration.Declaration) -> dict:
+    c = spec.checkpoint
+    return (
+        {"checkpoint_signal": c.signal, "checkpoint_grace_s": c.grace_s, "checkpoint_bytes": c.bytes}
+        if c
+        else {}
     )
 
 
@@ -66,7 +76,7 @@ def submit_job(
             argv=spec.argv, env=spec.env, image=spec.image, workdir=spec.workdir, secrets=spec.secrets,
             gpus=spec.gpus, gpu_model=spec.gpu_model, hours=spec.hours, min_gpus=spec.min_gpus, max_gpus=spec.max_gpus,
             preemptible=spec.preemptible, requeue=spec.requeue, memory_bytes=spec.memory_bytes, cpus=spec.cpus,
-            output_uri=spec.output_uri, output_bytes=spec.output_bytes, rerun_of=rerun_of,
+            output_uri=spec.output_uri, output_bytes=spec.output_bytes, rerun_of=rerun_of, **_checkpoint(spec),
         )
         for index in indices
     )  # fmt: skip

@@ -303,8 +303,10 @@ def estimate(request: HttpRequest) -> HttpResponse:
     else:
         context["options"] = estimates.draft_options(
             team=team.name, gpus=gpus, hours=hours, min_gpus=raw.get("min_gpus"),
-            preemptible=bool(raw.get("preemptible")), now=context["now"], max_gpus=_max_gpus(raw, gpus),
+            preemptible=bool(raw.get("preemptible") or raw.get("checkpoint")), now=context["now"],
+            max_gpus=_max_gpus(raw, gpus),
         )  # fmt: skip
+        context["checkpointing"] = estimates.what_checkpointing_buys(declared=bool(raw.get("checkpoint")))
         context["budget"] = signals.check_budget(team=team, gpu_hours=gpus * hours, now=context["now"])
         context["planned"] = selectors.planned_run(
             team_name=team.name, hours=hours, started_at=None, now=context["now"]

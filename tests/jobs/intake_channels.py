@@ -27,6 +27,10 @@ def as_form_fields(raw: dict) -> dict[str, str]:
         "output.uri": output.get("uri", ""),
         "output.bytes": str(output.get("bytes", "")),
     }
+    checkpoint = request.get("checkpoint") or {}
+    for key in ("signal", "grace_s", "bytes"):
+        if checkpoint.get(key) is not None:
+            fields[f"request.checkpoint.{key}"] = str(checkpoint[key])
     for flag in ("preemptible", "requeue"):
         if request.get(flag):
             fields[f"request.{flag}"] = "on"
