@@ -121,8 +121,9 @@ def _running() -> list[types.RunningView]:
         "job__hours",
         "job__preemptible",
         "job__array_id",
+        "job__checkpoint_signal",
     )
-    for job_id, team, node, indices, rented_at, hours, preemptible, array in rows:
+    for job_id, team, node, indices, rented_at, hours, preemptible, array, signal in rows:
         entry = by_job.setdefault(
             job_id,
             {
@@ -132,6 +133,7 @@ def _running() -> list[types.RunningView]:
                 "hours": hours,
                 "preemptible": preemptible,
                 "array": array,
+                "checkpoints": bool(signal),
             },
         )
         entry["nodes"][node] = tuple(indices)
@@ -144,6 +146,7 @@ def _running() -> list[types.RunningView]:
             expected_end=e["rented"] + e["hours"] * 3600,
             preemptible=e["preemptible"],
             array=e["array"],
+            checkpoints=e["checkpoints"],
         )
         for job_id, e in by_job.items()
     ]

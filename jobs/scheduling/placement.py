@@ -515,7 +515,8 @@ class Pass:
         return hard_part, soft_part
 
     def _preempt_for(self, hold: Held, parts: Mapping[str, tuple[int, int]]) -> None:
-        """A hold due now on backlog GPUs: its idle GPUs, plus the fewest backlog jobs preempted."""
+        """A hold due now on backlog GPUs: its idle GPUs, then backlog jobs preempted - checkpointing ones first
+        (they lose at most the time since their last checkpoint, the others all their work), the widest first."""
         ready: dict[str, tuple[int, ...]] = {}
         for node, (idle_k, soft_k) in parts.items():
             idle = self.free.get(node, [])
@@ -524,7 +525,9 @@ class Pass:
             self.reserved_hard[node] -= idle_k
             self._sync(node)
             spare = self.preempt_spare.setdefault(node, [])
-            backlog = sorted(self.soft_jobs.get(node, ()), key=lambda r: -len(r.gpus_by_node[node]))
+            backlog = sorted(
+                self.soft_jobs.get(node, ()), key=lambda r: (not r.checkpoints, -len(r.gpus_by_node[node]))
+            )
             for r in backlog:
                 if len(spare) >= soft_k:
                     break

@@ -373,7 +373,10 @@ class _Replay:
         run = (
             self.remaining[jid] * job.gpus / got
         )  # elastic: fewer GPUs, proportionally longer (more: shorter)
-        rv = RunningView(jid, job.team, dict(gpus_by_node), now, now + job.hours * HOUR_S, job.preemptible)
+        rv = RunningView(
+            jid, job.team, dict(gpus_by_node), now, now + job.hours * HOUR_S, job.preemptible,
+            checkpoints=self.jobs[jid].checkpoints,
+        )  # fmt: skip
         self.running[jid] = rv
         self.backlog_running += rv.preemptible
         insort(self.by_end, rv, key=_end_key)
@@ -420,8 +423,9 @@ class _Replay:
             i = bisect_left(self.by_end, _end_key(rv), key=_end_key)
             del self.by_end[i]
             longer = RunningView(
-                jid, rv.team, rv.gpus_by_node, rv.started_at, rv.started_at + planned, rv.preemptible
-            )
+                jid, rv.team, rv.gpus_by_node, rv.started_at, rv.started_at + planned, rv.preemptible,
+                checkpoints=rv.checkpoints,
+            )  # fmt: skip
             self.running[jid] = longer
             insort(self.by_end, longer, key=_end_key)
             if longer.expected_end < self.ends[jid]:

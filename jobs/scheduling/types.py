@@ -48,6 +48,8 @@ class RunningView:
     expected_end: float
     preemptible: bool = False
     array: int | None = None  # the array it is a task of, whose running limit it counts against
+    # Resumes from its last checkpoint when stopped: cheap to preempt, so it makes room first.
+    checkpoints: bool = False
 
 
 @dataclass(frozen=True, slots=True)

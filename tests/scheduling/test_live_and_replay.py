@@ -25,8 +25,19 @@ def snapshots(draw):
         if k:
             taken, free[node] = free[node][:k], free[node][k:]
             end = NOW + draw(st.integers(60, 20_000))
+            backlog = draw(
+                st.sampled_from([(False, False), (True, False), (True, True)])
+            )  # preemptible, checkpoints
             running.append(
-                RunningView(100 + jid, draw(st.sampled_from("ab")), {node: tuple(taken)}, NOW - 600, end)
+                RunningView(
+                    100 + jid,
+                    draw(st.sampled_from("ab")),
+                    {node: tuple(taken)},
+                    NOW - 600,
+                    end,
+                    preemptible=backlog[0],
+                    checkpoints=backlog[1],
+                )
             )
     pending = [
         PendingJob(

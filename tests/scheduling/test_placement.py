@@ -1,5 +1,6 @@
 """Placement: one node when it fits, best-fit packing, whole nodes for big jobs, elastic and backlog jobs."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -116,8 +117,10 @@ def test_an_elastic_job_below_its_minimum_waits():
     assert result.starts == []
 
 
-def _backlog(job_id, gpus_by_node, end=NOW + 50 * 3600):
-    return RunningView(job_id, "batch", gpus_by_node, NOW - 3600, end, preemptible=True)
+def _backlog(job_id, gpus_by_node, end=NOW + 50 * 3600, checkpoints=False):
+    return RunningView(
+        job_id, "batch", gpus_by_node, NOW - 3600, end, preemptible=True, checkpoints=checkpoints
+    )
 
 
 def test_backlog_jobs_are_preempted_for_a_job_that_would_otherwise_wait():
@@ -134,6 +137,33 @@ def test_preemption_takes_idle_gpus_first_and_as_few_backlog_jobs_as_possible():
     running = [_backlog(7, {"a": (4, 5)}), _backlog(8, {"a": (6, 7)}), _backlog(9, {"b": tuple(range(8))})]
     result = _plan([_node("a", (0, 1, 2, 3)), _node("b", ())], [_job(1, 6)], running)
     assert len(result.preemptions) == 1 and result.preemptions[0] in (7, 8)
+
+
+@pytest.mark.parametrize("checkpointing", [7, 8])
+def test_a_checkpointing_backlog_job_is_preempted_before_one_that_would_start_over(checkpointing):
+    running = [_backlog(j, {"a": (0, 1, 2, 3) if j == 7 else (4, 5, 6, 7)}, checkpoints=j == checkpointing)
+               for j in (7, 8)]  # fmt: skip
+    result = _plan([_node("a", ())], [_job(1, 4)], running)
+    assert result.preemptions == [checkpointing]
+    (hold,) = result.reservations
+    assert hold.gpus_by_node == {"a": running[checkpointing - 7].gpus_by_node["a"]}
+
+
+def test_checkpointing_jobs_make_room_first_even_when_more_of_them_must_stop():
+    # Two small checkpointing jobs lose at most the time since their checkpoints; the big one would lose it all.
+    running = [
+        _backlog(7, {"a": (0, 1, 2, 3)}),
+        _backlog(8, {"a": (4, 5)}, checkpoints=True),
+        _backlog(9, {"a": (6, 7)}, checkpoints=True),
+    ]
+    result = _plan([_node("a", ())], [_job(1, 4)], running)
+    assert sorted(result.preemptions) == [8, 9]
+
+
+def test_a_non_checkpointing_job_is_preempted_when_the_checkpointing_ones_are_not_enough():
+    running = [_backlog(7, {"a": (0, 1, 2, 3)}), _backlog(8, {"a": (4, 5)}, checkpoints=True)]
+    result = _plan([_node("a", (6, 7))], [_job(1, 8)], running)
+    assert sorted(result.preemptions) == [7, 8]
 
 
 def test_backlog_gpus_never_push_a_reservation_later():
