@@ -6,10 +6,12 @@ a failed sibling on another node, or the allocation released under it (node decl
 """
 
 import collections
+import dataclasses
 import hashlib
 import logging
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -29,6 +31,7 @@ from accounts import team_secrets
 from jobs import (
     attempt_space,
     cgroups,
+    checkpoints,
     devices,
     image_staging,
     limits,
@@ -38,9 +41,10 @@ from jobs import (
     rental,
     sandbox,
 )
-from jobs.lifecycle import PREEMPTED, EndReason
+from jobs.lifecycle import PREEMPTED, EndReason, State
 from jobs.models import Allocation, ImagePull, Job, Node
 from jobs.rental import STOPPED
+from jobs.units import format_size
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +167,7 @@ def run_part(
     if not rental.start_allocation(allocation_id=allocation_id, now=timezone.now()):
         return  # a duplicate delivery, or released before it could start
     part = _load_part(allocation_id, mode, gpu_uuids)
-    dirs = sandbox.attempt_dirs(part.allocation)
+    dirs = _with_checkpoint(part, sandbox.attempt_dirs(part.allocation))
     uid = None
     try:  # everything after the start is inside: whatever fails, the GPUs are released
         _bound_or_refuse(part, dirs)  # created mounted: the job's files live in its bounded space
@@ -185,7 +189,20 @@ def run_part(
     finally:
         if uids and uid is not None:
             uids.give_back(uid)
+    kept = checkpoints.settle(part.job.id, limit=part.job.checkpoint_bytes) if dirs.checkpoint else None
+    if kept is not None:
+        _with_database(lambda: rental.note_checkpoint(job_id=part.job.id, attempt=part.allocation.attempt,
+                                                      held_bytes=kept.bytes, note=kept.note, now=timezone.now()))  # fmt: skip
     _with_database(lambda: _after_exit(part, dirs, outcome, exit_code))
+    if dirs.checkpoint:
+        _with_database(lambda: remove_ended_checkpoints(job_ids=[part.job.id]))
+
+
+def _with_checkpoint(part: Part, dirs: sandbox.AttemptDirs) -> sandbox.AttemptDirs:
+    """A pausable job's first part is handed its checkpoint directory (the other parts keep their own files)."""
+    if not (part.job.checkpoints and part.rank == 0):
+        return dirs
+    return dataclasses.replace(dirs, checkpoint=checkpoints.directory(part.job.id))
 
 
 def _bound_or_refuse(part: Part, dirs: sandbox.AttemptDirs) -> None:
@@ -205,6 +222,8 @@ def _confined_run(
     gpus = devices.gpu_nodes(settings.E31_DEVICE_ROOT, part.allocation.gpu_indices) if sandboxed else ()
     device_procs = devices.constrain(part.key, gpus) if sandboxed else None
     dirs.create(owner=uid)
+    if dirs.checkpoint:
+        checkpoints.prepare(part.job.id, owner=uid)
     sandbox.write_identity(dirs, uid=uid, gid=uid)
     if part.network:
         network.wire(part.network)
@@ -310,7 +329,7 @@ def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: 
     capture = LogCapture(proc.stdout, dirs.root / "job.log", settings.E31_LOG_CAP_BYTES, secrets)
     capture.start()
     stop = _watch(part, proc, capture)
-    code = sandbox.terminate(proc, grace_s=settings.E31_KILL_GRACE_S, mode=mode) if stop else proc.wait()
+    code = _stop(proc, stop, part, mode) if stop else proc.wait()
     sandbox.kill_tree(proc)  # children that outlived the job go with its process group
     capture.join(timeout=5)
     _with_database(lambda: _store_tail(part, capture.text()))
@@ -321,6 +340,14 @@ def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: 
         return EndReason.SUCCEEDED, code
     # Read from the cgroup's own counter: a job that dies of SIGKILL is not assumed to be out of memory.
     return (EndReason.OUT_OF_MEMORY if group.oom_kills() else EndReason.FAILED), code
+
+
+def _stop(proc: subprocess.Popen, reason: str, part: Part, mode: str) -> int:
+    """A pausable job stopped to be resumed gets its own signal and grace to checkpoint; any other stop, TERM."""
+    if reason == PREEMPTED and part.job.checkpoints:
+        sig = getattr(signal, f"SIG{part.job.checkpoint_signal}")
+        return sandbox.terminate(proc, grace_s=part.job.checkpoint_grace_s, mode=mode, sig=sig)
+    return sandbox.terminate(proc, grace_s=settings.E31_KILL_GRACE_S, mode=mode)
 
 
 def _launch(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: sandbox.Confinement,
@@ -387,6 +414,13 @@ def _with_database(call, *, attempts: int = 30, wait_s: float = 1.0):
     return None
 
 
+def _paused(part: Part) -> str:
+    if not part.job.checkpoints:
+        return "yielded its GPUs to a reserved job"
+    held = Job.objects.values_list("checkpoint_held_bytes", flat=True).get(id=part.job.id) or 0
+    return f"yielded its GPUs to a reserved job; paused with a checkpoint of {format_size(held)}"
+
+
 def _after_exit(part: Part, dirs: sandbox.AttemptDirs, outcome: str, exit_code: int | None) -> None:
     now = timezone.now()
     job_id = part.job.id
@@ -398,7 +432,7 @@ def _after_exit(part: Part, dirs: sandbox.AttemptDirs, outcome: str, exit_code: 
         return
     if outcome == PREEMPTED:
         rental.release_job(job_id=job_id, end_reason=PREEMPTED, now=now, actor=_actor(part),
-                           requeue_as=PREEMPTED, detail="yielded its GPUs to a reserved job")  # fmt: skip
+                           requeue_as=PREEMPTED, detail=_paused(part))  # fmt: skip
         return
     if outcome == "sibling_failed":
         outcome = STOPPED  # not this part's failure: the attempt's exit code is the failing part's
@@ -498,8 +532,17 @@ def _job_env(
         "E31_NUM_GPUS": str(part.num_gpus),
         "E31_COORDINATOR": part.coordinator,
         **_array_env(part.job),
+        **_checkpoint_env(part, dirs),
         **(libraries if driver else {}),
     }
+
+
+def _checkpoint_env(part: Part, inside: sandbox.AttemptDirs) -> dict[str, str]:
+    """Where to checkpoint, and whether this attempt was handed a checkpoint to resume from."""
+    if inside.checkpoint is None:
+        return {}
+    handed = part.allocation.attempt > 1 and any(checkpoints.directory(part.job.id).iterdir())
+    return {"E31_CHECKPOINT_DIR": str(inside.checkpoint), "E31_RESUMED": "1" if handed else "0"}
 
 
 def _array_env(job) -> dict[str, str]:
@@ -530,6 +573,20 @@ def remove_expired_attempts(*, node_name: str, now) -> list[str]:
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry.name)
     return removed
+
+
+def remove_ended_checkpoints(*, job_ids: list[int] | None = None) -> list[int]:
+    """Removes the checkpoint directories of jobs that have ended, however they ended (or are gone)."""
+    stored = checkpoints.stored_job_ids() if job_ids is None else job_ids
+    alive = set(
+        Job.objects.filter(id__in=stored)
+        .exclude(state__in=(State.RELEASED, State.ENDED))
+        .values_list("id", flat=True)
+    )
+    ended = [job_id for job_id in stored if job_id not in alive]
+    for job_id in ended:
+        checkpoints.remove(job_id)
+    return ended
 
 
 def _finished_before(allocation: Allocation, cutoff) -> bool:

@@ -8,6 +8,7 @@ from django.core.paginator import Paginator
 from jobs import selectors
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, STEPS, EndReason, State
 from jobs.models import Dependency, Job
+from jobs.units import format_size
 
 LIST_FIELDS = (
     "id", "name", "state", "end_reason", "gpus", "hours", "submitted_at", "state_changed_at",
@@ -138,8 +139,18 @@ def timeline(job: Job, events, *, now: datetime) -> list[Step]:
         else:
             status = "current" if state == job.state else "done"
         took = ((end or now) - start) if start and state != State.RELEASED else None
-        steps.append(Step(label, state, start, took, status))
+        steps.append(
+            Step(paused(job) or label if state == State.QUEUED else label, state, start, took, status)
+        )
     return steps
+
+
+def paused(job: Job) -> str:
+    """A pausable job between attempts: "paused (checkpoint 1.2 GB)"; '' for any other job or state."""
+    if not (job.checkpoints and job.state == State.QUEUED and job.attempt >= 1):
+        return ""
+    held = job.checkpoint_held_bytes or 0
+    return f"paused (checkpoint {format_size(held)})" if held else "paused (no checkpoint kept)"
 
 
 def held_gpu_seconds(allocations, *, now: datetime) -> float:

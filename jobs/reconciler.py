@@ -62,7 +62,7 @@ def _abandon_silent(stale: datetime, now: datetime, findings: Findings) -> None:
         state__in=(State.RUNNING, State.OUTPUT), worker_seen_at__lt=stale, state_changed_at__lt=stale
     )
     for job in silent[:100]:
-        requeue = job.requeue and job.attempt < settings.E31_MAX_ATTEMPTS
+        requeue = rental.requeues_after_loss(job)
         rental.release_job(
             job_id=job.id, end_reason=EndReason.NODE_LOST, now=now, actor="reconciler",
             detail="its node agent stopped reporting on it", requeue_as=REQUEUED if requeue else "",

@@ -256,6 +256,22 @@ def request_preemption(*, job_id: int, now: datetime) -> bool:
         return bool(marked)
 
 
+def note_checkpoint(*, job_id: int, attempt: int, held_bytes: int, note: str, now: datetime) -> None:
+    """What a pausable job's attempt left in its checkpoint directory, as its node measured it (and why
+    nothing, when it broke its bound); an older attempt never overwrites a newer one's."""
+    with transaction.atomic():
+        noted = Job.objects.filter(id=job_id, attempt=attempt).update(checkpoint_held_bytes=held_bytes)
+        if noted and note:
+            state = Job.objects.values_list("state", flat=True).get(id=job_id)
+            JobEvent.objects.create(job_id=job_id, from_state=state, to_state=state, at=now,
+                                    actor="agent", reason=note[:300], attempt=attempt)  # fmt: skip
+
+
+def requeues_after_loss(job: Job) -> bool:
+    """A node loss requeues a job that asked for it, or one that checkpoints (it resumes from its last one)."""
+    return (job.requeue or job.checkpoints) and job.attempt < settings.E31_MAX_ATTEMPTS
+
+
 def lose_node_allocations(
     *, node: Node, now: datetime, detail: str, gpu_indices: Sequence[int] | None = None
 ) -> int:
@@ -267,7 +283,7 @@ def lose_node_allocations(
         lost = lost.filter(id__in=holding.values("allocation_id"))
     job_ids = set(lost.values_list("job_id", flat=True))
     for job in Job.objects.filter(id__in=job_ids):
-        requeue = job.requeue and job.attempt < settings.E31_MAX_ATTEMPTS
+        requeue = requeues_after_loss(job)
         release_job(
             job_id=job.id, end_reason=EndReason.NODE_LOST, now=now, actor="reaper",
             detail=detail, requeue_as=REQUEUED if requeue else "", last_heartbeat=node.last_heartbeat,

@@ -65,6 +65,7 @@ class AttemptDirs:
     work: Path
     output: Path
     data: Path
+    checkpoint: Path | None = None  # a pausable job's first part: the directory its attempts hand on
 
     def create(self, *, owner: int) -> None:
         """The attempt root stays the agent's (job.log lives there); work and output are the job's own."""
@@ -147,7 +148,8 @@ def seen_inside(dirs: AttemptDirs, image: ImageView | None) -> AttemptDirs:
     if image is None:
         return dirs
     return AttemptDirs(root=dirs.root, work=IMAGE_MOUNTS / "work", output=IMAGE_MOUNTS / "output",
-                       data=IMAGE_MOUNTS / "data")  # fmt: skip
+                       data=IMAGE_MOUNTS / "data",
+                       checkpoint=IMAGE_MOUNTS / "checkpoint" if dirs.checkpoint else None)  # fmt: skip
 
 
 def image_library_path(libraries: Sequence[Path]) -> list[str]:
@@ -278,6 +280,8 @@ def command(
     cmd += ["--bind", str(dirs.work), str(inside.work), "--bind", str(dirs.output), str(inside.output)]
     if dirs.data.exists():
         cmd += ["--ro-bind", str(dirs.data), str(inside.data)]
+    if dirs.checkpoint and inside.checkpoint:
+        cmd += ["--bind", str(dirs.checkpoint), str(inside.checkpoint)]
     cmd += ["--remount-ro", "/"]  # the root that holds the view's mount points: nothing new under / or /etc
     cmd.append("--clearenv")
     for key, value in env.items():
@@ -426,14 +430,16 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def terminate(proc: subprocess.Popen, *, grace_s: float, mode: str) -> int:
-    """TERM to the job and everything it started, then KILL after the grace period; returns the exit code.
+def terminate(proc: subprocess.Popen, *, grace_s: float, mode: str, sig: int = signal.SIGTERM) -> int:
+    """TERM (or a pausable job's checkpoint signal) to the job and everything it started, then KILL after
+    the grace period; returns the exit code.
 
-    Under bubblewrap the direct child is bwrap itself: TERM goes to the processes inside it, since
-    killing bwrap first would KILL them at once (--die-with-parent) and skip their grace period.
+    Under bubblewrap the direct child is bwrap itself: the signal goes to the processes inside it, since
+    killing bwrap first would KILL them at once (--die-with-parent) and skip their grace period. Inside,
+    bwrap's own init ignores a signal it has no handler for, as the kernel does for a namespace's init.
     """
     inside = descendants(proc.pid) if mode == BUBBLEWRAP else [proc.pid, *descendants(proc.pid)]
-    _send(inside, signal.SIGTERM)
+    _send(inside, sig)
     deadline = time.monotonic() + grace_s
     while proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

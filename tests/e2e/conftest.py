@@ -145,6 +145,9 @@ def live_pool(request, transactional_db, settings, tmp_path):
     settings.E31_DATA_ROOTS, settings.E31_OUTPUT_ROOTS = [data.resolve()], [outputs.resolve()]
     settings.E31_STAGING_ROOT = (state / "staging").resolve()
     settings.E31_AGENT_ROOT = (state / "agents").resolve()
+    settings.E31_CHECKPOINT_ROOT = (
+        state / "checkpoints"
+    ).resolve()  # the agents' default under E31_STATE_DIR
     settings.E31_MAX_ATTEMPTS = 3
     settings.E31_JOB_SUBNET = env["E31_JOB_SUBNET"]
     settings.E31_SECRETS_KEYS = [env["E31_SECRETS_KEYS"]]

@@ -61,7 +61,7 @@ def test_a_job_reads_how_many_gpus_its_attempt_holds(team):
     )
     Allocation.objects.create(job=job, attempt=1, node=b, rank=1, gpu_indices=[0, 1, 2], rented_at=now)
     part = agent._load_part(first.id, "none", None)
-    env = agent._job_env(part, SimpleNamespace(work="/w", data="/d", output="/o"), None)
+    env = agent._job_env(part, SimpleNamespace(work="/w", data="/d", output="/o", checkpoint=None), None)
     assert env["E31_NUM_GPUS"] == "7"
 
 

@@ -181,7 +181,7 @@ def _cpus(text: str) -> float:
 
 def _check_the_view(name: str) -> None:
     """Refuses to start where a job would see platform state, or could not reach its own directories."""
-    platform = [settings.STATE_DIR, settings.E31_AGENT_ROOT, settings.E31_STAGING_ROOT,
+    platform = [settings.STATE_DIR, settings.E31_AGENT_ROOT, settings.E31_STAGING_ROOT, settings.E31_CHECKPOINT_ROOT,
                 *settings.E31_DATA_ROOTS, *settings.E31_OUTPUT_ROOTS, *settings.SECRET_FILES]  # fmt: skip
     if exposed := sandbox.exposed_by_view(platform):
         raise CommandError(
@@ -189,7 +189,8 @@ def _check_the_view(name: str) -> None:
         )
     jobs_dir = sandbox.agent_root(name) / "jobs"
     jobs_dir.mkdir(parents=True, exist_ok=True)
-    for path in (jobs_dir, settings.E31_STAGING_ROOT):
+    settings.E31_CHECKPOINT_ROOT.mkdir(parents=True, exist_ok=True)
+    for path in (jobs_dir, settings.E31_STAGING_ROOT, settings.E31_CHECKPOINT_ROOT):
         if refused := sandbox.traversal_refusal(path):
             raise CommandError(refused)
 
@@ -210,6 +211,7 @@ def _heartbeat(register: dict) -> None:
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + sweep_every
                 agent.remove_expired_attempts(node_name=register["name"], now=timezone.now())
+                agent.remove_ended_checkpoints()
         except Exception:  # the database is restarting: keep beating, the next one will get through
             close_old_connections()
 

@@ -1,0 +1,199 @@
+"""Pausable jobs on the node: the checkpoint directory each attempt hands on, its bound, its signal, its end."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from django.utils import timezone
+
+from jobs import agent, checkpoints, presenters, rental, sandbox
+from jobs.models import Allocation, Job, JobEvent
+from tests.factories import JobFactory, NodeFactory
+
+JOB_UID = 300777
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def ckpt_root(settings, tmp_path):
+    tmp_path.chmod(0o711)
+    settings.E31_CHECKPOINT_ROOT = tmp_path / "checkpoints"
+    return settings.E31_CHECKPOINT_ROOT
+
+
+def _pausable(team, **kw):
+    defaults = {
+        "preemptible": True,
+        "checkpoint_signal": "USR1",
+        "checkpoint_grace_s": 2,
+        "checkpoint_bytes": 1000,
+    }
+    return JobFactory(team=team, **{**defaults, **kw})
+
+
+def _running_part(job, attempt=1):
+    node = NodeFactory(name=f"gpu-{job.id}-{attempt}")
+    Job.objects.filter(id=job.id).update(attempt=attempt, state="running")
+    allocation = Allocation.objects.create(
+        job=job, attempt=attempt, node=node, rank=0, gpu_indices=[0], rented_at=timezone.now()
+    )
+    return agent._load_part(allocation.id, "none", None)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="re-owning to a job uid needs root")
+def test_the_directory_is_the_attempts_own_while_it_runs_and_the_agents_after(ckpt_root):
+    path = checkpoints.prepare(42, owner=JOB_UID)
+    (path / "step.txt").write_text("7")
+    assert (path.stat().st_uid, oct(path.stat().st_mode & 0o777)) == (JOB_UID, "0o700")
+    assert oct(ckpt_root.stat().st_mode & 0o777) == "0o711"  # passable, never listable by a job
+    checkpoints.prepare(42, owner=JOB_UID + 1)  # the next attempt's uid gets what the last one wrote
+    assert (path / "step.txt").stat().st_uid == JOB_UID + 1
+    kept = checkpoints.settle(42, limit=1000)
+    assert kept == checkpoints.Kept(1) and (path / "step.txt").stat().st_uid == os.geteuid()
+
+
+def test_a_checkpoint_past_its_declared_bytes_is_removed_whole_with_a_note(ckpt_root):
+    path = checkpoints.prepare(43, owner=os.getuid())
+    (path / "shard").mkdir()
+    (path / "shard" / "weights").write_bytes(b"x" * 1500)
+    kept = checkpoints.settle(43, limit=1000)
+    assert (
+        kept.bytes == 0 and "over its declared checkpoint.bytes" in kept.note and "from scratch" in kept.note
+    )
+    assert path.is_dir() and list(path.iterdir()) == []
+
+
+def test_the_sandbox_binds_the_checkpoint_directory_where_the_job_is_told(tmp_path):
+    root = tmp_path / "attempt"
+    dirs = sandbox.AttemptDirs(root=root, work=root / "w", output=root / "o", data=tmp_path / "d",
+                               checkpoint=tmp_path / "checkpoints" / "42")  # fmt: skip
+    confinement = sandbox.Confinement(uid=JOB_UID, gid=JOB_UID)
+    cmd = sandbox.command(
+        argv=["true"], env={}, dirs=dirs, workdir="", mode=sandbox.BUBBLEWRAP, confinement=confinement
+    )
+    pairs = list(zip(cmd, cmd[1:], cmd[2:], strict=False))
+    assert ("--bind", str(dirs.checkpoint), str(dirs.checkpoint)) in pairs
+    assert sandbox.seen_inside(dirs, SimpleNamespace()).checkpoint == Path("/e31/checkpoint")
+    plain = dataclass_without_checkpoint(dirs)
+    cmd = sandbox.command(
+        argv=["true"], env={}, dirs=plain, workdir="", mode=sandbox.BUBBLEWRAP, confinement=confinement
+    )
+    assert str(dirs.checkpoint) not in cmd
+
+
+def dataclass_without_checkpoint(dirs):
+    return sandbox.AttemptDirs(root=dirs.root, work=dirs.work, output=dirs.output, data=dirs.data)
+
+
+def test_only_a_pausable_jobs_first_part_is_handed_the_directory(team, ckpt_root):
+    part = _running_part(_pausable(team))
+    assert agent._with_checkpoint(part, sandbox.attempt_dirs(part.allocation)).checkpoint == ckpt_root / str(
+        part.job.id
+    )
+    plain = _running_part(JobFactory(team=team))
+    assert agent._with_checkpoint(plain, sandbox.attempt_dirs(plain.allocation)).checkpoint is None
+
+
+def _env(part):
+    inside = SimpleNamespace(work="/w", data="/d", output="/o", checkpoint=checkpoints.directory(part.job.id))
+    return agent._job_env(part, inside, None)
+
+
+def test_the_next_attempt_starts_resumed_with_its_number_when_it_is_handed_a_checkpoint(team, ckpt_root):
+    job = _pausable(team)
+    first = _env(_running_part(job, attempt=1))
+    checkpoints.prepare(job.id, owner=os.getuid())
+    assert (first["E31_CHECKPOINT_DIR"], first["E31_RESUMED"], first["E31_ATTEMPT"]) == (
+        str(ckpt_root / str(job.id)),
+        "0",
+        "1",
+    )
+    assert _env(_running_part(job, attempt=2))["E31_RESUMED"] == "0"  # nothing was saved: a fresh start
+    (checkpoints.directory(job.id) / "step").write_text("3")
+    second = _env(_running_part(job, attempt=3))
+    assert (second["E31_RESUMED"], second["E31_ATTEMPT"]) == ("1", "3")
+
+
+def test_a_job_that_does_not_checkpoint_sees_neither_variable(team):
+    env = agent._job_env(
+        _running_part(JobFactory(team=team)),
+        SimpleNamespace(work="/w", data="/d", output="/o", checkpoint=None),
+        None,
+    )
+    assert "E31_CHECKPOINT_DIR" not in env and "E31_RESUMED" not in env
+
+
+def test_terminate_sends_the_declared_signal_then_kills_after_the_grace(tmp_path):
+    marker = tmp_path / "got"
+    code = (
+        "import signal, sys, time, pathlib\n"
+        f"signal.signal(signal.SIGUSR1, lambda *a: pathlib.Path({str(marker)!r}).write_text('usr1'))\n"
+        "print('ready', flush=True)\n"
+        "while True: time.sleep(0.05)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout.readline() == b"ready\n"
+    started = time.monotonic()
+    exit_code = sandbox.terminate(proc, grace_s=1, mode=sandbox.UNSANDBOXED, sig=signal.SIGUSR1)
+    assert marker.read_text() == "usr1" and exit_code == -signal.SIGKILL  # it ignored the stop: killed
+    assert 1 <= time.monotonic() - started < 5
+
+
+def test_a_preempted_pausable_job_gets_its_signal_and_grace_any_other_stop_term(team, monkeypatch, settings):
+    settings.E31_KILL_GRACE_S = 9
+    sent = []
+    monkeypatch.setattr(sandbox, "terminate", lambda proc, **kw: sent.append(kw) or 0)
+    part = _running_part(_pausable(team, checkpoint_signal="HUP", checkpoint_grace_s=30))
+    agent._stop(None, "preempted", part, sandbox.BUBBLEWRAP)
+    agent._stop(None, "cancelled", part, sandbox.BUBBLEWRAP)
+    assert sent == [
+        {"grace_s": 30, "mode": sandbox.BUBBLEWRAP, "sig": signal.SIGHUP},
+        {"grace_s": 9, "mode": sandbox.BUBBLEWRAP},
+    ]
+
+
+def test_the_directory_goes_when_the_job_ends_however_it_ends_and_stays_between_attempts(team, ckpt_root):
+    waiting, ended, cancelled = (_pausable(team, state=s) for s in ("queued", "released", "ended"))
+    for job in (waiting, ended, cancelled):
+        checkpoints.prepare(job.id, owner=os.getuid())
+    checkpoints.prepare(999999, owner=os.getuid())  # a job that no longer exists
+    assert sorted(agent.remove_ended_checkpoints()) == sorted([ended.id, cancelled.id, 999999])
+    assert checkpoints.stored_job_ids() == [waiting.id]
+
+
+def test_between_attempts_the_lifecycle_shows_the_job_paused_with_its_checkpoint(team):
+    job = _pausable(team, state="running", attempt=1)
+    rental.note_checkpoint(job_id=job.id, attempt=1, held_bytes=1_200_000_000, note="", now=timezone.now())
+    Job.objects.filter(id=job.id).update(state="queued")
+    job.refresh_from_db()
+    steps = presenters.timeline(job, [], now=timezone.now())
+    assert "paused (checkpoint 1.2 GB)" in [s.label for s in steps]
+    assert presenters.paused(JobFactory(team=team, state="queued", attempt=1)) == ""
+
+
+def test_an_older_attempt_never_overwrites_the_checkpoint_a_newer_one_noted(team):
+    job = _pausable(team, state="running", attempt=2)
+    rental.note_checkpoint(job_id=job.id, attempt=1, held_bytes=5, note="late", now=timezone.now())
+    job.refresh_from_db()
+    assert job.checkpoint_held_bytes is None and not JobEvent.objects.filter(job=job).exists()
+
+
+def test_a_checkpoint_refused_for_its_size_is_said_in_the_jobs_events(team):
+    job = _pausable(team, state="running", attempt=1)
+    rental.note_checkpoint(
+        job_id=job.id, attempt=1, held_bytes=0, note="its checkpoint … was removed", now=timezone.now()
+    )
+    assert JobEvent.objects.get(job=job).reason == "its checkpoint … was removed"
+
+
+def test_a_node_loss_requeues_a_pausable_job_even_without_requeue(team, settings):
+    settings.E31_MAX_ATTEMPTS = 3
+    part = _running_part(_pausable(team, requeue=False))
+    rental.lose_node_allocations(node=part.allocation.node, now=timezone.now(), detail="gone")
+    job = Job.objects.get(id=part.job.id)
+    assert (job.state, job.attempt) == ("queued", 1)
