@@ -34,6 +34,7 @@ from jobs import (
     checkpoints,
     devices,
     image_staging,
+    leftovers,
     limits,
     logs,
     masking,
@@ -251,8 +252,8 @@ def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | Non
         .select_related("node")
         .order_by("rank")
     )
-    # Names on the host (network namespace, links, groups) hash the node too: pools sharing a machine never clash.
-    key = hashlib.sha256(f"{allocation.node.name}:{allocation.id}".encode()).hexdigest()[:10]
+    # Names on the host (network namespace, links, groups): the node's next agent finds them by it if this one dies.
+    key = leftovers.part_key(allocation.node.name, allocation.id)
     visible = devices.visible_devices(allocation.gpu_indices, gpu_uuids or {})
     first = siblings[0]
     held = sum(len(s.gpu_indices) for s in siblings)

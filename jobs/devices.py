@@ -15,6 +15,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from jobs import cgroups
+
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 # What bubblewrap's minimal /dev holds: null, zero, full, random, urandom, tty, ptmx and the ptys.
 STANDARD_DEVICES = ("c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm", "c 5:0 rwm", "c 5:2 rwm",
@@ -51,6 +53,18 @@ def constrain(name: str, nodes: Sequence[Path]) -> Path | None:
     for rule in (*STANDARD_DEVICES, *map(_rule, nodes)):
         (group / "devices.allow").write_text(rule)
     return group / "cgroup.procs"
+
+
+def constrained_names() -> list[str]:
+    """The attempts (by key) holding a devices group on this machine, whichever agent made them."""
+    parent = DEVICES_CGROUP / "e31"
+    return sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
+
+
+def remove_left(name: str) -> None:
+    """Removes a devices group an agent that died left, KILLing whatever of its attempt still runs in it."""
+    hierarchy = cgroups.Hierarchy("devices", 1, DEVICES_CGROUP, Path("."))
+    cgroups.AttemptGroup({"devices": hierarchy}, prefix="e31", name=name).remove(timeout_s=1)
 
 
 def release(name: str) -> None:

@@ -20,6 +20,7 @@ GPU is held twice). The operator routes each node's /24 to that node.
 
 import ipaddress
 import os
+import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ NODE_PREFIX = 24
 PART_PREFIX = 30
 # Never reached by a job with egress: private (RFC 1918), loopback, link-local (cloud metadata),
 # CGNAT (other jobs' parts), "this network", IETF protocol assignments, benchmarking, multicast, reserved.
+KEYED = re.compile(r"e31[-_]?([0-9a-f]{10})")  # a part's namespace, host link or table, named by its key
 NEVER_REACHED = (
     "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
     "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4",
@@ -99,7 +101,7 @@ def plan(*, subnet: str, key: str, slot: int | None, gpu_indices: Sequence[int],
     addresses = tuple(part_addresses(subnet, peer, gpus)[1] for peer, gpus in peers)
     networks = [ipaddress.ip_network(n, strict=False) for n in (*NEVER_REACHED, subnet, *platform)]
     deny = tuple(str(n) for n in ipaddress.collapse_addresses(n for n in networks if n.version == 4))
-    return PartNetwork(namespace=f"e31-{key}", host_link=f"e31{key}", host_address=host, address=own,
+    return PartNetwork(**_names(key), host_address=host, address=own,
                        peers=addresses, egress=egress, deny=deny, resolvers=tuple(resolvers), subnet=subnet)  # fmt: skip
 
 
@@ -167,6 +169,28 @@ def unwire(net: PartNetwork) -> None:
         ["nft", "delete", "table", "inet", net.table],
     ):
         subprocess.run(step, capture_output=True, timeout=20)
+
+
+def _names(key: str) -> dict[str, str]:
+    return {"namespace": f"e31-{key}", "host_link": f"e31{key}"}
+
+
+def wired_keys() -> set[str]:
+    """The keys of every part namespace, host link and table on this machine, whichever agent made them."""
+    listings = (["ip", "netns", "list"], ["ip", "-o", "link", "show"], ["nft", "list", "tables"])
+    names = []
+    for cmd in listings:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        # ``ip -o link``: "7: e31<key>@if2: <...>"; ``ip netns``: "e31-<key> (id: 3)"; nft: "table inet e31_<key>"
+        names += [
+            word.split("@")[0].rstrip(":") for line in done.stdout.splitlines() for word in line.split()
+        ]
+    return {match.group(1) for name in names if (match := KEYED.fullmatch(name))}
+
+
+def unwire_key(key: str) -> None:
+    """Removes what ``wire`` made for the part named by ``key`` (an agent that died left it)."""
+    unwire(PartNetwork(**_names(key), host_address="", address="", peers=()))
 
 
 def refusal() -> str:

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 from django.utils import timezone
 
-from jobs import agent, gpu_usage, gpus, limits, network, nodes, sandbox, selectors, tasks, units
+from jobs import agent, gpu_usage, gpus, leftovers, limits, network, nodes, sandbox, selectors, tasks, units
 
 AGENT_VERSION = "1.0"
 UNSENT_MINUTES = 10_000  # GPU-minute summaries kept for a database that is away (hours of a full node)
@@ -84,6 +84,8 @@ class Command(BaseCommand):
                 "(apt-get install bubblewrap) or start with --allow-unsandboxed (E31_ALLOW_UNSANDBOXED=1)."
             )
         tasks.AGENT["mode"] = mode
+        if removed := leftovers.sweep(node_name=name, uids=tasks.AGENT["uids"]):
+            self.stdout.write(f"node {name}: removed what an earlier agent left: {', '.join(removed)}")
         tasks.AGENT["gpu_uuids"] = _uuids(found)
         refusal = network.refusal() if mode == sandbox.BUBBLEWRAP else "it runs jobs unsandboxed"
         register = {"name": name, "address": address or socket.getfqdn(), **_gpu_fields(found, source),
