@@ -382,6 +382,10 @@ if E31_ATTEMPT_PIDS < 16 or E31_SCRATCH_BYTES < 0:
 E31_JOB_UID_BASE = env.int("E31_JOB_UID_BASE", default=200000)
 E31_JOB_UID_COUNT = env.int("E31_JOB_UID_COUNT", default=1000)
 E31_ATTEMPT_RETENTION_S = env.float("E31_ATTEMPT_RETENTION_S", default=86400.0)
+# Per-minute GPU samples of allocations are kept this many days, then folded into one summary per allocation.
+E31_GPU_MINUTES_KEEP_DAYS = env.int("E31_GPU_MINUTES_KEEP_DAYS", default=30)
+if E31_GPU_MINUTES_KEEP_DAYS < 1:
+    raise ImproperlyConfigured("E31_GPU_MINUTES_KEEP_DAYS is at least 1")
 # Where the agent finds /dev/nvidia* (tests point it at fake device nodes).
 E31_DEVICE_ROOT = Path(env.str("E31_DEVICE_ROOT", default="/dev"))
 # Parts of jobs spanning nodes get addresses from here: node N owns the N-th /24 (route it to N).
@@ -425,6 +429,7 @@ CELERY_BEAT_SCHEDULE = {
     "reap-silent-nodes": {"task": "jobs.tasks.reap_silent_nodes", "schedule": max(1.0, E31_HEARTBEAT_S)},
     "reconcile-stuck-jobs": {"task": "jobs.tasks.reconcile", "schedule": E31_RECONCILE_EVERY_S},
     "sweep-staging-cache": {"task": "jobs.tasks.sweep_cache", "schedule": 600.0},
+    "prune-gpu-minutes": {"task": "jobs.tasks.prune_gpu_minutes", "schedule": 3600.0},
     "scheduler-safety-pass": {"task": "jobs.tasks.run_safety_pass", "schedule": E31_SCHEDULER_TICK_S},
     "accrue-meter-hourly": {
         "task": "metering.tasks.accrue_meter",

@@ -2,12 +2,17 @@
 
 Written by the node agents' samplers. Metrics, not the meter: a lost minute leaves a gap in a chart,
 never in the ledger, so a summary already stored (an agent retrying after a database error) is kept.
+Minutes older than E31_GPU_MINUTES_KEEP_DAYS are folded into their allocation's ``GpuUseSummary``
+and deleted, so the table stays the size of its window while every job keeps its GPU use.
 """
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from jobs.models import Allocation, GpuMinute, NodeGpu
+from django.db import transaction
+from django.db.models import Count, F, Max, Sum
+
+from jobs.models import Allocation, GpuMinute, GpuUseSummary, NodeGpu
 
 READING_FIELDS = ("utilisation", "memory_used_bytes", "power_w", "temperature_c", "sampled_at")
 MINUTE_FIELDS = ("gpu_index", "minute", "samples", "utilisation_avg", "utilisation_max", "memory_used_max_bytes",
@@ -36,3 +41,58 @@ def record_gpu_minutes(*, node_name: str, minutes: Sequence[Mapping]) -> int:
     ]
     GpuMinute.objects.bulk_create(rows, ignore_conflicts=True)
     return len(rows)
+
+
+PRUNE_BATCH = 5000  # minutes per transaction: a big backlog never holds its locks for long
+# Named as the summary's fields; the weighted sum comes first, before "samples" names the sum and not the field.
+_FOLD = {
+    "utilisation_weighted": Sum(F("utilisation_avg") * F("samples")), "minutes": Count("id"),
+    "through": Max("minute"), "samples": Sum("samples"), "utilisation_max": Max("utilisation_max"),
+    "memory_used_max_bytes": Max("memory_used_max_bytes"), "power_sum_w": Sum("power_avg_w"),
+    "power_minutes": Count("power_avg_w"), "temperature_max_c": Max("temperature_max_c"),
+}  # fmt: skip
+_SUMMED = ("minutes", "samples", "utilisation_weighted", "power_sum_w", "power_minutes")
+
+
+def prune_gpu_minutes(*, now: datetime, keep_days: int, batch: int = PRUNE_BATCH) -> int:
+    """Folds GPU minutes older than ``keep_days`` into their allocations' summaries, then deletes them;
+    how many went. One short transaction per ``batch``: the agents keep writing meanwhile."""
+    cutoff, pruned = now - timedelta(days=keep_days), 0
+    while folded := _fold_batch(cutoff=cutoff, batch=batch):
+        pruned += folded
+    return pruned
+
+
+@transaction.atomic
+def _fold_batch(*, cutoff: datetime, batch: int) -> int:
+    # Locked (and skipped by a concurrent pruner): a minute is folded exactly once.
+    old = GpuMinute.objects.filter(minute__lt=cutoff).order_by("id").select_for_update(skip_locked=True)
+    ids = list(old.values_list("id", flat=True)[:batch])
+    if not ids:
+        return 0
+    folded = GpuMinute.objects.filter(id__in=ids).values("allocation_id").annotate(**_FOLD).order_by()
+    by_allocation = {row.pop("allocation_id"): row for row in folded}
+    existing = GpuUseSummary.objects.select_for_update().in_bulk(list(by_allocation))
+    fresh = [
+        GpuUseSummary(allocation_id=a, **_clean(row)) for a, row in by_allocation.items() if a not in existing
+    ]
+    for allocation_id, summary in existing.items():
+        _add(summary, by_allocation[allocation_id])
+    GpuUseSummary.objects.bulk_create(fresh)
+    GpuUseSummary.objects.bulk_update(existing.values(), list(_FOLD))
+    GpuMinute.objects.filter(id__in=ids).delete()
+    return len(ids)
+
+
+def _clean(row: dict) -> dict:
+    return {**row, "power_sum_w": row["power_sum_w"] or 0.0}
+
+
+def _add(summary: GpuUseSummary, row: dict) -> None:
+    """Adds a batch's folded minutes to a summary: counts and sums add up, peaks keep the higher."""
+    for name, value in _clean(row).items():
+        have = getattr(summary, name)
+        if name in _SUMMED:
+            setattr(summary, name, have + value)
+        elif value is not None and (have is None or value > have):
+            setattr(summary, name, value)

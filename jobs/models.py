@@ -410,6 +410,27 @@ class GpuMinute(models.Model):
         return f"{self.allocation_id}:{self.gpu_index}@{self.minute:%H:%M}"
 
 
+class GpuUseSummary(models.Model):
+    """An allocation's GPU minutes older than E31_GPU_MINUTES_KEEP_DAYS, folded into one row before they are
+    deleted, so its job page and the ledger show the same GPU use after the per-minute detail is gone."""
+
+    allocation = models.OneToOneField(
+        Allocation, on_delete=models.PROTECT, primary_key=True, related_name="+"
+    )
+    minutes = models.PositiveIntegerField()  # GPU minutes folded in
+    through = models.DateTimeField()  # the latest minute folded in
+    samples = models.PositiveIntegerField()
+    utilisation_weighted = models.FloatField()  # the sum of each minute's average times its samples
+    utilisation_max = models.FloatField()
+    memory_used_max_bytes = models.BigIntegerField()
+    power_sum_w = models.FloatField(default=0)  # over the minutes that measured power
+    power_minutes = models.PositiveIntegerField(default=0)
+    temperature_max_c = models.FloatField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.allocation_id}: {self.minutes} GPU minutes through {self.through:%Y-%m-%d %H:%M}"
+
+
 class SchedulerState(models.Model):
     """A single row: the coalescing doorbell for scheduler passes and the last pass's figures."""
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
-from django.db.models import Avg, Count, F, Max, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, F, Max, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
 
 from accounts import scoping
 from jobs import declaration
@@ -21,6 +21,7 @@ from jobs.models import (
     DataInput,
     DatasetCacheEntry,
     GpuMinute,
+    GpuUseSummary,
     ImageCacheEntry,
     ImagePull,
     Job,
@@ -371,14 +372,17 @@ def gpu_use_by_job(job_ids: Sequence[int]) -> dict[int, GpuUse]:
         for row in held.annotate(real=Count("id", filter=~Q(node__gpu_source=VIRTUAL_GPUS)))
     }
     minutes = GpuMinute.objects.filter(allocation__job_id__in=job_ids).values("allocation__job_id")
-    summed = {row.pop("allocation__job_id"): row for row in minutes.annotate(**_USE).order_by()}
+    folded = GpuUseSummary.objects.filter(allocation__job_id__in=job_ids).values("allocation__job_id")
+    summed = _merged(minutes.annotate(**_USE).order_by(), folded.annotate(**_FOLDED).order_by())
     return {job_id: _gpu_use(virtual.get(job_id, False), summed.get(job_id)) for job_id in job_ids}
 
 
 def gpu_use_by_allocation(allocations: Sequence[Allocation]) -> dict[int, GpuUse]:
     """Each allocation's GPU use (its node is read from the allocation: select_related it)."""
-    minutes = GpuMinute.objects.filter(allocation_id__in=[a.id for a in allocations]).values("allocation_id")
-    summed = {row.pop("allocation_id"): row for row in minutes.annotate(**_USE).order_by()}
+    ids = [a.id for a in allocations]
+    minutes = GpuMinute.objects.filter(allocation_id__in=ids).values("allocation_id")
+    folded = GpuUseSummary.objects.filter(allocation_id__in=ids).values("allocation_id")
+    summed = _merged(minutes.annotate(**_USE).order_by(), folded.annotate(**_FOLDED).order_by())
     return {a.id: _gpu_use(a.node.gpu_source == VIRTUAL_GPUS, summed.get(a.id)) for a in allocations}
 
 
@@ -387,15 +391,37 @@ VIRTUAL_GPUS = "virtual"  # a node's gpu_source when its agent serves made-up GP
 _USE = {
     "sampled": Sum("samples"), "weighted": Sum(F("utilisation_avg") * F("samples")),
     "peak": Max("utilisation_max"), "memory_peak": Max("memory_used_max_bytes"),
-    "power": Avg("power_avg_w"), "hottest": Max("temperature_max_c"),
+    "power": Sum("power_avg_w"), "powered": Count("power_avg_w"), "hottest": Max("temperature_max_c"),
 }  # fmt: skip
+# The same figures from the minutes already pruned (gpu_usage.prune_gpu_minutes), in the same order.
+_FOLDED = {
+    "sampled": Sum("samples"), "weighted": Sum("utilisation_weighted"), "peak": Max("utilisation_max"),
+    "memory_peak": Max("memory_used_max_bytes"), "power": Sum("power_sum_w"), "powered": Sum("power_minutes"),
+    "hottest": Max("temperature_max_c"),
+}  # fmt: skip
+_ADDED = ("sampled", "weighted", "power", "powered")
+
+
+def _merged(minutes: QuerySet, folded: QuerySet) -> dict[int, dict]:
+    """Kept minutes and pruned ones, by the first column, in one query: sums add up, peaks keep the higher."""
+    merged: dict[int, dict] = {}
+    for row in minutes.union(folded, all=True):
+        key = row.pop(next(iter(row)))
+        have = merged.setdefault(key, dict.fromkeys(row))
+        for name, value in row.items():
+            if name in _ADDED:
+                have[name] = (have[name] or 0) + (value or 0)
+            elif value is not None and (have[name] is None or value > have[name]):
+                have[name] = value
+    return merged
 
 
 def _gpu_use(virtual: bool, row: dict | None) -> GpuUse:
     if virtual or not row or not row["sampled"]:
         return GpuUse(virtual=virtual, samples=0, utilisation=None)
+    power = row["power"] / row["powered"] if row["powered"] else None
     return GpuUse(
-        virtual=False, samples=row["sampled"], utilisation=row["weighted"] / row["sampled"],
-        utilisation_max=row["peak"], memory_used_max_bytes=row["memory_peak"], power_avg_w=row["power"],
+        virtual=False, samples=int(row["sampled"]), utilisation=row["weighted"] / row["sampled"],
+        utilisation_max=row["peak"], memory_used_max_bytes=row["memory_peak"], power_avg_w=power,
         temperature_max_c=row["hottest"],
     )  # fmt: skip

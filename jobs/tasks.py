@@ -4,9 +4,10 @@ Writers enqueue these by name through ``jobs.dispatch`` (its names are checked a
 """
 
 from celery import shared_task
+from django.conf import settings
 from django.utils import timezone
 
-from jobs import agent, delivery, nodes, reconciler, scheduler, staging
+from jobs import agent, delivery, gpu_usage, nodes, reconciler, scheduler, staging
 
 # Set by the node_agent command: how this agent runs jobs ("bubblewrap" or "none"), as whom, and its
 # GPUs' UUIDs by device index.
@@ -48,6 +49,12 @@ def reap_silent_nodes() -> None:
 @shared_task
 def reconcile() -> None:
     reconciler.reconcile(now=timezone.now())
+
+
+@shared_task
+def prune_gpu_minutes() -> None:
+    """Per-minute GPU detail is kept E31_GPU_MINUTES_KEEP_DAYS; each allocation keeps its summary."""
+    gpu_usage.prune_gpu_minutes(now=timezone.now(), keep_days=settings.E31_GPU_MINUTES_KEEP_DAYS)
 
 
 @shared_task

@@ -7,8 +7,8 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs import gpu_usage, gpus, nodes
-from jobs.models import GpuMinute, Node, NodeGpu
+from jobs import gpu_usage, gpus, nodes, selectors, tasks
+from jobs.models import GpuMinute, GpuUseSummary, Node, NodeGpu
 from tests.metering.conftest import release, rent
 
 pytestmark = pytest.mark.django_db
@@ -96,3 +96,53 @@ def test_each_gpus_latest_reading_is_what_the_pool_page_shows_live(operator_clie
         operator_client.get(reverse("operations:pool")).content.decode().split(f'id="node-{node.id}-row"')[1]
     )
     assert "utilisation 0: — · 1: 73 % · 2: — · 3: —" in row.split("</tr>")[0]
+
+
+def _uses(job) -> list[dict]:
+    allocations = list(job.allocations.select_related("node"))
+    return [asdict(selectors.gpu_use_by_job([job.id])[job.id]),
+            *map(asdict, selectors.gpu_use_by_allocation(allocations).values())]  # fmt: skip
+
+
+@pytest.fixture
+def with_a_late_minute(busy_job):
+    """Two hours in, GPU 1 at 90 % for a minute whose power was not read: (1632 + 1080) / 60 samples = 45 %."""
+    late = {**_minute(busy_job.allocations.get(), 1, T0 + timedelta(hours=2), 90), "power_avg_w": None}
+    assert gpu_usage.record_gpu_minutes(node_name="gpu-real", minutes=[late]) == 1
+    return busy_job
+
+
+def test_gpu_minutes_past_their_days_go_and_the_job_page_shows_the_same_use(
+    member_client, with_a_late_minute
+):
+    before = _uses(with_a_late_minute)
+    pruned = gpu_usage.prune_gpu_minutes(now=T0 + timedelta(days=30, hours=1), keep_days=30)
+    assert pruned == 3
+    assert list(GpuMinute.objects.values_list("minute", flat=True)) == [T0 + timedelta(hours=2)]
+    assert _uses(with_a_late_minute) == before  # the figures are whole sums here: exactly the same
+    page = member_client.get(reverse("jobs:detail", args=[with_a_late_minute.id])).content.decode()
+    assert "Held 8.000 GPU-hours at 45 % average utilisation" in page
+    assert "peak 90 %" in page and "250 W on average" in page  # the minute without power is not a 0 W one
+
+
+def test_pruning_in_small_batches_folds_each_minute_exactly_once(with_a_late_minute):
+    before = _uses(with_a_late_minute)
+    gone = T0 + timedelta(days=365)
+    assert gpu_usage.prune_gpu_minutes(now=gone, keep_days=30, batch=1) == 4
+    assert gpu_usage.prune_gpu_minutes(now=gone, keep_days=30, batch=1) == 0
+    assert not GpuMinute.objects.exists()
+    summary = GpuUseSummary.objects.get()
+    assert (summary.minutes, summary.samples, summary.power_minutes) == (4, 60, 3)
+    assert _uses(with_a_late_minute) == before
+
+
+def test_beat_prunes_the_minutes_older_than_the_days_the_setting_keeps(busy_job, settings, time_machine):
+    assert "jobs.tasks.prune_gpu_minutes" in {e["task"] for e in settings.CELERY_BEAT_SCHEDULE.values()}
+    time_machine.move_to(T0 + timedelta(days=31), tick=False)
+    settings.E31_GPU_MINUTES_KEEP_DAYS = 40
+    tasks.prune_gpu_minutes()
+    assert GpuMinute.objects.count() == 3
+    settings.E31_GPU_MINUTES_KEEP_DAYS = 30
+    tasks.prune_gpu_minutes()
+    assert not GpuMinute.objects.exists()
+    assert GpuUseSummary.objects.get().samples == 48
