@@ -22,7 +22,7 @@ schedulable pool is skipped, never waited for.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import compress, count, repeat
 from operator import and_, attrgetter, itemgetter, le, or_
 
@@ -38,9 +38,10 @@ from jobs.scheduling.types import (
     Reservation,
     RunningView,
     Start,
+    by_expected_end,
+    by_submit,
 )
 
-_by_submit = attrgetter("submitted_at", "job_id")
 _by_estimate = attrgetter("hours", "submitted_at", "job_id")
 _expected_end = attrgetter("expected_end")
 _gpus = attrgetter("gpus")
@@ -94,14 +95,21 @@ class _FlatPool:
 
 
 def _queue(
-    pending: Sequence[PendingJob], *, now: float, pool: _FlatPool, key: attrgetter
+    pending: Sequence[PendingJob],
+    *,
+    now: float,
+    pool: _FlatPool,
+    order: Callable[[Sequence[PendingJob]], list],
 ) -> list[PendingJob]:
     """The jobs that can ever start, in the policy's order (staging ones are not queued yet)."""
-    if pending and (any(map(_ready_at, pending)) or max(map(_gpus, pending)) > pool.capacity):
-        pending = [
-            j for j in pending if j.gpus <= pool.capacity and (j.ready_at is None or j.ready_at <= now)
-        ]
-    return sorted(pending, key=key)
+    queue = order(pending)
+    if queue and (any(map(_ready_at, queue)) or max(map(_gpus, queue)) > pool.capacity):
+        queue = [j for j in queue if j.gpus <= pool.capacity and (j.ready_at is None or j.ready_at <= now)]
+    return queue
+
+
+def _shortest_first(pending: Sequence[PendingJob]) -> list[PendingJob]:
+    return sorted(pending, key=_by_estimate)
 
 
 def _plan(starts: list[Start], reservations: list[Reservation]) -> Plan:
@@ -122,7 +130,7 @@ def fcfs(
     """Strict first-come-first-served: start in submit order, stop at the first job that waits."""
     pool = _FlatPool(nodes)
     starts = []
-    for job in _queue(pending, now=now, pool=pool, key=_by_submit):
+    for job in _queue(pending, now=now, pool=pool, order=by_submit):
         if job.gpus > pool.free:
             break
         starts.append(pool.start(job))
@@ -149,7 +157,7 @@ def _releases(
 ) -> Iterator[tuple[float, int]]:
     """(estimated end, GPUs on schedulable nodes) of running jobs and this pass's starts, by end;
     lazily, since the walk to the shadow time usually stops early."""
-    ordered = sorted(running, key=_expected_end)
+    ordered = by_expected_end(running)
     own = sorted(started)
     j = 0
     for r in ordered:
@@ -216,7 +224,7 @@ def easy(
     """EASY backfilling in submit order (the module docstring)."""
     pool = _FlatPool(nodes)
     return _easy(
-        _queue(pending, now=now, pool=pool, key=_by_submit), now=now, running=running, pool=pool, memo=memo
+        _queue(pending, now=now, pool=pool, order=by_submit), now=now, running=running, pool=pool, memo=memo
     )
 
 
@@ -234,5 +242,9 @@ def sjf_easy(
     """EASY backfilling with the queue ordered by estimate, shortest first."""
     pool = _FlatPool(nodes)
     return _easy(
-        _queue(pending, now=now, pool=pool, key=_by_estimate), now=now, running=running, pool=pool, memo=memo
+        _queue(pending, now=now, pool=pool, order=_shortest_first),
+        now=now,
+        running=running,
+        pool=pool,
+        memo=memo,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, count, repeat
 from operator import and_, attrgetter, le, or_
@@ -26,6 +26,8 @@ from jobs.scheduling.types import (
     Reservation,
     RunningView,
     Start,
+    any_preemptible,
+    by_expected_end,
     part_share,
 )
 
@@ -201,16 +203,30 @@ class PoolState:
     free-GPU index (nodes bucketed by free GPUs, in node order within a bucket).
 
     The live scheduler builds one from its snapshot each pass (``of(nodes)``). The replay keeps
-    one for the whole run (``types.NodeList.state``) and reports each node whose free GPUs change
-    (``set_free``), so a pass copies it instead of visiting every node. Orders are node order
+    one for the whole run (``types.NodeList.state``) and names the nodes whose views it replaced
+    (``changed``); the state reads them when a pass next asks for it (``set_free``), so a pass
+    copies it instead of visiting every node, and a policy that never asks costs nothing. Orders are node order
     either way - best fit takes the first node on ties - so both give the same decisions: a kept
     state notes which of its dicts went out of order and re-sorts only those, before a pass.
     """
 
-    __slots__ = ("_dirty", "_pos", "cache_nodes", "count", "free", "index", "no_span", "offers", "shape")
+    __slots__ = (
+        "_dirty",
+        "_nodes",
+        "_pos",
+        "_stale",
+        "cache_nodes",
+        "count",
+        "free",
+        "index",
+        "no_span",
+        "offers",
+        "shape",
+    )
 
     def __init__(self, nodes: Sequence[NodeView], *, kept: bool = False) -> None:
-        """``kept``: a keeper will report changes (``set_free``) and hand this state to every pass."""
+        """``kept``: a keeper will replace views in ``nodes`` and say which (``changed``), and hand
+        this state to every pass."""
         self.shape = shape = _pool_shape(nodes)
         if shape.all_schedulable:
             self.free: dict[str, list[int]] = {n.name: list(n.free) for n in nodes if n.free}
@@ -228,12 +244,18 @@ class PoolState:
         self.count = self.index.count
         self._pos = {n.name: i for i, n in enumerate(nodes)} if kept else {}
         self._dirty: set[int] = set()  # ids of dicts (free, count, a bucket) out of node order
+        self._nodes = nodes if kept else ()
+        self._stale: dict[str, None] = {}  # nodes whose views changed since the last pass
 
     @staticmethod
     def of(nodes: Sequence[NodeView]) -> PoolState:
         """The state a keeper maintains for ``nodes``, else one built from them now."""
         kept = getattr(nodes, "state", None)
         return kept.in_order() if kept is not None else PoolState(nodes)
+
+    def changed(self, nodes: Iterable[str]) -> None:
+        """The keeper replaced these nodes' views (in the list the state was built from)."""
+        self._stale.update(dict.fromkeys(nodes))
 
     def set_free(self, node: str, free: list[int]) -> None:
         """A keeper's report: ``node`` now has ``free`` idle, in index order (a new list: passes
@@ -255,7 +277,10 @@ class PoolState:
             self._dirty.add(id(d))
 
     def in_order(self) -> PoolState:
-        """Itself, with every dict a keeper put out of order sorted back into node order."""
+        """Itself, up to date with the views the keeper changed, every dict in node order."""
+        for node in self._stale:
+            self.set_free(node, list(self._nodes[self._pos[node]].free))
+        self._stale.clear()
         if self._dirty:
             where = self._pos.__getitem__
             for d in (self.free, self.count, *self.index.buckets):
@@ -304,7 +329,7 @@ class Pass:
         self.running = running
         self.soft: dict[str, int] = {}
         self.soft_jobs: dict[str, list[RunningView]] = {}
-        for r in running if any(map(_preemptible, running)) else ():
+        for r in running if any_preemptible(running) else ():
             if r.preemptible:
                 for name, idx in r.gpus_by_node.items():
                     if name in self.capacity:
@@ -456,8 +481,8 @@ class Pass:
     def releases(self) -> list[RunningView]:
         """Non-preemptible running jobs by expected end (preemptible ones count as free already)."""
         if self._releases is None:
-            running = self.running if not self.soft_jobs else [r for r in self.running if not r.preemptible]
-            self._releases = sorted(running, key=_expected_end)
+            ordered = by_expected_end(self.running)
+            self._releases = [r for r in ordered if not r.preemptible] if self.soft_jobs else list(ordered)
         return self._releases
 
     def base_avail(self) -> dict[str, int]:

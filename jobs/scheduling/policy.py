@@ -40,7 +40,6 @@ estimate, with ``start_at`` None only when the pool can never place it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from operator import attrgetter
 
 from jobs.scheduling import explanation, gates, placement, priority, widening
 from jobs.scheduling.types import (
@@ -51,6 +50,7 @@ from jobs.scheduling.types import (
     PolicyConfig,
     ReleaseMemo,
     RunningView,
+    by_submit,
 )
 
 
@@ -100,9 +100,6 @@ def plan(
     )
 
 
-_by_submit = attrgetter("submitted_at", "job_id")
-
-
 def easy_nodes(
     *,
     now: float,
@@ -123,7 +120,7 @@ def easy_nodes(
         now=now,
         nodes=nodes,
         running=running,
-        order=sorted(pending, key=_by_submit),
+        order=by_submit(pending),
         config=PolicyConfig(reserve_top=1, max_reservations=1, explain=config.explain),
         memo=memo,
     )

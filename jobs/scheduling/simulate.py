@@ -212,11 +212,10 @@ class _Pool:
 
     def views_now(self) -> types.NodeList:
         """The nodes as the policy must see them now."""
-        views, state = self.views, self.views.state
+        views = self.views
         for node in self.touched:
-            ordered = sorted(self.free[node])
-            views[self.pos[node]] = NodeView(name=node, gpus=self.gpus, free=tuple(ordered))
-            state.set_free(node, ordered)
+            views[self.pos[node]] = NodeView(name=node, gpus=self.gpus, free=tuple(sorted(self.free[node])))
+        views.state.changed(self.touched)
         self.touched.clear()
         return views
 
@@ -282,7 +281,7 @@ def replay(
                 now=now,
                 nodes=state.pool.views_now(),
                 running=state.by_end,
-                pending=list(state.pending.values()),
+                pending=state.queue(),
                 usage=state.meter,
                 shares=shares or {},
                 config=config,
@@ -326,7 +325,8 @@ class _Replay:
         self.remaining = [j.run_s for j in jobs]
         self.pending: dict[int, PendingJob] = {}
         self.running: dict[int, RunningView] = {}
-        self.by_end: list[RunningView] = []  # sorted, so the policy's sort of it is linear
+        self.by_end = types.RunningList()  # kept sorted: the policy need not sort it
+        self.by_submit = True  # whether ``pending`` (insertion order) is in submit order
         self.ends: dict[int, float] = {}
         self.finishes: list[tuple[float, int]] = []
         self.backlog_running = 0  # preemptible jobs holding GPUs
@@ -353,8 +353,20 @@ class _Replay:
             if r.start_at is not None and math.isnan(out.promised) and math.isnan(out.start):
                 out.promised = r.start_at
 
+    def queue(self) -> types.PendingList:
+        """The pending jobs as the policy sees them, in submit order while that holds."""
+        self.by_end.preemptible = self.backlog_running
+        if not self.pending:
+            self.by_submit = True
+        queue = types.PendingList(self.pending.values())
+        queue.by_submit = self.by_submit
+        return queue
+
     def submit(self, index: int, *, preemptible: bool | None = None) -> None:
         j = self.jobs[index]
+        if self.pending and self.by_submit:
+            last = self.pending[next(reversed(self.pending))]
+            self.by_submit = (last.submitted_at, last.job_id) < (j.submit_s, index)
         self.pending[index] = PendingJob(
             index,
             j.team,

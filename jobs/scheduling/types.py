@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -177,6 +178,44 @@ class NodeList(list[NodeView]):
     total_gpus: int
     with_free: dict[int, None]
     state: PoolState | None = None
+
+
+class RunningList(list[RunningView]):
+    """Running jobs that their keeper keeps in expected-end order (ties by job id), with how many
+    are preemptible. The replay hands one to every pass, so a policy neither sorts nor scans them
+    again; the live scheduler hands a plain list, and a policy then does both itself."""
+
+    preemptible: int = 0
+
+
+class PendingList(list[PendingJob]):
+    """Queued jobs that their keeper keeps in submit order (``submitted_at``, then job id) while
+    ``by_submit`` holds: a first-come policy then need not sort them."""
+
+    by_submit: bool = False
+
+
+def by_expected_end(running: Sequence[RunningView]) -> Sequence[RunningView]:
+    """``running`` in expected-end order (stable: ties keep their order)."""
+    return running if isinstance(running, RunningList) else sorted(running, key=_expected_end)
+
+
+def any_preemptible(running: Sequence[RunningView]) -> bool:
+    if isinstance(running, RunningList):
+        return running.preemptible > 0
+    return any(map(_preemptible, running))
+
+
+def by_submit(pending: Sequence[PendingJob]) -> list[PendingJob]:
+    """``pending`` in submit order (then job id), as a new list."""
+    if isinstance(pending, PendingList) and pending.by_submit:
+        return list(pending)
+    return sorted(pending, key=_submit_key)
+
+
+_expected_end = attrgetter("expected_end")
+_preemptible = attrgetter("preemptible")
+_submit_key = attrgetter("submitted_at", "job_id")
 
 
 # A running job's release events, (expected end, node, GPUs), by job id with the view they were

@@ -1,6 +1,7 @@
 """One policy, live and replayed: a snapshot planned the live scheduler's way and the replay's way
-(a NodeList with kept totals and a kept free-GPU state, decisions only, a release memo carried
-over from an earlier pass) gives the same starts, preemptions and reservations."""
+(a NodeList with kept totals and a kept free-GPU state, running jobs and queue in kept lists,
+decisions only, a release memo carried over from an earlier pass) gives the same starts,
+preemptions and reservations."""
 
 import dataclasses
 
@@ -8,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobs.scheduling import placement, simulate
-from jobs.scheduling.types import NodeList, NodeView, PendingJob, PolicyConfig, RunningView
+from jobs.scheduling.types import (
+    NodeList,
+    NodeView,
+    PendingJob,
+    PendingList,
+    PolicyConfig,
+    RunningList,
+    RunningView,
+)
 
 NOW = 1_000_000.0
 
@@ -77,6 +86,12 @@ def _kept_state(nodes, first, then):
 @given(snapshots(), st.data())
 def test_every_policy_decides_the_same_live_and_in_replay(snapshot, data):
     nodes, running, pending = snapshot
+    if data.draw(st.booleans()):  # a queue in submit order: the replay says so and FCFS orders skip the sort
+        pending = sorted(pending, key=lambda j: (j.submitted_at, j.job_id))
+    queue = PendingList(pending)
+    queue.by_submit = pending == sorted(pending, key=lambda j: (j.submitted_at, j.job_id))
+    kept_running = RunningList(running)  # the snapshot's running jobs are in expected-end order
+    kept_running.preemptible = sum(r.preemptible for r in running)
     usage, shares = {"a": 3600.0 * 50, "b": 3600.0}, {"a": 1.0, "b": 2.0}
     listed = NodeList(nodes)
     listed.total_gpus = sum(n.gpus for n in nodes)
@@ -112,8 +127,8 @@ def test_every_policy_decides_the_same_live_and_in_replay(snapshot, data):
         replayed = policy(
             now=NOW,
             nodes=listed,
-            running=running,
-            pending=pending,
+            running=kept_running,
+            pending=queue,
             usage=usage,
             shares=shares,
             config=replay_config,
