@@ -106,21 +106,39 @@ def _keys(
     """Sort keys (lower first): -1e30 + submitted for starved jobs, else -(priority) + a constant.
 
     Per declared length h the key is linear in the submit time: submitted * a[h] - b[h] - fs[team]
-    (age, length and expected-slowdown terms folded into a and b), all C-level maps over the queue
-    - this runs every pass over the whole queue - with only S(h) computed in Python, once per
-    distinct h across passes.
+    (age, length and expected-slowdown terms folded into a and b): computed once per distinct h
+    when lengths repeat (a live queue), else per job with C-level maps and S(h) cached across
+    passes (a trace declares as many lengths as jobs) - this runs every pass over the whole queue.
     """
     if not pending:
         return []
     hours = list(map(_hours, pending))
     per_est = config.slowdown_weight / HOUR_S
     age_per_s, length_w = config.age_weight / DAY_S, config.length_weight
-    # slow = wait / estimate per second waited; a = age_per_s + slow; b = length_w * S(h) + now * slow.
-    slow = list(map(truediv, repeat(per_est), map(max, hours, repeat(MIN_ESTIMATE_H))))
-    a = map(add, repeat(age_per_s), slow)
-    b = map(add, map(mul, repeat(length_w), _length_factors(hours)), map(mul, repeat(now), slow))
     submitted = list(map(_submitted, pending))
-    keys = list(map(sub, map(sub, map(mul, submitted, a), b), map(fs_term.__getitem__, map(_team, pending))))
+    distinct = set(hours)
+    if len(distinct) * 8 <= len(hours):  # few lengths (a live queue): a and b once per length
+        a, b = {}, {}
+        for h in distinct:
+            slow = per_est / max(h, MIN_ESTIMATE_H)  # wait / estimate: (now - submitted) * slow
+            a[h] = age_per_s + slow
+            b[h] = length_w * length_factor(h) + now * slow
+        per_job_a, per_job_b = map(a.__getitem__, hours), map(b.__getitem__, hours)
+    else:  # as many lengths as jobs (a trace): the same arithmetic per job, in C
+        slow_by_job = list(map(truediv, repeat(per_est), map(max, hours, repeat(MIN_ESTIMATE_H))))
+        per_job_a = map(add, repeat(age_per_s), slow_by_job)
+        per_job_b = map(
+            add,
+            map(mul, repeat(length_w), _length_factors(distinct, hours)),
+            map(mul, repeat(now), slow_by_job),
+        )
+    keys = list(
+        map(
+            sub,
+            map(sub, map(mul, submitted, per_job_a), per_job_b),
+            map(fs_term.__getitem__, map(_team, pending)),
+        )
+    )
     starve_before = now - starvation_bound(pending, now=now, config=config)
     if min(submitted) < starve_before:
         for i in compress(count(), map(lt, submitted, repeat(starve_before))):
@@ -131,11 +149,11 @@ def _keys(
 _LENGTH_FACTORS: dict[float, float] = {}  # length_factor by declared hours, across passes
 
 
-def _length_factors(hours: Sequence[float]) -> Iterable[float]:
-    """``length_factor`` of each of ``hours``, computed once per distinct value."""
+def _length_factors(distinct: set[float], hours: Sequence[float]) -> Iterable[float]:
+    """``length_factor`` of each of ``hours`` (whose values are ``distinct``), each value computed once."""
     if len(_LENGTH_FACTORS) > 100_000:
         _LENGTH_FACTORS.clear()
-    for h in set(hours).difference(_LENGTH_FACTORS):
+    for h in distinct.difference(_LENGTH_FACTORS):
         _LENGTH_FACTORS[h] = length_factor(h)
     return map(_LENGTH_FACTORS.__getitem__, hours)
 
