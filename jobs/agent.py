@@ -224,7 +224,7 @@ def _confined_run(
     device_procs = devices.constrain(part.key, gpus) if sandboxed else None
     dirs.create(owner=uid)
     if dirs.checkpoint:
-        checkpoints.prepare(part.job.id, owner=uid)
+        checkpoints.prepare(part.job.id, owner=uid, limit=part.job.checkpoint_bytes)
     sandbox.write_identity(dirs, uid=uid, gid=uid)
     if part.network:
         network.wire(part.network)

@@ -28,28 +28,39 @@ def size_for(*, output_bytes: int, scratch_bytes: int, log_bytes: int) -> int:
     return max(MIN_BYTES, wanted + wanted // 20 + 8 * 2**20)
 
 
-def bound(root: Path, *, size: int) -> bool:
-    """Mounts a fresh ``size``-byte filesystem over ``root``; False (and unbounded) where this node cannot."""
+def bound(root: Path, *, size: int, reuse: bool = False) -> bool:
+    """Mounts a fresh ``size``-byte filesystem over ``root``; False (and unbounded) where this node cannot.
+
+    ``reuse``: an image already there (unmounted by ``unmount``) is mounted again with its files, not remade.
+    """
     root.mkdir(parents=True, exist_ok=True)
     if os.path.ismount(root):
         return True  # already bounded: a re-run of the same attempt's start
     image = root / IMAGE
+    fresh = not (reuse and image.is_file())
     try:
-        with image.open("wb") as handle:
-            handle.truncate(size)  # sparse: disk is used only as the job writes
-        _run("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", str(image))
+        if fresh:
+            with image.open("wb") as handle:
+                handle.truncate(size)  # sparse: disk is used only as the job writes
+            _run("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", str(image))
         _run("mount", "-o", MOUNT_OPTIONS, str(image), str(root))
     except (OSError, subprocess.SubprocessError) as exc:  # a hung mkfs/mount (TimeoutExpired) too
-        image.unlink(missing_ok=True)
-        log.warning("attempt space %s is not bounded: %s", root, _why(exc))
+        if fresh:
+            image.unlink(missing_ok=True)
+        log.warning("space %s is not bounded: %s", root, _why(exc))
         return False
     return True
 
 
-def release(root: Path) -> None:
-    """Unmounts the attempt's filesystem (its loop device detaches with it); the files go with the image."""
+def unmount(root: Path) -> None:
+    """Unmounts the filesystem over ``root`` (its loop device detaches with it); its image stays for ``reuse``."""
     if os.path.ismount(root):
         _run("umount", "--lazy", str(root))
+
+
+def release(root: Path) -> None:
+    """Unmounts the attempt's filesystem; the files go with the image."""
+    unmount(root)
     (root / IMAGE).unlink(missing_ok=True)
 
 

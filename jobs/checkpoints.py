@@ -17,7 +17,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from jobs import sandbox
+from jobs import attempt_space, sandbox
 from jobs.units import format_size
 
 
@@ -25,17 +25,34 @@ def directory(job_id: int) -> Path:
     return settings.E31_CHECKPOINT_ROOT / str(job_id)
 
 
-def prepare(job_id: int, *, owner: int) -> Path:
-    """The job's directory, made if new, re-owned by this attempt's uid; others cannot list the root."""
+def prepare(job_id: int, *, owner: int, limit: int) -> Path:
+    """The job's directory, made if new and bounded, owned by this attempt's uid; others cannot list the root.
+
+    Bounded like an attempt's space: a filesystem image of its own, sized to the declared ``limit``,
+    loop-mounted over the directory (its files kept from attempt to attempt), so a job that writes past
+    its declaration fills its own checkpoint, never the node's disk. Where this node cannot mount one,
+    the directory is unbounded during the run and only measured after it.
+    """
     root = settings.E31_CHECKPOINT_ROOT
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o711)  # job uids pass through to their own directory, and see no other job's
     path = directory(job_id)
     path.mkdir(mode=0o700, exist_ok=True)
+    path.chmod(0o700)  # the directory under the mount, which holds the image: the agent's alone
+    size = attempt_space.size_for(output_bytes=limit, scratch_bytes=0, log_bytes=0)
+    if attempt_space.bound(path, size=size, reuse=True):
+        _drop_lost_and_found(path)
     path.chmod(0o700)
-    for entry in (path, *path.rglob("*")):
-        os.lchown(entry, owner, owner)
+    sandbox.own_tree(path, uid=owner, gid=owner)
     return path
+
+
+def _drop_lost_and_found(path: Path) -> None:
+    """A fresh filesystem's lost+found is not the job's checkpoint (and would read as one to resume from)."""
+    try:
+        (path / "lost+found").rmdir()
+    except OSError:
+        pass  # not there, or fsck put something in it: then it is kept, as the agent's
 
 
 def held_bytes(path: Path) -> int:
@@ -55,10 +72,18 @@ class Kept:
 
 
 def settle(job_id: int, *, limit: int) -> Kept:
-    """After an attempt: the directory is the agent's again and within ``limit``, or emptied with a note."""
+    """After an attempt: the directory is the agent's again and within ``limit``, or emptied with a note;
+    then unmounted, its image kept for the next attempt, on whichever node it runs."""
     path = directory(job_id)
     if not path.is_dir():
         return Kept(0)
+    try:
+        return _measure(path, limit)
+    finally:
+        attempt_space.unmount(path)
+
+
+def _measure(path: Path, limit: int) -> Kept:
     sandbox.reown(path)
     size = held_bytes(path)
     if size <= limit:
@@ -80,7 +105,9 @@ def empty(path: Path) -> None:
 
 
 def remove(job_id: int) -> None:
-    shutil.rmtree(directory(job_id), ignore_errors=True)
+    path = directory(job_id)
+    attempt_space.unmount(path)  # mounted still when its node was lost mid-attempt
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def stored_job_ids() -> list[int]:

@@ -403,11 +403,36 @@ def _enter(confinement: Confinement) -> None:
 
 def reown(root: Path) -> None:
     """After the job: its files become the agent's, setuid/setgid bits cleared, before sealing reads them."""
-    for path in (root, *root.rglob("*")):
-        info = path.lstat()
-        os.lchown(path, os.geteuid(), os.getegid())
-        if not stat.S_ISLNK(info.st_mode) and info.st_mode & (stat.S_ISUID | stat.S_ISGID):
-            path.chmod(stat.S_IMODE(info.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+    own_tree(root, uid=os.geteuid(), gid=os.getegid())
+
+
+def own_tree(root: Path, *, uid: int, gid: int) -> None:
+    """Everything under ``root`` owned by ``uid``:``gid``, setuid/setgid bits cleared.
+
+    Walked by directory descriptors, never following a link: a process of the job still alive (a lost
+    node's) that swaps a directory for a link to the host's files mid-walk changes nothing outside ``root``.
+    """
+    _own_entry(str(root), None, uid, gid)
+    for _, folders, files, folder_fd in os.fwalk(root, follow_symlinks=False):
+        for name in (*folders, *files):
+            _own_entry(name, folder_fd, uid, gid)
+
+
+def _own_entry(name: str, folder_fd: int | None, uid: int, gid: int) -> None:
+    try:
+        os.chown(name, uid, gid, dir_fd=folder_fd, follow_symlinks=False)
+        info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return  # removed meanwhile
+    setid = stat.S_ISUID | stat.S_ISGID
+    if not (info.st_mode & setid and (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode))):
+        return
+    # chmod by name would follow a link swapped in since the stat: change the very file opened instead.
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder_fd)
+    try:
+        os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & ~setid)
+    finally:
+        os.close(fd)
 
 
 def descendants(pid: int) -> list[int]:

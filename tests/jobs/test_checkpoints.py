@@ -1,5 +1,6 @@
 """Pausable jobs on the node: the checkpoint directory each attempt hands on, its bound, its signal, its end."""
 
+import errno
 import os
 import signal
 import subprocess
@@ -11,11 +12,13 @@ from types import SimpleNamespace
 import pytest
 from django.utils import timezone
 
-from jobs import agent, checkpoints, presenters, rental, sandbox
+from jobs import agent, attempt_space, checkpoints, presenters, rental, sandbox
 from jobs.models import Allocation, Job, JobEvent
 from tests.factories import JobFactory, NodeFactory
 
 JOB_UID = 300777
+LIMIT = 1000
+MB = 10**6
 pytestmark = pytest.mark.django_db
 
 
@@ -23,7 +26,8 @@ pytestmark = pytest.mark.django_db
 def ckpt_root(settings, tmp_path):
     tmp_path.chmod(0o711)
     settings.E31_CHECKPOINT_ROOT = tmp_path / "checkpoints"
-    return settings.E31_CHECKPOINT_ROOT
+    yield settings.E31_CHECKPOINT_ROOT
+    attempt_space.release_all(tmp_path)  # what a test left mounted
 
 
 def _pausable(team, **kw):
@@ -47,25 +51,67 @@ def _running_part(job, attempt=1):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="re-owning to a job uid needs root")
 def test_the_directory_is_the_attempts_own_while_it_runs_and_the_agents_after(ckpt_root):
-    path = checkpoints.prepare(42, owner=JOB_UID)
+    path = checkpoints.prepare(42, owner=JOB_UID, limit=LIMIT)
     (path / "step.txt").write_text("7")
     assert (path.stat().st_uid, oct(path.stat().st_mode & 0o777)) == (JOB_UID, "0o700")
     assert oct(ckpt_root.stat().st_mode & 0o777) == "0o711"  # passable, never listable by a job
-    checkpoints.prepare(42, owner=JOB_UID + 1)  # the next attempt's uid gets what the last one wrote
+    # The next attempt's uid gets what the last one wrote.
+    checkpoints.prepare(42, owner=JOB_UID + 1, limit=LIMIT)
     assert (path / "step.txt").stat().st_uid == JOB_UID + 1
     kept = checkpoints.settle(42, limit=1000)
-    assert kept == checkpoints.Kept(1) and (path / "step.txt").stat().st_uid == os.geteuid()
+    assert kept == checkpoints.Kept(1) and not os.path.ismount(path)  # unmounted until the next attempt
+    assert attempt_space.bound(path, size=attempt_space.MIN_BYTES, reuse=True)  # as the next attempt will
+    assert (path / "step.txt").stat().st_uid == os.geteuid()
+
+
+def test_a_job_writing_past_its_checkpoint_bytes_fills_its_own_checkpoint_never_the_nodes_disk(ckpt_root):
+    path = checkpoints.prepare(44, owner=os.getuid(), limit=MB)
+    # Its own filesystem, with nothing in it to resume from.
+    assert os.path.ismount(path) and os.listdir(path) == []
+    with pytest.raises(OSError) as full, (path / "weights").open("wb") as out:
+        for _ in range(200):
+            out.write(b"x" * MB)
+    assert full.value.errno == errno.ENOSPC
+    assert (path / "weights").stat().st_size < 40 * MB  # the bound, with its filesystem's own room
+    kept = checkpoints.settle(44, limit=MB)
+    assert kept.bytes == 0 and "over its declared checkpoint.bytes" in kept.note
+    assert not os.path.ismount(path)
+
+
+def test_a_checkpoint_is_kept_unmounted_between_attempts_and_mounted_again_with_its_files(ckpt_root):
+    path = checkpoints.prepare(45, owner=os.getuid(), limit=MB)
+    (path / "step").write_text("30")
+    assert checkpoints.settle(45, limit=MB) == checkpoints.Kept(2)
+    assert not os.path.ismount(path)
+    assert (checkpoints.prepare(45, owner=os.getuid(), limit=MB) / "step").read_text() == "30"
+    checkpoints.remove(45)
+    assert not path.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="re-owning to a job uid needs root")
+def test_handing_a_checkpoint_on_never_follows_a_link_the_job_left_to_the_hosts_files(ckpt_root, tmp_path):
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "shadow").write_text("secret")
+    path = checkpoints.prepare(46, owner=JOB_UID, limit=MB)
+    (path / "escape").symlink_to(host)
+    (path / "file-link").symlink_to(host / "shadow")
+    checkpoints.settle(46, limit=MB)
+    checkpoints.prepare(46, owner=JOB_UID + 1, limit=MB)
+    assert (path / "escape").lstat().st_uid == JOB_UID + 1  # the link itself is the job's
+    assert (host.stat().st_uid, (host / "shadow").stat().st_uid) == (os.geteuid(), os.geteuid())
 
 
 def test_a_checkpoint_past_its_declared_bytes_is_removed_whole_with_a_note(ckpt_root):
-    path = checkpoints.prepare(43, owner=os.getuid())
+    path = checkpoints.prepare(43, owner=os.getuid(), limit=LIMIT)
     (path / "shard").mkdir()
     (path / "shard" / "weights").write_bytes(b"x" * 1500)
     kept = checkpoints.settle(43, limit=1000)
     assert (
         kept.bytes == 0 and "over its declared checkpoint.bytes" in kept.note and "from scratch" in kept.note
     )
-    assert path.is_dir() and list(path.iterdir()) == []
+    assert attempt_space.bound(path, size=attempt_space.MIN_BYTES, reuse=True)  # as the next attempt will
+    assert list(path.iterdir()) == []
 
 
 def test_the_sandbox_binds_the_checkpoint_directory_where_the_job_is_told(tmp_path):
@@ -107,7 +153,7 @@ def _env(part):
 def test_the_next_attempt_starts_resumed_with_its_number_when_it_is_handed_a_checkpoint(team, ckpt_root):
     job = _pausable(team)
     first = _env(_running_part(job, attempt=1))
-    checkpoints.prepare(job.id, owner=os.getuid())
+    checkpoints.prepare(job.id, owner=os.getuid(), limit=LIMIT)
     assert (first["E31_CHECKPOINT_DIR"], first["E31_RESUMED"], first["E31_ATTEMPT"]) == (
         str(ckpt_root / str(job.id)),
         "0",
@@ -160,8 +206,8 @@ def test_a_preempted_pausable_job_gets_its_signal_and_grace_any_other_stop_term(
 def test_the_directory_goes_when_the_job_ends_however_it_ends_and_stays_between_attempts(team, ckpt_root):
     waiting, ended, cancelled = (_pausable(team, state=s) for s in ("queued", "released", "ended"))
     for job in (waiting, ended, cancelled):
-        checkpoints.prepare(job.id, owner=os.getuid())
-    checkpoints.prepare(999999, owner=os.getuid())  # a job that no longer exists
+        checkpoints.prepare(job.id, owner=os.getuid(), limit=LIMIT)
+    checkpoints.prepare(999999, owner=os.getuid(), limit=LIMIT)  # a job that no longer exists
     assert sorted(agent.remove_ended_checkpoints()) == sorted([ended.id, cancelled.id, 999999])
     assert checkpoints.stored_job_ids() == [waiting.id]
 
