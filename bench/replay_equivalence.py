@@ -1,7 +1,9 @@
 """Replay schedules recorded once, checked after every change to the simulator: bit-identical starts.
 
-    python bench/replay_equivalence.py --record   # writes bench/replay_schedules.json
-    python bench/replay_equivalence.py            # replays the same cases; exit 1 on any difference
+    python bench/replay_equivalence.py --record [--cases A,B]  # writes bench/replay_schedules.json
+    python bench/replay_equivalence.py [--cases A,B]           # replays them; exit 1 on any difference
+
+Record again only when a policy is meant to decide differently (say why in the commit).
 
 Each case is a slice of a trace in ../shared/traces (read from there, never copied) on a fixed
 pool, with optional declarations (backlog, elastic, wide jobs; learned estimates) so that every
@@ -80,7 +82,7 @@ def main() -> int:
     ap.add_argument("--cases", help="comma-separated case names (default: all)")
     args = ap.parse_args()
     names = args.cases.split(",") if args.cases else list(CASES)
-    recorded = {} if args.record else json.loads(RECORD.read_text())
+    recorded = json.loads(RECORD.read_text()) if RECORD.exists() else {}  # --record --cases: keep the rest
     failed = 0
     for name in names:
         got = schedules(CASES[name])
