@@ -7,12 +7,13 @@ runs two attempts at once.
 """
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from common.ledger_locks import lock_team_ledgers
 from jobs import dispatch, selectors, signals
 from jobs.lifecycle import HOLDS_COMPUTE, PREEMPTED, REQUEUED, EndReason, State
 from jobs.models import Allocation, GpuHold, Job, JobEvent, Node, OutputFile, TeamUsage
@@ -282,13 +283,25 @@ def lose_node_allocations(
         holding = GpuHold.objects.filter(node=node, gpu_index__in=gpu_indices, active=True)
         lost = lost.filter(id__in=holding.values("allocation_id"))
     job_ids = set(lost.values_list("job_id", flat=True))
-    for job in Job.objects.filter(id__in=job_ids):
+    lock_for_release(job_ids)
+    for job in Job.objects.filter(id__in=job_ids).order_by("id"):
         requeue = requeues_after_loss(job)
         release_job(
             job_id=job.id, end_reason=EndReason.NODE_LOST, now=now, actor="reaper",
             detail=detail, requeue_as=REQUEUED if requeue else "", last_heartbeat=node.last_heartbeat,
         )  # fmt: skip
     return len(job_ids)
+
+
+def lock_for_release(job_ids: Iterable[int]) -> None:
+    """Before a transaction releases several jobs: their rows (by id), then their teams' ledger locks.
+
+    The order a single RELEASE takes them in (its job, then its team's ledger as it closes the meter),
+    for all the jobs at once: never one team's lock held while waiting for another job's row
+    (``common.ledger_locks`` tells the cycle this rules out).
+    """
+    rows = Job.objects.select_for_update().filter(id__in=list(job_ids)).order_by("id")
+    lock_team_ledgers(rows.values_list("team_id", flat=True))
 
 
 def stop_reason(*, allocation_id: int, now: datetime) -> str:

@@ -121,8 +121,11 @@ def _array(*, team, spec: declaration.Declaration, now: datetime) -> JobArray | 
 @transaction.atomic
 def cancel_array(*, array_id: int, user, now: datetime) -> int:
     """Cancels every live task of an array (each as ``cancel_job`` would); returns how many."""
-    live = Job.objects.filter(array_id=array_id, state__in=ALIVE).order_by("id").values_list("id", flat=True)
-    return sum(cancel_job(job_id=job_id, user=user, now=now) for job_id in list(live))
+    live = list(
+        Job.objects.filter(array_id=array_id, state__in=ALIVE).order_by("id").values_list("id", flat=True)
+    )
+    rental.lock_for_release(live)  # some may be released here: every task's lock first, in the one order
+    return sum(cancel_job(job_id=job_id, user=user, now=now) for job_id in live)
 
 
 @transaction.atomic

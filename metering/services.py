@@ -21,6 +21,7 @@ from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from accounts.models import Team
+from common.ledger_locks import lock_team_ledgers
 from jobs.models import Allocation
 from metering import invariants, summaries
 from metering.models import MeterEntry
@@ -33,10 +34,6 @@ FINAL = MeterEntry.Kind.FINAL
 ADJUSTMENT = MeterEntry.Kind.ADJUSTMENT
 METERED = (ACCRUAL, FINAL)
 BATCH = 2000
-# Two-key advisory locks (this namespace, team id): every ledger writer holds its teams' locks,
-# taken in team order, before it inserts, so the summary rows a trigger updates are reached by
-# one writer per team at a time and no two writers wait on each other in a cycle.
-TEAM_LEDGER_LOCK = 0x0E31_1ED6
 # Accrual leaves the last minute alone: a RELEASE whose `now` was taken just before an hour
 # boundary may still be on its way, and its final row must not find that hour already closed.
 ACCRUAL_GRACE = timedelta(seconds=60)
@@ -48,7 +45,7 @@ def accrue_meter(*, now: datetime) -> int:
     with transaction.atomic():
         rows = [row for held in _held_behind(cutoff) for row in _accrual_rows(held, cutoff=cutoff, now=now)]
         rows.sort(key=lambda row: (row.team_id, row.period_start))
-        _lock_teams({row.team_id for row in rows})
+        lock_team_ledgers({row.team_id for row in rows})
         MeterEntry.objects.bulk_create(rows, batch_size=BATCH, ignore_conflicts=True)
     if rows:
         log.info("meter: offered %d hourly rows up to %s", len(rows), cutoff)
@@ -101,22 +98,10 @@ def close_meter(*, allocation_id: int, released_at: datetime) -> int:
         for start, end in hour_slices(allocation.rented_at, released_at)
     ]  # fmt: skip
     # From RENT, not from the last closed hour: the conflicts cost nothing and any gap is filled.
-    _lock_teams({allocation.job.team_id})
+    lock_team_ledgers({allocation.job.team_id})
     MeterEntry.objects.bulk_create(rows, batch_size=BATCH, ignore_conflicts=True)
     _report_overshoot(allocation_id=allocation_id, released_at=released_at)
     return len(rows)
-
-
-def _lock_teams(team_ids: set[int]) -> None:
-    """Waits for the teams' ledger locks (held to the end of the transaction), in team order.
-
-    On SQLite the single writer already serialises every ledger insert, so there is nothing to take.
-    """
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        for team_id in sorted(team_ids):
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [TEAM_LEDGER_LOCK, team_id])
 
 
 def _report_overshoot(*, allocation_id: int, released_at: datetime) -> None:
@@ -141,7 +126,7 @@ def adjust_meter(*, allocation_id: int, microseconds: int, reason: str, author, 
     if _gpu_micros(allocation_id) + allocation.gpu_count * microseconds < 0:
         raise ValueError("this credit is larger than the GPU-time the allocation was metered")
     end = allocation.released_at or now
-    _lock_teams({allocation.job.team_id})
+    lock_team_ledgers({allocation.job.team_id})
     start = max(allocation.rented_at, end - timedelta(microseconds=abs(microseconds)))
     return MeterEntry.objects.create(
         allocation=allocation, job_id=allocation.job_id, team_id=allocation.job.team_id,

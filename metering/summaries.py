@@ -4,7 +4,7 @@ A trigger, not Python: every row the ledger gains (accrual, final, adjustment, a
 SQL) adds to its day and its job-month in the same transaction, and a row skipped by ON CONFLICT
 DO NOTHING adds nothing, so a summary never differs from the sum of the rows it stands for.
 Writers hold a per-team advisory lock, taken in team order, while they insert
-(``metering.services._lock_teams``), so two transactions never wait on each other's summary rows
+(``common.ledger_locks``), so two transactions never wait on each other's summary rows
 in a cycle. ``rebuild_sql`` fills the tables from the rows (the migration, a bulk load);
 ``drift_sql`` finds any summary that no longer equals its rows (a trigger dropped or bypassed).
 """

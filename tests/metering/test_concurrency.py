@@ -1,12 +1,15 @@
 """Two beat processes at once, and accrual racing a RELEASE: separate connections, real commits."""
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
 
+from jobs import rental
+from jobs.models import Job
 from metering import services
 from metering.models import MeterEntry
 from metering.periods import floor_hour, hour_slices, micros
@@ -83,10 +86,46 @@ def test_a_ledger_writer_waits_for_its_teams_lock(team, node):
         )
     )
     with transaction.atomic(), connection.cursor() as cursor:
-        # The key of services.TEAM_LEDGER_LOCK, spelled out: the lock is the contract, not the name.
+        # The key of common.ledger_locks.TEAM_LEDGER_LOCK, spelled out: the lock is the contract, not the name.
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [0x0E31_1ED6, team.id])
         writer.start()
         assert not finished.wait(timeout=1.0)
     writer.join(timeout=30)
     assert finished.is_set()
     assert MeterEntry.objects.filter(team_id=team.id).count() == 3  # 09:20, 10:00, 11:00
+
+
+@pytest.mark.parametrize("held", [0, 1])  # whichever of the two the node's loss comes to second
+def test_a_node_lost_while_one_of_its_jobs_is_being_released_deadlocks_neither(team, node, held):
+    # Found by two beats and a release at once: declaring a node down releases its jobs in one transaction.
+    # Releasing the first took its team's ledger lock; waiting then for the second job's row, held by a
+    # single RELEASE that itself waited for that ledger lock, made a cycle PostgreSQL broke with an error.
+    pair = [rent(team=team, node=node, at=T0, gpus=1, name=f"lost-{i}") for i in range(2)]
+    second = pair[held]
+    second_locked, errors = threading.Event(), []
+
+    def release_the_second_alone() -> None:
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().get(id=second.job_id)  # as RELEASE holds it, first
+                second_locked.set()
+                time.sleep(1.0)  # the node's loss meanwhile releases the first job and comes for this one
+                release(second, at=T0 + timedelta(hours=1))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    alone = threading.Thread(target=release_the_second_alone)
+    alone.start()
+    assert second_locked.wait(timeout=10)
+    try:
+        with transaction.atomic():
+            rental.lose_node_allocations(node=node, now=T0 + timedelta(hours=2), detail="silent")
+    except BaseException as exc:
+        errors.append(exc)
+    alone.join(timeout=60)
+    assert errors == []
+    for allocation in pair:
+        allocation.refresh_from_db()
+        assert metered_micros(allocation) == micros(allocation.released_at - allocation.rented_at)
