@@ -381,6 +381,8 @@ if E31_ATTEMPT_PIDS < 16 or E31_SCRATCH_BYTES < 0:
 # disjoint ranges: `node_agent --uid-base`); an attempt's directory is removed this long after delivery.
 E31_JOB_UID_BASE = env.int("E31_JOB_UID_BASE", default=200000)
 E31_JOB_UID_COUNT = env.int("E31_JOB_UID_COUNT", default=1000)
+# Machine-wide: each root agent locks a file named after its uid range here and refuses one overlapping a live agent's.
+E31_UID_REGISTRY = Path(env.str("E31_UID_REGISTRY", default="/run/e31/uid-ranges"))
 E31_ATTEMPT_RETENTION_S = env.float("E31_ATTEMPT_RETENTION_S", default=86400.0)
 # Per-minute GPU samples of allocations are kept this many days, then folded into one summary per allocation.
 E31_GPU_MINUTES_KEEP_DAYS = env.int("E31_GPU_MINUTES_KEEP_DAYS", default=30)

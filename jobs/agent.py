@@ -188,15 +188,31 @@ def run_part(
                            actor=_actor(part), detail=f"the node agent failed: {exc}"[:300])  # fmt: skip
         return
     finally:
+        kept = (
+            _settle_checkpoint(part) if dirs.checkpoint else None
+        )  # before its uid can go to another attempt
         if uids and uid is not None:
             uids.give_back(uid)
-    kept = checkpoints.settle(part.job.id, limit=part.job.checkpoint_bytes) if dirs.checkpoint else None
     if kept is not None:
         _with_database(lambda: rental.note_checkpoint(job_id=part.job.id, attempt=part.allocation.attempt,
                                                       held_bytes=kept.bytes, note=kept.note, now=timezone.now()))  # fmt: skip
     _with_database(lambda: _after_exit(part, dirs, outcome, exit_code))
     if dirs.checkpoint:
         _with_database(lambda: remove_ended_checkpoints(job_ids=[part.job.id]))
+
+
+def _settle_checkpoint(part: Part) -> checkpoints.Kept | None:
+    """The checkpoint back from the attempt, measured and unmounted; untouched once a newer attempt has it
+    (this part's node was declared lost while it still ran, and the job went on elsewhere)."""
+    job = part.job
+    if not _with_database(lambda: Job.objects.filter(id=job.id, attempt=part.allocation.attempt).exists()):
+        return None
+    try:
+        return checkpoints.settle(job.id, limit=job.checkpoint_bytes)
+    except Exception as exc:  # never leave the GPUs held for it: the job resumes from scratch instead
+        log.exception("allocation %s: its checkpoint could not be settled", part.allocation.id)
+        checkpoints.remove(job.id)
+        return checkpoints.Kept(0, f"its checkpoint could not be handed on ({exc}) and was removed"[:300])
 
 
 def _with_checkpoint(part: Part, dirs: sandbox.AttemptDirs) -> sandbox.AttemptDirs:
@@ -225,6 +241,10 @@ def _confined_run(
     dirs.create(owner=uid)
     if dirs.checkpoint:
         checkpoints.prepare(part.job.id, owner=uid, limit=part.job.checkpoint_bytes)
+        if not checkpoints.bounded(part.job.id) and limits.DISK_BOUNDED in part.allocation.node.limits:
+            raise AttemptSpaceUnbounded(
+                "this node advertises a disk bound but could not mount one for the checkpoint"
+            )
     sandbox.write_identity(dirs, uid=uid, gid=uid)
     if part.network:
         network.wire(part.network)
@@ -586,7 +606,10 @@ def remove_ended_checkpoints(*, job_ids: list[int] | None = None) -> list[int]:
     )
     ended = [job_id for job_id in stored if job_id not in alive]
     for job_id in ended:
-        checkpoints.remove(job_id)
+        try:
+            checkpoints.remove(job_id)
+        except Exception:  # one that cannot go now must not keep the others: the next sweep tries again
+            log.exception("job %s: its checkpoint could not be removed", job_id)
     return ended
 
 

@@ -13,6 +13,7 @@ the attempt runs unbounded, and the node's limits say so.
 
 import logging
 import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -28,19 +29,22 @@ def size_for(*, output_bytes: int, scratch_bytes: int, log_bytes: int) -> int:
     return max(MIN_BYTES, wanted + wanted // 20 + 8 * 2**20)
 
 
-def bound(root: Path, *, size: int, reuse: bool = False) -> bool:
+def bound(root: Path, *, size: int, reuse: bool = False, image: Path | None = None) -> bool:
     """Mounts a fresh ``size``-byte filesystem over ``root``; False (and unbounded) where this node cannot.
 
-    ``reuse``: an image already there (unmounted by ``unmount``) is mounted again with its files, not remade.
+    ``image``: where its file lives (default: inside ``root``, hidden by the mount). ``reuse``: an image
+    already there, the agent's own regular file, is mounted again with its files instead of remade.
     """
     root.mkdir(parents=True, exist_ok=True)
     if os.path.ismount(root):
         return True  # already bounded: a re-run of the same attempt's start
-    image = root / IMAGE
-    fresh = not (reuse and image.is_file())
+    image = image or root / IMAGE
+    fresh = not (reuse and _own_regular_file(image))
     try:
         if fresh:
-            with image.open("wb") as handle:
+            image.unlink(missing_ok=True)
+            fd = os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as handle:
                 handle.truncate(size)  # sparse: disk is used only as the job writes
             _run("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", str(image))
         _run("mount", "-o", MOUNT_OPTIONS, str(image), str(root))
@@ -50,6 +54,15 @@ def bound(root: Path, *, size: int, reuse: bool = False) -> bool:
         log.warning("space %s is not bounded: %s", root, _why(exc))
         return False
     return True
+
+
+def _own_regular_file(path: Path) -> bool:
+    """The agent's own image, never a link or a file a job could have made (root mounts what it finds)."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_nlink == 1
 
 
 def unmount(root: Path) -> None:

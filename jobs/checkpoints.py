@@ -5,13 +5,16 @@ bounded space, which is removed after its retention), one directory per job, mod
 first part gets it owned by its own uid and bound in as ``$E31_CHECKPOINT_DIR``; when the attempt ends
 it is the agent's again (setuid bits cleared), measured against the declared ``checkpoint.bytes`` and
 handed to the next attempt, possibly on another node: a pool spanning machines mounts the root from
-storage every node shares. A checkpoint past its bound is removed whole, so the next attempt starts
-from scratch rather than from a checkpoint cut short. When the job ends, however, the directory goes.
+storage every node shares. While an attempt runs the directory is a filesystem of its own (an image
+under ``.images/``, the agent's alone, loop-mounted over it), so a job cannot write past its bound into
+the node's disk, nor hand root an image of its making. A checkpoint past its bound is removed whole, so
+the next attempt starts from scratch rather than from a checkpoint cut short. When the job ends, the
+directory and its image go.
 """
 
 import os
-import shutil
 import stat
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,31 +23,44 @@ from django.conf import settings
 from jobs import attempt_space, sandbox
 from jobs.units import format_size
 
+IMAGES = ".images"
+
 
 def directory(job_id: int) -> Path:
     return settings.E31_CHECKPOINT_ROOT / str(job_id)
 
 
+def image(job_id: int) -> Path:
+    """Outside the directory it is mounted over: no job ever sees it, replaces it or links it elsewhere."""
+    return settings.E31_CHECKPOINT_ROOT / IMAGES / f"{job_id}.img"
+
+
 def prepare(job_id: int, *, owner: int, limit: int) -> Path:
     """The job's directory, made if new and bounded, owned by this attempt's uid; others cannot list the root.
 
-    Bounded like an attempt's space: a filesystem image of its own, sized to the declared ``limit``,
-    loop-mounted over the directory (its files kept from attempt to attempt), so a job that writes past
-    its declaration fills its own checkpoint, never the node's disk. Where this node cannot mount one,
-    the directory is unbounded during the run and only measured after it.
+    Bounded like an attempt's space, a filesystem sized to the declared ``limit``, its files kept from
+    attempt to attempt. A mount found already there (a lost node's, on this machine) is never trusted: it
+    is taken down and the image mounted afresh. Where this node cannot mount one, the directory is
+    unbounded during the run and only measured after it (``bounded`` tells the agent).
     """
     root = settings.E31_CHECKPOINT_ROOT
-    root.mkdir(parents=True, exist_ok=True)
+    (root / IMAGES).mkdir(mode=0o700, parents=True, exist_ok=True)
+    (root / IMAGES).chmod(0o700)
     root.chmod(0o711)  # job uids pass through to their own directory, and see no other job's
     path = directory(job_id)
     path.mkdir(mode=0o700, exist_ok=True)
-    path.chmod(0o700)  # the directory under the mount, which holds the image: the agent's alone
+    attempt_space.unmount(path)
+    path.chmod(0o700)  # the directory under the mount: the agent's alone
     size = attempt_space.size_for(output_bytes=limit, scratch_bytes=0, log_bytes=0)
-    if attempt_space.bound(path, size=size, reuse=True):
+    if attempt_space.bound(path, size=size, reuse=True, image=image(job_id)):
         _drop_lost_and_found(path)
     path.chmod(0o700)
     sandbox.own_tree(path, uid=owner, gid=owner)
     return path
+
+
+def bounded(job_id: int) -> bool:
+    return os.path.ismount(directory(job_id))
 
 
 def _drop_lost_and_found(path: Path) -> None:
@@ -52,7 +68,7 @@ def _drop_lost_and_found(path: Path) -> None:
     try:
         (path / "lost+found").rmdir()
     except OSError:
-        pass  # not there, or fsck put something in it: then it is kept, as the agent's
+        pass  # not there, or fsck put something in it: then the job gets it with the rest
 
 
 def held_bytes(path: Path) -> int:
@@ -79,6 +95,12 @@ def settle(job_id: int, *, limit: int) -> Kept:
         return Kept(0)
     try:
         return _measure(path, limit)
+    except RecursionError:  # a tree deeper than the walk goes: not a checkpoint anyone can hand on
+        empty(path)
+        return Kept(
+            0,
+            "its checkpoint was nested too deeply to hand on and was removed: the next attempt starts from scratch",
+        )
     finally:
         attempt_space.unmount(path)
 
@@ -97,21 +119,23 @@ def _measure(path: Path, limit: int) -> Kept:
 
 
 def empty(path: Path) -> None:
-    for entry in list(path.iterdir()):
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
+    """Everything under ``path`` goes (rm: no link followed, no depth limit, nothing past its filesystem)."""
+    entries = [str(entry) for entry in path.iterdir()]
+    if entries:
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", *entries], check=False, timeout=600)
 
 
 def remove(job_id: int) -> None:
     path = directory(job_id)
     attempt_space.unmount(path)  # mounted still when its node was lost mid-attempt
-    shutil.rmtree(path, ignore_errors=True)
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=False, timeout=600)
+    image(job_id).unlink(missing_ok=True)
 
 
 def stored_job_ids() -> list[int]:
+    """Jobs with a directory or an image here."""
     root = settings.E31_CHECKPOINT_ROOT
-    if not root.is_dir():
-        return []
-    return [int(entry.name) for entry in root.iterdir() if entry.name.isdigit()]
+    names = [entry.name for entry in root.iterdir()] if root.is_dir() else []
+    images = root / IMAGES
+    names += [entry.name.removesuffix(".img") for entry in images.iterdir()] if images.is_dir() else []
+    return sorted({int(name) for name in names if name.isdigit()})

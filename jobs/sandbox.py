@@ -12,6 +12,7 @@ unsandboxed mode, which the pool page labels.
 """
 
 import ctypes
+import fcntl
 import os
 import resource
 import shutil
@@ -183,6 +184,70 @@ class UidRange:
     def give_back(self, uid: int) -> None:
         with self._lock:
             self._taken.discard(uid)
+
+
+class UidRangeTaken(Exception):
+    """Another live agent on this machine holds job uids this agent would hand out."""
+
+
+_CLAIMS: dict[tuple[int, int], int] = {}  # this process's held claims: one lock per range, kept for its life
+
+
+def claim_uids(uids: UidRange, registry: Path) -> None:
+    """Holds this agent's uid range for its lifetime, refusing one that overlaps a live agent's on this machine.
+
+    Two agents handing out one uid would run two teams' jobs as one user, and one agent's start-up sweep
+    would kill the other's jobs. Each range is a file in ``registry`` (machine-wide) locked by its agent:
+    a lock the kernel drops when the agent dies, however it dies, so a crashed agent's range is free again.
+    """
+    if (uids.base, uids.count) in _CLAIMS:
+        return
+    registry.mkdir(mode=0o700, parents=True, exist_ok=True)
+    own = registry / f"{uids.base}-{uids.count}"
+    fd = os.open(own, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    if not _locked(fd, fcntl.LOCK_EX):
+        os.close(fd)
+        raise UidRangeTaken(f"another agent on this machine holds job uids {_span(uids.base, uids.count)}")
+    for other in registry.iterdir():
+        held = _overlapping(other.name, uids)
+        if other != own and held and _alive(other):
+            os.close(fd)
+            raise UidRangeTaken(
+                f"job uids {_span(uids.base, uids.count)} overlap {_span(*held)}, held by another agent on this machine"
+            )
+    _CLAIMS[(uids.base, uids.count)] = fd
+
+
+def _overlapping(name: str, uids: UidRange) -> tuple[int, int] | None:
+    base, _, count = name.partition("-")
+    if not (base.isdigit() and count.isdigit()):
+        return None
+    other = (int(base), int(count))
+    return other if other[0] < uids.base + uids.count and uids.base < other[0] + other[1] else None
+
+
+def _alive(path: Path) -> bool:
+    """Whether a live agent holds the range file (a shared lock is refused while it does)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        return not _locked(fd, fcntl.LOCK_SH)
+    finally:
+        os.close(fd)  # and with it any lock taken here
+
+
+def _locked(fd: int, kind: int) -> bool:
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _span(base: int, count: int) -> str:
+    return f"{base}-{base + count - 1}"
 
 
 def available_mode(*, probe_uid: int) -> str:

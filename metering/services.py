@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from accounts.models import Team
 from common.ledger_locks import lock_team_ledgers
-from jobs.models import Allocation
+from jobs.models import Allocation, Job
 from metering import invariants, summaries
 from metering.models import MeterEntry
 from metering.periods import floor_hour, hour_slices, micros
@@ -122,7 +122,12 @@ def adjust_meter(*, allocation_id: int, microseconds: int, reason: str, author, 
         raise ValueError("an adjustment needs a reason and a non-zero amount")
     if not getattr(author, "is_staff", False):
         raise PermissionError("only operators adjust the ledger")
-    allocation = Allocation.objects.select_for_update().select_related("job").get(id=allocation_id)
+    # The one lock order (common.ledger_locks): the job's row, then the allocation's, then the team's ledger.
+    job_id = Allocation.objects.values_list("job_id", flat=True).get(id=allocation_id)
+    list(Job.objects.select_for_update().filter(id=job_id))
+    allocation = (
+        Allocation.objects.select_for_update(of=("self",)).select_related("job").get(id=allocation_id)
+    )
     if _gpu_micros(allocation_id) + allocation.gpu_count * microseconds < 0:
         raise ValueError("this credit is larger than the GPU-time the allocation was metered")
     end = allocation.released_at or now

@@ -60,7 +60,7 @@ def test_the_directory_is_the_attempts_own_while_it_runs_and_the_agents_after(ck
     assert (path / "step.txt").stat().st_uid == JOB_UID + 1
     kept = checkpoints.settle(42, limit=1000)
     assert kept == checkpoints.Kept(1) and not os.path.ismount(path)  # unmounted until the next attempt
-    assert attempt_space.bound(path, size=attempt_space.MIN_BYTES, reuse=True)  # as the next attempt will
+    assert attempt_space.bound(path, size=attempt_space.MIN_BYTES, reuse=True, image=checkpoints.image(42))
     assert (path / "step.txt").stat().st_uid == os.geteuid()
 
 
@@ -102,6 +102,42 @@ def test_handing_a_checkpoint_on_never_follows_a_link_the_job_left_to_the_hosts_
     assert (host.stat().st_uid, (host / "shadow").stat().st_uid) == (os.geteuid(), os.geteuid())
 
 
+def test_the_image_is_the_agents_alone_and_a_link_in_its_place_is_never_mounted(ckpt_root):
+    victim = checkpoints.prepare(47, owner=os.getuid(), limit=MB)
+    (victim / "weights").write_text("team a's")
+    checkpoints.settle(47, limit=MB)
+    images = checkpoints.image(47).parent
+    assert images.parent == ckpt_root and oct(images.stat().st_mode & 0o777) == "0o700"
+    assert not checkpoints.image(47).is_relative_to(checkpoints.directory(47))  # never where a job can write
+    checkpoints.image(48).symlink_to(checkpoints.image(47))  # a link where job 48's image would be
+    attacker = checkpoints.prepare(48, owner=os.getuid(), limit=MB)
+    assert os.path.ismount(attacker) and list(attacker.iterdir()) == []  # a fresh filesystem of its own
+    assert not checkpoints.image(48).is_symlink()
+
+
+def test_a_checkpoint_nested_deeper_than_any_walk_is_removed_with_a_note_not_an_error(ckpt_root):
+    path = checkpoints.prepare(49, owner=os.getuid(), limit=MB)
+    fd = os.open(path, os.O_RDONLY)
+    for _ in range(1200):  # deeper than Python's recursion limit lets os.walk or os.fwalk go
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    kept = checkpoints.settle(49, limit=MB)
+    assert kept.bytes == 0 and "nested too deeply" in kept.note and not os.path.ismount(path)
+
+
+def test_a_lost_attempt_leaves_the_checkpoint_alone_once_a_newer_attempt_has_it(team, ckpt_root):
+    job = _pausable(team, checkpoint_bytes=MB)
+    part = _running_part(job, attempt=1)
+    path = checkpoints.prepare(job.id, owner=os.getuid(), limit=MB)
+    (path / "step").write_text("40")
+    Job.objects.filter(id=job.id).update(attempt=2)  # requeued after the loss and running again elsewhere
+    assert agent._settle_checkpoint(part) is None
+    assert os.path.ismount(path) and (path / "step").read_text() == "40"
+
+
 def test_a_checkpoint_past_its_declared_bytes_is_removed_whole_with_a_note(ckpt_root):
     path = checkpoints.prepare(43, owner=os.getuid(), limit=LIMIT)
     (path / "shard").mkdir()
@@ -110,7 +146,7 @@ def test_a_checkpoint_past_its_declared_bytes_is_removed_whole_with_a_note(ckpt_
     assert (
         kept.bytes == 0 and "over its declared checkpoint.bytes" in kept.note and "from scratch" in kept.note
     )
-    assert attempt_space.bound(path, size=attempt_space.MIN_BYTES, reuse=True)  # as the next attempt will
+    assert attempt_space.bound(path, size=attempt_space.MIN_BYTES, reuse=True, image=checkpoints.image(43))
     assert list(path.iterdir()) == []
 
 

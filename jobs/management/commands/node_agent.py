@@ -72,7 +72,9 @@ class Command(BaseCommand):
         found, source = _find_gpus(cap=gpu_cap, virtual_gpus=virtual_gpus, gpu_model=gpu_model)
         try:
             tasks.AGENT["uids"] = sandbox.UidRange(uid_base, uid_count)
-        except ValueError as exc:
+            if os.geteuid() == 0:  # only a root agent hands out uids
+                sandbox.claim_uids(tasks.AGENT["uids"], settings.E31_UID_REGISTRY)
+        except (ValueError, sandbox.UidRangeTaken) as exc:
             raise CommandError(str(exc)) from exc
         _check_the_view(name)
         mode = sandbox.available_mode(probe_uid=uid_base) or (
