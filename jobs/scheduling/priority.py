@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import compress, count, repeat
 from operator import add, attrgetter, lt, mul, sub, truediv
 
@@ -129,7 +130,7 @@ def _keys(
         per_job_a = map(add, repeat(age_per_s), slow_by_job)
         per_job_b = map(
             add,
-            map(mul, repeat(length_w), _length_factors(distinct, hours)),
+            map(mul, repeat(length_w), map(_cached_length_factor, hours)),
             map(mul, repeat(now), slow_by_job),
         )
     keys = list(
@@ -146,16 +147,9 @@ def _keys(
     return keys
 
 
-_LENGTH_FACTORS: dict[float, float] = {}  # length_factor by declared hours, across passes
-
-
-def _length_factors(distinct: set[float], hours: Sequence[float]) -> Iterable[float]:
-    """``length_factor`` of each of ``hours`` (whose values are ``distinct``), each value computed once."""
-    if len(_LENGTH_FACTORS) > 100_000:
-        _LENGTH_FACTORS.clear()
-    for h in distinct.difference(_LENGTH_FACTORS):
-        _LENGTH_FACTORS[h] = length_factor(h)
-    return map(_LENGTH_FACTORS.__getitem__, hours)
+# length_factor by declared hours, across passes; lru_cache, not a dict of our own: passes run on several
+# worker threads at once, and its lookups and evictions are safe among them.
+_cached_length_factor = lru_cache(maxsize=100_000)(length_factor)
 
 
 _team = attrgetter("team")
