@@ -9,6 +9,7 @@ copy and overlaps it on two cores. The copy loop writes progress rarely.
 
 import hashlib
 import http.client
+import mmap
 import os
 import queue
 import ssl
@@ -20,14 +21,22 @@ from jobs import transfers
 from jobs.transfers import sources
 
 # With a sha256: buffers in flight between the copy and the hashing thread, and their size. Large
-# enough that a hand-over per buffer costs nothing beside hashing it; four keep both threads busy.
-HASH_BUFFER = 4 * 1024 * 1024
-HASH_BUFFERS = 4
+# enough that a hand-over per buffer costs little beside hashing it, small enough that a buffer is
+# still in the cache when it is written and hashed. Measured here, 1 GB over HTTP from 127.0.0.1,
+# medians of seven interleaved runs: 4 MiB x 4 468 MB/s, 256 KiB x 32 791, 512 KiB x 16 871,
+# the same copy without a sha256 870.
+HASH_BUFFER = 512 * 1024
+HASH_BUFFERS = 16
+# The most of a local copy the follower maps at once: mappings stay small however far it lags.
+MAP_WINDOW = 64 * 1024 * 1024
 
 
 class _Follower(threading.Thread):
-    """sha256 of a local copy as the kernel writes it, read back on another thread (pread and
-    hashlib release the GIL), so the copy itself never passes through Python."""
+    """sha256 of a local copy as the kernel writes it, on another thread (hashlib releases the GIL),
+    so the copy itself never passes through Python. The follower hashes the written range straight
+    from the page cache through a read-only mapping: reading it back into a buffer first cost a
+    copy per byte (measured here, 1 GB: a pread follower 1,075 MB/s, a mapping 1,228 MB/s, hashlib
+    over the file alone 1,155 MB/s, medians of five)."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(daemon=True, name="e31-sha256")
@@ -58,7 +67,7 @@ class _Follower(threading.Thread):
             self.error = exc
 
     def _follow(self) -> None:
-        buf, pos = memoryview(bytearray(transfers.BUFFER)), 0
+        pos = 0
         fd = os.open(self.path, os.O_RDONLY)
         try:
             while True:
@@ -69,13 +78,21 @@ class _Follower(threading.Thread):
                         return
                     target = self._written
                 while pos < target:
-                    n = os.preadv(fd, [buf[: min(transfers.BUFFER, target - pos)]], pos)
-                    if n == 0:
-                        raise OSError(f"{self.path} shrank while being hashed")
-                    self.sha256.update(buf[:n])
-                    pos += n
+                    pos = self._hash_range(fd, pos, min(target, pos + MAP_WINDOW))
         finally:
             os.close(fd)
+
+    def _hash_range(self, fd: int, pos: int, end: int) -> int:
+        # Only this stager writes the file and it never shrinks below what was announced (a
+        # restart stops the follower before truncating), so the mapping never reaches past its end:
+        # checked all the same, as a page past the end would be SIGBUS, not an error.
+        if os.fstat(fd).st_size < end:
+            raise OSError(f"{self.path} shrank while being hashed")
+        start = pos - pos % mmap.ALLOCATIONGRANULARITY
+        with mmap.mmap(fd, end - start, prot=mmap.PROT_READ, offset=start) as mapped:
+            with memoryview(mapped) as view:
+                self.sha256.update(view[pos - start :])
+        return end
 
 
 class _Hasher(threading.Thread):

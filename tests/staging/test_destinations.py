@@ -4,6 +4,8 @@ import hashlib
 import io
 import os
 
+import pytest
+
 from jobs import transfers
 from jobs.transfers import destinations, sources
 
@@ -57,3 +59,22 @@ def test_a_local_file_is_hashed_as_it_is_copied(tmp_path):
     source = sources.LocalSource(tmp_path / "in")
     assert copy(source, tmp_path).sha256 == hashlib.sha256(CONTENT).hexdigest()
     source.close()
+
+
+def test_a_local_copy_is_hashed_through_mappings_that_start_mid_page(tmp_path, monkeypatch):
+    monkeypatch.setattr(destinations, "MAP_WINDOW", 1024 * 1024 + 4097)  # every window after the first
+    (tmp_path / "in").write_bytes(CONTENT)
+    source = sources.LocalSource(tmp_path / "in")
+    assert copy(source, tmp_path).sha256 == hashlib.sha256(CONTENT).hexdigest()
+    source.close()
+
+
+def test_a_copy_shrinking_under_the_follower_is_an_error_not_a_crash(tmp_path):
+    """A mapped page past the end of the file would be SIGBUS, which no handler catches."""
+    path = tmp_path / "out"
+    path.write_bytes(CONTENT[:10_000])
+    follower = destinations._Follower(path)
+    os.truncate(path, 100)
+    follower.advance(10_000)
+    with pytest.raises(OSError, match="shrank while being hashed"):
+        follower.finish()
