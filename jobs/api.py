@@ -67,7 +67,7 @@ def job_json(job: Job) -> dict:
         "end_reason": job.end_reason, "exit_code": job.exit_code, "end_detail": job.end_detail,
         "submitted_at": job.submitted_at, "attempt": job.attempt,
         "work": {"argv": job.argv, "env": job.env, "image": job.image, "secrets": job.secrets, "workdir": job.workdir},
-        "data": [_input_json(d) for d in job.inputs.all()],
+        "data": [_input_json(d) for d in job.detail_inputs],
         "image": _image_json(getattr(job, "image_pull", None)),
         "request": {
             "gpus": job.gpus, "hours": job.hours, "min_gpus": job.min_gpus, "max_gpus": job.max_gpus, "gpu_model": job.gpu_model,
@@ -76,14 +76,14 @@ def job_json(job: Job) -> dict:
             if job.checkpoints else None,
         },
         "output": {"uri": job.output_uri, "bytes": job.output_bytes},
-        "events": [{"state": e.to_state, "at": e.at, "reason": e.reason} for e in job.events.all()],
+        "events": [{"state": e.to_state, "at": e.at, "reason": e.reason} for e in job.detail_events],
         "allocations": [
             {
                 "attempt": a.attempt, "node": a.node.name, "gpu_indices": a.gpu_indices,
                 "rented_at": a.rented_at, "released_at": a.released_at, "end_reason": a.end_reason,
                 "network": a.network,
             }
-            for a in job.allocations.all()
+            for a in job.detail_allocations
         ],
         "outputs": {
             "files": job.sealed_files, "bytes": job.sealed_bytes,
@@ -113,11 +113,11 @@ def _array_ref(job: Job) -> dict | None:
 
 
 def _dependencies_json(job: Job) -> dict:
-    before = job.prerequisites.all()
+    before = job.detail_prerequisites
     return {
         "after_ok": [d.prerequisite_id for d in before if d.kind == Dependency.AFTER_OK],
         "after_any": [d.prerequisite_id for d in before if d.kind == Dependency.AFTER_ANY],
-        "dependents": [d.job_id for d in job.dependents.all()],
+        "dependents": [d.job_id for d in job.detail_dependents],
     }
 
 

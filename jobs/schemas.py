@@ -5,7 +5,7 @@ from typing import Annotated, Any
 
 from ninja import Field, Schema
 from ninja.schema import DjangoGetter
-from pydantic import StrictBool, StrictFloat, StrictInt, WithJsonSchema, model_validator
+from pydantic import BaseModel, StrictBool, StrictFloat, StrictInt, WithJsonSchema, model_validator
 
 # Checked by jobs.declaration, as the form and the job file are, so every channel names the same
 # field with the same message (a union here would answer "request.cpus.float" instead).
@@ -147,7 +147,13 @@ class ErrorOut(Schema):
     errors: list[FieldError] = Field(default_factory=list)
 
 
-class EventOut(Schema):
+class BuiltOut(BaseModel):
+    """An answer the API builds as plain dicts (``jobs.api.job_json``), checked by pydantic alone.
+    ninja's ``Schema`` wraps every object it checks in a ``DjangoGetter`` so that it can read model
+    attributes; on a page of 100 jobs with their events that cost a third of the request."""
+
+
+class EventOut(BuiltOut):
     state: str
     at: datetime
     reason: str
@@ -160,7 +166,7 @@ class DataOut(DataIn):
     eta_s: float | None
 
 
-class ImageOut(Schema):
+class ImageOut(BuiltOut):
     reference: str = Field(..., description="The image as declared.")
     digest: str = Field(..., description="What the reference resolved to at staging: the image the job runs.")
     stage_state: str
@@ -171,7 +177,7 @@ class ImageOut(Schema):
     stage_detail: str
 
 
-class AllocationOut(Schema):
+class AllocationOut(BuiltOut):
     attempt: int
     node: str
     gpu_indices: list[int]
@@ -189,14 +195,14 @@ class OutputFileOut(Schema):
     sha256: str
 
 
-class OutputsOut(Schema):
+class OutputsOut(BuiltOut):
     files: int = Field(..., description="Files the current attempt sealed.")
     bytes: int = Field(..., description="Their total size in bytes.")
     delivered_to: str = Field(..., description="The attempt's own folder under the destination.")
     files_url: str = Field(..., description="Every file, paged: ?offset=&limit= (at most 1000).")
 
 
-class ArrayRefOut(Schema):
+class ArrayRefOut(BuiltOut):
     id: int
     index: int
     size: int
@@ -216,7 +222,7 @@ class ArrayOut(Schema):
     tasks_url: str = Field(..., description="The tasks, as jobs: /api/v1/jobs?array=<id>.")
 
 
-class JobOut(Schema):
+class JobOut(BuiltOut):
     id: int
     name: str
     team: str

@@ -193,10 +193,13 @@ def with_canceller(jobs: QuerySet[Job]) -> QuerySet[Job]:
 
 
 def with_details(jobs: QuerySet[Job]) -> QuerySet[Job]:
-    """Everything the API's job JSON reads, fetched per page in a fixed number of queries."""
+    """Everything the API's job JSON reads, fetched per page in a fixed number of queries, as plain
+    lists on each job (``detail_*``): a related manager and a queryset clone per job and relation
+    cost more than the queries themselves on a page of 100 jobs."""
     return jobs.prefetch_related(
-        "inputs", "events", "image_pull", Prefetch("allocations", queryset=Allocation.objects.select_related("node")),
-        "prerequisites", "dependents",
+        Prefetch("inputs", to_attr="detail_inputs"), Prefetch("events", to_attr="detail_events"), "image_pull",
+        Prefetch("allocations", queryset=Allocation.objects.select_related("node"), to_attr="detail_allocations"),
+        Prefetch("prerequisites", to_attr="detail_prerequisites"), Prefetch("dependents", to_attr="detail_dependents"),
     )  # fmt: skip
 
 
