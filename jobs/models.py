@@ -108,6 +108,10 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["team", "-submitted_at"]),
             models.Index(fields=["state", "state_changed_at"]),
+            # Counting a team's list (arrays folded to their first task) from the index alone: with
+            # the array columns read from the table, a team of 5,000 jobs visited 2,949 pages (25 ms
+            # against 4.5 ms).
+            models.Index(fields=["team"], include=["array", "array_index"], name="job_team_array_count"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive"),
