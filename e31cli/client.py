@@ -6,12 +6,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 from e31cli import config
 
 # Worth retrying: the request may not have reached the console, or it was briefly unable to answer.
 RETRY_STATUSES = {502, 503, 504}
 RETRIES = 3
+# Reads are idempotent, so urllib3 retries them itself: a connection reset as it was reused (the
+# console closed a kept-alive connection just then, as during a long `--follow`) or a 502/503/504.
+READ_RETRY = Retry(
+    total=RETRIES, backoff_factor=0.5, status_forcelist=RETRY_STATUSES,
+    allowed_methods=frozenset({"GET"}), raise_on_status=False,
+)  # fmt: skip
 
 
 @dataclass
@@ -30,6 +38,8 @@ class Api:
         self.base = f"{login.url}/api/v1"
         self.timeout_s = timeout_s
         self.session = requests.Session()
+        for scheme in ("http://", "https://"):
+            self.session.mount(scheme, HTTPAdapter(max_retries=READ_RETRY))
         self.session.headers.update({"Authorization": f"Bearer {login.token}", "User-Agent": "e31-cli"})
 
     def get(self, path: str, *, timeout_s: float | None = None, **params: Any) -> Any:
