@@ -23,7 +23,7 @@ schedulable pool is skipped, never waited for.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import compress, count, repeat
+from itertools import compress, count, islice, repeat
 from operator import and_, attrgetter, itemgetter, le, or_
 
 from jobs.scheduling.types import (
@@ -32,6 +32,7 @@ from jobs.scheduling.types import (
     NodeList,
     NodeView,
     PendingJob,
+    PendingList,
     Plan,
     PolicyConfig,
     ReleaseMemo,
@@ -99,16 +100,25 @@ def _queue(
     *,
     now: float,
     pool: _FlatPool,
-    order: Callable[[Sequence[PendingJob]], list],
-) -> list[PendingJob]:
+    order: Callable[[Sequence[PendingJob]], Sequence[PendingJob]],
+) -> Sequence[PendingJob]:
     """The jobs that can ever start, in the policy's order (staging ones are not queued yet)."""
     queue = order(pending)
+    if isinstance(pending, PendingList) and pending.ready and (pending.largest or 0) <= pool.capacity:
+        return queue  # the keeper vouches for both: no scan of the whole queue
     if queue and (any(map(_ready_at, queue)) or max(map(_gpus, queue)) > pool.capacity):
         queue = [j for j in queue if j.gpus <= pool.capacity and (j.ready_at is None or j.ready_at <= now)]
     return queue
 
 
+def _submit_order(pending: Sequence[PendingJob]) -> Sequence[PendingJob]:
+    """``pending`` in submit order; the keeper's own list when it keeps that order (read, never changed)."""
+    return pending if isinstance(pending, PendingList) and pending.by_submit else by_submit(pending)
+
+
 def _shortest_first(pending: Sequence[PendingJob]) -> list[PendingJob]:
+    if isinstance(pending, PendingList) and pending.by_submit:
+        return sorted(pending, key=_hours)  # stable: ties keep submit order, as the full key orders them
     return sorted(pending, key=_by_estimate)
 
 
@@ -130,7 +140,7 @@ def fcfs(
     """Strict first-come-first-served: start in submit order, stop at the first job that waits."""
     pool = _FlatPool(nodes)
     starts = []
-    for job in _queue(pending, now=now, pool=pool, order=by_submit):
+    for job in _queue(pending, now=now, pool=pool, order=_submit_order):
         if job.gpus > pool.free:
             break
         starts.append(pool.start(job))
@@ -169,7 +179,7 @@ def _releases(
 
 
 def _easy(
-    queue: list[PendingJob],
+    queue: Sequence[PendingJob],
     *,
     now: float,
     running: Sequence[RunningView],
@@ -190,24 +200,39 @@ def _easy(
     shadow, extra = shadow_time(
         head, now=now, free=pool.free, releases=_releases(running, ends, pool, {} if memo is None else memo)
     )
-    if pool.free and rest:
-        # C-level tests first (fits what is free; ends by the shadow time or fits the extra GPUs),
-        # so the Python loop visits only jobs that start, or fail on what earlier ones took.
-        sizes = list(map(_gpus, rest))
-        by_shadow = map(le, map(_hours, rest), repeat((shadow - now) / HOUR_S + 1e-9))
-        allowed = map(or_, by_shadow, map(le, sizes, repeat(extra)))
-        for k in compress(count(), map(and_, map(le, sizes, repeat(pool.free)), allowed)):
+    _backfill(rest, now=now, shadow=shadow, extra=extra, pool=pool, starts=starts)
+    return _plan(starts, [Reservation(job_id=head.job_id, start_at=shadow, gpus_by_node=None)])
+
+
+def _backfill(
+    rest: Sequence[PendingJob], *, now: float, shadow: float, extra: int, pool: _FlatPool, starts: list[Start]
+) -> None:
+    """EASY's backfill over ``rest``, in order: a job starts if it fits the free GPUs and ends by the
+    shadow time or fits the extra GPUs (which it then uses up).
+
+    The tests run in C over the jobs not yet visited, and again from the next job after each start
+    (what is free, and extra, only shrink), so Python visits only the jobs that start - not the
+    hundreds that fitted before earlier starts took the GPUs - and each job is tested about once.
+    """
+    window = (shadow - now) / HOUR_S + 1e-9  # the C test's margin; the exact test follows in Python
+    k = 0
+    while pool.free and k < len(rest):
+        candidates = fits = map(le, map(_gpus, islice(rest, k, None)), repeat(pool.free))
+        if extra < pool.free:  # else whatever fits the free GPUs fits the extra ones
+            by_shadow = map(le, map(_hours, islice(rest, k, None)), repeat(window))
+            allowed = map(or_, by_shadow, map(le, map(_gpus, islice(rest, k, None)), repeat(extra)))
+            candidates = map(and_, fits, allowed)
+        for k in compress(count(k), candidates):  # noqa: B020 (k resumes after the loop)
             job = rest[k]
-            if job.gpus > pool.free:
-                continue
             past_shadow = now + job.hours * HOUR_S > shadow
             if past_shadow and job.gpus > extra:
-                continue  # would delay the head's reservation
+                continue  # passed only by the margin: it would delay the head's reservation
             starts.append(pool.start(job))
             extra -= job.gpus if past_shadow else 0
-            if not pool.free:
-                break
-    return _plan(starts, [Reservation(job_id=head.job_id, start_at=shadow, gpus_by_node=None)])
+            k += 1
+            break
+        else:
+            return
 
 
 def easy(
@@ -224,7 +249,11 @@ def easy(
     """EASY backfilling in submit order (the module docstring)."""
     pool = _FlatPool(nodes)
     return _easy(
-        _queue(pending, now=now, pool=pool, order=by_submit), now=now, running=running, pool=pool, memo=memo
+        _queue(pending, now=now, pool=pool, order=_submit_order),
+        now=now,
+        running=running,
+        pool=pool,
+        memo=memo,
     )
 
 

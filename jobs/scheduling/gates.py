@@ -15,7 +15,7 @@ from itertools import repeat
 from operator import attrgetter, is_not
 
 from jobs.scheduling.explanation import format_utc
-from jobs.scheduling.types import HOUR_S, Estimate, PendingJob, RunningView
+from jobs.scheduling.types import HOUR_S, Estimate, PendingJob, PendingList, RunningView
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +28,9 @@ class Split:
 def split(pending: Sequence[PendingJob], running: Sequence[RunningView]) -> Split:
     """Lets through every job without prerequisites left, and of each array only as many tasks
     (lowest ids first) as its limit leaves room for beside the tasks running now."""
-    if not (any(map(_waits_for, pending)) or any(map(is_not, map(_array_limit, pending), repeat(None)))):
+    if (isinstance(pending, PendingList) and pending.ungated) or not (
+        any(map(_waits_for, pending)) or any(map(is_not, map(_array_limit, pending), repeat(None)))
+    ):
         return Split(ready=list(pending), waiting=[], throttled=[])  # nothing held: C-level checks only
     room: Counter[int] = Counter()
     for r in running:

@@ -95,9 +95,13 @@ def starvation_bound(pending: Sequence[PendingJob], *, now: float, config: Polic
     ``starvation_factor`` is set, that many times the mean wait of the queue (at least
     ``starvation_s``, at most ``starvation_max_s``) - so an overloaded queue, where every wait is
     long, keeps its order, and a queue that only grows still cannot hold a job back for ever."""
-    if not config.starvation_factor or not pending:
+    return _starvation_bound(list(map(_submitted, pending)), now=now, config=config)
+
+
+def _starvation_bound(submitted: Sequence[float], *, now: float, config: PolicyConfig) -> float:
+    if not config.starvation_factor or not submitted:
         return config.starvation_s
-    mean_wait = now - sum(map(_submitted, pending)) / len(pending)
+    mean_wait = now - sum(submitted) / len(submitted)
     return min(max(config.starvation_s, config.starvation_factor * mean_wait), config.starvation_max_s)
 
 
@@ -140,7 +144,7 @@ def _keys(
             map(fs_term.__getitem__, map(_team, pending)),
         )
     )
-    starve_before = now - starvation_bound(pending, now=now, config=config)
+    starve_before = now - _starvation_bound(submitted, now=now, config=config)
     if min(submitted) < starve_before:
         for i in compress(count(), map(lt, submitted, repeat(starve_before))):
             keys[i] = -1e30 + submitted[i]  # starved: before everyone else, oldest first

@@ -330,6 +330,7 @@ class _Replay:
         self.ends: dict[int, float] = {}
         self.finishes: list[tuple[float, int]] = []
         self.backlog_running = 0  # preemptible jobs holding GPUs
+        self.largest = max((j.gpus for j in jobs), default=0)  # no queued job asks for more
 
     def next_finish(self) -> float:
         return self.finishes[0][0] if self.finishes else math.inf
@@ -359,7 +360,8 @@ class _Replay:
         if not self.pending:
             self.by_submit = True
         queue = types.PendingList(self.pending.values())
-        queue.by_submit = self.by_submit
+        queue.by_submit, queue.largest = self.by_submit, self.largest
+        queue.ready = queue.ungated = True  # trace jobs neither stage nor wait for one another
         return queue
 
     def submit(self, index: int, *, preemptible: bool | None = None) -> None:

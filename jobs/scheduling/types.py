@@ -190,9 +190,15 @@ class RunningList(list[RunningView]):
 
 class PendingList(list[PendingJob]):
     """Queued jobs that their keeper keeps in submit order (``submitted_at``, then job id) while
-    ``by_submit`` holds: a first-come policy then need not sort them."""
+    ``by_submit`` holds: a first-come policy then need not sort them. ``ready``: none is still
+    staging (no ``ready_at``); ``largest``: no job asks for more GPUs (None: not known); ``ungated``:
+    none waits for a prerequisite or is an array task with a running limit - facts the replay knows
+    for free, so that a policy need not scan the whole queue for them each pass."""
 
     by_submit: bool = False
+    ready: bool = False
+    largest: int | None = None
+    ungated: bool = False
 
 
 def by_expected_end(running: Sequence[RunningView]) -> Sequence[RunningView]:

@@ -17,8 +17,10 @@ from jobs.scheduling.types import NodeView, PendingJob, Plan, Start, part_share
 
 def widen(result: Plan, *, pending: Sequence[PendingJob], nodes: Sequence[NodeView]) -> Plan:
     """``result`` with its elastic starts widened up to their ``max_gpus`` where nothing else waits."""
+    if result.reservations or result.preemptions or len(result.starts) < len(pending):
+        return result  # something waits: checked first, since most passes end here
     wide = {p.job_id: p for p in pending if p.max_gpus and p.max_gpus > p.gpus}
-    if not wide or result.reservations or result.preemptions or len(result.starts) < len(pending):
+    if not wide:
         return result
     room = _Room(nodes, result.starts, {p.job_id: p for p in pending})
     starts = [room.widen(s, wide[s.job_id]) if s.job_id in wide else s for s in result.starts]

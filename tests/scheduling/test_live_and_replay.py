@@ -1,6 +1,6 @@
 """One policy, live and replayed: a snapshot planned the live scheduler's way and the replay's way
-(a NodeList with kept totals and a kept free-GPU state, running jobs and queue in kept lists,
-decisions only, a release memo carried over from an earlier pass) gives the same starts,
+(a NodeList with kept totals and a kept free-GPU state, running jobs and queue in kept lists
+with the facts the replay vouches for, decisions only, a release memo carried over from an earlier pass) gives the same starts,
 preemptions and reservations."""
 
 import dataclasses
@@ -90,6 +90,9 @@ def test_every_policy_decides_the_same_live_and_in_replay(snapshot, data):
         pending = sorted(pending, key=lambda j: (j.submitted_at, j.job_id))
     queue = PendingList(pending)
     queue.by_submit = pending == sorted(pending, key=lambda j: (j.submitted_at, j.job_id))
+    # What the replay vouches for (none staging or gated, none wider than this), true of every snapshot.
+    queue.ready = queue.ungated = True
+    queue.largest = max((j.gpus for j in pending), default=0)
     kept_running = RunningList(running)  # the snapshot's running jobs are in expected-end order
     kept_running.preemptible = sum(r.preemptible for r in running)
     usage, shares = {"a": 3600.0 * 50, "b": 3600.0}, {"a": 1.0, "b": 2.0}
