@@ -16,9 +16,11 @@ RETRY_STATUSES = {502, 503, 504}
 RETRIES = 3
 # Reads are idempotent, so urllib3 retries them itself: a connection reset as it was reused (the
 # console closed a kept-alive connection just then, as during a long `--follow`) or a 502/503/504.
+# Any method is retried only when the connection never opened; ``other=0``, since urllib3 retries
+# "other" errors (TLS failures once the request may be sent) whatever the method; waits stay ours.
 READ_RETRY = Retry(
-    total=RETRIES, backoff_factor=0.5, status_forcelist=RETRY_STATUSES,
-    allowed_methods=frozenset({"GET"}), raise_on_status=False,
+    total=RETRIES, other=0, backoff_factor=0.5, status_forcelist=RETRY_STATUSES,
+    allowed_methods=frozenset({"GET"}), raise_on_status=False, respect_retry_after_header=False,
 )  # fmt: skip
 
 

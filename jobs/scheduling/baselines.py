@@ -104,7 +104,8 @@ def _queue(
 ) -> Sequence[PendingJob]:
     """The jobs that can ever start, in the policy's order (staging ones are not queued yet)."""
     queue = order(pending)
-    if isinstance(pending, PendingList) and pending.ready and (pending.largest or 0) <= pool.capacity:
+    kept = isinstance(pending, PendingList) and pending.ready and pending.largest is not None
+    if kept and pending.largest <= pool.capacity:
         return queue  # the keeper vouches for both: no scan of the whole queue
     if queue and (any(map(_ready_at, queue)) or max(map(_gpus, queue)) > pool.capacity):
         queue = [j for j in queue if j.gpus <= pool.capacity and (j.ready_at is None or j.ready_at <= now)]

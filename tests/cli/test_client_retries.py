@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
+from urllib3.exceptions import MaxRetryError, SSLError
 
 from e31cli import client, config
 
@@ -86,3 +87,11 @@ def test_a_post_without_idempotency_is_sent_once(server):
     with pytest.raises(requests.ConnectionError):
         api.post("/jobs/1/cancel")
     assert seen == ["POST"]
+
+
+def test_a_tls_failure_once_a_post_may_have_been_sent_is_not_retried():
+    """urllib3 counts TLS errors as "other" errors and retries those whatever the method."""
+    with pytest.raises(MaxRetryError):
+        client.READ_RETRY.increment(
+            method="POST", url="/api/v1/jobs/1/cancel", error=SSLError("bad record mac")
+        )

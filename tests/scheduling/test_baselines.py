@@ -8,11 +8,13 @@ not its shadow-time shortcut. FCFS is checked against a ten-line loop.
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobs.scheduling import baselines, policy, simulate
 from jobs.scheduling.traces import TraceJob
+from jobs.scheduling.types import NodeView, PendingJob, PendingList
 
 MIN = 60.0
 
@@ -159,3 +161,17 @@ def test_easy_keeps_its_reservation_uses_no_gpu_twice_and_starts_nothing_early(w
 def test_the_engines_easy_equals_the_flat_reference_where_nodes_do_not_constrain(workload):
     jobs, capacity = workload
     assert _replay_starts(jobs, capacity, policy.easy_nodes) == _replay_starts(jobs, capacity, baselines.easy)
+
+
+@pytest.mark.parametrize("largest", [None, 8])
+def test_a_queue_that_vouches_for_no_width_it_knows_is_still_filtered_to_the_pool(largest):
+    """A kept queue's facts skip the baselines' scans only when they prove the scan needless: an
+    unknown widest job (None), or one wider than the pool, leaves the 8-GPU job out on 4 GPUs."""
+    nodes = [NodeView(name="n0", gpus=4, free=(0, 1))]
+    jobs = [PendingJob(1, "t", 8, 1.0, 0.0), PendingJob(2, "t", 1, 1.0, 1.0)]
+    queue = PendingList(jobs)
+    queue.by_submit = queue.ready = queue.ungated = True
+    queue.largest = largest
+    for plan_with in (baselines.fcfs, baselines.easy, baselines.sjf_easy):
+        plan = plan_with(now=0.0, nodes=nodes, running=[], pending=queue, usage={}, shares={})
+        assert [s.job_id for s in plan.starts] == [2], plan_with.__name__
