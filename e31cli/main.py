@@ -168,7 +168,7 @@ def list_jobs(
         return
     table = _table("ID", "NAME", "TASK", "STATE", "END", "EXIT", "GPUS", "HOURS", "SUBMITTED")
     for job in jobs:
-        table.add_row(str(job["id"]), job["name"], _task(job), job["state"], job["end_reason"], _text(job["exit_code"]),
+        table.add_row(str(job["id"]), job["name"], _task(job), job.get("paused") or job["state"], job["end_reason"], _text(job["exit_code"]),
                       str(job["request"]["gpus"]), str(job["request"]["hours"]), _short_time(job["submitted_at"]))  # fmt: skip
     out.print(table)
 
@@ -184,6 +184,7 @@ def show(
         out.print_json(json.dumps(job))
         return
     out.print(f"Job {job['id']} {job['name']} ({job['team']}): {job['state']}"
+              + (f", {job['paused']}" if job.get("paused") else "")
               + (f", {job['end_reason']}" if job["end_reason"] else "")
               + (f", exit {job['exit_code']}" if job["exit_code"] is not None else ""))  # fmt: skip
     if job["end_detail"]:

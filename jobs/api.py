@@ -14,7 +14,7 @@ from pydantic import field_validator
 
 from accounts import scoping
 from common import paging
-from jobs import declaration, idempotency, logs, selectors, services
+from jobs import declaration, idempotency, logs, presenters, selectors, services
 from jobs.models import Dependency, Job, JobArray, OutputFile
 from jobs.schemas import ArrayOut, ErrorOut, JobIn, JobOut, OutputFileOut
 
@@ -93,6 +93,7 @@ def job_json(job: Job) -> dict:
         "delivery_state": job.delivery_state,
         "estimated_start": job.estimated_start,
         "pending_reason": job.pending_reason,
+        "paused": presenters.paused(job),
         **_dependencies_json(job),
         "rerun_of": job.rerun_of_id,
         "array": _array_ref(job),

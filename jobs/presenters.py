@@ -14,6 +14,7 @@ LIST_FIELDS = (
     "id", "name", "state", "end_reason", "gpus", "hours", "submitted_at", "state_changed_at",
     "estimated_start", "pending_reason", "team__name", "exit_code", "cancel_requested_at",
     "array_id", "array_index", "array__name", "array__spec", "array__size", "array__max_running",
+    "attempt", "checkpoint_signal", "checkpoint_held_bytes",  # a pausable job between attempts reads "paused"
 )  # fmt: skip
 
 
@@ -41,7 +42,7 @@ def outcome(job: Job) -> tuple[str, str]:
     """The job's badge, in words, and its colour class: the state while it lives, how it ended once it
     has ("failed exit 3", "timed out after 0.5 h", "cancelled by alice"), never a bare "released"."""
     if job.is_alive:
-        return ("cancelling" if job.cancel_requested_at else job.state), f"state-{job.state}"
+        return ("cancelling" if job.cancel_requested_at else paused(job) or job.state), f"state-{job.state}"
     reason = job.end_reason
     if reason == EndReason.FAILED and job.exit_code is not None:
         words = f"failed exit {job.exit_code}"

@@ -244,6 +244,9 @@ class JobOut(BuiltOut):
     delivery_state: str
     estimated_start: datetime | None
     pending_reason: str
+    paused: str = Field(
+        "", description='A pausable job between attempts: "paused (checkpoint 1.2 GB)"; else empty.'
+    )
     after_ok: list[int] = Field(default_factory=list, description="Prerequisites that must succeed first.")
     after_any: list[int] = Field(default_factory=list, description="Prerequisites that must end first.")
     dependents: list[int] = Field(default_factory=list, description="Jobs that wait for this one.")

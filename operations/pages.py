@@ -28,6 +28,7 @@ WAITING_STATES = [State.SUBMITTED.value, State.STAGING.value, State.QUEUED.value
 LIST_FIELDS = (
     "id", "name", "team__name", "team__slug", "state", "end_reason", "gpus", "min_gpus", "hours",
     "submitted_at", "state_changed_at", "cancel_requested_at", "attempt", "requeue", "exit_code",
+    "checkpoint_signal", "checkpoint_held_bytes",  # a pausable job between attempts reads "paused"
 )  # fmt: skip
 QUEUE_FIELDS = (
     *LIST_FIELDS,
