@@ -182,18 +182,21 @@ def measure(bench: Bench, rounds: int) -> dict[str, list[float]]:
 
 def summarise(figures: dict[str, list[float]], moved: dict, size: int, rounds: int) -> dict:
     med = {name: round(statistics.median(values), 1) for name, values in figures.items()}
-    sha_floor_file = min(med["cp"], med["sha256"])
-    sha_floor_http = min(med["curl"], med["sha256"])
+
+    def sha_ratio(file_ceiling: str, http_ceiling: str) -> float:
+        """The checksummed runs against min(a ceiling, sha256), the worse of the two sources."""
+        return round(min(med["file_sha"] / min(med[file_ceiling], med["sha256"]),
+                         med["http_sha"] / min(med[http_ceiling], med["sha256"])), 3)  # fmt: skip
+
     return {
         "file_mb_s": med["file"], "http_mb_s": med["http"],
         "file_sha_mb_s": med["file_sha"], "http_sha_mb_s": med["http_sha"],
         "cp_mb_s": med["cp"], "curl_mb_s": med["curl"], "sha256_mb_s": med["sha256"],
         "file_ratio": round(med["file"] / med["cp"], 3),
         "http_ratio": round(med["http"] / med["curl"], 3),
-        "sha_ratio": round(min(med["file_sha"] / sha_floor_file, med["http_sha"] / sha_floor_http), 3),
-        # The same with the stager's own unhashed copy as the ceiling: a slow `curl` cannot flatter it.
-        "sha_ratio_own": round(min(med["file_sha"] / min(med["file"], med["sha256"]),
-                                   med["http_sha"] / min(med["http"], med["sha256"])), 3),
+        "sha_ratio": sha_ratio("cp", "curl"),
+        # The stager's own unhashed copies as the ceiling: a slow `curl` cannot flatter it.
+        "sha_ratio_own": sha_ratio("file", "http"),
         "cached_bytes_moved": moved["http"] + moved["file"],
         "cached_hit_s": max(moved["http_hit_s"], moved["file_hit_s"]),
         "size_mb": size // MB, "rounds": rounds, "cpus": os.cpu_count(),
