@@ -4,7 +4,7 @@ Typer, because each command is a typed function whose help, argument checks and 
 its signature, and it brings rich for the tables; the API calls go through requests.
 
 Exit codes a script can rely on (``e31 --help`` lists them too):
-  0 done; with --wait, the job succeeded
+  0 done; with --wait, the job succeeded (an array: every task succeeded)
   1 the console answered with an error not listed below
   2 the command line was wrong
   3 not logged in, or the token was refused
@@ -14,7 +14,8 @@ Exit codes a script can rely on (``e31 --help`` lists them too):
   7 the console could not be reached
 With --wait, the job's own exit code when it ran and failed, else one code per end reason:
   timed_out 124, cancelled 130, node_lost 75, staging_failed 66, output_failed 74, rejected 65,
-  dependency_failed 67, any other failure 1.
+  dependency_failed 67, any other failure 1. An array waits for every task and exits with the highest
+  of its tasks' codes.
 """
 
 import json
@@ -23,6 +24,7 @@ import sys
 import time
 import uuid
 from calendar import monthrange
+from collections import Counter
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Annotated
@@ -95,7 +97,10 @@ def submit(
     from_job: Annotated[
         int | None, typer.Option("--from", min=1, help="Re-run this job of your team, as it was declared.")
     ] = None,
-    wait: Annotated[bool, typer.Option(help="Wait for the end; exit with the job's exit code.")] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(help="Wait for the end (an array's: every task's); exit with the job's exit code."),
+    ] = False,
     follow: Annotated[bool, typer.Option(help="Print the log as it is written (implies --wait).")] = False,
     team: Annotated[str, typer.Option(help="Team slug, if you belong to several.")] = "",
     key: Annotated[str, typer.Option(help="Idempotency-Key (default: a new one per command).")] = "",
@@ -136,6 +141,9 @@ def submit(
         err.print(job["budget_note"], style="yellow")
     if follow:
         _print_log(session, job["id"], follow=True)
+    if (wait or follow) and job.get("array"):
+        tasks = _wait_array(session, job["array"]["id"])
+        raise typer.Exit(max(map(_exit_code, tasks)))
     if wait or follow:
         raise typer.Exit(_exit_code(_wait(session, job["id"])))
 
@@ -342,11 +350,46 @@ def _wait(session: client.Api, job_id: int) -> dict:
     """Polls until the job has ended and its outputs are no longer being delivered."""
     while True:
         job = session.get(f"/jobs/{job_id}")
-        if job["state"] in TERMINAL and job["delivery_state"] != "delivering":
+        if _delivered(job):
             err.print(f"Job {job_id} {job['state']}: {job['end_reason']}"
                       + (f", exit {job['exit_code']}" if job["exit_code"] is not None else ""))  # fmt: skip
             return job
         time.sleep(WAIT_POLL_S)
+
+
+def _delivered(job: dict) -> bool:
+    return job["state"] in TERMINAL and job["delivery_state"] != "delivering"
+
+
+def _wait_array(session: client.Api, array_id: int) -> list[dict]:
+    """Polls until every task of the array has ended and delivered its outputs, saying how many have as
+    the count moves; then one line of how they ended, naming each task that did not succeed."""
+    said = -1
+    while True:
+        array = session.get(f"/arrays/{array_id}")
+        ended = sum(n for state, n in array["states"].items() if state in TERMINAL)
+        if ended != said and ended < array["size"]:
+            err.print(f"Array {array_id}: {ended} of {array['size']} tasks ended")
+            said = ended
+        if ended == array["size"]:
+            tasks = list(session.pages("/jobs", limit=array["size"], array=array_id))
+            if all(map(_delivered, tasks)):
+                err.print(f"Array {array_id}: {_array_outcome(tasks)}", soft_wrap=True)  # one line for logs
+                return tasks
+        time.sleep(WAIT_POLL_S)
+
+
+def _array_outcome(tasks: list[dict]) -> str:
+    """How an array's tasks ended: "4 of 4 tasks ended: 2 succeeded, 2 failed; not succeeded: tasks 1
+    (exit 3), 3 (exit 2)", each with the exit code --wait would give it."""
+    reasons = Counter(t["end_reason"] for t in tasks)
+    in_order = sorted(reasons.items(), key=lambda pair: (pair[0] != "succeeded", pair[0]))
+    counts = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in in_order)
+    not_ok = sorted((t for t in tasks if t["end_reason"] != "succeeded"), key=lambda t: t["array"]["index"])
+    named = ", ".join(f"{t['array']['index']} (exit {_exit_code(t)})" for t in not_ok)
+    return f"{len(tasks)} of {len(tasks)} tasks ended: {counts}" + (
+        f"; not succeeded: tasks {named}" if named else ""
+    )
 
 
 def _exit_code(job: dict) -> int:

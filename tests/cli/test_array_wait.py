@@ -1,0 +1,86 @@
+"""`e31 submit ARRAY --wait` waits for every task, not the first: a script that runs the next step after it
+must not start while tasks still run. It exits with the highest of the tasks' exit codes (0 only when every
+task succeeded), as `sbatch --wait` does for an array, and says which tasks did not succeed."""
+
+import pytest
+import tomli_w
+
+from e31cli import main
+from jobs.models import Job
+from tests.cli.inprocess import e31
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def array_file(tmp_path, roots, pool):
+    _, out_root = roots
+    raw = {
+        "name": "sweep", "array": "0-3",
+        "work": {"argv": ["python3", "sweep.py"]},
+        "request": {"gpus": 1, "hours": 1.0},
+        "output": {"uri": f"file://{out_root}/sweep", "bytes": 100},
+    }  # fmt: skip
+    path = tmp_path / "sweep.toml"
+    path.write_text(tomli_w.dumps(raw))
+    return path
+
+
+def _end(index: int, *, exit_code: int = 0, delivering: bool = False) -> None:
+    Job.objects.filter(name="sweep", array_index=index).update(
+        state="released", end_reason="succeeded" if exit_code == 0 else "failed", exit_code=exit_code,
+        delivery_state="delivering" if delivering else "delivered",
+    )  # fmt: skip
+
+
+def _ending_one_task_per_poll(monkeypatch, plan):
+    """Each poll's pause ends the next task of ``plan`` (index, exit code); returns how many polls slept."""
+    polls = []
+
+    def sleep(_seconds):
+        if len(polls) < len(plan):
+            index, exit_code = plan[len(polls)]
+            _end(index, exit_code=exit_code)
+        polls.append(1)
+        if len(polls) > 50:
+            raise AssertionError("still waiting after every task ended")
+
+    monkeypatch.setattr(main.time, "sleep", sleep)
+    return polls
+
+
+def test_wait_on_an_array_returns_only_when_every_task_has_ended(monkeypatch, member_token, array_file):
+    polls = _ending_one_task_per_poll(monkeypatch, [(0, 0), (1, 0), (2, 0), (3, 0)])
+    code, _, err = e31(monkeypatch, member_token, "submit", str(array_file), "--wait")
+    assert code == 0, err
+    assert set(Job.objects.filter(name="sweep").values_list("state", flat=True)) == {"released"}
+    assert len(polls) >= 4  # it slept until the last task ended, not only the first
+    assert "4 of 4 tasks ended: 4 succeeded" in err
+
+
+def test_an_array_exits_with_its_highest_task_exit_code_and_names_the_tasks_that_failed(
+    monkeypatch, member_token, array_file
+):
+    _ending_one_task_per_poll(monkeypatch, [(0, 0), (1, 3), (2, 0), (3, 2)])
+    code, _, err = e31(monkeypatch, member_token, "submit", str(array_file), "--wait")
+    assert code == 3, err
+    assert "2 succeeded, 2 failed" in err and "tasks 1 (exit 3), 3 (exit 2)" in err
+
+
+def test_an_array_is_not_done_while_a_task_still_delivers_its_outputs(monkeypatch, member_token, array_file):
+    polls = []
+
+    def sleep(_seconds):
+        polls.append(1)
+        if len(polls) == 1:
+            for index in range(4):
+                _end(index, delivering=index == 2)
+        elif len(polls) == 3:
+            _end(2)
+        if len(polls) > 50:
+            raise AssertionError("still waiting after every delivery ended")
+
+    monkeypatch.setattr(main.time, "sleep", sleep)
+    code, _, err = e31(monkeypatch, member_token, "submit", str(array_file), "--wait")
+    assert code == 0, err
+    assert len(polls) >= 3  # every task had ended after the first poll; task 2 delivered after the third
