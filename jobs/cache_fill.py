@@ -18,9 +18,10 @@ from django.utils import timezone
 
 from jobs import transfers
 from jobs.lifecycle import State
-from jobs.models import CacheEntry, Job
+from jobs.models import CacheEntry, DataInput, ImageCacheEntry, Job
 
 WAIT_S = 0.5
+SLOT_LOCK = 0x0E31_57A6  # advisory lock serialising claims of the pool's transfer slots
 
 
 @contextmanager
@@ -40,6 +41,34 @@ def progress_transaction():
 def stale_before(now: datetime) -> datetime:
     """A stager (its job's heartbeat, its claim on an entry) silent since before this has gone."""
     return now - timedelta(seconds=settings.E31_RECONCILE_AFTER_S)
+
+
+# --------------------------------------------------------------------------- transfer slots
+
+
+def lock_slots() -> None:
+    """Inside a transaction: one claim of a transfer slot at a time (SQLite's single writer already is)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SLOT_LOCK])
+
+
+def slot_free(now: datetime, *, except_input: int | None = None) -> bool:
+    """Whether fewer than E31_STAGE_CONCURRENCY copies into the pool hold a slot: data inputs being
+    copied and images being pulled alike, each by a stager that has not gone silent. Call it under
+    ``lock_slots``."""
+    inputs = DataInput.objects.filter(
+        stage_state="staging", job__state=State.STAGING, job__worker_seen_at__gte=stale_before(now)
+    )
+    if except_input is not None:
+        inputs = inputs.exclude(id=except_input)
+    images = ImageCacheEntry.objects.filter(state=ImageCacheEntry.FILLING, updated_at__gte=stale_before(now))
+    return inputs.count() + images.count() < settings.E31_STAGE_CONCURRENCY
+
+
+def slot_wait_reason() -> str:
+    limit = settings.E31_STAGE_CONCURRENCY
+    return f"waiting for a transfer slot: {limit} input{'s' * (limit > 1)} at once on this pool"
 
 
 class FillWatch:

@@ -24,7 +24,7 @@ from jobs.models import ImageCacheEntry, ImagePull, Job
 from jobs.transfers import registry, sources
 
 FILLING, READY = ImageCacheEntry.FILLING, ImageCacheEntry.READY
-HIT, FILL, WAIT = "hit", "fill", "wait"
+HIT, FILL, WAIT, SLOT = "hit", "fill", "wait", "slot"
 
 
 class ImageFailed(Exception):
@@ -144,6 +144,10 @@ def _stage_digest(
         if outcome == WAIT:
             beat.wait("another job is pulling the same image; it will be shared")
             continue
+        if outcome == SLOT:
+            beat.wait(cache_fill.slot_wait_reason())
+            continue
+        beat.update_row(stage_state="staging", stage_detail="")
         beat.entry_id, beat.token = entry.id, token
         try:
             moved = _fill(entry, token, ref, resolved, access, beat)
@@ -158,8 +162,18 @@ def _stage_digest(
 
 @transaction.atomic
 def _try_claim(*, key: str, team_id: int, reference: str, digest: str, token: str, now: datetime):
-    """HIT (pinned for this pull), FILL (this pull fills it) or WAIT (another is filling it)."""
+    """HIT (pinned for this pull), WAIT (another is filling it), FILL (this pull fills it, holding a
+    transfer slot) or SLOT (it must be pulled, but every transfer slot is taken)."""
+    cache_fill.lock_slots()  # first, as data inputs' claims take it: a slot is counted and taken at once
     entry = ImageCacheEntry.objects.select_for_update().filter(key=key).first()
+    if entry is not None and entry.state == READY and rootfs(key).is_dir():
+        ImageCacheEntry.objects.filter(id=entry.id).update(hits=entry.hits + 1, last_used_at=now)
+        return HIT, entry
+    if entry is not None and entry.state == FILLING and entry.updated_at >= cache_fill.stale_before(now):
+        return WAIT, entry
+    # New, its files gone, or its filler silent: this pull fills it, once a slot is free.
+    if not cache_fill.slot_free(now):
+        return SLOT, None
     if entry is None:
         try:
             with transaction.atomic():
@@ -169,14 +183,8 @@ def _try_claim(*, key: str, team_id: int, reference: str, digest: str, token: st
                 )  # fmt: skip
         except IntegrityError:
             return WAIT, None  # another stager created it a moment ago
-    if entry.state == READY and rootfs(key).is_dir():
-        ImageCacheEntry.objects.filter(id=entry.id).update(hits=entry.hits + 1, last_used_at=now)
-        return HIT, entry
-    if entry.state == READY or entry.updated_at < cache_fill.stale_before(now):
-        # Its files are gone, or its filler went silent: this pull fills it afresh.
-        ImageCacheEntry.objects.filter(id=entry.id).update(state=FILLING, filler=token, updated_at=now)
-        return FILL, entry
-    return WAIT, entry
+    ImageCacheEntry.objects.filter(id=entry.id).update(state=FILLING, filler=token, updated_at=now)
+    return FILL, entry
 
 
 def _fill(

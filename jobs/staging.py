@@ -6,7 +6,8 @@ job's data dir (E31_STAGING_ROOT/<job_id>/<name>, bind-mounted read-only into it
 hard link to it, so a later job reading the same dataset moves 0 bytes. Sizes are held to the
 declaration (a larger source is cut off and refused), sha256 checked when declared; progress is
 written at most every half second so the job page, the transfers page and the scheduler's
-staging ETA see it. At most E31_STAGE_CONCURRENCY inputs are copied at once across the pool.
+staging ETA see it. At most E31_STAGE_CONCURRENCY copies run at once across the pool, image pulls
+included (``cache_fill.slot_free``).
 """
 
 import hashlib
@@ -20,7 +21,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from jobs import cache_fill, dispatch, image_staging, selectors, sharing, transfers
@@ -32,7 +33,6 @@ from jobs.transitions import transition
 log = logging.getLogger(__name__)
 FILLING, READY = DatasetCacheEntry.FILLING, DatasetCacheEntry.READY
 HIT, FILL, WAIT = "hit", "fill", "wait"
-SLOT_LOCK = 0x0E31_57A6  # advisory lock serialising claims of the pool's transfer slots
 ALIVE_STATES = selectors.ALIVE_STATES
 
 
@@ -326,31 +326,21 @@ def _fail(data_input: DataInput, message: str) -> None:
 
 
 def _acquire_slot(data_input: DataInput, watch: _Watch) -> None:
-    limit = settings.E31_STAGE_CONCURRENCY
     while not claim_slot(data_input_id=data_input.id, now=timezone.now()):
-        watch.wait(f"waiting for a transfer slot: {limit} input{'s' * (limit > 1)} at once on this pool")
+        watch.wait(cache_fill.slot_wait_reason())
 
 
 def claim_slot(*, data_input_id: int, now: datetime) -> bool:
-    """Marks the input staging only while fewer than E31_STAGE_CONCURRENCY inputs are being copied."""
+    """Marks the input staging only while a transfer slot is free (image pulls hold them too)."""
     with transaction.atomic():
-        if connection.vendor == "postgresql":  # SQLite's single writer already serialises this
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SLOT_LOCK])
-        if copying(now).exclude(id=data_input_id).count() >= settings.E31_STAGE_CONCURRENCY:
+        cache_fill.lock_slots()
+        if not cache_fill.slot_free(now, except_input=data_input_id):
             return False
         return bool(
             DataInput.objects.filter(id=data_input_id).update(
                 stage_state="staging", bytes_done=0, rate_bytes_s=0, stage_started_at=now, stage_detail=""
             )
         )
-
-
-def copying(now: datetime):
-    """Inputs being copied now; a stager silent past the reconcile delay no longer holds its slot."""
-    return DataInput.objects.filter(
-        stage_state="staging", job__state=State.STAGING, job__worker_seen_at__gte=cache_fill.stale_before(now)
-    )
 
 
 # --------------------------------------------------------------------------- eviction

@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from jobs import image_staging, staging
-from jobs.models import ImageCacheEntry, ImagePull, Job
+from jobs.models import DataInput, ImageCacheEntry, ImagePull, Job
 from tests.factories import JobFactory, TeamFactory
 from tests.images.registry import build_image, push
 
@@ -64,6 +64,30 @@ def test_a_second_job_of_the_team_moves_no_layer_byte(pool_registry, base_image,
     assert (pull.stage_state, pull.digest) == ("cached", first.image_pull.digest)
     assert "0 bytes moved" in pull.stage_detail
     assert ImageCacheEntry.objects.get().hits == 1
+
+
+def test_a_pull_waits_for_a_transfer_slot_while_data_copies_hold_them_all(
+    pool_registry, base_image, stage_root, settings, monkeypatch
+):
+    settings.E31_STAGE_CONCURRENCY = 1
+    team = TeamFactory()
+    copier = JobFactory(team=team, state="staging", worker_seen_at=timezone.now())
+    copying = DataInput.objects.create(
+        job=copier, position=0, name="d", uri="file:///d", bytes=1, stage_state="staging"
+    )  # fmt: skip
+    seen, wait = [], image_staging._Beat.wait
+
+    def the_copy_ends_at_the_first_wait(beat, detail):
+        wait(beat, detail)
+        seen.append(ImagePull.objects.values_list("stage_state", "stage_detail").get())
+        DataInput.objects.filter(id=copying.id).update(stage_state="staged")
+
+    monkeypatch.setattr(image_staging._Beat, "wait", the_copy_ends_at_the_first_wait)
+    job = staged(image_job(team, base_image))
+    assert seen[0] == ("waiting", "waiting for a transfer slot: 1 input at once on this pool")
+    assert job.state == "queued", job.end_detail
+    assert len(seen) == 1  # one wait: pulled as soon as the copy's slot was free
+    assert ImagePull.objects.get(job=job).stage_state == "staged"
 
 
 def test_another_team_never_runs_the_first_teams_cached_image(pool_registry, base_image, stage_root):

@@ -5,8 +5,8 @@ import os
 import pytest
 from django.utils import timezone
 
-from jobs import services, sharing, snapshot, staging, transfers
-from jobs.models import DataInput, DatasetCacheEntry, Job
+from jobs import image_staging, services, sharing, snapshot, staging, transfers
+from jobs.models import DataInput, DatasetCacheEntry, ImageCacheEntry, Job
 from tests.factories import NodeFactory
 from tests.staging.conftest import file_uri, make_job, write
 
@@ -276,6 +276,31 @@ def test_no_more_than_the_configured_inputs_are_copied_at_once(roots, team, sett
     assert not staging.claim_slot(data_input_id=other.inputs.get().id, now=now)
     Job.objects.filter(id=busy.id).update(worker_seen_at=now - timezone.timedelta(hours=1))
     assert staging.claim_slot(data_input_id=other.inputs.get().id, now=now)  # a silent stager's slot is free
+
+
+def test_image_pulls_and_data_copies_share_the_transfer_slots(roots, team, settings):
+    """E31_STAGE_CONCURRENCY counts every copy into the pool: an image being pulled holds a slot as a
+    dataset being copied does, and neither kind starts past the limit (a silent one frees its slot)."""
+    settings.E31_STAGE_CONCURRENCY = 1
+    now, silent = timezone.now(), timezone.now() - timezone.timedelta(hours=1)
+    args = {
+        "team_id": team.id,
+        "reference": "registry.test/a@sha256:" + "1" * 64,
+        "digest": "sha256:" + "1" * 64,
+    }
+    outcome, pulling = image_staging._try_claim(key="i" * 64, token="t1", now=now, **args)
+    assert outcome == image_staging.FILL
+    copier = make_job(team, {"name": "a", "uri": "file:///x", "bytes": 1}, state="staging")
+    Job.objects.filter(id=copier.id).update(worker_seen_at=now)
+    assert not staging.claim_slot(data_input_id=copier.inputs.get().id, now=now)  # the pull holds the slot
+    ImageCacheEntry.objects.filter(id=pulling.id).update(updated_at=silent)
+    assert staging.claim_slot(data_input_id=copier.inputs.get().id, now=now)
+    second = {**args, "digest": "sha256:" + "2" * 64}
+    outcome, entry = image_staging._try_claim(key="j" * 64, token="t2", now=now, **second)
+    assert (outcome, entry) == (image_staging.SLOT, None)  # the copy holds it: no entry, no pull yet
+    assert not ImageCacheEntry.objects.filter(key="j" * 64).exists()
+    Job.objects.filter(id=copier.id).update(worker_seen_at=silent)
+    assert image_staging._try_claim(key="j" * 64, token="t2", now=now, **second)[0] == image_staging.FILL
 
 
 def test_a_stager_waits_for_another_filling_the_same_dataset_unless_it_went_silent(roots, team):
