@@ -5,6 +5,7 @@ from datetime import timedelta
 from django import template
 from django.utils.html import format_html
 
+from common import links
 from jobs import presenters
 from jobs.units import format_size
 
@@ -63,3 +64,9 @@ def job_badge(job, *, with_id: bool = False) -> str:
     if with_id:
         return format_html('<span class="badge {}" id="job-{}-badge">{}</span>', tone, job.id, words)
     return format_html('<span class="badge {}">{}</span>', tone, words)
+
+
+@register.simple_tag
+def href(name: str, pk: int | None = None) -> str:
+    """``{% url name %}`` or ``{% url name pk %}`` for an integer pk, reversed once per name (common.links)."""
+    return links.href(name, pk)
