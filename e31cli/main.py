@@ -12,10 +12,11 @@ Exit codes a script can rely on (``e31 --help`` lists them too):
   5 conflict: nothing to cancel, or an Idempotency-Key reused for another job file
   6 the job file is not valid (each error names its field)
   7 the console could not be reached
-With --wait, the job's own exit code when it ran and failed, else one code per end reason:
-  timed_out 124, cancelled 130, node_lost 75, staging_failed 66, output_failed 74, rejected 65,
-  dependency_failed 67, any other failure 1. An array waits for every task and exits with the highest
-  of its tasks' codes.
+With --wait, the job's own exit code when it ran and failed (128 + N when signal N killed it), else
+one code per end reason: timed_out 124, cancelled 130, node_lost 75, staging_failed 66,
+output_failed 74 (also a success whose outputs could not be delivered), rejected 65,
+dependency_failed 67, any other failure 1. An array waits for every task and exits with the highest
+of its tasks' codes.
 """
 
 import json
@@ -352,7 +353,8 @@ def _wait(session: client.Api, job_id: int) -> dict:
         job = session.get(f"/jobs/{job_id}")
         if _delivered(job):
             err.print(f"Job {job_id} {job['state']}: {job['end_reason']}"
-                      + (f", exit {job['exit_code']}" if job["exit_code"] is not None else ""))  # fmt: skip
+                      + (f", exit {job['exit_code']}" if job["exit_code"] is not None else "")
+                      + (", outputs not delivered" if job["delivery_state"] == "failed" else ""))  # fmt: skip
             return job
         time.sleep(WAIT_POLL_S)
 
@@ -382,20 +384,31 @@ def _wait_array(session: client.Api, array_id: int) -> list[dict]:
 def _array_outcome(tasks: list[dict]) -> str:
     """How an array's tasks ended: "4 of 4 tasks ended: 2 succeeded, 2 failed; not succeeded: tasks 1
     (exit 3), 3 (exit 2)", each with the exit code --wait would give it."""
-    reasons = Counter(t["end_reason"] for t in tasks)
-    in_order = sorted(reasons.items(), key=lambda pair: (pair[0] != "succeeded", pair[0]))
-    counts = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in in_order)
-    not_ok = sorted((t for t in tasks if t["end_reason"] != "succeeded"), key=lambda t: t["array"]["index"])
+    outcomes = Counter(map(_outcome, tasks))
+    in_order = sorted(outcomes.items(), key=lambda pair: (pair[0] != "succeeded", pair[0]))
+    counts = ", ".join(f"{n} {outcome}" for outcome, n in in_order)
+    not_ok = sorted((t for t in tasks if _exit_code(t)), key=lambda t: t["array"]["index"])
     named = ", ".join(f"{t['array']['index']} (exit {_exit_code(t)})" for t in not_ok)
     return f"{len(tasks)} of {len(tasks)} tasks ended: {counts}" + (
         f"; not succeeded: tasks {named}" if named else ""
     )
 
 
+def _outcome(job: dict) -> str:
+    """succeeded, failed, timed out, …; a success whose outputs were not delivered did not succeed."""
+    if job["end_reason"] == "succeeded" and job["delivery_state"] == "failed":
+        return "delivery failed"
+    return job["end_reason"].replace("_", " ")
+
+
 def _exit_code(job: dict) -> int:
-    """The job's own exit code when it ran and failed; otherwise the documented code of its end reason."""
+    """The job's own exit code when it ran and failed (a signal's as the shell gives it: 128 + N);
+    otherwise the documented code of its end reason (a failed delivery is output_failed's)."""
+    code = job["exit_code"]
     if job["end_reason"] == "failed":
-        return job["exit_code"] if job["exit_code"] else 1
+        return 128 - code if code and code < 0 else code or 1
+    if job["end_reason"] == "succeeded" and job["delivery_state"] == "failed":
+        return END_REASON_EXITS["output_failed"]
     return END_REASON_EXITS.get(job["end_reason"], 1)
 
 

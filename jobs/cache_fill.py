@@ -68,7 +68,7 @@ def slot_free(now: datetime, *, except_input: int | None = None) -> bool:
 
 def slot_wait_reason() -> str:
     limit = settings.E31_STAGE_CONCURRENCY
-    return f"waiting for a transfer slot: {limit} input{'s' * (limit > 1)} at once on this pool"
+    return f"waiting for a transfer slot: {limit} cop{'ies' if limit > 1 else 'y'} at once on this pool"
 
 
 class FillWatch:

@@ -164,14 +164,16 @@ def _stage_digest(
 def _try_claim(*, key: str, team_id: int, reference: str, digest: str, token: str, now: datetime):
     """HIT (pinned for this pull), WAIT (another is filling it), FILL (this pull fills it, holding a
     transfer slot) or SLOT (it must be pulled, but every transfer slot is taken)."""
-    cache_fill.lock_slots()  # first, as data inputs' claims take it: a slot is counted and taken at once
     entry = ImageCacheEntry.objects.select_for_update().filter(key=key).first()
     if entry is not None and entry.state == READY and rootfs(key).is_dir():
         ImageCacheEntry.objects.filter(id=entry.id).update(hits=entry.hits + 1, last_used_at=now)
         return HIT, entry
     if entry is not None and entry.state == FILLING and entry.updated_at >= cache_fill.stale_before(now):
         return WAIT, entry
-    # New, its files gone, or its filler silent: this pull fills it, once a slot is free.
+    # New, its files gone, or its filler silent: this pull fills it, once a slot is free. The slots' lock
+    # is taken only here, after the entry's row: a hit never waits for it, and nothing that holds it waits
+    # for an image row (data claims lock only their input).
+    cache_fill.lock_slots()
     if not cache_fill.slot_free(now):
         return SLOT, None
     if entry is None:
@@ -198,10 +200,13 @@ def _fill(
         moved = _retrying(
             lambda: registry.pull(ref, resolved.digest, part / "oci", access=access, progress=beat), beat
         )
+        _still_filling(beat)  # the steps below report no progress: keep the claim (and its slot) fresh
         registry.unpack(part / "oci", part / "bundle")
+        _still_filling(beat)
         config = registry.image_config(part / "oci")
         _open_to_jobs(part)
         size = registry.tree_bytes(part)
+        _still_filling(beat)
         shutil.rmtree(entry_dir(entry.key), ignore_errors=True)  # what a lost filler left, if anything
         part.rename(entry_dir(entry.key))
     except BaseException:
@@ -213,6 +218,12 @@ def _fill(
         state=READY, filler="", bytes=size, config=config, updated_at=now, last_used_at=now
     )
     return moved
+
+
+def _still_filling(beat: "_Beat") -> None:
+    """Refreshes this fill's claim between steps; another stager took the entry over if it cannot."""
+    if not beat.claim_alive():
+        raise transfers.TransferStopped()
 
 
 def _open_to_jobs(part: Path) -> None:

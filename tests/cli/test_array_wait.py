@@ -26,10 +26,10 @@ def array_file(tmp_path, roots, pool):
     return path
 
 
-def _end(index: int, *, exit_code: int = 0, delivering: bool = False) -> None:
+def _end(index: int, *, exit_code: int = 0, delivery: str = "delivered") -> None:
     Job.objects.filter(name="sweep", array_index=index).update(
         state="released", end_reason="succeeded" if exit_code == 0 else "failed", exit_code=exit_code,
-        delivery_state="delivering" if delivering else "delivered",
+        delivery_state=delivery,
     )  # fmt: skip
 
 
@@ -74,7 +74,7 @@ def test_an_array_is_not_done_while_a_task_still_delivers_its_outputs(monkeypatc
         polls.append(1)
         if len(polls) == 1:
             for index in range(4):
-                _end(index, delivering=index == 2)
+                _end(index, delivery="delivering" if index == 2 else "delivered")
         elif len(polls) == 3:
             _end(2)
         if len(polls) > 50:
@@ -84,3 +84,20 @@ def test_an_array_is_not_done_while_a_task_still_delivers_its_outputs(monkeypatc
     code, _, err = e31(monkeypatch, member_token, "submit", str(array_file), "--wait")
     assert code == 0, err
     assert len(polls) >= 3  # every task had ended after the first poll; task 2 delivered after the third
+
+
+def test_a_task_killed_by_a_signal_or_whose_outputs_were_not_delivered_is_no_success(
+    monkeypatch, member_token, array_file
+):
+    """A signal's exit code is negative in the job (-9): the array must not exit 0 by taking the max."""
+
+    def sleep(_seconds):
+        for index in (0, 2):
+            _end(index)
+        _end(1, exit_code=-9)
+        _end(3, delivery="failed")
+
+    monkeypatch.setattr(main.time, "sleep", sleep)
+    code, _, err = e31(monkeypatch, member_token, "submit", str(array_file), "--wait")
+    assert code == 137, err  # 128 + SIGKILL, as the shell reports it
+    assert "2 succeeded, 1 delivery failed, 1 failed" in err and "tasks 1 (exit 137), 3 (exit 74)" in err

@@ -25,3 +25,10 @@ def test_href_is_reverse_for_names_with_no_argument_or_one_integer(prefix, serve
 def test_a_name_that_takes_more_than_one_argument_is_refused_as_reverse_refuses_it():
     with pytest.raises(NoReverseMatch):
         links.href("operations:job-action", 3)
+
+
+def test_a_new_urlconf_forgets_the_kept_patterns(settings):
+    links.href("jobs:detail", 1)
+    assert links._pattern.cache_info().currsize
+    settings.ROOT_URLCONF = "e31web.urls"  # what a test that overrides it does: Django clears its caches too
+    assert links._pattern.cache_info().currsize == 0

@@ -84,7 +84,7 @@ def test_a_pull_waits_for_a_transfer_slot_while_data_copies_hold_them_all(
 
     monkeypatch.setattr(image_staging._Beat, "wait", the_copy_ends_at_the_first_wait)
     job = staged(image_job(team, base_image))
-    assert seen[0] == ("waiting", "waiting for a transfer slot: 1 input at once on this pool")
+    assert seen[0] == ("waiting", "waiting for a transfer slot: 1 copy at once on this pool")
     assert job.state == "queued", job.end_detail
     assert len(seen) == 1  # one wait: pulled as soon as the copy's slot was free
     assert ImagePull.objects.get(job=job).stage_state == "staged"

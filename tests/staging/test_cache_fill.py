@@ -112,3 +112,15 @@ def test_a_missing_cache_folder_is_nothing_to_sweep(tmp_path):
         tmp_path / "none", DatasetCacheEntry, now=timezone.now(), remove=removed.append
     )
     assert removed == []
+
+
+def test_an_image_fill_keeps_its_claim_fresh_between_unpack_steps_and_stops_once_taken_over(team):
+    """Unpacking reports no progress: without a refresh a long unpack looks silent, frees its transfer
+    slot to another copy and invites a takeover."""
+    beat, entry = _image_fill(team)
+    beat = _holding(beat, entry)
+    image_staging._still_filling(beat)
+    assert ImageCacheEntry.objects.get(id=entry.id).updated_at > entry.updated_at
+    ImageCacheEntry.objects.filter(id=entry.id).update(filler="another stager")
+    with pytest.raises(transfers.TransferStopped):
+        image_staging._still_filling(beat)
