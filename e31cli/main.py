@@ -4,7 +4,7 @@ Typer, because each command is a typed function whose help, argument checks and 
 its signature, and it brings rich for the tables; the API calls go through requests.
 
 Exit codes a script can rely on (``e31 --help`` lists them too):
-  0 done; with --wait, the job succeeded (an array: every task succeeded)
+  0 done; with --wait, the job succeeded and its outputs were delivered (an array: every task)
   1 the console answered with an error not listed below
   2 the command line was wrong
   3 not logged in, or the token was refused

@@ -221,9 +221,13 @@ def _fill(
 
 
 def _still_filling(beat: "_Beat") -> None:
-    """Refreshes this fill's claim between steps; another stager took the entry over if it cannot."""
-    if not beat.claim_alive():
-        raise transfers.TransferStopped()
+    """Between steps that report no progress: heartbeats the job and refreshes this fill's claim, as a
+    progress tick does; stops if the job was cancelled or another stager took the entry over."""
+    with cache_fill.progress_transaction():
+        if not beat.job_alive():
+            raise ImageStopped()
+        if not beat.claim_alive():
+            raise transfers.TransferStopped()
 
 
 def _open_to_jobs(part: Path) -> None:
