@@ -394,9 +394,14 @@ def _array_outcome(tasks: list[dict]) -> str:
     )
 
 
+def _undelivered_success(job: dict) -> bool:
+    """A success whose outputs could not be delivered: not a success (as dependencies count it)."""
+    return job["end_reason"] == "succeeded" and job["delivery_state"] == "failed"
+
+
 def _outcome(job: dict) -> str:
-    """succeeded, failed, timed out, …; a success whose outputs were not delivered did not succeed."""
-    if job["end_reason"] == "succeeded" and job["delivery_state"] == "failed":
+    """succeeded, failed, timed out, …, or delivery failed."""
+    if _undelivered_success(job):
         return "delivery failed"
     return job["end_reason"].replace("_", " ")
 
@@ -407,7 +412,7 @@ def _exit_code(job: dict) -> int:
     code = job["exit_code"]
     if job["end_reason"] == "failed":
         return 128 - code if code and code < 0 else code or 1
-    if job["end_reason"] == "succeeded" and job["delivery_state"] == "failed":
+    if _undelivered_success(job):
         return END_REASON_EXITS["output_failed"]
     return END_REASON_EXITS.get(job["end_reason"], 1)
 

@@ -119,6 +119,11 @@ class FillWatch:
         """Shows why the row waits, sleeps a moment, then stops if the job or the claim has gone."""
         self.update_row(stage_state="waiting", stage_detail=detail[:500])
         time.sleep(WAIT_S)
+        self.still_going()
+
+    def still_going(self) -> None:
+        """Heartbeats the job and keeps the claim fresh, as a progress tick does, for a wait or a step that
+        reports no progress; raises if the job was cancelled or another stager took the entry over."""
         with progress_transaction():
             if not self.job_alive():
                 raise self.stopped_error()

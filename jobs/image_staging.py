@@ -200,13 +200,13 @@ def _fill(
         moved = _retrying(
             lambda: registry.pull(ref, resolved.digest, part / "oci", access=access, progress=beat), beat
         )
-        _still_filling(beat)  # the steps below report no progress: keep the claim (and its slot) fresh
+        beat.still_going()  # the steps below report no progress: keep the claim (and its slot) fresh
         registry.unpack(part / "oci", part / "bundle")
-        _still_filling(beat)
+        beat.still_going()
         config = registry.image_config(part / "oci")
         _open_to_jobs(part)
         size = registry.tree_bytes(part)
-        _still_filling(beat)
+        beat.still_going()
         shutil.rmtree(entry_dir(entry.key), ignore_errors=True)  # what a lost filler left, if anything
         part.rename(entry_dir(entry.key))
     except BaseException:
@@ -218,16 +218,6 @@ def _fill(
         state=READY, filler="", bytes=size, config=config, updated_at=now, last_used_at=now
     )
     return moved
-
-
-def _still_filling(beat: "_Beat") -> None:
-    """Between steps that report no progress: heartbeats the job and refreshes this fill's claim, as a
-    progress tick does; stops if the job was cancelled or another stager took the entry over."""
-    with cache_fill.progress_transaction():
-        if not beat.job_alive():
-            raise ImageStopped()
-        if not beat.claim_alive():
-            raise transfers.TransferStopped()
 
 
 def _open_to_jobs(part: Path) -> None:

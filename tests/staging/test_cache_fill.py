@@ -119,12 +119,12 @@ def test_an_image_fill_keeps_its_claim_fresh_between_unpack_steps_and_stops_once
     slot to another copy and invites a takeover."""
     beat, entry = _image_fill(team)
     beat = _holding(beat, entry)
-    image_staging._still_filling(beat)
+    beat.still_going()
     assert ImageCacheEntry.objects.get(id=entry.id).updated_at > entry.updated_at
     assert Job.objects.get(id=beat.row.job_id).worker_seen_at is not None  # the job's heartbeat too
     ImageCacheEntry.objects.filter(id=entry.id).update(filler="another stager")
     with pytest.raises(transfers.TransferStopped):
-        image_staging._still_filling(beat)
+        beat.still_going()
     Job.objects.filter(id=beat.row.job_id).update(state="ended")  # cancelled meanwhile
     with pytest.raises(image_staging.ImageStopped):
-        image_staging._still_filling(beat)
+        beat.still_going()
