@@ -25,6 +25,7 @@ from jobs.transfers import registry, sources
 
 FILLING, READY = ImageCacheEntry.FILLING, ImageCacheEntry.READY
 HIT, FILL, WAIT, SLOT = "hit", "fill", "wait", "slot"
+UNPACKING = "unpacking the image's layers into its root filesystem"
 
 
 class ImageFailed(Exception):
@@ -201,7 +202,8 @@ def _fill(
             lambda: registry.pull(ref, resolved.digest, part / "oci", access=access, progress=beat), beat
         )
         beat.still_going()  # the steps below report no progress: keep the claim (and its slot) fresh
-        registry.unpack(part / "oci", part / "bundle")
+        beat.update_row(stage_detail=UNPACKING)
+        registry.unpack(part / "oci", part / "bundle", beat=beat.still_going)
         beat.still_going()
         config = registry.image_config(part / "oci")
         _open_to_jobs(part)

@@ -14,7 +14,7 @@ import platform
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,33 +100,51 @@ def pull(
 
 def _follow(proc: subprocess.Popen, layout: Path, before: int, progress: transfers.Progress) -> None:
     """Reports the layout's growth while skopeo writes it; stops skopeo when progress says stop."""
-    while True:
-        try:
-            proc.wait(timeout=transfers.PROGRESS_EVERY_S)  # returns the moment skopeo is done
-            return
-        except subprocess.TimeoutExpired:
-            pass
+
+    def report() -> None:
         if not progress(max(0, _tree_bytes(layout) - before)):
-            proc.kill()
-            proc.wait()
             raise transfers.TransferStopped()
 
+    _wait_beating(proc, report)
 
-def unpack(layout: Path, bundle: Path) -> None:
+
+def _wait_beating(proc: subprocess.Popen, beat: Callable[[], None]) -> None:
+    """Waits for ``proc``, calling ``beat`` every PROGRESS_EVERY_S it still runs; whatever ``beat``
+    raises (a cancel, a lost claim) kills the process first."""
+    try:
+        while True:
+            try:
+                proc.wait(timeout=transfers.PROGRESS_EVERY_S)  # returns the moment the process is done
+                return
+            except subprocess.TimeoutExpired:
+                beat()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def unpack(layout: Path, bundle: Path, *, beat: Callable[[], None]) -> None:
     """The layout's image as a root filesystem at ``bundle/rootfs``.
 
     ``--rootless`` even as root: files keep their owner (the stager) but not the image's, and no
     device node is made. umoci still restores the modes, so a setuid file or a world-writable folder
     of the image would be one on the node: ``_tame`` clears those bits before anything can use them.
+    umoci reports no progress and a many-gigabyte image unpacks for minutes: ``beat`` is called
+    while it runs (the stager's proof of life), and stops it by raising.
     """
-    done = subprocess.run(
-        ["umoci", "unpack", "--rootless", "--image", f"{layout}:{LAYOUT_TAG}", str(bundle)],
-        capture_output=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-    )  # fmt: skip
-    if done.returncode:
-        raise transfers.TransferFailed(
-            f"unpacking failed: {_last_line(done.stderr.decode('utf-8', 'replace'))}"
-        )
+    with tempfile.TemporaryFile() as err:  # a file, not a pipe: umoci never blocks on a full pipe
+        proc = subprocess.Popen(
+            ["umoci", "unpack", "--rootless", "--image", f"{layout}:{LAYOUT_TAG}", str(bundle)],
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+        _wait_beating(proc, beat)
+        if proc.returncode:
+            err.seek(0)
+            raise transfers.TransferFailed(
+                f"unpacking failed: {_last_line(err.read().decode('utf-8', 'replace'))}"
+            )
     _tame(bundle / "rootfs")
 
 

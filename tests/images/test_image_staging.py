@@ -1,12 +1,16 @@
 """STAGE pulls a job's image from a real registry before RENT: digest pinned, cached, refusals with the registry's answer."""
 
 import os
+import shutil
+import threading
+import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
-from jobs import image_staging, staging
+from jobs import dispatch, image_staging, reconciler, services, staging
 from jobs.models import DataInput, ImageCacheEntry, ImagePull, Job
 from tests.factories import JobFactory, TeamFactory
 from tests.images.registry import build_image, push
@@ -217,3 +221,78 @@ def test_an_image_being_pulled_shows_on_the_operators_transfers_page(operator_cl
                              bytes_done=1_000_000_000, rate_bytes_s=100e6)  # fmt: skip
     page = operator_client.get("/jobs/transfers/").content.decode()
     assert "registry.example.com/team/trainer:2" in page and "30.0 s" in page  # 3 GB left at 100 MB/s
+
+
+# --------------------------------------------------------------------------- one long unpack
+
+UNPACK_S = 3.0  # one unpack step: longer than the reconciler's patience below
+
+
+@pytest.fixture
+def slow_umoci(tmp_path, monkeypatch):
+    """``umoci`` on PATH that sleeps before unpacking (a many-gigabyte image's one long step), and
+    leaves a file saying it has begun; the real umoci does the work."""
+    folder = tmp_path / "slow-bin"
+    folder.mkdir()
+    began = tmp_path / "unpack-began"
+    script = folder / "umoci"
+    script.write_text(f'#!/bin/sh\ntouch {began}\nsleep {UNPACK_S}\nexec {shutil.which("umoci")} "$@"\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+    return began
+
+
+def stage_in_thread(job: Job) -> threading.Thread:
+    def stage() -> None:
+        try:
+            staging.stage_job(job_id=job.id, now=timezone.now())
+        finally:
+            connection.close()
+
+    stager = threading.Thread(target=stage)
+    stager.start()
+    return stager
+
+
+def wait_for(check, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unpack_longer_than_the_reconcilers_patience_is_not_taken_for_a_silent_stager(
+    pool_registry, base_image, stage_root, settings, slow_umoci, monkeypatch
+):
+    settings.E31_RECONCILE_AFTER_S = 1.0
+    redriven = []
+    monkeypatch.setattr(dispatch, "stage_job", redriven.append)
+    monkeypatch.setattr(dispatch, "request_scheduler_pass", lambda: None)
+    job = image_job(TeamFactory(), base_image)
+    stager = stage_in_thread(job)
+    wait_for(slow_umoci.exists)
+    time.sleep(settings.E31_RECONCILE_AFTER_S + 0.8)  # inside the one step, past the reconciler's patience
+    found = reconciler.reconcile(now=timezone.now())
+    shown = ImagePull.objects.get(job=job).stage_detail
+    stager.join(timeout=60)
+    assert job.id not in redriven and found.restaged == []
+    assert shown.startswith("unpacking"), shown  # what the job's page says meanwhile
+    assert Job.objects.get(id=job.id).state == "queued"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_during_a_long_unpack_stops_it_and_leaves_nothing_behind(
+    pool_registry, base_image, stage_root, slow_umoci, monkeypatch
+):
+    monkeypatch.setattr(dispatch, "request_scheduler_pass", lambda: None)
+    job = image_job(TeamFactory(), base_image)
+    stager = stage_in_thread(job)
+    wait_for(slow_umoci.exists)
+    cancelled_at = time.monotonic()
+    assert services.cancel_job(job_id=job.id, user=None, now=timezone.now())
+    stager.join(timeout=60)
+    assert time.monotonic() - cancelled_at < UNPACK_S - 1  # umoci was stopped, not waited for
+    assert ImagePull.objects.get(job=job).stage_state == "cancelled"
+    assert ImageCacheEntry.objects.count() == 0
+    assert list(image_staging.images_dir().glob("*.part")) == []

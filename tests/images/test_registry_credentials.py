@@ -2,6 +2,7 @@
 
 import base64
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from cryptography.fernet import Fernet
 from django.utils import timezone
 
 from accounts import team_secrets
-from jobs import image_staging, imageref
+from jobs import image_staging, imageref, transfers
 from jobs.transfers import registry
 
 PASSWORD = "s3cret-never-in-ps"
@@ -77,22 +78,37 @@ def test_a_teams_registry_secret_is_its_login_there_and_no_one_elses(
     assert (elsewhere.username, elsewhere.password) == ("", "")  # another registry (port) gets no login
 
 
+def stand_in_umoci(monkeypatch, folder: Path, script: str) -> None:
+    """``umoci`` on PATH as a shell script: $5 is the bundle it is asked to unpack into."""
+    fake = folder / "umoci"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+
+
 def test_an_unpacked_image_keeps_no_setuid_file_and_no_world_writable_folder(monkeypatch, tmp_path):
     """umoci --rootless restores an image's modes: a 4755 file would be setuid to the stager on the node."""
     bundle = tmp_path / "bundle"
-
-    def fake_umoci(argv, **kwargs):
-        rootfs = bundle / "rootfs"
-        (rootfs / "bin").mkdir(parents=True)
-        (rootfs / "bin" / "su").write_bytes(b"\x7fELF")
-        (rootfs / "bin" / "su").chmod(0o6755)
-        (rootfs / "tmp").mkdir()
-        (rootfs / "tmp").chmod(0o1777)
-        (rootfs / "bin" / "sh").symlink_to("/bin/su")
-        return subprocess.CompletedProcess(argv, 0, stdout=b"", stderr=b"")
-
-    monkeypatch.setattr(registry.subprocess, "run", fake_umoci)
-    registry.unpack(tmp_path / "layout", bundle)
+    stand_in_umoci(  # what such an image unpacks to
+        monkeypatch, tmp_path / "bin",
+        'root="$5/rootfs"\nmkdir -p "$root/bin" "$root/tmp"\nprintf "\\177ELF" > "$root/bin/su"\n'
+        'chmod 6755 "$root/bin/su"\nchmod 1777 "$root/tmp"\nln -s /bin/su "$root/bin/sh"\n',
+    )  # fmt: skip
+    registry.unpack(tmp_path / "layout", bundle, beat=lambda: None)
     assert oct((bundle / "rootfs" / "bin" / "su").stat().st_mode & 0o7777) == oct(0o755)
     assert oct((bundle / "rootfs" / "tmp").stat().st_mode & 0o7777) == oct(0o1775)
     assert (bundle / "rootfs" / "bin" / "sh").is_symlink()
+
+
+def test_a_failed_unpack_says_umocis_last_word_and_a_long_one_beats_meanwhile(monkeypatch, tmp_path):
+    stand_in_umoci(
+        monkeypatch, tmp_path / "bin",
+        'sleep 1.2\necho "reading layer" >&2\necho "umoci: layer sha256:ab is corrupt" >&2\nexit 1\n',
+    )  # fmt: skip
+    beats = []
+    with pytest.raises(
+        transfers.TransferFailed, match=r"^unpacking failed: umoci: layer sha256:ab is corrupt$"
+    ):
+        registry.unpack(tmp_path / "layout", tmp_path / "bundle", beat=lambda: beats.append(1))
+    assert len(beats) >= 2  # every PROGRESS_EVERY_S (0.5 s) of the 1.2 s it ran
