@@ -297,7 +297,13 @@ def meter(job_id: int) -> None:
         table.add_row(_short_time(e["period_start"]), _short_time(e["period_end"]), str(e["gpus"]),
                       f"{e['seconds']:.3f}", e["kind"], e["reason"])  # fmt: skip
     out.print(table)
-    out.print(f"GPU-hours: {body['gpu_hours']:.4f}")
+    line = f"GPU-hours: {body['gpu_hours']:.4f} in the ledger"
+    if body["holding"]:  # the open hour is not a ledger row until it closes
+        line += (
+            f"; {body['gpu_hours_so_far']:.4f} so far, still holding GPUs"
+            f" ({body['open_gpu_hours']:.4f} in the open hour)"
+        )
+    out.print(line)
 
 
 @app.command()

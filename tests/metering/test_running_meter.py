@@ -9,6 +9,7 @@ from django.template import Context, Template
 from django.test import Client
 
 from metering import services
+from tests.cli.inprocess import e31
 from tests.metering.conftest import release, rent
 
 pytestmark = pytest.mark.django_db
@@ -53,3 +54,20 @@ def test_the_job_pages_meter_card_shows_the_running_total_beside_the_ledger(runn
         )
     assert "1.000 GPU-hours</strong> in the ledger" in html
     assert "1.500 GPU-hours held so far" in html and "0.500 in the open period" in html
+
+
+def test_e31_meter_states_the_total_so_far_of_a_job_still_holding_gpus(monkeypatch, member_token, running):
+    with time_machine.travel(RENTED + timedelta(minutes=45), tick=False):
+        code, out, err = e31(monkeypatch, member_token, "meter", str(running.job_id))
+    assert code == 0, err
+    said = " ".join(out.split())  # the terminal's width may wrap the line
+    assert (
+        "GPU-hours: 1.0000 in the ledger; 1.5000 so far, still holding GPUs (0.5000 in the open hour)" in said
+    )
+
+
+def test_e31_meter_of_a_released_job_states_the_ledger_alone(monkeypatch, member_token, running):
+    release(running, at=RENTED + timedelta(hours=1))
+    code, out, err = e31(monkeypatch, member_token, "meter", str(running.job_id))
+    assert code == 0, err
+    assert "GPU-hours: 2.0000 in the ledger" in out and "so far" not in out
