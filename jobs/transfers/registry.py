@@ -86,15 +86,15 @@ def pull(
     before = _tree_bytes(layout)
     args = ["copy", "--quiet", *_tls("--src-tls-verify", access), "docker://" + ref.pinned(digest),
             f"oci:{layout}:{LAYOUT_TAG}"]  # fmt: skip
-    with _skopeo_env(access, "--src-authfile", ref.registry) as (env, auth):
+    # Its errors go to a file, not a pipe: a pipe nobody reads until the end would stall skopeo once full.
+    with _skopeo_env(access, "--src-authfile", ref.registry) as (env, auth), tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
             ["skopeo", *args[:1], *auth, *args[1:]],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
         _follow(proc, layout, before, progress)
-        _, err = proc.communicate()
-    if proc.returncode:
-        raise _classified(err.decode("utf-8", "replace"))
+        if proc.returncode:
+            raise _classified(_read_back(err))
     return _tree_bytes(layout) - before
 
 
@@ -133,7 +133,7 @@ def unpack(layout: Path, bundle: Path, *, beat: Callable[[], None]) -> None:
     umoci reports no progress and a many-gigabyte image unpacks for minutes: ``beat`` is called
     while it runs (the stager's proof of life), and stops it by raising.
     """
-    with tempfile.TemporaryFile() as err:  # a file, not a pipe: umoci never blocks on a full pipe
+    with tempfile.TemporaryFile() as err:  # a file, not a pipe, as for skopeo
         proc = subprocess.Popen(
             ["umoci", "unpack", "--rootless", "--image", f"{layout}:{LAYOUT_TAG}", str(bundle)],
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
@@ -141,10 +141,7 @@ def unpack(layout: Path, bundle: Path, *, beat: Callable[[], None]) -> None:
         )  # fmt: skip
         _wait_beating(proc, beat)
         if proc.returncode:
-            err.seek(0)
-            raise transfers.TransferFailed(
-                f"unpacking failed: {_last_line(err.read().decode('utf-8', 'replace'))}"
-            )
+            raise transfers.TransferFailed(f"unpacking failed: {_last_line(_read_back(err))}")
     _tame(bundle / "rootfs")
 
 
@@ -231,6 +228,12 @@ def _classified(stderr: str) -> Exception:
     if any(marker in message.lower() for marker in PERMANENT):
         return transfers.TransferFailed(message)
     return transfers.Transient(message)
+
+
+def _read_back(err) -> str:
+    """What a process wrote to the file given as its stderr."""
+    err.seek(0)
+    return err.read().decode("utf-8", "replace")
 
 
 def _last_line(text: str) -> str:
