@@ -15,6 +15,7 @@ import queue
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from jobs import transfers
@@ -51,11 +52,22 @@ class _Follower(threading.Thread):
             self._written = written
             self._cond.notify()
 
-    def finish(self, *, abandon: bool = False) -> str:
+    def finish(self, *, abandon: bool = False, beat: Callable[[], None] | None = None) -> str:
+        """The sha256 once the follower has caught up with the copy, which the kernel may have made
+        far faster than it hashes (a large dataset: minutes behind). ``beat`` is called every
+        PROGRESS_EVERY_S of that wait; whatever it raises (a cancel) abandons the hash at once."""
         with self._cond:
             self._closed, self._abandoned = True, abandon
             self._cond.notify()
-        self.join()
+        try:
+            while self.is_alive():
+                self.join(timeout=transfers.PROGRESS_EVERY_S)
+                if self.is_alive() and beat is not None:
+                    beat()
+        except BaseException:
+            self._abandoned = True
+            self.join()
+            raise
         if self.error is not None and not abandon:
             raise self.error
         return self.sha256.hexdigest()
@@ -77,7 +89,7 @@ class _Follower(threading.Thread):
                     if self._abandoned or pos >= self._written:
                         return
                     target = self._written
-                while pos < target:
+                while pos < target and not self._abandoned:
                     pos = self._hash_range(fd, pos, min(target, pos + MAP_WINDOW))
         finally:
             os.close(fd)
@@ -187,10 +199,11 @@ class _Destination:
             self.hasher.hash(self._buf, self._filled)
             self._buf = None
 
-    def digest(self) -> str:
+    def digest(self, progress: transfers.Progress) -> str:
+        """The sha256 of the bytes in place; while a follower catches up, ``progress`` goes on being told."""
         if self.follower is not None:
             follower, self.follower = self.follower, None
-            return follower.finish()
+            return follower.finish(beat=lambda: _report(progress, self.done))
         if self.hasher is None:
             return ""
         self._hand_over()
@@ -232,7 +245,7 @@ def copy(source, dst: Path, *, limit: int, want_sha256: bool, progress: transfer
                         f"gave up after {retries} retries: {_describe(exc)}"
                     ) from exc
                 _back_off(min(transfers.MAX_BACKOFF_S, backoff_s * 2 ** (tries - 1)), out.done, progress)
-        return transfers.Copied(out.done, out.digest(), tries)
+        return transfers.Copied(out.done, out.digest(progress), tries)
     finally:
         out.close()
 
@@ -261,8 +274,7 @@ def _pump(reader, out: _Destination, *, limit: int, progress: transfers.Progress
             raise transfers.TransferFailed(f"the source is larger than the {limit} bytes declared: cut off")
         if time.monotonic() - last >= transfers.PROGRESS_EVERY_S:
             last = time.monotonic()
-            if not progress(out.done):
-                raise transfers.TransferStopped()
+            _report(progress, out.done)
 
 
 def _back_off(delay: float, done: int, progress: transfers.Progress) -> None:
@@ -270,8 +282,13 @@ def _back_off(delay: float, done: int, progress: transfers.Progress) -> None:
     deadline = time.monotonic() + delay
     while (left := deadline - time.monotonic()) > 0:
         time.sleep(min(left, transfers.PROGRESS_EVERY_S))
-        if not progress(done):
-            raise transfers.TransferStopped()
+        _report(progress, done)
+
+
+def _report(progress: transfers.Progress, done: int) -> None:
+    """Tells ``progress`` where the copy stands; it says stop by answering False."""
+    if not progress(done):
+        raise transfers.TransferStopped()
 
 
 def _describe(exc: BaseException) -> str:

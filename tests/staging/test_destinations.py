@@ -3,6 +3,7 @@
 import hashlib
 import io
 import os
+import time
 
 import pytest
 
@@ -78,3 +79,40 @@ def test_a_copy_shrinking_under_the_follower_is_an_error_not_a_crash(tmp_path):
     follower.advance(10_000)
     with pytest.raises(OSError, match="shrank while being hashed"):
         follower.finish()
+
+
+@pytest.fixture
+def slow_follower(monkeypatch):
+    """A follower that hashes 1 MiB windows at 0.2 s each: far behind the kernel's copy of ``CONTENT``,
+    as hashing trails a fast disk's copy of a large dataset (sha256 at ~1 GB/s behind a 2+ GB/s copy)."""
+    monkeypatch.setattr(destinations, "MAP_WINDOW", 1024 * 1024)
+    hash_range = destinations._Follower._hash_range
+
+    def slowly(self, fd, pos, end):
+        time.sleep(0.2)
+        return hash_range(self, fd, pos, end)
+
+    monkeypatch.setattr(destinations._Follower, "_hash_range", slowly)
+
+
+def test_a_copy_waiting_for_its_hash_to_catch_up_still_reports_progress(tmp_path, slow_follower):
+    (tmp_path / "in").write_bytes(CONTENT)
+    source = sources.LocalSource(tmp_path / "in")
+    reports = []
+    copied = destinations.copy(source, tmp_path / "out", limit=len(CONTENT), want_sha256=True,
+                               progress=lambda done: reports.append(done) or True, retries=0, backoff_s=0)  # fmt: skip
+    source.close()
+    assert copied.sha256 == hashlib.sha256(CONTENT).hexdigest()
+    # ~2 s of hashing after a copy the kernel made at once: the stager's heartbeat goes on meanwhile
+    assert reports.count(len(CONTENT)) >= 2
+
+
+def test_a_cancel_while_the_hash_catches_up_stops_the_copy_at_once(tmp_path, slow_follower):
+    (tmp_path / "in").write_bytes(CONTENT)
+    source = sources.LocalSource(tmp_path / "in")
+    began = time.monotonic()
+    with pytest.raises(transfers.TransferStopped):
+        destinations.copy(source, tmp_path / "out", limit=len(CONTENT), want_sha256=True,
+                          progress=lambda done: done < len(CONTENT), retries=0, backoff_s=0)  # fmt: skip
+    source.close()
+    assert time.monotonic() - began < 1.2  # not the ~2 s the whole hash would take
