@@ -127,10 +127,10 @@ def submit(
             headers={**headers, "Content-Type": "application/toml"},
         )  # fmt: skip
     again = " (already submitted with this key)" if session.last_status == 200 else ""
-    if notify:
-        session.post(f"/jobs/{job['id']}/email", retry=True, json={"email": notify})
     source = f" (re-run of {job['rerun_of']})" if job.get("rerun_of") else ""
     err.print(f"Submitted job {job['id']} {job['name']}{source}{again}: {job['state']}")
+    if notify:
+        _choose_email(session, job["id"], notify)
     if job.get("array"):
         array = job["array"]
         err.print(
@@ -147,6 +147,18 @@ def submit(
         raise typer.Exit(max(map(_exit_code, tasks)))
     if wait or follow:
         raise typer.Exit(_exit_code(_wait(session, job["id"])))
+
+
+def _choose_email(session: client.Api, job_id: int, email: str) -> None:
+    """The job's e-mail choice, after the job exists: refused, it is a warning, not a failed submit (a
+    script that saw one would submit the job again)."""
+    try:
+        session.post(f"/jobs/{job_id}/email", retry=True, json={"email": email})
+    except (client.ApiError, requests.RequestException) as exc:
+        err.print(
+            f"Warning: job {job_id}'s e-mail choice was not set: {exc}. The job runs; your team choice applies.",
+            style="yellow",
+        )
 
 
 @app.command("ls")

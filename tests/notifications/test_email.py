@@ -125,6 +125,31 @@ def test_e31_submit_notify_sets_the_jobs_choice(
     assert e31(monkeypatch, member_token, "submit", str(job_file), "--notify", "sometimes")[0] == 2
 
 
+def test_e31_submit_reports_the_job_when_its_email_choice_is_refused(
+    monkeypatch, team, member, member_token, pool, roots, tmp_path
+):
+    """The job exists once submitted: a refused e-mail choice is a warning, never a failed submit that a
+    script would answer by submitting again."""
+    from tests.cli.inprocess import e31
+
+    def refuse(**_):
+        raise notify.NotAllowed("this job has ended")
+
+    monkeypatch.setattr(notify, "set_job_email", refuse)
+    _, out = roots
+    job_file = tmp_path / "j.toml"
+    job_file.write_text(
+        f'name = "n"\n[work]\nargv = ["true"]\n[request]\ngpus = 1\nhours = 1\n[output]\nuri = "file://{out}/n"\nbytes = 10\n'
+    )
+    code, stdout, stderr = e31(monkeypatch, member_token, "submit", str(job_file), "--notify", "end")
+    assert code == 0, stderr
+    job_id = int(stdout.strip())
+    said = " ".join(stderr.split())
+    assert f"Submitted job {job_id}" in said
+    assert f"job {job_id}'s e-mail choice was not set: this job has ended" in said
+    assert not JobEmail.objects.filter(job_id=job_id).exists()
+
+
 def test_the_api_sets_a_jobs_choice_for_its_submitter_only(client, team, member, member_token, team_admin):
     from accounts import services as accounts
 
