@@ -109,16 +109,21 @@ def test_a_submitter_without_an_address_gets_nothing_and_the_job_says_why(team, 
     assert mailed == [] and JobEmail.objects.get(job=job).detail == "the submitter has no e-mail address"
 
 
+def one_job_file(tmp_path, roots):
+    _, out = roots
+    path = tmp_path / "j.toml"
+    path.write_text(
+        f'name = "n"\n[work]\nargv = ["true"]\n[request]\ngpus = 1\nhours = 1\n[output]\nuri = "file://{out}/n"\nbytes = 10\n'
+    )
+    return path
+
+
 def test_e31_submit_notify_sets_the_jobs_choice(
     monkeypatch, team, member, member_token, pool, roots, mailed, tmp_path
 ):
     from tests.cli.inprocess import e31
 
-    _, out = roots
-    job_file = tmp_path / "j.toml"
-    job_file.write_text(
-        f'name = "n"\n[work]\nargv = ["true"]\n[request]\ngpus = 1\nhours = 1\n[output]\nuri = "file://{out}/n"\nbytes = 10\n'
-    )
+    job_file = one_job_file(tmp_path, roots)
     code, stdout, stderr = e31(monkeypatch, member_token, "submit", str(job_file), "--notify", "failure")
     assert code == 0, stderr
     assert JobEmail.objects.get(job_id=int(stdout.strip())).email == "failure"
@@ -136,11 +141,7 @@ def test_e31_submit_reports_the_job_when_its_email_choice_is_refused(
         raise notify.NotAllowed("this job has ended")
 
     monkeypatch.setattr(notify, "set_job_email", refuse)
-    _, out = roots
-    job_file = tmp_path / "j.toml"
-    job_file.write_text(
-        f'name = "n"\n[work]\nargv = ["true"]\n[request]\ngpus = 1\nhours = 1\n[output]\nuri = "file://{out}/n"\nbytes = 10\n'
-    )
+    job_file = one_job_file(tmp_path, roots)
     code, stdout, stderr = e31(monkeypatch, member_token, "submit", str(job_file), "--notify", "end")
     assert code == 0, stderr
     job_id = int(stdout.strip())
