@@ -256,8 +256,7 @@ def _upload(fs, source: Path, url: str, watch: _Watch) -> None:
             done += len(block)
             if time.monotonic() - last >= transfers.PROGRESS_EVERY_S:
                 last = time.monotonic()
-                if not watch(done):
-                    raise transfers.TransferStopped()
+                transfers.report(watch, done)
 
 
 def _remote_sha256(fs, url: str) -> str:

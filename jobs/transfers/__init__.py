@@ -36,6 +36,12 @@ class Transient(Exception):
     """A failure worth retrying: a 5xx or 429 answer, a dropped or stalled connection."""
 
 
+def report(progress: Progress, done: int) -> None:
+    """Tells ``progress`` how many bytes are in place; it says stop by answering False."""
+    if not progress(done):
+        raise TransferStopped()
+
+
 @dataclass(frozen=True)
 class SourceInfo:
     size: int | None

@@ -203,7 +203,7 @@ class _Destination:
         """The sha256 of the bytes in place; while a follower catches up, ``progress`` goes on being told."""
         if self.follower is not None:
             follower, self.follower = self.follower, None
-            return follower.finish(beat=lambda: _report(progress, self.done))
+            return follower.finish(beat=lambda: transfers.report(progress, self.done))
         if self.hasher is None:
             return ""
         self._hand_over()
@@ -274,7 +274,7 @@ def _pump(reader, out: _Destination, *, limit: int, progress: transfers.Progress
             raise transfers.TransferFailed(f"the source is larger than the {limit} bytes declared: cut off")
         if time.monotonic() - last >= transfers.PROGRESS_EVERY_S:
             last = time.monotonic()
-            _report(progress, out.done)
+            transfers.report(progress, out.done)
 
 
 def _back_off(delay: float, done: int, progress: transfers.Progress) -> None:
@@ -282,13 +282,7 @@ def _back_off(delay: float, done: int, progress: transfers.Progress) -> None:
     deadline = time.monotonic() + delay
     while (left := deadline - time.monotonic()) > 0:
         time.sleep(min(left, transfers.PROGRESS_EVERY_S))
-        _report(progress, done)
-
-
-def _report(progress: transfers.Progress, done: int) -> None:
-    """Tells ``progress`` where the copy stands; it says stop by answering False."""
-    if not progress(done):
-        raise transfers.TransferStopped()
+        transfers.report(progress, done)
 
 
 def _describe(exc: BaseException) -> str:

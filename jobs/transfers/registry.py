@@ -100,12 +100,7 @@ def pull(
 
 def _follow(proc: subprocess.Popen, layout: Path, before: int, progress: transfers.Progress) -> None:
     """Reports the layout's growth while skopeo writes it; stops skopeo when progress says stop."""
-
-    def report() -> None:
-        if not progress(max(0, _tree_bytes(layout) - before)):
-            raise transfers.TransferStopped()
-
-    _wait_beating(proc, report)
+    _wait_beating(proc, lambda: transfers.report(progress, max(0, _tree_bytes(layout) - before)))
 
 
 def _wait_beating(proc: subprocess.Popen, beat: Callable[[], None]) -> None:
