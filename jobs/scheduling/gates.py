@@ -31,7 +31,10 @@ def split(pending: Sequence[PendingJob], running: Sequence[RunningView]) -> Spli
     if (isinstance(pending, PendingList) and pending.ungated) or not (
         any(map(_waits_for, pending)) or any(map(is_not, map(_array_limit, pending), repeat(None)))
     ):
-        return Split(ready=list(pending), waiting=[], throttled=[])  # nothing held: C-level checks only
+        # Nothing held (C-level checks only): the caller's own list, with the facts a keeper keeps on it.
+        return Split(
+            ready=pending if isinstance(pending, PendingList) else list(pending), waiting=[], throttled=[]
+        )
     room: Counter[int] = Counter()
     for r in running:
         if r.array is not None:

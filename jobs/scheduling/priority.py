@@ -13,7 +13,7 @@ from functools import lru_cache
 from itertools import compress, count, repeat
 from operator import add, attrgetter, lt, mul, sub, truediv
 
-from jobs.scheduling.types import DAY_S, HOUR_S, PendingJob, PolicyConfig, RunningView
+from jobs.scheduling.types import DAY_S, HOUR_S, PendingJob, PolicyConfig, RunningView, teams_present
 
 
 def decay_usage(*, usage: float, elapsed_s: float, half_life_s: float) -> float:
@@ -31,7 +31,8 @@ def fairshare_factors(
     teams = list(teams)
     share = {t: max(float(shares.get(t, 1.0)), 1e-9) for t in teams}
     used = {t: max(float(usage.get(t, 0.0)), 0.0) for t in teams}
-    total_share, total_used = sum(share.values()), sum(used.values())
+    # fsum: exact, so the factors do not depend on the order the teams come in (a set's, hash-seeded).
+    total_share, total_used = math.fsum(share.values()), math.fsum(used.values())
     if total_used <= 0.0:
         return dict.fromkeys(teams, 1.0)
     return {t: 2.0 ** -((used[t] / total_used) / (share[t] / total_share)) for t in teams}
@@ -64,9 +65,7 @@ def rank(
     Age is linear and shared by all, so the order only needs age_w * submitted/day - fs_w * F(team)
     - length_w * S: one float per job (this runs every pass over the whole queue), sorted in C.
     """
-    fs = fairshare_factors(
-        teams=set(map(_team, pending)).union(map(_team, running)), usage=usage, shares=shares
-    )
+    fs = fairshare_factors(teams=teams_present(pending, running), usage=usage, shares=shares)
     fs_term = {t: config.fairshare_weight * f for t, f in fs.items()}
     keys = _keys(pending, fs_term=fs_term, now=now, config=config)
     ranked = sorted(range(len(pending)), key=keys.__getitem__)

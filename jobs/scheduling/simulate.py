@@ -39,6 +39,7 @@ import math
 import sys
 import time
 from bisect import bisect_left, insort
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
@@ -181,17 +182,20 @@ class UsageMeter(Mapping[str, float]):
 
 
 class _Pool:
-    """Simulated nodes: free GPU indices and the NodeList handed to the policy, kept up to date.
+    """Simulated nodes: free GPUs per node as a bit mask, and the NodeList handed to the policy.
 
     Totals and which nodes have a free GPU change at once; the nodes' views and the engine's
     free-GPU state (``placement.PoolState``) once per touched node, when a policy is about to
     plan (``views_now``) - a wide job's start and end touch many nodes, often between two passes.
+    A node's view depends only on its mask, so each (node, mask) view is built once and reused:
+    views are frozen, and a replay revisits the same few masks of each node again and again.
     """
 
     def __init__(self, *, nodes: int, gpus_per_node: int) -> None:
         self.gpus = gpus_per_node
         names = [f"gpu-{i:04d}" for i in range(nodes)]
-        self.free = {n: set(range(gpus_per_node)) for n in names}
+        full = (1 << gpus_per_node) - 1
+        self.mask = dict.fromkeys(names, full)
         self.idle = nodes * gpus_per_node
         self.pos = {n: i for i, n in enumerate(names)}
         self.views = types.NodeList(
@@ -200,39 +204,54 @@ class _Pool:
         self.views.total_gpus = self.views.free_gpus = self.idle
         self.views.with_free = dict.fromkeys(range(nodes))
         self.views.state = placement.PoolState(self.views, kept=True)
+        self._built: dict[tuple[str, int], NodeView] = {(v.name, full): v for v in self.views}
+        self._bits: dict[tuple[int, ...], int] = {}
         self.touched: dict[str, None] = {}
 
-    def _refresh(self, node: str) -> None:
-        if self.free[node]:
-            self.views.with_free[self.pos[node]] = None
-        else:
-            self.views.with_free.pop(self.pos[node], None)
-        self.views.free_gpus = self.idle
-        self.touched[node] = None
+    def _bits_of(self, idx: tuple[int, ...]) -> int:
+        """The mask of these GPU indices (starts hand out the same few tuples: each is summed once)."""
+        bits = self._bits.get(idx)
+        if bits is None:
+            bits = self._bits[idx] = sum(1 << i for i in idx)
+        return bits
+
+    def _view(self, node: str, mask: int) -> NodeView:
+        view = self._built.get((node, mask))
+        if view is None:
+            free = tuple(i for i in range(self.gpus) if mask >> i & 1)
+            view = self._built[node, mask] = NodeView(name=node, gpus=self.gpus, free=free)
+        return view
 
     def views_now(self) -> types.NodeList:
         """The nodes as the policy must see them now."""
-        views = self.views
+        views, pos, mask = self.views, self.pos, self.mask
         for node in self.touched:
-            views[self.pos[node]] = NodeView(name=node, gpus=self.gpus, free=tuple(sorted(self.free[node])))
+            views[pos[node]] = self._view(node, mask[node])
         views.state.changed(self.touched)
         self.touched.clear()
         return views
 
-    def claim(self, gpus_by_node: Mapping[str, Sequence[int]]) -> None:
+    def claim(self, gpus_by_node: Mapping[str, tuple[int, ...]]) -> None:
+        mask, with_free, pos, touched = self.mask, self.views.with_free, self.pos, self.touched
         for node, idx in gpus_by_node.items():
-            free = self.free[node]
-            if not free.issuperset(idx):
+            bits = self._bits_of(idx)
+            if mask[node] & bits != bits:
                 raise AssertionError(f"policy started a job on busy GPUs {idx} of {node}")
-            free.difference_update(idx)
+            mask[node] = left = mask[node] ^ bits
             self.idle -= len(idx)
-            self._refresh(node)
+            if not left:
+                with_free.pop(pos[node], None)
+            touched[node] = None
+        self.views.free_gpus = self.idle
 
-    def release(self, gpus_by_node: Mapping[str, Sequence[int]]) -> None:
+    def release(self, gpus_by_node: Mapping[str, tuple[int, ...]]) -> None:
+        mask, with_free, pos, touched = self.mask, self.views.with_free, self.pos, self.touched
         for node, idx in gpus_by_node.items():
-            self.free[node].update(idx)
+            mask[node] |= self._bits_of(idx)
             self.idle += len(idx)
-            self._refresh(node)
+            with_free[pos[node]] = None
+            touched[node] = None
+        self.views.free_gpus = self.idle
 
 
 def replay(
@@ -300,6 +319,7 @@ def replay(
 
 
 _end_key = attrgetter("expected_end", "job_id")
+_submit_key = attrgetter("submitted_at", "job_id")
 
 
 class _Replay:
@@ -324,8 +344,13 @@ class _Replay:
         self.outcomes = [Outcome(job=j) for j in jobs]
         self.remaining = [j.run_s for j in jobs]
         self.pending: dict[int, PendingJob] = {}
+        # The same queue in the same (insertion) order, kept across passes rather than rebuilt for each.
+        self.waiting = types.PendingList()
+        self.waiting.ready = self.waiting.ungated = True  # trace jobs neither stage nor wait for one another
+        self.waiting.teams = self.queued_teams = Counter()
         self.running: dict[int, RunningView] = {}
         self.by_end = types.RunningList()  # kept sorted: the policy need not sort it
+        self.by_end.teams = self.running_teams = Counter()
         self.by_submit = True  # whether ``pending`` (insertion order) is in submit order
         self.ends: dict[int, float] = {}
         self.finishes: list[tuple[float, int]] = []
@@ -359,17 +384,15 @@ class _Replay:
         self.by_end.preemptible = self.backlog_running
         if not self.pending:
             self.by_submit = True
-        queue = types.PendingList(self.pending.values())
-        queue.by_submit, queue.largest = self.by_submit, self.largest
-        queue.ready = queue.ungated = True  # trace jobs neither stage nor wait for one another
-        return queue
+        self.waiting.by_submit, self.waiting.largest = self.by_submit, self.largest
+        return self.waiting
 
     def submit(self, index: int, *, preemptible: bool | None = None) -> None:
         j = self.jobs[index]
         if self.pending and self.by_submit:
-            last = self.pending[next(reversed(self.pending))]
+            last = self.waiting[-1]
             self.by_submit = (last.submitted_at, last.job_id) < (j.submit_s, index)
-        self.pending[index] = PendingJob(
+        self.pending[index] = job = PendingJob(
             index,
             j.team,
             j.gpus,
@@ -379,9 +402,14 @@ class _Replay:
             max_gpus=j.max_gpus,
             preemptible=j.preemptible if preemptible is None else preemptible,
         )
+        self.waiting.append(job)
+        self.queued_teams[job.team] += 1
 
     def start(self, jid: int, gpus_by_node: Mapping[str, tuple[int, ...]], now: float) -> None:
         job = self.pending.pop(jid)
+        self._unqueue(job)
+        _count_out(self.queued_teams, job.team)
+        self.running_teams[job.team] += 1
         self.pool.claim(gpus_by_node)
         got = sum(len(v) for v in gpus_by_node.values())
         run = (
@@ -402,6 +430,15 @@ class _Replay:
         out = self.outcomes[jid]
         if math.isnan(out.start):
             out.start = now
+
+    def _unqueue(self, job: PendingJob) -> None:
+        """Take a starting job out of ``waiting``: found by bisection while it is in submit order."""
+        waiting = self.waiting
+        if self.by_submit:
+            i = bisect_left(waiting, _submit_key(job), key=_submit_key)
+        else:
+            i = next(i for i, queued in enumerate(waiting) if queued is job)
+        del waiting[i]
 
     def finish_until(self, now: float) -> None:
         while self.finishes and self.finishes[0][0] <= now:
@@ -448,6 +485,7 @@ class _Replay:
     def _stop(self, jid: int, now: float) -> RunningView:
         rv = self.running.pop(jid)
         self.backlog_running -= rv.preemptible
+        _count_out(self.running_teams, rv.team)
         i = bisect_left(self.by_end, _end_key(rv), key=_end_key)
         del self.by_end[i]
         del self.ends[jid]
@@ -473,6 +511,14 @@ class _Replay:
         self.remaining[jid] = max(self.remaining[jid] - kept + restore, 1.0)
         self.outcomes[jid].lost_gpu_seconds += (done - kept + restore) * job.gpus
         self.submit(jid, preemptible=True)
+
+
+def _count_out(counts: Counter[str], team: str) -> None:
+    """One job of ``team`` fewer: a team with none left is no longer present."""
+    if counts[team] == 1:
+        del counts[team]
+    else:
+        counts[team] -= 1
 
 
 # --------------------------------------------------------------------------- metrics

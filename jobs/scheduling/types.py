@@ -182,23 +182,35 @@ class NodeList(list[NodeView]):
 
 class RunningList(list[RunningView]):
     """Running jobs that their keeper keeps in expected-end order (ties by job id), with how many
-    are preemptible. The replay hands one to every pass, so a policy neither sorts nor scans them
-    again; the live scheduler hands a plain list, and a policy then does both itself."""
+    are preemptible and, when it counts them, how many each team runs (``teams``: no zero counts).
+    The replay hands one to every pass, so a policy neither sorts nor scans them again; the live
+    scheduler hands a plain list, and a policy then does both itself."""
 
     preemptible: int = 0
+    teams: Mapping[str, int] | None = None
 
 
 class PendingList(list[PendingJob]):
     """Queued jobs that their keeper keeps in submit order (``submitted_at``, then job id) while
     ``by_submit`` holds: a first-come policy then need not sort them. ``ready``: none is still
     staging (no ``ready_at``); ``largest``: no job asks for more GPUs (None: not known); ``ungated``:
-    none waits for a prerequisite or is an array task with a running limit - facts the replay knows
-    for free, so that a policy need not scan the whole queue for them each pass."""
+    none waits for a prerequisite or is an array task with a running limit; ``teams``: how many jobs
+    each team has queued (no zero counts; None: not counted) - facts the replay knows for free, so
+    that a policy need not scan the whole queue for them each pass."""
 
     by_submit: bool = False
     ready: bool = False
     largest: int | None = None
     ungated: bool = False
+    teams: Mapping[str, int] | None = None
+
+
+def teams_present(pending: Sequence[PendingJob], running: Sequence[RunningView]) -> set[str]:
+    """Teams with a queued or running job: from the keepers' counts where they keep them."""
+    queued = pending.teams if isinstance(pending, PendingList) else None
+    held = running.teams if isinstance(running, RunningList) else None
+    teams = set(map(_team, pending)) if queued is None else set(queued)
+    return teams.union(map(_team, running) if held is None else held)
 
 
 def by_expected_end(running: Sequence[RunningView]) -> Sequence[RunningView]:
@@ -221,6 +233,7 @@ def by_submit(pending: Sequence[PendingJob]) -> list[PendingJob]:
 
 _expected_end = attrgetter("expected_end")
 _preemptible = attrgetter("preemptible")
+_team = attrgetter("team")
 _submit_key = attrgetter("submitted_at", "job_id")
 
 

@@ -4,6 +4,7 @@ with the facts the replay vouches for, decisions only, a release memo carried ov
 preemptions and reservations."""
 
 import dataclasses
+from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -93,8 +94,10 @@ def test_every_policy_decides_the_same_live_and_in_replay(snapshot, data):
     # What the replay vouches for (none staging or gated, none wider than this), true of every snapshot.
     queue.ready = queue.ungated = True
     queue.largest = max((j.gpus for j in pending), default=0)
+    queue.teams = Counter(j.team for j in pending)
     kept_running = RunningList(running)  # the snapshot's running jobs are in expected-end order
     kept_running.preemptible = sum(r.preemptible for r in running)
+    kept_running.teams = Counter(r.team for r in running)
     usage, shares = {"a": 3600.0 * 50, "b": 3600.0}, {"a": 1.0, "b": 2.0}
     listed = NodeList(nodes)
     listed.total_gpus = sum(n.gpus for n in nodes)
