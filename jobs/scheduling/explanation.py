@@ -5,8 +5,10 @@ Read from one pass's working state after it has decided; never changes a decisio
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from jobs.scheduling.types import DAY_S, HOUR_S, Estimate, PendingJob, PolicyConfig
@@ -22,8 +24,15 @@ def _first(pair: tuple) -> object:
 
 def format_utc(ts: float, *, now: float | None = None) -> str:
     """``14:20 UTC``, with the day added when it is not the same UTC day as ``now``."""
-    when = datetime.fromtimestamp(ts, UTC)
-    if now is not None and when.date() != datetime.fromtimestamp(now, UTC).date():
+    return _format_minute(int(ts // 60), None if now is None else int(now // DAY_S))
+
+
+@lru_cache(maxsize=4096)
+def _format_minute(minute: int, today: int | None) -> str:
+    """``format_utc`` by UTC minute and day (POSIX days are 86,400 s): a pass tells thousands of
+    jobs about the same few minutes, and formatting a datetime costs more than the rest of a reason."""
+    when = datetime.fromtimestamp(minute * 60, UTC)
+    if today is not None and minute // 1440 != today:
         return f"{when:%H:%M} UTC on {when.day} {when:%b}"
     return f"{when:%H:%M} UTC"
 
@@ -78,14 +87,7 @@ class _Profile:
     def when_done(self, work: float) -> float:
         """Time by which ``work`` GPU-seconds of idle capacity have passed."""
         area, times = self.area, self.times
-        lo, hi = 0, len(area)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if area[mid] <= work:
-                lo = mid + 1
-            else:
-                hi = mid
-        i = max(lo - 1, 0)
+        i = max(bisect_right(area, work) - 1, 0)  # the last step whose area so far is <= work
         rate = self.free[i]
         if rate <= 0:
             return times[min(i + 1, len(times) - 1)]
@@ -93,14 +95,7 @@ class _Profile:
 
     def when_idle(self, g: int) -> float:
         """First time ``g`` GPUs are idle together (pool-wide, ignoring node boundaries)."""
-        lo, hi = 0, len(self.peak)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.peak[mid] >= g:
-                hi = mid
-            else:
-                lo = mid + 1
-        return self.times[min(lo, len(self.times) - 1)]
+        return self.times[min(bisect_left(self.peak, g), len(self.times) - 1)]  # peak never falls
 
 
 class Explainer:

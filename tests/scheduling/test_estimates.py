@@ -158,3 +158,26 @@ def test_a_job_that_fits_only_once_a_drain_ends_is_told_the_drain_is_temporary()
     assert "ever" not in e.reason and "larger than the pool" not in e.reason
     assert "1 node is draining or drained" in e.reason and "until an operator resumes" in e.reason
     assert "4 GPUs on 1 node" in e.reason
+
+
+def _format_from_datetimes(ts, now):
+    """format_utc written the plain way: two datetimes, their dates compared."""
+    when = datetime.fromtimestamp(ts, UTC)
+    if now is not None and when.date() != datetime.fromtimestamp(now, UTC).date():
+        return f"{when:%H:%M} UTC on {when.day} {when:%b}"
+    return f"{when:%H:%M} UTC"
+
+
+@settings(max_examples=500)
+@given(
+    now=st.floats(1.5e9, 2.2e9),
+    ahead=st.one_of(st.floats(0, 4 * 86400), st.sampled_from([0.0, 59.999, 60.0, 86399.999, 86400.0])),
+    with_now=st.booleans(),
+)
+def test_format_utc_agrees_with_formatting_each_datetime(now, ahead, with_now):
+    # It formats once per UTC minute and day; midnight and minute edges included.
+    ts, today = now + ahead, now if with_now else None
+    assert format_utc(ts, now=today) == _format_from_datetimes(ts, today)
+    midnight = (now // 86400 + 1) * 86400
+    for edge in (midnight - 0.001, midnight, midnight + 0.001):
+        assert format_utc(edge, now=today) == _format_from_datetimes(edge, today)
