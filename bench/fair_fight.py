@@ -98,12 +98,15 @@ def goals(figures: dict, *, overloaded: bool) -> dict[str, bool]:
 
 def line(label: str, figures: dict, held: dict[str, bool]) -> str:
     ours, easy, flat = figures["default"], figures["easy-nodes"], figures["easy"]
-    p99 = ours["p99_wait_largest_s"] / easy["p99_wait_largest_s"] if easy["p99_wait_largest_s"] else 1.0
+    if easy["p99_wait_largest_s"]:
+        p99 = f"{ours['p99_wait_largest_s'] / easy['p99_wait_largest_s']:4.2f}x"
+    else:  # EASY never kept its largest jobs waiting: any wait of ours is a miss, not a ratio
+        p99 = f"{ours['p99_wait_largest_s']:.0f} s vs 0"
     missed = [goal for goal, ok in held.items() if not ok]
     return (
         f"{label:18} {figures['pool']:>7}  bsld {ours['mean_bsld']:8.2f} vs EASY {easy['mean_bsld']:8.2f} "
         f"(textbook {flat['mean_bsld']:8.2f}) {100 * (ours['mean_bsld'] / easy['mean_bsld'] - 1):+6.1f} %  "
-        f"p99 {p99:4.2f}x  Jain {ours['jain_teams']:.4f} vs {easy['jain_teams']:.4f}  "
+        f"p99 {p99}  Jain {ours['jain_teams']:.4f} vs {easy['jain_teams']:.4f}  "
         f"util {100 * (ours['utilization'] - easy['utilization']):+4.1f} pt  "
         + ("held" if not missed else "MISSED " + ", ".join(missed))
     )
@@ -111,11 +114,22 @@ def line(label: str, figures: dict, held: dict[str, bool]) -> str:
 
 def with_constants(settings: list[str]) -> PolicyConfig:
     """The replay's configuration with ``NAME=VALUE`` constants changed (ints stay ints)."""
-    changes = {}
+    changes: dict[str, object] = {}
     for setting in settings:
         name, _, value = setting.partition("=")
+        if name not in {f.name for f in dataclasses.fields(PolicyConfig)}:
+            raise SystemExit(f"--set {name}: no such constant of the policy (see types.PolicyConfig)")
         kind = type(getattr(simulate.REPLAY_CONFIG, name))
-        changes[name] = kind(float(value)) if kind is int else kind(value)
+        if kind is bool:
+            if value.lower() not in ("true", "false"):
+                raise SystemExit(f"--set {name}: true or false, not {value!r}")
+            changes[name] = value.lower() == "true"
+        elif kind is int:
+            if not float(value).is_integer():
+                raise SystemExit(f"--set {name}: a whole number, not {value!r}")
+            changes[name] = int(float(value))
+        else:
+            changes[name] = kind(value)
     return dataclasses.replace(simulate.REPLAY_CONFIG, **changes)
 
 

@@ -24,17 +24,29 @@ def _first(pair: tuple) -> object:
 
 def format_utc(ts: float, *, now: float | None = None) -> str:
     """``14:20 UTC``, with the day added when it is not the same UTC day as ``now``."""
+    if ts % 60 > 60 - _ROUNDS_UP or (now is not None and now % DAY_S > DAY_S - _ROUNDS_UP):
+        when = datetime.fromtimestamp(ts, UTC)  # datetime rounds these up into the next minute or day
+        return _hh_mm(
+            when, with_day=now is not None and when.date() != datetime.fromtimestamp(now, UTC).date()
+        )
     return _format_minute(int(ts // 60), None if now is None else int(now // DAY_S))
+
+
+_ROUNDS_UP = (
+    1e-6  # datetime keeps microseconds (rounding half to even): this close, it may show the next minute
+)
 
 
 @lru_cache(maxsize=4096)
 def _format_minute(minute: int, today: int | None) -> str:
     """``format_utc`` by UTC minute and day (POSIX days are 86,400 s): a pass tells thousands of
     jobs about the same few minutes, and formatting a datetime costs more than the rest of a reason."""
-    when = datetime.fromtimestamp(minute * 60, UTC)
-    if today is not None and minute // 1440 != today:
-        return f"{when:%H:%M} UTC on {when.day} {when:%b}"
-    return f"{when:%H:%M} UTC"
+    same_day = today is None or minute // 1440 == today
+    return _hh_mm(datetime.fromtimestamp(minute * 60, UTC), with_day=not same_day)
+
+
+def _hh_mm(when: datetime, *, with_day: bool) -> str:
+    return f"{when:%H:%M} UTC on {when.day} {when:%b}" if with_day else f"{when:%H:%M} UTC"
 
 
 def _describe_size(g: int, node_gpus: int) -> str:

@@ -20,7 +20,7 @@ from jobs.scheduling.types import HOUR_S, Estimate, PendingJob, PendingList, Run
 
 @dataclass(frozen=True, slots=True)
 class Split:
-    ready: list[PendingJob]  # in the caller's order
+    ready: list[PendingJob]  # in the caller's order; may be the caller's own list: read it, never change it
     waiting: list[PendingJob]  # prerequisites left
     throttled: list[PendingJob]  # their array already runs (or is about to run) its limit
 

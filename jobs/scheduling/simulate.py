@@ -212,7 +212,10 @@ class _Pool:
         """The mask of these GPU indices (starts hand out the same few tuples: each is summed once)."""
         bits = self._bits.get(idx)
         if bits is None:
-            bits = self._bits[idx] = sum(1 << i for i in idx)
+            bits = 0
+            for i in idx:
+                bits |= 1 << i
+            self._bits[idx] = bits
         return bits
 
     def _view(self, node: str, mask: int) -> NodeView:
@@ -249,7 +252,8 @@ class _Pool:
         for node, idx in gpus_by_node.items():
             mask[node] |= self._bits_of(idx)
             self.idle += len(idx)
-            with_free[pos[node]] = None
+            if mask[node]:
+                with_free[pos[node]] = None
             touched[node] = None
         self.views.free_gpus = self.idle
 
@@ -438,6 +442,8 @@ class _Replay:
             i = bisect_left(waiting, _submit_key(job), key=_submit_key)
         else:
             i = next(i for i, queued in enumerate(waiting) if queued is job)
+        if waiting[i] is not job:  # the queue was not in the order it claimed: never drop another job
+            raise AssertionError(f"job {job.job_id} is not where its submit order puts it")
         del waiting[i]
 
     def finish_until(self, now: float) -> None:

@@ -1,5 +1,6 @@
 """Every pending job gets an estimate with a sentence its owner can act on."""
 
+import math
 from datetime import UTC, datetime
 
 from hypothesis import given, settings
@@ -179,5 +180,7 @@ def test_format_utc_agrees_with_formatting_each_datetime(now, ahead, with_now):
     ts, today = now + ahead, now if with_now else None
     assert format_utc(ts, now=today) == _format_from_datetimes(ts, today)
     midnight = (now // 86400 + 1) * 86400
-    for edge in (midnight - 0.001, midnight, midnight + 0.001):
+    # Down to the last float before midnight, which datetime rounds up into the next day.
+    for edge in (midnight - 0.001, math.nextafter(midnight, 0), midnight, midnight + 0.001):
         assert format_utc(edge, now=today) == _format_from_datetimes(edge, today)
+        assert format_utc(ts, now=edge) == _format_from_datetimes(ts, edge)

@@ -53,3 +53,14 @@ def test_constants_are_set_by_name_and_keep_their_kind():
     config = fair_fight.with_constants(["age_weight=1.25", "reserve_top=2"])
     assert config.age_weight == 1.25 and config.reserve_top == 2 and isinstance(config.reserve_top, int)
     assert config.explain is False  # still the replay's: decisions only
+
+
+@pytest.mark.parametrize("setting", ["explain=yes", "reserve_top=2.7", "no_such_constant=1"])
+def test_a_constant_it_cannot_set_as_asked_stops_the_run(setting):
+    with pytest.raises(SystemExit):
+        fair_fight.with_constants([setting])
+
+
+def test_a_boolean_constant_is_read_as_written():
+    assert fair_fight.with_constants(["explain=True"]).explain is True
+    assert fair_fight.with_constants(["explain=false"]).explain is False
