@@ -54,10 +54,7 @@ def replay_case(
 ) -> dict:
     trace = traces.read_trace(str(path))
     jobs = trace.jobs[:limit] if limit else trace.jobs
-    if load:
-        nodes, _ = simulate.size_pool(jobs, load=load, gpus_per_node=8)
-    else:
-        nodes = trace.machine_gpus // 8
+    nodes, _ = simulate.choose_pool(trace, jobs, gpus_per_node=8, load=load)
     jobs = [j for j in jobs if j.gpus <= nodes * 8]
     if rehash is not None and trace.machine_gpus is None:  # made-up teams only: SWF has real users
         jobs = [
@@ -73,15 +70,7 @@ def replay_case(
             policy=simulate.POLICIES[name],
             config=config if name == "default" else simulate.REPLAY_CONFIG,
         )
-        m = simulate.summarize(outcomes, pool_gpus=nodes * 8)
-        largest = [label for label, _, _ in simulate.SIZE_CLASSES if m["by_size"][label]["jobs"]][-1]
-        figures[name] = {
-            "mean_bsld": m["mean_bsld"],
-            "p99_wait_largest_s": m["by_size"][largest]["p99_wait_s"],
-            "largest_class": largest,
-            "jain_teams": m["jain_teams"],
-            "utilization": m["utilization"],
-        }
+        figures[name] = simulate.fight_figures(simulate.summarize(outcomes, pool_gpus=nodes * 8))
     return figures
 
 

@@ -40,10 +40,6 @@ def fcfs_floor(jobs: list[traces.TraceJob], pool_gpus: int) -> float:
     return time.perf_counter() - began
 
 
-def largest_class(metrics: dict) -> str:
-    return [label for label, _, _ in simulate.SIZE_CLASSES if metrics["by_size"][label]["jobs"]][-1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", required=True)
@@ -56,11 +52,7 @@ def main() -> None:
     jobs = trace.jobs[: args.limit] if args.limit else trace.jobs
     for note in trace.notes:
         print(note)
-    if args.load:
-        nodes, note = simulate.size_pool(jobs, load=args.load, gpus_per_node=args.gpus_per_node)
-    else:
-        nodes = trace.machine_gpus // args.gpus_per_node
-        note = f"pool: the trace's machine, {nodes} nodes x {args.gpus_per_node} GPUs"
+    nodes, note = simulate.choose_pool(trace, jobs, gpus_per_node=args.gpus_per_node, load=args.load)
     print(note)
     pool_gpus = nodes * args.gpus_per_node
     jobs = [j for j in jobs if j.gpus <= pool_gpus]
@@ -78,16 +70,8 @@ def main() -> None:
             jobs, nodes=nodes, gpus_per_node=args.gpus_per_node, policy=simulate.POLICIES[name]
         )
         wall = time.perf_counter() - began
-        m = simulate.summarize(outcomes, pool_gpus=pool_gpus)
-        big = largest_class(m)
-        out["policies"][name] = {
-            "mean_bsld": m["mean_bsld"],
-            "p99_wait_largest_s": m["by_size"][big]["p99_wait_s"],
-            "largest_class": big,
-            "jain_teams": m["jain_teams"],
-            "utilization": m["utilization"],
-            "replay_s": round(wall, 1),
-        }
+        figures = simulate.fight_figures(simulate.summarize(outcomes, pool_gpus=pool_gpus))
+        out["policies"][name] = {**figures, "replay_s": round(wall, 1)}
         print(name, json.dumps(out["policies"][name]), flush=True)
     out["loadavg_1m"] = round(os.getloadavg()[0], 1)
     print(json.dumps(out))

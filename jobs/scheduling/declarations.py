@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from jobs.scheduling import traces
 from jobs.scheduling.simulate import (
     POLICIES,
-    SIZE_CLASSES,
     Declarations,
+    largest_class,
     replay,
     size_pool,
     summarize,
@@ -66,10 +66,6 @@ ASSUMPTIONS = (
     "speed-up, the best case; real jobs gain less.",
     "GPU-hours lost: GPU time of work thrown away by preemptions plus restoring from checkpoints.",
 )
-
-
-def largest_class(metrics: dict) -> str:
-    return [label for label, _, _ in SIZE_CLASSES if metrics["by_size"][label]["jobs"]][-1]
 
 
 def _change(value: float, base: float) -> str:

@@ -32,9 +32,8 @@ def format_utc(ts: float, *, now: float | None = None) -> str:
     return _format_minute(int(ts // 60), None if now is None else int(now // DAY_S))
 
 
-_ROUNDS_UP = (
-    1e-6  # datetime keeps microseconds (rounding half to even): this close, it may show the next minute
-)
+# datetime keeps microseconds (rounding half to even): this close to a minute, it may show the next.
+_ROUNDS_UP = 1e-6
 
 
 @lru_cache(maxsize=4096)

@@ -521,10 +521,9 @@ class _Replay:
 
 def _count_out(counts: Counter[str], team: str) -> None:
     """One job of ``team`` fewer: a team with none left is no longer present."""
-    if counts[team] == 1:
+    counts[team] -= 1
+    if not counts[team]:
         del counts[team]
-    else:
-        counts[team] -= 1
 
 
 # --------------------------------------------------------------------------- metrics
@@ -660,16 +659,43 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _choose_pool(args: argparse.Namespace, trace: traces.Trace, jobs: Sequence[TraceJob]) -> tuple[int, str]:
-    g = args.gpus_per_node
-    if args.load:
-        return size_pool(jobs, load=args.load, gpus_per_node=g)
-    if args.nodes:
-        return args.nodes, f"pool: {args.nodes} nodes x {g} GPUs (given)"
+def choose_pool(
+    trace: traces.Trace,
+    jobs: Sequence[TraceJob],
+    *,
+    gpus_per_node: int,
+    load: float | None = None,
+    nodes: int | None = None,
+) -> tuple[int, str]:
+    """Nodes of the pool, and how they were chosen: sized for an offered ``load``, ``nodes`` as
+    given, or the SWF trace's own machine."""
+    g = gpus_per_node
+    if load:
+        return size_pool(jobs, load=load, gpus_per_node=g)
+    if nodes:
+        return nodes, f"pool: {nodes} nodes x {g} GPUs (given)"
     if trace.machine_gpus:
         nodes = trace.machine_gpus // g
         return nodes, f"pool: the trace's machine, {trace.machine_gpus} GPUs = {nodes} nodes x {g} GPUs"
     raise SystemExit("no pool size: pass --nodes or --load (the trace does not name its machine)")
+
+
+def largest_class(metrics: Mapping) -> str:
+    """The largest size class with jobs in ``summarize``'s figures."""
+    return [label for label, _, _ in SIZE_CLASSES if metrics["by_size"][label]["jobs"]][-1]
+
+
+def fight_figures(metrics: Mapping) -> dict:
+    """What a fair fight compares per policy (``summarize``'s figures): mean bounded slowdown, the
+    p99 wait of the largest size class present, Jain's index over teams, utilisation."""
+    largest = largest_class(metrics)
+    return {
+        "mean_bsld": metrics["mean_bsld"],
+        "p99_wait_largest_s": metrics["by_size"][largest]["p99_wait_s"],
+        "largest_class": largest,
+        "jain_teams": metrics["jain_teams"],
+        "utilization": metrics["utilization"],
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -680,7 +706,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     jobs = trace.jobs[: args.limit] if args.limit else trace.jobs
     for note in trace.notes:
         print(note)
-    nodes, note = _choose_pool(args, trace, jobs)
+    nodes, note = choose_pool(trace, jobs, gpus_per_node=args.gpus_per_node, load=args.load, nodes=args.nodes)
     print(note)
     pool_gpus = nodes * args.gpus_per_node
     kept = [j for j in jobs if j.gpus <= pool_gpus]
