@@ -37,10 +37,12 @@ from jobs.scheduling.types import (
     PolicyConfig,
     ReleaseMemo,
     Reservation,
+    RunningList,
     RunningView,
     Start,
     by_expected_end,
     by_submit,
+    smallest_request,
 )
 
 _by_estimate = attrgetter("hours", "submitted_at", "job_id")
@@ -169,13 +171,18 @@ def _releases(
     """(estimated end, GPUs on schedulable nodes) of running jobs and this pass's starts, by end;
     lazily, since the walk to the shadow time usually stops early."""
     ordered = by_expected_end(running)
+    kept = running.held if isinstance(running, RunningList) and pool.schedulable is None else None
+    if kept is not None:  # the keeper counted each job's GPUs, all on schedulable nodes
+        releases: Iterator[tuple[float, int]] = zip(map(_expected_end, ordered), kept, strict=True)
+    else:
+        releases = ((r.expected_end, pool.held_by(r, memo)) for r in ordered)
     own = sorted(started)
     j = 0
-    for r in ordered:
-        while j < len(own) and own[j][0] <= r.expected_end:
+    for end, gpus in releases:
+        while j < len(own) and own[j][0] <= end:
             yield own[j]
             j += 1
-        yield r.expected_end, pool.held_by(r, memo)
+        yield end, gpus
     yield from own[j:]
 
 
@@ -185,9 +192,11 @@ def _easy(
     now: float,
     running: Sequence[RunningView],
     pool: _FlatPool,
+    smallest: int = 1,
     memo: ReleaseMemo | None = None,
 ) -> Plan:
-    """EASY over ``queue`` (already in the policy's order): one reservation, then backfill."""
+    """EASY over ``queue`` (already in the policy's order): one reservation, then backfill.
+    ``smallest``: no queued job asks for fewer GPUs (backfill stops when fewer are free)."""
     starts: list[Start] = []
     ends: list[tuple[float, int]] = []
     i = 0
@@ -201,12 +210,19 @@ def _easy(
     shadow, extra = shadow_time(
         head, now=now, free=pool.free, releases=_releases(running, ends, pool, {} if memo is None else memo)
     )
-    _backfill(rest, now=now, shadow=shadow, extra=extra, pool=pool, starts=starts)
+    _backfill(rest, now=now, shadow=shadow, extra=extra, pool=pool, starts=starts, smallest=smallest)
     return _plan(starts, [Reservation(job_id=head.job_id, start_at=shadow, gpus_by_node=None)])
 
 
 def _backfill(
-    rest: Sequence[PendingJob], *, now: float, shadow: float, extra: int, pool: _FlatPool, starts: list[Start]
+    rest: Sequence[PendingJob],
+    *,
+    now: float,
+    shadow: float,
+    extra: int,
+    pool: _FlatPool,
+    starts: list[Start],
+    smallest: int = 1,
 ) -> None:
     """EASY's backfill over ``rest``, in order: a job starts if it fits the free GPUs and ends by the
     shadow time or fits the extra GPUs (which it then uses up).
@@ -214,10 +230,12 @@ def _backfill(
     The tests run in C over the jobs not yet visited, and again from the next job after each start
     (what is free, and extra, only shrink), so Python visits only the jobs that start - not the
     hundreds that fitted before earlier starts took the GPUs - and each job is tested about once.
+    With fewer GPUs free than ``smallest`` (no job asks for fewer) nothing can fit: no scan at all
+    (a third of the backfills on the first 40,000 RICC jobs).
     """
     window = (shadow - now) / HOUR_S + 1e-9  # the C test's margin; the exact test follows in Python
     k = 0
-    while pool.free and k < len(rest):
+    while pool.free >= smallest and k < len(rest):
         candidates = fits = map(le, map(_gpus, islice(rest, k, None)), repeat(pool.free))
         if extra < pool.free:  # else whatever fits the free GPUs fits the extra ones
             by_shadow = map(le, map(_hours, islice(rest, k, None)), repeat(window))
@@ -254,6 +272,7 @@ def easy(
         now=now,
         running=running,
         pool=pool,
+        smallest=smallest_request(pending),
         memo=memo,
     )
 
@@ -276,5 +295,6 @@ def sjf_easy(
         now=now,
         running=running,
         pool=pool,
+        smallest=smallest_request(pending),
         memo=memo,
     )

@@ -38,7 +38,7 @@ import json
 import math
 import sys
 import time
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -227,34 +227,39 @@ class _Pool:
 
     def views_now(self) -> types.NodeList:
         """The nodes as the policy must see them now."""
-        views, pos, mask = self.views, self.pos, self.mask
+        views, pos, mask, built = self.views, self.pos, self.mask, self._built
         for node in self.touched:
-            views[pos[node]] = self._view(node, mask[node])
+            # Inlined lookup: hundreds of touched nodes a pass, nearly all of them hits.
+            views[pos[node]] = built.get((node, mask[node])) or self._view(node, mask[node])
         views.state.changed(self.touched)
         self.touched.clear()
         return views
 
-    def claim(self, gpus_by_node: Mapping[str, tuple[int, ...]]) -> None:
-        mask, with_free, pos, touched = self.mask, self.views.with_free, self.pos, self.touched
+    def claim(self, gpus_by_node: Mapping[str, tuple[int, ...]], count: int) -> None:
+        """Take ``count`` GPUs, ``gpus_by_node``: a wide job's start touches dozens of nodes."""
+        mask, touched, known = self.mask, self.touched, self._bits
+        with_free, pos = self.views.with_free, self.pos
         for node, idx in gpus_by_node.items():
-            bits = self._bits_of(idx)
+            bits = known.get(idx) or self._bits_of(idx)
             if mask[node] & bits != bits:
                 raise AssertionError(f"policy started a job on busy GPUs {idx} of {node}")
             mask[node] = left = mask[node] ^ bits
-            self.idle -= len(idx)
             if not left:
                 with_free.pop(pos[node], None)
             touched[node] = None
+        self.idle -= count
         self.views.free_gpus = self.idle
 
-    def release(self, gpus_by_node: Mapping[str, tuple[int, ...]]) -> None:
-        mask, with_free, pos, touched = self.mask, self.views.with_free, self.pos, self.touched
+    def release(self, gpus_by_node: Mapping[str, tuple[int, ...]], count: int) -> None:
+        """Give back ``count`` GPUs, ``gpus_by_node``."""
+        mask, touched, known = self.mask, self.touched, self._bits
+        with_free, pos = self.views.with_free, self.pos
         for node, idx in gpus_by_node.items():
-            mask[node] |= self._bits_of(idx)
-            self.idle += len(idx)
+            mask[node] |= known.get(idx) or self._bits_of(idx)
             if mask[node]:
                 with_free[pos[node]] = None
             touched[node] = None
+        self.idle += count
         self.views.free_gpus = self.idle
 
 
@@ -352,9 +357,11 @@ class _Replay:
         self.waiting = types.PendingList()
         self.waiting.ready = self.waiting.ungated = True  # trace jobs neither stage nor wait for one another
         self.waiting.teams = self.queued_teams = Counter()
+        self.waiting.sizes = self.queued_sizes = Counter()
         self.running: dict[int, RunningView] = {}
         self.by_end = types.RunningList()  # kept sorted: the policy need not sort it
         self.by_end.teams = self.running_teams = Counter()
+        self.by_end.held = []
         self.by_submit = True  # whether ``pending`` (insertion order) is in submit order
         self.ends: dict[int, float] = {}
         self.finishes: list[tuple[float, int]] = []
@@ -408,14 +415,16 @@ class _Replay:
         )
         self.waiting.append(job)
         self.queued_teams[job.team] += 1
+        self.queued_sizes[job.gpus] += 1
 
     def start(self, jid: int, gpus_by_node: Mapping[str, tuple[int, ...]], now: float) -> None:
         job = self.pending.pop(jid)
         self._unqueue(job)
         _count_out(self.queued_teams, job.team)
+        _count_out(self.queued_sizes, job.gpus)
         self.running_teams[job.team] += 1
-        self.pool.claim(gpus_by_node)
-        got = sum(len(v) for v in gpus_by_node.values())
+        got = sum(map(len, gpus_by_node.values()))
+        self.pool.claim(gpus_by_node, got)
         run = (
             self.remaining[jid] * job.gpus / got
         )  # elastic: fewer GPUs, proportionally longer (more: shorter)
@@ -425,7 +434,7 @@ class _Replay:
         )  # fmt: skip
         self.running[jid] = rv
         self.backlog_running += rv.preemptible
-        insort(self.by_end, rv, key=_end_key)
+        self._file(rv, got)
         self.ends[jid] = now + run
         heapq.heappush(self.finishes, (now + run, jid))
         if rv.expected_end < now + run:
@@ -434,6 +443,16 @@ class _Replay:
         out = self.outcomes[jid]
         if math.isnan(out.start):
             out.start = now
+
+    def _file(self, rv: RunningView, gpus: int) -> None:
+        """Put a running job in ``by_end``, in expected-end order, with the GPUs it holds beside it."""
+        i = bisect_right(self.by_end, _end_key(rv), key=_end_key)
+        self.by_end.insert(i, rv)
+        self.by_end.held.insert(i, gpus)
+
+    def _unfile(self, rv: RunningView) -> None:
+        i = bisect_left(self.by_end, _end_key(rv), key=_end_key)
+        del self.by_end[i], self.by_end.held[i]
 
     def _unqueue(self, job: PendingJob) -> None:
         """Take a starting job out of ``waiting``: found by bisection while it is in submit order."""
@@ -477,14 +496,13 @@ class _Replay:
             )
             if rv.started_at + planned <= planned_end:
                 continue  # already at its limit
-            i = bisect_left(self.by_end, _end_key(rv), key=_end_key)
-            del self.by_end[i]
+            self._unfile(rv)
             longer = RunningView(
                 jid, rv.team, rv.gpus_by_node, rv.started_at, rv.started_at + planned, rv.preemptible,
                 checkpoints=rv.checkpoints,
             )  # fmt: skip
             self.running[jid] = longer
-            insort(self.by_end, longer, key=_end_key)
+            self._file(longer, got)
             if longer.expected_end < self.ends[jid]:
                 heapq.heappush(self.extensions, (longer.expected_end, jid))
 
@@ -492,11 +510,10 @@ class _Replay:
         rv = self.running.pop(jid)
         self.backlog_running -= rv.preemptible
         _count_out(self.running_teams, rv.team)
-        i = bisect_left(self.by_end, _end_key(rv), key=_end_key)
-        del self.by_end[i]
+        self._unfile(rv)
         del self.ends[jid]
-        self.pool.release(rv.gpus_by_node)
-        got = sum(len(v) for v in rv.gpus_by_node.values())
+        got = sum(map(len, rv.gpus_by_node.values()))
+        self.pool.release(rv.gpus_by_node, got)
         self.meter.change(rv.team, now, -got)
         self.outcomes[jid].end = now
         self.outcomes[jid].gpu_seconds += got * (now - rv.started_at)
@@ -519,11 +536,11 @@ class _Replay:
         self.submit(jid, preemptible=True)
 
 
-def _count_out(counts: Counter[str], team: str) -> None:
-    """One job of ``team`` fewer: a team with none left is no longer present."""
-    counts[team] -= 1
-    if not counts[team]:
-        del counts[team]
+def _count_out(counts: Counter, key: str | int) -> None:
+    """One job of ``key`` (a team, a size) fewer: a key with none left is no longer present."""
+    counts[key] -= 1
+    if not counts[key]:
+        del counts[key]
 
 
 # --------------------------------------------------------------------------- metrics

@@ -184,10 +184,13 @@ class RunningList(list[RunningView]):
     """Running jobs that their keeper keeps in expected-end order (ties by job id), with how many
     are preemptible and, when it counts them, how many each team runs (``teams``: no zero counts).
     The replay hands one to every pass, so a policy neither sorts nor scans them again; the live
-    scheduler hands a plain list, and a policy then does both itself."""
+    scheduler hands a plain list, and a policy then does both itself. ``held``, when kept, is
+    parallel to the list: how many GPUs each job holds, so that a walk over the releases need not
+    count them job by job."""
 
     preemptible: int = 0
     teams: Mapping[str, int] | None = None
+    held: list[int] | None = None
 
 
 class PendingList(list[PendingJob]):
@@ -195,7 +198,8 @@ class PendingList(list[PendingJob]):
     ``by_submit`` holds: a first-come policy then need not sort them. ``ready``: none is still
     staging (no ``ready_at``); ``largest``: no job asks for more GPUs (None: not known); ``ungated``:
     none waits for a prerequisite or is an array task with a running limit; ``teams``: how many jobs
-    each team has queued (no zero counts; None: not counted) - facts the replay knows for free, so
+    each team has queued (no zero counts; None: not counted); ``sizes``: how many queued jobs ask
+    for each GPU count (no zero counts; None: not counted) - facts the replay knows for free, so
     that a policy need not scan the whole queue for them each pass."""
 
     by_submit: bool = False
@@ -203,6 +207,15 @@ class PendingList(list[PendingJob]):
     largest: int | None = None
     ungated: bool = False
     teams: Mapping[str, int] | None = None
+    sizes: Mapping[int, int] | None = None
+
+
+def smallest_request(pending: Sequence[PendingJob]) -> int:
+    """The fewest GPUs any queued job asks for, from the keeper's counts (1 when not counted: every
+    job asks for at least one), so that a pass with fewer GPUs free can skip looking for a fit."""
+    if isinstance(pending, PendingList) and pending.sizes:
+        return min(pending.sizes)
+    return 1
 
 
 def teams_present(pending: Sequence[PendingJob], running: Sequence[RunningView]) -> set[str]:

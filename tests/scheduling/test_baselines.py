@@ -7,6 +7,7 @@ not its shadow-time shortcut. FCFS is checked against a ten-line loop.
 """
 
 import math
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +15,14 @@ from hypothesis import strategies as st
 
 from jobs.scheduling import baselines, policy, simulate
 from jobs.scheduling.traces import TraceJob
-from jobs.scheduling.types import NodeView, PendingJob, PendingList
+from jobs.scheduling.types import (
+    NodeView,
+    PendingJob,
+    PendingList,
+    RunningList,
+    RunningView,
+    smallest_request,
+)
 
 MIN = 60.0
 
@@ -175,3 +183,31 @@ def test_a_queue_that_vouches_for_no_width_it_knows_is_still_filtered_to_the_poo
     for plan_with in (baselines.fcfs, baselines.easy, baselines.sjf_easy):
         plan = plan_with(now=0.0, nodes=nodes, running=[], pending=queue, usage={}, shares={})
         assert [s.job_id for s in plan.starts] == [2], plan_with.__name__
+
+
+@pytest.mark.parametrize(("small", "backfilled"), [(1, [1, 3]), (2, [1])])
+def test_a_counted_queue_skips_only_the_backfill_that_cannot_fit(small, backfilled):
+    """The replay counts queued jobs per size, and each running job's GPUs; a pass with fewer GPUs
+    free than the smallest request skips backfill. The count covers the whole queue (the head and
+    this pass's starts too), so it is a lower bound: the plans are those of uncounted lists, and
+    the short job takes the last GPU."""
+    nodes = [NodeView(name="n0", gpus=8, free=(0, 1, 2, 3, 4))]
+    running = RunningList([RunningView(9, "t", {"n0": (5, 6, 7)}, 0.0, 7200.0)])
+    running.held = [3]
+    jobs = [
+        PendingJob(1, "t", 4, 1.0, 0.0),
+        PendingJob(2, "t", 8, 1.0, 1.0),
+        PendingJob(3, "t", small, 0.5, 2.0),
+    ]
+    counted = PendingList(jobs)
+    counted.by_submit = counted.ready = counted.ungated = True
+    counted.sizes = Counter(j.gpus for j in jobs)
+    assert smallest_request(counted) == small and smallest_request(jobs) == 1  # uncounted: no bound
+    for plan_with in (baselines.easy, baselines.sjf_easy):
+        args = {"now": 0.0, "nodes": nodes, "usage": {}, "shares": {}}
+        kept = plan_with(pending=counted, running=running, **args)
+        plain = plan_with(pending=list(jobs), running=list(running), **args)
+        assert (kept.starts, kept.reservations) == (plain.starts, plain.reservations)
+    plan = baselines.easy(pending=counted, running=running, **args)
+    assert [s.job_id for s in plan.starts] == backfilled
+    assert plan.reservations[0].job_id == 2 and plan.reservations[0].start_at == 7200.0
