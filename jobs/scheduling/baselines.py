@@ -172,7 +172,7 @@ def _releases(
     lazily, since the walk to the shadow time usually stops early."""
     ordered = by_expected_end(running)
     kept = running.held if isinstance(running, RunningList) and pool.schedulable is None else None
-    if kept is not None:  # the keeper counted each job's GPUs, all on schedulable nodes
+    if kept is not None:  # the keeper counted each job's GPUs; every node is schedulable, so all count
         releases: Iterator[tuple[float, int]] = zip(map(_expected_end, ordered), kept, strict=True)
     else:
         releases = ((r.expected_end, pool.held_by(r, memo)) for r in ordered)
@@ -231,7 +231,7 @@ def _backfill(
     (what is free, and extra, only shrink), so Python visits only the jobs that start - not the
     hundreds that fitted before earlier starts took the GPUs - and each job is tested about once.
     With fewer GPUs free than ``smallest`` (no job asks for fewer) nothing can fit: no scan at all
-    (a third of the backfills on the first 40,000 RICC jobs).
+    (about a third of the backfills on the first 40,000 RICC jobs, on its 1,024 x 8 machine).
     """
     window = (shadow - now) / HOUR_S + 1e-9  # the C test's margin; the exact test follows in Python
     k = 0

@@ -236,7 +236,8 @@ class _Pool:
         return views
 
     def claim(self, gpus_by_node: Mapping[str, tuple[int, ...]], count: int) -> None:
-        """Take ``count`` GPUs, ``gpus_by_node``: a wide job's start touches dozens of nodes."""
+        """Take ``gpus_by_node`` (``count``: their number, which the caller has summed already);
+        a wide job's start touches dozens of nodes."""
         mask, touched, known = self.mask, self.touched, self._bits
         with_free, pos = self.views.with_free, self.pos
         for node, idx in gpus_by_node.items():
@@ -251,7 +252,7 @@ class _Pool:
         self.views.free_gpus = self.idle
 
     def release(self, gpus_by_node: Mapping[str, tuple[int, ...]], count: int) -> None:
-        """Give back ``count`` GPUs, ``gpus_by_node``."""
+        """Give back ``gpus_by_node`` (``count``: their number)."""
         mask, touched, known = self.mask, self.touched, self._bits
         with_free, pos = self.views.with_free, self.pos
         for node, idx in gpus_by_node.items():
@@ -451,6 +452,7 @@ class _Replay:
         self.by_end.held.insert(i, gpus)
 
     def _unfile(self, rv: RunningView) -> None:
+        """Take a running job, and its GPU count, out of ``by_end``."""
         i = bisect_left(self.by_end, _end_key(rv), key=_end_key)
         del self.by_end[i], self.by_end.held[i]
 

@@ -199,7 +199,7 @@ class PendingList(list[PendingJob]):
     staging (no ``ready_at``); ``largest``: no job asks for more GPUs (None: not known); ``ungated``:
     none waits for a prerequisite or is an array task with a running limit; ``teams``: how many jobs
     each team has queued (no zero counts; None: not counted); ``sizes``: how many queued jobs ask
-    for each GPU count (no zero counts; None: not counted) - facts the replay knows for free, so
+    for each GPU count, ``gpus`` (no zero counts; None: not counted) - facts the replay knows for free, so
     that a policy need not scan the whole queue for them each pass."""
 
     by_submit: bool = False
@@ -211,8 +211,9 @@ class PendingList(list[PendingJob]):
 
 
 def smallest_request(pending: Sequence[PendingJob]) -> int:
-    """The fewest GPUs any queued job asks for, from the keeper's counts (1 when not counted: every
-    job asks for at least one), so that a pass with fewer GPUs free can skip looking for a fit."""
+    """The fewest GPUs (``gpus``, not an elastic job's ``min_gpus``) any queued job asks for, from the
+    keeper's counts (1 when not counted: every job asks for at least one), so that a policy that
+    starts jobs at full size can skip looking for a fit with fewer GPUs free."""
     if isinstance(pending, PendingList) and pending.sizes:
         return min(pending.sizes)
     return 1

@@ -187,10 +187,10 @@ def test_a_queue_that_vouches_for_no_width_it_knows_is_still_filtered_to_the_poo
 
 @pytest.mark.parametrize(("small", "backfilled"), [(1, [1, 3]), (2, [1])])
 def test_a_counted_queue_skips_only_the_backfill_that_cannot_fit(small, backfilled):
-    """The replay counts queued jobs per size, and each running job's GPUs; a pass with fewer GPUs
-    free than the smallest request skips backfill. The count covers the whole queue (the head and
-    this pass's starts too), so it is a lower bound: the plans are those of uncounted lists, and
-    the short job takes the last GPU."""
+    """Lists counted as the replay counts them (queued jobs per size, each running job's GPUs): a
+    pass with fewer GPUs free than the smallest request skips backfill (size 2, one GPU left). The
+    count covers the whole queue (the head and this pass's starts too), so it is a lower bound:
+    the plans are those of uncounted lists, and a 1-GPU short job still takes the last GPU."""
     nodes = [NodeView(name="n0", gpus=8, free=(0, 1, 2, 3, 4))]
     running = RunningList([RunningView(9, "t", {"n0": (5, 6, 7)}, 0.0, 7200.0)])
     running.held = [3]
@@ -203,8 +203,8 @@ def test_a_counted_queue_skips_only_the_backfill_that_cannot_fit(small, backfill
     counted.by_submit = counted.ready = counted.ungated = True
     counted.sizes = Counter(j.gpus for j in jobs)
     assert smallest_request(counted) == small and smallest_request(jobs) == 1  # uncounted: no bound
+    args = {"now": 0.0, "nodes": nodes, "usage": {}, "shares": {}}
     for plan_with in (baselines.easy, baselines.sjf_easy):
-        args = {"now": 0.0, "nodes": nodes, "usage": {}, "shares": {}}
         kept = plan_with(pending=counted, running=running, **args)
         plain = plan_with(pending=list(jobs), running=list(running), **args)
         assert (kept.starts, kept.reservations) == (plain.starts, plain.reservations)

@@ -1,8 +1,11 @@
 """The simulator reproduces hand-computed FCFS and EASY schedules, and computes its metrics as defined."""
 
 import json
+from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobs.scheduling import baselines, policy, simulate
 from jobs.scheduling.traces import TraceJob
@@ -135,3 +138,44 @@ def test_the_command_line_prints_the_json_summary_last(tmp_path, capsys):
 
 def test_the_replay_uses_decisions_only():
     assert simulate.REPLAY_CONFIG == PolicyConfig(explain=False)
+
+
+@st.composite
+def mixed_workloads(draw):
+    """Jobs on 2-GPU nodes: elastic, wider, preemptible and checkpointing ones, some outrunning
+    their estimate (so runs are extended, preempted and requeued)."""
+    jobs, t = [], 0.0
+    for i in range(draw(st.integers(2, 14))):
+        t += draw(st.sampled_from([0.0, 60.0, 600.0]))
+        gpus = draw(st.integers(1, 4))
+        declared = draw(st.sampled_from([0.25, 0.5, 1.0]))
+        run = declared * 3600 * draw(st.sampled_from([0.3, 1.0, 1.5]))
+        jobs.append(
+            TraceJob(
+                i, t, run, gpus, declared, draw(st.sampled_from("ab")),
+                min_gpus=draw(st.sampled_from([None, 1])),
+                max_gpus=draw(st.sampled_from([None, gpus + 1])),
+                preemptible=draw(st.booleans()),
+                checkpoints=draw(st.booleans()),
+            )
+        )  # fmt: skip
+    return jobs
+
+
+@settings(max_examples=40, deadline=None)
+@given(mixed_workloads(), st.sampled_from(["default", "easy", "sjf-easy"]))
+def test_the_replays_kept_counts_match_its_lists_before_every_pass(jobs, name):
+    """What the replay keeps beside its lists, for policies to read instead of scanning: queued
+    jobs per size, and each running job's GPUs beside the expected-end order."""
+    checked = []
+
+    def checking(**kw):
+        pending, running = kw["pending"], kw["running"]
+        assert dict(pending.sizes) == dict(Counter(j.gpus for j in pending))
+        assert running.held == [sum(map(len, r.gpus_by_node.values())) for r in running]
+        assert list(running) == sorted(running, key=lambda r: (r.expected_end, r.job_id))
+        checked.append(len(pending))
+        return simulate.POLICIES[name](**kw)
+
+    simulate.replay(jobs, nodes=2, gpus_per_node=2, policy=checking)
+    assert checked  # every workload has a first pass
