@@ -64,7 +64,7 @@ def _estimate(view, team, label, gpus, hours, min_gpus, preemptible, now, learne
     estimate = plan.estimates.get(DRAFT_ID)
     started = [s for s in plan.starts if s.job_id == DRAFT_ID]
     if started:
-        held = sum(len(ix) for ix in started[0].gpus_by_node.values())
+        held = types.gpus_held(started[0].gpus_by_node)
         wider = f" with {held} GPUs (elastic, up to {max_gpus})" if held > gpus else ""
         return Option(
             label,

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from django.db import connection, transaction
 
 from jobs import dependencies, dispatch, nodes, planning, rental, snapshot, units
-from jobs.scheduling import policy
+from jobs.scheduling import policy, types
 
 log = logging.getLogger(__name__)
 ADVISORY_LOCK_KEY = 0x0E31_5C4E  # any constant unique to the scheduler pass
@@ -101,7 +101,7 @@ def run_safety_pass(*, now: datetime) -> None:
 
 
 def _start_reason(start, view) -> str:
-    held = sum(len(ix) for ix in start.gpus_by_node.values())
+    held = types.gpus_held(start.gpus_by_node)
     wanted = view.requested_gpus.get(start.job_id, held)
     where = ", ".join(units.gpus_on(node, ix) for node, ix in start.gpus_by_node.items())
     if held > wanted:

@@ -192,7 +192,7 @@ def _easy(
     now: float,
     running: Sequence[RunningView],
     pool: _FlatPool,
-    smallest: int = 1,
+    smallest: int,
     memo: ReleaseMemo | None = None,
 ) -> Plan:
     """EASY over ``queue`` (already in the policy's order): one reservation, then backfill.
@@ -222,7 +222,7 @@ def _backfill(
     extra: int,
     pool: _FlatPool,
     starts: list[Start],
-    smallest: int = 1,
+    smallest: int,
 ) -> None:
     """EASY's backfill over ``rest``, in order: a job starts if it fits the free GPUs and ends by the
     shadow time or fits the extra GPUs (which it then uses up).

@@ -424,7 +424,7 @@ class _Replay:
         _count_out(self.queued_teams, job.team)
         _count_out(self.queued_sizes, job.gpus)
         self.running_teams[job.team] += 1
-        got = sum(map(len, gpus_by_node.values()))
+        got = types.gpus_held(gpus_by_node)
         self.pool.claim(gpus_by_node, got)
         run = (
             self.remaining[jid] * job.gpus / got
@@ -490,7 +490,7 @@ class _Replay:
             rv = self.running.get(jid)
             if rv is None or rv.expected_end != planned_end:
                 continue  # finished or preempted since
-            got = sum(len(v) for v in rv.gpus_by_node.values())
+            got = types.gpus_held(rv.gpus_by_node)
             j = self.jobs[jid]
             limit_s = j.declared_hours * HOUR_S * j.gpus / got  # an elastic start stretches the limit too
             planned = prediction.extended_s(
@@ -514,7 +514,7 @@ class _Replay:
         _count_out(self.running_teams, rv.team)
         self._unfile(rv)
         del self.ends[jid]
-        got = sum(map(len, rv.gpus_by_node.values()))
+        got = types.gpus_held(rv.gpus_by_node)
         self.pool.release(rv.gpus_by_node, got)
         self.meter.change(rv.team, now, -got)
         self.outcomes[jid].end = now
@@ -526,7 +526,7 @@ class _Replay:
         else what came after its last checkpoint, plus the time to restore."""
         rv = self._stop(jid, now)
         job = self.jobs[jid]
-        got = sum(len(v) for v in rv.gpus_by_node.values())
+        got = types.gpus_held(rv.gpus_by_node)
         done = (now - rv.started_at) * got / job.gpus  # work done, in seconds at the declared width
         kept, restore = 0.0, 0.0
         if job.checkpoints:

@@ -210,6 +210,11 @@ class PendingList(list[PendingJob]):
     sizes: Mapping[int, int] | None = None
 
 
+def gpus_held(gpus_by_node: Mapping[str, Sequence[int]]) -> int:
+    """How many GPUs a start or a running job holds, over all its nodes."""
+    return sum(map(len, gpus_by_node.values()))
+
+
 def smallest_request(pending: Sequence[PendingJob]) -> int:
     """The fewest GPUs (``gpus``, not an elastic job's ``min_gpus``) any queued job asks for, from the
     keeper's counts (1 when not counted: every job asks for at least one), so that a policy that

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from jobs.scheduling.types import NodeView, PendingJob, Plan, Start, part_share
+from jobs.scheduling.types import NodeView, PendingJob, Plan, Start, gpus_held, part_share
 
 
 def widen(result: Plan, *, pending: Sequence[PendingJob], nodes: Sequence[NodeView]) -> Plan:
@@ -73,4 +73,4 @@ class _Room:
 
 
 def _held(start: Start) -> int:
-    return sum(len(idx) for idx in start.gpus_by_node.values())
+    return gpus_held(start.gpus_by_node)
