@@ -103,7 +103,7 @@ def record_job_event(*, job_id: int, event: str, attempt: int, now: datetime, de
 
 
 def _email_wanted(job: Job, event: str) -> bool:
-    if job.submitted_by_id is None:
+    if job.submitted_by_id is None or not _still_sees(job):
         return False
     override = JobEmail.objects.filter(job=job).values_list("email", flat=True).first()
     choice = override or (
@@ -114,6 +114,13 @@ def _email_wanted(job: Job, event: str) -> bool:
     if choice == EmailChoice.END:
         return True
     return choice == EmailChoice.FAILURE and FAILED_ENDS[event](job.end_reason)
+
+
+def _still_sees(job: Job) -> bool:
+    """The submitter is an active user who may still see the job: the end, exit code and detail are
+    the team's, and a former member has no claim on them."""
+    user = job.submitted_by
+    return user.is_active and scoping.visible_to(user, Job.objects.filter(id=job.id)).exists()
 
 
 def _payload(job: Job, event: str, *, now: datetime, detail: str) -> dict:
@@ -209,6 +216,9 @@ def send_job_email(*, job_id: int, now: datetime) -> bool:
     ):
         return False
     job = Job.objects.select_related("submitted_by", "team").get(id=job_id)
+    if not _still_sees(job):  # left the team (or was deactivated) between the end and this send
+        JobEmail.objects.filter(job_id=job_id).update(detail="the submitter can no longer see this job")
+        return False
     if not job.submitted_by.email:
         JobEmail.objects.filter(job_id=job_id).update(detail="the submitter has no e-mail address")
         return False

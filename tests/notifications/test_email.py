@@ -189,3 +189,32 @@ def test_the_api_reads_and_sets_the_choice_per_team(client, team, member, member
     ]
     assert client.put("/api/v1/notifications/email/audio", {"email": "end"}, content_type="application/json",
                       **auth).status_code == 404  # fmt: skip
+
+
+@pytest.mark.parametrize("leaves", ["removed from the team", "deactivated"])
+def test_someone_who_left_the_team_is_not_mailed_about_its_jobs(team, member, mailed, leaves):
+    """The end of a job, its exit code and its detail are the team's: a former member has no claim on them."""
+    from accounts.models import Membership
+
+    notify.set_email_preference(user=member, team=team, email="end")
+    job = JobFactory(team=team, submitted_by=member, state="running")
+    if leaves == "removed from the team":
+        Membership.objects.filter(team=team, user=member).delete()
+    else:
+        member.is_active = False
+        member.save()
+    finish(job, EndReason.FAILED)
+    assert mailed == []
+
+
+def test_a_member_who_leaves_after_the_end_is_not_mailed_when_the_mail_goes_out(team, member, mailed):
+    from accounts.models import Membership
+
+    notify.set_email_preference(user=member, team=team, email="end")
+    job = JobFactory(team=team, submitted_by=member, state="running")
+    transitions.transition(
+        job_id=job.id, source=State.RUNNING, target=State.RELEASED, now=timezone.now(), end_reason=EndReason.FAILED
+    )
+    Membership.objects.filter(team=team, user=member).delete()
+    assert notify.send_job_email(job_id=job.id, now=timezone.now()) is False
+    assert mailed == [] and "no longer" in JobEmail.objects.get(job=job).detail
