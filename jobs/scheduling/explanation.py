@@ -215,9 +215,9 @@ class Explainer:
         behind = self.behind(job, head)
         if behind:
             return Estimate(job.job_id, at, "fairshare", f"{behind}; {size}; {when}")
-        reason = (
-            f"{size}; waiting behind higher-priority job {head.job_id} ({_count(head.gpus, 'GPU')}); {when}"
-        )
+        # Another team's job is never named: its id and team are that team's, not this one's to see.
+        ahead = f"job {head.job_id}" if head.team == job.team else "job of another team"
+        reason = f"{size}; waiting behind a higher-priority {ahead} ({_count(head.gpus, 'GPU')}); {when}"
         return Estimate(job.job_id, at, "queued", reason)
 
     def behind(self, job: PendingJob, head: PendingJob) -> str:
@@ -232,7 +232,8 @@ def _node_list(need: Mapping[str, int]) -> str:
 
 
 class FairshareExplainer(Explainer):
-    """Names the team ahead and the fair-share numbers when that is why a job waits."""
+    """Says when a team further below its share is ahead, with this team's own fair-share numbers
+    (the team ahead is not named: the reason is shown to the waiting job's team)."""
 
     def __init__(
         self,
@@ -257,8 +258,9 @@ class FairshareExplainer(Explainer):
         used_h = float(self.usage.get(job.team, 0.0)) / HOUR_S
         days = self.config.half_life_s / DAY_S
         return (
-            f"behind team {head.team} (your team used {used_h:,.0f} GPU-h, decayed with a "
-            f"{days:g}-day half-life, against a {self.share_pct.get(job.team, 0.0):.0f}% share)"
+            f"behind another team's job, that team having used less of its share (your team used "
+            f"{used_h:,.0f} GPU-h, decayed with a {days:g}-day half-life, against a "
+            f"{self.share_pct.get(job.team, 0.0):.0f}% share)"
         )
 
 

@@ -213,7 +213,11 @@ def test_a_member_who_leaves_after_the_end_is_not_mailed_when_the_mail_goes_out(
     notify.set_email_preference(user=member, team=team, email="end")
     job = JobFactory(team=team, submitted_by=member, state="running")
     transitions.transition(
-        job_id=job.id, source=State.RUNNING, target=State.RELEASED, now=timezone.now(), end_reason=EndReason.FAILED
+        job_id=job.id,
+        source=State.RUNNING,
+        target=State.RELEASED,
+        now=timezone.now(),
+        end_reason=EndReason.FAILED,
     )
     Membership.objects.filter(team=team, user=member).delete()
     assert notify.send_job_email(job_id=job.id, now=timezone.now()) is False

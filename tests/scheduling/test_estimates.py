@@ -1,6 +1,7 @@
 """Every pending job gets an estimate with a sentence its owner can act on."""
 
 import math
+import re
 from datetime import UTC, datetime
 
 from hypothesis import given, settings
@@ -54,9 +55,28 @@ def test_a_job_behind_another_team_is_told_its_teams_usage_and_share():
     assert result.estimates[2].reason_code == "reserved"
     e = result.estimates[1]
     assert e.reason_code == "fairshare"
-    assert e.reason.startswith("behind team vision (your team used 320 GPU-h")
+    assert e.reason.startswith(
+        "behind another team's job, that team having used less of its share (your team used 320 GPU-h"
+    )
+    assert "vision" not in e.reason
     assert "against a 25% share" in e.reason
     assert e.start_at is not None and e.start_at >= result.estimates[2].start_at
+
+
+def test_no_reason_names_another_teams_job_or_team():
+    """A waiting job's reason is shown to its team: the job ahead is named only when it is the team's own."""
+    nodes, running = _busy_pool()
+    pending = [
+        PendingJob(1, "ml-ops", 8, 4.0, NOW - 600),
+        PendingJob(2, "vision", 8, 4.0, NOW - 300),
+        PendingJob(3, "ml-ops", 8, 4.0, NOW - 60),
+    ]
+    result = plan(now=NOW, nodes=nodes, running=running, pending=pending, usage={}, shares={})
+    assert result.estimates[1].reason_code == "reserved"
+    behind_other, behind_own = result.estimates[2].reason, result.estimates[3].reason
+    assert "waiting behind a higher-priority job of another team (8 GPUs)" in behind_other
+    assert not re.search(r"\bjob 1\b", behind_other) and "ml-ops" not in behind_other
+    assert "waiting behind a higher-priority job 1 (8 GPUs)" in behind_own
 
 
 def test_a_job_larger_than_the_pool_is_told_so_and_has_no_start():
