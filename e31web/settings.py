@@ -8,6 +8,7 @@ second settings tree.
 import ipaddress
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -294,6 +295,11 @@ for _root in (*E31_DATA_ROOTS, *E31_OUTPUT_ROOTS):
         _root.mkdir(parents=True, exist_ok=True)
     except OSError:
         pass  # a root on a mount the web process cannot create: validation still refuses paths outside it
+# s3:// is read and written with the pool's own credentials, so only under operator-named roots, a prefix
+# per team: comma-separated s3://bucket[/prefix]; none (the default) refuses s3:// altogether.
+E31_S3_ROOTS = [root.rstrip("/") for root in env.list("E31_S3_ROOTS", default=[])]
+if any(urlsplit(root).scheme != "s3" or not urlsplit(root).netloc for root in E31_S3_ROOTS):
+    raise ImproperlyConfigured(f"E31_S3_ROOTS lists s3://bucket[/prefix] roots, got {E31_S3_ROOTS!r}")
 E31_AGENT_ROOT = Path(env.str("E31_AGENT_ROOT", default=str(STATE_DIR / "agents"))).resolve()
 E31_STAGING_ROOT = Path(env.str("E31_STAGING_ROOT", default=str(STATE_DIR / "staging"))).resolve()
 E31_MAX_JOB_HOURS = env.float("E31_MAX_JOB_HOURS", default=168.0)

@@ -65,6 +65,8 @@ class Limits:
     max_checkpoint_bytes: int = 2**40  # E31_MAX_CHECKPOINT_BYTES: one job's checkpoint directory
     # The names of the submitting team's secrets (None: not checked, as before a team is chosen).
     secrets: frozenset[str] | None = None
+    # E31_S3_ROOTS: a team's s3:// inputs and destinations lie under <root>/<team>/; none: s3:// is refused.
+    s3_roots: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -505,11 +507,43 @@ def team_prefixes(roots: Sequence[Path], team: str) -> list[Path]:
     return [Path(os.path.realpath(root / team)) for root in roots]
 
 
+def s3_team_prefixes(roots: Sequence[str], team: str) -> list[str]:
+    """Each S3 root's prefix of one team (``s3://bucket/prefix/<team-slug>/``): the only place its s3:// URIs may point."""
+    return [f"{root.rstrip('/')}/{team}/" for root in roots]
+
+
+def under_s3_prefixes(uri: str, prefixes: Sequence[str]) -> bool:
+    """An s3:// URI under one of ``prefixes``, compared segment by segment: no ``.`` or ``..`` segment (nor
+    an encoded one), no empty segment, no query or fragment - an object key is taken literally, so
+    only a plain one can be checked by its prefix."""
+    parts = urlsplit(uri)
+    segments = unquote(parts.path).split("/")[1:]
+    if parts.scheme != "s3" or "?" in uri or "#" in uri:
+        return False
+    if any(s in (".", "..") for s in segments) or "" in segments[:-1]:
+        return False
+    return any(uri.startswith(prefix) for prefix in prefixes)
+
+
+def _check_s3_prefix(uri: str, path: str, limits: Limits, errs: _Collector) -> None:
+    """s3:// is read and written with the pool's own credentials: a team's URIs lie under its prefix of an
+    operator's S3 root, as its file:// ones under its folder of a root."""
+    if not limits.s3_roots:
+        errs.add(path, "s3:// is not enabled on this pool (an operator lists S3 roots in E31_S3_ROOTS)")
+    elif limits.team is not None:
+        prefixes = s3_team_prefixes(limits.s3_roots, limits.team)
+        if not under_s3_prefixes(uri, prefixes):
+            errs.add(path, f"not under your team's prefix: an s3 URI lies under {' or '.join(prefixes)}")
+
+
 def _check_team_prefix(
     uri: str, path: str, roots: Sequence[Path], limits: Limits, errs: _Collector, *, shared=()
 ) -> None:
-    """A file:// URI of another team's folder (or of no team's) is refused, even under an allowed root."""
+    """A file:// or s3:// URI of another team's folder (or of no team's) is refused, even under an allowed root."""
     parts = urlsplit(uri)
+    if parts.scheme == "s3":
+        _check_s3_prefix(uri, path, limits, errs)
+        return
     if limits.team is None or parts.scheme != "file":
         return  # the team is not chosen yet (the form says so), or not a file
     if resolve_under_roots(unquote(parts.path), [*team_prefixes(roots, limits.team), *shared]) is None:

@@ -153,12 +153,15 @@ def _deliver(output_uri: str, team: str, files: list[tuple[dict, Path]], watch: 
     scheme = urlsplit(output_uri).scheme
     if scheme not in ("file", "s3"):
         raise DeliveryFailed(f"delivery to {scheme}:// is not configured on this pool")
-    root = _file_destination(output_uri, team) if scheme == "file" else None
+    if scheme == "file":
+        root = _file_destination(output_uri, team)
+    else:
+        folder = _s3_destination(output_uri.rstrip("/") + "/", team)
     for count, (entry, source) in enumerate(files, start=1):
-        if root is not None:
+        if scheme == "file":
             _deliver_file(source, _safe_target(root, entry["path"]), entry, watch)
         else:
-            _deliver_s3(source, output_uri.rstrip("/") + "/" + entry["path"], entry, watch)
+            _deliver_s3(source, _s3_destination(folder + entry["path"], team), entry, watch)
         watch.base += entry["bytes"]
         if count == len(files) or watch.due():  # thousands of small files: a progress write per half second
             watch.beat(files_done=count, bytes_done=watch.base)
@@ -176,7 +179,7 @@ def _deliver_log(allocation: Allocation, job: Job) -> None:
     uri = log_uri(job, allocation.rank, ranks)
     chunks = logs.log_bytes(job, attempt=allocation.attempt, rank=allocation.rank)
     if urlsplit(uri).scheme == "s3":
-        with sources.filesystem_for(uri).open(uri, "wb") as dst:
+        with sources.filesystem_for(uri).open(_s3_destination(uri, job.team.slug), "wb") as dst:
             for chunk in chunks:
                 dst.write(chunk)
         return
@@ -202,6 +205,13 @@ def _file_destination(uri: str, team: str) -> Path:
     if real is None:
         raise DeliveryFailed("the destination's folder leads outside the team's folder")
     return real
+
+
+def _s3_destination(url: str, team: str) -> str:
+    """An object under the team's prefix of an S3 root configured now, as a plain key (no ``..``)."""
+    if not declaration.under_s3_prefixes(url, declaration.s3_team_prefixes(settings.E31_S3_ROOTS, team)):
+        raise DeliveryFailed(f"{url} is not under the team's prefix of an S3 root (E31_S3_ROOTS)")
+    return url
 
 
 def _safe_target(root: Path, rel: str) -> Path:

@@ -73,7 +73,8 @@ class DataIn(NullIsAbsent):
     name: str = Field(..., description="Mounted under $E31_DATA_DIR/<name>.")
     uri: str = Field(
         ...,
-        description="file:// (under <data root>/<team-slug>/ or a folder shared with the team), http(s):// or s3://",
+        description="file:// (under <data root>/<team-slug>/ or a folder shared with the team), http(s)://, "
+        "or s3:// (under <S3 root>/<team-slug>/ of E31_S3_ROOTS)",
     )
     bytes: StrictInt = Field(..., description="Declared size in bytes; staging refuses a larger source.")
     sha256: str = ""
@@ -111,7 +112,8 @@ class RequestIn(NullIsAbsent):
 class OutputIn(NullIsAbsent):
     uri: str = Field(
         "",
-        description="file:// (under <output root>/<team-slug>/) or s3://; each attempt is delivered into "
+        description="file:// (under <output root>/<team-slug>/) or s3:// (under <S3 root>/<team-slug>/ of "
+        "E31_S3_ROOTS); each attempt is delivered into "
         "<uri>/<job id>-<attempt>/. Left out: the team's default destination, <first output root>/<team-slug>/.",
     )
     bytes: StrictInt

@@ -225,6 +225,11 @@ def open_delivered_output(job: Job, path: str):
         )
     folder = job.delivery_uri
     if urlsplit(folder).scheme == "s3":
+        # Read with the console's own credentials: only a plain key under the team's prefix of a root.
+        if not declaration.under_s3_prefixes(
+            folder + path, declaration.s3_team_prefixes(settings.E31_S3_ROOTS, job.team.slug)
+        ):
+            raise OutputUnavailable(f"{path[:200]!r} is not under the team's prefix of an S3 root")
         return sources.filesystem_for(folder).open(folder + path, "rb")
     prefixes = declaration.team_prefixes(settings.E31_OUTPUT_ROOTS, job.team.slug)
     root = declaration.resolve_under_roots(unquote(urlsplit(folder).path), prefixes)
@@ -291,12 +296,17 @@ def planned_run(*, team_name: str, hours: float, started_at: datetime | None, no
 
 @dataclass(frozen=True)
 class TeamFolders:
-    """Where a team's file:// URIs may point, as the form shows them."""
+    """Where a team's file:// and s3:// URIs may point, as the form shows them."""
 
     team: str
     data: list[str]
     output: list[str]
     default_destination: str
+    s3: list[str]  # its prefix of each S3 root, inputs and destinations alike (none: s3:// is refused)
+
+    @property
+    def example_destination(self) -> str:
+        return self.default_destination or next(iter(self.s3), "")
 
 
 def team_folders(team_slug: str) -> TeamFolders:
@@ -306,6 +316,7 @@ def team_folders(team_slug: str) -> TeamFolders:
         data=[f"{root / team_slug}/" for root in settings.E31_DATA_ROOTS],
         output=[f"{root / team_slug}/" for root in settings.E31_OUTPUT_ROOTS],
         default_destination=declaration.default_destination(settings.E31_OUTPUT_ROOTS, team_slug),
+        s3=declaration.s3_team_prefixes(settings.E31_S3_ROOTS, team_slug),
     )
 
 

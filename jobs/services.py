@@ -37,6 +37,7 @@ def pool_limits(*, team=None) -> declaration.Limits:
         max_array=settings.E31_MAX_ARRAY,
         max_checkpoint_bytes=settings.E31_MAX_CHECKPOINT_BYTES,
         secrets=frozenset(team_secrets.names(team)) if team is not None else None,
+        s3_roots=settings.E31_S3_ROOTS,
     )
 
 

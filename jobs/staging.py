@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from jobs import cache_fill, dispatch, image_staging, selectors, sharing, transfers
+from jobs import cache_fill, declaration, dispatch, image_staging, selectors, sharing, transfers
 from jobs.lifecycle import EndReason, State
 from jobs.models import DataInput, DatasetCacheEntry, Job
 from jobs.transfers import destinations, sources
@@ -56,9 +56,11 @@ def stage_job(*, job_id: int, now: datetime) -> bool:
             image_staging.stage_image(
                 job_id=job_id
             )  # first: a missing image ends the job before any data moves
-        roots = sharing.readable_roots(Job.objects.values_list("team__slug", flat=True).get(id=job_id))
+        slug = Job.objects.values_list("team__slug", flat=True).get(id=job_id)
+        roots = sharing.readable_roots(slug)
+        s3_prefixes = declaration.s3_team_prefixes(settings.E31_S3_ROOTS, slug)
         for data_input in DataInput.objects.filter(job_id=job_id).select_related("job"):
-            _stage_input(data_input, roots)
+            _stage_input(data_input, roots, s3_prefixes)
     except (StagingStopped, image_staging.ImageStopped):
         remove_staged(job_id)  # cancelled: its partial files go with it
         DataInput.objects.filter(job_id=job_id, stage_state__in=("staging", "waiting")).update(
@@ -112,14 +114,15 @@ class _Watch(cache_fill.FillWatch):
     stopped_error = StagingStopped
 
 
-def _stage_input(data_input: DataInput, roots: list[Path]) -> None:
-    """``roots``: where the job's team may read file:// sources, checked again here as the file is opened."""
+def _stage_input(data_input: DataInput, roots: list[Path], s3_prefixes: list[str]) -> None:
+    """``roots`` and ``s3_prefixes``: where the job's team may read file:// and s3:// sources, checked
+    again here as the source is opened (the operator's roots may have changed since intake)."""
     if _already_in_place(data_input):
         return  # a re-driven stager after a takeover: this input was finished before
     source = None
     try:
         source = sources.open_source(
-            data_input.uri, roots=roots, allow_private=settings.E31_ALLOW_PRIVATE_SOURCES,
+            data_input.uri, roots=roots, s3_prefixes=s3_prefixes, allow_private=settings.E31_ALLOW_PRIVATE_SOURCES,
             allow_hardlinks=settings.E31_ALLOW_HARDLINKED_SOURCES, timeout=settings.E31_TRANSFER_TIMEOUT_S,
         )  # fmt: skip
         _stage_from(source, data_input)

@@ -22,7 +22,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 import fsspec
 
 from common import pinned
-from jobs import transfers
+from jobs import declaration, transfers
 
 # --------------------------------------------------------------------------- readers
 
@@ -339,14 +339,20 @@ def filesystem_for(uri: str):
 
 
 def open_source(
-    uri: str, *, roots: Sequence[Path], allow_private: bool, allow_hardlinks: bool, timeout: float
-):
-    """The source object for a declared input URI (file://, http(s)://, s3://)."""
+    uri: str, *, roots: Sequence[Path], s3_prefixes: Sequence[str] = (), allow_private: bool,
+    allow_hardlinks: bool, timeout: float,
+):  # fmt: skip
+    """The source object for a declared input URI (file://, http(s)://, s3://); ``roots`` and ``s3_prefixes``:
+    where the job's team may read file:// and s3:// sources."""
     scheme = urlsplit(uri).scheme
     if scheme == "file":
         return FileSource(uri, roots=roots, allow_hardlinks=allow_hardlinks)
     if scheme in ("http", "https"):
         return HttpSource(uri, allow_private=allow_private, timeout=timeout)
     if scheme == "s3":
+        if not declaration.under_s3_prefixes(uri, s3_prefixes):
+            raise transfers.TransferFailed(
+                f"{uri} is not under the team's prefix of an S3 root (E31_S3_ROOTS)"
+            )
         return FsspecSource(uri)
     raise transfers.TransferFailed(f"{scheme}:// sources are not supported")

@@ -120,10 +120,21 @@ def _entry(path: str, content: bytes) -> dict:
     return {"path": path, "bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
 
 
-def test_s3_delivery_without_the_optional_extra_fails_with_a_clear_reason(roots, team, monkeypatch):
+def test_s3_delivery_without_the_optional_extra_fails_with_a_clear_reason(roots, team, monkeypatch, settings):
+    settings.E31_S3_ROOTS = ["s3://bucket"]
     monkeypatch.setitem(__import__("sys").modules, "s3fs", None)
-    job = deliver(released_job(team, roots, {"a.bin": b"a"}, uri="s3://bucket/run1"))
+    job = deliver(released_job(team, roots, {"a.bin": b"a"}, uri=f"s3://bucket/{team.slug}/run1"))
     assert job.delivery_state == "failed" and "optional 's3' extra (s3fs)" in job.delivery_detail
+
+
+@pytest.mark.parametrize("s3_roots", [["s3://bucket"], []])
+def test_s3_delivery_outside_the_teams_prefix_is_refused_before_anything_is_written(
+    roots, team, settings, s3_roots
+):
+    """Intake refuses it; delivery checks the team's prefix of the S3 roots configured now before it writes."""
+    settings.E31_S3_ROOTS = s3_roots
+    job = deliver(released_job(team, roots, {"a.bin": b"a"}, uri="s3://bucket/audio/run1"))
+    assert job.delivery_state == "failed" and "not under the team's prefix" in job.delivery_detail
 
 
 def test_a_duplicate_task_does_nothing_while_a_live_one_holds_the_lease(roots, team):

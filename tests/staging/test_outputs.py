@@ -189,3 +189,21 @@ def test_a_download_reads_the_current_attempts_file_from_its_own_folder_under_th
     assert client.get(url, {"path": "leak.txt"}, **auth).status_code == 404  # leads out of the team's folder
     Job.objects.filter(id=job.id).update(delivered_at=None, delivery_state="delivering")
     assert client.get(url, {"path": "model.txt"}, **auth).status_code == 409
+
+
+@pytest.mark.parametrize(
+    "folder, path", [("audio/run", "model.bin"), ("vision/run", "../../audio/secret.bin")]
+)
+def test_a_download_from_s3_is_read_only_under_the_teams_prefix(
+    client, member_token, team, settings, folder, path
+):
+    """The console opens delivered s3:// objects with its own credentials: only under the team's prefix of
+    the S3 roots configured now, and only a plain key (a manifest path with ``..`` leads nowhere)."""
+    settings.E31_S3_ROOTS = ["s3://bucket"]
+    now = timezone.now()
+    job = JobFactory(team=team, state="released", end_reason="succeeded", attempt=1, sealed_files=1,
+                     output_uri=f"s3://bucket/{folder}", delivery_state="delivered", delivered_at=now)  # fmt: skip
+    OutputFile.objects.create(job=job, attempt=1, path=path, bytes=5, sha256="0" * 64)
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {member_token}"}
+    got = client.get(f"/api/v1/jobs/{job.id}/outputs/download", {"path": path}, **auth)
+    assert got.status_code == 404 and "not under the team's prefix" in got.content.decode()

@@ -37,6 +37,14 @@ def test_another_teams_data_is_refused_at_staging_too(roots, team):
     assert job.end_reason == "staging_failed" and "not under an allowed data root" in job.end_detail
 
 
+@pytest.mark.parametrize("s3_roots", [["s3://bucket"], []])
+def test_another_teams_s3_object_is_refused_at_staging_too(roots, team, settings, s3_roots):
+    """Intake refuses it; staging checks the team's prefix of the S3 roots configured now before it reads."""
+    settings.E31_S3_ROOTS = s3_roots
+    job = stage(make_job(team, {"name": "a", "uri": "s3://bucket/audio/a.bin", "bytes": 10}))
+    assert job.end_reason == "staging_failed" and "not under the team's prefix" in job.end_detail
+
+
 def test_a_symlink_planted_after_submission_is_refused(roots, team):
     path, _ = write(roots.datasets / "d.bin", b"d" * 10)
     job = make_job(team, {"name": "d", "uri": file_uri(path), "bytes": 10})

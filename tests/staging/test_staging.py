@@ -316,9 +316,10 @@ def test_a_stager_waits_for_another_filling_the_same_dataset_unless_it_went_sile
     assert outcome == staging.FILL and DatasetCacheEntry.objects.get().filler == "t2"
 
 
-def test_an_s3_input_without_the_optional_extra_fails_with_a_clear_reason(roots, team, monkeypatch):
+def test_an_s3_input_without_the_optional_extra_fails_with_a_clear_reason(roots, team, monkeypatch, settings):
+    settings.E31_S3_ROOTS = ["s3://bucket"]
     monkeypatch.setitem(__import__("sys").modules, "s3fs", None)  # as if the extra were not installed
-    job = stage(make_job(team, {"name": "s", "uri": "s3://bucket/key.bin", "bytes": 10}))
+    job = stage(make_job(team, {"name": "s", "uri": f"s3://bucket/{team.slug}/key.bin", "bytes": 10}))
     assert job.end_reason == "staging_failed"
     assert "optional 's3' extra (s3fs)" in job.end_detail
 
