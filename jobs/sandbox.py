@@ -12,6 +12,7 @@ unsandboxed mode, which the pool page labels.
 """
 
 import ctypes
+import errno
 import fcntl
 import os
 import resource
@@ -39,6 +40,9 @@ UNSANDBOXED = "none"
 SHARED_UID = "jobs share the agent's uid"
 PR_SET_PDEATHSIG = 1
 CLONE_NEWNET = 0x40000000
+# keyctl(2): the syscall's number by architecture (glibc has no wrapper), and joining a new anonymous session keyring.
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
+KEYCTL_JOIN_SESSION_KEYRING = 1
 NETNS_DIR = Path("/run/netns")
 
 # The node as a job sees it, in this one place: what is not listed here does not exist inside.
@@ -256,8 +260,10 @@ def available_mode(*, probe_uid: int) -> str:
     bwrap = shutil.which("bwrap")
     if not bwrap:
         return ""
+    # --disable-userns as jobs run (it wants --unshare-user named): a bubblewrap before 0.8 lacks it.
+    isolated = ["--unshare-all", "--unshare-user", "--disable-userns"]
     probe = subprocess.run(
-        [bwrap, "--unshare-all", *_system_view(), "--proc", "/proc", "--dev", "/dev", "/usr/bin/true"],
+        [bwrap, *isolated, *_system_view(), "--proc", "/proc", "--dev", "/dev", "/usr/bin/true"],
         capture_output=True,
         timeout=20,
         preexec_fn=lambda: _enter(Confinement(uid=probe_uid, gid=probe_uid)),
@@ -320,8 +326,10 @@ def command(
         if image is not None:
             raise ValueError("a job's image needs the bubblewrap sandbox, which this node does not run")
         return list(argv)
-    cmd = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-           "--die-with-parent", "--new-session", "--hostname", "e31-job"]  # fmt: skip
+    # --disable-userns: no namespaces of its own inside, so no capabilities there either (nf_tables, mounts:
+    # the kernel's largest surface for a process that has none outside).
+    cmd = ["bwrap", "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+           "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "e31-job"]  # fmt: skip
     if not confinement.netns:  # else the process already joined the namespace the agent wired up
         cmd.append("--unshare-net")
     cmd += _system_view() if image is None else _image_view(image.rootfs)
@@ -461,9 +469,24 @@ def _enter(confinement: Confinement) -> None:
         os.setgroups([])
         os.setresgid(confinement.gid, confinement.gid, confinement.gid)
         os.setresuid(confinement.uid, confinement.uid, confinement.uid)
+    _own_session_keyring(libc)
     # After the uid change, which clears it: die with the agent, and never dump core into a directory.
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _own_session_keyring(libc) -> None:
+    """A new, empty session keyring for the job: an agent started by systemd (or a PAM login) has one of its
+    own, which every job would otherwise inherit - a place where one team's job leaves keys another's reads.
+    Joined after the uid change, so the keyring is the job's. Where the kernel has no keyrings, or refuses
+    keyctl to the agent (a seccomp profile), the job cannot reach one either."""
+    number = SYS_KEYCTL.get(os.uname().machine)
+    if number is None:
+        raise OSError(f"no keyctl syscall number known for {os.uname().machine}")
+    if libc.syscall(number, ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), None) < 0:
+        error = ctypes.get_errno()
+        if error not in (errno.ENOSYS, errno.EPERM):
+            raise OSError(error, "cannot give the job a session keyring of its own")
 
 
 def reown(root: Path) -> None:

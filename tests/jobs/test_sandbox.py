@@ -6,7 +6,10 @@ major:minor of its own, so the devices cgroup can tell them apart from each othe
 standard devices (/dev/null's 1:3 stands in for the control devices, which are always allowed).
 """
 
+import concurrent.futures
+import ctypes
 import json
+import multiprocessing
 import os
 import shutil
 import stat
@@ -208,3 +211,75 @@ def test_the_node_can_isolate_parts_of_spanning_jobs_here():
         assert "not root" in network.refusal()
     else:
         assert network.refusal() == "", network.refusal()
+
+
+ROOT_AND_BWRAP = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("bwrap"), reason="needs root and bubblewrap (as the CI machines have)"
+)
+# keyctl(2) and add_key(2) from inside a job, through ctypes (no keyutils on a bare node).
+KEYS_PROBE = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+ADD_KEY, KEYCTL = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
+SESSION = ctypes.c_long(-3)
+if sys.argv[1] == "leave":
+    r = libc.syscall(ADD_KEY, b"user", b"e31-drop", b"team-a-token", ctypes.c_size_t(12), SESSION)
+    print("left" if r > 0 else os.strerror(ctypes.get_errno()))
+else:
+    key = libc.syscall(KEYCTL, ctypes.c_long(10), SESSION, b"user", b"e31-drop", ctypes.c_long(0))
+    buf = ctypes.create_string_buffer(64)
+    print(buf.raw[: libc.syscall(KEYCTL, ctypes.c_long(11), ctypes.c_long(key), buf, ctypes.c_long(64))]
+          if key > 0 else os.strerror(ctypes.get_errno()))
+"""
+
+
+def _run_job(uid: int, argv: list[str]) -> str:
+    state = Path(tempfile.mkdtemp(prefix="e31-sandbox-"))
+    state.chmod(0o711)
+    try:
+        root = state / "attempt"
+        dirs = sandbox.AttemptDirs(root=root, work=root / "work", output=root / "output", data=state / "data")
+        dirs.create(owner=uid)
+        sandbox.write_identity(dirs, uid=uid, gid=uid)
+        confinement = sandbox.Confinement(uid=uid, gid=uid)
+        cmd = sandbox.command(argv=argv, env={"PATH": "/usr/bin:/bin"}, dirs=dirs, workdir="",
+                              mode=sandbox.BUBBLEWRAP, confinement=confinement)  # fmt: skip
+        proc = sandbox.launch(cmd, env={}, cwd=dirs.work, mode=sandbox.BUBBLEWRAP, confinement=confinement)
+        return proc.communicate(timeout=60)[0].decode().strip()
+    finally:
+        shutil.rmtree(state)
+
+
+def _two_jobs_under_an_agent_with_a_session_keyring() -> tuple[str, str]:
+    """In a child process, as an agent that systemd (KeyringMode=private) or a PAM login started: with a
+    session keyring of its own, which the jobs it starts would inherit."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(sandbox.SYS_KEYCTL[os.uname().machine], ctypes.c_long(1), b"e31-agent") > 0
+    probe = ["/usr/bin/python3", "-c", KEYS_PROBE]
+    return _run_job(JOB_UID, [*probe, "leave"]), _run_job(JOB_UID + 1, [*probe, "read"])
+
+
+@ROOT_AND_BWRAP
+def test_a_job_cannot_read_keys_another_teams_job_left_in_the_agents_session_keyring():
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as child:
+        left, read = child.submit(_two_jobs_under_an_agent_with_a_session_keyring).result(timeout=120)
+    assert left == "left"  # keys still work inside a job, in its own keyring
+    assert "team-a-token" not in read and read == "Required key not available"
+
+
+@ROOT_AND_BWRAP
+def test_a_job_cannot_make_namespaces_of_its_own_and_so_gets_no_capabilities_in_one():
+    probe = (
+        "import ctypes; libc = ctypes.CDLL(None, use_errno=True)\n"
+        "r = libc.unshare(0x10000000)\n"  # CLONE_NEWUSER
+        "print('unshared' if r == 0 else 'refused')"
+    )
+    assert _run_job(JOB_UID, ["/usr/bin/python3", "-c", probe]) == "refused"
+    assert _run_job(JOB_UID, ["/usr/bin/python3", "-c", "print('runs')"]) == "runs"
+
+
+@ROOT_AND_BWRAP
+def test_the_agents_probe_runs_bubblewrap_as_jobs_run_it():
+    """The start-up probe passes the flags jobs get: a bubblewrap without --disable-userns fails it there."""
+    assert sandbox.available_mode(probe_uid=JOB_UID) == sandbox.BUBBLEWRAP
