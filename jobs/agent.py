@@ -10,7 +10,6 @@ import dataclasses
 import hashlib
 import logging
 import os
-import shutil
 import signal
 import socket
 import stat
@@ -41,6 +40,7 @@ from jobs import (
     network,
     rental,
     sandbox,
+    trees,
 )
 from jobs.lifecycle import PREEMPTED, EndReason, State
 from jobs.models import Allocation, ImagePull, Job, Node
@@ -590,8 +590,12 @@ def remove_expired_attempts(*, node_name: str, now) -> list[str]:
             .first()
         )
         if allocation is None or _finished_before(allocation, cutoff):
-            attempt_space.release(entry)  # its bounded filesystem first: the files go with its image
-            shutil.rmtree(entry, ignore_errors=True)
+            try:
+                attempt_space.release(entry)  # its bounded filesystem first: the files go with its image
+                trees.remove_tree(entry)
+            except (OSError, subprocess.SubprocessError):  # one attempt's trouble never keeps the others
+                log.exception("could not remove attempt directory %s", entry)
+                continue
             removed.append(entry.name)
     return removed
 

@@ -14,13 +14,12 @@ directory and its image go.
 
 import os
 import stat
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
 
-from jobs import attempt_space, sandbox
+from jobs import attempt_space, sandbox, trees
 from jobs.units import format_size
 
 IMAGES = ".images"
@@ -120,15 +119,15 @@ def _measure(path: Path, limit: int) -> Kept:
 
 def empty(path: Path) -> None:
     """Everything under ``path`` goes (rm: no link followed, no depth limit, nothing past its filesystem)."""
-    entries = [str(entry) for entry in path.iterdir()]
+    entries = list(path.iterdir())
     if entries:
-        subprocess.run(["rm", "-rf", "--one-file-system", "--", *entries], check=False, timeout=600)
+        trees.remove_tree(*entries)
 
 
 def remove(job_id: int) -> None:
     path = directory(job_id)
     attempt_space.unmount(path)  # mounted still when its node was lost mid-attempt
-    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=False, timeout=600)
+    trees.remove_tree(path)
     image(job_id).unlink(missing_ok=True)
 
 

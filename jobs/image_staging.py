@@ -8,7 +8,6 @@ resolved to and runs exactly that. Progress, pinning and eviction follow the dat
 """
 
 import hashlib
-import shutil
 import time
 import uuid
 from datetime import datetime
@@ -19,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts import team_secrets
-from jobs import cache_fill, imageref, selectors, transfers
+from jobs import cache_fill, imageref, selectors, transfers, trees
 from jobs.models import ImageCacheEntry, ImagePull, Job
 from jobs.transfers import registry, sources
 
@@ -209,10 +208,10 @@ def _fill(
         _open_to_jobs(part)
         size = registry.tree_bytes(part)
         beat.still_going()
-        shutil.rmtree(entry_dir(entry.key), ignore_errors=True)  # what a lost filler left, if anything
+        trees.remove_tree(entry_dir(entry.key))  # what a lost filler left, if anything
         part.rename(entry_dir(entry.key))
     except BaseException:
-        shutil.rmtree(part, ignore_errors=True)
+        trees.remove_tree(part)
         ImageCacheEntry.objects.filter(id=entry.id, filler=token).delete()
         raise
     now = timezone.now()
@@ -279,13 +278,11 @@ def evict(entry_id: int) -> bool:
     )
     if entry is None or entry.pulls.filter(job__state__in=selectors.ALIVE_STATES).exists():
         return False  # pinned meanwhile, or another sweep has it
-    shutil.rmtree(entry_dir(entry.key), ignore_errors=True)
+    trees.remove_tree(entry_dir(entry.key))
     entry.delete()
     return True
 
 
 def remove_orphan_parts(now: datetime) -> None:
     """Pull directories of fills that died with their worker (a live fill keeps its claim fresh)."""
-    cache_fill.remove_orphan_parts(
-        images_dir(), ImageCacheEntry, now=now, remove=lambda part: shutil.rmtree(part, ignore_errors=True)
-    )
+    cache_fill.remove_orphan_parts(images_dir(), ImageCacheEntry, now=now, remove=trees.remove_tree)
