@@ -316,16 +316,22 @@ def _egress(allocation: Allocation, sandboxed: bool) -> tuple[bool, str]:
 
 def _platform_networks() -> list[str]:
     """The platform's own addresses a job with egress never reaches, even public ones: E31_EGRESS_DENY,
-    and where the database, the broker, the shared cache and every node resolve to."""
+    and where the database, every broker and cache location, the console, the pool's registries and
+    every node resolve to."""
     cache = settings.CACHES["default"].get("LOCATION", "")
+    urls = [
+        *settings.CELERY_BROKER_URL.split(";"),  # kombu's failover list
+        *([cache] if isinstance(cache, str) else cache),  # a table name on the embedded default: no host
+        settings.E31_CONSOLE_URL,
+    ]
+    addresses = [
+        *settings.E31_POOL_REGISTRIES,
+        *Node.objects.exclude(address="").values_list("address", flat=True),
+    ]
     hosts = {
         settings.DATABASES["default"].get("HOST") or "",
-        urlsplit(settings.CELERY_BROKER_URL).hostname or "",
-        urlsplit(cache).hostname or "" if isinstance(cache, str) and "://" in cache else "",
-        *(
-            urlsplit(f"//{address}").hostname or ""
-            for address in Node.objects.exclude(address="").values_list("address", flat=True)
-        ),
+        *(urlsplit(url.strip()).hostname or "" for url in urls if "://" in url),
+        *(urlsplit(f"//{address}").hostname or "" for address in addresses),
     }
     found = list(settings.E31_EGRESS_DENY)
     for host in filter(None, hosts):

@@ -94,7 +94,7 @@ def plan(*, subnet: str, key: str, slot: int | None, gpu_indices: Sequence[int],
          platform: Sequence[str] = (), resolvers: Sequence[str] = ()) -> PartNetwork:  # fmt: skip
     """The part's network named by ``key`` (ten characters); ``peers``: (network slot, GPU indices) of every part.
 
-    With ``egress``, ``platform`` lists the console's, database's, broker's and nodes' own networks,
+    With ``egress``, ``platform`` lists the console's, database's, brokers', caches', registries' and nodes' own networks,
     dropped like the private ranges even where they are public addresses.
     """
     host, own = part_addresses(subnet, slot, gpu_indices)

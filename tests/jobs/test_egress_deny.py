@@ -22,3 +22,16 @@ def test_the_platform_networks_name_the_database_broker_cache_and_every_node(set
     denied = set(agent._platform_networks())
     expected = {"198.51.100.0/24", *(f"203.0.113.{n}/32" for n in range(1, 6))}
     assert expected <= denied, expected - denied
+
+
+def test_the_console_the_pool_registries_and_every_failover_broker_and_cache_are_denied_too(settings):
+    """Reproduction: the console's address, the pool's own registries, the second host of a failover broker
+    URL and all but the first of a cache's locations were reachable by a job allowed the internet."""
+    settings.E31_CONSOLE_URL = "https://203.0.113.10/"
+    settings.E31_POOL_REGISTRIES = ["203.0.113.11:5000", "203.0.113.12"]
+    settings.CELERY_BROKER_URL = "redis://203.0.113.13:6379/0;redis://:secret@203.0.113.14:6379/0"
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                   "LOCATION": ["redis://203.0.113.15:6379/1", "redis://203.0.113.16:6379/1"]}}  # fmt: skip
+    denied = set(agent._platform_networks())
+    expected = {f"203.0.113.{n}/32" for n in range(10, 17)}
+    assert expected <= denied, expected - denied
