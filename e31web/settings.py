@@ -41,6 +41,26 @@ def _path_list(name: str, default: str) -> list[Path]:
     return paths
 
 
+def _s3_roots(name: str) -> list[str]:
+    """Comma-separated s3://bucket[/prefix] roots, none inside another: a team's prefix of the outer root
+    (``<root>/<slug>/``) must never hold another root, and with it other teams' prefixes."""
+    roots = [root.strip().rstrip("/") for root in env.list(name, default=[]) if root.strip()]
+    for root in roots:
+        parts = urlsplit(root)
+        if (
+            parts.scheme != "s3"
+            or not parts.hostname
+            or "@" in parts.netloc
+            or parts.port
+            or "?" in root
+            or "#" in root
+        ):
+            raise ImproperlyConfigured(f"{name} lists s3://bucket[/prefix] roots, got {root!r}")
+    if nested := [(a, b) for a in roots for b in roots if a != b and b.startswith(a + "/")]:
+        raise ImproperlyConfigured(f"{name}: {nested[0][1]} lies inside {nested[0][0]}; list roots apart")
+    return roots
+
+
 DEBUG = env.bool("E31_DEBUG", default=False)
 PRODUCTION = env.bool("E31_PRODUCTION", default=False)
 if PRODUCTION and DEBUG:
@@ -297,9 +317,7 @@ for _root in (*E31_DATA_ROOTS, *E31_OUTPUT_ROOTS):
         pass  # a root on a mount the web process cannot create: validation still refuses paths outside it
 # s3:// is read and written with the pool's own credentials, so only under operator-named roots, a prefix
 # per team: comma-separated s3://bucket[/prefix]; none (the default) refuses s3:// altogether.
-E31_S3_ROOTS = [root.rstrip("/") for root in env.list("E31_S3_ROOTS", default=[])]
-if any(urlsplit(root).scheme != "s3" or not urlsplit(root).netloc for root in E31_S3_ROOTS):
-    raise ImproperlyConfigured(f"E31_S3_ROOTS lists s3://bucket[/prefix] roots, got {E31_S3_ROOTS!r}")
+E31_S3_ROOTS = _s3_roots("E31_S3_ROOTS")
 E31_AGENT_ROOT = Path(env.str("E31_AGENT_ROOT", default=str(STATE_DIR / "agents"))).resolve()
 E31_STAGING_ROOT = Path(env.str("E31_STAGING_ROOT", default=str(STATE_DIR / "staging"))).resolve()
 E31_MAX_JOB_HOURS = env.float("E31_MAX_JOB_HOURS", default=168.0)

@@ -513,9 +513,9 @@ def s3_team_prefixes(roots: Sequence[str], team: str) -> list[str]:
 
 
 def under_s3_prefixes(uri: str, prefixes: Sequence[str]) -> bool:
-    """An s3:// URI under one of ``prefixes``, compared segment by segment: no ``.`` or ``..`` segment (nor
-    an encoded one), no empty segment, no query or fragment - an object key is taken literally, so
-    only a plain one can be checked by its prefix."""
+    """A declared s3:// URI that starts with one of ``prefixes`` (each ends in ``/``, so a longer slug is
+    another prefix) and is a plain key: no ``.``, ``..`` or empty segment (nor an encoded one), no query or
+    fragment (s3fs reads ``?versionId=``) - only a plain key is where its prefix says."""
     parts = urlsplit(uri)
     segments = unquote(parts.path).split("/")[1:]
     if parts.scheme != "s3" or "?" in uri or "#" in uri:
@@ -523,6 +523,27 @@ def under_s3_prefixes(uri: str, prefixes: Sequence[str]) -> bool:
     if any(s in (".", "..") for s in segments) or "" in segments[:-1]:
         return False
     return any(uri.startswith(prefix) for prefix in prefixes)
+
+
+class OutsideTeamPrefix(ValueError):
+    """An s3:// URI or object the team may not reach with the pool's credentials."""
+
+
+def check_s3_under(uri: str, prefixes: Sequence[str]) -> str:
+    """``uri`` when ``under_s3_prefixes``; else OutsideTeamPrefix saying where the team's objects lie."""
+    if not under_s3_prefixes(uri, prefixes):
+        where = " or ".join(prefixes) or "none (E31_S3_ROOTS is empty)"
+        raise OutsideTeamPrefix(f"{uri} is not under the team's prefix of an S3 root: {where}")
+    return uri
+
+
+def s3_object(folder: str, key: str, prefixes: Sequence[str]) -> str:
+    """The object ``key`` (a manifest path) under ``folder``: the folder checked by ``check_s3_under``, the
+    key taken literally, as S3 does, so refused only for an empty, ``.`` or ``..`` segment."""
+    check_s3_under(folder, prefixes)
+    if any(segment in ("", ".", "..") for segment in key.split("/")):
+        raise OutsideTeamPrefix(f"{key!r} is not a plain object key (an empty, '.' or '..' part)")
+    return folder.rstrip("/") + "/" + key
 
 
 def _check_s3_prefix(uri: str, path: str, limits: Limits, errs: _Collector) -> None:

@@ -156,12 +156,12 @@ def _deliver(output_uri: str, team: str, files: list[tuple[dict, Path]], watch: 
     if scheme == "file":
         root = _file_destination(output_uri, team)
     else:
-        folder = _s3_destination(output_uri.rstrip("/") + "/", team)
+        _s3_url(output_uri, team)  # before any copy
     for count, (entry, source) in enumerate(files, start=1):
         if scheme == "file":
             _deliver_file(source, _safe_target(root, entry["path"]), entry, watch)
         else:
-            _deliver_s3(source, _s3_destination(folder + entry["path"], team), entry, watch)
+            _deliver_s3(source, _s3_url(output_uri, team, key=entry["path"]), entry, watch)
         watch.base += entry["bytes"]
         if count == len(files) or watch.due():  # thousands of small files: a progress write per half second
             watch.beat(files_done=count, bytes_done=watch.base)
@@ -179,7 +179,7 @@ def _deliver_log(allocation: Allocation, job: Job) -> None:
     uri = log_uri(job, allocation.rank, ranks)
     chunks = logs.log_bytes(job, attempt=allocation.attempt, rank=allocation.rank)
     if urlsplit(uri).scheme == "s3":
-        with sources.filesystem_for(uri).open(_s3_destination(uri, job.team.slug), "wb") as dst:
+        with sources.filesystem_for(uri).open(_s3_url(uri, job.team.slug), "wb") as dst:
             for chunk in chunks:
                 dst.write(chunk)
         return
@@ -207,11 +207,16 @@ def _file_destination(uri: str, team: str) -> Path:
     return real
 
 
-def _s3_destination(url: str, team: str) -> str:
-    """An object under the team's prefix of an S3 root configured now, as a plain key (no ``..``)."""
-    if not declaration.under_s3_prefixes(url, declaration.s3_team_prefixes(settings.E31_S3_ROOTS, team)):
-        raise DeliveryFailed(f"{url} is not under the team's prefix of an S3 root (E31_S3_ROOTS)")
-    return url
+def _s3_url(uri: str, team: str, *, key: str | None = None) -> str:
+    """``uri`` (the attempt's folder, or its log beside it), or the object ``key`` in that folder, checked
+    against the team's prefixes of the S3 roots configured now; a refusal fails the delivery."""
+    prefixes = declaration.s3_team_prefixes(settings.E31_S3_ROOTS, team)
+    try:
+        if key is None:
+            return declaration.check_s3_under(uri, prefixes)
+        return declaration.s3_object(uri, key, prefixes)
+    except declaration.OutsideTeamPrefix as exc:
+        raise DeliveryFailed(str(exc)) from exc
 
 
 def _safe_target(root: Path, rel: str) -> Path:

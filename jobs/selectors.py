@@ -226,11 +226,12 @@ def open_delivered_output(job: Job, path: str):
     folder = job.delivery_uri
     if urlsplit(folder).scheme == "s3":
         # Read with the console's own credentials: only a plain key under the team's prefix of a root.
-        if not declaration.under_s3_prefixes(
-            folder + path, declaration.s3_team_prefixes(settings.E31_S3_ROOTS, job.team.slug)
-        ):
-            raise OutputUnavailable(f"{path[:200]!r} is not under the team's prefix of an S3 root")
-        return sources.filesystem_for(folder).open(folder + path, "rb")
+        prefixes = declaration.s3_team_prefixes(settings.E31_S3_ROOTS, job.team.slug)
+        try:
+            key = declaration.s3_object(folder, path, prefixes)
+        except declaration.OutsideTeamPrefix as exc:
+            raise OutputUnavailable(str(exc)) from exc
+        return sources.filesystem_for(folder).open(key, "rb")
     prefixes = declaration.team_prefixes(settings.E31_OUTPUT_ROOTS, job.team.slug)
     root = declaration.resolve_under_roots(unquote(urlsplit(folder).path), prefixes)
     target = Path(os.path.realpath(root / path)) if root else None

@@ -19,6 +19,7 @@ import time
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -56,9 +57,10 @@ def stage_job(*, job_id: int, now: datetime) -> bool:
             image_staging.stage_image(
                 job_id=job_id
             )  # first: a missing image ends the job before any data moves
-        slug = Job.objects.values_list("team__slug", flat=True).get(id=job_id)
+        slug, output_uri = Job.objects.values_list("team__slug", "output_uri").get(id=job_id)
         roots = sharing.readable_roots(slug)
         s3_prefixes = declaration.s3_team_prefixes(settings.E31_S3_ROOTS, slug)
+        _check_s3_destination(output_uri, s3_prefixes)
         for data_input in DataInput.objects.filter(job_id=job_id).select_related("job"):
             _stage_input(data_input, roots, s3_prefixes)
     except (StagingStopped, image_staging.ImageStopped):
@@ -76,6 +78,16 @@ def stage_job(*, job_id: int, now: datetime) -> bool:
                   reason="every input staged"):  # fmt: skip
         dispatch.request_scheduler_pass()
     return True
+
+
+def _check_s3_destination(output_uri: str, s3_prefixes: list[str]) -> None:
+    """An s3:// destination outside the team's prefixes of the S3 roots configured now ends the job here,
+    before it holds GPUs, instead of after its run at delivery (a job submitted before the roots changed)."""
+    if urlsplit(output_uri).scheme == "s3":
+        try:
+            declaration.check_s3_under(output_uri, s3_prefixes)
+        except declaration.OutsideTeamPrefix as exc:
+            raise StagingFailed(f"output.uri: {exc}") from exc
 
 
 def _claim(job_id: int, now: datetime) -> bool:

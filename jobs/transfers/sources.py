@@ -350,9 +350,8 @@ def open_source(
     if scheme in ("http", "https"):
         return HttpSource(uri, allow_private=allow_private, timeout=timeout)
     if scheme == "s3":
-        if not declaration.under_s3_prefixes(uri, s3_prefixes):
-            raise transfers.TransferFailed(
-                f"{uri} is not under the team's prefix of an S3 root (E31_S3_ROOTS)"
-            )
-        return FsspecSource(uri)
+        try:
+            return FsspecSource(declaration.check_s3_under(uri, s3_prefixes))
+        except declaration.OutsideTeamPrefix as exc:
+            raise transfers.TransferFailed(str(exc)) from exc
     raise transfers.TransferFailed(f"{scheme}:// sources are not supported")

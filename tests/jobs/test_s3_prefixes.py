@@ -2,6 +2,11 @@
 of an operator's S3 root (E31_S3_ROOTS: ``s3://bucket/prefix/<team-slug>/``), as its file:// ones lie
 under its folder of a root; with no S3 root configured, s3:// is refused."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from jobs import declaration
@@ -11,6 +16,7 @@ from tests.jobs.test_team_prefixes import declaration_for
 
 pytestmark = pytest.mark.django_db
 CHANNELS = ["form", "file", "api"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -87,3 +93,37 @@ def test_the_form_says_where_the_teams_s3_uris_lie_or_that_s3_is_off(roots, pool
     assert "<code>s3://pool-out/vision/</code>" in member_client.get(reverse("jobs:new")).content.decode()
     settings.E31_S3_ROOTS = []
     assert "is not enabled on this pool" in member_client.get(reverse("jobs:new")).content.decode()
+
+
+@pytest.mark.parametrize("key", ["model.bin", "run#1.json", "what?.txt", "%2e%2e", "a/b.bin"])
+def test_a_manifest_path_is_an_object_key_taken_literally(key):
+    prefixes = declaration.s3_team_prefixes(["s3://pool-out"], "vision")
+    assert (
+        declaration.s3_object("s3://pool-out/vision/run/7-1/", key, prefixes)
+        == f"s3://pool-out/vision/run/7-1/{key}"
+    )
+
+
+@pytest.mark.parametrize("key", ["../escape.bin", "a/../../b.bin", "a//b.bin", "./a.bin", ""])
+def test_a_manifest_path_with_an_empty_dot_or_dotdot_part_is_no_object_key(key):
+    prefixes = declaration.s3_team_prefixes(["s3://pool-out"], "vision")
+    with pytest.raises(declaration.OutsideTeamPrefix, match="not a plain object key"):
+        declaration.s3_object("s3://pool-out/vision/run/7-1/", key, prefixes)
+    with pytest.raises(declaration.OutsideTeamPrefix, match="not under the team's prefix"):
+        declaration.s3_object("s3://pool-out/audio/run/7-1/", "a.bin", prefixes)
+
+
+@pytest.mark.parametrize(
+    "value, refused",
+    [("s3://a, s3://b/x/", ""), ("s3://a,s3://a/teams", "lies inside"), ("s3://u@a", "roots, got"),
+     ("s3://a?x", "roots, got"), ("https://a", "roots, got")],
+)  # fmt: skip
+def test_s3_roots_are_plain_and_apart(value, refused):
+    """A root inside another would put every team's prefix of the inner one under one team's prefix of the outer."""
+    env = {**os.environ, "E31_S3_ROOTS": value}
+    code = "import django; django.setup(); from django.conf import settings; print(settings.E31_S3_ROOTS)"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+    if refused:
+        assert run.returncode != 0 and refused in run.stderr
+    else:
+        assert run.returncode == 0 and run.stdout.strip() == "['s3://a', 's3://b/x']"

@@ -3,11 +3,13 @@
 import hashlib
 import os
 
+import fsspec
 import pytest
 from django.utils import timezone
 
 from jobs import delivery, logs, sandbox
 from jobs.models import Allocation, Job, OutputFile, OutputTransfer
+from jobs.transfers import sources
 from tests.factories import JobFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
@@ -206,3 +208,22 @@ def test_a_link_planted_where_the_log_is_written_is_not_followed(roots, team):
     assert job.delivery_state == "delivered"
     assert not (roots.outside / "victim").exists()
     assert (roots.outputs / "run1" / f"{job.id}-1.log").read_bytes() == b"secret-free log\n"
+
+
+@pytest.fixture
+def memory_s3(monkeypatch, settings):
+    """An in-memory filesystem where s3fs would be (the extra is optional): what delivery writes, as written."""
+    settings.E31_S3_ROOTS = ["s3://bucket"]
+    fs = fsspec.filesystem("memory")
+    fs.store.clear()
+    monkeypatch.setattr(sources, "filesystem_for", lambda uri: fs)
+    return fs
+
+
+@pytest.mark.parametrize("name", ["model.bin", "run#1.json", "what?.txt", "%2e%2e", "100%.txt", "a/b/c.txt"])
+def test_s3_delivery_takes_any_name_a_file_may_have_as_a_literal_key(roots, team, memory_s3, name):
+    job = deliver(released_job(team, roots, {name: b"abc"}, uri=f"s3://bucket/{team.slug}/run1"))
+    assert job.delivery_state == "delivered", job.delivery_detail
+    folder = f"s3://bucket/{team.slug}/run1/{job.id}-1"
+    assert memory_s3.store[f"{folder}/{name}"].getvalue() == b"abc"  # the key as the manifest names it
+    assert f"{folder}.log" in memory_s3.store  # the part's log, beside the folder

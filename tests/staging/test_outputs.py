@@ -192,10 +192,14 @@ def test_a_download_reads_the_current_attempts_file_from_its_own_folder_under_th
 
 
 @pytest.mark.parametrize(
-    "folder, path", [("audio/run", "model.bin"), ("vision/run", "../../audio/secret.bin")]
+    "folder, path, why",
+    [
+        ("audio/run", "model.bin", "not under the team's prefix"),
+        ("vision/run", "../../audio/secret.bin", "not a plain object key"),
+    ],
 )
 def test_a_download_from_s3_is_read_only_under_the_teams_prefix(
-    client, member_token, team, settings, folder, path
+    client, member_token, team, settings, folder, path, why
 ):
     """The console opens delivered s3:// objects with its own credentials: only under the team's prefix of
     the S3 roots configured now, and only a plain key (a manifest path with ``..`` leads nowhere)."""
@@ -206,4 +210,4 @@ def test_a_download_from_s3_is_read_only_under_the_teams_prefix(
     OutputFile.objects.create(job=job, attempt=1, path=path, bytes=5, sha256="0" * 64)
     auth = {"HTTP_AUTHORIZATION": f"Bearer {member_token}"}
     got = client.get(f"/api/v1/jobs/{job.id}/outputs/download", {"path": path}, **auth)
-    assert got.status_code == 404 and "not under the team's prefix" in got.content.decode()
+    assert got.status_code == 404 and why in got.content.decode()

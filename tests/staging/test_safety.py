@@ -45,6 +45,20 @@ def test_another_teams_s3_object_is_refused_at_staging_too(roots, team, settings
     assert job.end_reason == "staging_failed" and "not under the team's prefix" in job.end_detail
 
 
+def test_an_s3_destination_outside_the_teams_prefix_ends_the_job_at_staging_before_any_gpu(
+    roots, team, settings
+):
+    """A job submitted before the operator changed E31_S3_ROOTS (or requeued by one) fails here, off the meter,
+    not after its run at delivery."""
+    settings.E31_S3_ROOTS = ["s3://bucket"]
+    path, _ = write(roots.datasets / "a.bin", b"a" * 10)
+    job = make_job(team, {"name": "a", "uri": file_uri(path), "bytes": 10})
+    Job.objects.filter(id=job.id).update(output_uri="s3://bucket/audio/run")
+    job = stage(job)
+    assert job.end_reason == "staging_failed" and "output.uri" in job.end_detail
+    assert "not under the team's prefix" in job.end_detail and not job.allocations.exists()
+
+
 def test_a_symlink_planted_after_submission_is_refused(roots, team):
     path, _ = write(roots.datasets / "d.bin", b"d" * 10)
     job = make_job(team, {"name": "d", "uri": file_uri(path), "bytes": 10})
