@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import re
 import signal
 import socket
 import stat
@@ -321,7 +322,8 @@ def _platform_networks() -> list[str]:
     cache = settings.CACHES["default"].get("LOCATION", "")
     urls = [
         *settings.CELERY_BROKER_URL.split(";"),  # kombu's failover list
-        *([cache] if isinstance(cache, str) else cache),  # a table name on the embedded default: no host
+        # Django's Redis cache splits a string on ; and , into servers; a table name (the embedded default) has no host.
+        *(re.split(r"[;,]", cache) if isinstance(cache, str) else cache),
         settings.E31_CONSOLE_URL,
     ]
     addresses = [

@@ -14,6 +14,7 @@ unsandboxed mode, which the pool page labels.
 import ctypes
 import errno
 import fcntl
+import functools
 import os
 import resource
 import shutil
@@ -41,7 +42,7 @@ SHARED_UID = "jobs share the agent's uid"
 PR_SET_PDEATHSIG = 1
 CLONE_NEWNET = 0x40000000
 # keyctl(2): the syscall's number by architecture (glibc has no wrapper), and joining a new anonymous session keyring.
-SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 271, "s390x": 280}
 KEYCTL_JOIN_SESSION_KEYRING = 1
 NETNS_DIR = Path("/run/netns")
 
@@ -260,15 +261,26 @@ def available_mode(*, probe_uid: int) -> str:
     bwrap = shutil.which("bwrap")
     if not bwrap:
         return ""
-    # --disable-userns as jobs run (it wants --unshare-user named): a bubblewrap before 0.8 lacks it.
-    isolated = ["--unshare-all", "--unshare-user", "--disable-userns"]
-    probe = subprocess.run(
-        [bwrap, *isolated, *_system_view(), "--proc", "/proc", "--dev", "/dev", "/usr/bin/true"],
-        capture_output=True,
-        timeout=20,
-        preexec_fn=lambda: _enter(Confinement(uid=probe_uid, gid=probe_uid)),
-    )
+    try:
+        probe = subprocess.run(
+            [bwrap, "--unshare-all", *_system_view(), "--proc", "/proc", "--dev", "/dev", "/usr/bin/true"],
+            capture_output=True,
+            timeout=20,
+            preexec_fn=lambda: _enter(Confinement(uid=probe_uid, gid=probe_uid)),
+        )
+    except subprocess.SubprocessError:  # the launcher's own steps failed (a uid, a keyring): as a job's would
+        return ""
     return BUBBLEWRAP if probe.returncode == 0 else ""
+
+
+@functools.cache
+def disables_userns() -> bool:
+    """Whether this bubblewrap can stop a job making user namespaces of its own (0.8 and later)."""
+    bwrap = shutil.which("bwrap")
+    help_text = (
+        subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=20) if bwrap else None
+    )
+    return help_text is not None and "--disable-userns" in help_text.stdout
 
 
 def exposed_by_view(paths: Sequence[Path]) -> list[Path]:
@@ -326,10 +338,12 @@ def command(
         if image is not None:
             raise ValueError("a job's image needs the bubblewrap sandbox, which this node does not run")
         return list(argv)
-    # --disable-userns: no namespaces of its own inside, so no capabilities there either (nf_tables, mounts:
-    # the kernel's largest surface for a process that has none outside).
-    cmd = ["bwrap", "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-           "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "e31-job"]  # fmt: skip
+    cmd = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+           "--die-with-parent", "--new-session", "--hostname", "e31-job"]  # fmt: skip
+    if disables_userns():
+        # No namespaces of its own inside, so no capabilities there either (nf_tables, mounts: the kernel's
+        # largest surface for a process that has none outside).
+        cmd.insert(2, "--disable-userns")
     if not confinement.netns:  # else the process already joined the namespace the agent wired up
         cmd.append("--unshare-net")
     cmd += _system_view() if image is None else _image_view(image.rootfs)
@@ -475,7 +489,7 @@ def _enter(confinement: Confinement) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def _own_session_keyring(libc) -> None:
+def _own_session_keyring(libc: ctypes.CDLL) -> None:
     """A new, empty session keyring for the job: an agent started by systemd (or a PAM login) has one of its
     own, which every job would otherwise inherit - a place where one team's job leaves keys another's reads.
     Joined after the uid change, so the keyring is the job's. Where the kernel has no keyrings, or refuses

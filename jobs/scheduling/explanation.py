@@ -216,8 +216,8 @@ class Explainer:
         if behind:
             return Estimate(job.job_id, at, "fairshare", f"{behind}; {size}; {when}")
         # Another team's job is never named: its id and team are that team's, not this one's to see.
-        ahead = f"job {head.job_id}" if head.team == job.team else "job of another team"
-        reason = f"{size}; waiting behind a higher-priority {ahead} ({_count(head.gpus, 'GPU')}); {when}"
+        ahead = f"job {head.job_id}" if head.team == job.team else "another team's job"
+        reason = f"{size}; waiting behind {ahead} (higher priority, {_count(head.gpus, 'GPU')}); {when}"
         return Estimate(job.job_id, at, "queued", reason)
 
     def behind(self, job: PendingJob, head: PendingJob) -> str:

@@ -3,32 +3,22 @@ exists, the admin shows it but cannot change it (a renamed slug would leave the 
 whichever team is later given that name)."""
 
 import pytest
-from django.test import Client
 from django.urls import reverse
-
-from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def admin_client_() -> Client:
-    client = Client()
-    client.force_login(UserFactory(username="root", is_staff=True, is_superuser=True))
-    return client
-
-
-def test_a_teams_slug_cannot_be_changed_in_the_admin(admin_client_, team):
+def test_a_teams_slug_cannot_be_changed_in_the_admin(admin_client, team):
     url = reverse("admin:accounts_team_change", args=[team.id])
-    page = admin_client_.get(url).content.decode()
+    page = admin_client.get(url).content.decode()
     assert 'name="slug"' not in page and "vision" in page
     form = {"name": "Vision renamed", "slug": "audio", "share": "1", "egress_allowed": "",
             "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0"}  # fmt: skip
-    assert admin_client_.post(url, form).status_code == 302  # saved
+    assert admin_client.post(url, form).status_code == 302  # saved
     team.refresh_from_db()
     assert (team.name, team.slug) == ("Vision renamed", "vision")
 
 
-def test_a_new_team_still_gets_its_slug_from_its_name(admin_client_):
-    page = admin_client_.get(reverse("admin:accounts_team_add")).content.decode()
+def test_a_new_team_still_gets_its_slug_from_its_name(admin_client):
+    page = admin_client.get(reverse("admin:accounts_team_add")).content.decode()
     assert 'name="slug"' in page

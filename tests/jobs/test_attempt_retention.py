@@ -23,6 +23,13 @@ def nest(path: Path, depth: int) -> None:
     os.close(fd)
 
 
+@pytest.fixture(autouse=True)
+def _no_deep_tree_left(tmp_path):
+    """Whatever the code under test did: pytest's own clean-up (shutil.rmtree) would fail on a deep tree."""
+    yield
+    trees.remove_tree(*tmp_path.iterdir())
+
+
 def expired_attempts(settings, tmp_path, count: int) -> list[Path]:
     """Attempt directories with no allocation on record: expired, whoever's they were."""
     settings.E31_AGENT_ROOT = tmp_path

@@ -35,3 +35,7 @@ def test_the_console_the_pool_registries_and_every_failover_broker_and_cache_are
     denied = set(agent._platform_networks())
     expected = {f"203.0.113.{n}/32" for n in range(10, 17)}
     assert expected <= denied, expected - denied
+    settings.CACHES["default"]["LOCATION"] = (
+        "redis://203.0.113.17:6379/1,redis://203.0.113.18:6379/1"  # one string
+    )
+    assert {"203.0.113.17/32", "203.0.113.18/32"} <= set(agent._platform_networks())

@@ -10,7 +10,7 @@ from tests.factories import JobFactory
 pytestmark = pytest.mark.django_db
 
 REASON = (
-    "needs 8 GPUs on one node; waiting behind higher-priority job 41 (8 GPUs); "
+    "needs 8 GPUs on one node; waiting behind job 41 (higher priority, 8 GPUs); "
     "expected to start about 14:20 UTC on 2 Dec once the reservation on gpu-07 ends"
 )
 

@@ -214,7 +214,8 @@ def test_the_node_can_isolate_parts_of_spanning_jobs_here():
 
 
 ROOT_AND_BWRAP = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("bwrap"), reason="needs root and bubblewrap (as the CI machines have)"
+    os.geteuid() != 0 or not shutil.which("bwrap"),
+    reason="needs root and bubblewrap (as the CI machines have)",
 )
 # keyctl(2) and add_key(2) from inside a job, through ctypes (no keyutils on a bare node).
 KEYS_PROBE = """
@@ -280,6 +281,24 @@ def test_a_job_cannot_make_namespaces_of_its_own_and_so_gets_no_capabilities_in_
 
 
 @ROOT_AND_BWRAP
-def test_the_agents_probe_runs_bubblewrap_as_jobs_run_it():
-    """The start-up probe passes the flags jobs get: a bubblewrap without --disable-userns fails it there."""
+def test_a_bubblewrap_without_disable_userns_still_sandboxes_and_one_with_it_uses_it(tmp_path, monkeypatch):
+    """bubblewrap 0.8 added --disable-userns: an older one (Ubuntu 22.04's 0.6) keeps sandboxing jobs without it,
+    never falling back to running them unsandboxed."""
+    dirs = attempt(tmp_path)
+    confinement = sandbox.Confinement(uid=JOB_UID, gid=JOB_UID)
+
+    def flags() -> list[str]:
+        return sandbox.command(argv=["true"], env={}, dirs=dirs, workdir="", mode=sandbox.BUBBLEWRAP,
+                               confinement=confinement)[:3]  # fmt: skip
+
+    assert sandbox.disables_userns() and flags() == ["bwrap", "--unshare-user", "--disable-userns"]
+    monkeypatch.setattr(sandbox, "disables_userns", lambda: False)
+    assert flags() == ["bwrap", "--unshare-user", "--unshare-pid"]
     assert sandbox.available_mode(probe_uid=JOB_UID) == sandbox.BUBBLEWRAP
+
+
+@ROOT_AND_BWRAP
+def test_a_launcher_that_cannot_give_a_job_its_keyring_is_no_usable_sandbox(monkeypatch):
+    """On an architecture whose keyctl number is unknown the probe says so (''), instead of a traceback at start."""
+    monkeypatch.setattr(sandbox, "SYS_KEYCTL", {})
+    assert sandbox.available_mode(probe_uid=JOB_UID) == ""

@@ -74,9 +74,9 @@ def test_no_reason_names_another_teams_job_or_team():
     result = plan(now=NOW, nodes=nodes, running=running, pending=pending, usage={}, shares={})
     assert result.estimates[1].reason_code == "reserved"
     behind_other, behind_own = result.estimates[2].reason, result.estimates[3].reason
-    assert "waiting behind a higher-priority job of another team (8 GPUs)" in behind_other
+    assert "waiting behind another team's job (higher priority, 8 GPUs)" in behind_other
     assert not re.search(r"\bjob 1\b", behind_other) and "ml-ops" not in behind_other
-    assert "waiting behind a higher-priority job 1 (8 GPUs)" in behind_own
+    assert "waiting behind job 1 (higher priority, 8 GPUs)" in behind_own
 
 
 def test_a_job_larger_than_the_pool_is_told_so_and_has_no_start():
