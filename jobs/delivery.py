@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import cache_fill, declaration, logs, sandbox, transfers
+from jobs import cache_fill, declaration, logs, sandbox, sharing, transfers
 from jobs.models import Allocation, Job, OutputFile, OutputTransfer
 from jobs.transfers import destinations, sources
 
@@ -210,7 +210,7 @@ def _file_destination(uri: str, team: str) -> Path:
 def _s3_url(uri: str, team: str, *, key: str | None = None) -> str:
     """``uri`` (the attempt's folder, or its log beside it), or the object ``key`` in that folder, checked
     against the team's prefixes of the S3 roots configured now; a refusal fails the delivery."""
-    prefixes = declaration.s3_team_prefixes(settings.E31_S3_ROOTS, team)
+    prefixes = sharing.s3_prefixes(team)
     try:
         if key is None:
             return declaration.check_s3_under(uri, prefixes)

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db.models import Count, F, Max, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
 
 from accounts import scoping
-from jobs import declaration
+from jobs import declaration, sharing
 from jobs.lifecycle import ALIVE, BEFORE_RENT, TERMINAL, EndReason, State
 from jobs.models import (
     Allocation,
@@ -226,7 +226,7 @@ def open_delivered_output(job: Job, path: str):
     folder = job.delivery_uri
     if urlsplit(folder).scheme == "s3":
         # Read with the console's own credentials: only a plain key under the team's prefix of a root.
-        prefixes = declaration.s3_team_prefixes(settings.E31_S3_ROOTS, job.team.slug)
+        prefixes = sharing.s3_prefixes(job.team.slug)
         try:
             key = declaration.s3_object(folder, path, prefixes)
         except declaration.OutsideTeamPrefix as exc:
@@ -317,7 +317,7 @@ def team_folders(team_slug: str) -> TeamFolders:
         data=[f"{root / team_slug}/" for root in settings.E31_DATA_ROOTS],
         output=[f"{root / team_slug}/" for root in settings.E31_OUTPUT_ROOTS],
         default_destination=declaration.default_destination(settings.E31_OUTPUT_ROOTS, team_slug),
-        s3=declaration.s3_team_prefixes(settings.E31_S3_ROOTS, team_slug),
+        s3=sharing.s3_prefixes(team_slug),
     )
 
 

@@ -50,6 +50,11 @@ def shared_with(team_slug: str) -> list[Path]:
     return [Path(p) for p in DataShare.objects.filter(teams__slug=team_slug).values_list("path", flat=True)]
 
 
+def s3_prefixes(team_slug: str) -> list[str]:
+    """Where a team's s3:// inputs and destinations lie: its prefix of each S3 root configured now."""
+    return declaration.s3_team_prefixes(settings.E31_S3_ROOTS, team_slug)
+
+
 def readable_roots(team_slug: str) -> list[Path]:
     """Where a team's file:// inputs may be read from: its folder of each data root and what is shared with it."""
     return [*declaration.team_prefixes(settings.E31_DATA_ROOTS, team_slug), *shared_with(team_slug)]

@@ -59,7 +59,7 @@ def stage_job(*, job_id: int, now: datetime) -> bool:
             )  # first: a missing image ends the job before any data moves
         slug, output_uri = Job.objects.values_list("team__slug", "output_uri").get(id=job_id)
         roots = sharing.readable_roots(slug)
-        s3_prefixes = declaration.s3_team_prefixes(settings.E31_S3_ROOTS, slug)
+        s3_prefixes = sharing.s3_prefixes(slug)
         _check_s3_destination(output_uri, s3_prefixes)
         for data_input in DataInput.objects.filter(job_id=job_id).select_related("job"):
             _stage_input(data_input, roots, s3_prefixes)

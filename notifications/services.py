@@ -103,7 +103,7 @@ def record_job_event(*, job_id: int, event: str, attempt: int, now: datetime, de
 
 
 def _email_wanted(job: Job, event: str) -> bool:
-    if job.submitted_by_id is None or not _still_sees(job):
+    if job.submitted_by_id is None:
         return False
     override = JobEmail.objects.filter(job=job).values_list("email", flat=True).first()
     choice = override or (
@@ -111,9 +111,10 @@ def _email_wanted(job: Job, event: str) -> bool:
         .values_list("email", flat=True)
         .first()
     )
-    if choice == EmailChoice.END:
-        return True
-    return choice == EmailChoice.FAILURE and FAILED_ENDS[event](job.end_reason)
+    wanted = choice == EmailChoice.END or (
+        choice == EmailChoice.FAILURE and FAILED_ENDS[event](job.end_reason)
+    )
+    return wanted and _still_sees(job)  # asked last: most ends want no mail
 
 
 def _still_sees(job: Job) -> bool:

@@ -339,7 +339,7 @@ def filesystem_for(uri: str):
 
 
 def open_source(
-    uri: str, *, roots: Sequence[Path], s3_prefixes: Sequence[str] = (), allow_private: bool,
+    uri: str, *, roots: Sequence[Path], s3_prefixes: Sequence[str], allow_private: bool,
     allow_hardlinks: bool, timeout: float,
 ):  # fmt: skip
     """The source object for a declared input URI (file://, http(s)://, s3://); ``roots`` and ``s3_prefixes``:
