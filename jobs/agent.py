@@ -600,11 +600,12 @@ def remove_expired_attempts(*, node_name: str, now) -> list[str]:
         if allocation is None or _finished_before(allocation, cutoff):
             try:
                 attempt_space.release(entry)  # its bounded filesystem first: the files go with its image
-                trees.remove_tree(entry)
+                left = trees.remove_tree(entry)
             except (OSError, subprocess.SubprocessError):  # one attempt's trouble never keeps the others
                 log.exception("could not remove attempt directory %s", entry)
                 continue
-            removed.append(entry.name)
+            if not left:  # else the next sweep tries again
+                removed.append(entry.name)
     return removed
 
 

@@ -127,7 +127,8 @@ def empty(path: Path) -> None:
 def remove(job_id: int) -> None:
     path = directory(job_id)
     attempt_space.unmount(path)  # mounted still when its node was lost mid-attempt
-    trees.remove_tree(path)
+    if trees.remove_tree(path):
+        raise OSError(f"checkpoint directory {path} could not be removed: the next sweep tries again")
     image(job_id).unlink(missing_ok=True)
 
 

@@ -1,11 +1,28 @@
 """Removing a tree that a job or an image made, however deep it nests."""
 
+import logging
+import os
 import subprocess
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 
-def remove_tree(*paths: Path) -> None:
+
+def remove_tree(*paths: Path) -> list[Path]:
     """``rm -rf --one-file-system``: it walks without recursing, so no depth a job or an image made stops it
     (``shutil.rmtree`` raises RecursionError past about a thousand levels on Python 3.11, whatever
-    ``ignore_errors`` says), and it never crosses into a mount; a missing path is no error."""
-    subprocess.run(["rm", "-rf", "--one-file-system", "--", *map(str, paths)], check=False, timeout=600)
+    ``ignore_errors`` says), and it never crosses into a mount; a missing path is no error.
+
+    Returns those of ``paths`` still there (a mount rm would not cross, a busy file system), logged with rm's
+    reason: a caller that counts what it removed counts only the rest, and tries the others again later.
+    """
+    done = subprocess.run(
+        ["rm", "-rf", "--one-file-system", "--", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    left = [Path(path) for path in paths if os.path.lexists(path)]
+    if left:
+        log.warning("could not remove %s: %s", ", ".join(map(str, left)), done.stderr.strip()[:500])
+    return left

@@ -1,6 +1,7 @@
 """The node's sweep of old attempt directories: whatever one job left, every expired attempt goes."""
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,20 @@ def test_remove_tree_takes_any_depth_and_several_paths(tmp_path):
     (tmp_path / "flat").mkdir()
     trees.remove_tree(tmp_path / "deep", tmp_path / "flat", tmp_path / "missing")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (root, as on CI)")
+def test_an_attempt_rm_could_not_remove_is_not_counted_removed_and_goes_on_a_later_sweep(settings, tmp_path):
+    """A mount inside an attempt (rm -rf --one-file-system never crosses one): the sweep used to count it removed."""
+    attempts = expired_attempts(settings, tmp_path, 3)
+    mounted = attempts[0] / "work" / "mnt"
+    mounted.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mounted)], check=True)
+    try:
+        removed = agent.remove_expired_attempts(node_name="n1", now=timezone.now())
+        assert sorted(removed) == sorted(a.name for a in attempts[1:])
+        assert attempts[0].exists() and not any(a.exists() for a in attempts[1:])
+    finally:
+        subprocess.run(["umount", str(mounted)], check=True)
+    assert agent.remove_expired_attempts(node_name="n1", now=timezone.now()) == [attempts[0].name]
+    assert not attempts[0].exists()
