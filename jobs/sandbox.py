@@ -33,7 +33,7 @@ from django.conf import settings
 if TYPE_CHECKING:
     from jobs.models import Allocation
 
-from jobs import cgroups
+from jobs import cgroups, syscalls
 
 BUBBLEWRAP = "bubblewrap"
 UNSANDBOXED = "none"
@@ -258,19 +258,34 @@ def _span(base: int, count: int) -> str:
 def available_mode(*, probe_uid: int) -> str:
     """'bubblewrap' when bwrap runs here as a job would (under ``probe_uid`` when the agent is root),
     else '' (the caller decides whether unsandboxed is allowed)."""
+    return "" if refusal(probe_uid=probe_uid) else BUBBLEWRAP
+
+
+def refusal(*, probe_uid: int) -> str:
+    """Why jobs cannot be sandboxed here ('' when bubblewrap, with the syscall filter, runs a probe as a job)."""
     bwrap = shutil.which("bwrap")
     if not bwrap:
-        return ""
+        return "bubblewrap (bwrap) is not installed (apt-get install bubblewrap)"
+    try:
+        program = syscalls.filter_fd()
+    except syscalls.FilterUnavailable as exc:
+        return f"the job syscall filter cannot be built: {exc}"
     try:
         probe = subprocess.run(
-            [bwrap, "--unshare-all", *_system_view(), "--proc", "/proc", "--dev", "/dev", "/usr/bin/true"],
+            [bwrap, "--seccomp", str(program), "--unshare-all", *_system_view(), "--proc", "/proc", "--dev", "/dev",
+             "/usr/bin/true"],
             capture_output=True,
             timeout=20,
+            pass_fds=(program,),
             preexec_fn=lambda: _enter(Confinement(uid=probe_uid, gid=probe_uid)),
-        )
-    except subprocess.SubprocessError:  # the launcher's own steps failed (a uid, a keyring): as a job's would
-        return ""
-    return BUBBLEWRAP if probe.returncode == 0 else ""
+        )  # fmt: skip
+    except subprocess.SubprocessError as exc:  # its own steps (a uid, a keyring) failed, as a job's would
+        return f"the launcher cannot start a job here: {exc}"
+    finally:
+        os.close(program)
+    if probe.returncode != 0:
+        return f"bubblewrap cannot run a job here: {probe.stderr.decode(errors='replace').strip()[:300]}"
+    return ""
 
 
 @functools.cache
@@ -458,14 +473,37 @@ def launch(
     The child joins its cgroups and network namespace as root, then drops to the attempt's uid
     before bubblewrap runs: bubblewrap is not setuid here and makes the user namespace itself, so
     the host sees the job's own uid (a root bwrap with ``--uid`` would map it only inside).
+
+    Every sandboxed job gets the syscall filter (``syscalls``), added here so that no caller can leave it out:
+    bubblewrap reads it from an inherited descriptor and loads it just before the job's own program.
     """
+    if mode != BUBBLEWRAP:
+        return _popen(cmd, env=env, cwd=cwd, confinement=confinement, pass_fds=pass_fds)
+    if cmd[0] != "bwrap":
+        raise ValueError("a sandboxed job's command is bubblewrap's (sandbox.command)")
+    program = syscalls.filter_fd()
+    try:
+        return _popen(
+            [cmd[0], "--seccomp", str(program), *cmd[1:]],
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            cwd=cwd,
+            confinement=confinement,
+            pass_fds=(*pass_fds, program),
+        )
+    finally:
+        os.close(program)
+
+
+def _popen(
+    cmd: list[str], *, env: dict[str, str], cwd: Path, confinement: Confinement, pass_fds: tuple[int, ...]
+) -> subprocess.Popen:
     return subprocess.Popen(
         cmd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         cwd=cwd,
-        env=env if mode != BUBBLEWRAP else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        env=env,
         start_new_session=True,
         pass_fds=pass_fds,
         preexec_fn=lambda: _enter(confinement),

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs import devices, network, sandbox
+from jobs import devices, network, sandbox, syscalls
+from tests.jobs.sandboxed import ROOT_AND_BWRAP, run_job
 
 ROOT_WITH_BWRAP = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("bwrap") or not devices.DEVICES_CGROUP.is_dir(),
@@ -213,10 +214,6 @@ def test_the_node_can_isolate_parts_of_spanning_jobs_here():
         assert network.refusal() == "", network.refusal()
 
 
-ROOT_AND_BWRAP = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("bwrap"),
-    reason="needs root and bubblewrap (as the CI machines have)",
-)
 # keyctl(2) and add_key(2) from inside a job, through ctypes (no keyutils on a bare node).
 KEYS_PROBE = """
 import ctypes, os, sys
@@ -235,38 +232,38 @@ else:
 """
 
 
-def _run_job(uid: int, argv: list[str]) -> str:
-    state = Path(tempfile.mkdtemp(prefix="e31-sandbox-"))
-    state.chmod(0o711)
-    try:
-        root = state / "attempt"
-        dirs = sandbox.AttemptDirs(root=root, work=root / "work", output=root / "output", data=state / "data")
-        dirs.create(owner=uid)
-        sandbox.write_identity(dirs, uid=uid, gid=uid)
-        confinement = sandbox.Confinement(uid=uid, gid=uid)
-        cmd = sandbox.command(argv=argv, env={"PATH": "/usr/bin:/bin"}, dirs=dirs, workdir="",
-                              mode=sandbox.BUBBLEWRAP, confinement=confinement)  # fmt: skip
-        proc = sandbox.launch(cmd, env={}, cwd=dirs.work, mode=sandbox.BUBBLEWRAP, confinement=confinement)
-        return proc.communicate(timeout=60)[0].decode().strip()
-    finally:
-        shutil.rmtree(state)
-
-
 def _two_jobs_under_an_agent_with_a_session_keyring() -> tuple[str, str]:
     """In a child process, as an agent that systemd (KeyringMode=private) or a PAM login started: with a
     session keyring of its own, which the jobs it starts would inherit."""
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.syscall(sandbox.SYS_KEYCTL[os.uname().machine], ctypes.c_long(1), b"e31-agent") > 0
     probe = ["/usr/bin/python3", "-c", KEYS_PROBE]
-    return _run_job(JOB_UID, [*probe, "leave"]), _run_job(JOB_UID + 1, [*probe, "read"])
+    return run_job(JOB_UID, [*probe, "leave"]), run_job(JOB_UID + 1, [*probe, "read"])
+
+
+@pytest.fixture
+def keyrings_let_through(monkeypatch):
+    """The syscall filter refuses keyring calls to every job; a test of the layer under it lets them through."""
+    monkeypatch.setattr(syscalls, "DENIED", {k: v for k, v in syscalls.DENIED.items() if "keyctl" not in v})
+    syscalls.compiled.cache_clear()
+    yield
+    syscalls.compiled.cache_clear()
 
 
 @ROOT_AND_BWRAP
+@pytest.mark.usefixtures("keyrings_let_through")
 def test_a_job_cannot_read_keys_another_teams_job_left_in_the_agents_session_keyring():
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as child:
         left, read = child.submit(_two_jobs_under_an_agent_with_a_session_keyring).result(timeout=120)
-    assert left == "left"  # keys still work inside a job, in its own keyring
+    assert left == "left"  # keys work inside a job, in its own keyring, where the filter lets them
     assert "team-a-token" not in read and read == "Required key not available"
+
+
+@ROOT_AND_BWRAP
+def test_with_the_syscall_filter_a_job_cannot_touch_a_keyring_at_all():
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as child:
+        left, read = child.submit(_two_jobs_under_an_agent_with_a_session_keyring).result(timeout=120)
+    assert left == read == "Operation not permitted"
 
 
 @ROOT_AND_BWRAP
@@ -276,8 +273,8 @@ def test_a_job_cannot_make_namespaces_of_its_own_and_so_gets_no_capabilities_in_
         "r = libc.unshare(0x10000000)\n"  # CLONE_NEWUSER
         "print('unshared' if r == 0 else 'refused')"
     )
-    assert _run_job(JOB_UID, ["/usr/bin/python3", "-c", probe]) == "refused"
-    assert _run_job(JOB_UID, ["/usr/bin/python3", "-c", "print('runs')"]) == "runs"
+    assert run_job(JOB_UID, ["/usr/bin/python3", "-c", probe]) == "refused"
+    assert run_job(JOB_UID, ["/usr/bin/python3", "-c", "print('runs')"]) == "runs"
 
 
 @ROOT_AND_BWRAP

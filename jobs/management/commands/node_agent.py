@@ -77,14 +77,15 @@ class Command(BaseCommand):
         except (ValueError, sandbox.UidRangeTaken) as exc:
             raise CommandError(str(exc)) from exc
         _check_the_view(name)
-        mode = sandbox.available_mode(probe_uid=uid_base) or (
-            sandbox.UNSANDBOXED if allow_unsandboxed else ""
-        )
-        if not mode:
+        why_not = sandbox.refusal(probe_uid=uid_base)
+        if why_not and not allow_unsandboxed:
             raise CommandError(
-                "bubblewrap (bwrap) is not usable here, so jobs cannot be sandboxed. Install it "
-                "(apt-get install bubblewrap) or start with --allow-unsandboxed (E31_ALLOW_UNSANDBOXED=1)."
+                f"jobs cannot be sandboxed here: {why_not}. Fix that, or start with --allow-unsandboxed "
+                "(E31_ALLOW_UNSANDBOXED=1) to run them unsandboxed, labelled so on the pool page."
             )
+        if why_not:
+            self.stdout.write(f"node {name}: jobs run UNSANDBOXED, as allowed: {why_not}")
+        mode = sandbox.UNSANDBOXED if why_not else sandbox.BUBBLEWRAP
         tasks.AGENT["mode"] = mode
         if removed := leftovers.sweep(node_name=name, uids=tasks.AGENT["uids"]):
             self.stdout.write(f"node {name}: removed what an earlier agent left: {', '.join(removed)}")

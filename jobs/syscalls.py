@@ -1,0 +1,114 @@
+"""The system calls a job may not make: a seccomp filter bubblewrap installs just before the job's first instruction.
+
+The sandbox already takes away what these calls would need (capabilities, a namespace of the job's own),
+so most of them fail anyway; the filter closes the rest, where the kernel itself is the attack surface.
+It is a deny list in the manner of Docker's and Flatpak's default profiles, kept short enough to read:
+everything else a job does (threads, processes, sockets, GPU ioctls, NUMA placement, ptrace of its own
+processes) is allowed. libseccomp compiles it (through pyseccomp's ctypes binding, which mirrors
+libseccomp's own Python API); a call made through another ABI than the node's own (32-bit ``int 0x80``
+or x32 on x86_64) kills the process, libseccomp's default, so none of these can be reached that way.
+"""
+
+import errno
+import functools
+import os
+
+DENIED = {
+    # Keyrings are not namespaced: keys and their quota are shared with every job on the node.
+    "kernel keyrings": ("add_key", "keyctl", "request_key"),
+    # Reachable without privilege and behind a long run of kernel privilege escalations; no GPU job needs them.
+    "kernel extension points": ("bpf", "perf_event_open", "userfaultfd"),
+    # Another process's file accesses, on the /usr (or image) every job shares; Docker allows it only with
+    # CAP_SYS_ADMIN. (inotify, which many programs use, shows a watched file's opens too: left allowed.)
+    "watching other processes' file accesses": ("fanotify_init",),
+    # A job has its namespaces and mounts already and no capability to change them: defence in depth.
+    "namespaces and mounts": (
+        "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsconfig",
+        "fsmount", "fspick", "mount_setattr",
+    ),
+    # The node's kernel, clock and hardware, none of them a job's (most need a capability it has not got).
+    "the node's kernel, clock and hardware": (
+        "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon",
+        "swapoff", "acct", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "syslog", "quotactl",
+        "quotactl_fd", "iopl", "ioperm", "open_by_handle_at", "lookup_dcookie", "vhangup", "uselib", "nfsservctl",
+    ),
+}  # fmt: skip
+# Answered as if this kernel lacked them, so that programs fall back: io_uring to epoll and threads, and
+# clone3 (whose flags sit in memory a filter cannot read) to clone, whose flags it can.
+ABSENT = ("io_uring_setup", "io_uring_enter", "io_uring_register", "clone3")
+# Socket families a network namespace does not contain, refused as moby's profile does: AF_ALG, the kernel's
+# crypto API (page-cache writes into the shared /usr through its bugs), and AF_VSOCK, which reaches the
+# hypervisor's (and the node's) services around the job's namespace and egress rules. socket's family is its
+# first argument; the multiplexed socketcall of 32-bit ABIs is out of reach (other ABIs are killed).
+SOCKET_FAMILIES = {"AF_ALG": 38, "AF_VSOCK": 40}
+# A user namespace would give the job every capability inside it (bubblewrap's --disable-userns closes this
+# where it has the flag, 0.8 and later; the filter closes it on older ones too).
+CLONE_NEWUSER = 0x10000000
+UNKNOWN = -1  # libseccomp's __NR_SCMP_ERROR: a name it does not know
+
+
+class FilterUnavailable(RuntimeError):
+    """libseccomp is missing here or refused the filter: no job may start without it."""
+
+
+def number(name: str) -> int:
+    """The call's number on this machine's own architecture, as libseccomp knows it (a negative one of
+    libseccomp's own for a call this architecture lacks, which a rule then ignores)."""
+    seccomp = _binding()
+    found = seccomp.resolve_syscall(seccomp.system_arch(), name)
+    if found == UNKNOWN:
+        raise FilterUnavailable(f"this libseccomp does not know {name}: install a newer libseccomp2")
+    return found
+
+
+@functools.cache
+def compiled() -> bytes:
+    """The filter as the BPF program bubblewrap's ``--seccomp`` loads, built once per process."""
+    try:
+        fd = os.memfd_create("e31-syscall-filter", os.MFD_CLOEXEC)
+        with open(fd, "w+b") as bpf:
+            rules().export_bpf(bpf)
+            bpf.seek(0)
+            return bpf.read()
+    except OSError as exc:  # libseccomp refused a rule or the export
+        raise FilterUnavailable(f"libseccomp could not build the job syscall filter: {exc}") from exc
+
+
+def rules():
+    """The filter as libseccomp holds it (a ``pyseccomp.SyscallFilter``; its ``export_pfc`` shows it readably)."""
+    seccomp = _binding()
+    refuse, absent = seccomp.ERRNO(errno.EPERM), seccomp.ERRNO(errno.ENOSYS)
+    program = seccomp.SyscallFilter(seccomp.ALLOW)
+    for names in DENIED.values():
+        for name in names:
+            program.add_rule(refuse, number(name))
+    for name in ABSENT:
+        program.add_rule(absent, number(name))
+    for family in SOCKET_FAMILIES.values():
+        program.add_rule(refuse, "socket", seccomp.Arg(0, seccomp.EQ, family))
+    # clone's flags come first, except on s390x, whose clone takes the new stack first.
+    clone_flags = 1 if os.uname().machine == "s390x" else 0
+    for name, flags in (("unshare", 0), ("clone", clone_flags)):
+        program.add_rule(refuse, name, seccomp.Arg(flags, seccomp.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER))
+    return program
+
+
+def filter_fd() -> int:
+    """An anonymous in-memory file holding the compiled filter, at its start, for bubblewrap to read.
+
+    Inheritable only where the caller passes it (``pass_fds``); the caller closes it once bubblewrap started.
+    """
+    program = compiled()
+    fd = os.memfd_create("e31-syscall-filter", os.MFD_CLOEXEC)
+    with open(fd, "wb", closefd=False) as handle:
+        handle.write(program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _binding():
+    try:
+        import pyseccomp  # loads the system's libseccomp when imported, so only where a filter is wanted
+    except (ImportError, RuntimeError, OSError) as exc:
+        raise FilterUnavailable(f"libseccomp is not usable here ({exc}): install libseccomp2") from exc
+    return pyseccomp

@@ -1,0 +1,33 @@
+"""Running a command as a job in the real sandbox, with no agent or database: for the tests of what a job can reach."""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from jobs import sandbox
+
+ROOT_AND_BWRAP = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("bwrap"),
+    reason="needs root and bubblewrap (as the CI machines have)",
+)
+
+
+def run_job(uid: int, argv: list[str]) -> str:
+    """``argv`` run as an attempt under ``uid`` would be (its own directories, view and syscall filter): its output."""
+    state = Path(tempfile.mkdtemp(prefix="e31-sandbox-"))
+    state.chmod(0o711)
+    try:
+        root = state / "attempt"
+        dirs = sandbox.AttemptDirs(root=root, work=root / "work", output=root / "output", data=state / "data")
+        dirs.create(owner=uid)
+        sandbox.write_identity(dirs, uid=uid, gid=uid)
+        confinement = sandbox.Confinement(uid=uid, gid=uid)
+        cmd = sandbox.command(argv=argv, env={"PATH": "/usr/bin:/bin"}, dirs=dirs, workdir="",
+                              mode=sandbox.BUBBLEWRAP, confinement=confinement)  # fmt: skip
+        proc = sandbox.launch(cmd, env={}, cwd=dirs.work, mode=sandbox.BUBBLEWRAP, confinement=confinement)
+        return proc.communicate(timeout=60)[0].decode().strip()
+    finally:
+        shutil.rmtree(state)

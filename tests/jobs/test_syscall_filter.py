@@ -1,0 +1,170 @@
+"""The system calls a job may not make, tried from inside real bubblewrap jobs (root and bwrap, as on CI).
+
+Each probe calls the kernel directly through ctypes with harmless arguments and prints what came back:
+'ok' (the call got through to the kernel, which may still have refused it for other reasons: see
+'allowed') or the errno's name.
+"""
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from jobs import sandbox, syscalls
+from tests.jobs.sandboxed import ROOT_AND_BWRAP, run_job
+
+JOB_UID = 398801
+
+# Calls the kernel with each (name, number, args) of argv[1] and prints {name: 'ok' | errno name}.
+PROBE = r"""
+import ctypes, errno, json, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+params = ctypes.create_string_buffer(120)  # struct io_uring_params, zeroed
+seen = {}
+for name, number, args in json.loads(sys.argv[1]):
+    args = [params if a == "params" else (a.encode() if isinstance(a, str) else ctypes.c_long(a)) for a in args]
+    result = libc.syscall(ctypes.c_long(number), *args)
+    seen[name] = "ok" if result >= 0 else errno.errorcode[ctypes.get_errno()]
+print(json.dumps(seen))
+"""
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+UFFD_USER_MODE_ONLY = 1
+FAN_REPORT_FID = 0x200
+AF_VSOCK, SOCK_STREAM = 40, 1
+# Each call with arguments that succeed, or fail otherwise than the filter answers, without a filter (on this
+# machine, as measured before the filter: io_uring_setup, add_key, keyctl, userfaultfd and fanotify_init ok,
+# perf_event_open EFAULT, bpf and clone3 EINVAL, unshare ENOSPC from bubblewrap's --disable-userns).
+CALLS = {
+    "io_uring_setup": [1, "params"],
+    "add_key": ["user", "e31-probe", "secret", 6, -3],  # into the job's own session keyring
+    "keyctl": [0, -3, 0],  # KEYCTL_GET_KEYRING_ID of the session keyring
+    "userfaultfd": [UFFD_USER_MODE_ONLY],
+    "fanotify_init": [FAN_REPORT_FID, 0],
+    "perf_event_open": [0, 0, -1, -1, 0],  # a NULL attribute: EFAULT when the call gets through
+    "bpf": [0, 0, 0],  # BPF_MAP_CREATE with no attribute
+    "unshare": [CLONE_NEWUSER | CLONE_NEWNET],  # any mask with CLONE_NEWUSER in it
+    "clone3": [0, 0],  # no arguments: EINVAL when it gets through; ENOSYS makes glibc use clone
+}
+VSOCK = "import socket\ntry:\n    socket.socket(40, 1); print('opened')\nexcept OSError as exc:\n    print(exc.strerror)"
+
+
+def _number(name: str) -> int:
+    return syscalls.number(name)
+
+
+def _probe(calls: dict[str, list]) -> dict[str, str]:
+    wanted = [(name, _number(name), args) for name, args in calls.items()]
+    out = run_job(JOB_UID, ["/usr/bin/python3", "-c", PROBE, json.dumps(wanted)])
+    return json.loads(out.splitlines()[-1])
+
+
+@ROOT_AND_BWRAP
+def test_a_job_cannot_reach_io_uring_bpf_perf_userfaultfd_fanotify_keyrings_or_new_namespaces():
+    seen = _probe(CALLS)
+    assert seen == {
+        "io_uring_setup": "ENOSYS", "add_key": "EPERM", "keyctl": "EPERM", "userfaultfd": "EPERM",
+        "fanotify_init": "EPERM", "perf_event_open": "EPERM", "bpf": "EPERM", "unshare": "EPERM", "clone3": "ENOSYS",
+    }  # fmt: skip
+
+
+@ROOT_AND_BWRAP
+def test_a_job_cannot_open_a_vsock_around_its_network_namespace():
+    """This VM has virtio-vsock: a job opened one (a way to the hypervisor's services that no netns contains)."""
+    assert run_job(JOB_UID, ["/usr/bin/python3", "-c", VSOCK]) == "Operation not permitted"
+
+
+@ROOT_AND_BWRAP
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the x32 ABI is x86_64's")
+def test_a_call_through_another_abi_kills_the_job_instead_of_passing_the_filter():
+    """keyctl as an x32 call (its number with bit 30 set) would match no rule of the x86_64 filter: killed."""
+    script = (
+        "import ctypes; libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('before', flush=True)\n"
+        "libc.syscall(ctypes.c_long(0x40000000 | 250), ctypes.c_long(0), ctypes.c_long(-3), ctypes.c_long(0))\n"
+        "print('after', flush=True)"
+    )
+    assert run_job(JOB_UID, ["/usr/bin/python3", "-c", script]) == "before"
+
+
+@ROOT_AND_BWRAP
+def test_the_filter_leaves_what_jobs_do_every_day():
+    """Threads (clone, after clone3's ENOSYS), processes, pipes, sockets, memory maps and CPU affinity all work."""
+    script = (
+        "import json, mmap, os, socket, subprocess, threading\n"
+        "t = threading.Thread(target=lambda: None); t.start(); t.join()\n"
+        "child = subprocess.run(['/bin/sh', '-c', 'echo child'], capture_output=True, text=True).stdout.strip()\n"
+        "a, b = socket.socketpair(); a.sendall(b'x'); got = b.recv(1).decode()\n"
+        "tcp = socket.socket(socket.AF_INET6, socket.SOCK_STREAM); tcp.close()\n"
+        "m = mmap.mmap(-1, 4096); m[:2] = b'ok'\n"
+        "os.sched_setaffinity(0, os.sched_getaffinity(0))\n"
+        "status = dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
+        "names = os.listdir('/proc/self/fd')  # its own descriptor for the listing is gone by now\n"
+        "fds = sorted(os.readlink(f'/proc/self/fd/{fd}') for fd in names if os.path.lexists(f'/proc/self/fd/{fd}'))\n"
+        "print(json.dumps([child, got, m[:2].decode(), status['Seccomp'].strip(), fds]))"
+    )
+    child, got, mapped, seccomp, fds = json.loads(
+        run_job(JOB_UID, ["/usr/bin/python3", "-c", script]).splitlines()[-1]
+    )
+    assert [child, got, mapped, seccomp] == ["child", "x", "ok", "2"]  # 2: a seccomp filter is on
+    assert not [
+        fd for fd in fds if "memfd:" in fd
+    ]  # neither the filter's descriptor nor a secret's reached it
+
+
+@ROOT_AND_BWRAP
+def test_a_node_whose_filter_cannot_be_built_runs_no_jobs(monkeypatch, tmp_path):
+    """libseccomp missing, too old or refusing: the probe says why, and no job starts without the filter."""
+
+    def broken() -> bytes:
+        raise syscalls.FilterUnavailable("libseccomp is not usable here (Unable to find libseccomp)")
+
+    monkeypatch.setattr(syscalls, "compiled", broken)
+    assert sandbox.available_mode(probe_uid=JOB_UID) == ""
+    assert "Unable to find libseccomp" in sandbox.refusal(probe_uid=JOB_UID)
+    with pytest.raises(syscalls.FilterUnavailable):
+        sandbox.launch(["bwrap", "--", "/usr/bin/true"], env={}, cwd=tmp_path, mode=sandbox.BUBBLEWRAP,
+                       confinement=sandbox.Confinement(uid=JOB_UID, gid=JOB_UID))  # fmt: skip
+
+
+def test_every_denied_call_is_in_the_compiled_filter_with_its_answer():
+    """Read back from libseccomp's own rendering of the program (PFC): each name this architecture has, with the
+    errno it gets; a misspelt or silently dropped name would be missing here."""
+    with tempfile.TemporaryFile("w+") as pfc:
+        syscalls.rules().export_pfc(pfc)
+        pfc.seek(0)
+        rendered = pfc.read()
+    answers = dict(re.findall(r'filter for syscall "(\w+)".*\n(?:.*\n)*?\s*action (\w+\(\d+\))', rendered))
+    here = [n for names in syscalls.DENIED.values() for n in names if syscalls.number(n) >= 0]
+    assert len(here) >= 30 and {n: answers.get(n) for n in here} == dict.fromkeys(here, "ERRNO(1)")  # EPERM
+    assert {n: answers.get(n) for n in syscalls.ABSENT} == dict.fromkeys(
+        syscalls.ABSENT, "ERRNO(38)"
+    )  # ENOSYS
+    assert {"socket", "unshare", "clone"} <= set(answers)  # by their arguments
+
+
+@pytest.mark.django_db
+def test_an_agent_that_cannot_sandbox_refuses_to_start_and_says_why(settings, monkeypatch):
+    from django.core.management import CommandError, call_command
+
+    state = Path(tempfile.mkdtemp(prefix="e31-agent-"))
+    state.chmod(0o711)  # job uids pass through to their directories, as a node's state directory allows
+    try:
+        for name in ("E31_AGENT_ROOT", "E31_STAGING_ROOT", "E31_CHECKPOINT_ROOT", "E31_UID_REGISTRY"):
+            setattr(settings, name, state / name.lower())
+        monkeypatch.setattr(
+            sandbox, "refusal", lambda **_: "the job syscall filter cannot be built: no libseccomp"
+        )
+        with pytest.raises(
+            CommandError, match="cannot be sandboxed here: the job syscall filter cannot be built"
+        ):
+            call_command(
+                "node_agent", "--name", "n-filterless", "--virtual-gpus", "1", "--uid-base", "611000"
+            )
+    finally:
+        shutil.rmtree(state)
