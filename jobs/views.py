@@ -14,7 +14,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from accounts import scoping
 from common import paging
 from common.operators import operator_only
-from jobs import declaration, estimates, logs, presenters, selectors, services, signals
+from jobs import declaration, estimates, logs, presenters, selectors, services, signals, syscalls
 from jobs.forms import JobForm, JobListFilterForm, bound_fields
 from jobs.lifecycle import BEFORE_RENT
 from jobs.models import Job, JobArray
@@ -176,6 +176,8 @@ def _render_form(
         "chosen_team": request.POST.get("team", "") or (str(rerun_of.team_id) if rerun_of else ""),
         "folders": selectors.team_folders((_chosen_team(request, teams) or teams[0]).slug),
         "rerun_of": rerun_of,
+        "refused_calls": syscalls.DENIED,
+        "refused_families": list(syscalls.SOCKET_FAMILIES),
     }
     template = "jobs/new.html#job-form" if request.htmx else "jobs/new.html"
     return render(request, template, context, status=status)

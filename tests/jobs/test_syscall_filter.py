@@ -168,3 +168,14 @@ def test_an_agent_that_cannot_sandbox_refuses_to_start_and_says_why(settings, mo
             )
     finally:
         shutil.rmtree(state)
+
+
+@pytest.mark.django_db
+def test_the_submit_form_says_where_a_job_runs_and_which_calls_it_is_refused(member_client):
+    from django.urls import reverse
+
+    page = member_client.get(reverse("jobs:new")).content.decode()
+    section = page[page.index('id="where-jobs-run"') :]
+    for names in syscalls.DENIED.values():
+        assert ", ".join(names) in section
+    assert "AF_ALG and AF_VSOCK" in section and "<code>io_uring</code>" in section
