@@ -610,20 +610,21 @@ def remove_expired_attempts(*, node_name: str, now) -> list[str]:
 
 
 def remove_ended_checkpoints(*, job_ids: list[int] | None = None) -> list[int]:
-    """Removes the checkpoint directories of jobs that have ended, however they ended (or are gone)."""
+    """Removes the checkpoint directories of jobs that have ended, however they ended (or are gone): their ids."""
     stored = checkpoints.stored_job_ids() if job_ids is None else job_ids
     alive = set(
         Job.objects.filter(id__in=stored)
         .exclude(state__in=(State.RELEASED, State.ENDED))
         .values_list("id", flat=True)
     )
-    ended = [job_id for job_id in stored if job_id not in alive]
-    for job_id in ended:
+    removed = []
+    for job_id in (job_id for job_id in stored if job_id not in alive):
         try:
-            checkpoints.remove(job_id)
+            if checkpoints.remove(job_id):  # else rm left some of it: the next sweep tries again
+                removed.append(job_id)
         except Exception:  # one that cannot go now must not keep the others: the next sweep tries again
             log.exception("job %s: its checkpoint could not be removed", job_id)
-    return ended
+    return removed
 
 
 def _finished_before(allocation: Allocation, cutoff) -> bool:

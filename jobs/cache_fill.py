@@ -132,7 +132,7 @@ class FillWatch:
 
 
 def remove_orphan_parts(
-    folder: Path, entries: type[CacheEntry], *, now: datetime, remove: Callable[[Path], None]
+    folder: Path, entries: type[CacheEntry], *, now: datetime, remove: Callable[[Path], object]
 ) -> None:
     """Partial fills (``<key>.<token>.part``) that died with their worker; a live fill keeps its claim fresh."""
     if not folder.is_dir():

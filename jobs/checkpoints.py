@@ -124,12 +124,14 @@ def empty(path: Path) -> None:
         trees.remove_tree(*entries)
 
 
-def remove(job_id: int) -> None:
+def remove(job_id: int) -> bool:
+    """The job's checkpoint directory and image gone: False when rm left some of the directory (logged)."""
     path = directory(job_id)
     attempt_space.unmount(path)  # mounted still when its node was lost mid-attempt
     if trees.remove_tree(path):
-        raise OSError(f"checkpoint directory {path} could not be removed: the next sweep tries again")
+        return False
     image(job_id).unlink(missing_ok=True)
+    return True
 
 
 def stored_job_ids() -> list[int]:

@@ -270,6 +270,8 @@ def refusal(*, probe_uid: int) -> str:
         program = syscalls.filter_fd()
     except syscalls.FilterUnavailable as exc:
         return f"the job syscall filter cannot be built: {exc}"
+    except OSError as exc:
+        return f"the job syscall filter cannot be handed to bubblewrap: {exc}"
     try:
         probe = subprocess.run(
             [bwrap, "--seccomp", str(program), "--unshare-all", *_system_view(), "--proc", "/proc", "--dev", "/dev",
@@ -279,12 +281,14 @@ def refusal(*, probe_uid: int) -> str:
             pass_fds=(program,),
             preexec_fn=lambda: _enter(Confinement(uid=probe_uid, gid=probe_uid)),
         )  # fmt: skip
-    except subprocess.SubprocessError as exc:  # its own steps (a uid, a keyring) failed, as a job's would
-        return f"the launcher cannot start a job here: {exc}"
+    # A launcher step (a uid, a keyring) failed, as it would for a job.
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"the launcher cannot start a job here as uid {probe_uid}: {exc}"
     finally:
         os.close(program)
     if probe.returncode != 0:
-        return f"bubblewrap cannot run a job here: {probe.stderr.decode(errors='replace').strip()[:300]}"
+        said = probe.stderr.decode(errors="replace").strip()[:300] or "nothing on stderr"
+        return f"bubblewrap cannot run a job here (exit {probe.returncode}): {said}"
     return ""
 
 

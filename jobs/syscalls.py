@@ -6,7 +6,7 @@ It is a deny list in the manner of Docker's and Flatpak's default profiles, kept
 everything else a job does (threads, processes, sockets, GPU ioctls, NUMA placement, ptrace of its own
 processes) is allowed. libseccomp compiles it (through pyseccomp's ctypes binding, which mirrors
 libseccomp's own Python API); a call made through another ABI than the node's own (32-bit ``int 0x80``
-or x32 on x86_64) kills the process, libseccomp's default, so none of these can be reached that way.
+or x32 on x86_64) kills the whole process, so none of these can be reached that way.
 """
 
 import errno
@@ -79,6 +79,7 @@ def rules():
     seccomp = _binding()
     refuse, absent = seccomp.ERRNO(errno.EPERM), seccomp.ERRNO(errno.ENOSYS)
     program = seccomp.SyscallFilter(seccomp.ALLOW)
+    program.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)  # the whole job, not just the thread
     for names in DENIED.values():
         for name in names:
             program.add_rule(refuse, number(name))
@@ -100,9 +101,13 @@ def filter_fd() -> int:
     """
     program = compiled()
     fd = os.memfd_create("e31-syscall-filter", os.MFD_CLOEXEC)
-    with open(fd, "wb", closefd=False) as handle:
-        handle.write(program)
-    os.lseek(fd, 0, os.SEEK_SET)
+    try:
+        with open(fd, "wb", closefd=False) as handle:
+            handle.write(program)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
     return fd
 
 

@@ -14,7 +14,7 @@ def remove_tree(*paths: Path) -> list[Path]:
     ``ignore_errors`` says), and it never crosses into a mount; a missing path is no error.
 
     Returns those of ``paths`` still there (a mount rm would not cross, a busy file system), logged with rm's
-    reason: a caller that counts what it removed counts only the rest, and tries the others again later.
+    reason: the attempt and checkpoint sweeps count only the rest and try these again on their next pass.
     """
     done = subprocess.run(
         ["rm", "-rf", "--one-file-system", "--", *map(str, paths)],

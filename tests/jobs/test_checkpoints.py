@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from django.utils import timezone
 
-from jobs import agent, attempt_space, checkpoints, presenters, rental, sandbox
+from jobs import agent, attempt_space, checkpoints, presenters, rental, sandbox, trees
 from jobs.models import Allocation, Job, JobEvent
 from tests.factories import JobFactory, NodeFactory
 
@@ -279,3 +279,19 @@ def test_a_node_loss_requeues_a_pausable_job_even_without_requeue(team, settings
     rental.lose_node_allocations(node=part.allocation.node, now=timezone.now(), detail="gone")
     job = Job.objects.get(id=part.job.id)
     assert (job.state, job.attempt) == ("queued", 1)
+
+
+def test_a_checkpoint_rm_could_not_remove_is_not_reported_removed_and_never_stops_the_attempts_end(
+    team, ckpt_root, monkeypatch
+):
+    """rm leaving some of it (a busy file system; trees.remove_tree's own test mounts one): the sweep leaves it for
+    its next pass, and an attempt whose checkpoint could not be settled still ends, its uid and GPUs given back."""
+    ended = _pausable(team, state="released")
+    path = checkpoints.prepare(ended.id, owner=os.getuid(), limit=LIMIT)
+    monkeypatch.setattr(trees, "remove_tree", lambda *paths: list(paths))
+    assert agent.remove_ended_checkpoints() == [] and path.exists()
+    monkeypatch.setattr(checkpoints, "settle", lambda *a, **k: (_ for _ in ()).throw(OSError("unreadable")))
+    kept = agent._settle_checkpoint(_running_part(_pausable(team)))
+    assert kept.bytes == 0 and "could not be handed on (unreadable)" in kept.note
+    monkeypatch.undo()
+    assert ended.id in agent.remove_ended_checkpoints() and not path.exists()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import devices, network, sandbox, syscalls
+from jobs import devices, network, sandbox
 from tests.jobs.sandboxed import ROOT_AND_BWRAP, run_job
 
 ROOT_WITH_BWRAP = pytest.mark.skipif(
@@ -241,17 +241,8 @@ def _two_jobs_under_an_agent_with_a_session_keyring() -> tuple[str, str]:
     return run_job(JOB_UID, [*probe, "leave"]), run_job(JOB_UID + 1, [*probe, "read"])
 
 
-@pytest.fixture
-def keyrings_let_through(monkeypatch):
-    """The syscall filter refuses keyring calls to every job; a test of the layer under it lets them through."""
-    monkeypatch.setattr(syscalls, "DENIED", {k: v for k, v in syscalls.DENIED.items() if "keyctl" not in v})
-    syscalls.compiled.cache_clear()
-    yield
-    syscalls.compiled.cache_clear()
-
-
 @ROOT_AND_BWRAP
-@pytest.mark.usefixtures("keyrings_let_through")
+@pytest.mark.usefixtures("filter_lets_everything_through")
 def test_a_job_cannot_read_keys_another_teams_job_left_in_the_agents_session_keyring():
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as child:
         left, read = child.submit(_two_jobs_under_an_agent_with_a_session_keyring).result(timeout=120)
@@ -267,6 +258,7 @@ def test_with_the_syscall_filter_a_job_cannot_touch_a_keyring_at_all():
 
 
 @ROOT_AND_BWRAP
+@pytest.mark.usefixtures("filter_lets_everything_through")  # bubblewrap's --disable-userns on its own
 def test_a_job_cannot_make_namespaces_of_its_own_and_so_gets_no_capabilities_in_one():
     probe = (
         "import ctypes; libc = ctypes.CDLL(None, use_errno=True)\n"

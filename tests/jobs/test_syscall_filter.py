@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
@@ -82,11 +83,13 @@ def test_a_job_cannot_open_a_vsock_around_its_network_namespace():
 @ROOT_AND_BWRAP
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the x32 ABI is x86_64's")
 def test_a_call_through_another_abi_kills_the_job_instead_of_passing_the_filter():
-    """keyctl as an x32 call (its number with bit 30 set) would match no rule of the x86_64 filter: killed."""
+    """keyctl as an x32 call (its number with bit 30 set) would match no rule of the x86_64 filter: the whole job
+    is killed, not only the thread that made the call."""
     script = (
-        "import ctypes; libc = ctypes.CDLL(None, use_errno=True)\n"
+        "import ctypes, threading; libc = ctypes.CDLL(None, use_errno=True)\n"
         "print('before', flush=True)\n"
-        "libc.syscall(ctypes.c_long(0x40000000 | 250), ctypes.c_long(0), ctypes.c_long(-3), ctypes.c_long(0))\n"
+        "x32 = lambda: libc.syscall(ctypes.c_long(0x40000000 | 250), ctypes.c_long(0), ctypes.c_long(-3), 0)\n"
+        "thread = threading.Thread(target=x32, daemon=True); thread.start(); thread.join(5)\n"
         "print('after', flush=True)"
     )
     assert run_job(JOB_UID, ["/usr/bin/python3", "-c", script]) == "before"
@@ -130,6 +133,13 @@ def test_a_node_whose_filter_cannot_be_built_runs_no_jobs(monkeypatch, tmp_path)
     with pytest.raises(syscalls.FilterUnavailable):
         sandbox.launch(["bwrap", "--", "/usr/bin/true"], env={}, cwd=tmp_path, mode=sandbox.BUBBLEWRAP,
                        confinement=sandbox.Confinement(uid=JOB_UID, gid=JOB_UID))  # fmt: skip
+
+
+@ROOT_AND_BWRAP
+def test_the_start_up_probe_runs_under_the_filter(monkeypatch):
+    """A filter that kills every call (one BPF instruction: return SECCOMP_RET_KILL_PROCESS) fails the probe."""
+    monkeypatch.setattr(syscalls, "compiled", lambda: struct.pack("HBBI", 0x06, 0, 0, 0x80000000))
+    assert "bubblewrap cannot run a job here" in sandbox.refusal(probe_uid=JOB_UID)
 
 
 def test_every_denied_call_is_in_the_compiled_filter_with_its_answer():

@@ -46,10 +46,10 @@ class Command(BaseCommand):
         example = self._write_example_job()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         agent_flags = []
-        if not sandbox.available_mode(probe_uid=settings.E31_JOB_UID_BASE):
+        if why_not := sandbox.refusal(probe_uid=settings.E31_JOB_UID_BASE):
             self.stdout.write(self.style.WARNING(
-                "bubblewrap is not installed: the local nodes run jobs UNSANDBOXED (the pool page says so). "
-                "apt-get install bubblewrap to sandbox them."
+                f"{why_not}: the local nodes run jobs UNSANDBOXED (the pool page says so). "
+                "apt-get install bubblewrap libseccomp2 to sandbox them."
             ))  # fmt: skip
             agent_flags = ["--allow-unsandboxed"]
         py = [sys.executable, "manage.py"]
