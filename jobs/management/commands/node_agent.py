@@ -6,7 +6,6 @@ import math
 import os
 import socket
 import threading
-import time
 from collections import Counter
 from dataclasses import asdict
 
@@ -102,6 +101,7 @@ class Command(BaseCommand):
         if refusal:
             self.stdout.write(f"node {name} takes one-node jobs only: {refusal}")
         threading.Thread(target=_heartbeat, args=(register,), daemon=True, name="heartbeat").start()
+        threading.Thread(target=_sweep, args=(name,), daemon=True, name="attempt-sweep").start()
         if source != gpus.VIRTUAL:  # virtual GPUs never change and have nothing to measure
             # Threads of their own: nvidia-smi can take seconds (or hang to its timeout), and a late
             # heartbeat gets a node declared down; a slow rescan must not thin out the samples either.
@@ -200,24 +200,33 @@ def _check_the_view(name: str) -> None:
             raise CommandError(refused)
 
 
-def _heartbeat(register: dict) -> None:
+def _heartbeat(register: dict, stop: threading.Event | None = None) -> None:
     """Beats every E31_HEARTBEAT_S; a node declared down meanwhile registers again (its old attempts are lost).
 
-    The same thread removes attempt directories past E31_ATTEMPT_RETENTION_S after their delivery.
+    Nothing else runs on this thread: a beat late past E31_NODE_TIMEOUT_S gets the node declared lost and its
+    running jobs with it, so slow work (removing a large attempt, a checkpoint) has a thread of its own.
     """
-    stop = threading.Event()
-    sweep_every = min(60.0, max(settings.E31_HEARTBEAT_S, settings.E31_ATTEMPT_RETENTION_S / 2))
-    next_sweep = time.monotonic()
+    stop = stop or threading.Event()
     while not stop.wait(settings.E31_HEARTBEAT_S):
         try:
             close_old_connections()
             if not nodes.heartbeat(name=register["name"], now=timezone.now()):
                 nodes.register_node(now=timezone.now(), **register)
-            if time.monotonic() >= next_sweep:
-                next_sweep = time.monotonic() + sweep_every
-                agent.remove_expired_attempts(node_name=register["name"], now=timezone.now())
-                agent.remove_ended_checkpoints()
         except Exception:  # the database is restarting: keep beating, the next one will get through
+            close_old_connections()
+
+
+def _sweep(name: str, stop: threading.Event | None = None) -> None:
+    """Removes attempt directories past E31_ATTEMPT_RETENTION_S after their delivery, and ended jobs' checkpoints."""
+    stop = stop or threading.Event()
+    every = min(60.0, max(settings.E31_HEARTBEAT_S, settings.E31_ATTEMPT_RETENTION_S / 2))
+    while not stop.wait(every):
+        try:
+            close_old_connections()
+            agent.remove_expired_attempts(node_name=name, now=timezone.now())
+            agent.remove_ended_checkpoints()
+        except Exception:  # the database is restarting, or one removal failed: the next pass tries again
+            log.exception("node %s: the sweep of old attempts failed; it runs again in %.0f s", name, every)
             close_old_connections()
 
 
