@@ -11,7 +11,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,28 +22,19 @@ import django  # noqa: E402
 
 django.setup()
 
-import pyseccomp  # noqa: E402
-
 from jobs import syscalls  # noqa: E402
-from tests.jobs.sandboxed import run_job  # noqa: E402
+from tests.jobs.sandboxed import allow_all, run_job  # noqa: E402
 
 JOB_UID = 398990
 # getppid: the cheapest real system call, so the filter's own cost is as large a part of it as it can be.
 CALLS = "import os, time\nt = time.perf_counter()\nfor _ in range(1_000_000): os.getppid()\nprint(time.perf_counter() - t)"
 
 
-def _allow_all() -> bytes:
-    with tempfile.TemporaryFile() as bpf:
-        pyseccomp.SyscallFilter(pyseccomp.ALLOW).export_bpf(bpf)
-        bpf.seek(0)
-        return bpf.read()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12)
     rounds = parser.parse_args().rounds
-    programs = {"filter": syscalls.compiled(), "allow_all": _allow_all()}
+    programs = {"filter": syscalls.compiled(), "allow_all": allow_all()}
     start = {name: [] for name in programs}
     calls = {name: [] for name in programs}
     for _ in range(rounds):

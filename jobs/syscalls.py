@@ -65,13 +65,17 @@ def number(name: str) -> int:
 def compiled() -> bytes:
     """The filter as the BPF program bubblewrap's ``--seccomp`` loads, built once per process."""
     try:
-        fd = os.memfd_create("e31-syscall-filter", os.MFD_CLOEXEC)
-        with open(fd, "w+b") as bpf:
-            rules().export_bpf(bpf)
-            bpf.seek(0)
-            return bpf.read()
+        return export(rules())
     except OSError as exc:  # libseccomp refused a rule or the export
         raise FilterUnavailable(f"libseccomp could not build the job syscall filter: {exc}") from exc
+
+
+def export(program) -> bytes:
+    """A ``pyseccomp.SyscallFilter`` as BPF bytes (libseccomp writes only to a descriptor: an in-memory one)."""
+    with open(os.memfd_create("e31-syscall-filter", os.MFD_CLOEXEC), "w+b") as bpf:
+        program.export_bpf(bpf)
+        bpf.seek(0)
+        return bpf.read()
 
 
 def rules():
