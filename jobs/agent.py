@@ -43,7 +43,7 @@ from jobs import (
     sandbox,
     trees,
 )
-from jobs.lifecycle import PREEMPTED, EndReason, State
+from jobs.lifecycle import PREEMPTED, REQUEUED, EndReason, State
 from jobs.models import Allocation, ImagePull, Job, Node
 from jobs.rental import STOPPED
 from jobs.units import format_size
@@ -179,6 +179,10 @@ def run_part(
         )
         uid = uids.take(allocation_id) if uids and os.geteuid() == 0 else os.getuid()
         outcome, exit_code = _confined_run(part, dirs, mode, uid, secrets)
+        attempt_space.give_back_unused(dirs.root)  # what it left unused, before sealing and delivery
+    except attempt_space.NoRoom as exc:
+        _requeue_for_room(part, exc)
+        return
     except team_secrets.SecretsUnavailable as exc:  # names only, never a value
         rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(),
                            actor=_actor(part), detail=f"secrets: {exc}"[:300])  # fmt: skip
@@ -221,6 +225,15 @@ def _with_checkpoint(part: Part, dirs: sandbox.AttemptDirs) -> sandbox.AttemptDi
     if not (part.job.checkpoints and part.rank == 0):
         return dirs
     return dataclasses.replace(dirs, checkpoint=checkpoints.directory(part.job.id))
+
+
+def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
+    """The node's disk could not hold the attempt's space (or its checkpoint's): the node's shortage,
+    not the job's, so it goes back to the queue while it has attempts left. Nothing of it ran."""
+    log.warning("allocation %s: %s; %s bytes free", part.allocation.id, exc, f"{exc.free:,}")
+    again = part.job.attempt < settings.E31_MAX_ATTEMPTS
+    rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(), actor=_actor(part),
+                       detail=f"no room on the node's disk: {exc}"[:300], requeue_as=REQUEUED if again else "")  # fmt: skip
 
 
 def _bound_or_refuse(part: Part, dirs: sandbox.AttemptDirs) -> None:

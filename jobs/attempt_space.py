@@ -1,9 +1,13 @@
 """An attempt's writable space, bounded: its directory is a size-limited filesystem of its own.
 
-Each attempt's directory (work, output, its log) is an ext4 image in a sparse file, loop-mounted
-nosuid,nodev over that directory, sized to the declared output plus the scratch allowance
-(``E31_SCRATCH_BYTES``) and the log cap. A job that writes past it gets ENOSPC in its own space;
-the node's disk and the other jobs keep theirs. Why an image: as root it works on any local
+Each attempt's directory (work, output, its log) is an ext4 image, loop-mounted nosuid,nodev over
+that directory, sized to the declared output plus the scratch allowance (``E31_SCRATCH_BYTES``)
+and the log cap. A job that writes past it gets ENOSPC in its own space; the node's disk and the
+other jobs keep theirs. The image's blocks are allocated on the node's disk when it is made, not
+as the job writes: spaces can never promise together more than the disk holds, so a neighbour,
+or the node itself, filling the disk takes nothing a running job was given, and a space the disk
+cannot hold is refused (``NoRoom``) before its job starts. When the run ends, what the job left
+unused goes back to the disk (``give_back_unused``). Why an image: as root it works on any local
 filesystem with no quota support (project quotas need the host filesystem mounted with
 prjquota), and unlike a tmpfs it is not RAM and outlives the job for sealing and delivery.
 The image sits inside the directory it is mounted over, so removing the directory after
@@ -11,8 +15,11 @@ The image sits inside the directory it is mounted over, so removing the director
 the attempt runs unbounded, and the node's limits say so.
 """
 
+import contextlib
+import errno
 import logging
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -21,6 +28,22 @@ log = logging.getLogger(__name__)
 IMAGE = ".space.img"
 MIN_BYTES = 16 * 2**20
 MOUNT_OPTIONS = "loop,nosuid,nodev,noatime"
+# nodiscard: on a file, mke2fs's discard punches holes through the whole image, undoing its allocation.
+MKFS = ("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "nodiscard")
+
+
+class NoRoom(Exception):
+    """The node's disk cannot hold the space: nothing is mounted, and nothing of it is left behind.
+
+    Its message is the job's (what its space needed); ``free`` is for the node's own log only.
+    """
+
+    def __init__(self, needed: int, free: int) -> None:
+        super().__init__(
+            f"this attempt's space needs {needed:,} bytes (its declared output, the scratch allowance and "
+            "the log cap) and the node's disk could not hold it"
+        )
+        self.needed, self.free = needed, free
 
 
 def size_for(*, output_bytes: int, scratch_bytes: int, log_bytes: int) -> int:
@@ -43,17 +66,46 @@ def bound(root: Path, *, size: int, reuse: bool = False, image: Path | None = No
     try:
         if fresh:
             image.unlink(missing_ok=True)
-            fd = os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.truncate(size)  # sparse: disk is used only as the job writes
-            _run("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", str(image))
+            _allocate(os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), size)
+            _run(*MKFS, str(image))
+        else:  # blocks an earlier run gave back are taken again: the space is whole before its job writes
+            _allocate(os.open(image, os.O_WRONLY | os.O_NOFOLLOW), image.stat().st_size)
         _run("mount", "-o", MOUNT_OPTIONS, str(image), str(root))
+    except NoRoom:
+        if fresh:
+            image.unlink(missing_ok=True)
+        raise
     except (OSError, subprocess.SubprocessError) as exc:  # a hung mkfs/mount (TimeoutExpired) too
         if fresh:
             image.unlink(missing_ok=True)
         log.warning("space %s is not bounded: %s", root, _why(exc))
         return False
     return True
+
+
+def _allocate(fd: int, size: int) -> None:
+    """The image's ``size`` bytes, allocated on the node's disk now (and the descriptor closed)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise NoRoom(needed=size, free=shutil.disk_usage(f"/proc/self/fd/{fd}").free) from exc
+    finally:
+        os.close(fd)
+
+
+def give_back_unused(root: Path) -> None:
+    """Once the run has ended: the blocks its job never wrote, or freed, go back to the node's disk.
+    Sealing and delivery only read what is left; the space stays mounted and bounded for them."""
+    if not os.path.ismount(root):
+        return
+    try:
+        _run(
+            "fstrim", str(root)
+        )  # ext4 discards its free blocks; the loop device punches them out of the image
+    except (OSError, subprocess.SubprocessError) as exc:  # the space keeps its allocation until removed
+        log.warning("space %s kept its unused blocks: %s", root, _why(exc))
 
 
 def _own_regular_file(path: Path) -> bool:
@@ -95,9 +147,13 @@ def probe(under: Path) -> str:
         if not bound(target, size=MIN_BYTES):
             return "attempt disk unbounded (cannot mount a loop filesystem here)"
         release(target)
-        target.rmdir()
+    except NoRoom:
+        return f"attempt disk unbounded (its disk cannot hold even a {MIN_BYTES // 2**20} MiB space)"
     except (OSError, subprocess.SubprocessError) as exc:
         return f"attempt disk unbounded ({_why(exc)})"
+    finally:
+        with contextlib.suppress(OSError):  # still a mount point only if its release failed: then it stays
+            target.rmdir()
     return ""
 
 

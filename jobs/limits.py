@@ -9,11 +9,12 @@ node advertises its memory and CPUs (discovered, capped by ``--memory``/``--cpus
 import functools
 import logging
 import os
+import shutil
 from pathlib import Path
 
 from django.conf import settings
 
-from jobs import attempt_space, cgroups, selectors
+from jobs import attempt_space, cgroups, selectors, units
 from jobs.models import Allocation, Job
 from jobs.scheduling import types
 
@@ -49,6 +50,22 @@ def probe_space(jobs_dir: Path) -> str:
     across an agent's restart (the kernel keeps them): their outputs may still be awaiting delivery."""
     jobs_dir.mkdir(parents=True, exist_ok=True)
     return attempt_space.probe(jobs_dir)
+
+
+def disk_shortfall(jobs_dir: Path, gpus: int) -> str:
+    """'' when the disk under ``jobs_dir`` holds an attempt space per GPU (scratch and log, no output
+    declared), else how many it holds: spaces are taken on the disk when made, and past that they are refused."""
+    each = attempt_space.size_for(
+        output_bytes=0, scratch_bytes=settings.E31_SCRATCH_BYTES, log_bytes=settings.E31_LOG_CAP_BYTES
+    )
+    free = shutil.disk_usage(jobs_dir).free
+    if free >= each * gpus:
+        return ""
+    return (
+        f"its disk has {units.format_size(free)} free: room for {free // each} attempt space(s) of "
+        f"{units.format_size(each)} (E31_SCRATCH_BYTES and the log cap) for {gpus} GPU(s); attempts past "
+        "that go back to the queue"
+    )
 
 
 def attempt_limits(allocation: Allocation) -> cgroups.Limits:

@@ -2,6 +2,7 @@
 
 import re
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import F
@@ -14,7 +15,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from accounts import scoping
 from common import paging
 from common.operators import operator_only
-from jobs import declaration, estimates, logs, presenters, selectors, services, signals, syscalls
+from jobs import declaration, estimates, logs, presenters, selectors, services, signals, syscalls, units
 from jobs.forms import JobForm, JobListFilterForm, bound_fields
 from jobs.lifecycle import BEFORE_RENT
 from jobs.models import Job, JobArray
@@ -178,6 +179,7 @@ def _render_form(
         "rerun_of": rerun_of,
         "refused_calls": syscalls.DENIED,
         "refused_families": list(syscalls.SOCKET_FAMILIES),
+        "scratch": units.format_size(settings.E31_SCRATCH_BYTES),
     }
     template = "jobs/new.html#job-form" if request.htmx else "jobs/new.html"
     return render(request, template, context, status=status)

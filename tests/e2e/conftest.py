@@ -20,8 +20,8 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from jobs import attempt_space
-from jobs.models import Job, Node
-from tests.e2e.embedded import state_dir_job_uids_can_pass
+from jobs.models import Job, Node, OutputTransfer
+from tests.e2e.embedded import SCRATCH_BYTES, state_dir_job_uids_can_pass
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPRESSED = {
@@ -37,6 +37,7 @@ COMPRESSED = {
 }
 
 
+LOG_LINES_ON_FAILURE = 40
 UIDS_PER_AGENT = 16
 AGENTS_PER_POOL = 4  # the two a pool starts and the spares a fault test adds (e2e-<tag>-1 .. -4)
 
@@ -83,6 +84,10 @@ class LivePool:
     def log(self, name: str) -> str:
         return (Path(self.env["E31_STATE_DIR"]) / f"{name}.log").read_text(errors="replace")
 
+    def tail(self, name: str, lines: int) -> str:
+        path = Path(self.env["E31_STATE_DIR"]) / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
@@ -92,6 +97,31 @@ class LivePool:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing end-to-end test's report carries what the pool was doing: each process's last lines and
+    every job's state and delivery, since the processes and their logs are gone once the test ends."""
+    report = yield
+    pool = item.funcargs.get("live_pool") if report.when == "call" and report.failed else None
+    if isinstance(pool, LivePool):
+        for name in pool.procs:
+            report.sections.append(
+                (f"pool: {name} (last {LOG_LINES_ON_FAILURE} lines)", pool.tail(name, LOG_LINES_ON_FAILURE))
+            )
+        report.sections.append(("pool: jobs and deliveries", _jobs_and_deliveries()))
+    return report
+
+
+def _jobs_and_deliveries() -> str:
+    jobs = Job.objects.order_by("id").values_list(
+        "id", "name", "state", "attempt", "delivery_state", "delivery_detail"
+    )
+    transfers = OutputTransfer.objects.order_by("id").values_list(
+        "allocation__job_id", "allocation__attempt", "state", "token", "updated_at", "detail"
+    )
+    return "\n".join([*(f"job {row}" for row in jobs), *(f"transfer {row}" for row in transfers)])
 
 
 def wait_for(predicate, *, timeout: float = 30, every: float = 0.1, what: str = "condition"):
@@ -133,6 +163,7 @@ def live_pool(request, transactional_db, settings, tmp_path):
         "SECRET_KEY": "e2e-secret-never-visible-to-jobs", "PYTHONUNBUFFERED": "1",
         "E31_JOB_SUBNET": "100.64.0.0/10",  # the default range: every pool node gets a /24 slot of its own
         "E31_SECRETS_KEYS": Fernet.generate_key().decode(),  # the agents decrypt what this process encrypts
+        "E31_SCRATCH_BYTES": os.environ.get("E31_SCRATCH_BYTES", SCRATCH_BYTES),  # a test's own first
     }  # fmt: skip
     if options.get("roots_outside_tmp"):
         (outside / "secrets").mkdir(mode=0o700)

@@ -18,6 +18,10 @@ from pathlib import Path
 
 from jobs import attempt_space
 
+# Attempt spaces take their whole size on the disk when made: a node's default 10 GB of scratch for
+# each of a pool's attempts would ask for more than a CI machine's disk holds.
+SCRATCH_BYTES = str(256 * 10**6)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -95,7 +99,8 @@ def embedded_console(tmp_path: Path, **extra_env: str) -> Iterator[Console]:
     }
     state = state_dir_job_uids_can_pass("embedded")
     env.update(E31_STATE_DIR=str(state), PORT=str(free_port()), E31_DEMO_PASSWORD="demo-pass-123",
-               E31_HEARTBEAT_S="1", E31_SCHEDULER_TICK_S="2", PYTHONUNBUFFERED="1", **extra_env)  # fmt: skip
+               E31_HEARTBEAT_S="1", E31_SCHEDULER_TICK_S="2", PYTHONUNBUFFERED="1",
+               E31_SCRATCH_BYTES=SCRATCH_BYTES, **extra_env)  # fmt: skip
     log_path = tmp_path / "console.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

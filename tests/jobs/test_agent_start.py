@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from jobs import agent, attempt_space, limits, rental, sandbox
-from jobs.models import GpuHold
+from jobs.models import GpuHold, JobEvent
 from tests.factories import JobFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
@@ -57,3 +57,47 @@ def test_running_out_of_job_uids_releases_the_gpus(rented, monkeypatch):
     assert (rented.state, rented.end_reason) == ("released", "failed")
     assert "job uids" in rented.end_detail
     assert not GpuHold.objects.filter(active=True).exists()
+
+
+@pytest.fixture
+def small_disk(settings, tmp_path):
+    """The agent's root on a 32 MiB disk, and attempts that ask for 64 MB of scratch."""
+    settings.E31_SCRATCH_BYTES = 64 * 10**6
+    settings.E31_AGENT_ROOT = tmp_path / "agents"  # as ``rented`` has it
+    settings.E31_AGENT_ROOT.mkdir(parents=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(settings.E31_AGENT_ROOT)], check=True
+    )
+    try:
+        yield
+    finally:
+        attempt_space.release_all(settings.E31_AGENT_ROOT)
+        subprocess.run(["umount", "--lazy", str(settings.E31_AGENT_ROOT)], check=True)
+
+
+def test_a_space_the_nodes_disk_cannot_hold_sends_the_job_back_to_the_queue_with_the_reason(
+    rented, small_disk, settings
+):
+    settings.E31_MAX_ATTEMPTS = 2
+    _run(rented)
+    assert rented.state == "queued" and not GpuHold.objects.filter(active=True).exists()
+    requeued = JobEvent.objects.get(job=rented, to_state="queued", from_state="running").reason
+    assert "no room on the node's disk" in requeued and "bytes" in requeued
+    assert "free" not in requeued  # the node's own figures stay in its log
+
+
+def test_on_its_last_attempt_a_job_the_nodes_disk_cannot_hold_ends_failed_saying_why(
+    rented, small_disk, settings
+):
+    settings.E31_MAX_ATTEMPTS = 1
+    _run(rented)
+    assert (rented.state, rented.end_reason) == ("released", "failed")
+    assert rented.end_detail.startswith("no room on the node's disk: this attempt's space needs")
+    assert not GpuHold.objects.filter(active=True).exists()
+
+
+def test_a_node_says_at_start_when_its_disk_holds_fewer_attempt_spaces_than_it_has_gpus(small_disk, settings):
+    settings.E31_SCRATCH_BYTES, settings.E31_LOG_CAP_BYTES = 0, 10**6  # spaces of the smallest size, 16 MiB
+    assert limits.disk_shortfall(settings.E31_AGENT_ROOT, 2) == ""
+    shortfall = limits.disk_shortfall(settings.E31_AGENT_ROOT, 3)
+    assert "room for 2 attempt space(s) of 16.8 MB" in shortfall and "for 3 GPU(s)" in shortfall

@@ -2,8 +2,11 @@
 
 import errno
 import os
+import shutil
+import subprocess
 
 import pytest
+from django.urls import reverse
 
 from jobs import attempt_space
 
@@ -40,3 +43,89 @@ def test_the_mount_refuses_setuid_and_device_files(tmp_path):
         assert {"nosuid", "nodev"} <= set(options.split(","))
     finally:
         attempt_space.release(root)
+
+
+MIB = 2**20
+
+
+@pytest.fixture
+def node_disk(tmp_path):
+    """A node's disk of 128 MiB (a tmpfs), for what attempt spaces take of it together."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        attempt_space.release_all(disk)
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+def write(path, mib: int) -> None:
+    """``mib`` MiB written and synced: a failure to store them raises here, not at some later writeback."""
+    with path.open("wb") as out:
+        for _ in range(mib):
+            out.write(b"x" * MIB)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def allocated(path) -> int:
+    return path.stat().st_blocks * 512
+
+
+def test_a_neighbour_filling_the_node_disk_takes_nothing_of_a_space_already_given(node_disk):
+    """Sparse images let two spaces promise more than the disk holds: the one written last lost writes
+    it was entitled to (EIO from its filesystem), through no fault of its own."""
+    first, second = node_disk / "7-1", node_disk / "8-1"
+    assert attempt_space.bound(first, size=48 * MIB)
+    assert attempt_space.bound(second, size=48 * MIB)
+    write(second / "big", 40)  # the neighbour uses all of its own
+    with pytest.raises(OSError) as full:  # and the node's own files take whatever else is left
+        write(node_disk / "node-file", 128)
+    assert full.value.errno == errno.ENOSPC
+    write(first / "mine", 40)  # still there in full for the first
+    assert (first / "mine").stat().st_size == 40 * MIB
+
+
+def test_a_space_the_disk_cannot_hold_is_refused_before_its_job_starts_and_leaves_nothing(node_disk):
+    assert attempt_space.bound(node_disk / "7-1", size=80 * MIB)
+    refused = node_disk / "8-1"
+    with pytest.raises(attempt_space.NoRoom) as no_room:
+        attempt_space.bound(refused, size=80 * MIB)
+    assert "83,886,080 bytes" in str(no_room.value)  # what it needed, beside what the disk had
+    assert not os.path.ismount(refused) and os.listdir(refused) == []
+    write(node_disk / "node-file", 40)  # nothing of the refused space is held
+
+
+def test_what_the_job_left_unused_goes_back_to_the_node_when_its_run_ends(node_disk):
+    root = node_disk / "7-1"
+    assert attempt_space.bound(root, size=64 * MIB)
+    write(root / "kept", 8)
+    write(root / "scratch", 30)
+    (root / "scratch").unlink()
+    held_before = shutil.disk_usage(node_disk).used
+    attempt_space.give_back_unused(root)
+    held_after = shutil.disk_usage(node_disk).used
+    assert (
+        held_before > 60 * MIB and held_after < 24 * MIB
+    )  # 64 MiB held while it ran; about the 8 kept after
+    assert (root / "kept").read_bytes() == b"x" * 8 * MIB
+
+
+def test_a_node_whose_disk_is_full_says_so_at_start_instead_of_failing(node_disk):
+    write(node_disk / "node-file", 120)
+    assert (
+        attempt_space.probe(node_disk) == "attempt disk unbounded (its disk cannot hold even a 16 MiB space)"
+    )
+    assert os.listdir(node_disk) == ["node-file"]
+
+
+def test_the_submit_form_says_the_jobs_space_is_held_for_it_on_the_nodes_disk(member_client, settings):
+    settings.E31_SCRATCH_BYTES = 10 * 10**9
+    page = member_client.get(reverse("jobs:new")).content.decode()
+    section = page[page.index('id="where-jobs-run"') :]
+    assert (
+        "your declared output plus 10.0 GB of scratch, held for it on the node's disk from its start"
+        in section
+    )

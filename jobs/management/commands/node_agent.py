@@ -94,6 +94,9 @@ class Command(BaseCommand):
                     "agent_version": AGENT_VERSION, "sandbox": mode, "memory_bytes": limits.node_memory(memory),
                     "cpus": limits.node_cpus(cpus), "limits": _limits(name), "multi_node_refusal": refusal}  # fmt: skip
         nodes.register_node(now=timezone.now(), **register)
+        if limits.DISK_BOUNDED in register["limits"]:
+            if shortfall := limits.disk_shortfall(sandbox.agent_root(name) / "jobs", len(found)):
+                self.stdout.write(f"node {name}: {shortfall}")
         self.stdout.write(
             f"node {name}: {_describe(found, source)}, {units.format_size(register['memory_bytes'])} and "
             f"{register['cpus']:g} CPUs for jobs, sandbox {mode}, limits: {register['limits']}, queue node.{name}"
