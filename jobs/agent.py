@@ -170,7 +170,7 @@ def run_part(
         return  # a duplicate delivery, or released before it could start
     part = _load_part(allocation_id, mode, gpu_uuids)
     dirs = _with_checkpoint(part, sandbox.attempt_dirs(part.allocation))
-    uid = None
+    uid, ran = None, False
     try:  # everything after the start is inside: whatever fails, the GPUs are released
         _bound_or_refuse(part, dirs)  # created mounted: the job's files live in its bounded space
         # Decrypted only now, for the attempt this agent has just started, and held in memory only.
@@ -179,7 +179,7 @@ def run_part(
         )
         uid = uids.take(allocation_id) if uids and os.geteuid() == 0 else os.getuid()
         outcome, exit_code = _confined_run(part, dirs, mode, uid, secrets)
-        attempt_space.give_back_unused(dirs.root)  # what it left unused, before sealing and delivery
+        ran = True
     except attempt_space.NoRoom as exc:
         _requeue_for_room(part, exc)
         return
@@ -198,6 +198,7 @@ def run_part(
         )  # before its uid can go to another attempt
         if uids and uid is not None:
             uids.give_back(uid)
+        _settle_space(dirs.root, ran=ran)
     if kept is not None:
         _with_database(lambda: rental.note_checkpoint(job_id=part.job.id, attempt=part.allocation.attempt,
                                                       held_bytes=kept.bytes, note=kept.note, now=timezone.now()))  # fmt: skip
@@ -227,6 +228,19 @@ def _with_checkpoint(part: Part, dirs: sandbox.AttemptDirs) -> sandbox.AttemptDi
     return dataclasses.replace(dirs, checkpoint=checkpoints.directory(part.job.id))
 
 
+def _settle_space(root: Path, *, ran: bool) -> None:
+    """A run that ended keeps its files for sealing and delivery and gives back what it left unused; an
+    attempt that never ran its job, or whose agent failed, delivers nothing: its whole space goes now, not
+    at the retention sweep (a job made to fail at its start must not hold the node's disk for a day)."""
+    try:
+        if ran:
+            attempt_space.give_back_unused(root)
+        else:
+            attempt_space.release(root)
+    except (OSError, subprocess.SubprocessError):  # the retention sweep tries again
+        log.exception("attempt space %s could not be given back", root)
+
+
 def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
     """The node's disk could not hold the attempt's space (or its checkpoint's): the node's shortage,
     not the job's, so it goes back to the queue while it has attempts left. Nothing of it ran."""
@@ -252,29 +266,31 @@ def _confined_run(
     sandboxed = mode == sandbox.BUBBLEWRAP
     gpus = devices.gpu_nodes(settings.E31_DEVICE_ROOT, part.allocation.gpu_indices) if sandboxed else ()
     device_procs = devices.constrain(part.key, gpus) if sandboxed else None
-    dirs.create(owner=uid)
-    if dirs.checkpoint:
-        checkpoints.prepare(part.job.id, owner=uid, limit=part.job.checkpoint_bytes)
-        if not checkpoints.bounded(part.job.id) and limits.DISK_BOUNDED in part.allocation.node.limits:
-            raise AttemptSpaceUnbounded(
-                "this node advertises a disk bound but could not mount one for the checkpoint"
-            )
-    sandbox.write_identity(dirs, uid=uid, gid=uid)
-    if part.network:
-        network.wire(part.network)
-    rental.note_network(allocation_id=part.allocation.id, network=part.network_note)
-    group = limits.open_group(part.allocation)
-    confinement = sandbox.Confinement(
-        uid=uid, gid=uid, netns=part.network.namespace if part.network else "", devices=gpus,
-        cgroup_procs=(*group.procs_files(), *([str(device_procs)] if device_procs else [])),
-        libraries=devices.driver_libraries() if gpus else (),
-    )  # fmt: skip
-    try:
+    group = None
+    try:  # whatever fails from here (a checkpoint space the disk cannot hold too), nothing of it stays behind
+        dirs.create(owner=uid)
+        if dirs.checkpoint:
+            checkpoints.prepare(part.job.id, owner=uid, limit=part.job.checkpoint_bytes)
+            if not checkpoints.bounded(part.job.id) and limits.DISK_BOUNDED in part.allocation.node.limits:
+                raise AttemptSpaceUnbounded(
+                    "this node advertises a disk bound but could not mount one for the checkpoint"
+                )
+        sandbox.write_identity(dirs, uid=uid, gid=uid)
+        if part.network:
+            network.wire(part.network)
+        rental.note_network(allocation_id=part.allocation.id, network=part.network_note)
+        group = limits.open_group(part.allocation)
+        confinement = sandbox.Confinement(
+            uid=uid, gid=uid, netns=part.network.namespace if part.network else "", devices=gpus,
+            cgroup_procs=(*group.procs_files(), *([str(device_procs)] if device_procs else [])),
+            libraries=devices.driver_libraries() if gpus else (),
+        )  # fmt: skip
         return _run_bounded(part, dirs, mode, confinement, group, secrets)
     finally:
-        group.remove()  # whatever of the job is still alive goes with its groups
+        if group is not None:
+            group.remove()  # whatever of the job is still alive goes with its groups
         if part.network:
-            network.unwire(part.network)
+            network.unwire(part.network)  # safe when nothing, or only part of it, was wired
         devices.release(part.key)
         sandbox.reown(dirs.root)  # sealing and delivery read files no job process can change any more
 

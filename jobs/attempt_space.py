@@ -38,11 +38,15 @@ class NoRoom(Exception):
     Its message is the job's (what its space needed); ``free`` is for the node's own log only.
     """
 
-    def __init__(self, needed: int, free: int) -> None:
-        super().__init__(
-            f"this attempt's space needs {needed:,} bytes (its declared output, the scratch allowance and "
-            "the log cap) and the node's disk could not hold it"
-        )
+    def __init__(
+        self,
+        needed: int,
+        free: int,
+        *,
+        space: str = "this attempt's space",
+        made_of: str = "its declared output, the scratch allowance and the log cap",
+    ) -> None:
+        super().__init__(f"{space} needs {needed:,} bytes ({made_of}) and the node's disk could not hold it")
         self.needed, self.free = needed, free
 
 
@@ -66,10 +70,10 @@ def bound(root: Path, *, size: int, reuse: bool = False, image: Path | None = No
     try:
         if fresh:
             image.unlink(missing_ok=True)
-            _allocate(os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), size)
+            _allocate(os.open(image, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), size)
             _run(*MKFS, str(image))
         else:  # blocks an earlier run gave back are taken again: the space is whole before its job writes
-            _allocate(os.open(image, os.O_WRONLY | os.O_NOFOLLOW), image.stat().st_size)
+            _allocate(os.open(image, os.O_RDWR | os.O_NOFOLLOW), image.stat().st_size)
         _run("mount", "-o", MOUNT_OPTIONS, str(image), str(root))
     except NoRoom:
         if fresh:
@@ -84,7 +88,8 @@ def bound(root: Path, *, size: int, reuse: bool = False, image: Path | None = No
 
 
 def _allocate(fd: int, size: int) -> None:
-    """The image's ``size`` bytes, allocated on the node's disk now (and the descriptor closed)."""
+    """The image's ``size`` bytes, allocated on the node's disk now (and the descriptor closed). Read and
+    write: where the filesystem has no fallocate, glibc emulates it, reading each block before writing it."""
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:
@@ -101,9 +106,11 @@ def give_back_unused(root: Path) -> None:
     if not os.path.ismount(root):
         return
     try:
-        _run(
-            "fstrim", str(root)
-        )  # ext4 discards its free blocks; the loop device punches them out of the image
+        # Written first: data still in the page cache has no blocks yet, and fstrim would count them as
+        # free; flushed after the trim, it would need blocks from a disk that may be full by then.
+        _run("sync", "--file-system", str(root))
+        # ext4 discards its free blocks; the loop device punches them out of the image.
+        _run("fstrim", str(root))
     except (OSError, subprocess.SubprocessError) as exc:  # the space keeps its allocation until removed
         log.warning("space %s kept its unused blocks: %s", root, _why(exc))
 

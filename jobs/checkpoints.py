@@ -51,7 +51,13 @@ def prepare(job_id: int, *, owner: int, limit: int) -> Path:
     attempt_space.unmount(path)
     path.chmod(0o700)  # the directory under the mount: the agent's alone
     size = attempt_space.size_for(output_bytes=limit, scratch_bytes=0, log_bytes=0)
-    if attempt_space.bound(path, size=size, reuse=True, image=image(job_id)):
+    try:
+        made = attempt_space.bound(path, size=size, reuse=True, image=image(job_id))
+    except attempt_space.NoRoom as exc:
+        raise attempt_space.NoRoom(
+            exc.needed, exc.free, space="the job's checkpoint space", made_of="its declared checkpoint size"
+        ) from exc
+    if made:
         _drop_lost_and_found(path)
     path.chmod(0o700)
     sandbox.own_tree(path, uid=owner, gid=owner)

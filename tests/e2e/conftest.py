@@ -106,11 +106,17 @@ def pytest_runtest_makereport(item, call):
     report = yield
     pool = item.funcargs.get("live_pool") if report.when == "call" and report.failed else None
     if isinstance(pool, LivePool):
-        for name in pool.procs:
-            report.sections.append(
-                (f"pool: {name} (last {LOG_LINES_ON_FAILURE} lines)", pool.tail(name, LOG_LINES_ON_FAILURE))
-            )
-        report.sections.append(("pool: jobs and deliveries", _jobs_and_deliveries()))
+        try:
+            for name in pool.procs:
+                report.sections.append(
+                    (
+                        f"pool: {name} (last {LOG_LINES_ON_FAILURE} lines)",
+                        pool.tail(name, LOG_LINES_ON_FAILURE),
+                    )
+                )
+            report.sections.append(("pool: jobs and deliveries", _jobs_and_deliveries()))
+        except Exception as exc:  # what the pool did is extra: it must never hide the failure itself
+            report.sections.append(("pool: could not be read", repr(exc)))
     return report
 
 

@@ -1,10 +1,12 @@
 """The start of a part: whatever fails between its start and its process, the GPUs are released."""
 
+import os
 import subprocess
 
 import pytest
 from django.utils import timezone
 
+from accounts import team_secrets
 from jobs import agent, attempt_space, limits, rental, sandbox
 from jobs.models import GpuHold, JobEvent
 from tests.factories import JobFactory, NodeFactory
@@ -101,3 +103,16 @@ def test_a_node_says_at_start_when_its_disk_holds_fewer_attempt_spaces_than_it_h
     assert limits.disk_shortfall(settings.E31_AGENT_ROOT, 2) == ""
     shortfall = limits.disk_shortfall(settings.E31_AGENT_ROOT, 3)
     assert "room for 2 attempt space(s) of 16.8 MB" in shortfall and "for 3 GPU(s)" in shortfall
+
+
+def test_an_attempt_whose_job_never_ran_gives_its_whole_space_back_at_once(rented, monkeypatch):
+    """Not at the retention sweep a day later: a job made to fail at its start must not hold the node's disk."""
+
+    def unavailable(**_):
+        raise team_secrets.SecretsUnavailable("API_KEY is no longer set")
+
+    monkeypatch.setattr(team_secrets, "values_for_attempt", unavailable)
+    _run(rented)
+    assert (rented.state, rented.end_reason) == ("released", "failed")
+    root = sandbox.attempt_dirs(rented.allocations.get()).root
+    assert not os.path.ismount(root) and not (root / attempt_space.IMAGE).exists()

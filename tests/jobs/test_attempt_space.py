@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from django.urls import reverse
 
-from jobs import attempt_space
+from jobs import attempt_space, checkpoints
 
 MB = 10**6
 
@@ -129,3 +129,42 @@ def test_the_submit_form_says_the_jobs_space_is_held_for_it_on_the_nodes_disk(me
         "your declared output plus 10.0 GB of scratch, held for it on the node's disk from its start"
         in section
     )
+
+
+def test_what_the_job_wrote_but_the_kernel_had_not_stored_yet_keeps_its_room_after_the_give_back(node_disk):
+    """Data still in the page cache has no blocks yet: trimmed before it was written, it needed blocks
+    again later, from a disk the node had filled by then."""
+    root = node_disk / "7-1"
+    assert attempt_space.bound(root, size=64 * MIB)
+    with (root / "unsynced").open("wb") as out:
+        for _ in range(40):
+            out.write(b"x" * MIB)  # no fsync: the job exits with its last writes in the cache
+    attempt_space.give_back_unused(root)
+    with pytest.raises(OSError):
+        write(node_disk / "node-file", 128)
+    stored = os.open(root / "unsynced", os.O_RDONLY)
+    try:
+        os.fsync(stored)  # ENOSPC had the trim come first
+    finally:
+        os.close(stored)
+    assert (root / "unsynced").read_bytes() == b"x" * 40 * MIB
+
+
+def test_a_space_mounted_again_takes_back_what_it_gave_and_keeps_its_files(node_disk):
+    """A checkpoint's space, from one attempt to the next: its image outside the directory it is mounted over."""
+    root, image = node_disk / "checkpoint", node_disk / "checkpoint.img"
+    assert attempt_space.bound(root, size=32 * MIB, image=image)
+    write(root / "state", 4)
+    attempt_space.give_back_unused(root)
+    attempt_space.unmount(root)
+    assert allocated(image) < 16 * MIB
+    assert attempt_space.bound(root, size=32 * MIB, reuse=True, image=image)
+    assert allocated(image) >= 32 * MIB and (root / "state").read_bytes() == b"x" * 4 * MIB
+
+
+def test_a_checkpoint_space_the_disk_cannot_hold_is_named_so(node_disk, settings):
+    settings.E31_CHECKPOINT_ROOT = node_disk / "checkpoints"
+    with pytest.raises(attempt_space.NoRoom) as no_room:
+        checkpoints.prepare(7, owner=os.getuid(), limit=200 * MIB)
+    assert str(no_room.value).startswith("the job's checkpoint space needs")
+    assert "(its declared checkpoint size)" in str(no_room.value)
