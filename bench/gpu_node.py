@@ -121,7 +121,7 @@ def main() -> None:
         "foreign_gpu_visible": None if neighbour is None else (
             any(f"nvidia{i}" in neighbour["devices"] for i in cuda["gpus"]) or neighbour.get("count", 0) > 1
         ),
-        "sandbox": node.sandbox, "job_gpus": cuda["gpus"], "neighbour_gpus": neighbour and neighbour["gpus"],
+        "sandbox": node.sandbox, "limits": node.limits, "job_gpus": cuda["gpus"], "neighbour_gpus": neighbour and neighbour["gpus"],
         "job_devices": cuda["devices"], "visible": cuda["visible"],
     }))  # fmt: skip
 

@@ -10,7 +10,8 @@
 # (cuInit, cuDeviceGetCount, cuMemAlloc, then ~10 s of memsets so the agent has something to sample)
 # and, on a machine with two GPUs or more, a second job on another GPU that must not see the first.
 # Fields: gpus_discovered, model, job_device_count, cuda_ok, metrics_samples, foreign_gpu_visible
-# (null on a one-GPU machine), sandbox (the mode the agent ran jobs in). Under 5 minutes.
+# (null on a one-GPU machine), sandbox (the mode the agent ran jobs in), limits (what its node enforces). Under
+# 5 minutes.
 #
 # On a machine without network: carry wheels built for its Python (PYTHON=… names the interpreter whose
 # site-packages hold them) and bubblewrap unpacked from its Debian package (E31_BWRAP_DIR=…/usr/bin).
@@ -37,6 +38,7 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  [[ -z ${AGENT_GROUP:-} ]] || find "$AGENT_GROUP" -depth -type d -exec rmdir {} + 2>/dev/null || true
   "$PY" -c "from jobs import attempt_space; attempt_space.release_all(__import__('pathlib').Path('$STATE'))" \
     2>/dev/null || true
   [[ -n ${E31_KEEP_STATE:-} ]] || rm -rf "$STATE"
@@ -49,7 +51,17 @@ trap cleanup EXIT
 pids+=($!)
 "$PY" -m celery -A e31web beat --schedule "$STATE/beat" --loglevel WARNING >"$STATE/beat.log" 2>&1 &
 pids+=($!)
-"$PY" manage.py node_agent --name bench-gpu "$@" >"$STATE/agent.log" 2>&1 &
+# A root agent on a cgroup v2 machine gets a group of its own, as a systemd unit with Delegate=yes gives it:
+# v2 delegates no controller below a group that holds other processes (this script, the worker, beat).
+AGENT_GROUP=""
+if [[ $(id -u) == 0 ]] && grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+  AGENT_GROUP=/sys/fs/cgroup/e31-bench-agent-$$
+  mkdir "$AGENT_GROUP"
+fi
+(
+  [[ -z $AGENT_GROUP ]] || echo "$BASHPID" >"$AGENT_GROUP/cgroup.procs"
+  exec "$PY" manage.py node_agent --name bench-gpu "$@"
+) >"$STATE/agent.log" 2>&1 &
 pids+=($!)
 
 if ! timeout 270 "$PY" bench/gpu_node.py --node bench-gpu; then

@@ -26,6 +26,10 @@ ROOT = Path("/sys/fs/cgroup")
 SELF = Path("/proc/self/cgroup")
 
 
+class SharedGroup(OSError):
+    """v2 delegates no controller below a group holding processes, and the agent's holds others besides it."""
+
+
 @dataclass(frozen=True)
 class Hierarchy:
     """Where one controller lives: its mount, its version, and the agent's own group in it."""
@@ -207,7 +211,17 @@ def _enable_v2(hierarchy: Hierarchy, prefix: str) -> None:
         leaf = own / "agent"
         leaf.mkdir(exist_ok=True)
         _write(leaf / "cgroup.procs", str(os.getpid()))
-        _write(own / "cgroup.subtree_control", f"+{hierarchy.controller}")
+        try:
+            _write(own / "cgroup.subtree_control", f"+{hierarchy.controller}")
+        except OSError as again:
+            if again.errno != errno.EBUSY:
+                raise
+            raise SharedGroup(
+                errno.EBUSY,
+                f"the agent's cgroup /{hierarchy.own} holds other processes, and cgroup v2 delegates no "
+                "controller below a group with processes: start the agent in a group of its own (a systemd "
+                "unit with Delegate=yes)",
+            ) from again
     (own / prefix).mkdir(exist_ok=True)
     _write(own / prefix / "cgroup.subtree_control", f"+{hierarchy.controller}")
 

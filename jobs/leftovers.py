@@ -46,16 +46,28 @@ def own_keys(node_name: str, found: set[str]) -> set[str]:
 
 
 def kill_uid_range(uids: sandbox.UidRange, proc: Path = Path("/proc")) -> list[int]:
-    """KILLs every process running under one of the agent's job uids: no attempt of its runs yet."""
+    """KILLs every process running under one of the agent's job uids: no attempt of its runs yet.
+    A zombie has finished already (a machine whose pid 1 reaps nothing keeps bubblewrap's): not counted."""
     killed = []
     for entry in proc.iterdir():
-        if entry.name.isdigit() and uids.base <= _uid(entry) < uids.base + uids.count:
+        if (
+            entry.name.isdigit()
+            and uids.base <= _uid(entry) < uids.base + uids.count
+            and not _finished(entry)
+        ):
             try:
                 os.kill(int(entry.name), signal.SIGKILL)
             except ProcessLookupError:
                 continue
             killed.append(int(entry.name))
     return killed
+
+
+def _finished(entry: Path) -> bool:
+    try:
+        return "\nState:\tZ" in (entry / "status").read_text()
+    except OSError:  # gone
+        return True
 
 
 def _uid(entry: Path) -> int:

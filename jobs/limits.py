@@ -38,6 +38,8 @@ def probe(node_name: str) -> str:
     group = cgroups.AttemptGroup(found, prefix=PREFIX, name=f"{node_name}-probe")
     try:
         group.create(cgroups.Limits(memory_bytes=64 * 2**20, cpus=1, pids=64))
+    except cgroups.SharedGroup as exc:
+        return f"none: {exc.strerror}"
     except OSError as exc:
         return f"none: cgroups cannot be created here ({exc.strerror or exc})"
     finally:
@@ -84,7 +86,8 @@ def open_group(allocation: Allocation) -> cgroups.AttemptGroup:
     group = cgroups.AttemptGroup(hierarchies(), prefix=PREFIX, name=name)
     try:
         group.create(attempt_limits(allocation))
-    except PermissionError as exc:  # an unprivileged agent (the embedded default): shown on the pool page
+    # An unprivileged agent (the embedded default), or one sharing its v2 group: shown on the pool page.
+    except (PermissionError, cgroups.SharedGroup) as exc:
         log.warning("attempt %s runs without cgroup limits: %s", name, exc)
         group.remove(timeout_s=1)
         return cgroups.AttemptGroup({}, prefix=PREFIX, name=name)

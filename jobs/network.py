@@ -168,7 +168,7 @@ def unwire(net: PartNetwork) -> None:
         ["ip", "netns", "del", net.namespace],
         ["nft", "delete", "table", "inet", net.table],
     ):
-        subprocess.run(step, capture_output=True, timeout=20)
+        _quietly(step)
 
 
 def _names(key: str) -> dict[str, str]:
@@ -180,10 +180,9 @@ def wired_keys() -> set[str]:
     listings = (["ip", "netns", "list"], ["ip", "-o", "link", "show"], ["nft", "list", "tables"])
     names = []
     for cmd in listings:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
         # ``ip -o link``: "7: e31<key>@if2: <...>"; ``ip netns``: "e31-<key> (id: 3)"; nft: "table inet e31_<key>"
         names += [
-            word.split("@")[0].rstrip(":") for line in done.stdout.splitlines() for word in line.split()
+            word.split("@")[0].rstrip(":") for line in _quietly(cmd).splitlines() for word in line.split()
         ]
     return {match.group(1) for name in names if (match := KEYED.fullmatch(name))}
 
@@ -266,6 +265,15 @@ def _nft(ruleset: str) -> None:
     done = subprocess.run(["nft", "-f", "-"], input=ruleset, capture_output=True, text=True, timeout=20)
     if done.returncode != 0:
         raise NetworkError(f"nft: {done.stderr.strip()[:300]}")
+
+
+def _quietly(cmd: list[str]) -> str:
+    """The output of a listing or removal whose failure leaves nothing to do: '' where the tool is not
+    installed (a machine without ``ip`` or ``nft`` has none of their objects, and refuses to make them)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout
+    except FileNotFoundError:
+        return ""
 
 
 def _run(cmd: list[str]) -> None:

@@ -1,5 +1,6 @@
 """Finding each controller (v2 where enabled, else v1) and writing an attempt's limits, on fake cgroupfs trees."""
 
+import errno
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,31 @@ def test_an_elastic_job_on_fewer_gpus_than_declared_gets_its_whole_declared_memo
     )
     bounds = limits.attempt_limits(Allocation.objects.select_related("job", "node").get(id=allocation.id))
     assert (bounds.memory_bytes, bounds.cpus) == (64 * 10**9, 16.0)
+
+
+def test_a_v2_agent_sharing_its_group_with_other_processes_runs_attempts_unbounded_and_says_how_to_fix_it(
+    tmp_path, monkeypatch
+):
+    # Seen on a GPU machine: the agent ran in one group with the shell that started it, and v2 refuses to
+    # delegate controllers below a group with processes (EBUSY, even after the agent moved to a leaf).
+    root = tmp_path / "cgroup"
+    _v2(root, "cpu memory pids")
+    found = cgroups.detect(root=root, self_cgroup=_self(tmp_path, "0::/session-7\n"))
+    (root / "session-7").mkdir()
+    write = cgroups._write
+
+    def busy(path: Path, value: str) -> None:
+        if path.name == "cgroup.subtree_control" and path.parent == root / "session-7":
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        write(path, value)
+
+    monkeypatch.setattr(cgroups, "_write", busy)
+    monkeypatch.setattr(limits, "hierarchies", lambda: found)
+    monkeypatch.setattr(limits, "attempt_limits", lambda allocation: LIMITS)
+    said = limits.probe("gpu-1")
+    assert said.startswith("none: ")
+    assert "/session-7 holds other processes" in said and "Delegate=yes" in said
+    allocation = Allocation(
+        node=NodeFactory.build(name="gpu-1"), job=JobFactory.build(id=4), attempt=1, gpu_indices=[0]
+    )
+    assert limits.open_group(allocation).procs_files() == []

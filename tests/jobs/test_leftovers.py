@@ -3,7 +3,9 @@ mid-job, and nothing of another node's: real namespaces, links, tables, groups a
 
 import os
 import subprocess
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -87,3 +89,35 @@ def test_a_job_process_that_outlived_its_agent_is_killed_and_another_agents_job_
 def test_an_unprivileged_agent_sweeps_nothing(monkeypatch):
     monkeypatch.setattr(leftovers.os, "geteuid", lambda: 1000)
     assert leftovers.sweep(node_name="gpu-01", uids=OWN_UIDS) == []
+
+
+def test_a_machine_without_ip_or_nft_has_nothing_wired_and_its_agent_still_starts(monkeypatch, tmp_path):
+    # Seen on a GPU machine with neither tool: the start-up sweep raised FileNotFoundError and the agent died.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(leftovers.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(network.os, "geteuid", lambda: 0)
+    assert network.wired_keys() == set()
+    network.unwire_key("0123456789")
+    assert leftovers.sweep(node_name="gpu-01", uids=None) == []
+    assert network.refusal().startswith(
+        "cannot isolate a job's network here: [Errno 2] No such file or directory"
+    )
+
+
+def test_a_finished_process_not_yet_reaped_is_not_reported_as_left_behind():
+    # Seen on a GPU machine whose pid 1 reaps nothing: the start-up probe's bubblewrap stayed a zombie under
+    # the first job uid, and the agent's first line said it had removed "process 650" an earlier agent left.
+    finished = subprocess.Popen(["true"], user=OWN_UIDS.base, group=OWN_UIDS.base)
+    try:
+        deadline = time.monotonic() + 10
+        while _state(finished.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _state(finished.pid) == "Z"
+        assert leftovers.kill_uid_range(OWN_UIDS) == []
+    finally:
+        finished.wait()
+
+
+def _state(pid: int) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("State:"))
