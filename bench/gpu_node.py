@@ -62,6 +62,9 @@ print("MARK" + json.dumps(out), flush=True)
 """.replace("MARK", MARK)
 
 
+ALLOCATE_1_5_GB = "b = b'x' * 1_500_000_000; print('allocated', len(b), flush=True)"
+
+
 def wait(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -71,13 +74,13 @@ def wait(predicate, timeout: float, what: str):
     raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def submit(team, user, *, name: str, busy_s: int) -> Job:
+def submit(team, user, *, name: str, program: str, memory: str = "") -> Job:
     python = (
         "/usr/bin/python3" if Path("/usr/bin/python3").exists() else os.path.realpath(shutil.which("python3"))
     )
     spec = declaration.validate(
-        {"name": name, "work": {"argv": [python, "-c", f"BUSY_S = {busy_s}\n{PROBE}"]},
-         "request": {"gpus": 1, "hours": 0.1},
+        {"name": name, "work": {"argv": [python, "-c", program]},
+         "request": {"gpus": 1, "hours": 0.1, **({"memory": memory} if memory else {})},
          "output": {"uri": f"file://{settings.E31_OUTPUT_ROOTS[0]}/{team.slug}/{name}", "bytes": 1000}},
         limits=services.pool_limits(team=team),
     )  # fmt: skip
@@ -105,11 +108,14 @@ def main() -> None:
     accounts.ensure_demo_accounts(password="bench")
     user = get_user_model().objects.get(username="demo")
     team = user.memberships.first().team
-    first = submit(team, user, name="cuda", busy_s=10)
+    first = submit(team, user, name="cuda", program=f"BUSY_S = 10\n{PROBE}")
     wait(lambda: Job.objects.filter(id=first.id, state="running").exists(), 120, "the CUDA job to run")
-    second = submit(team, user, name="neighbour", busy_s=2) if len(gpus) > 1 else None
+    second = submit(team, user, name="neighbour", program=f"BUSY_S = 2\n{PROBE}") if len(gpus) > 1 else None
     cuda = probe(first)
     neighbour = probe(second) if second else None
+    # The node's memory limit on this kernel: 1.5 GB taken by a job that declared 1 GB.
+    hog = submit(team, user, name="memory", program=ALLOCATE_1_5_GB, memory="1 GB")
+    hog = wait(lambda: Job.objects.filter(id=hog.id, state__in=("released", "ended")).first(), 120, "the hog")
     if node.gpu_source != "virtual":  # the agent stores the last minute at its next sample after the job
         wait(lambda: GpuMinute.objects.filter(allocation__job=first).exists(), 15, "the job's GPU samples")
     samples = GpuMinute.objects.filter(allocation__job=first).aggregate(n=Sum("samples"))["n"] or 0
@@ -121,6 +127,7 @@ def main() -> None:
         "foreign_gpu_visible": None if neighbour is None else (
             any(f"nvidia{i}" in neighbour["devices"] for i in cuda["gpus"]) or neighbour.get("count", 0) > 1
         ),
+        "memory_limit_held": hog.end_reason == "out_of_memory" if "memory" in node.limits else None,
         "sandbox": node.sandbox, "limits": node.limits, "job_gpus": cuda["gpus"], "neighbour_gpus": neighbour and neighbour["gpus"],
         "job_devices": cuda["devices"], "visible": cuda["visible"],
     }))  # fmt: skip

@@ -10,8 +10,9 @@
 # (cuInit, cuDeviceGetCount, cuMemAlloc, then ~10 s of memsets so the agent has something to sample)
 # and, on a machine with two GPUs or more, a second job on another GPU that must not see the first.
 # Fields: gpus_discovered, model, job_device_count, cuda_ok, metrics_samples, foreign_gpu_visible
-# (null on a one-GPU machine), sandbox (the mode the agent ran jobs in), limits (what its node enforces). Under
-# 5 minutes.
+# (null on a one-GPU machine), memory_limit_held (a job declaring 1 GB that takes 1.5 GB ended out_of_memory;
+# null where the node enforces no memory limit), sandbox (the mode the agent ran jobs in), limits (what its
+# node enforces). Under 5 minutes.
 #
 # On a machine without network: carry wheels built for its Python (PYTHON=… names the interpreter whose
 # site-packages hold them) and bubblewrap unpacked from its Debian package (E31_BWRAP_DIR=…/usr/bin).

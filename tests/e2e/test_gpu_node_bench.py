@@ -45,6 +45,7 @@ def test_the_gpu_node_bench_prints_its_json_line_from_a_node_that_found_its_gpus
         "nvidia-smi",
     )
     assert result["sandbox"] == "bubblewrap"
+    assert "memory" in result["limits"] and result["memory_limit_held"] is True
     (mine,), (theirs,) = result["job_gpus"], result["neighbour_gpus"]
     assert mine != theirs
     assert result["job_devices"] == [f"nvidia{mine}", "nvidiactl"]  # its GPU and the control device, no other
