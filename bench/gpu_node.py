@@ -127,7 +127,7 @@ def main() -> None:
         "foreign_gpu_visible": None if neighbour is None else (
             any(f"nvidia{i}" in neighbour["devices"] for i in cuda["gpus"]) or neighbour.get("count", 0) > 1
         ),
-        "memory_limit_held": hog.end_reason == "out_of_memory" if "memory" in node.limits else None,
+        "memory_limit_held": hog.end_reason == "out_of_memory" if "memory v" in node.limits else None,
         "sandbox": node.sandbox, "limits": node.limits, "job_gpus": cuda["gpus"], "neighbour_gpus": neighbour and neighbour["gpus"],
         "job_devices": cuda["devices"], "visible": cuda["visible"],
     }))  # fmt: skip

@@ -39,7 +39,10 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  [[ -z ${AGENT_GROUP:-} ]] || find "$AGENT_GROUP" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  if [[ -n ${AGENT_GROUP:-} ]]; then  # whatever of a job outlived the agent goes with the group
+    echo 1 >"$AGENT_GROUP/cgroup.kill" 2>/dev/null || true
+    find "$AGENT_GROUP" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  fi
   "$PY" -c "from jobs import attempt_space; attempt_space.release_all(__import__('pathlib').Path('$STATE'))" \
     2>/dev/null || true
   [[ -n ${E31_KEEP_STATE:-} ]] || rm -rf "$STATE"

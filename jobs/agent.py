@@ -265,9 +265,9 @@ def _confined_run(
     """The part under its own uid, with its GPUs only, in its own network; then its files are the agent's."""
     sandboxed = mode == sandbox.BUBBLEWRAP
     gpus = devices.gpu_nodes(settings.E31_DEVICE_ROOT, part.allocation.gpu_indices) if sandboxed else ()
-    device_procs = devices.constrain(part.key, gpus) if sandboxed else None
     group = None
     try:  # whatever fails from here (a checkpoint space the disk cannot hold too), nothing of it stays behind
+        device_procs = devices.constrain(part.key, gpus) if sandboxed else None
         dirs.create(owner=uid)
         if dirs.checkpoint:
             checkpoints.prepare(part.job.id, owner=uid, limit=part.job.checkpoint_bytes)

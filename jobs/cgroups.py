@@ -218,9 +218,8 @@ def _enable_v2(hierarchy: Hierarchy, prefix: str) -> None:
                 raise
             raise SharedGroup(
                 errno.EBUSY,
-                f"the agent's cgroup /{hierarchy.own} holds other processes, and cgroup v2 delegates no "
-                "controller below a group with processes: start the agent in a group of its own (a systemd "
-                "unit with Delegate=yes)",
+                f"the agent's cgroup /{hierarchy.own} holds other processes, and v2 delegates no controller "
+                "below those: give the agent a group of its own (systemd: Delegate=yes)",
             ) from again
     (own / prefix).mkdir(exist_ok=True)
     _write(own / prefix / "cgroup.subtree_control", f"+{hierarchy.controller}")

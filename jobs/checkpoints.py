@@ -107,6 +107,9 @@ def settle(job_id: int, *, limit: int) -> Kept:
             "its checkpoint was nested too deeply to hand on and was removed: the next attempt starts from scratch",
         )
     finally:
+        # Between attempts its image holds what the job wrote, not its whole declared size; mounted again,
+        # it takes the rest back (or the next attempt is refused for room).
+        attempt_space.give_back_unused(path)
         attempt_space.unmount(path)
 
 

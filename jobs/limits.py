@@ -20,6 +20,7 @@ from jobs.scheduling import types
 
 log = logging.getLogger(__name__)
 PREFIX = "e31"
+NONE = "none: "  # how a node's limits begin where it bounds no attempt by cgroups
 DISK_BOUNDED = "disk bounded"  # what a node's limits say when its attempts get a bounded space
 
 
@@ -33,15 +34,15 @@ def probe(node_name: str) -> str:
     """What this node enforces, for the pool page: a probe group is made and removed, as a job's would be."""
     found = hierarchies()
     if not found:
-        return "none: no cgroup controllers found"
+        return f"{NONE}no cgroup controllers found"
     cgroups.remove_stale(found, prefix=PREFIX, node=node_name)
     group = cgroups.AttemptGroup(found, prefix=PREFIX, name=f"{node_name}-probe")
     try:
         group.create(cgroups.Limits(memory_bytes=64 * 2**20, cpus=1, pids=64))
     except cgroups.SharedGroup as exc:
-        return f"none: {exc.strerror}"
+        return f"{NONE}{exc.strerror}"
     except OSError as exc:
-        return f"none: cgroups cannot be created here ({exc.strerror or exc})"
+        return f"{NONE}cgroups cannot be created here ({exc.strerror or exc})"
     finally:
         group.remove(timeout_s=1)
     return cgroups.describe(found)
@@ -86,8 +87,11 @@ def open_group(allocation: Allocation) -> cgroups.AttemptGroup:
     group = cgroups.AttemptGroup(hierarchies(), prefix=PREFIX, name=name)
     try:
         group.create(attempt_limits(allocation))
-    # An unprivileged agent (the embedded default), or one sharing its v2 group: shown on the pool page.
+    # An unprivileged agent (the embedded default), or one sharing its v2 group: shown on the pool page. A node
+    # that advertised limits never runs an attempt without them: the attempt fails instead.
     except (PermissionError, cgroups.SharedGroup) as exc:
+        if not allocation.node.limits.startswith(NONE):
+            raise
         log.warning("attempt %s runs without cgroup limits: %s", name, exc)
         group.remove(timeout_s=1)
         return cgroups.AttemptGroup({}, prefix=PREFIX, name=name)

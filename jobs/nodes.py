@@ -14,6 +14,7 @@ from jobs.models import Allocation, Node, NodeGpu
 log = logging.getLogger(__name__)
 GPU_FIELDS = ("uuid", "model", "memory_bytes", "driver_version", "cuda_version", "virtual")
 LIVE_STATES = (Node.NodeState.UP, Node.NodeState.DRAINING, Node.NodeState.DRAINED)
+LIMITS_CHARS = Node._meta.get_field("limits").max_length
 
 
 @transaction.atomic
@@ -27,7 +28,7 @@ def register_node(
     ``gpu_list``: each GPU the agent found (index, uuid, model, memory_bytes, driver_version,
     cuda_version, virtual); a GPU registered before and absent now is kept as not present.
     """
-    offered = {"memory_bytes": memory_bytes, "cpus": cpus, "limits": limits[:200],
+    offered = {"memory_bytes": memory_bytes, "cpus": cpus, "limits": limits[:LIMITS_CHARS],
                "multi_node_refusal": multi_node_refusal[:300], "gpu_source": gpu_source}  # fmt: skip
     node, created = Node.objects.select_for_update().get_or_create(
         name=name,

@@ -116,3 +116,15 @@ def test_an_attempt_whose_job_never_ran_gives_its_whole_space_back_at_once(rente
     assert (rented.state, rented.end_reason) == ("released", "failed")
     root = sandbox.attempt_dirs(rented.allocations.get()).root
     assert not os.path.ismount(root) and not (root / attempt_space.IMAGE).exists()
+
+
+def test_a_node_label_long_enough_to_be_cut_still_says_its_disk_is_bounded(monkeypatch, settings, tmp_path):
+    # The pool keeps 200 characters of it, and the agent refuses an unbounded space by finding the disk part.
+    from jobs.management.commands import node_agent
+
+    settings.E31_AGENT_ROOT = tmp_path / "agents"
+    monkeypatch.setattr(limits, "probe", lambda name: "none: " + "a reason with a long cgroup path " * 8)
+    monkeypatch.setattr(limits, "probe_space", lambda jobs_dir: "")
+    label = node_agent._limits("gpu-01")
+    assert len(label) <= 200 and label.startswith("none: a reason")
+    assert label.endswith(limits.DISK_BOUNDED)

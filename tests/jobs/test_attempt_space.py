@@ -168,3 +168,14 @@ def test_a_checkpoint_space_the_disk_cannot_hold_is_named_so(node_disk, settings
         checkpoints.prepare(7, owner=os.getuid(), limit=200 * MIB)
     assert str(no_room.value).startswith("the job's checkpoint space needs")
     assert "(its declared checkpoint size)" in str(no_room.value)
+
+
+def test_a_checkpoint_gives_back_what_its_job_left_unused_when_its_attempt_ends(node_disk, settings):
+    # Its image keeps the job's declared checkpoint size while the job waits in the queue between attempts:
+    # only the checkpoint it wrote should stay taken on the disk.
+    settings.E31_CHECKPOINT_ROOT = node_disk / "checkpoints"
+    path = checkpoints.prepare(7, owner=os.getuid(), limit=64 * MIB)
+    write(path / "state", 4)
+    kept = checkpoints.settle(7, limit=64 * MIB)
+    assert kept.bytes >= 4 * MIB
+    assert allocated(checkpoints.image(7)) < 24 * MIB

@@ -107,13 +107,14 @@ def test_a_machine_without_ip_or_nft_has_nothing_wired_and_its_agent_still_start
 def test_a_finished_process_not_yet_reaped_is_not_reported_as_left_behind():
     # Seen on a GPU machine whose pid 1 reaps nothing: the start-up probe's bubblewrap stayed a zombie under
     # the first job uid, and the agent's first line said it had removed "process 650" an earlier agent left.
-    finished = subprocess.Popen(["true"], user=OWN_UIDS.base, group=OWN_UIDS.base)
+    uids = sandbox.UidRange(3_910_016, 1)  # a range of its own: the sweep must not touch the other tests' jobs
+    finished = subprocess.Popen(["true"], user=uids.base, group=uids.base)
     try:
         deadline = time.monotonic() + 10
         while _state(finished.pid) != "Z" and time.monotonic() < deadline:
             time.sleep(0.01)
         assert _state(finished.pid) == "Z"
-        assert leftovers.kill_uid_range(OWN_UIDS) == []
+        assert leftovers.kill_uid_range(uids) == []
     finally:
         finished.wait()
 

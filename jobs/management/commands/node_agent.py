@@ -164,7 +164,9 @@ def _limits(name: str) -> str:
     uid = (
         "" if os.geteuid() == 0 else f"; {sandbox.SHARED_UID}"
     )  # before the disk part: its reason can be long
-    return f"{described}{uid}; {disk or limits.DISK_BOUNDED}"
+    tail = f"{uid}; {disk or limits.DISK_BOUNDED}"
+    # The pool keeps LIMITS_CHARS of it, and agents find the disk part in what it keeps: the cgroup reason is cut.
+    return described[: max(0, nodes.LIMITS_CHARS - len(tail))] + tail
 
 
 def _size(text: str) -> int:
