@@ -169,11 +169,10 @@ def test_an_elastic_job_on_fewer_gpus_than_declared_gets_its_whole_declared_memo
     assert (bounds.memory_bytes, bounds.cpus) == (64 * 10**9, 16.0)
 
 
-def test_a_v2_agent_sharing_its_group_with_other_processes_runs_attempts_unbounded_and_says_how_to_fix_it(
-    tmp_path, monkeypatch
-):
-    # Seen on a GPU machine: the agent ran in one group with the shell that started it, and v2 refuses to
-    # delegate controllers below a group with processes (EBUSY, even after the agent moved to a leaf).
+@pytest.fixture
+def shared_v2_group(tmp_path, monkeypatch):
+    """A v2 machine where the agent's group (/session-7) holds other processes: v2 refuses to delegate
+    controllers below it (EBUSY, even after the agent moved itself to a leaf)."""
     root = tmp_path / "cgroup"
     _v2(root, "cpu memory pids")
     found = cgroups.detect(root=root, self_cgroup=_self(tmp_path, "0::/session-7\n"))
@@ -188,32 +187,25 @@ def test_a_v2_agent_sharing_its_group_with_other_processes_runs_attempts_unbound
     monkeypatch.setattr(cgroups, "_write", busy)
     monkeypatch.setattr(limits, "hierarchies", lambda: found)
     monkeypatch.setattr(limits, "attempt_limits", lambda allocation: LIMITS)
+
+
+def _allocation(node_limits: str) -> Allocation:
+    node = NodeFactory.build(name="gpu-1", limits=node_limits)  # what the node advertised at start
+    return Allocation(node=node, job=JobFactory.build(id=4), attempt=1, gpu_indices=[0])
+
+
+def test_a_v2_agent_sharing_its_group_with_other_processes_runs_attempts_unbounded_and_says_how_to_fix_it(
+    shared_v2_group,
+):
+    # Seen on a GPU machine: the agent ran in one group with the shell that started it.
     said = limits.probe("gpu-1")
     assert said.startswith("none: ")
     assert "/session-7 holds other processes" in said and "Delegate=yes" in said
-    node = NodeFactory.build(name="gpu-1", limits=said)  # what the node advertised at start
-    allocation = Allocation(node=node, job=JobFactory.build(id=4), attempt=1, gpu_indices=[0])
-    assert limits.open_group(allocation).procs_files() == []
+    assert limits.open_group(_allocation(said)).procs_files() == []
 
 
-def test_a_node_that_advertises_limits_never_runs_an_attempt_without_them(tmp_path, monkeypatch):
+def test_a_node_that_advertises_limits_never_runs_an_attempt_without_them(shared_v2_group):
     # Its controllers taken away after the probe (a unit reloaded without Delegate=yes) and a process put in
     # its group: the attempt fails rather than run unbounded under a pool page that says "memory v2".
-    root = tmp_path / "cgroup"
-    _v2(root, "cpu memory pids")
-    found = cgroups.detect(root=root, self_cgroup=_self(tmp_path, "0::/session-7\n"))
-    (root / "session-7").mkdir()
-    write = cgroups._write
-
-    def busy(path: Path, value: str) -> None:
-        if path.name == "cgroup.subtree_control" and path.parent == root / "session-7":
-            raise OSError(errno.EBUSY, "Device or resource busy")
-        write(path, value)
-
-    monkeypatch.setattr(cgroups, "_write", busy)
-    monkeypatch.setattr(limits, "hierarchies", lambda: found)
-    monkeypatch.setattr(limits, "attempt_limits", lambda allocation: LIMITS)
-    node = NodeFactory.build(name="gpu-1", limits="memory v2, cpu v2, pids v2; disk bounded")
-    allocation = Allocation(node=node, job=JobFactory.build(id=4), attempt=1, gpu_indices=[0])
     with pytest.raises(cgroups.SharedGroup):
-        limits.open_group(allocation)
+        limits.open_group(_allocation("memory v2, cpu v2, pids v2; disk bounded"))

@@ -107,7 +107,9 @@ def test_a_machine_without_ip_or_nft_has_nothing_wired_and_its_agent_still_start
 def test_a_finished_process_not_yet_reaped_is_not_reported_as_left_behind():
     # Seen on a GPU machine whose pid 1 reaps nothing: the start-up probe's bubblewrap stayed a zombie under
     # the first job uid, and the agent's first line said it had removed "process 650" an earlier agent left.
-    uids = sandbox.UidRange(3_910_016, 1)  # a range of its own: the sweep must not touch the other tests' jobs
+    uids = sandbox.UidRange(
+        3_910_016, 1
+    )  # a range of its own: the sweep must not touch the other tests' jobs
     finished = subprocess.Popen(["true"], user=uids.base, group=uids.base)
     try:
         deadline = time.monotonic() + 10
