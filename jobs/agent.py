@@ -7,6 +7,7 @@ a failed sibling on another node, or the allocation released under it (node decl
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
@@ -171,6 +172,9 @@ def run_part(
     part = _load_part(allocation_id, mode, gpu_uuids)
     dirs = _with_checkpoint(part, sandbox.attempt_dirs(part.allocation))
     uid, ran = None, False
+    # How a part that never reached its exit ends: run once its attempt has settled, since a job released or
+    # requeued can be placed again at once, on this node too, and must not find this attempt still tidying up.
+    ending = None
     try:  # everything after the start is inside: whatever fails, the GPUs are released
         _bound_or_refuse(part, dirs)  # created mounted: the job's files live in its bounded space
         # Decrypted only now, for the attempt this agent has just started, and held in memory only.
@@ -181,24 +185,25 @@ def run_part(
         outcome, exit_code = _confined_run(part, dirs, mode, uid, secrets)
         ran = True
     except attempt_space.NoRoom as exc:
-        _requeue_for_room(part, exc)
-        return
+        ending = functools.partial(_requeue_for_room, part, exc)
     except team_secrets.SecretsUnavailable as exc:  # names only, never a value
-        rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(),
-                           actor=_actor(part), detail=f"secrets: {exc}"[:300])  # fmt: skip
-        return
+        ending = functools.partial(_release_failed, part, f"secrets: {exc}")
     except Exception as exc:  # the agent itself failed: never leave GPUs held
         log.exception("allocation %s: the agent failed", allocation_id)
-        rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(),
-                           actor=_actor(part), detail=f"the node agent failed: {exc}"[:300])  # fmt: skip
-        return
+        ending = functools.partial(_release_failed, part, f"the node agent failed: {exc}")
     finally:
-        kept = (
-            _settle_checkpoint(part) if dirs.checkpoint else None
-        )  # before its uid can go to another attempt
-        if uids and uid is not None:
-            uids.give_back(uid)
-        _settle_space(dirs.root, ran=ran)
+        try:
+            kept = (
+                _settle_checkpoint(part) if dirs.checkpoint else None
+            )  # before its uid can go to another attempt
+            if uids and uid is not None:
+                uids.give_back(uid)
+            _settle_space(dirs.root, ran=ran)
+        finally:  # also when settling raised: the GPUs are released all the same
+            if ending is not None:
+                ending()
+    if ending is not None:
+        return
     if kept is not None:
         _with_database(lambda: rental.note_checkpoint(job_id=part.job.id, attempt=part.allocation.attempt,
                                                       held_bytes=kept.bytes, note=kept.note, now=timezone.now()))  # fmt: skip
@@ -239,6 +244,11 @@ def _settle_space(root: Path, *, ran: bool) -> None:
             attempt_space.release(root)
     except (OSError, subprocess.SubprocessError):  # the retention sweep tries again
         log.exception("attempt space %s could not be given back", root)
+
+
+def _release_failed(part: Part, detail: str) -> None:
+    rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(), actor=_actor(part),
+                       detail=detail[:300])  # fmt: skip
 
 
 def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:

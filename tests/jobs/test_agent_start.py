@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from accounts import team_secrets
 from jobs import agent, attempt_space, limits, rental, sandbox
-from jobs.models import GpuHold, JobEvent
+from jobs.models import GpuHold, Job, JobEvent
 from tests.factories import JobFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
@@ -128,3 +128,21 @@ def test_a_node_label_long_enough_to_be_cut_still_says_its_disk_is_bounded(monke
     label = node_agent._limits("gpu-01")
     assert len(label) <= 200 and label.startswith("none: a reason")
     assert label.endswith(limits.DISK_BOUNDED)
+
+
+def test_a_job_sent_back_for_room_is_queued_only_once_its_attempt_has_settled(
+    rented, small_disk, settings, monkeypatch
+):
+    # Queued first, it could be placed again (on this node too) while this attempt still unmounted its
+    # checkpoint and gave back its uid and space: the next attempt's checkpoint would go with them.
+    settings.E31_MAX_ATTEMPTS = 2
+    settle = agent._settle_space
+    seen = []
+
+    def watched(root, *, ran):
+        seen.append(Job.objects.get(id=rented.id).state)
+        settle(root, ran=ran)
+
+    monkeypatch.setattr(agent, "_settle_space", watched)
+    _run(rented)
+    assert seen == ["running"] and rented.state == "queued"
