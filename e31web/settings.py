@@ -389,6 +389,8 @@ if min(E31_STAGE_CONCURRENCY, E31_DELIVERY_CONCURRENCY) < 1 or E31_STAGE_CACHE_B
         "E31_STAGE_CONCURRENCY and E31_DELIVERY_CONCURRENCY are at least 1; E31_STAGE_CACHE_BYTES is not negative"
     )
 E31_MAX_ATTEMPTS = env.int("E31_MAX_ATTEMPTS", default=3)
+# After a node's disk could not hold an attempt's space, the scheduler places nothing there for this long.
+E31_NO_ROOM_HOLD_S = env.float("E31_NO_ROOM_HOLD_S", default=300.0)
 E31_LOG_CAP_BYTES = env.int("E31_LOG_CAP_BYTES", default=10 * 1024 * 1024)
 # Log followers (GET /api/v1/jobs/{id}/log?wait=) that may wait at once per web process; keep it under
 # gunicorn's threads, so pages always have threads left. The others are told to retry in 2 s.

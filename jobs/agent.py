@@ -40,6 +40,7 @@ from jobs import (
     logs,
     masking,
     network,
+    nodes,
     rental,
     sandbox,
     trees,
@@ -255,6 +256,7 @@ def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
     """The node's disk could not hold the attempt's space (or its checkpoint's): the node's shortage,
     not the job's, so it goes back to the queue while it has attempts left. Nothing of it ran."""
     log.warning("allocation %s: %s; %s bytes free", part.allocation.id, exc, f"{exc.free:,}")
+    nodes.hold_for_room(node_id=part.allocation.node_id, now=timezone.now())  # before the job is placed again
     again = part.job.attempt < settings.E31_MAX_ATTEMPTS
     rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(), actor=_actor(part),
                        detail=f"no room on the node's disk: {exc}"[:300], requeue_as=REQUEUED if again else "")  # fmt: skip

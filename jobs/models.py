@@ -286,6 +286,8 @@ class Node(models.Model):
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     # The operator who marked the node down: it stays down, whatever its agent says, until resumed.
     held_down_by = models.CharField(max_length=150, blank=True)
+    # Its disk could not hold an attempt's space: the scheduler places nothing here until then (E31_NO_ROOM_HOLD_S).
+    no_room_until = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField()
     state_changed_at = models.DateTimeField()
 

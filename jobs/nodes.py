@@ -43,7 +43,7 @@ def register_node(
         state = Node.NodeState.UP if node.state == Node.NodeState.DOWN and not held else node.state
         Node.objects.filter(id=node.id).update(
             gpus=gpus, gpu_model=gpu_model, address=address, agent_version=agent_version, sandbox=sandbox,
-            last_heartbeat=now, registered_at=now, state=state, **offered,
+            last_heartbeat=now, registered_at=now, state=state, no_room_until=None, **offered,  # its disk is looked at anew
             state_changed_at=now if state != node.state else node.state_changed_at,
         )  # fmt: skip
         node.refresh_from_db()
@@ -116,6 +116,14 @@ def _record_gpus(*, node: Node, gpu_list: Sequence[Mapping], now: datetime) -> l
     missing = sorted(i for i, row in known.items() if row.present and i not in found)
     NodeGpu.objects.filter(node=node, index__in=missing).update(present=False, changed_at=now)
     return missing
+
+
+def hold_for_room(*, node_id: int, now: datetime) -> None:
+    """Its disk could not hold an attempt's space: no new work for E31_NO_ROOM_HOLD_S (its jobs end, and free some)."""
+    until = now + timedelta(seconds=settings.E31_NO_ROOM_HOLD_S)
+    Node.objects.filter(id=node_id).filter(Q(no_room_until__isnull=True) | Q(no_room_until__lt=until)).update(
+        no_room_until=until
+    )
 
 
 def heartbeat(*, name: str, now: datetime) -> bool:

@@ -41,7 +41,7 @@ def take(*, now: datetime) -> PoolView:
     pending, running = _pending(now), _running()
     learned = selectors.learned_run_times([j.team for j in [*pending, *running]])
     return PoolView(
-        nodes=_nodes(frozenset().union(*(p.datasets for p in pending))),
+        nodes=_nodes(now, frozenset().union(*(p.datasets for p in pending))),
         running=[_as_predicted(r, learned[r.team], now) for r in running],
         pending=[replace(p, hours=learned[p.team].predict_hours(p.hours)) for p in pending],
         usage=_usage(now),
@@ -57,14 +57,15 @@ def _as_predicted(r: types.RunningView, learned: prediction.Learned, now: dateti
     return replace(r, expected_end=end)
 
 
-def _nodes(pool_cached: frozenset[str] = frozenset()) -> list[types.NodeView]:
-    """``pool_cached``: the waiting jobs' datasets in the pool-wide staging cache, which every node reads."""
+def _nodes(now: datetime, pool_cached: frozenset[str] = frozenset()) -> list[types.NodeView]:
+    """``pool_cached``: the waiting jobs' datasets in the pool-wide staging cache, which every node reads.
+    A node takes work when up, and not while its disk has just failed to hold an attempt's space."""
     held: dict[int, set[int]] = defaultdict(set)
     for node_id, index in GpuHold.objects.filter(active=True).values_list("node_id", "gpu_index"):
         held[node_id].add(index)
     nodes = list(
         Node.objects.exclude(state=Node.NodeState.DOWN).only(
-            "id", "name", "gpus", "state", "memory_bytes", "cpus", "multi_node_refusal"
+            "id", "name", "gpus", "state", "memory_bytes", "cpus", "multi_node_refusal", "no_room_until"
         )
     )
     used = _used_memory_and_cpus({node.id: node for node in nodes})
@@ -74,7 +75,8 @@ def _nodes(pool_cached: frozenset[str] = frozenset()) -> list[types.NodeView]:
             name=node.name,
             gpus=node.gpus,
             free=tuple(i for i in present[node.id] if i not in held[node.id]),
-            schedulable=node.state == Node.NodeState.UP,
+            schedulable=node.state == Node.NodeState.UP
+            and not (node.no_room_until and node.no_room_until > now),
             cached_datasets=pool_cached,
             memory=node.memory_bytes,
             cpus=node.cpus,

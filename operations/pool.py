@@ -23,7 +23,7 @@ from operations import charts, selectors, utilisation
 
 NODE_FIELDS = (
     "id", "name", "gpus", "gpu_model", "state", "agent_version", "sandbox", "multi_node_refusal", "last_heartbeat",
-    "memory_bytes", "cpus", "limits", "held_down_by", "gpu_source",
+    "memory_bytes", "cpus", "limits", "held_down_by", "gpu_source", "no_room_until",
 )  # fmt: skip
 VIRTUAL = "virtual"  # a node's gpu_source when its agent serves made-up GPUs (--virtual-gpus)
 LIVE_FOR_S = 60  # a GPU's latest sample older than this is not shown as its utilisation now
@@ -47,6 +47,7 @@ class NodeInfo:
     limits: str  # the cgroup controllers that bound each attempt, or "none: why"
     held_down_by: str  # the operator who marked it down; it waits for a resume
     gpu_source: str  # "nvml", "nvidia-smi", "virtual"; empty: registered before GPUs were listed
+    no_room_until: datetime | None  # its disk could not hold an attempt's space: no new work until then
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,10 +205,19 @@ def _row(node: NodeInfo, ctx: _Context) -> str:
         f'<tr id="node-{node.id}-row"><td><strong>{name}</strong><br>'
         f'<small class="muted">{node.gpus} &times; {escape(node.gpu_model or "GPU")}{_offered(node)}</small>'
         f"{_gpu_line(node, ctx)}</td>"
-        f'<td><span class="badge node-{state}">{state}</span></td>'
+        f'<td><span class="badge node-{state}">{state}</span>{_no_room(node, ctx.now)}</td>'
         f'<td><div class="gpu-grid" role="group" aria-label="{busy} of {node.gpus} GPUs busy">{cells}</div></td>'
         f"{heartbeat_td}<td>{escape(node.agent_version or '—')}</td><td>{_sandbox(node)}</td>"
         f'<td class="actions">{_actions(node, ctx)}</td></tr>'
+    )
+
+
+def _no_room(node: NodeInfo, now: datetime) -> str:
+    if not node.no_room_until or node.no_room_until <= now:
+        return ""
+    return (
+        '<br><strong class="badge loud">NO ROOM</strong> <small>its disk could not hold an attempt\'s space: '
+        f"no new work until {node.no_room_until:%H:%M} UTC</small>"
     )
 
 

@@ -2,13 +2,14 @@
 
 import os
 import subprocess
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
 from accounts import team_secrets
-from jobs import agent, attempt_space, limits, rental, sandbox
-from jobs.models import GpuHold, Job, JobEvent
+from jobs import agent, attempt_space, limits, rental, sandbox, scheduler, snapshot
+from jobs.models import GpuHold, Job, JobEvent, Node
 from tests.factories import JobFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
@@ -146,3 +147,18 @@ def test_a_job_sent_back_for_room_is_queued_only_once_its_attempt_has_settled(
     monkeypatch.setattr(agent, "_settle_space", watched)
     _run(rented)
     assert seen == ["running"] and rented.state == "queued"
+
+
+def test_a_node_whose_disk_could_not_hold_a_space_takes_no_new_work_for_a_while(rented, small_disk, settings):
+    # Else the scheduler hands the requeued job (and the next) straight back to the same full node, and each
+    # bounce spends one of the job's attempts.
+    settings.E31_MAX_ATTEMPTS, settings.E31_NO_ROOM_HOLD_S = 3, 300
+    NodeFactory(name="gpu-02")
+    _run(rented)
+    now = timezone.now()
+    assert Node.objects.get(name="gpu-01").no_room_until > now + timedelta(seconds=290)
+    assert {n.name: n.schedulable for n in snapshot.take(now=now).nodes} == {"gpu-01": False, "gpu-02": True}
+    scheduler.run_pass(now=now)
+    assert rented.allocations.order_by("-attempt").first().node.name == "gpu-02"
+    later = snapshot.take(now=now + timedelta(seconds=301))
+    assert {n.name: n.schedulable for n in later.nodes} == {"gpu-01": True, "gpu-02": True}

@@ -177,3 +177,12 @@ def test_the_pool_page_shouts_a_node_whose_jobs_share_the_agents_uid(operator_cl
     rows = operator_client.get(POOL).content.decode().split('<tr id="node-')
     assert "SHARED UID</strong>" in next(r for r in rows if "gpu-user" in r)
     assert "SHARED UID" not in next(r for r in rows if "gpu-root" in r)
+
+
+def test_the_pool_page_says_a_node_takes_no_new_work_while_its_disk_has_no_room(operator_client, now):
+    NodeFactory(name="gpu-full", no_room_until=now + timedelta(minutes=4))
+    NodeFactory(name="gpu-roomy", no_room_until=now - timedelta(minutes=1))  # its hold has passed
+    page = operator_client.get(POOL).content.decode()
+    assert page.count("NO ROOM") == 1
+    until = (now + timedelta(minutes=4)).strftime("%H:%M UTC")
+    assert f"its disk could not hold an attempt's space: no new work until {until}" in page
