@@ -6,6 +6,7 @@ a failed sibling on another node, or the allocation released under it (node decl
 """
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -277,8 +278,12 @@ def _confined_run(
     """The part under its own uid, with its GPUs only, in its own network; then its files are the agent's."""
     sandboxed = mode == sandbox.BUBBLEWRAP
     gpus = devices.gpu_nodes(settings.E31_DEVICE_ROOT, part.allocation.gpu_indices) if sandboxed else ()
-    group = None
-    try:  # whatever fails from here (a checkpoint space the disk cannot hold too), nothing of it stays behind
+    # Whatever fails from here (a checkpoint space the disk cannot hold too), nothing of it stays behind: each
+    # step's undoing is registered before the step, and they all run, in reverse, even when one of them fails.
+    with contextlib.ExitStack() as cleanup:
+        # Last: sealing and delivery read files no job process can change any more.
+        cleanup.callback(sandbox.reown, dirs.root)
+        cleanup.callback(devices.release, part.key)
         device_procs = devices.constrain(part.key, gpus) if sandboxed else None
         dirs.create(owner=uid)
         if dirs.checkpoint:
@@ -289,22 +294,17 @@ def _confined_run(
                 )
         sandbox.write_identity(dirs, uid=uid, gid=uid)
         if part.network:
+            cleanup.callback(network.unwire, part.network)  # safe when nothing, or only part of it, was wired
             network.wire(part.network)
         rental.note_network(allocation_id=part.allocation.id, network=part.network_note)
         group = limits.open_group(part.allocation)
+        cleanup.callback(group.remove)  # whatever of the job is still alive goes with its groups
         confinement = sandbox.Confinement(
             uid=uid, gid=uid, netns=part.network.namespace if part.network else "", devices=gpus,
             cgroup_procs=(*group.procs_files(), *([str(device_procs)] if device_procs else [])),
             libraries=devices.driver_libraries() if gpus else (),
         )  # fmt: skip
         return _run_bounded(part, dirs, mode, confinement, group, secrets)
-    finally:
-        if group is not None:
-            group.remove()  # whatever of the job is still alive goes with its groups
-        if part.network:
-            network.unwire(part.network)  # safe when nothing, or only part of it, was wired
-        devices.release(part.key)
-        sandbox.reown(dirs.root)  # sealing and delivery read files no job process can change any more
 
 
 def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | None) -> Part:

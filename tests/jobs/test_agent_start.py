@@ -162,3 +162,25 @@ def test_a_node_whose_disk_could_not_hold_a_space_takes_no_new_work_for_a_while(
     assert rented.allocations.order_by("-attempt").first().node.name == "gpu-02"
     later = snapshot.take(now=now + timedelta(seconds=301))
     assert {n.name: n.schedulable for n in later.nodes} == {"gpu-01": True, "gpu-02": True}
+
+
+def test_a_clean_up_step_that_fails_leaves_the_others_done(rented, monkeypatch):
+    # A group that would not go (its last process stuck in the kernel) must not leave the attempt's devices
+    # group behind, nor its files owned by a job uid the next attempt, of any team, may be given.
+    done = []
+
+    class StuckGroup:
+        def procs_files(self):
+            return []
+
+        def remove(self):
+            raise OSError(16, "Device or resource busy")
+
+    monkeypatch.setattr(limits, "open_group", lambda allocation: StuckGroup())
+    monkeypatch.setattr(agent, "_run_bounded", lambda *args: ("succeeded", 0))
+    monkeypatch.setattr(agent.devices, "release", lambda key: done.append("devices"))
+    monkeypatch.setattr(sandbox, "reown", lambda root: done.append("reown"))
+    _run(rented)
+    assert done == ["devices", "reown"]
+    assert (rented.state, rented.end_reason) == ("released", "failed")
+    assert "Device or resource busy" in rented.end_detail
