@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
 from accounts.models import Team
-from jobs import sandbox, units
+from jobs import limits, sandbox, units
 from jobs.models import Allocation, GpuHold, Node, NodeGpu
 from operations import charts, selectors, utilisation
 
@@ -242,7 +242,7 @@ def _offered(node: NodeInfo) -> str:
 
 
 def _limits(node: NodeInfo) -> str:
-    if node.limits.startswith("none"):
+    if node.limits.startswith(limits.NONE):
         return f'<br><strong class="badge loud">NO LIMITS</strong> <small>{escape(node.limits)}</small>'
     return f'<br><small class="muted">limits: {escape(node.limits)}</small>' if node.limits else ""
 
