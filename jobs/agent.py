@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -52,6 +53,7 @@ from jobs.rental import STOPPED
 from jobs.units import format_size
 
 log = logging.getLogger(__name__)
+_E = TypeVar("_E", bound=BaseException)
 
 
 class AttemptSpaceUnbounded(RuntimeError):
@@ -186,13 +188,16 @@ def run_part(
         uid = uids.take(allocation_id) if uids and os.geteuid() == 0 else os.getuid()
         outcome, exit_code = _confined_run(part, dirs, mode, uid, secrets)
         ran = True
-    except attempt_space.NoRoom as exc:
-        ending = functools.partial(_requeue_for_room, part, exc)
     except team_secrets.SecretsUnavailable as exc:  # names only, never a value
         ending = functools.partial(_release_failed, part, f"secrets: {exc}")
-    except Exception as exc:  # the agent itself failed: never leave GPUs held
-        log.exception("allocation %s: the agent failed", allocation_id)
-        ending = functools.partial(_release_failed, part, f"the node agent failed: {exc}")
+    except Exception as exc:  # never leave GPUs held
+        if (no_room := _raised_during(exc, attempt_space.NoRoom)) is not None:
+            if no_room is not exc:  # a clean-up step failed on top of it: the shortage is still the node's
+                log.error("allocation %s: cleaning up after no room failed", allocation_id, exc_info=exc)
+            ending = functools.partial(_requeue_for_room, part, no_room)
+        else:  # the agent itself failed
+            log.exception("allocation %s: the agent failed", allocation_id)
+            ending = functools.partial(_release_failed, part, f"the node agent failed: {exc}")
     finally:
         try:
             kept = (
@@ -212,6 +217,17 @@ def run_part(
     _with_database(lambda: _after_exit(part, dirs, outcome, exit_code))
     if dirs.checkpoint:
         _with_database(lambda: remove_ended_checkpoints(job_ids=[part.job.id]))
+
+
+def _raised_during(exc: BaseException, kind: type[_E]) -> _E | None:
+    """``exc`` or the exception it was raised while handling (a clean-up step failing after it), of ``kind``."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__context__
+    return None
 
 
 def _settle_checkpoint(part: Part) -> checkpoints.Kept | None:

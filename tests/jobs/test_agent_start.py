@@ -184,3 +184,29 @@ def test_a_clean_up_step_that_fails_leaves_the_others_done(rented, monkeypatch):
     assert done == ["devices", "reown"]
     assert (rented.state, rented.end_reason) == ("released", "failed")
     assert "Device or resource busy" in rented.end_detail
+
+
+def test_a_clean_up_step_that_fails_after_no_room_still_sends_the_job_back_for_room(
+    rented, monkeypatch, settings
+):
+    # The shortage is the node's: a clean-up error raised on top of it must not turn it into the job's failure
+    # (ended failed, its attempt spent), nor spare the node its hold.
+    settings.E31_MAX_ATTEMPTS, settings.E31_NO_ROOM_HOLD_S = 2, 300
+    Job.objects.filter(id=rented.id).update(
+        preemptible=True, checkpoint_signal="USR1", checkpoint_grace_s=30, checkpoint_bytes=10**6
+    )
+
+    def no_room(job_id, *, owner, limit):
+        raise attempt_space.NoRoom(limit, 0, space="the job's checkpoint space", made_of="its checkpoint")
+
+    def stuck(root):
+        raise OSError(16, "Device or resource busy")
+
+    monkeypatch.setattr(limits, "bound_space", lambda root, job: True)
+    monkeypatch.setattr(agent.checkpoints, "prepare", no_room)
+    monkeypatch.setattr(agent.checkpoints, "settle", lambda job_id, limit: agent.checkpoints.Kept(0))
+    monkeypatch.setattr(sandbox, "reown", stuck)
+    _run(rented)
+    assert rented.state == "queued" and not GpuHold.objects.filter(active=True).exists()
+    assert "no room on the node's disk: the job's checkpoint space" in rented.events.latest("id").reason
+    assert Node.objects.get(name="gpu-01").no_room_until > timezone.now()
