@@ -9,7 +9,9 @@ Every case replays the default policy, EASY-FCFS on the policy's own node-aware 
 baseline of the goals) and the textbook flat-pool EASY-FCFS (shown beside it) with
 ``jobs.scheduling.simulate.replay``, and checks the goals: mean bounded slowdown at least 30 %
 below the engine's EASY (20 % at load 1.05), p99 wait of the largest size class at most 1.5 x
-EASY's, Jain's index over teams at least EASY's, utilisation within 2 points. ITP has no users, so
+EASY's, Jain's index over teams at least EASY's, utilisation within 2 points. Beside Jain, each
+policy's spread of bounded slowdowns (standard deviation over mean): over teams drawn at random
+Jain's index follows it, about 1 / (1 + cv ** 2 / jobs per team). ITP has no users, so
 its teams are CRC-32(job id) mod 8 (``traces.itp_team``); ``--rehash SALT`` draws them from
 CRC-32("SALT:row") instead, to see whether a Jain comparison on made-up teams survives another
 draw. ``--set NAME=VALUE`` replays the default policy with other constants (``types.PolicyConfig``).
@@ -95,7 +97,8 @@ def line(label: str, figures: dict, held: dict[str, bool]) -> str:
     return (
         f"{label:18} {figures['pool']:>7}  bsld {ours['mean_bsld']:8.2f} vs EASY {easy['mean_bsld']:8.2f} "
         f"(textbook {flat['mean_bsld']:8.2f}) {100 * (ours['mean_bsld'] / easy['mean_bsld'] - 1):+6.1f} %  "
-        f"p99 {p99}  Jain {ours['jain_teams']:.4f} vs {easy['jain_teams']:.4f}  "
+        f"p99 {p99}  Jain {ours['jain_teams']:.4f} vs {easy['jain_teams']:.4f} "
+        f"(slowdowns' cv {ours['bsld_cv']:.2f} vs {easy['bsld_cv']:.2f})  "
         f"util {100 * (ours['utilization'] - easy['utilization']):+4.1f} pt  "
         + ("held" if not missed else "MISSED " + ", ".join(missed))
     )

@@ -24,7 +24,9 @@ node of 8 cores becomes a node of 8 GPUs and the machine keeps its size and offe
 The last stdout line is JSON; per policy: wait percentiles (nearest rank) and max; mean bounded
 slowdown ``max((wait + run) / max(run, 10), 1)``; utilisation = GPU-seconds used / (pool GPUs x
 makespan); makespan_ratio = makespan / max(GPU-seconds / pool GPUs, last submit + its run), both
-from the first submit; jain_teams = Jain's index over teams' mean bounded slowdown; by_size by
+from the first submit; jain_teams = Jain's index over teams' mean bounded slowdown; bsld_cv = the
+bounded slowdowns' standard deviation over their mean (over teams of m jobs drawn at random, Jain's
+index is about 1 / (1 + bsld_cv ** 2 / m), so this says why it moved); by_size by
 requested GPUs; reservations = jobs reserved, how many started after their first reserved
 start (late) and by how much; wall_s = replay seconds. The lines before it say what was assumed.
 """
@@ -36,6 +38,7 @@ import hashlib
 import heapq
 import json
 import math
+import statistics
 import sys
 import time
 from bisect import bisect_left, bisect_right
@@ -587,6 +590,7 @@ def summarize(outcomes: Sequence[Outcome], *, pool_gpus: int) -> dict:
         "p99_wait_s": round(percentile(ordered, 99), 1),
         "max_wait_s": round(ordered[-1], 1),
         "mean_bsld": round(sum(bslds) / len(bslds), 3),
+        "bsld_cv": round(statistics.pstdev(bslds) / statistics.fmean(bslds), 4),
         "utilization": round(used / (pool_gpus * makespan), 4),
         "makespan_ratio": round(makespan / bound, 4),
         "jain_teams": round(jain([sum(v) / len(v) for v in by_team.values()]), 4),
@@ -706,13 +710,15 @@ def largest_class(metrics: Mapping) -> str:
 
 def fight_figures(metrics: Mapping) -> dict:
     """What a fair fight compares per policy (``summarize``'s figures): mean bounded slowdown, the
-    p99 wait of the largest size class present, Jain's index over teams, utilisation."""
+    p99 wait of the largest size class present, Jain's index over teams and the spread of slowdowns
+    it follows, utilisation."""
     largest = largest_class(metrics)
     return {
         "mean_bsld": metrics["mean_bsld"],
         "p99_wait_largest_s": metrics["by_size"][largest]["p99_wait_s"],
         "largest_class": largest,
         "jain_teams": metrics["jain_teams"],
+        "bsld_cv": metrics["bsld_cv"],
         "utilization": metrics["utilization"],
     }
 

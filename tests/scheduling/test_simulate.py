@@ -104,6 +104,18 @@ def test_jain_index_is_one_for_equal_teams_and_one_over_n_for_a_single_winner():
     assert simulate.jain([5.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
 
 
+def test_the_spread_of_bounded_slowdowns_is_their_deviation_over_their_mean():
+    # Jain over teams of m random jobs each is about 1 / (1 + cv**2 / m): the figure that says why it moved.
+    jobs = [TraceJob(job_id=1, submit_s=0, run_s=100, gpus=4, declared_hours=1, team="a"),
+            TraceJob(job_id=2, submit_s=0, run_s=100, gpus=4, declared_hours=1, team="b")]  # fmt: skip
+    m = simulate.summarize(
+        simulate.replay(jobs, nodes=1, gpus_per_node=4, policy=baselines.fcfs), pool_gpus=4
+    )
+    assert m["mean_bsld"] == 1.5  # slowdowns 1 and 2 (the second waits 100 s)
+    assert m["bsld_cv"] == pytest.approx(0.5 / 1.5, abs=1e-4)
+    assert simulate.fight_figures(m)["bsld_cv"] == m["bsld_cv"]
+
+
 def test_summary_metrics_follow_their_definitions():
     outcomes = simulate.replay(ONE_NODE, nodes=1, gpus_per_node=4, policy=baselines.easy)
     m = simulate.summarize(outcomes, pool_gpus=4)
