@@ -58,9 +58,7 @@ def probe_space(jobs_dir: Path) -> str:
 def disk_shortfall(jobs_dir: Path, gpus: int) -> str:
     """'' when the disk under ``jobs_dir`` holds an attempt space per GPU (scratch and log, no output
     declared), else how many it holds: spaces are taken on the disk when made, and past that they are refused."""
-    each = attempt_space.size_for(
-        output_bytes=0, scratch_bytes=settings.E31_SCRATCH_BYTES, log_bytes=settings.E31_LOG_CAP_BYTES
-    )
+    each = space_bytes(0)
     free = shutil.disk_usage(jobs_dir).free
     if free >= each * gpus:
         return ""
@@ -100,11 +98,22 @@ def open_group(allocation: Allocation) -> cgroups.AttemptGroup:
 
 def bound_space(root: Path, job: Job) -> bool:
     """The attempt's directory becomes a filesystem of its own: declared output + scratch + log."""
-    size = attempt_space.size_for(
-        output_bytes=job.output_bytes, scratch_bytes=settings.E31_SCRATCH_BYTES,
+    return attempt_space.bound(root, size=space_bytes(job.output_bytes))
+
+
+def space_bytes(output_bytes: int) -> int:
+    """What one part's attempt space takes on its node's disk, for a job declaring ``output_bytes``."""
+    return attempt_space.size_for(
+        output_bytes=output_bytes,
+        scratch_bytes=settings.E31_SCRATCH_BYTES,
         log_bytes=settings.E31_LOG_CAP_BYTES,
-    )  # fmt: skip
-    return attempt_space.bound(root, size=size)
+    )
+
+
+def disk_free(jobs_dir: Path, node_limits: str) -> int | None:
+    """Bytes the node's disk can still give attempt spaces; None where it does not bound them (nothing taken
+    up front there, so nothing the scheduler should count)."""
+    return shutil.disk_usage(jobs_dir).free if DISK_BOUNDED in node_limits else None
 
 
 def node_memory(cap: int | None = None) -> int:

@@ -288,6 +288,9 @@ class Node(models.Model):
     held_down_by = models.CharField(max_length=150, blank=True)
     # Its disk could not hold an attempt's space: the scheduler places nothing here until then (E31_NO_ROOM_HOLD_S).
     no_room_until = models.DateTimeField(null=True, blank=True)
+    # What its disk could still give attempt spaces when its agent last measured it (nodes that bound them).
+    disk_free_bytes = models.BigIntegerField(null=True, blank=True)
+    disk_free_at = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField()
     state_changed_at = models.DateTimeField()
 

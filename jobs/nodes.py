@@ -126,13 +126,15 @@ def hold_for_room(*, node_id: int, now: datetime) -> None:
     )
 
 
-def heartbeat(*, name: str, now: datetime) -> bool:
-    """Records a sign of life; False if the node was declared down meanwhile (the agent must re-register).
+def heartbeat(*, name: str, now: datetime, disk_free: int | None = None) -> bool:
+    """Records a sign of life, and what the node's disk can still give attempt spaces where it measured that;
+    False if the node was declared down meanwhile (the agent must re-register).
 
     A node an operator marked down keeps beating without registering again: it stays down until resumed.
     """
     beating = Q(state__in=LIVE_STATES) | Q(state=Node.NodeState.DOWN, held_down_by__gt="")
-    return bool(Node.objects.filter(beating, name=name).update(last_heartbeat=now))
+    measured = {} if disk_free is None else {"disk_free_bytes": disk_free, "disk_free_at": now}
+    return bool(Node.objects.filter(beating, name=name).update(last_heartbeat=now, **measured))
 
 
 def reap_silent_nodes(*, now: datetime) -> list[str]:

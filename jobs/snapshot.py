@@ -7,12 +7,12 @@ the same policy.
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 
 from accounts.models import Team
-from jobs import dependencies, selectors
+from jobs import dependencies, limits, selectors
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, State
 from jobs.models import Allocation, DataInput, GpuHold, ImagePull, Job, Node, TeamUsage
 from jobs.scheduling import prediction, types
@@ -65,10 +65,11 @@ def _nodes(now: datetime, pool_cached: frozenset[str] = frozenset()) -> list[typ
         held[node_id].add(index)
     nodes = list(
         Node.objects.exclude(state=Node.NodeState.DOWN).only(
-            "id", "name", "gpus", "state", "memory_bytes", "cpus", "multi_node_refusal", "no_room_until"
+            "id", "name", "gpus", "state", "memory_bytes", "cpus", "multi_node_refusal", "no_room_until",
+            "disk_free_bytes", "disk_free_at",
         )
-    )
-    used = _used_memory_and_cpus({node.id: node for node in nodes})
+    )  # fmt: skip
+    used = _held_by_parts({node.id: node for node in nodes})
     present = selectors.present_gpus({node.id: node.gpus for node in nodes})
     return [
         types.NodeView(
@@ -83,31 +84,42 @@ def _nodes(now: datetime, pool_cached: frozenset[str] = frozenset()) -> list[typ
             free_memory=node.memory_bytes - used[node.id][0],
             free_cpus=node.cpus - used[node.id][1],
             spans=not node.multi_node_refusal,
+            free_disk=None if node.disk_free_bytes is None else node.disk_free_bytes - used[node.id][2],
         )
         for node in nodes
     ]
 
 
-def _used_memory_and_cpus(nodes: dict[int, Node]) -> dict[int, tuple[float, float]]:
-    """Per node: the memory and CPUs its unreleased parts hold (each part's share, as the agent enforces it)."""
-    used: dict[int, tuple[float, float]] = defaultdict(lambda: (0.0, 0.0))
+# A part's attempt space is made on its node's disk just after the part starts: a measure of the disk taken
+# this long after the start holds it. Parts started later (or not yet) are taken off the measure.
+SPACE_MADE_S = 10
+
+
+def _held_by_parts(nodes: dict[int, Node]) -> dict[int, tuple[float, float, int]]:
+    """Per node: the memory and CPUs its unreleased parts hold (each part's share, as the agent enforces it),
+    and the attempt spaces of those its last measure of the disk does not hold yet."""
+    used: dict[int, tuple[float, float, int]] = defaultdict(lambda: (0.0, 0.0, 0))
     rows = Allocation.objects.filter(released_at__isnull=True).values_list(
-        "node_id", "gpu_indices", "job_id", "job__memory_bytes", "job__cpus"
-    )
-    held: dict[int, int] = defaultdict(
-        int
-    )  # GPUs each job's attempt holds in all: what its declaration splits over
-    for _node_id, indices, job_id, _memory, _cpus in rows:
+        "node_id", "gpu_indices", "job_id", "job__memory_bytes", "job__cpus", "started_at", "job__output_bytes"
+    )  # fmt: skip
+    # GPUs each job's attempt holds in all: what its declaration splits over
+    held: dict[int, int] = defaultdict(int)
+    for _node_id, indices, job_id, *_ in rows:
         held[job_id] += len(indices)
-    for node_id, indices, job_id, memory, cpus in rows:
+    for node_id, indices, job_id, memory, cpus, started_at, output_bytes in rows:
         if node_id not in nodes:
             continue
         node = nodes[node_id]
         shape = {"job_gpus": held[job_id], "node_gpus": node.gpus, "gpus_here": len(indices)}
-        memory_used, cpus_used = used[node_id]
+        measured = node.disk_free_at
+        unmeasured = measured is not None and (
+            started_at is None or started_at > measured - timedelta(seconds=SPACE_MADE_S)
+        )
+        memory_used, cpus_used, disk_used = used[node_id]
         used[node_id] = (
             memory_used + types.part_share(declared=memory, node_total=node.memory_bytes, **shape),
             cpus_used + types.part_share(declared=cpus, node_total=node.cpus, **shape),
+            disk_used + (limits.space_bytes(output_bytes) if unmeasured else 0),
         )
     return used
 
@@ -158,7 +170,7 @@ def _pending(now: datetime) -> list[types.PendingJob]:
     """Queued jobs are ready; staging ones are planned from their staging ETA."""
     jobs = Job.objects.filter(state__in=(State.QUEUED, State.STAGING, State.SUBMITTED)).values_list(
         "id", "team__name", "gpus", "hours", "submitted_at", "min_gpus", "preemptible", "state",
-        "memory_bytes", "cpus", "max_gpus", "array_id", "array__max_running",
+        "memory_bytes", "cpus", "max_gpus", "array_id", "array__max_running", "output_bytes",
     )  # fmt: skip
     etas = staging_etas(now)
     datasets = selectors.job_datasets([row[0] for row in jobs])
@@ -169,9 +181,9 @@ def _pending(now: datetime) -> list[types.PendingJob]:
             min_gpus=min_gpus, max_gpus=max_gpus, preemptible=preemptible,
             ready_at=None if state == State.QUEUED else etas.get(job_id, now.timestamp() + 60),
             datasets=datasets.get(job_id, frozenset()), memory=memory, cpus=cpus,
-            waits_for=waits.get(job_id, ()), array=array, array_limit=array_limit,
+            waits_for=waits.get(job_id, ()), array=array, array_limit=array_limit, space=limits.space_bytes(output),
         )
-        for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state, memory, cpus, max_gpus, array, array_limit in jobs
+        for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state, memory, cpus, max_gpus, array, array_limit, output in jobs
     ]  # fmt: skip
 
 

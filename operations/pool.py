@@ -23,7 +23,7 @@ from operations import charts, selectors, utilisation
 
 NODE_FIELDS = (
     "id", "name", "gpus", "gpu_model", "state", "agent_version", "sandbox", "multi_node_refusal", "last_heartbeat",
-    "memory_bytes", "cpus", "limits", "held_down_by", "gpu_source", "no_room_until",
+    "memory_bytes", "cpus", "limits", "held_down_by", "gpu_source", "no_room_until", "disk_free_bytes",
 )  # fmt: skip
 VIRTUAL = "virtual"  # a node's gpu_source when its agent serves made-up GPUs (--virtual-gpus)
 LIVE_FOR_S = 60  # a GPU's latest sample older than this is not shown as its utilisation now
@@ -48,6 +48,9 @@ class NodeInfo:
     held_down_by: str  # the operator who marked it down; it waits for a resume
     gpu_source: str  # "nvml", "nvidia-smi", "virtual"; empty: registered before GPUs were listed
     no_room_until: datetime | None  # its disk could not hold an attempt's space: no new work until then
+    disk_free_bytes: (
+        int | None
+    )  # what its disk could still give attempt spaces, last measured; None: not measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,10 +238,16 @@ def _sandbox(node: NodeInfo) -> str:
 
 
 def _offered(node: NodeInfo) -> str:
-    """Memory and CPUs the agent offers to jobs (what placement and each attempt's limits divide)."""
-    if not node.memory_bytes and not node.cpus:
-        return ""
-    return f" · {units.format_size(node.memory_bytes)} · {node.cpus:g} CPUs"
+    """Memory and CPUs the agent offers to jobs (what placement and each attempt's limits divide), and what
+    its disk can still give attempt spaces (placement counts it too)."""
+    offered = (
+        f" · {units.format_size(node.memory_bytes)} · {node.cpus:g} CPUs"
+        if node.memory_bytes or node.cpus
+        else ""
+    )
+    if node.disk_free_bytes is not None:
+        offered += f" · {units.format_size(node.disk_free_bytes)} disk free for attempts"
+    return offered
 
 
 def _limits(node: NodeInfo) -> str:

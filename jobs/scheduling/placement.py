@@ -44,7 +44,7 @@ _min_gpus = attrgetter("min_gpus")
 
 
 def _offers(node: NodeView) -> bool:
-    return bool(node.memory or node.cpus)
+    return bool(node.memory or node.cpus) or node.free_disk is not None
 
 
 def _first(pair: tuple) -> object:
@@ -110,19 +110,21 @@ class _FreeIndex:
 
 
 class _Room:
-    """Memory and CPUs still free on the nodes that advertise them, as this pass places starts.
+    """Memory, CPUs and disk still free on the nodes that advertise them, as this pass places starts.
 
-    A part needs ``part_share`` of each on its node: the job's declaration split by GPUs, or the
-    node's share for the GPUs it takes there. Nodes that advertise neither (trace replays without
-    them) constrain nothing, so GPU-only placement is unchanged there.
+    A part needs ``part_share`` of memory and CPUs on its node: the job's declaration split by GPUs,
+    or the node's share for the GPUs it takes there; and its whole attempt space on the node's disk.
+    Nodes that advertise none of them (trace replays) constrain nothing, so GPU-only placement is
+    unchanged there.
     """
 
-    __slots__ = ("cpus", "memory", "nodes")
+    __slots__ = ("cpus", "disk", "memory", "nodes")
 
     def __init__(self, nodes: Sequence[NodeView]) -> None:
-        self.nodes = {n.name: n for n in nodes if n.memory or n.cpus}
+        self.nodes = {n.name: n for n in nodes if _offers(n)}
         self.memory = {name: n.free_memory for name, n in self.nodes.items()}
         self.cpus = {name: n.free_cpus for name, n in self.nodes.items()}
+        self.disk = {name: n.free_disk for name, n in self.nodes.items() if n.free_disk is not None}
 
     def need(self, job: PendingJob, node: str, k: int, total: int) -> tuple[float, float]:
         """``k`` of the ``total`` GPUs being placed: an elastic job started on fewer than it declared
@@ -136,6 +138,8 @@ class _Room:
     def fits(self, job: PendingJob, node: str, k: int, total: int) -> bool:
         if node not in self.nodes:
             return True
+        if job.space > self.disk.get(node, INF):
+            return False
         memory, cpus = self.need(job, node, k, total)
         return memory <= self.memory[node] * _SLACK and cpus <= self.cpus[node] * _SLACK
 
@@ -144,6 +148,8 @@ class _Room:
             memory, cpus = self.need(job, node, k, total)
             self.memory[node] -= memory
             self.cpus[node] -= cpus
+            if node in self.disk:
+                self.disk[node] -= job.space
 
 
 _SLACK = 1 + 1e-9  # shares are float arithmetic: a node's exact share must still fit

@@ -35,6 +35,9 @@ class NodeView:
     free_memory: float = 0
     free_cpus: float = 0
     spans: bool = True  # may hold a part of a job spanning nodes (it can isolate their network)
+    # Bytes its disk can still give attempt spaces (as its agent last measured it, less the spaces of parts
+    # placed since); None: not reported (a node that does not bound spaces, trace replays): not a limit.
+    free_disk: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +78,7 @@ class PendingJob:
     # A task of array ``array``, of which at most ``array_limit`` run at once (None: no limit).
     array: int | None = None
     array_limit: int | None = None
+    space: float = 0  # bytes each of its parts takes on its node's disk (its attempt space)
 
 
 def part_share(

@@ -215,7 +215,10 @@ def _heartbeat(register: dict, stop: threading.Event | None = None) -> None:
     while not stop.wait(settings.E31_HEARTBEAT_S):
         try:
             close_old_connections()
-            if not nodes.heartbeat(name=register["name"], now=timezone.now()):
+            disk_free = limits.disk_free(
+                sandbox.agent_root(register["name"]) / "jobs", register.get("limits", "")
+            )
+            if not nodes.heartbeat(name=register["name"], now=timezone.now(), disk_free=disk_free):
                 nodes.register_node(now=timezone.now(), **register)
         except Exception:  # the database is restarting: keep beating, the next one will get through
             close_old_connections()

@@ -1,0 +1,88 @@
+"""The scheduler counts each node's disk: the agent measures at every beat what its disk can still give
+attempt spaces, and the snapshot takes off the spaces of parts placed since, which that measure cannot
+hold yet. A node whose disk cannot hold a job's space is passed over, not handed the job to refuse."""
+
+import shutil
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs import limits, nodes, rental, scheduler, snapshot
+from jobs.management.commands import node_agent
+from jobs.models import Node
+from tests.factories import JobFactory, NodeFactory
+
+pytestmark = pytest.mark.django_db
+GB = 10**9
+
+
+def test_a_beat_records_what_the_nodes_disk_can_still_give():
+    NodeFactory(name="gpu-01")
+    now = timezone.now()
+    assert nodes.heartbeat(name="gpu-01", now=now, disk_free=30 * GB)
+    node = Node.objects.get(name="gpu-01")
+    assert (node.disk_free_bytes, node.disk_free_at) == (30 * GB, now)
+    assert nodes.heartbeat(name="gpu-01", now=now + timedelta(seconds=5))  # a node that bounds no space
+    assert Node.objects.get(name="gpu-01").disk_free_bytes == 30 * GB
+
+
+def test_the_snapshot_takes_off_the_spaces_of_parts_placed_since_the_disk_was_measured(settings):
+    settings.E31_SCRATCH_BYTES, settings.E31_LOG_CAP_BYTES = GB, 10**8
+    now = timezone.now()
+    NodeFactory(name="gpu-01", disk_free_bytes=30 * GB, disk_free_at=now - timedelta(seconds=60))
+    made, placed, queued = (
+        JobFactory(output_bytes=GB),
+        JobFactory(output_bytes=2 * GB),
+        JobFactory(output_bytes=GB),
+    )
+    for gpu, job in enumerate((made, placed)):
+        assert rental.rent_job(
+            job_id=job.id, gpus_by_node={"gpu-01": (gpu,)}, now=now - timedelta(seconds=300)
+        )
+    made.allocations.update(
+        started_at=now - timedelta(seconds=120)
+    )  # its space was on the disk when measured
+    pool = snapshot.take(now=now)
+    assert pool.nodes[0].free_disk == 30 * GB - limits.space_bytes(2 * GB)
+    wanted = GB + GB + 10**8  # output, scratch, log
+    assert limits.space_bytes(GB) == wanted + wanted // 20 + 8 * 2**20  # and the filesystem's own tables
+    assert [(p.job_id, p.space) for p in pool.pending] == [(queued.id, limits.space_bytes(GB))]
+
+
+def test_a_node_that_has_not_measured_its_disk_is_not_limited_by_it():
+    NodeFactory(name="gpu-01")
+    assert snapshot.take(now=timezone.now()).nodes[0].free_disk is None
+
+
+def test_the_scheduler_passes_over_a_node_whose_disk_cannot_hold_the_jobs_space(settings):
+    now = timezone.now()
+    NodeFactory(name="gpu-01", disk_free_bytes=GB, disk_free_at=now)
+    NodeFactory(name="gpu-02", disk_free_bytes=100 * GB, disk_free_at=now)
+    job = JobFactory(output_bytes=GB)
+    scheduler.run_pass(now=now)
+    assert job.allocations.get().node.name == "gpu-02"
+
+
+@pytest.mark.parametrize(
+    ("label", "measured"), [("memory, cpu, pids; disk bounded", True), ("memory, cpu, pids", False)]
+)
+def test_the_agent_measures_its_disk_at_every_beat_where_it_bounds_attempt_spaces(
+    settings, tmp_path, monkeypatch, label, measured
+):
+    settings.E31_AGENT_ROOT, settings.E31_HEARTBEAT_S = tmp_path, 0.01
+    (tmp_path / "gpu-01" / "jobs").mkdir(parents=True)
+    stop, beats = node_agent.threading.Event(), []
+
+    def beat(**kwargs):
+        beats.append(kwargs["disk_free"])
+        stop.set()
+        return True
+
+    monkeypatch.setattr(nodes, "heartbeat", beat)
+    node_agent.threading.Timer(5, stop.set).start()  # a beat that fails is retried for ever: not this test
+    node_agent._heartbeat({"name": "gpu-01", "limits": label}, stop)
+    if measured:
+        assert abs(beats[0] - shutil.disk_usage(tmp_path).free) < 10**8
+    else:
+        assert beats == [None]
