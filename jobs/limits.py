@@ -59,7 +59,7 @@ def disk_shortfall(jobs_dir: Path, gpus: int) -> str:
     """'' when the disk under ``jobs_dir`` holds an attempt space per GPU (scratch and log, no output
     declared), else how many it holds: spaces are taken on the disk when made, and past that they are refused."""
     each = space_bytes(0)
-    free = shutil.disk_usage(jobs_dir).free
+    free = _free_bytes(jobs_dir)
     if free >= each * gpus:
         return ""
     return (
@@ -112,8 +112,20 @@ def space_bytes(output_bytes: int) -> int:
 
 def disk_free(jobs_dir: Path, node_limits: str) -> int | None:
     """Bytes the node's disk can still give attempt spaces; None where it does not bound them (nothing taken
-    up front there, so nothing the scheduler should count)."""
-    return shutil.disk_usage(jobs_dir).free if DISK_BOUNDED in node_limits else None
+    up front there, so nothing the scheduler should count), or where the disk could not be read."""
+    if DISK_BOUNDED not in node_limits:
+        return None
+    try:
+        return _free_bytes(jobs_dir)
+    except OSError:
+        log.warning("the disk under %s could not be measured", jobs_dir, exc_info=True)
+        return None
+
+
+def _free_bytes(path: Path) -> int:
+    """What the disk gives anyone: not counting the blocks a filesystem keeps for root, which a root agent's
+    images could take too, since a machine's provider may keep far more back that way (seen: 162 of 246 GB)."""
+    return shutil.disk_usage(path).free
 
 
 def node_memory(cap: int | None = None) -> int:

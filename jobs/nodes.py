@@ -44,6 +44,7 @@ def register_node(
         Node.objects.filter(id=node.id).update(
             gpus=gpus, gpu_model=gpu_model, address=address, agent_version=agent_version, sandbox=sandbox,
             last_heartbeat=now, registered_at=now, state=state, no_room_until=None, **offered,  # its disk is looked at anew
+            disk_free_bytes=None, disk_free_at=None,  # measured at its first beat, if this agent bounds spaces
             state_changed_at=now if state != node.state else node.state_changed_at,
         )  # fmt: skip
         node.refresh_from_db()
@@ -127,13 +128,14 @@ def hold_for_room(*, node_id: int, now: datetime) -> None:
 
 
 def heartbeat(*, name: str, now: datetime, disk_free: int | None = None) -> bool:
-    """Records a sign of life, and what the node's disk can still give attempt spaces where it measured that;
-    False if the node was declared down meanwhile (the agent must re-register).
+    """Records a sign of life, and what the node's disk can still give attempt spaces (None: not measured, and
+    then not counted, rather than an old figure kept); False if the node was declared down meanwhile (the agent
+    must re-register).
 
     A node an operator marked down keeps beating without registering again: it stays down until resumed.
     """
     beating = Q(state__in=LIVE_STATES) | Q(state=Node.NodeState.DOWN, held_down_by__gt="")
-    measured = {} if disk_free is None else {"disk_free_bytes": disk_free, "disk_free_at": now}
+    measured = {"disk_free_bytes": disk_free, "disk_free_at": None if disk_free is None else now}
     return bool(Node.objects.filter(beating, name=name).update(last_heartbeat=now, **measured))
 
 

@@ -90,9 +90,10 @@ def _nodes(now: datetime, pool_cached: frozenset[str] = frozenset()) -> list[typ
     ]
 
 
-# A part's attempt space is made on its node's disk just after the part starts: a measure of the disk taken
-# this long after the start holds it. Parts started later (or not yet) are taken off the measure.
-SPACE_MADE_S = 10
+# A part's attempt space is made on its node's disk within seconds of the part's start: a measure of the disk
+# taken this long after the start holds it. Parts started later (or not yet) are taken off the measure; counted
+# twice for a while, a space only steers the next placement elsewhere.
+SPACE_MADE_S = 60
 
 
 def _held_by_parts(nodes: dict[int, Node]) -> dict[int, tuple[float, float, int]]:

@@ -175,7 +175,7 @@ class Explainer:
         if hold.start_at <= p.now and p.held_back_by_room(job):
             reason = (
                 f"{_describe_size(job.gpus, p.node_gpus)}; its GPUs are idle, but no node has its "
-                "memory, CPUs and disk space free yet; it starts when running jobs there end"
+                "memory and CPUs free yet; it starts when running jobs there end"
             )
             ends = [r.expected_end for r in p.releases() if r.expected_end > p.now]
             return Estimate(job.job_id, min(ends, default=p.now), "no_room", reason)
@@ -208,9 +208,7 @@ class Explainer:
             return Estimate(job.job_id, at, "backlog", reason)
         size = _describe_size(job.gpus, p.node_gpus)
         if p.held_back_by_room(job):
-            reason = (
-                f"{size}; its GPUs are idle, but no node has its memory, CPUs and disk space free yet; {when}"
-            )
+            reason = f"{size}; its GPUs are idle, but no node has its memory and CPUs free yet; {when}"
             return Estimate(job.job_id, at, "no_room", reason)
         if head is None:
             return Estimate(job.job_id, at, "no_gpus", f"{size}; not enough idle GPUs yet; {when}")

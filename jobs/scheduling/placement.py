@@ -115,16 +115,20 @@ class _Room:
     A part needs ``part_share`` of memory and CPUs on its node: the job's declaration split by GPUs,
     or the node's share for the GPUs it takes there; and its whole attempt space on the node's disk.
     Nodes that advertise none of them (trace replays) constrain nothing, so GPU-only placement is
-    unchanged there.
+    unchanged there. The disk steers without holding back (``counting_disk``): its figure is a
+    measure between beats, never of what a disk holds in all, so a job no disk has room for is
+    placed by the rest, and the agent's refusal of its space decides.
     """
 
-    __slots__ = ("cpus", "disk", "memory", "nodes")
+    __slots__ = ("counting_disk", "cpus", "disk", "memory", "nodes", "refused_for_disk")
 
     def __init__(self, nodes: Sequence[NodeView]) -> None:
         self.nodes = {n.name: n for n in nodes if _offers(n)}
         self.memory = {name: n.free_memory for name, n in self.nodes.items()}
         self.cpus = {name: n.free_cpus for name, n in self.nodes.items()}
         self.disk = {name: n.free_disk for name, n in self.nodes.items() if n.free_disk is not None}
+        self.counting_disk = True
+        self.refused_for_disk = False  # since the last placement began: whether trying without disk may help
 
     def need(self, job: PendingJob, node: str, k: int, total: int) -> tuple[float, float]:
         """``k`` of the ``total`` GPUs being placed: an elastic job started on fewer than it declared
@@ -136,12 +140,16 @@ class _Room:
         return memory, cpus
 
     def fits(self, job: PendingJob, node: str, k: int, total: int) -> bool:
-        if node not in self.nodes:
+        n = self.nodes.get(node)
+        if n is None:
             return True
-        if job.space > self.disk.get(node, INF):
+        if self.counting_disk and job.space > self.disk.get(node, INF):
+            self.refused_for_disk = True
             return False
         memory, cpus = self.need(job, node, k, total)
-        return memory <= self.memory[node] * _SLACK and cpus <= self.cpus[node] * _SLACK
+        return (not n.memory or memory <= self.memory[node] * _SLACK) and (
+            not n.cpus or cpus <= self.cpus[node] * _SLACK
+        )
 
     def take(self, job: PendingJob, node: str, k: int, total: int) -> None:
         if node in self.nodes:
@@ -373,7 +381,22 @@ class Pass:
 
     def place(self, job: PendingJob, g: int, *, view: _FreeIndex) -> dict[str, int] | None:
         """Counts per node for ``g`` GPUs in ``view``, or None when they do not fit now (GPUs, and
-        on nodes that advertise them, memory and CPUs)."""
+        on nodes that advertise them, memory and CPUs); on a node whose disk holds the job's space
+        where one can take it, else where the rest fits (``_Room``)."""
+        room = self.room
+        if room is None or not room.disk:
+            return self._place(job, g, view=view)
+        room.refused_for_disk = False
+        counts = self._place(job, g, view=view)
+        if counts is None and room.refused_for_disk:
+            room.counting_disk = False
+            try:
+                counts = self._place(job, g, view=view)
+            finally:
+                room.counting_disk = True
+        return counts
+
+    def _place(self, job: PendingJob, g: int, *, view: _FreeIndex) -> dict[str, int] | None:
         room = self.room
         if g <= self.node_gpus:
             accept = None if room is None else (lambda node: room.fits(job, node, g, g))

@@ -1,6 +1,6 @@
 """The scheduler counts each node's disk: the agent measures at every beat what its disk can still give
 attempt spaces, and the snapshot takes off the spaces of parts placed since, which that measure cannot
-hold yet. A node whose disk cannot hold a job's space is passed over, not handed the job to refuse."""
+hold yet. A job goes to a node whose disk holds its space, not to one that would refuse it."""
 
 import shutil
 from datetime import timedelta
@@ -23,28 +23,43 @@ def test_a_beat_records_what_the_nodes_disk_can_still_give():
     assert nodes.heartbeat(name="gpu-01", now=now, disk_free=30 * GB)
     node = Node.objects.get(name="gpu-01")
     assert (node.disk_free_bytes, node.disk_free_at) == (30 * GB, now)
-    assert nodes.heartbeat(name="gpu-01", now=now + timedelta(seconds=5))  # a node that bounds no space
-    assert Node.objects.get(name="gpu-01").disk_free_bytes == 30 * GB
+    # Not measured this time (its disk could not be read): no old figure is kept.
+    assert nodes.heartbeat(name="gpu-01", now=now + timedelta(seconds=5), disk_free=None)
+    node = Node.objects.get(name="gpu-01")
+    assert (node.disk_free_bytes, node.disk_free_at) == (None, None)
+
+
+def test_an_agent_registering_again_measures_its_disk_anew():
+    now = timezone.now()
+    node = NodeFactory(name="gpu-01", disk_free_bytes=30 * GB, disk_free_at=now)
+    nodes.register_node(
+        name="gpu-01",
+        gpus=4,
+        gpu_model="virtual",
+        address="h",
+        agent_version="1",
+        sandbox="bubblewrap",
+        now=now,
+    )
+    node.refresh_from_db()
+    assert (node.disk_free_bytes, node.disk_free_at) == (None, None)
 
 
 def test_the_snapshot_takes_off_the_spaces_of_parts_placed_since_the_disk_was_measured(settings):
     settings.E31_SCRATCH_BYTES, settings.E31_LOG_CAP_BYTES = GB, 10**8
     now = timezone.now()
     NodeFactory(name="gpu-01", disk_free_bytes=30 * GB, disk_free_at=now - timedelta(seconds=60))
-    made, placed, queued = (
-        JobFactory(output_bytes=GB),
-        JobFactory(output_bytes=2 * GB),
-        JobFactory(output_bytes=GB),
-    )
-    for gpu, job in enumerate((made, placed)):
+    made, placed, just, queued = (JobFactory(output_bytes=n * GB) for n in (1, 2, 3, 1))
+    for gpu, job in enumerate((made, placed, just)):
         assert rental.rent_job(
             job_id=job.id, gpus_by_node={"gpu-01": (gpu,)}, now=now - timedelta(seconds=300)
         )
     made.allocations.update(
-        started_at=now - timedelta(seconds=120)
+        started_at=now - timedelta(seconds=200)
     )  # its space was on the disk when measured
+    just.allocations.update(started_at=now - timedelta(seconds=90))  # 30 s before the measure: maybe not yet
     pool = snapshot.take(now=now)
-    assert pool.nodes[0].free_disk == 30 * GB - limits.space_bytes(2 * GB)
+    assert pool.nodes[0].free_disk == 30 * GB - limits.space_bytes(2 * GB) - limits.space_bytes(3 * GB)
     wanted = GB + GB + 10**8  # output, scratch, log
     assert limits.space_bytes(GB) == wanted + wanted // 20 + 8 * 2**20  # and the filesystem's own tables
     assert [(p.job_id, p.space) for p in pool.pending] == [(queued.id, limits.space_bytes(GB))]
@@ -55,7 +70,7 @@ def test_a_node_that_has_not_measured_its_disk_is_not_limited_by_it():
     assert snapshot.take(now=timezone.now()).nodes[0].free_disk is None
 
 
-def test_the_scheduler_passes_over_a_node_whose_disk_cannot_hold_the_jobs_space(settings):
+def test_the_scheduler_passes_over_a_node_whose_disk_cannot_hold_the_jobs_space():
     now = timezone.now()
     NodeFactory(name="gpu-01", disk_free_bytes=GB, disk_free_at=now)
     NodeFactory(name="gpu-02", disk_free_bytes=100 * GB, disk_free_at=now)
@@ -65,13 +80,22 @@ def test_the_scheduler_passes_over_a_node_whose_disk_cannot_hold_the_jobs_space(
 
 
 @pytest.mark.parametrize(
-    ("label", "measured"), [("memory, cpu, pids; disk bounded", True), ("memory, cpu, pids", False)]
+    ("label", "jobs_dir", "measured"),
+    [
+        ("memory, cpu, pids; disk bounded", "gpu-01/jobs", True),
+        ("memory, cpu, pids", "gpu-01/jobs", False),
+        (
+            "memory, cpu, pids; disk bounded",
+            "elsewhere",
+            False,
+        ),  # its jobs directory cannot be read: no figure
+    ],
 )
 def test_the_agent_measures_its_disk_at_every_beat_where_it_bounds_attempt_spaces(
-    settings, tmp_path, monkeypatch, label, measured
+    settings, tmp_path, monkeypatch, label, jobs_dir, measured
 ):
     settings.E31_AGENT_ROOT, settings.E31_HEARTBEAT_S = tmp_path, 0.01
-    (tmp_path / "gpu-01" / "jobs").mkdir(parents=True)
+    (tmp_path / jobs_dir).mkdir(parents=True)
     stop, beats = node_agent.threading.Event(), []
 
     def beat(**kwargs):
@@ -80,8 +104,14 @@ def test_the_agent_measures_its_disk_at_every_beat_where_it_bounds_attempt_space
         return True
 
     monkeypatch.setattr(nodes, "heartbeat", beat)
-    node_agent.threading.Timer(5, stop.set).start()  # a beat that fails is retried for ever: not this test
-    node_agent._heartbeat({"name": "gpu-01", "limits": label}, stop)
+    give_up = node_agent.threading.Timer(
+        5, stop.set
+    )  # a beat that fails is retried for ever: not in this test
+    give_up.start()
+    try:
+        node_agent._heartbeat({"name": "gpu-01", "limits": label}, stop)
+    finally:
+        give_up.cancel()
     if measured:
         assert abs(beats[0] - shutil.disk_usage(tmp_path).free) < 10**8
     else:

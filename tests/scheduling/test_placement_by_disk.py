@@ -1,6 +1,7 @@
-"""Placement by the node's disk: a part's attempt space is taken on its node's disk when it starts, so a
-node whose disk cannot hold it is passed over, instead of refusing the part and spending one of the job's
-attempts."""
+"""Placement by the node's disk: a part's attempt space is taken on its node's disk when it starts, so a job
+goes to a node whose disk holds its space rather than to one that would refuse it and spend one of its attempts.
+The disk's figure is a measure taken between beats, so it steers and never holds a job back: where no node has
+room, the job is placed by GPUs as before, and the agent's own refusal (back to the queue, the node held) decides."""
 
 from jobs.scheduling.policy import plan
 from jobs.scheduling.types import NodeView, PendingJob, PolicyConfig
@@ -32,21 +33,26 @@ def test_a_job_goes_past_the_best_gpu_fit_to_a_node_whose_disk_holds_its_space()
     assert _placed(_plan(nodes, [_job(1, 2, space=10 * GB)])) == {1: {"b": (0, 1)}}
 
 
-def test_a_job_waits_saying_so_when_no_nodes_disk_holds_its_space():
-    nodes = [_node("a", range(8), free_disk=5 * GB), _node("b", range(8), free_disk=9 * GB)]
-    result = _plan(nodes, [_job(1, 1, space=10 * GB)])
-    assert result.starts == []
-    assert result.estimates[1].reason_code == "no_room"
-    assert (
-        "its GPUs are idle, but no node has its memory, CPUs and disk space free yet"
-        in result.estimates[1].reason
-    )
+def test_where_no_nodes_disk_holds_its_space_a_job_is_placed_by_gpus_and_takes_no_reservation():
+    # Its space may exceed every node's disk (never measured against what a disk holds in all): a wait, with a
+    # reservation on idle GPUs, could last for ever and keep other jobs off them.
+    nodes = [_node("a", (6, 7), free_disk=5 * GB), _node("b", range(8), free_disk=9 * GB)]
+    result = _plan(nodes, [_job(1, 2, space=2000 * GB), _job(2, 1, space=GB)])
+    assert _placed(result) == {1: {"a": (6, 7)}, 2: {"b": (0,)}}
+    assert result.reservations == []
 
 
 def test_starts_in_one_pass_use_up_a_nodes_disk_one_after_another():
-    nodes = [_node("a", range(8), free_disk=25 * GB)]
+    # "a" is the best GPU fit for each (7 GPUs free against 8), until its disk is used up.
+    nodes = [_node("a", range(7), free_disk=25 * GB), _node("b", range(8), free_disk=50 * GB)]
     jobs = [_job(1, 1, space=10 * GB), _job(2, 1, space=10 * GB), _job(3, 1, space=10 * GB)]
-    assert set(_placed(_plan(nodes, jobs))) == {1, 2}
+    placed = _placed(_plan(nodes, jobs))
+    assert sorted(node for counts in placed.values() for node in counts) == ["a", "a", "b"]
+
+
+def test_a_node_that_advertises_only_its_disk_is_not_refused_for_memory_it_never_offered():
+    nodes = [NodeView(name="a", gpus=8, free=tuple(range(8)), free_disk=50 * GB, free_memory=-1.0)]
+    assert _placed(_plan(nodes, [_job(1, 1, space=GB)])) == {1: {"a": (0,)}}
 
 
 def test_a_job_spanning_nodes_needs_its_space_on_each_of_them():

@@ -38,10 +38,7 @@ def test_a_job_waits_when_no_node_has_its_cpus_free_though_gpus_are_idle():
     result = _plan(nodes, [_job(1, 1, cpus=4)])
     assert result.starts == []
     assert result.estimates[1].reason_code == "no_room"
-    assert (
-        "its GPUs are idle, but no node has its memory, CPUs and disk space free yet"
-        in result.estimates[1].reason
-    )
+    assert "its GPUs are idle, but no node has its memory and CPUs free yet" in result.estimates[1].reason
 
 
 def test_an_undeclared_job_needs_the_nodes_share_for_its_gpus():
