@@ -88,6 +88,10 @@ class LivePool:
         path = Path(self.env["E31_STATE_DIR"]) / f"{name}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
+    def tails(self, lines: int) -> list[tuple[str, str]]:
+        """(section title, text): each process's last ``lines`` lines."""
+        return [(f"pool: {name} (last {lines} lines)", self.tail(name, lines)) for name in self.procs]
+
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
@@ -107,13 +111,7 @@ def pytest_runtest_makereport(item, call):
     pool = item.funcargs.get("live_pool") if report.when == "call" and report.failed else None
     if isinstance(pool, LivePool):
         try:
-            for name in pool.procs:
-                report.sections.append(
-                    (
-                        f"pool: {name} (last {LOG_LINES_ON_FAILURE} lines)",
-                        pool.tail(name, LOG_LINES_ON_FAILURE),
-                    )
-                )
+            report.sections.extend(pool.tails(LOG_LINES_ON_FAILURE))
             report.sections.append(("pool: jobs and deliveries", _jobs_and_deliveries()))
         except Exception as exc:  # what the pool did is extra: it must never hide the failure itself
             report.sections.append(("pool: could not be read", repr(exc)))
@@ -196,11 +194,16 @@ def live_pool(request, transactional_db, settings, tmp_path):
     for node in pool.nodes:
         pool.start_agent(node)
     try:
-        wait_for(
-            lambda: Node.objects.filter(name__in=pool.nodes, state="up").count() == 2,
-            timeout=90,  # Django and Celery start slowly on a loaded two-core machine
-            what="agents to register",
-        )
+        try:
+            wait_for(
+                lambda: Node.objects.filter(name__in=pool.nodes, state="up").count() == 2,
+                timeout=90,  # Django and Celery start slowly on a loaded two-core machine
+                what="agents to register",
+            )
+        # A failed setup: the report's hook has no pool to read then, so the error itself carries the logs.
+        except AssertionError as exc:
+            told = "\n".join(f"--- {title}\n{text}" for title, text in pool.tails(LOG_LINES_ON_FAILURE))
+            raise AssertionError(f"{exc}\n{told}") from None
         yield pool
     finally:
         pool.stop()
