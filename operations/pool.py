@@ -48,9 +48,8 @@ class NodeInfo:
     held_down_by: str  # the operator who marked it down; it waits for a resume
     gpu_source: str  # "nvml", "nvidia-smi", "virtual"; empty: registered before GPUs were listed
     no_room_until: datetime | None  # its disk could not hold an attempt's space: no new work until then
-    disk_free_bytes: (
-        int | None
-    )  # what its disk could still give attempt spaces, last measured; None: not measured
+    # What its disk could still give attempt spaces, last measured; None: not measured.
+    disk_free_bytes: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +238,7 @@ def _sandbox(node: NodeInfo) -> str:
 
 def _offered(node: NodeInfo) -> str:
     """Memory and CPUs the agent offers to jobs (what placement and each attempt's limits divide), and what
-    its disk can still give attempt spaces (placement counts it too)."""
+    its disk can still give attempt spaces (which steers placement)."""
     offered = (
         f" · {units.format_size(node.memory_bytes)} · {node.cpus:g} CPUs"
         if node.memory_bytes or node.cpus
