@@ -35,7 +35,8 @@ MKFS = ("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "nodisca
 class NoRoom(Exception):
     """The node's disk cannot hold the space: nothing is mounted, and nothing of it is left behind.
 
-    Its message is the job's (what its space needed); ``free`` is for the node's own log only.
+    Its message is the job's (what its space needed); ``free`` is for the node's own log only. ``disk``: what
+    the disk holds in all (None: not known), which tells a node short of room from a space no emptying makes fit.
     """
 
     def __init__(
@@ -43,11 +44,17 @@ class NoRoom(Exception):
         needed: int,
         free: int,
         *,
+        disk: int | None = None,
         space: str = "this attempt's space",
         made_of: str = "its declared output, the scratch allowance and the log cap",
     ) -> None:
         super().__init__(f"{space} needs {needed:,} bytes ({made_of}) and the node's disk could not hold it")
-        self.needed, self.free = needed, free
+        self.needed, self.free, self.disk = needed, free, disk
+
+    @property
+    def larger_than_disk(self) -> bool:
+        """The space would not fit the disk were nothing else on it: the job's size, not the node's shortage."""
+        return self.disk is not None and self.needed > self.disk
 
 
 def size_for(*, output_bytes: int, scratch_bytes: int, log_bytes: int) -> int:
@@ -95,7 +102,8 @@ def _allocate(fd: int, size: int) -> None:
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        raise NoRoom(needed=size, free=shutil.disk_usage(f"/proc/self/fd/{fd}").free) from exc
+        disk = shutil.disk_usage(f"/proc/self/fd/{fd}")
+        raise NoRoom(needed=size, free=disk.free, disk=disk.total) from exc
     finally:
         os.close(fd)
 

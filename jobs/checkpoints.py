@@ -55,7 +55,11 @@ def prepare(job_id: int, *, owner: int, limit: int) -> Path:
         made = attempt_space.bound(path, size=size, reuse=True, image=image(job_id))
     except attempt_space.NoRoom as exc:
         raise attempt_space.NoRoom(
-            exc.needed, exc.free, space="the job's checkpoint space", made_of="its declared checkpoint size"
+            exc.needed,
+            exc.free,
+            disk=exc.disk,
+            space="the job's checkpoint space",
+            made_of="its declared checkpoint size",
         ) from exc
     if made:
         _drop_lost_and_found(path)

@@ -122,6 +122,18 @@ def disk_free(jobs_dir: Path, node_limits: str) -> int | None:
         return None
 
 
+def disk_size(jobs_dir: Path, node_limits: str) -> int:
+    """What the disk under attempt spaces holds in all (no space larger can be made there, however much frees);
+    0 where the node does not bound spaces, or the disk could not be read."""
+    if DISK_BOUNDED not in node_limits:
+        return 0
+    try:
+        return shutil.disk_usage(jobs_dir).total
+    except OSError:
+        log.warning("the disk under %s could not be measured", jobs_dir, exc_info=True)
+        return 0
+
+
 def _free_bytes(path: Path) -> int:
     """What the disk gives anyone: not counting the blocks a filesystem keeps for root, which a root agent's
     images could take too, since a machine's provider may keep far more back that way (seen: 162 of 246 GB)."""

@@ -291,6 +291,8 @@ class Node(models.Model):
     # What its disk could still give attempt spaces when its agent last measured it (nodes that bound them).
     disk_free_bytes = models.BigIntegerField(null=True, blank=True)
     disk_free_at = models.DateTimeField(null=True, blank=True)
+    # What that disk holds in all, said at registration: a larger space never fits there. 0: not said.
+    disk_bytes = models.BigIntegerField(default=0)
     registered_at = models.DateTimeField()
     state_changed_at = models.DateTimeField()
 

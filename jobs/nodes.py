@@ -20,7 +20,7 @@ LIMITS_CHARS = Node._meta.get_field("limits").max_length
 @transaction.atomic
 def register_node(
     *, name: str, gpus: int, gpu_model: str, address: str, agent_version: str, sandbox: str, now: datetime,
-    memory_bytes: int = 0, cpus: float = 0, limits: str = "", multi_node_refusal: str = "",
+    memory_bytes: int = 0, cpus: float = 0, limits: str = "", multi_node_refusal: str = "", disk_bytes: int = 0,
     gpu_list: Sequence[Mapping] = (), gpu_source: str = "",
 ) -> Node:  # fmt: skip
     """An agent (re)starting: the node is up, and any attempt it held before is lost with the old process.
@@ -29,7 +29,7 @@ def register_node(
     cuda_version, virtual); a GPU registered before and absent now is kept as not present.
     """
     offered = {"memory_bytes": memory_bytes, "cpus": cpus, "limits": limits[:LIMITS_CHARS],
-               "multi_node_refusal": multi_node_refusal[:300], "gpu_source": gpu_source}  # fmt: skip
+               "multi_node_refusal": multi_node_refusal[:300], "gpu_source": gpu_source, "disk_bytes": disk_bytes}  # fmt: skip
     node, created = Node.objects.select_for_update().get_or_create(
         name=name,
         defaults={

@@ -66,7 +66,7 @@ def _nodes(now: datetime, pool_cached: frozenset[str] = frozenset()) -> list[typ
     nodes = list(
         Node.objects.exclude(state=Node.NodeState.DOWN).only(
             "id", "name", "gpus", "state", "memory_bytes", "cpus", "multi_node_refusal", "no_room_until",
-            "disk_free_bytes", "disk_free_at",
+            "disk_free_bytes", "disk_free_at", "disk_bytes",
         )
     )  # fmt: skip
     used = _held_by_parts({node.id: node for node in nodes})
@@ -85,6 +85,7 @@ def _nodes(now: datetime, pool_cached: frozenset[str] = frozenset()) -> list[typ
             free_cpus=node.cpus - used[node.id][1],
             spans=not node.multi_node_refusal,
             free_disk=None if node.disk_free_bytes is None else node.disk_free_bytes - used[node.id][2],
+            disk=node.disk_bytes,
         )
         for node in nodes
     ]

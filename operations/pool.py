@@ -24,6 +24,7 @@ from operations import charts, selectors, utilisation
 NODE_FIELDS = (
     "id", "name", "gpus", "gpu_model", "state", "agent_version", "sandbox", "multi_node_refusal", "last_heartbeat",
     "memory_bytes", "cpus", "limits", "held_down_by", "gpu_source", "no_room_until", "disk_free_bytes",
+    "disk_bytes",
 )  # fmt: skip
 VIRTUAL = "virtual"  # a node's gpu_source when its agent serves made-up GPUs (--virtual-gpus)
 LIVE_FOR_S = 60  # a GPU's latest sample older than this is not shown as its utilisation now
@@ -50,6 +51,7 @@ class NodeInfo:
     no_room_until: datetime | None  # its disk could not hold an attempt's space: no new work until then
     # What its disk could still give attempt spaces, last measured; None: not measured.
     disk_free_bytes: int | None
+    disk_bytes: int  # what that disk holds in all; 0: not said
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +247,8 @@ def _offered(node: NodeInfo) -> str:
         else ""
     )
     if node.disk_free_bytes is not None:
-        offered += f" · {units.format_size(node.disk_free_bytes)} disk free for attempts"
+        of_all = f" of {units.format_size(node.disk_bytes)}" if node.disk_bytes else ""
+        offered += f" · {units.format_size(node.disk_free_bytes)}{of_all} disk free for attempts"
     return offered
 
 

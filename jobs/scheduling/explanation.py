@@ -12,6 +12,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from jobs.scheduling.types import DAY_S, HOUR_S, Estimate, PendingJob, PolicyConfig
+from jobs.units import format_size
 
 if TYPE_CHECKING:  # the pass hands itself in; importing it at run time would be a cycle
     from jobs.scheduling.placement import Held, Outcome, Pass
@@ -138,6 +139,13 @@ class Explainer:
         if not p.capacity:
             reason = "no node in the pool is taking jobs now (all draining, drained or down)"
             return Estimate(job.job_id, None, "no_nodes", reason)
+        if job.space > p.largest_disk and p.ever_fits(g):
+            reason = (
+                f"its attempt space ({format_size(job.space)}: its declared output, the scratch allowance and the "
+                f"log cap) is larger than any node's disk: the largest holds {format_size(p.largest_disk)}; it can be "
+                "submitted again declaring less output"
+            )
+            return Estimate(job.job_id, None, "space_too_large", reason)
         now_has = (
             f"the schedulable pool has {_count(p.total_gpus, 'GPU')} on {_count(len(p.capacity), 'node')} "
             f"of up to {_count(p.node_gpus, 'GPU')}"

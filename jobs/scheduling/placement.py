@@ -44,7 +44,7 @@ _min_gpus = attrgetter("min_gpus")
 
 
 def _offers(node: NodeView) -> bool:
-    return bool(node.memory or node.cpus) or node.free_disk is not None
+    return bool(node.memory or node.cpus or node.disk) or node.free_disk is not None
 
 
 def _first(pair: tuple) -> object:
@@ -161,6 +161,12 @@ class _Room:
 
 
 _SLACK = 1 + 1e-9  # shares are float arithmetic: a node's exact share must still fit
+
+
+def _largest_disk(nodes: Sequence[NodeView]) -> float:
+    """What the largest disk among the schedulable nodes holds in all; unbounded while one of them does not say."""
+    sizes = [n.disk for n in nodes if n.schedulable]
+    return max(sizes) if sizes and all(sizes) else INF
 
 
 # --------------------------------------------------------------------------- one pass
@@ -340,6 +346,7 @@ class Pass:
         self.short = state.index.copy()
         self.long = state.index.copy()
         self.room = _Room(nodes) if state.offers else None
+        self.largest_disk = _largest_disk(nodes) if state.offers else INF
         self.running = running
         self.soft: dict[str, int] = {}
         self.soft_jobs: dict[str, list[RunningView]] = {}
@@ -365,6 +372,10 @@ class Pass:
         self._by_node: dict[str, list[RunningView]] | None = None
 
     # ----- feasibility
+
+    def ever_holds(self, job: PendingJob) -> bool:
+        """Whether the schedulable pool could ever start ``job``: its GPUs, and its space on some node's disk."""
+        return self.ever_fits(job.min_gpus or job.gpus) and job.space <= self.largest_disk
 
     def ever_fits(self, g: int) -> bool:
         """Whether the schedulable pool could hold ``g`` GPUs under the placement rules."""
@@ -934,7 +945,7 @@ def _strict(
 
 def _consider(p: Pass, job: PendingJob, out: Outcome, backlog: list[PendingJob]) -> bool:
     """Start ``job`` now if it can; True when it is still waiting for GPUs (not started, possible)."""
-    if not p.ever_fits(job.min_gpus or job.gpus):
+    if not p.ever_holds(job):
         out.never.add(job.job_id)
         return False
     if job.ready_at is not None and job.ready_at > p.now:
@@ -1011,7 +1022,7 @@ def _rest(p: Pass, jobs: Sequence[PendingJob], never: set[int]) -> list[PendingJ
     """Jobs the scan did not reach: impossible ones go to ``never``, the others are returned."""
     rest = []
     for job in jobs:
-        if p.ever_fits(job.min_gpus or job.gpus):
+        if p.ever_holds(job):
             rest.append(job)
         else:
             never.add(job.job_id)

@@ -38,6 +38,8 @@ class NodeView:
     # Bytes its disk can still give attempt spaces (as its agent last measured it, less the spaces of parts
     # placed since); None: not reported (a node that does not bound spaces, trace replays): not a limit.
     free_disk: float | None = None
+    # Bytes that disk holds in all: a space larger can never be made there, however much frees. 0: not said.
+    disk: float = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,6 +153,9 @@ def test_a_node_whose_disk_could_not_hold_a_space_takes_no_new_work_for_a_while(
     # Else the scheduler hands the requeued job (and the next) straight back to the same full node, and each
     # bounce spends one of the job's attempts.
     settings.E31_MAX_ATTEMPTS, settings.E31_NO_ROOM_HOLD_S = 3, 300
+    # A 23.6 MB space: the 32 MiB disk would hold it, were 16 MB of it not taken.
+    settings.E31_SCRATCH_BYTES = 4 * 10**6
+    (settings.E31_AGENT_ROOT / "taken").write_bytes(bytes(16 * 10**6))
     NodeFactory(name="gpu-02")
     _run(rented)
     now = timezone.now()
@@ -162,6 +165,19 @@ def test_a_node_whose_disk_could_not_hold_a_space_takes_no_new_work_for_a_while(
     assert rented.allocations.order_by("-attempt").first().node.name == "gpu-02"
     later = snapshot.take(now=now + timedelta(seconds=301))
     assert {n.name: n.schedulable for n in later.nodes} == {"gpu-01": True, "gpu-02": True}
+
+
+def test_a_space_larger_than_the_nodes_whole_disk_is_the_jobs_and_does_not_hold_the_node(
+    rented, small_disk, settings
+):
+    # One job declaring more output than any disk holds would otherwise take a node out of the pool on every
+    # attempt: a tenant's few such jobs, the whole pool for minutes at a time.
+    settings.E31_MAX_ATTEMPTS, settings.E31_NO_ROOM_HOLD_S = 3, 300
+    _run(rented)
+    assert rented.state == "queued" and not GpuHold.objects.filter(active=True).exists()
+    assert Node.objects.get(name="gpu-01").no_room_until is None
+    requeued = JobEvent.objects.get(job=rented, to_state="queued", from_state="running").reason
+    assert "the node's disk holds 33.6 MB in all" in requeued, requeued
 
 
 def test_a_clean_up_step_that_fails_leaves_the_others_done(rented, monkeypatch):

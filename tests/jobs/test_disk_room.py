@@ -116,3 +116,41 @@ def test_the_agent_measures_its_disk_at_every_beat_where_it_bounds_attempt_space
         assert abs(beats[0] - shutil.disk_usage(tmp_path).free) < 10**8
     else:
         assert beats == [None]
+
+
+def test_an_agent_registers_what_its_disk_holds_in_all_and_a_larger_space_is_told_it_never_fits(settings):
+    settings.E31_SCRATCH_BYTES, settings.E31_LOG_CAP_BYTES = GB, 0
+    now = timezone.now()
+    fields = {
+        "gpus": 8,
+        "gpu_model": "virtual",
+        "address": "h",
+        "agent_version": "1",
+        "sandbox": "bubblewrap",
+    }
+    nodes.register_node(name="gpu-01", now=now, disk_bytes=200 * GB, **fields)
+    nodes.register_node(name="gpu-02", now=now, disk_bytes=100 * GB, **fields)
+    assert {n.name: n.disk for n in snapshot.take(now=now).nodes} == {"gpu-01": 200 * GB, "gpu-02": 100 * GB}
+    huge, fits = JobFactory(output_bytes=300 * GB), JobFactory(output_bytes=150 * GB)
+    scheduler.run_pass(now=now)
+    huge.refresh_from_db()
+    assert huge.state == "queued" and not huge.allocations.exists()
+    assert huge.estimated_start is None and "larger than any node's disk" in huge.pending_reason
+    assert "the largest holds 200.0 GB" in huge.pending_reason
+    assert fits.allocations.get().node.name == "gpu-01"
+
+
+@pytest.mark.parametrize(
+    ("label", "jobs_dir", "said"),
+    [
+        ("memory, cpu, pids; disk bounded", "gpu-01/jobs", True),
+        ("memory, cpu, pids", "gpu-01/jobs", False),  # it bounds no space: nothing to refuse
+        ("memory, cpu, pids; disk bounded", "elsewhere", False),  # its jobs directory cannot be read
+    ],
+)
+def test_an_agent_says_what_its_disk_holds_only_where_it_bounds_attempt_spaces(
+    tmp_path, label, jobs_dir, said
+):
+    (tmp_path / jobs_dir).mkdir(parents=True)
+    size = limits.disk_size(tmp_path / "gpu-01" / "jobs", label)
+    assert size == (shutil.disk_usage(tmp_path).total if said else 0)

@@ -189,8 +189,8 @@ def test_the_pool_page_says_a_node_takes_no_new_work_while_its_disk_has_no_room(
 
 
 def test_the_pool_page_shows_what_each_nodes_disk_can_still_give_attempt_spaces(operator_client, now):
-    NodeFactory(name="gpu-bounded", disk_free_bytes=120 * 10**9, disk_free_at=now)
+    NodeFactory(name="gpu-bounded", disk_free_bytes=120 * 10**9, disk_free_at=now, disk_bytes=500 * 10**9)
     NodeFactory(name="gpu-unbounded")  # its agent bounds no attempt space, so measures nothing
     rows = operator_client.get(POOL).content.decode().split('<tr id="node-')
-    assert "120.0 GB disk free for attempts" in next(r for r in rows if "gpu-bounded" in r)
+    assert "120.0 GB of 500.0 GB disk free for attempts" in next(r for r in rows if "gpu-bounded" in r)
     assert "disk free" not in next(r for r in rows if "gpu-unbounded" in r)

@@ -64,3 +64,27 @@ def test_a_job_spanning_nodes_needs_its_space_on_each_of_them():
 def test_a_node_that_reports_no_disk_places_by_gpus_alone():
     nodes = [NodeView(name="a", gpus=8, free=tuple(range(8)))]
     assert _placed(_plan(nodes, [_job(1, 8, space=10**15)])) == {1: {"a": tuple(range(8))}}
+
+
+def _sized(name, free, *, disk):
+    return NodeView(name=name, gpus=8, free=tuple(free), free_disk=disk, disk=disk)
+
+
+def test_a_job_whose_space_is_larger_than_every_nodes_whole_disk_is_told_so_and_waits_for_nothing():
+    # Placed, it would only be refused by node after node, spending its attempts; its owner would learn why last.
+    nodes = [_sized("a", range(8), disk=100 * GB), _sized("b", range(8), disk=200 * GB)]
+    result = _plan(nodes, [_job(1, 1, space=300 * GB), _job(2, 1, space=GB)])
+    assert _placed(result) == {2: {"a": (0,)}} and result.reservations == []
+    estimate = result.estimates[1]
+    assert (estimate.start_at, estimate.reason_code) == (None, "space_too_large")
+    assert "300.0 GB" in estimate.reason and "the largest holds 200.0 GB" in estimate.reason, estimate.reason
+
+
+def test_a_space_one_nodes_whole_disk_holds_is_placed_there_as_before():
+    nodes = [_sized("a", range(8), disk=100 * GB), _sized("b", (0,), disk=400 * GB)]
+    assert _placed(_plan(nodes, [_job(1, 1, space=300 * GB)])) == {1: {"b": (0,)}}
+
+
+def test_while_a_node_does_not_say_what_its_disk_holds_no_job_is_refused_for_its_space():
+    nodes = [_sized("a", range(8), disk=100 * GB), NodeView(name="b", gpus=8, free=tuple(range(8)))]
+    assert _placed(_plan(nodes, [_job(1, 1, space=300 * GB)])) == {1: {"b": (0,)}}

@@ -90,9 +90,11 @@ class Command(BaseCommand):
             self.stdout.write(f"node {name}: removed what an earlier agent left: {', '.join(removed)}")
         tasks.AGENT["gpu_uuids"] = _uuids(found)
         refusal = network.refusal() if mode == sandbox.BUBBLEWRAP else "it runs jobs unsandboxed"
+        bounds = _limits(name)
         register = {"name": name, "address": address or socket.getfqdn(), **_gpu_fields(found, source),
                     "agent_version": AGENT_VERSION, "sandbox": mode, "memory_bytes": limits.node_memory(memory),
-                    "cpus": limits.node_cpus(cpus), "limits": _limits(name), "multi_node_refusal": refusal}  # fmt: skip
+                    "cpus": limits.node_cpus(cpus), "limits": bounds, "multi_node_refusal": refusal,
+                    "disk_bytes": limits.disk_size(sandbox.agent_root(name) / "jobs", bounds)}  # fmt: skip
         nodes.register_node(now=timezone.now(), **register)
         if limits.DISK_BOUNDED in register["limits"]:
             if shortfall := limits.disk_shortfall(sandbox.agent_root(name) / "jobs", len(found)):
