@@ -40,6 +40,7 @@ _hours = attrgetter("hours")
 _gpus = attrgetter("gpus")
 _name = attrgetter("name")
 _schedulable = attrgetter("schedulable")
+_disk = attrgetter("disk")
 _min_gpus = attrgetter("min_gpus")
 
 
@@ -116,8 +117,10 @@ class _Room:
     or the node's share for the GPUs it takes there; and its whole attempt space on the node's disk.
     Nodes that advertise none of them (trace replays) constrain nothing, so GPU-only placement is
     unchanged there. The disk steers without holding back (``counting_disk``): its figure is a
-    measure between beats, never of what a disk holds in all, so a job no disk has room for is
-    placed by the rest, and the agent's refusal of its space decides.
+    measure between beats, and a job held back for it would keep a reservation (by GPUs) on nodes
+    whose disks may never hold it; so a job no disk has room for is placed by the rest, and the
+    agent's refusal of its space decides. Only a space larger than every disk in the pool, each in
+    all, is never placed (``Pass.ever_holds``).
     """
 
     __slots__ = ("counting_disk", "cpus", "disk", "memory", "nodes", "refused_for_disk")
@@ -164,8 +167,9 @@ _SLACK = 1 + 1e-9  # shares are float arithmetic: a node's exact share must stil
 
 
 def _largest_disk(nodes: Sequence[NodeView]) -> float:
-    """What the largest disk among the schedulable nodes holds in all; unbounded while one of them does not say."""
-    sizes = [n.disk for n in nodes if n.schedulable]
+    """What the largest disk in the pool holds in all; unbounded while a node does not say. Nodes not taking work
+    now count too (draining, or held while their disk is full): a job their disk holds waits for them, not for ever."""
+    sizes = list(map(_disk, nodes))
     return max(sizes) if sizes and all(sizes) else INF
 
 

@@ -88,3 +88,13 @@ def test_a_space_one_nodes_whole_disk_holds_is_placed_there_as_before():
 def test_while_a_node_does_not_say_what_its_disk_holds_no_job_is_refused_for_its_space():
     nodes = [_sized("a", range(8), disk=100 * GB), NodeView(name="b", gpus=8, free=tuple(range(8)))]
     assert _placed(_plan(nodes, [_job(1, 1, space=300 * GB)])) == {1: {"b": (0,)}}
+
+
+def test_a_space_only_a_node_not_taking_work_now_holds_is_not_told_it_never_fits():
+    # Held for a full disk, or draining: back in the pool later, with its disk.
+    nodes = [
+        _sized("a", range(8), disk=100 * GB),
+        NodeView(name="b", gpus=8, free=(), disk=400 * GB, schedulable=False),
+    ]
+    result = _plan(nodes, [_job(1, 1, space=300 * GB)])
+    assert result.estimates[1].reason_code != "space_too_large"
