@@ -140,12 +140,7 @@ class Explainer:
             reason = "no node in the pool is taking jobs now (all draining, drained or down)"
             return Estimate(job.job_id, None, "no_nodes", reason)
         if job.space > p.largest_disk and p.ever_fits(g):
-            reason = (
-                f"its attempt space ({format_size(job.space)}: its declared output, the scratch allowance and the "
-                f"log cap) is larger than any node's disk: the largest holds {format_size(p.largest_disk)}; it can be "
-                "submitted again declaring less output"
-            )
-            return Estimate(job.job_id, None, "space_too_large", reason)
+            return _space_never(p, job)
         now_has = (
             f"the schedulable pool has {_count(p.total_gpus, 'GPU')} on {_count(len(p.capacity), 'node')} "
             f"of up to {_count(p.node_gpus, 'GPU')}"
@@ -270,6 +265,21 @@ class FairshareExplainer(Explainer):
             f"{used_h:,.0f} GPU-h, decayed with a {days:g}-day half-life, against a "
             f"{self.share_pct.get(job.team, 0.0):.0f}% share)"
         )
+
+
+def _space_never(p: Pass, job: PendingJob) -> Estimate:
+    space = f"its attempt space ({format_size(job.space)}: its declared output, the scratch allowance and the log cap)"
+    if job.space <= p.largest_disk_paused:  # a node not taking work now holds it: a pause, not a limit
+        reason = (
+            f"{space} is larger than the disk of any node taking work now; it waits until one whose disk holds it "
+            "(draining, or held while its disk was full) takes work again"
+        )
+        return Estimate(job.job_id, None, "space_paused", reason)
+    reason = (
+        f"{space} is larger than any node's disk: the largest holds {format_size(p.largest_disk_paused)}; it can be "
+        "submitted again declaring less output"
+    )
+    return Estimate(job.job_id, None, "space_too_large", reason)
 
 
 def _count(n: int, noun: str) -> str:

@@ -116,11 +116,10 @@ class _Room:
     A part needs ``part_share`` of memory and CPUs on its node: the job's declaration split by GPUs,
     or the node's share for the GPUs it takes there; and its whole attempt space on the node's disk.
     Nodes that advertise none of them (trace replays) constrain nothing, so GPU-only placement is
-    unchanged there. The disk steers without holding back (``counting_disk``): its figure is a
-    measure between beats, and a job held back for it would keep a reservation (by GPUs) on nodes
-    whose disks may never hold it; so a job no disk has room for is placed by the rest, and the
-    agent's refusal of its space decides. Only a space larger than every disk in the pool, each in
-    all, is never placed (``Pass.ever_holds``).
+    unchanged there. The disk steers without holding back (``counting_disk``): a job held back for a
+    disk would keep a reservation, which is by GPUs, on nodes whose disks may never hold it; so a job
+    no disk has room for now is placed by the rest, and the agent's refusal of its space decides.
+    Only a space larger than every disk taking work, each in all, is not placed (``Pass.ever_holds``).
     """
 
     __slots__ = ("counting_disk", "cpus", "disk", "memory", "nodes", "refused_for_disk")
@@ -166,11 +165,12 @@ class _Room:
 _SLACK = 1 + 1e-9  # shares are float arithmetic: a node's exact share must still fit
 
 
-def _largest_disk(nodes: Sequence[NodeView]) -> float:
-    """What the largest disk in the pool holds in all; unbounded while a node does not say. Nodes not taking work
-    now count too (draining, or held while their disk is full): a job their disk holds waits for them, not for ever."""
-    sizes = list(map(_disk, nodes))
-    return max(sizes) if sizes and all(sizes) else INF
+def _largest_disks(nodes: Sequence[NodeView]) -> tuple[float, float]:
+    """What the largest disk holds in all, among the nodes taking work and among all of them; unbounded while
+    one of those nodes does not say."""
+    taking = [n.disk for n in nodes if n.schedulable]
+    every = list(map(_disk, nodes))
+    return (max(taking) if taking and all(taking) else INF), (max(every) if every and all(every) else INF)
 
 
 # --------------------------------------------------------------------------- one pass
@@ -350,7 +350,8 @@ class Pass:
         self.short = state.index.copy()
         self.long = state.index.copy()
         self.room = _Room(nodes) if state.offers else None
-        self.largest_disk = _largest_disk(nodes) if state.offers else INF
+        # What the largest disk holds in all, among the nodes taking work and among all (draining, held).
+        self.largest_disk, self.largest_disk_paused = _largest_disks(nodes) if state.offers else (INF, INF)
         self.running = running
         self.soft: dict[str, int] = {}
         self.soft_jobs: dict[str, list[RunningView]] = {}
@@ -378,7 +379,8 @@ class Pass:
     # ----- feasibility
 
     def ever_holds(self, job: PendingJob) -> bool:
-        """Whether the schedulable pool could ever start ``job``: its GPUs, and its space on some node's disk."""
+        """Whether the schedulable pool could ever start ``job``: its GPUs, and its space on some node's disk
+        (not matched node by node: see ``_Room``)."""
         return self.ever_fits(job.min_gpus or job.gpus) and job.space <= self.largest_disk
 
     def ever_fits(self, g: int) -> bool:

@@ -167,17 +167,30 @@ def test_a_node_whose_disk_could_not_hold_a_space_takes_no_new_work_for_a_while(
     assert {n.name: n.schedulable for n in later.nodes} == {"gpu-01": True, "gpu-02": True}
 
 
-def test_a_space_larger_than_the_nodes_whole_disk_is_the_jobs_and_does_not_hold_the_node(
-    rented, small_disk, settings
+@pytest.mark.parametrize(
+    ("output_bytes", "taken", "says"),
+    [
+        (100 * 10**6, 0, "the node's disk holds 33.6 MB in all"),  # more than the whole disk
+        (5 * 10**6, 5 * 10**6, ""),  # the disk holds it in all, but a smaller space still fits what is free
+    ],
+)
+def test_a_space_too_large_for_a_disk_that_still_has_room_for_others_does_not_hold_the_node(
+    rented, small_disk, settings, output_bytes, taken, says
 ):
-    # One job declaring more output than any disk holds would otherwise take a node out of the pool on every
-    # attempt: a tenant's few such jobs, the whole pool for minutes at a time.
+    # The hold is for a node that can take no attempt at all. Held for one job's declaration, a node would be
+    # out of the pool at each of its attempts: a tenant's few such jobs, the whole pool for minutes at a time.
     settings.E31_MAX_ATTEMPTS, settings.E31_NO_ROOM_HOLD_S = 3, 300
+    settings.E31_SCRATCH_BYTES = (
+        4 * 10**6
+    )  # a space with no output is 23.6 MB: the 32 MiB disk has room for it
+    (settings.E31_AGENT_ROOT / "taken").write_bytes(bytes(taken))
+    Job.objects.filter(id=rented.id).update(output_bytes=output_bytes)
     _run(rented)
     assert rented.state == "queued" and not GpuHold.objects.filter(active=True).exists()
     assert Node.objects.get(name="gpu-01").no_room_until is None
     requeued = JobEvent.objects.get(job=rented, to_state="queued", from_state="running").reason
-    assert "the node's disk holds 33.6 MB in all" in requeued, requeued
+    assert requeued.startswith("requeued: no room on the node's disk: this attempt's space needs"), requeued
+    assert says in requeued and ("in all" in requeued) == bool(says)
 
 
 def test_a_clean_up_step_that_fails_leaves_the_others_done(rented, monkeypatch):

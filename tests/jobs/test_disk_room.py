@@ -128,16 +128,18 @@ def test_an_agent_registers_what_its_disk_holds_in_all_and_a_larger_space_is_tol
         "agent_version": "1",
         "sandbox": "bubblewrap",
     }
-    nodes.register_node(name="gpu-01", now=now, disk_bytes=200 * GB, **fields)
-    nodes.register_node(name="gpu-02", now=now, disk_bytes=100 * GB, **fields)
-    assert {n.name: n.disk for n in snapshot.take(now=now).nodes} == {"gpu-01": 200 * GB, "gpu-02": 100 * GB}
+    nodes.register_node(name="gpu-01", now=now, disk_bytes=100 * GB, **fields)  # first in node order
+    nodes.register_node(name="gpu-02", now=now, disk_bytes=200 * GB, **fields)
+    assert {n.name: n.disk for n in snapshot.take(now=now).nodes} == {"gpu-01": 100 * GB, "gpu-02": 200 * GB}
+    for name, free in (("gpu-01", 100 * GB), ("gpu-02", 200 * GB)):
+        nodes.heartbeat(name=name, now=now, disk_free=free)
     huge, fits = JobFactory(output_bytes=300 * GB), JobFactory(output_bytes=150 * GB)
     scheduler.run_pass(now=now)
     huge.refresh_from_db()
     assert huge.state == "queued" and not huge.allocations.exists()
     assert huge.estimated_start is None and "larger than any node's disk" in huge.pending_reason
     assert "the largest holds 200.0 GB" in huge.pending_reason
-    assert fits.allocations.get().node.name == "gpu-01"
+    assert fits.allocations.get().node.name == "gpu-02"
 
 
 @pytest.mark.parametrize(

@@ -80,21 +80,19 @@ def test_a_job_whose_space_is_larger_than_every_nodes_whole_disk_is_told_so_and_
     assert "300.0 GB" in estimate.reason and "the largest holds 200.0 GB" in estimate.reason, estimate.reason
 
 
-def test_a_space_one_nodes_whole_disk_holds_is_placed_there_as_before():
-    nodes = [_sized("a", range(8), disk=100 * GB), _sized("b", (0,), disk=400 * GB)]
-    assert _placed(_plan(nodes, [_job(1, 1, space=300 * GB)])) == {1: {"b": (0,)}}
-
-
-def test_while_a_node_does_not_say_what_its_disk_holds_no_job_is_refused_for_its_space():
-    nodes = [_sized("a", range(8), disk=100 * GB), NodeView(name="b", gpus=8, free=tuple(range(8)))]
-    assert _placed(_plan(nodes, [_job(1, 1, space=300 * GB)])) == {1: {"b": (0,)}}
-
-
-def test_a_space_only_a_node_not_taking_work_now_holds_is_not_told_it_never_fits():
-    # Held for a full disk, or draining: back in the pool later, with its disk.
+def test_a_space_only_a_node_not_taking_work_now_holds_waits_for_it_without_a_reservation():
+    # Held for a full disk, or draining: back in the pool later, with its disk. Not told to resubmit smaller.
     nodes = [
         _sized("a", range(8), disk=100 * GB),
         NodeView(name="b", gpus=8, free=(), disk=400 * GB, schedulable=False),
     ]
     result = _plan(nodes, [_job(1, 1, space=300 * GB)])
-    assert result.estimates[1].reason_code != "space_too_large"
+    assert result.starts == [] and result.reservations == []
+    estimate = result.estimates[1]
+    assert (estimate.start_at, estimate.reason_code) == (None, "space_paused")
+    assert "waits until one whose disk holds it" in estimate.reason
+
+
+def test_while_a_node_does_not_say_what_its_disk_holds_no_job_is_refused_for_its_space():
+    nodes = [_sized("a", range(8), disk=100 * GB), NodeView(name="b", gpus=8, free=tuple(range(8)))]
+    assert _placed(_plan(nodes, [_job(1, 1, space=300 * GB)])) == {1: {"b": (0,)}}
