@@ -273,15 +273,17 @@ def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
     """The node's disk could not hold the attempt's space (or its checkpoint's): the job goes back to the queue
     while it has attempts left (another node's disk may have room). Nothing of it ran.
 
-    Only a disk too full for any attempt (not even one with no declared output) takes no new work for a while, so
-    that the next job is not handed straight back to it. A disk that still has room for smaller spaces is not held
-    for a large one: else one tenant's declarations could take node after node out of the pool, attempt after
-    attempt."""
+    Only a node whose disk is too full for any attempt (not even one with no declared output) takes no new work
+    for a while, so that the next job is not handed straight back to it. A disk that still has room for smaller
+    spaces is not held for a large one: else one tenant's declarations could take node after node out of the pool,
+    attempt after attempt. Nor is the node held for a full checkpoint store, which may be shared by every node."""
     log.warning("allocation %s: %s; %s bytes free", part.allocation.id, exc, f"{exc.free:,}")
-    detail = f"no room on the node's disk: {exc}"
+    detail = f"no room on {exc.store}: {exc}"
     if exc.larger_than_disk:
-        detail += f"; the node's disk holds {format_size(exc.disk)} in all"
-    if exc.free < limits.space_bytes(0):  # before the job is placed again
+        detail += f"; {exc.store} holds {format_size(exc.disk)} in all"
+    if exc.store == attempt_space.NODE_DISK and exc.free < limits.space_bytes(
+        0
+    ):  # before the job is placed again
         nodes.hold_for_room(node_id=part.allocation.node_id, now=timezone.now())
     again = part.job.attempt < settings.E31_MAX_ATTEMPTS
     rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(), actor=_actor(part),

@@ -19,7 +19,6 @@ import contextlib
 import errno
 import logging
 import os
-import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -32,11 +31,15 @@ MOUNT_OPTIONS = "loop,nosuid,nodev,noatime"
 MKFS = ("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "nodiscard")
 
 
-class NoRoom(Exception):
-    """The node's disk cannot hold the space: nothing is mounted, and nothing of it is left behind.
+NODE_DISK = "the node's disk"
 
-    Its message is the job's (what its space needed); ``free`` is for the node's own log only. ``disk``: what
-    the disk holds in all (None: not known), which tells a node short of room from a space no emptying makes fit.
+
+class NoRoom(Exception):
+    """The disk (``store``) cannot hold the space: nothing is mounted, and nothing of it is left behind.
+
+    Its message is the job's (what its space needed). ``free``: what the disk had free for the agent before the
+    space was tried (for the node's log, and to tell a full disk from a large space). ``disk``: what the disk holds
+    in all (None: not known), which tells a disk short of room from a space no emptying makes fit.
     """
 
     def __init__(
@@ -45,11 +48,12 @@ class NoRoom(Exception):
         free: int,
         *,
         disk: int | None = None,
+        store: str = NODE_DISK,
         space: str = "this attempt's space",
         made_of: str = "its declared output, the scratch allowance and the log cap",
     ) -> None:
-        super().__init__(f"{space} needs {needed:,} bytes ({made_of}) and the node's disk could not hold it")
-        self.needed, self.free, self.disk = needed, free, disk
+        super().__init__(f"{space} needs {needed:,} bytes ({made_of}) and {store} could not hold it")
+        self.needed, self.free, self.disk, self.store = needed, free, disk, store
 
     @property
     def larger_than_disk(self) -> bool:
@@ -98,12 +102,15 @@ def _allocate(fd: int, size: int) -> None:
     """The image's ``size`` bytes, allocated on the node's disk now (and the descriptor closed). Read and
     write: where the filesystem has no fallocate, glibc emulates it, reading each block before writing it."""
     try:
+        # Measured first: a failed fallocate keeps what it took (ext4), and the disk would then read as full.
+        # Blocks kept for root count: the agent, as root, takes them too.
+        disk = os.fstatvfs(fd)
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        disk = shutil.disk_usage(f"/proc/self/fd/{fd}")
-        raise NoRoom(needed=size, free=disk.free, disk=disk.total) from exc
+        free, total = disk.f_bfree * disk.f_frsize, disk.f_blocks * disk.f_frsize
+        raise NoRoom(needed=size, free=free, disk=total) from exc
     finally:
         os.close(fd)
 

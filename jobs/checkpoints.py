@@ -58,6 +58,7 @@ def prepare(job_id: int, *, owner: int, limit: int) -> Path:
             exc.needed,
             exc.free,
             disk=exc.disk,
+            store="the checkpoint store",
             space="the job's checkpoint space",
             made_of="its declared checkpoint size",
         ) from exc

@@ -272,7 +272,7 @@ def _space_never(p: Pass, job: PendingJob) -> Estimate:
     if job.space <= p.largest_disk_paused:  # a node not taking work now holds it: a pause, not a limit
         reason = (
             f"{space} is larger than the disk of any node taking work now; it waits until one whose disk holds it "
-            "(draining, or held while its disk was full) takes work again"
+            "(draining, drained, or held while its disk was full) takes work again"
         )
         return Estimate(job.job_id, None, "space_paused", reason)
     reason = (

@@ -166,11 +166,10 @@ _SLACK = 1 + 1e-9  # shares are float arithmetic: a node's exact share must stil
 
 
 def _largest_disks(nodes: Sequence[NodeView]) -> tuple[float, float]:
-    """What the largest disk holds in all, among the nodes taking work and among all of them; unbounded while
-    one of those nodes does not say."""
+    """What the largest disk holds in all: among the nodes taking work (unbounded while one of them does not say),
+    and among every node that says (those draining, drained or held too)."""
     taking = [n.disk for n in nodes if n.schedulable]
-    every = list(map(_disk, nodes))
-    return (max(taking) if taking and all(taking) else INF), (max(every) if every and all(every) else INF)
+    return (max(taking) if taking and all(taking) else INF), max(map(_disk, nodes), default=0)
 
 
 # --------------------------------------------------------------------------- one pass

@@ -1,7 +1,8 @@
 """Placement by the node's disk: a part's attempt space is taken on its node's disk when it starts, so a job
 goes to a node whose disk holds its space rather than to one that would refuse it and spend one of its attempts.
-The disk's figure is a measure taken between beats, so it steers and never holds a job back: where no node has
-room, the job is placed by GPUs as before, and the agent's own refusal (back to the queue, the node held) decides."""
+The disk's free figure is a measure taken between beats, so it steers and never holds a job back: where no node has
+room, the job is placed by GPUs as before, and the agent's own refusal (back to the queue) decides. What a disk holds
+in all is a limit: a space larger than every disk is placed nowhere, and its estimate says why."""
 
 from jobs.scheduling.policy import plan
 from jobs.scheduling.types import NodeView, PendingJob, PolicyConfig
@@ -91,6 +92,11 @@ def test_a_space_only_a_node_not_taking_work_now_holds_waits_for_it_without_a_re
     estimate = result.estimates[1]
     assert (estimate.start_at, estimate.reason_code) == (None, "space_paused")
     assert "waits until one whose disk holds it" in estimate.reason
+
+
+def test_a_paused_node_that_does_not_say_what_its_disk_holds_does_not_keep_a_job_too_large_for_every_other_waiting():
+    nodes = [_sized("a", range(8), disk=100 * GB), NodeView(name="b", gpus=8, free=(), schedulable=False)]
+    assert _plan(nodes, [_job(1, 1, space=300 * GB)]).estimates[1].reason_code == "space_too_large"
 
 
 def test_while_a_node_does_not_say_what_its_disk_holds_no_job_is_refused_for_its_space():
