@@ -270,7 +270,7 @@ def _release_failed(part: Part, detail: str) -> None:
 
 
 def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
-    """The node's disk could not hold the attempt's space (or its checkpoint's): the job goes back to the queue
+    """A disk could not hold the attempt's space (or its checkpoint's): the job goes back to the queue
     while it has attempts left (another node's disk may have room). Nothing of it ran.
 
     Only a node whose disk is too full for any attempt (not even one with no declared output) takes no new work
@@ -281,9 +281,8 @@ def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
     detail = f"no room on {exc.store}: {exc}"
     if exc.larger_than_disk:
         detail += f"; {exc.store} holds {format_size(exc.disk)} in all"
-    if exc.store == attempt_space.NODE_DISK and exc.free < limits.space_bytes(
-        0
-    ):  # before the job is placed again
+    full = exc.store == attempt_space.NODE_DISK and exc.free < limits.space_bytes(0)
+    if full:  # before the job is placed again
         nodes.hold_for_room(node_id=part.allocation.node_id, now=timezone.now())
     again = part.job.attempt < settings.E31_MAX_ATTEMPTS
     rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(), actor=_actor(part),
