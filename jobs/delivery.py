@@ -298,6 +298,9 @@ def _failed(transfer: OutputTransfer, job: Job, message: str) -> None:
 
 @transaction.atomic
 def _delivered(transfer: OutputTransfer, allocation: Allocation) -> None:
+    # The job's row first: parts finishing at once then take turns, and the last one sees every other delivered
+    # (each would otherwise look before the other committed, and neither would mark the job delivered).
+    Job.objects.select_for_update().only("id").get(id=allocation.job_id)
     now = timezone.now()
     OutputTransfer.objects.filter(id=transfer.id).update(
         state=DELIVERED, bytes_done=transfer.bytes_total, files_done=transfer.files_total, finished_at=now,

@@ -2,9 +2,12 @@
 
 import hashlib
 import os
+import threading
+import time
 
 import fsspec
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs import delivery, logs, sandbox
@@ -227,3 +230,49 @@ def test_s3_delivery_takes_any_name_a_file_may_have_as_a_literal_key(roots, team
     folder = f"s3://bucket/{team.slug}/run1/{job.id}-1"
     assert memory_s3.store[f"{folder}/{name}"].getvalue() == b"abc"  # the key as the manifest names it
     assert f"{folder}.log" in memory_s3.store  # the part's log, beside the folder
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_last_of_two_parts_delivered_at_once_marks_the_job_delivered():
+    """Each part's task records its own delivery and looks for parts still to deliver: run at once, each saw the
+    other's row as it was before the other committed, and the job stayed "delivering" for ever (seen in CI)."""
+    now = timezone.now()
+    job = JobFactory(state="released", end_reason="succeeded", attempt=1, delivery_state="delivering")
+    parts = []
+    for rank in (0, 1):
+        allocation = Allocation.objects.create(job=job, attempt=1, rank=rank, node=NodeFactory(), gpu_indices=[0],
+                                               rented_at=now, released_at=now, sealed_at=now)  # fmt: skip
+        transfer = OutputTransfer.objects.create(
+            allocation=allocation, job=job, state="delivering", updated_at=now
+        )
+        parts.append((transfer, Allocation.objects.select_related("job").get(id=allocation.id)))
+    first_recorded, errors = threading.Event(), []
+
+    def first():
+        try:
+            with transaction.atomic():  # its records stay uncommitted until the second part's task has looked
+                delivery._delivered(*parts[0])
+                first_recorded.set()
+                time.sleep(0.5)
+        except Exception as exc:  # a failure in a thread must fail the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def second():
+        try:
+            first_recorded.wait(5)
+            delivery._delivered(*parts[1])
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    job.refresh_from_db()
+    assert (job.delivery_state, job.delivered_at is not None) == ("delivered", True)
