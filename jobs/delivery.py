@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Exists, Max, OuterRef, Q
 from django.utils import timezone
 
 from jobs import cache_fill, declaration, logs, sandbox, sharing, transfers
@@ -310,3 +310,22 @@ def _delivered(transfer: OutputTransfer, allocation: Allocation) -> None:
     job = allocation.job
     if not Allocation.objects.filter(job=job, attempt=job.attempt, delivered_at__isnull=True).exists():
         Job.objects.filter(id=job.id).update(delivery_state="delivered", delivered_at=now)
+
+
+def finish_delivered_jobs() -> list[int]:
+    """Jobs still "delivering" although every part of their attempt is delivered, marked delivered (at their last
+    part's time): parts that once finished at the same instant could each miss the other's record."""
+    parts = Allocation.objects.filter(job=OuterRef("pk"), attempt=OuterRef("attempt"))
+    stuck = Job.objects.filter(delivery_state="delivering", delivered_at__isnull=True).filter(
+        Exists(parts), ~Exists(parts.filter(delivered_at__isnull=True))
+    )
+    finished = []
+    for job_id, attempt in stuck.values_list("id", "attempt")[:200]:
+        last = Allocation.objects.filter(job_id=job_id, attempt=attempt).aggregate(at=Max("delivered_at"))[
+            "at"
+        ]
+        if Job.objects.filter(id=job_id, delivery_state="delivering").update(
+            delivery_state="delivered", delivered_at=last
+        ):
+            finished.append(job_id)
+    return finished

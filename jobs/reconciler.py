@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import Q
 
-from jobs import dispatch, rental
+from jobs import delivery, dispatch, rental
 from jobs.lifecycle import REQUEUED, EndReason, State
 from jobs.models import Allocation, Job
 
@@ -22,9 +22,11 @@ class Findings:
     restarted: list[int] = field(default_factory=list)
     abandoned: list[int] = field(default_factory=list)
     redelivered: list[int] = field(default_factory=list)
+    delivered: list[int] = field(default_factory=list)  # jobs whose every part was delivered, now marked so
 
     def total(self) -> int:
-        return len(self.restaged) + len(self.restarted) + len(self.abandoned) + len(self.redelivered)
+        found = (self.restaged, self.restarted, self.abandoned, self.redelivered, self.delivered)
+        return sum(map(len, found))
 
 
 def reconcile(*, now: datetime) -> Findings:
@@ -34,6 +36,7 @@ def reconcile(*, now: datetime) -> Findings:
     _restart_unstarted(stale, findings)
     _abandon_silent(stale, now, findings)
     _redeliver(stale, findings)
+    findings.delivered = delivery.finish_delivered_jobs()
     dispatch.request_scheduler_pass()
     if findings.total():
         log.warning("reconciler re-drove %s", findings)

@@ -4,13 +4,14 @@ import hashlib
 import os
 import threading
 import time
+from datetime import timedelta
 
 import fsspec
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobs import delivery, logs, sandbox
+from jobs import delivery, logs, reconciler, sandbox
 from jobs.models import Allocation, Job, OutputFile, OutputTransfer
 from jobs.transfers import sources
 from tests.factories import JobFactory, NodeFactory
@@ -276,3 +277,21 @@ def test_the_last_of_two_parts_delivered_at_once_marks_the_job_delivered():
     assert errors == []
     job.refresh_from_db()
     assert (job.delivery_state, job.delivered_at is not None) == ("delivered", True)
+
+
+def test_the_reconciler_marks_delivered_a_job_whose_every_part_is_delivered():
+    # Left so by the race above before it was fixed: nothing else would ever finish it.
+    now = timezone.now()
+    stuck = JobFactory(state="released", end_reason="succeeded", attempt=2, delivery_state="delivering")
+    going = JobFactory(state="released", end_reason="succeeded", attempt=1, delivery_state="delivering")
+    for job, rank, delivered in ((stuck, 0, now - timedelta(minutes=9)), (stuck, 1, now - timedelta(minutes=8)),
+                                 (going, 0, now), (going, 1, None)):  # fmt: skip
+        Allocation.objects.create(job=job, attempt=job.attempt, rank=rank, node=NodeFactory(), gpu_indices=[0],
+                                  rented_at=now, released_at=now, sealed_at=now, delivered_at=delivered)  # fmt: skip
+    # An earlier attempt's part, never delivered, is not the job's to wait for.
+    Allocation.objects.create(job=stuck, attempt=1, node=NodeFactory(), gpu_indices=[0], rented_at=now,
+                              released_at=now)  # fmt: skip
+    assert reconciler.reconcile(now=now).delivered == [stuck.id]
+    stuck.refresh_from_db(), going.refresh_from_db()
+    assert (stuck.delivery_state, stuck.delivered_at) == ("delivered", now - timedelta(minutes=8))
+    assert (going.delivery_state, going.delivered_at) == ("delivering", None)
