@@ -111,27 +111,29 @@ def space_bytes(output_bytes: int) -> int:
 
 
 def disk_free(jobs_dir: Path, node_limits: str) -> int | None:
-    """Bytes the node's disk can still give attempt spaces; None where it does not bound them (nothing taken
-    up front there, so nothing the scheduler should count), or where the disk could not be read."""
-    if DISK_BOUNDED not in node_limits:
-        return None
-    try:
-        return _free_bytes(jobs_dir)
-    except OSError:
-        log.warning("the disk under %s could not be measured", jobs_dir, exc_info=True)
-        return None
+    """Bytes the node's disk can still give attempt spaces (what any user may take: see ``_free_bytes``); None
+    where it does not bound them (nothing taken up front there, so nothing the scheduler should count), or where
+    the disk could not be read."""
+    usage = _spaces_disk(jobs_dir, node_limits)
+    return None if usage is None else usage.free
 
 
 def disk_size(jobs_dir: Path, node_limits: str) -> int:
     """What the disk under attempt spaces holds in all (no space larger can be made there, however much frees);
     0 where the node does not bound spaces, or the disk could not be read."""
+    usage = _spaces_disk(jobs_dir, node_limits)
+    return 0 if usage is None else usage.total
+
+
+def _spaces_disk(jobs_dir: Path, node_limits: str):
+    """The disk under attempt spaces, measured; None where the node does not bound them, or it could not be read."""
     if DISK_BOUNDED not in node_limits:
-        return 0
+        return None
     try:
-        return shutil.disk_usage(jobs_dir).total
+        return shutil.disk_usage(jobs_dir)
     except OSError:
         log.warning("the disk under %s could not be measured", jobs_dir, exc_info=True)
-        return 0
+        return None
 
 
 def _free_bytes(path: Path) -> int:
