@@ -38,6 +38,9 @@ class EndReason(StrEnum):
     DEPENDENCY_FAILED = "dependency_failed"  # a job it runs after did not end as it required; never metered
 
 
+# Ends where the job itself decided how long it ran (not cancelled, lost or refused): what run times are learned from.
+RAN_TO_ITS_END = (EndReason.SUCCEEDED, EndReason.FAILED, EndReason.TIMED_OUT, EndReason.OUT_OF_MEMORY)
+
 # Reasons that move a job without ending it.
 REQUEUED = "requeued"
 PREEMPTED = "preempted"

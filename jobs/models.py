@@ -5,7 +5,7 @@ from django.db import models
 from django.db.models import Q
 
 from accounts.models import Team
-from jobs.lifecycle import AFTER_ANY, AFTER_OK, EndReason, State
+from jobs.lifecycle import AFTER_ANY, AFTER_OK, RAN_TO_ITS_END, EndReason, State
 
 
 class JobArray(models.Model):
@@ -112,6 +112,16 @@ class Job(models.Model):
             # the array columns read from the table, a team of 5,000 jobs visited 2,949 pages (25 ms
             # against 4.5 ms).
             models.Index(fields=["team"], include=["array", "array_index"], name="job_team_array_count"),
+            # A team's last released jobs that ran to their end, newest first: what its run times are learned
+            # from, on every scheduler pass and job page. Without it a team of 5,000 jobs took 18.8 ms (every one
+            # of its jobs joined to its allocation and sorted), with it 0.7 ms, whatever the team's history.
+            models.Index(
+                models.F("team"),
+                models.F("state_changed_at").desc(),
+                models.F("id").desc(),
+                name="job_team_ran_to_its_end",
+                condition=Q(state=State.RELEASED, end_reason__in=RAN_TO_ITS_END),
+            ),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpus__gte=1), name="job_gpus_positive"),

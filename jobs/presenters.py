@@ -97,7 +97,7 @@ def planned_run(job: Job, allocations, *, now: datetime) -> selectors.PlannedRun
         return None
     current = [a for a in allocations if a.attempt == job.attempt and a.released_at is None]
     started = min((a.rented_at for a in current), default=None) if job.state in HOLDS_COMPUTE else None
-    return selectors.planned_run(team_name=job.team.name, hours=job.hours, started_at=started, now=now)
+    return selectors.planned_run(team_id=job.team_id, hours=job.hours, started_at=started, now=now)
 
 
 RERUNS_SHOWN = 20

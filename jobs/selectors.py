@@ -14,8 +14,9 @@ from django.conf import settings
 from django.db.models import Count, F, Max, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
 
 from accounts import scoping
+from accounts.models import Team
 from jobs import declaration, sharing
-from jobs.lifecycle import ALIVE, BEFORE_RENT, TERMINAL, EndReason, State
+from jobs.lifecycle import ALIVE, BEFORE_RENT, RAN_TO_ITS_END, TERMINAL, State
 from jobs.models import (
     Allocation,
     DataInput,
@@ -246,29 +247,32 @@ def attempt_gpus(allocation: Allocation) -> int:
     return sum(len(indices) for indices in rows.values_list("gpu_indices", flat=True))
 
 
-# Ends where the job itself decided how long it ran (not cancelled, lost or refused).
-RAN_TO_ITS_END = (EndReason.SUCCEEDED, EndReason.FAILED, EndReason.TIMED_OUT, EndReason.OUT_OF_MEMORY)
-
-
 def learned_run_times(team_names) -> dict[str, prediction.Learned]:
     """Each team's learned run-time ratio from its own last finished jobs (one query per team)."""
-    return {name: _learned(name) for name in set(team_names)}
+    ids = dict(Team.objects.filter(name__in=set(team_names)).values_list("name", "id"))
+    return {name: _learned(ids.get(name)) for name in set(team_names)}
 
 
-def _learned(team_name: str) -> prediction.Learned:
-    runs = (
-        Allocation.objects.filter(
-            job__team__name=team_name, job__state=State.RELEASED, job__end_reason__in=RAN_TO_ITS_END,
-            attempt=F("job__attempt"), rank=0, started_at__isnull=False, finished_at__isnull=False,
-        )
-        .order_by("-finished_at", "-id")
-        .values_list("started_at", "finished_at", "job__hours")[: prediction.WINDOW]
-    )  # fmt: skip
+def _learned(team_id: int | None) -> prediction.Learned:
     history = [
         prediction.Finished(run_s=(finished - started).total_seconds(), declared_hours=hours)
-        for started, finished, hours in reversed(runs)
+        for started, finished, hours in reversed(finished_runs(team_id))
     ]
     return prediction.learn(history, min_jobs=settings.E31_PREDICTION_MIN_JOBS)
+
+
+def finished_runs(team_id: int | None) -> QuerySet:
+    """(started, finished, declared hours) of the team's last jobs released after running to their end, newest
+    release first: read from the index that holds them (by the team's id, not its name, or the planner walks
+    every team's releases)."""
+    return (
+        Allocation.objects.filter(
+            job__team_id=team_id, job__state=State.RELEASED, job__end_reason__in=RAN_TO_ITS_END,
+            attempt=F("job__attempt"), rank=0, started_at__isnull=False, finished_at__isnull=False,
+        )
+        .order_by("-job__state_changed_at", "-job_id")
+        .values_list("started_at", "finished_at", "job__hours")[: prediction.WINDOW]
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -280,10 +284,10 @@ class PlannedRun:
     reason: str
 
 
-def planned_run(*, team_name: str, hours: float, started_at: datetime | None, now: datetime) -> PlannedRun:
-    """What the scheduler plans a job (or a draft) of ``team_name`` with: its team's learned run
+def planned_run(*, team_id: int, hours: float, started_at: datetime | None, now: datetime) -> PlannedRun:
+    """What the scheduler plans a job (or a draft) of team ``team_id`` with: its team's learned run
     time, extended once a running job outran it, never past the declared ``hours``."""
-    learned = _learned(team_name)
+    learned = _learned(team_id)
     if started_at is None:
         return PlannedRun(learned.predict_hours(hours), hours, learned.reason())
     start = started_at.timestamp()

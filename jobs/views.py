@@ -313,7 +313,7 @@ def estimate(request: HttpRequest) -> HttpResponse:
         context["checkpointing"] = estimates.what_checkpointing_buys(declared=bool(raw.get("checkpoint")))
         context["budget"] = signals.check_budget(team=team, gpu_hours=gpus * hours, now=context["now"])
         context["planned"] = selectors.planned_run(
-            team_name=team.name, hours=hours, started_at=None, now=context["now"]
+            team_id=team.id, hours=hours, started_at=None, now=context["now"]
         )
     return render(request, "jobs/new.html#estimate", context)
 

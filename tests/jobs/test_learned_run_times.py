@@ -1,14 +1,17 @@
 """The live scheduler plans with each team's learned run times; the declared limit stays the deadline."""
 
 import math
+import re
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
 from jobs import selectors, snapshot
-from jobs.models import Allocation
+from jobs.models import Allocation, Job
+from jobs.scheduling import prediction
 from tests.factories import JobFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
@@ -103,3 +106,45 @@ def test_the_form_says_what_the_draft_would_be_planned_with(team, node, member_c
     html = response.content.decode()
     assert "planned as 2 h of its 5 h limit" in html
     assert "40 % of their declared hours" in html
+
+
+def _released(team, *, node, ran_hours, released):
+    """Jobs of ``team`` (declared 10 h) released at each time of ``released`` after running ``ran_hours``, in bulk."""
+    jobs = Job.objects.bulk_create(
+        JobFactory.build(
+            team=team, state="released", end_reason="succeeded", hours=10, attempt=1, state_changed_at=at
+        )
+        for at in released
+    )
+    Allocation.objects.bulk_create(
+        Allocation(job=job, attempt=1, node=node, gpu_indices=[0], rented_at=at - timedelta(hours=ran_hours),
+                   started_at=at - timedelta(hours=ran_hours), finished_at=at, released_at=at, end_reason="succeeded")
+        for job, at in zip(jobs, released, strict=True)
+    )  # fmt: skip
+
+
+def test_the_window_is_the_teams_last_releases(team, node):
+    now = timezone.now()
+    # The jobs created last were released first: the window goes by release, not by creation.
+    _released(team, node=node, ran_hours=4, released=[now - timedelta(hours=h) for h in range(1, 51)])
+    _released(team, node=node, ran_hours=1, released=[now - timedelta(hours=h) for h in range(100, 120)])
+    learned = selectors.learned_run_times([team.name])[team.name]
+    assert learned.jobs == prediction.WINDOW
+    assert math.isclose(learned.ratio, 0.4)
+
+
+def test_a_long_history_is_read_from_its_index_a_window_deep(team, other_team, node):
+    """A scheduler pass learns every waiting team's run times, and the job page its own team's: with 3,000
+    releases each, a plan that joins and sorts a team's whole history reads 3,000 jobs, not the window's 50."""
+    now = timezone.now()
+    for each in (team, other_team):
+        _released(each, node=node, ran_hours=4, released=[now - timedelta(minutes=m) for m in range(1, 3001)])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobs_job")
+        cursor.execute("ANALYZE jobs_allocation")
+    plan = selectors.finished_runs(team.id).explain(analyze=True)
+    read = re.search(
+        r"using job_team_ran_to_its_end on jobs_job .*\(actual time=\S+ rows=(\d+) loops=1\)", plan
+    )
+    assert read is not None, plan
+    assert int(read[1]) <= prediction.WINDOW + 1, plan
