@@ -19,7 +19,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -265,8 +265,8 @@ def _settle_space(root: Path, *, ran: bool) -> None:
 
 
 def _release_failed(part: Part, detail: str) -> None:
-    rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(), actor=_actor(part),
-                       detail=detail[:300])  # fmt: skip
+    rental.release_job(job_id=part.job.id, attempt=part.allocation.attempt, end_reason=EndReason.FAILED,
+                       now=timezone.now(), actor=_actor(part), detail=detail[:300])  # fmt: skip
 
 
 def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
@@ -285,8 +285,9 @@ def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
     if full:  # before the job is placed again
         nodes.hold_for_room(node_id=part.allocation.node_id, now=timezone.now())
     again = part.job.attempt < settings.E31_MAX_ATTEMPTS
-    rental.release_job(job_id=part.job.id, end_reason=EndReason.FAILED, now=timezone.now(), actor=_actor(part),
-                       detail=detail[:300], requeue_as=REQUEUED if again else "")  # fmt: skip
+    rental.release_job(job_id=part.job.id, attempt=part.allocation.attempt, end_reason=EndReason.FAILED,
+                       now=timezone.now(), actor=_actor(part), detail=detail[:300],
+                       requeue_as=REQUEUED if again else "")  # fmt: skip
 
 
 def _bound_or_refuse(part: Part, dirs: sandbox.AttemptDirs) -> None:
@@ -523,19 +524,22 @@ def _after_exit(part: Part, dirs: sandbox.AttemptDirs, outcome: str, exit_code: 
     if outcome == "released":
         return  # the node was declared down or the attempt replaced: RELEASE already happened
     if outcome == EndReason.CANCELLED:
-        rental.release_job(job_id=job_id, end_reason=EndReason.CANCELLED, now=now, actor=_actor(part),
-                           exit_code=exit_code, detail="cancelled while running")  # fmt: skip
+        rental.release_job(job_id=job_id, attempt=part.allocation.attempt, end_reason=EndReason.CANCELLED, now=now,
+                           actor=_actor(part), exit_code=exit_code, detail="cancelled while running")  # fmt: skip
         return
     if outcome == PREEMPTED:
-        rental.release_job(job_id=job_id, end_reason=PREEMPTED, now=now, actor=_actor(part),
-                           requeue_as=PREEMPTED, detail=_paused(part))  # fmt: skip
+        rental.release_job(job_id=job_id, attempt=part.allocation.attempt, end_reason=PREEMPTED, now=now,
+                           actor=_actor(part), requeue_as=PREEMPTED, detail=_paused(part))  # fmt: skip
         return
     if outcome == "sibling_failed":
         outcome = STOPPED  # not this part's failure: the attempt's exit code is the failing part's
     rental.finish_allocation(allocation_id=part.allocation.id, exit_code=exit_code, outcome=outcome, now=now)
+    # Hashing a large output takes minutes: the agent says it is alive meanwhile, as while the job ran, or
+    # the reconciler would take it for silent and end a run that succeeded as lost.
+    alive = _every(SEEN_EVERY_S, lambda: rental.note_worker_alive(job_id=part.job.id, now=timezone.now()))
     sealed = seal(
         dirs.output, prefix=f"rank{part.rank}/" if part.num_nodes > 1 else "",
-        declared_bytes=part.job.output_bytes, max_files=settings.E31_MAX_OUTPUT_FILES,
+        declared_bytes=part.job.output_bytes, max_files=settings.E31_MAX_OUTPUT_FILES, alive=alive,
     )  # fmt: skip
     rental.seal_allocation(
         allocation_id=part.allocation.id, manifest=sealed.files, refused=sealed.refused, now=timezone.now()
@@ -548,8 +552,29 @@ class Sealed:
     refused: str = ""  # why nothing is sealed: the output broke its declaration
 
 
-def seal(output_dir: Path, *, prefix: str = "", declared_bytes: int, max_files: int) -> Sealed:
-    """The manifest of what the job wrote (path, bytes, sha256), held to its declaration.
+def _every(seconds: float, call: Callable[[], None]) -> Callable[[], None]:
+    """``call``, at most once every ``seconds`` however often it is asked for (a beat from inside a long loop)."""
+    due = time.monotonic() + seconds
+
+    def beat() -> None:
+        nonlocal due
+        if time.monotonic() >= due:
+            due = time.monotonic() + seconds
+            call()
+
+    return beat
+
+
+def seal(
+    output_dir: Path,
+    *,
+    prefix: str = "",
+    declared_bytes: int,
+    max_files: int,
+    alive: Callable[[], None] = lambda: None,
+) -> Sealed:
+    """The manifest of what the job wrote (path, bytes, sha256), held to its declaration; ``alive`` is called
+    as it goes (throttled by the caller).
 
     Past ``max_files`` files, or more bytes than declared, nothing is hashed: the count and sizes
     are read first, so 20,000 files or 5 GB declared as 100 bytes cost a directory walk, not a seal.
@@ -568,7 +593,7 @@ def seal(output_dir: Path, *, prefix: str = "", declared_bytes: int, max_files: 
     too_long = next((p for p in found if len(prefix + p.relative_to(output_dir).as_posix()) > MAX_PATH), None)
     if too_long is not None:
         return Sealed([], f"a file's path is longer than {MAX_PATH} characters: {too_long.name[:60]}…")
-    return Sealed([_entry(output_dir, path, prefix) for path in sorted(found)])
+    return Sealed([_entry(output_dir, path, prefix, alive) for path in sorted(found)])
 
 
 def _regular_files(root: Path):
@@ -580,11 +605,12 @@ def _regular_files(root: Path):
                 yield path
 
 
-def _entry(output_dir: Path, path: Path, prefix: str) -> dict:
+def _entry(output_dir: Path, path: Path, prefix: str, alive: Callable[[], None]) -> dict:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
+            alive()
     rel = prefix + path.relative_to(output_dir).as_posix()
     return {"path": rel, "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 

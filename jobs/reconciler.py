@@ -69,6 +69,7 @@ def _abandon_silent(stale: datetime, now: datetime, findings: Findings) -> None:
         rental.release_job(
             job_id=job.id, end_reason=EndReason.NODE_LOST, now=now, actor="reconciler",
             detail="its node agent stopped reporting on it", requeue_as=REQUEUED if requeue else "",
+            attempt=job.attempt,
         )  # fmt: skip
         findings.abandoned.append(job.id)
 

@@ -152,12 +152,12 @@ def _release_when_sealed(job_id: int, *, now: datetime, actor: str) -> None:
         return
     reason, exit_code = _attempt_outcome(parts)
     if reason == EndReason.OUTPUT_FAILED:
-        release_job(job_id=job_id, end_reason=reason, now=now, actor=actor, exit_code=exit_code,
+        release_job(job_id=job_id, attempt=job.attempt, end_reason=reason, now=now, actor=actor, exit_code=exit_code,
                     detail=f"output not delivered: {job.delivery_detail}")  # fmt: skip
         return
     detail = OUT_OF_MEMORY_DETAIL if reason == EndReason.OUT_OF_MEMORY else ""
-    release_job(job_id=job_id, end_reason=reason, now=now, actor=actor, exit_code=exit_code, deliver=True,
-                detail=detail)  # fmt: skip
+    release_job(job_id=job_id, attempt=job.attempt, end_reason=reason, now=now, actor=actor, exit_code=exit_code,
+                deliver=True, detail=detail)  # fmt: skip
 
 
 OUT_OF_MEMORY_DETAIL = (
@@ -193,16 +193,24 @@ def _attempt_outcome(parts) -> tuple[EndReason, int | None]:
 def release_job(
     *, job_id: int, end_reason: EndReason, now: datetime, actor: str, exit_code: int | None = None,
     detail: str = "", deliver: bool = False, requeue_as: str = "", last_heartbeat: datetime | None = None,
+    attempt: int | None = None,
 ) -> bool:  # fmt: skip
     """RELEASE: frees every GPU of the attempt and closes its meter at ``now``; then requeues or ends.
 
     ``requeue_as`` (REQUEUED after a node loss, PREEMPTED for a reservation) sends the job back to
-    the queue for a new attempt instead of ending it.
+    the queue for a new attempt instead of ending it; but a job whose team asked to cancel it ends
+    cancelled, whatever stopped it first: it never runs again. ``attempt``: only while the job is
+    still on it (an agent of an attempt that was replaced, or a reaper that read the job before
+    taking its lock, must not end the attempt that replaced it).
     """
     with transaction.atomic():
-        job = Job.objects.select_for_update().filter(id=job_id, state__in=HOLDS_COMPUTE).first()
+        rows = Job.objects.select_for_update().filter(id=job_id, state__in=HOLDS_COMPUTE)
+        job = (rows if attempt is None else rows.filter(attempt=attempt)).first()
         if job is None:
             return False
+        if requeue_as and job.cancel_requested_at is not None:
+            requeue_as, detail = "", f"cancelled as requested; the attempt had ended: {detail or end_reason}"
+            end_reason = EndReason.CANCELLED
         held = list(Allocation.objects.filter(job=job, released_at__isnull=True))
         # A caller reads ``now`` before it waits for the job's lock, and a rent may commit meanwhile
         # (a cancel racing the scheduler): a release never precedes its rent, so it happens at it.
@@ -282,15 +290,15 @@ def lose_node_allocations(
     if gpu_indices is not None:
         holding = GpuHold.objects.filter(node=node, gpu_index__in=gpu_indices, active=True)
         lost = lost.filter(id__in=holding.values("allocation_id"))
-    job_ids = set(lost.values_list("job_id", flat=True))
-    lock_for_release(job_ids)
-    for job in Job.objects.filter(id__in=job_ids).order_by("id"):
+    attempts = dict(lost.values_list("job_id", "attempt"))
+    lock_for_release(attempts)
+    for job in Job.objects.filter(id__in=attempts).order_by("id"):
         requeue = requeues_after_loss(job)
         release_job(
-            job_id=job.id, end_reason=EndReason.NODE_LOST, now=now, actor="reaper",
-            detail=detail, requeue_as=REQUEUED if requeue else "", last_heartbeat=node.last_heartbeat,
+            job_id=job.id, end_reason=EndReason.NODE_LOST, now=now, actor="reaper", detail=detail,
+            requeue_as=REQUEUED if requeue else "", last_heartbeat=node.last_heartbeat, attempt=attempts[job.id],
         )  # fmt: skip
-    return len(job_ids)
+    return len(attempts)
 
 
 def lock_for_release(job_ids: Iterable[int]) -> None:

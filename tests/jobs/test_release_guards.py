@@ -1,0 +1,125 @@
+"""What a RELEASE must never do, whoever calls it: requeue a job its team asked to cancel, or end an attempt
+that replaced the one its caller saw."""
+
+import hashlib
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+from django.utils import timezone
+
+from jobs import agent, nodes, reconciler, rental, services
+from jobs.lifecycle import PREEMPTED, EndReason, State
+from jobs.models import Allocation, Job
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+SHA256 = hashlib.sha256  # the real one, before a test slows the agent's down
+
+
+def _running(job, *, node="gpu-01", at):
+    assert rental.rent_job(job_id=job.id, gpus_by_node={node: (0,)}, now=at)
+    allocation = Allocation.objects.get(job=job, released_at__isnull=True)
+    assert rental.start_allocation(allocation_id=allocation.id, now=at)
+    return allocation
+
+
+def _assert_cancelled(job):
+    job.refresh_from_db()
+    assert (job.state, job.end_reason, job.attempt) == (State.RELEASED, EndReason.CANCELLED, 1)
+    assert job.end_detail.startswith("cancelled as requested; the attempt had ended: ")
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
+
+
+def test_a_cancel_requested_before_its_node_is_lost_ends_the_job(pool, team, member):
+    job = JobFactory(team=team, requeue=True)
+    now = timezone.now()
+    _running(job, at=now)
+    assert services.cancel_job(job_id=job.id, user=member, now=now + timedelta(seconds=1))
+    nodes.set_node_state(name="gpu-01", target="down", now=now + timedelta(seconds=2), actor="olga")
+    _assert_cancelled(job)
+
+
+def test_a_cancel_requested_before_the_reconciler_gives_up_on_its_agent_ends_the_job(pool, team, member):
+    job = JobFactory(team=team, requeue=True)
+    then = timezone.now() - timedelta(hours=1)
+    _running(job, at=then)
+    Job.objects.filter(id=job.id).update(worker_seen_at=then)
+    assert services.cancel_job(job_id=job.id, user=member, now=then + timedelta(seconds=1))
+    reconciler.reconcile(now=timezone.now())
+    _assert_cancelled(job)
+
+
+def test_a_cancel_during_a_preemptions_grace_ends_the_job(pool, team, member):
+    job = JobFactory(team=team, preemptible=True)
+    now = timezone.now()
+    allocation = _running(job, at=now)
+    assert rental.request_preemption(job_id=job.id, now=now + timedelta(seconds=1))
+    # The agent sees the preemption and stops the process.
+    assert rental.stop_reason(allocation_id=allocation.id, now=now) == PREEMPTED
+    assert services.cancel_job(job_id=job.id, user=member, now=now + timedelta(seconds=2))
+    part = SimpleNamespace(job=job, allocation=allocation, rank=0, num_nodes=1)
+    agent._after_exit(part, None, PREEMPTED, -15)  # the agent, once the process stopped
+    _assert_cancelled(job)
+
+
+def test_an_agent_of_a_replaced_attempt_does_not_release_the_attempt_after_it(pool):
+    job = JobFactory(preemptible=True, requeue=True)
+    now = timezone.now()
+    first = _running(job, at=now)
+    assert rental.request_preemption(job_id=job.id, now=now + timedelta(seconds=1))
+    assert rental.stop_reason(allocation_id=first.id, now=now) == PREEMPTED  # gpu-01's agent starts the grace
+    # Meanwhile gpu-01 is declared down (attempt 1 released, the job requeued) and attempt 2 starts on gpu-02.
+    nodes.set_node_state(name="gpu-01", target="down", now=now + timedelta(seconds=2), actor="olga")
+    second = _running(job, node="gpu-02", at=now + timedelta(seconds=3))
+    # gpu-01's agent, its process stopped at last, reports attempt 1's preemption.
+    part = SimpleNamespace(
+        job=SimpleNamespace(id=job.id, checkpoints=False), allocation=first, rank=0, num_nodes=1
+    )
+    agent._after_exit(part, None, PREEMPTED, -15)
+    second.refresh_from_db()
+    job.refresh_from_db()
+    assert second.released_at is None
+    assert (job.state, job.attempt) == (State.RUNNING, 2)
+
+
+class _SlowHash:
+    """sha256 whose every 1 MiB block takes 20 s of the agent's (fake) clock; the reconciler runs once the seal
+    has taken 100 s, as it would while a node hashes a large output."""
+
+    def __init__(self, clock, reconcile_at):
+        self._digest, self._clock, self._reconcile_at = SHA256(), clock, reconcile_at
+
+    def update(self, block):
+        self._digest.update(block)
+        self._clock.elapsed += 20
+        if self._clock.elapsed >= 100 and not self._clock.reconciled:
+            self._clock.reconciled = True
+            reconciler.reconcile(now=self._reconcile_at())
+
+    def hexdigest(self):
+        return self._digest.hexdigest()
+
+
+def test_a_run_that_succeeded_is_not_taken_for_lost_while_its_agent_seals_a_large_output(
+    pool, settings, tmp_path, monkeypatch
+):
+    assert settings.E31_RECONCILE_AFTER_S == 60
+    job = JobFactory(output_bytes=2**40)
+    began = timezone.now() - timedelta(minutes=10)
+    allocation = _running(job, at=began)
+    exited = began + timedelta(seconds=62)
+    rental.note_worker_alive(job_id=job.id, now=exited - timedelta(seconds=2))  # the run's last beat
+    clock = SimpleNamespace(elapsed=0.0, reconciled=False)
+    at = lambda: exited + timedelta(seconds=clock.elapsed)  # noqa: E731
+    monkeypatch.setattr(agent.time, "monotonic", lambda: clock.elapsed)
+    monkeypatch.setattr(agent.timezone, "now", at)
+    monkeypatch.setattr(agent.hashlib, "sha256", lambda: _SlowHash(clock, at))
+    output = tmp_path / "output"
+    output.mkdir()
+    (output / "weights.bin").write_bytes(b"w" * (8 << 20))  # 8 blocks: 160 s of hashing
+    part = SimpleNamespace(job=job, allocation=allocation, rank=0, num_nodes=1)
+    agent._after_exit(part, SimpleNamespace(output=output), EndReason.SUCCEEDED, 0)
+    job.refresh_from_db()
+    assert clock.reconciled
+    assert (job.state, job.end_reason, job.sealed_files) == (State.RELEASED, EndReason.SUCCEEDED, 1)
