@@ -257,10 +257,10 @@ def request_preemption(*, job_id: int, now: datetime) -> bool:
             id=job_id, preemptible=True, state__in=HOLDS_COMPUTE, preempt_requested_at__isnull=True
         ).update(preempt_requested_at=now)
         if marked:
+            state, attempt = Job.objects.values_list("state", "attempt").get(id=job_id)
             JobEvent.objects.create(
-                job_id=job_id, from_state=State.RUNNING, to_state=State.RUNNING, at=now, actor="scheduler",
-                reason="preemption requested: a reserved job needs these GPUs",
-                attempt=Job.objects.values_list("attempt", flat=True).get(id=job_id),
+                job_id=job_id, from_state=state, to_state=state, at=now, actor="scheduler",
+                reason="preemption requested: a reserved job needs these GPUs", attempt=attempt,
             )  # fmt: skip
         return bool(marked)
 

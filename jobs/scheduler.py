@@ -23,6 +23,8 @@ from jobs.scheduling import policy, types
 
 log = logging.getLogger(__name__)
 ADVISORY_LOCK_KEY = 0x0E31_5C4E  # any constant unique to the scheduler pass
+PASS_WAIT_S = 30.0  # how long a requested pass waits for one running elsewhere to end
+LOCK_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -34,14 +36,15 @@ class PassResult:
 
 
 @contextmanager
-def pass_lock():
-    """Yields True while holding the one-pass-at-a-time lock, False if another process holds it."""
+def pass_lock(*, wait_s: float = 0.0):
+    """Yields True while holding the one-pass-at-a-time lock, False if another process held it for all of
+    ``wait_s``."""
     if connection.vendor != "postgresql":
         yield True  # SQLite serialises writers; each RENT is its own IMMEDIATE transaction
         return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_KEY])
-        held = cursor.fetchone()[0]
+    deadline = time.monotonic() + wait_s
+    while not (held := _try_pass_lock()) and time.monotonic() < deadline:
+        time.sleep(LOCK_POLL_S)
     try:
         yield held
     finally:
@@ -50,31 +53,36 @@ def pass_lock():
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_KEY])
 
 
+def _try_pass_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_KEY])
+        return cursor.fetchone()[0]
+
+
 def run_pass(*, now: datetime) -> PassResult | None:
-    """One pass: end jobs whose prerequisite failed, snapshot, plan, rent what starts, preempt what must
-    yield, store every estimate."""
+    """One pass, or None if another process is running one."""
     with pass_lock() as held:
-        if not held:
-            return None
-        began = time.perf_counter()
-        dependencies.end_unsatisfiable(
-            now=now
-        )  # before the snapshot: a job that can never start is not planned
-        view = snapshot.take(now=now)
-        plan = policy.plan(
-            now=now.timestamp(), nodes=view.nodes, running=view.running, pending=view.pending,
-            usage=view.usage, shares=view.shares, config=view.config,
-        )  # fmt: skip
-        started = sum(
-            rental.rent_job(
-                job_id=s.job_id, gpus_by_node=s.gpus_by_node, now=now, reason=_start_reason(s, view)
-            )
-            for s in plan.starts
-        )
-        preempted = sum(rental.request_preemption(job_id=job_id, now=now) for job_id in plan.preemptions)
-        planning.store_estimates(plan, now=now)
-        elapsed = (time.perf_counter() - began) * 1000
-        planning.record_pass(started=started, elapsed_ms=elapsed, now=now)
+        return _pass(now=now) if held else None
+
+
+def _pass(*, now: datetime) -> PassResult:
+    """End jobs whose prerequisite failed, snapshot, plan, rent what starts, preempt what must yield, store
+    every estimate; under the pass lock."""
+    began = time.perf_counter()
+    dependencies.end_unsatisfiable(now=now)  # before the snapshot: a job that can never start is not planned
+    view = snapshot.take(now=now)
+    plan = policy.plan(
+        now=now.timestamp(), nodes=view.nodes, running=view.running, pending=view.pending,
+        usage=view.usage, shares=view.shares, config=view.config,
+    )  # fmt: skip
+    started = sum(
+        rental.rent_job(job_id=s.job_id, gpus_by_node=s.gpus_by_node, now=now, reason=_start_reason(s, view))
+        for s in plan.starts
+    )
+    preempted = sum(rental.request_preemption(job_id=job_id, now=now) for job_id in plan.preemptions)
+    planning.store_estimates(plan, now=now)
+    elapsed = (time.perf_counter() - began) * 1000
+    planning.record_pass(started=started, elapsed_ms=elapsed, now=now)
     return PassResult(started=started, preempted=preempted, pending=len(view.pending), elapsed_ms=elapsed)
 
 
@@ -89,7 +97,14 @@ def run_requested_passes(*, clock: Callable[[], datetime], limit: int = 20) -> i
             claimed = dispatch.claim_requested_pass()
         if not claimed:
             return ran
-        run_pass(now=clock())
+        # A pass running elsewhere may have read the pool before this request's change, and this request is
+        # claimed now: wait for that pass to end (well under a second) rather than drop it. The clock is read
+        # once the lock is held, so a wait never dates a RENT before what the pass reads.
+        with pass_lock(wait_s=PASS_WAIT_S) as held:
+            if not held:  # a pass held it that long: ask again, which rings the doorbell for a new try
+                dispatch.request_scheduler_pass()
+                return ran
+            _pass(now=clock())
     return limit
 
 

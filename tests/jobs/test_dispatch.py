@@ -1,10 +1,14 @@
 """The doorbell sends tasks by name, after commit: every name it rings is a task a worker runs."""
 
+import threading
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import celery
+import psycopg
 import pytest
 from django.conf import settings
+from django.db import connection
 
 from jobs import dispatch, scheduler
 from jobs.models import SchedulerState
@@ -70,8 +74,42 @@ def test_requested_passes_run_until_no_request_is_left(monkeypatch):
         if len(ran) == 1:
             dispatch.request_scheduler_pass()  # a submission arrives during the first pass
 
-    monkeypatch.setattr(scheduler, "run_pass", one_pass)
+    monkeypatch.setattr(scheduler, "_pass", one_pass)
     dispatch.request_scheduler_pass()
     assert scheduler.run_requested_passes(clock=lambda: now) == 2
     assert ran == [now, now]
     assert scheduler.run_requested_passes(clock=lambda: now) == 0  # nothing asked: no pass
+
+
+@contextmanager
+def _pass_elsewhere():
+    """Another process holding the pass lock (its own session), mid-pass; ``release()`` ends its pass."""
+    db = connection.settings_dict
+    other = psycopg.connect(dbname=db["NAME"], user=db["USER"], password=db["PASSWORD"], host=db["HOST"],
+                            port=db["PORT"], autocommit=True)  # fmt: skip
+    other.execute("SELECT pg_advisory_lock(%s)", [scheduler.ADVISORY_LOCK_KEY])
+    try:
+        yield lambda: other.execute("SELECT pg_advisory_unlock(%s)", [scheduler.ADVISORY_LOCK_KEY])
+    finally:
+        other.close()
+
+
+@pytest.mark.django_db
+def test_a_request_claimed_while_a_pass_runs_elsewhere_waits_for_it_then_runs(monkeypatch):
+    ran = []
+    monkeypatch.setattr(scheduler, "_pass", lambda *, now: ran.append(now))
+    dispatch.request_scheduler_pass()  # staging queued a job after the pass elsewhere read the pool
+    with _pass_elsewhere() as end_it:
+        threading.Timer(0.3, end_it).start()
+        assert scheduler.run_requested_passes(clock=lambda: datetime(2026, 12, 1, 9, 0, tzinfo=UTC)) == 1
+    assert len(ran) == 1
+
+
+@pytest.mark.django_db
+def test_a_request_is_asked_again_when_a_pass_elsewhere_outlasts_the_wait(monkeypatch):
+    monkeypatch.setattr(scheduler, "PASS_WAIT_S", 0.2)
+    monkeypatch.setattr(scheduler, "_pass", lambda *, now: pytest.fail("ran a pass without the lock"))
+    dispatch.request_scheduler_pass()
+    with _pass_elsewhere():
+        assert scheduler.run_requested_passes(clock=lambda: datetime(2026, 12, 1, 9, 0, tzinfo=UTC)) == 0
+    assert SchedulerState.objects.get().pass_requested

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from jobs import nodes, rental, scheduler, services
 from jobs.lifecycle import REQUEUED, EndReason
-from jobs.models import Allocation, GpuHold, Job
+from jobs.models import Allocation, GpuHold, Job, JobEvent
 from metering import services as metering
 from tests.factories import JobFactory, NodeFactory
 
@@ -168,3 +168,15 @@ def test_a_cancel_whose_clock_was_read_before_a_rent_committed_releases_at_the_r
     allocation = job.allocations.get()
     assert allocation.released_at == allocation.rented_at == rented_at
     assert metering.find_violations(now=rented_at + timedelta(seconds=1)) == []
+
+
+def test_a_preemption_request_is_recorded_in_the_state_the_job_is_in(pool):
+    job = JobFactory(preemptible=True)
+    now = timezone.now()
+    assert rental.rent_job(
+        job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=now
+    )  # rented, its process not started
+    assert rental.request_preemption(job_id=job.id, now=now)
+    event = JobEvent.objects.filter(job=job).latest("id")
+    assert (event.from_state, event.to_state, event.attempt) == ("rented", "rented", 1)
+    assert event.reason == "preemption requested: a reserved job needs these GPUs"
