@@ -349,6 +349,9 @@ E31_STAGE_RETENTION_S = env.float("E31_STAGE_RETENTION_S", default=7 * 86400.0)
 # Inputs copied at once across the pool, and deliveries at once per node.
 E31_STAGE_CONCURRENCY = env.int("E31_STAGE_CONCURRENCY", default=4)
 E31_DELIVERY_CONCURRENCY = env.int("E31_DELIVERY_CONCURRENCY", default=2)
+# A part's outputs lie on the node that sealed them: once that node has been down this long, its delivery fails
+# (the job's dependents then go on) instead of waiting for it for ever.
+E31_DELIVERY_NODE_GRACE_S = env.float("E31_DELIVERY_NODE_GRACE_S", default=86400.0)
 # Transient errors (dropped connections, 5xx, timeouts) are retried this often, backing off from this delay.
 E31_TRANSFER_RETRIES = env.int("E31_TRANSFER_RETRIES", default=4)
 E31_TRANSFER_BACKOFF_S = env.float("E31_TRANSFER_BACKOFF_S", default=1.0)

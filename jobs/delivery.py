@@ -19,11 +19,11 @@ from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, Max, OuterRef, Q
+from django.db.models import Exists, F, Max, OuterRef, Q
 from django.utils import timezone
 
 from jobs import cache_fill, declaration, logs, sandbox, sharing, transfers
-from jobs.models import Allocation, Job, OutputFile, OutputTransfer
+from jobs.models import Allocation, Job, Node, OutputFile, OutputTransfer
 from jobs.transfers import destinations, sources
 
 WAITING, DELIVERING, DELIVERED, FAILED = (
@@ -310,6 +310,31 @@ def _delivered(transfer: OutputTransfer, allocation: Allocation) -> None:
     job = allocation.job
     if not Allocation.objects.filter(job=job, attempt=job.attempt, delivered_at__isnull=True).exists():
         Job.objects.filter(id=job.id).update(delivery_state="delivered", delivered_at=now)
+
+
+def fail_stranded(*, now: datetime) -> list[int]:
+    """Jobs still delivering a part whose node has been down for E31_DELIVERY_NODE_GRACE_S: the part's files
+    are on that node's disk, so its delivery fails, and says why, rather than keep the job (and every job that
+    runs after it) waiting for a node that is not coming back."""
+    gone_before = now - timedelta(seconds=settings.E31_DELIVERY_NODE_GRACE_S)
+    stranded = Allocation.objects.filter(
+        job__delivery_state="delivering", attempt=F("job__attempt"), delivered_at__isnull=True,
+        node__state=Node.NodeState.DOWN, node__state_changed_at__lt=gone_before,
+    ).values_list("job_id", "node__name", "node__state_changed_at")  # fmt: skip
+    failed = []
+    for job_id, node, down_since in stranded[:200]:
+        message = (
+            f"not delivered: node {node}, which holds this attempt's outputs, has been down since "
+            f"{down_since:%Y-%m-%d %H:%M} UTC"
+        )
+        if Job.objects.filter(id=job_id, delivery_state="delivering").update(
+            delivery_state="failed", delivery_detail=message
+        ):
+            OutputTransfer.objects.filter(job_id=job_id, state__in=(WAITING, DELIVERING)).update(
+                state=FAILED, detail=message, finished_at=now, updated_at=now
+            )
+            failed.append(job_id)
+    return failed
 
 
 def finish_delivered_jobs() -> list[int]:

@@ -23,9 +23,17 @@ class Findings:
     abandoned: list[int] = field(default_factory=list)
     redelivered: list[int] = field(default_factory=list)
     delivered: list[int] = field(default_factory=list)  # jobs whose every part was delivered, now marked so
+    undeliverable: list[int] = field(default_factory=list)  # jobs whose outputs' node is gone for good
 
     def total(self) -> int:
-        found = (self.restaged, self.restarted, self.abandoned, self.redelivered, self.delivered)
+        found = (
+            self.restaged,
+            self.restarted,
+            self.abandoned,
+            self.redelivered,
+            self.delivered,
+            self.undeliverable,
+        )
         return sum(map(len, found))
 
 
@@ -35,6 +43,7 @@ def reconcile(*, now: datetime) -> Findings:
     _restage(stale, findings)
     _restart_unstarted(stale, findings)
     _abandon_silent(stale, now, findings)
+    findings.undeliverable = delivery.fail_stranded(now=now)
     _redeliver(stale, findings)
     findings.delivered = delivery.finish_delivered_jobs()
     dispatch.request_scheduler_pass()

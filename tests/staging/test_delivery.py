@@ -11,8 +11,8 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobs import delivery, logs, reconciler, sandbox
-from jobs.models import Allocation, Job, OutputFile, OutputTransfer
+from jobs import delivery, logs, reconciler, sandbox, scheduler
+from jobs.models import Allocation, Dependency, Job, Node, OutputFile, OutputTransfer
 from jobs.transfers import sources
 from tests.factories import JobFactory, NodeFactory
 
@@ -295,3 +295,28 @@ def test_the_reconciler_marks_delivered_a_job_whose_every_part_is_delivered():
     stuck.refresh_from_db(), going.refresh_from_db()
     assert (stuck.delivery_state, stuck.delivered_at) == ("delivered", now - timedelta(minutes=8))
     assert (going.delivery_state, going.delivered_at) == ("delivering", None)
+
+
+def test_a_delivery_whose_node_has_been_down_past_the_grace_fails_and_its_dependents_go_on(
+    roots, team, settings
+):
+    settings.E31_DELIVERY_NODE_GRACE_S = 3600
+    NodeFactory(name="spare")  # where the job after it can run
+    now = timezone.now()
+    stranded, waiting = released_job(team, roots, {"a.txt": b"a"}), released_job(team, roots, {"b.txt": b"b"})
+    Node.objects.filter(id=stranded.node_id).update(state="down", state_changed_at=now - timedelta(hours=2))
+    Node.objects.filter(id=waiting.node_id).update(state="down", state_changed_at=now - timedelta(minutes=30))
+    after_it = JobFactory(team=team, state="queued")
+    Dependency.objects.create(job=after_it, prerequisite=stranded.job, kind=Dependency.AFTER_ANY)
+
+    assert reconciler.reconcile(now=now).undeliverable == [stranded.job_id]
+    job = Job.objects.get(id=stranded.job_id)
+    assert job.delivery_state == "failed"
+    assert job.delivery_detail.startswith(
+        f"not delivered: node {stranded.node.name}, which holds this attempt's"
+    )
+    # A node down for less than the grace may come back: its job still waits for it.
+    assert Job.objects.get(id=waiting.job_id).delivery_state == "delivering"
+    scheduler.run_pass(now=now)
+    after_it.refresh_from_db()
+    assert after_it.state == "rented"
