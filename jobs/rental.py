@@ -12,6 +12,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Subquery
 
 from common.ledger_locks import lock_team_ledgers
 from jobs import dispatch, selectors, signals
@@ -75,6 +76,7 @@ def note_network(*, allocation_id: int, network: str) -> None:
 def start_allocation(*, allocation_id: int, now: datetime) -> bool:
     """Claims an allocation for its node agent; the first part to start moves the job to RUNNING."""
     with transaction.atomic():
+        _lock_job_of(allocation_id)
         claimed = Allocation.objects.filter(
             id=allocation_id, started_at__isnull=True, released_at__isnull=True
         ).update(started_at=now)
@@ -88,11 +90,20 @@ def start_allocation(*, allocation_id: int, now: datetime) -> bool:
         return True
 
 
+def _lock_job_of(allocation_id: int) -> None:
+    """The job's row before its allocation's, the order a cancel and a release take them in: the other way round,
+    a part starting or exiting as its job is cancelled or released waits for the row the other holds (a deadlock
+    the database breaks by failing one of the two)."""
+    job_id = Allocation.objects.filter(id=allocation_id).values("job_id")
+    Job.objects.select_for_update().filter(id=Subquery(job_id)).values_list("id").first()
+
+
 def finish_allocation(
     *, allocation_id: int, exit_code: int | None, outcome: EndReason, now: datetime
 ) -> None:
     """Records a part's exit; when every part of the attempt has exited the job enters OUTPUT."""
     with transaction.atomic():
+        _lock_job_of(allocation_id)
         Allocation.objects.filter(id=allocation_id, finished_at__isnull=True).update(
             finished_at=now, exit_code=exit_code, end_reason=outcome
         )

@@ -2,6 +2,7 @@
 
 import itertools
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -12,7 +13,7 @@ from jobs import nodes, rental, scheduler, services
 from jobs.lifecycle import REQUEUED, EndReason
 from jobs.models import Allocation, GpuHold, Job, JobEvent
 from metering import services as metering
-from tests.factories import JobFactory, NodeFactory
+from tests.factories import JobFactory, MembershipFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -180,3 +181,43 @@ def test_a_preemption_request_is_recorded_in_the_state_the_job_is_in(pool):
     event = JobEvent.objects.filter(job=job).latest("id")
     assert (event.from_state, event.to_state, event.attempt) == ("rented", "rented", 1)
     assert event.reason == "preemption requested: a reserved job needs these GPUs"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_part_starting_as_its_job_is_cancelled_takes_turns_with_the_cancel(monkeypatch):
+    """The agent's start holds the part's row while it moves the job; a cancel before the part started holds the
+    job's row while it releases the part. Taken in opposite orders they deadlocked, and the database failed one."""
+    NodeFactory(name="gpu-01")
+    job = JobFactory(gpus=1)
+    member = MembershipFactory(team=job.team).user
+    now = timezone.now()
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=now)
+    allocation = Allocation.objects.get(job=job)
+    moving, errors = threading.Event(), []
+    real_transition = rental.transition
+
+    def slow_transition(**kwargs):  # the agent's start, between its part's row and its job's
+        if threading.current_thread().name == "agent":
+            moving.set()
+            time.sleep(0.5)
+        return real_transition(**kwargs)
+
+    def agent_start():
+        try:
+            assert rental.start_allocation(allocation_id=allocation.id, now=now)
+        except Exception as exc:  # a failure in a thread must fail the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    monkeypatch.setattr(rental, "transition", slow_transition)
+    agent = threading.Thread(target=agent_start, name="agent")
+    agent.start()
+    assert moving.wait(5)
+    assert services.cancel_job(
+        job_id=job.id, user=member, now=now
+    )  # waits for the start, then asks its agent
+    agent.join()
+    assert errors == []
+    job.refresh_from_db()
+    assert (job.state, job.cancel_requested_at) == ("running", now)
