@@ -206,15 +206,18 @@ def submit_job_file(request: HttpRequest, team: str = ""):
 )
 def rerun_job(request: HttpRequest, job_id: int):
     source = _visible(request, job_id)
-    return _submit(request, selectors.declaration_of(source), source.team.slug, rerun_of=source)
+    raw = declaration.as_mapping(selectors.declaration_of(source))
+    return _submit(request, raw, source.team.slug, rerun_of=source)
 
 
 def _submit(request: HttpRequest, raw: dict, team_slug: str, *, rerun_of: Job | None = None):
     """Validates and submits; with an Idempotency-Key, a retry gets the first job back (200)."""
     key = request.headers.get("Idempotency-Key", "")
-    if key and not idempotency.VALID_KEY.match(key):
+    if key and not idempotency.VALID_KEY.fullmatch(key):
         raise HttpError(422, "Idempotency-Key must be 1 to 255 printable ASCII characters without spaces.")
-    signed = {**raw, "rerun_of": rerun_of.id} if rerun_of else raw  # a re-run's key is for its source only
+    # The key stands for this job in this team: the team a query chose (?team= beside a job file) is signed
+    # with the body, and a re-run's key is for its source only.
+    signed = {**raw, "team": team_slug, **({"rerun_of": rerun_of.id} if rerun_of else {})}
     digest, now = idempotency.body_sha256(signed), timezone.now()
     try:
         first = (

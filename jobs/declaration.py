@@ -12,10 +12,10 @@ import re
 import stat
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from jobs import imageref
 from jobs.units import format_size, parse_size
@@ -27,13 +27,15 @@ MAX_ENV = 128
 MAX_INPUTS = 64
 MAX_SECRETS = 32
 MAX_NESTING = 10  # a declaration nests four levels deep (data[0].bytes); ten leaves room, 1,500 is an attack
+MAX_IMAGE = MAX_WORKDIR = 200  # the widths of the columns they are stored in
+_IMAGE_TOO_LONG = f"an image reference of at most {MAX_IMAGE} characters, its tag included (:latest if none)"
 MIN_HOURS = 1 / 3600  # a time limit under one second is a typo (1e-300), not a job
 DATA_SCHEMES = ("file", "http", "https", "s3")
 OUTPUT_SCHEMES = ("file", "s3")
-RESERVED_ENV = re.compile(r"^(E31_.*|CUDA_VISIBLE_DEVICES)$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
+RESERVED_ENV = re.compile(r"E31_.*|CUDA_VISIBLE_DEVICES")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+INPUT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+SHA256 = re.compile(r"[0-9a-f]{64}")  # with fullmatch: "$" would let a trailing newline through
 MIN_MEMORY = 16 * 2**20  # below this not even an interpreter starts
 MIN_CPUS = 0.01  # the smallest CFS quota the kernel takes is 1 ms of every 100 ms
 MAX_CPUS = 100_000
@@ -217,6 +219,30 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     )  # fmt: skip
 
 
+def as_mapping(spec: Declaration) -> dict[str, Any]:
+    """The declaration as a job file writes it: ``validate`` reads it back to the same declaration (what a
+    re-run submits again, or fills the form with). Parts left unset are left out."""
+    request = {
+        "gpus": spec.gpus, "hours": spec.hours, "min_gpus": spec.min_gpus, "max_gpus": spec.max_gpus,
+        "gpu_model": spec.gpu_model, "preemptible": spec.preemptible, "requeue": spec.requeue,
+        "memory": spec.memory_bytes, "cpus": spec.cpus,
+        "checkpoint": asdict(spec.checkpoint) if spec.checkpoint else None,
+    }  # fmt: skip
+    work = {"argv": list(spec.argv), "env": dict(spec.env), "image": spec.image, "workdir": spec.workdir}
+    if spec.secrets:  # names only: the job receives the team's values as they are when it starts
+        work["secrets"] = list(spec.secrets)
+    ordering = {"after_ok": list(spec.after_ok), "after_any": list(spec.after_any)}
+    return {
+        "name": spec.name,
+        "work": work,
+        "data": [asdict(d) for d in spec.data],
+        "request": {k: v for k, v in request.items() if v is not None},
+        "output": {"uri": spec.output_uri, "bytes": spec.output_bytes},
+        **{k: v for k, v in ordering.items() if v},
+        **({"array": spec.array.text} if spec.array else {}),
+    }
+
+
 def _prerequisites(raw: Mapping, errs: _Collector) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``after_ok`` and ``after_any``: lists of job ids, each named once across both."""
     seen: set[int] = set()
@@ -328,13 +354,14 @@ def _env(value: Any, errs: _Collector) -> dict[str, str]:
     if not isinstance(value, Mapping):
         errs.add("work.env", "env maps names to values")
         return {}
-    if len(value) > MAX_ENV:
+    if len(value) > MAX_ENV:  # one error says it all: naming each of thousands of variables would not
         errs.add("work.env", f"at most {MAX_ENV} variables")
+        return {}
     for key, val in value.items():
         path = f"work.env.{str(key)[:40]}"
         if not isinstance(key, str) or not ENV_NAME.fullmatch(key):
             errs.add(path, "a variable name is letters, digits and _, not starting with a digit")
-        elif RESERVED_ENV.match(key):
+        elif RESERVED_ENV.fullmatch(key):
             errs.add(path, f"{key} is set by the platform and cannot be declared")
         if not isinstance(val, str) or "\x00" in val or len(val) > MAX_ARG_CHARS:
             errs.add(path, f"a value is a string of at most {MAX_ARG_CHARS} characters")
@@ -344,14 +371,18 @@ def _env(value: Any, errs: _Collector) -> dict[str, str]:
 def _image(value: Any, errs: _Collector) -> str:
     if value in (None, ""):
         return ""
-    if not isinstance(value, str) or len(value) > 200:
-        errs.add("work.image", "an image reference of at most 200 characters")
+    if not isinstance(value, str) or len(value.strip()) > MAX_IMAGE:
+        errs.add("work.image", _IMAGE_TOO_LONG)
         return ""
     try:
-        return str(imageref.parse(value.strip()))
+        image = str(imageref.parse(value.strip()))
     except imageref.BadReference as exc:
         errs.add("work.image", str(exc))
         return ""
+    if len(image) > MAX_IMAGE:  # measured again as stored: parse adds ":latest" to a reference without a tag
+        errs.add("work.image", _IMAGE_TOO_LONG)
+        return ""
+    return image
 
 
 def _secrets(value: Any, env: Mapping[str, str], limits: Limits, errs: _Collector) -> list[str]:
@@ -378,8 +409,17 @@ def _secrets(value: Any, env: Mapping[str, str], limits: Limits, errs: _Collecto
 def _workdir(value: Any, errs: _Collector) -> str:
     if value in (None, ""):
         return ""
-    if not isinstance(value, str) or value.startswith("/") or ".." in Path(value).parts or "\x00" in value:
-        errs.add("work.workdir", "a relative directory inside the job's own directory")
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_WORKDIR
+        or not value.isprintable()
+        or value.startswith("/")
+        or ".." in Path(value).parts
+    ):
+        errs.add(
+            "work.workdir",
+            f"a relative directory inside the job's own directory, at most {MAX_WORKDIR} printable characters",
+        )
         return ""
     return value
 
@@ -416,7 +456,7 @@ def _inputs(value: Any, limits: Limits, errs: _Collector) -> list[DataInput]:
         uri = _data_uri(item.get("uri"), f"data[{i}].uri", limits, errs)
         size = _size(item.get("bytes"), f"data[{i}].bytes", errs)
         sha = item.get("sha256") or ""
-        if not isinstance(sha, str) or (sha and not SHA256.match(sha.lower())):
+        if not isinstance(sha, str) or (sha and not SHA256.fullmatch(sha.lower())):
             errs.add(f"data[{i}].sha256", "a sha256 is 64 hexadecimal characters")
             sha = ""
         inputs.append(DataInput(name=str(name), uri=uri, bytes=size, sha256=sha.lower()))
@@ -576,30 +616,62 @@ def _check_team_prefix(
 def _uri(
     value: Any, path: str, schemes: tuple, roots: Sequence[Path], roots_name: str, errs: _Collector
 ) -> str:
-    if not isinstance(value, str) or not value.strip():
-        errs.add(path, "a URI is required")
+    parts = _split_uri(value, path, errs)
+    if parts is None:
         return ""
-    if len(value) > 2000 or not value.isprintable():
-        errs.add(path, "a URI is at most 2000 printable characters")
-        return ""
-    parts = urlsplit(value.strip())
     if parts.scheme not in schemes:
         errs.add(path, f"scheme must be one of {', '.join(schemes)}")
         return ""
-    if parts.scheme == "file":
-        if parts.netloc not in ("", "localhost") or not unquote(parts.path).startswith("/"):
-            errs.add(path, "a file URI is file:///absolute/path")
-        elif resolve_under_roots(unquote(parts.path), roots) is None:
-            errs.add(
-                path, f"not under an allowed root ({roots_name}): {', '.join(map(str, roots)) or 'none set'}"
-            )
-    elif not parts.netloc:
-        errs.add(path, f"a {parts.scheme} URI names a host or bucket")
+    problem = _file_uri_problem(parts, roots, roots_name) if parts.scheme == "file" else _host_problem(parts)
+    if problem:
+        errs.add(path, problem)
     return value.strip()
+
+
+def _split_uri(value: Any, path: str, errs: _Collector) -> SplitResult | None:
+    """The URI's parts, its port read too: urlsplit accepts ":99999" and a broken "[" host, and either
+    would fail only later, when the input is staged."""
+    if not isinstance(value, str) or not value.strip():
+        errs.add(path, "a URI is required")
+        return None
+    if len(value) > 2000 or not value.isprintable():
+        errs.add(path, "a URI is at most 2000 printable characters")
+        return None
+    try:
+        parts = urlsplit(value.strip())
+        parts.port  # noqa: B018 - read for its check alone
+    except ValueError as exc:
+        errs.add(path, f"not a valid URI: {exc}")
+        return None
+    return parts
+
+
+def _file_uri_problem(parts: SplitResult, roots: Sequence[Path], roots_name: str) -> str:
+    local = unquote(parts.path)
+    if parts.netloc not in ("", "localhost") or not local.startswith("/"):
+        return "a file URI is file:///absolute/path"
+    if "\x00" in local:  # said plainly, not as "not under an allowed root"
+        return "a file URI cannot hold a NUL byte (%00)"
+    if resolve_under_roots(local, roots) is None:
+        return f"not under an allowed root ({roots_name}): {', '.join(map(str, roots)) or 'none set'}"
+    return ""
+
+
+def _host_problem(parts: SplitResult) -> str:
+    if not parts.netloc:
+        return f"a {parts.scheme} URI names a host or bucket"
+    if parts.username is not None:  # stored as typed, it would be shown to the whole team
+        return (
+            "a URI cannot hold a user name or password: the whole team would see it and staging never sends "
+            "it; keep a token in a team secret (work.secrets) and fetch with it from the job"
+        )
+    return ""
 
 
 def resolve_under_roots(raw_path: str, roots: Sequence[Path]) -> Path | None:
     """The real path (``..`` and symlinks resolved) if it lies under one of the roots, else None."""
+    if "\x00" in raw_path:  # a path no file has, that os.path.realpath refuses with a ValueError
+        return None
     real = Path(os.path.realpath(raw_path))
     for root in roots:
         if real == root or real.is_relative_to(root):

@@ -41,7 +41,9 @@ class JobForm:
         values = {k: post.get(k, "") for k in _SCALARS if k in post}
         for flag in _FLAGS:
             values[flag] = "on" if post.get(flag) else ""
-        ordered = [rows[i] for i in sorted(rows)][:MAX_FORM_INPUTS]
+        # Rows past the form's 64 are kept: the rules refuse them by name ("at most 64 inputs"), where
+        # dropping them here would submit the job without them, unseen.
+        ordered = [rows[i] for i in sorted(rows)]
         return cls(values=values, rows=[r for r in ordered if any(v.strip() for v in r.values())])
 
     @classmethod
@@ -83,7 +85,9 @@ class JobForm:
                 "bytes": _size_text(d.get("bytes")),
                 "sha256": _text(d.get("sha256")),
             }
-            for d in data[:MAX_FORM_INPUTS]
+            for d in data[
+                : MAX_FORM_INPUTS + 1
+            ]  # one past the most: the rules then refuse them, none dropped unseen
             if isinstance(d, Mapping)
         ]
         return cls(values=values, rows=rows or [_blank_row()])
@@ -150,8 +154,10 @@ class JobForm:
             name, sep, value = line.partition("=")
             if not sep:
                 self.errors["work.env"] = f"write each variable as NAME=value (line {line[:30]!r})"
-                continue
-            env[name.strip()] = value
+            elif name.strip() in env:  # else the last would silently win
+                self.errors["work.env"] = f"{name.strip()[:40]} is set twice: keep one line for it"
+            else:
+                env[name.strip()] = value
         return env
 
     def add_row(self) -> None:
@@ -169,12 +175,18 @@ _SCALARS = (
     "output.uri", "output.bytes", "after_ok", "after_any", "array",
 )  # fmt: skip
 _JOB_ID_SEPARATORS = re.compile(r"[\s,]+")
+MAX_ID_DIGITS = 18  # past any job id (ids are held under 2**31)
 _FLAGS = ("request.preemptible", "request.requeue")
 
 
 def _ids(text: str) -> list[int | str]:
-    """Job ids typed as "812, 813": whole numbers become ints, anything else is left for the rules to name."""
-    return [int(t) if t.isascii() and t.isdigit() else t for t in _JOB_ID_SEPARATORS.split(text.strip()) if t]
+    """Job ids typed as "812, 813": whole numbers become ints, anything else (a number too long for any id,
+    which int() may even refuse) is left for the rules to name."""
+    return [
+        int(t) if t.isascii() and t.isdigit() and len(t) <= MAX_ID_DIGITS else t
+        for t in _JOB_ID_SEPARATORS.split(text.strip())
+        if t
+    ]
 
 
 def _checkpoint_text(value: Any) -> dict[str, str]:

@@ -15,7 +15,8 @@ from jobs import declaration, services
 from jobs.models import Job, SubmissionKey
 
 KEY_LIFETIME = timedelta(hours=24)
-VALID_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces, like the IETF draft's examples
+# Printable ASCII, no spaces, like the IETF draft's examples; with fullmatch ("$" lets a trailing newline by).
+VALID_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
 class KeyReused(Exception):

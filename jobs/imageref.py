@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 DEFAULT_TAG = "latest"
 _LABEL = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)"
-REGISTRY = re.compile(rf"^(?:localhost|{_LABEL}(?:\.{_LABEL})+|{_LABEL}(?:\.{_LABEL})*:[0-9]{{1,5}})$")
-COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
-TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# Whole-string patterns, used with fullmatch ("$" would also match before a trailing newline).
+REGISTRY = re.compile(rf"localhost|{_LABEL}(?:\.{_LABEL})+|{_LABEL}(?:\.{_LABEL})*:[0-9]{{1,5}}")
+COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 MAX_NAME = 255
 
 
@@ -46,10 +47,10 @@ def parse(text: str) -> Reference:
     if not isinstance(text, str) or not text or text != text.strip() or not text.isprintable():
         raise BadReference("an image reference is registry/name:tag or registry/name@sha256:<digest>")
     rest, _, digest = text.partition("@")
-    if "@" in text and not DIGEST.match(digest):
+    if "@" in text and not DIGEST.fullmatch(digest):
         raise BadReference("a digest is sha256: and 64 lower-case hex digits")
     registry, slash, path = rest.partition("/")
-    if not slash or not REGISTRY.match(registry):
+    if not slash or not REGISTRY.fullmatch(registry):
         raise BadReference(
             "name the registry first (registry.example.com/team/app:tag): no default registry is assumed"
         )
@@ -65,9 +66,9 @@ def parse(text: str) -> Reference:
 
 def _split_tag(path: str) -> tuple[str, str]:
     repository, colon, tag = path.rpartition(":") if ":" in path else (path, "", "")
-    if colon and not TAG.match(tag):
+    if colon and not TAG.fullmatch(tag):
         raise BadReference("a tag is letters, digits, _ . and -, at most 128, not starting with . or -")
     components = repository.split("/")
-    if not all(COMPONENT.match(c) for c in components):
+    if not all(COMPONENT.fullmatch(c) for c in components):
         raise BadReference("a repository is lower-case letters and digits, separated by . _ - or /")
     return repository, tag

@@ -336,25 +336,30 @@ def present_gpus(gpus_by_node: Mapping[int, int]) -> dict[int, tuple[int, ...]]:
     return {node_id: tuple(listed.get(node_id, range(count))) for node_id, count in gpus_by_node.items()}
 
 
-def declaration_of(job: Job) -> dict:
-    """The job's four parts as a job file declares them: what a re-run submits again, or prefills."""
-    request = {
-        "gpus": job.gpus, "hours": job.hours, "min_gpus": job.min_gpus, "max_gpus": job.max_gpus,
-        "gpu_model": job.gpu_model, "preemptible": job.preemptible, "requeue": job.requeue, "memory": job.memory_bytes, "cpus": job.cpus,
-    }  # fmt: skip
-    work = {"argv": list(job.argv), "env": dict(job.env), "image": job.image, "workdir": job.workdir}
-    if job.secrets:  # names only: a re-run receives the team's values as they are when it starts
-        work["secrets"] = list(job.secrets)
-    return {
-        "name": job.name,
-        "work": work,
-        "data": [
-            {"name": d.name, "uri": d.uri, "bytes": d.bytes, "sha256": d.sha256}
+def declaration_of(job: Job) -> declaration.Declaration:
+    """The whole declaration a stored job was submitted with: what an operator's requeue submits as it is,
+    and (``declaration.as_mapping``) what a re-run checks and submits again, or fills the form with."""
+    return declaration.Declaration(
+        name=job.name, argv=list(job.argv), env=dict(job.env), image=job.image, workdir=job.workdir,
+        secrets=list(job.secrets),
+        data=[
+            declaration.DataInput(name=d.name, uri=d.uri, bytes=d.bytes, sha256=d.sha256)
             for d in job.inputs.order_by("position")
         ],
-        "request": {k: v for k, v in request.items() if v is not None},
-        "output": {"uri": job.output_uri, "bytes": job.output_bytes},
-    }
+        gpus=job.gpus, gpu_model=job.gpu_model, hours=job.hours, min_gpus=job.min_gpus, max_gpus=job.max_gpus,
+        preemptible=job.preemptible, requeue=job.requeue, checkpoint=_checkpoint_of(job),
+        memory_bytes=job.memory_bytes, cpus=job.cpus, output_uri=job.output_uri, output_bytes=job.output_bytes,
+    )  # fmt: skip
+
+
+def _checkpoint_of(job: Job) -> declaration.Checkpoint | None:
+    if not job.checkpoint_signal:
+        return None
+    return declaration.Checkpoint(
+        signal=job.checkpoint_signal,
+        grace_s=job.checkpoint_grace_s or declaration.DEFAULT_GRACE_S,
+        bytes=job.checkpoint_bytes or declaration.DEFAULT_CHECKPOINT_BYTES,
+    )
 
 
 def running_allocations(*, node_name: str) -> dict[int, list[int]]:

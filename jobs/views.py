@@ -1,5 +1,6 @@
 """Team-facing job pages: list, intake form, job page and its live fragments."""
 
+import math
 import re
 
 from django.conf import settings
@@ -20,7 +21,10 @@ from jobs.forms import JobForm, JobListFilterForm, bound_fields
 from jobs.lifecycle import BEFORE_RENT
 from jobs.models import Job, JobArray
 
-DIGITS = re.compile(r"[0-9]+")  # not str.isdigit: "²" is a digit to it and int("²") raises
+# Not str.isdigit: "²" is a digit to it and int("²") raises. Nine at most: int() refuses 4,300 digits, and
+# an attempt, a rank or a row index past 999,999,999 is no such thing anyway.
+DIGITS = re.compile(r"[0-9]{1,9}")
+JOB_ID = re.compile(r"[0-9]{1,18}")  # what a bigint column holds
 
 PAGE_SIZE = 25
 
@@ -106,7 +110,7 @@ def job_rerun(request: HttpRequest, job_id: int) -> HttpResponse:
     teams = list(scoping.teams_of(request.user))
     if not teams:
         return render(request, "jobs/no_team.html", status=403)
-    form = JobForm.from_declaration(selectors.declaration_of(source))
+    form = JobForm.from_declaration(declaration.as_mapping(selectors.declaration_of(source)))
     return _render_form(request, form, teams, rerun_of=source)
 
 
@@ -116,7 +120,7 @@ def _rerun_source(request: HttpRequest, form: JobForm) -> Job | None:
     if not wanted:
         return None
     source = None
-    if DIGITS.fullmatch(wanted) and len(wanted) < 19:
+    if JOB_ID.fullmatch(wanted):
         source = scoping.visible_to(request.user, Job.objects.all()).filter(id=int(wanted)).first()
     if source is None:
         form.errors["rerun_of"] = "no job of your teams has this id"
@@ -290,6 +294,17 @@ def _max_gpus(request: dict, gpus: int) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > gpus else None
 
 
+def _estimable(gpus: object, hours: object, limits: declaration.Limits) -> bool:
+    """Whole GPUs and a time limit the rules would take; inf, nan or 1e300 hours is asked for again, not estimated."""
+    return (
+        isinstance(gpus, int)
+        and gpus >= 1
+        and isinstance(hours, float)
+        and math.isfinite(hours)
+        and declaration.MIN_HOURS <= hours <= limits.max_hours
+    )
+
+
 @login_required
 @require_POST
 def estimate(request: HttpRequest) -> HttpResponse:
@@ -299,10 +314,11 @@ def estimate(request: HttpRequest) -> HttpResponse:
     teams = list(scoping.teams_of(request.user))
     team = _chosen_team(request, teams)
     gpus, hours = raw.get("gpus"), raw.get("hours")
+    limits = services.pool_limits()
     context = {"options": [], "now": timezone.now(), "problem": ""}
-    if not isinstance(gpus, int) or not isinstance(hours, float) or gpus < 1 or hours <= 0 or team is None:
+    if team is None or not _estimable(gpus, hours, limits):
         context["problem"] = "Enter GPUs and a time limit to see an estimated start."
-    elif gpus > services.pool_limits().pool_gpus:
+    elif gpus > limits.pool_gpus:
         context["problem"] = "This pool cannot place that many GPUs for one job."
     else:
         context["options"] = estimates.draft_options(

@@ -13,7 +13,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count
 
 from accounts.models import Team
-from jobs import declaration, dispatch, nodes, snapshot
+from jobs import dispatch, nodes, snapshot
+from jobs import selectors as jobs_selectors
 from jobs import services as jobs_services
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE
 from jobs.models import Allocation, GpuHold, Job, Node
@@ -106,22 +107,14 @@ def requeue_job(*, job_id: int, actor, now: datetime) -> Job:
     before = {"state": job.state, "end_reason": job.end_reason}
     if job.state in BEFORE_RENT:
         jobs_services.cancel_job(job_id=job_id, user=actor, now=now)
-    copy = jobs_services.submit_job(team=job.team, user=actor, spec=declaration_of(job), now=now)
+    copy = jobs_services.submit_job(
+        team=job.team, user=actor, spec=jobs_selectors.declaration_of(job), now=now
+    )
     after = {**Job.objects.values("state", "end_reason").get(id=job_id), "requeued_as": copy.id}
     audit.record(
         actor=actor, action="job.requeue", target=f"job:{job_id}", before=before, after=after, now=now
     )
     return copy
-
-
-def declaration_of(job: Job) -> declaration.Declaration:
-    """The declaration a stored job was submitted with (it was validated then; the record is it)."""
-    return declaration.Declaration(
-        name=job.name, argv=list(job.argv), env=dict(job.env), image=job.image, workdir=job.workdir,
-        data=[declaration.DataInput(name=d.name, uri=d.uri, bytes=d.bytes, sha256=d.sha256) for d in job.inputs.all()],
-        gpus=job.gpus, gpu_model=job.gpu_model, hours=job.hours, min_gpus=job.min_gpus,
-        preemptible=job.preemptible, requeue=job.requeue, output_uri=job.output_uri, output_bytes=job.output_bytes,
-    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- teams

@@ -29,7 +29,9 @@ from public.models import (
     WaitlistEntry,
 )
 
-MEASUREMENT_KEY = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,79}$")
+MEASUREMENT_KEY = re.compile(
+    r"[a-z0-9][a-z0-9_.-]{0,79}"
+)  # with fullmatch: "$" lets a trailing newline through
 MAX_FIGURES_BYTES = 20_000  # figures are a handful of numbers shown on a public page, not a raw dump
 INVITATION_TTL_S = 7 * 86400
 
@@ -48,7 +50,7 @@ class InvitationRefused(Exception):
 @transaction.atomic
 def record_measurement(*, key: str, title: str, figures: dict, command: str, now: datetime) -> Measurement:
     """Appends one measurement; the public page shows the latest per key. Rows are never changed."""
-    if not MEASUREMENT_KEY.match(key):
+    if not MEASUREMENT_KEY.fullmatch(key):
         raise ValueError(f"measurement key {key!r}: lower-case letters, digits, '.', '_' or '-', at most 80")
     if not isinstance(figures, dict) or not figures:
         raise ValueError("figures must be a non-empty dict")

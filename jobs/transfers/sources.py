@@ -17,7 +17,7 @@ import stat
 import struct
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import SplitResult, unquote, urljoin, urlsplit
 
 import fsspec
 
@@ -222,20 +222,36 @@ class HttpSource:
             if resp.status not in (301, 302, 303, 307, 308) or not location:
                 return resp, conn
             conn.close()
-            url = urljoin(url, location)  # every hop is checked again by _connect
+            url = _redirected(url, location)  # every hop is checked again by _connect
         raise transfers.TransferFailed(f"more than {transfers.MAX_REDIRECTS} redirects")
 
     def _connect(self, url: str) -> tuple[http.client.HTTPConnection, str]:
-        parts = urlsplit(url)
+        parts, port = _target(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise transfers.TransferFailed(
                 f"refused a redirect to {parts.scheme or 'a relative'}:// (only http and https)"
             )
-        port = parts.port or (443 if parts.scheme == "https" else 80)
         addresses = checked_addresses(parts.hostname, port, allow_private=self.allow_private)
         return pinned.connection(
             parts, port, addresses=addresses, timeout=self.timeout, response_class=_Response
         )
+
+
+def _target(url: str) -> tuple[SplitResult, int]:
+    """The URL's parts and port. A broken "[" host, ":99999" or ":abc" (stored before intake checked for
+    them, or sent in a redirect) fails the transfer: its ValueError would stop the stager mid-job."""
+    try:
+        parts = urlsplit(url)
+        return parts, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise transfers.TransferFailed(f"not a valid URL: {exc}") from exc
+
+
+def _redirected(url: str, location: str) -> str:
+    try:
+        return urljoin(url, location)
+    except ValueError as exc:  # a Location with a broken "[" host
+        raise transfers.TransferFailed(f"the server redirected to an invalid URL: {exc}") from exc
 
 
 class _Response(http.client.HTTPResponse):
@@ -344,7 +360,7 @@ def open_source(
 ):  # fmt: skip
     """The source object for a declared input URI (file://, http(s)://, s3://); ``roots`` and ``s3_prefixes``:
     where the job's team may read file:// and s3:// sources."""
-    scheme = urlsplit(uri).scheme
+    scheme = _target(uri)[0].scheme
     if scheme == "file":
         return FileSource(uri, roots=roots, allow_hardlinks=allow_hardlinks)
     if scheme in ("http", "https"):

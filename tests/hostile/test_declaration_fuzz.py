@@ -93,6 +93,40 @@ def test_any_value_in_any_part_is_validated_or_refused(raw):
     refused_or_valid(raw)
 
 
+BROKEN_URIS = (
+    "https://[::1/x",
+    "https://[notip]/x",
+    "s3://[bucket/x",
+    "https://h:99999/x",
+    "https://h:abc/x",
+)
+
+
+@pytest.mark.parametrize("uri", [*BROKEN_URIS, f"file://{ROOT}/a%00b"])
+@pytest.mark.parametrize("field", ["data[0].uri", "output.uri"])
+def test_a_uri_the_parser_cannot_read_is_a_field_error_never_a_value_error(uri, field):
+    """urlsplit raises on a broken "[" host, reading the port on ":99999", os.path on a NUL byte."""
+    data = [{"name": "a", "uri": uri if field == "data[0].uri" else "https://h/x", "bytes": 1}]
+    output = {"uri": uri if field == "output.uri" else "", "bytes": 0}
+    raw = {
+        "name": "x",
+        "work": {"argv": ["true"]},
+        "request": {"gpus": 1, "hours": 1},
+        "data": data,
+        "output": output,
+    }
+    with pytest.raises(declaration.DeclarationInvalid) as refused:
+        declaration.validate(raw, limits=LIMITS)
+    assert refused.value.as_dict()[field].startswith(("not a valid URI: ", "a file URI cannot hold a NUL"))
+
+
+def test_an_env_of_thousands_of_bad_names_is_one_error_not_one_each():
+    raw = {"name": "x", "work": {"argv": ["true"], "env": {f"{i}BAD": "x" for i in range(5000)}}}
+    with pytest.raises(declaration.DeclarationInvalid) as refused:
+        declaration.validate(raw, limits=LIMITS)
+    assert [m for p, m in refused.value.errors if p.startswith("work.env")] == ["at most 128 variables"]
+
+
 FIELDS = (
     "name", "work.argv", "work.env", "work.image", "work.workdir", "request.gpus", "request.hours",
     "request.min_gpus", "request.gpu_model", "request.preemptible", "request.requeue", "output.uri",

@@ -18,6 +18,7 @@ def as_form_fields(raw: dict) -> dict[str, str]:
         "work.env": "\n".join(f"{k}={v}" for k, v in work.get("env", {}).items()),
         "work.image": work.get("image", ""),
         "work.secrets": " ".join(map(str, work.get("secrets", []))),
+        "work.workdir": work.get("workdir", ""),
         "request.gpus": str(request.get("gpus", "")),
         "request.hours": str(request.get("hours", "")),
         "request.min_gpus": "" if request.get("min_gpus") is None else str(request["min_gpus"]),

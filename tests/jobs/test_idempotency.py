@@ -126,3 +126,21 @@ bytes = "2 KB"
     assert Job.objects.get().output_bytes == 2000
     broken = Client().post("/api/v1/jobs/file", "name = [", content_type="application/toml", **headers)
     assert broken.status_code == 422 and broken.json()["errors"][0]["field"] == "file"
+
+
+@pytest.mark.django_db
+def test_a_job_file_sent_again_with_its_key_for_another_team_is_not_the_first_teams_job(
+    pool, member, member_token, other_team, roots
+):
+    """`e31 submit job.toml --team vision --key K`, then `--team audio --key K`: the team is part of the body."""
+    MembershipFactory(team=other_team, user=member)
+    text = 'name = "f"\n[work]\nargv = ["true"]\n[request]\ngpus = 1\nhours = 1\n[output]\nbytes = 10\n'
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {member_token}", "HTTP_IDEMPOTENCY_KEY": "file-2"}
+
+    def send(team: str):
+        return Client().post(
+            f"/api/v1/jobs/file?team={team}", text, content_type="application/toml", **headers
+        )
+
+    assert (send("vision").status_code, send("audio").status_code) == (201, 409)
+    assert list(Job.objects.values_list("team__slug", flat=True)) == ["vision"]

@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 
 from jobs.models import DataInput, Job
-from tests.jobs.intake_channels import error_fields, submit_api, submit_file, submit_form
+from tests.jobs.intake_channels import as_form_fields, error_fields, submit_api, submit_file, submit_form
 
 pytestmark = pytest.mark.django_db
 
@@ -81,6 +81,21 @@ def _bad_cases(data_root, out_root, outside):
         "image with a short digest": ("work.image", "reg.example/a@sha256:abc", "work.image"),
         "image with an upper-case name": ("work.image", "reg.example/Team/App:1", "work.image"),
         "control characters in name": ("name", "bad\x07name", "name"),
+        # What the rules took and the database or the stager then failed on (a server error, a job stuck staging).
+        "a bracketed host left open": ("data.0.uri", "https://[::1/x", "data[0].uri"),
+        "a bracketed host that is no address": ("data.0.uri", "https://[notip]/x", "data[0].uri"),
+        "a bracketed bucket left open": ("data.0.uri", "s3://[bucket/x", "data[0].uri"),
+        "a destination's bracketed bucket left open": ("output.uri", "s3://[bucket/out/", "output.uri"),
+        "a port past 65535": ("data.0.uri", "https://example.com:99999/x", "data[0].uri"),
+        "a port that is no number": ("data.0.uri", "https://example.com:abc/x", "data[0].uri"),
+        "an encoded NUL in a file input": ("data.0.uri", f"file://{data_root}/corpus%00.bin", "data[0].uri"),
+        "an encoded NUL in a file destination": ("output.uri", f"file://{out_root}/x%00y/", "output.uri"),
+        "a password in a data URI": ("data.0.uri", "https://alice:hunter2@example.com/w.bin", "data[0].uri"),
+        "a workdir wider than its column": ("work.workdir", "a" * 201, "work.workdir"),
+        "control characters in workdir": ("work.workdir", "run\n\x1b[31m\ttab", "work.workdir"),
+        "an image its default tag takes past 200 characters": (
+            "work.image", "registry.example.com/" + "a" * 179, "work.image"),
+        "a sha256 with a trailing newline": ("data.0.sha256", "a" * 64 + "\n", "data[0].sha256"),
     }  # fmt: skip
 
 
@@ -127,6 +142,42 @@ def test_a_valid_declaration_is_stored_the_same_through_every_channel(
     assert (job.gpus, job.hours, job.output_bytes) == (2, 1.5, 1000)
     assert list(job.inputs.values_list("name", "bytes")) == [("corpus", 64)]
     assert job.events.get().to_state == "submitted"
+
+
+def test_a_password_in_a_data_uri_is_refused_and_never_echoed_back(good, pool, member_client, member_token):
+    raw = _with(good, "data.0.uri", "https://alice:hunter2-token@example.com/w.bin")
+    response = submit_api(member_client, raw, member_token)
+    assert response.status_code == 422 and "data[0].uri" in error_fields(response)
+    assert "hunter2-token" not in response.content.decode()
+    assert "team secret" in response.json()["errors"][0]["message"]
+
+
+def test_the_form_refuses_more_than_64_inputs_instead_of_dropping_the_rest(good, roots, pool, member_client):
+    data_root, _ = roots
+    inputs = []
+    for i in range(70):
+        (data_root / f"f{i}.bin").write_bytes(b"x")
+        inputs.append({"name": f"in{i}", "uri": f"file://{data_root}/f{i}.bin", "bytes": 1})
+    response = submit_form(member_client, _with(good, "data", inputs))
+    assert response.status_code == 422
+    assert response.context["form"].errors["data"] == "at most 64 inputs"
+    assert Job.objects.count() == 0 and DataInput.objects.count() == 0
+
+
+def test_the_form_refuses_a_variable_set_twice_instead_of_keeping_the_last(good, pool, member_client):
+    fields = {**as_form_fields(good), "work.env": "SEED=7\nSEED=8"}
+    response = member_client.post(reverse("jobs:new"), fields)
+    assert response.status_code == 422
+    assert "SEED is set twice" in response.context["form"].errors["work.env"]
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize("field", ["after_ok", "after_any"])
+def test_the_form_refuses_a_job_id_too_long_for_a_number_as_no_job_id(good, pool, member_client, field):
+    response = member_client.post(reverse("jobs:new"), {**as_form_fields(good), field: "9" * 5000})
+    assert response.status_code == 422
+    assert response.context["form"].errors == {f"{field}[0]": "a job id (a whole number)"}
+    assert Job.objects.count() == 0
 
 
 def test_the_form_accepts_sizes_with_units(good, pool, member_client):
@@ -265,6 +316,13 @@ def test_the_form_previews_the_estimated_start_and_the_budget(pool, member_clien
     assert response.status_code == 200
     assert "Estimated start if submitted now" in html and "Monthly GPU-hours" in html
     assert "with a 1.5 h limit" in html and "elastic, 1-2 GPUs" in html
+
+
+@pytest.mark.parametrize("hours", ["inf", "nan", "1e300"])
+def test_the_preview_asks_for_a_time_limit_when_the_hours_are_no_finite_limit(pool, member_client, hours):
+    response = member_client.post(reverse("jobs:estimate"), {"request.gpus": "1", "request.hours": hours})
+    assert response.status_code == 200
+    assert "Enter GPUs and a time limit" in response.content.decode()
 
 
 def test_the_preview_says_when_a_draft_is_larger_than_the_pool(pool, member_client):

@@ -18,3 +18,11 @@ def test_a_digit_that_is_not_ascii_is_no_such_log(query, team, member_client):
 def test_a_removed_row_index_that_is_not_ascii_leaves_the_form_whole(team, member_client):
     response = member_client.post(reverse("jobs:new"), {"action": "remove-input-²", "team": team.id})
     assert response.status_code == 200
+
+
+@pytest.mark.parametrize("query", [{"attempt": "9" * 5000}, {"rank": "9" * 5000}, {"rank": "9" * 10}])
+def test_an_attempt_or_rank_too_long_for_a_number_is_no_such_log(query, team, member_client):
+    """int() refuses 4,300 digits or more, and no column holds ten: either is a 404, never a server error."""
+    job = JobFactory(team=team, state="released", end_reason="succeeded", attempt=1)
+    response = member_client.get(reverse("jobs:log", args=[job.id]), query)
+    assert response.status_code == 404

@@ -1,9 +1,11 @@
 """Re-run: any of the team's jobs cloned into a prefilled form, or submitted again by the API and the CLI."""
 
+import dataclasses
 import json
 
 import pytest
 
+from jobs import declaration
 from jobs.models import DataInput, Job
 from tests.cli.inprocess import e31
 from tests.factories import JobFactory, MembershipFactory, TeamFactory, UserFactory
@@ -88,6 +90,40 @@ def test_the_api_reruns_a_job_with_its_declaration_and_link(client, member_token
         ]
         is None
     )
+
+
+def test_an_api_rerun_of_a_checkpointing_job_keeps_its_checkpoint(
+    client, member_token, team, member, roots, pool
+):
+    _, out = roots
+    pausable = JobFactory(
+        team=team, submitted_by=member, state="released", end_reason="failed", argv=["python3", "train.py"],
+        gpus=1, preemptible=True, checkpoint_signal="USR1", checkpoint_grace_s=300, checkpoint_bytes=5 * 2**30,
+        output_uri=f"file://{out}/p", output_bytes=10,
+    )  # fmt: skip
+    answer = api_rerun(client, member_token, pausable.id)
+    assert answer.status_code == 201, answer.content
+    rerun = Job.objects.get(id=answer.json()["id"])
+    kept = (rerun.checkpoint_signal, rerun.checkpoint_grace_s, rerun.checkpoint_bytes)
+    assert kept == ("USR1", 300, 5 * 2**30)
+
+
+def test_a_declaration_written_as_a_job_file_reads_back_whole():
+    """What a re-run submits is ``as_mapping`` read by the rules again: a part it left out would be dropped."""
+    spec = declaration.Declaration(
+        name="full", argv=["python3", "train.py"], env={"SEED": "7"}, image="registry.example.com/t/app:1",
+        workdir="src", secrets=["WANDB_API_KEY"],
+        data=[declaration.DataInput("corpus", "https://data.example.com/c.bin", 10, "a" * 64)],
+        gpus=2, gpu_model="H100", hours=2.0, min_gpus=1, max_gpus=4, preemptible=True, requeue=True,
+        memory_bytes=8 * 2**30, cpus=6.0, checkpoint=declaration.Checkpoint("USR1", 300, 2**30),
+        output_uri="s3://bucket/teams/vision/out/", output_bytes=100, after_ok=(812,), after_any=(813,),
+        array=declaration.Array(indices=(0, 1, 2), limit=2, text="0-2%2"),
+    )  # fmt: skip
+    assert all(getattr(spec, f.name) not in (None, "", (), [], False) for f in dataclasses.fields(spec))
+    limits = declaration.Limits(
+        pool_gpus=8, max_hours=168.0, data_roots=[], output_roots=[], s3_roots=["s3://bucket/teams"]
+    )
+    assert declaration.validate(declaration.as_mapping(spec), limits=limits) == spec
 
 
 def test_an_api_rerun_retried_with_its_key_makes_one_job(client, member_token, source, pool):

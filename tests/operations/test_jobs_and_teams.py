@@ -92,6 +92,19 @@ def test_requeue_resubmits_an_ended_jobs_declaration_as_a_new_job(operator_clien
     assert entry.after["requeued_as"] == copy.id
 
 
+def test_requeue_copies_the_whole_declaration_secrets_bounds_and_checkpoint_included(operator, team, now):
+    job = JobFactory(
+        team=team, state=State.RELEASED, end_reason=EndReason.NODE_LOST, gpus=2, max_gpus=4, preemptible=True,
+        memory_bytes=8 * 2**30, cpus=6.0, secrets=["WANDB_API_KEY"], checkpoint_signal="USR1",
+        checkpoint_grace_s=300, checkpoint_bytes=2**30,
+    )  # fmt: skip
+    copy = services.requeue_job(job_id=job.id, actor=operator, now=now)
+    copy.refresh_from_db()
+    fields = ("memory_bytes", "cpus", "max_gpus", "secrets", "checkpoint_signal", "checkpoint_grace_s")
+    assert [getattr(copy, f) for f in fields] == [8 * 2**30, 6.0, 4, ["WANDB_API_KEY"], "USR1", 300]
+    assert copy.checkpoint_bytes == 2**30
+
+
 def test_requeue_of_a_waiting_job_cancels_it_so_only_its_copy_waits(operator, team, now):
     job = JobFactory(team=team, state=State.STAGING)
     copy = services.requeue_job(job_id=job.id, actor=operator, now=now)

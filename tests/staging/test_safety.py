@@ -179,3 +179,20 @@ def test_a_redirect_to_another_scheme_is_refused(roots, team, server, private_ok
     server.redirects["r.bin"] = "file:///etc/passwd"
     job = stage(make_job(team, {"name": "r", "uri": server.url("r.bin"), "bytes": 10}))
     assert job.end_reason == "staging_failed" and "only http and https" in job.end_detail
+
+
+@pytest.mark.parametrize(
+    "uri", ["https://example.com:99999/x", "https://example.com:abc/x", "https://[::1/x"]
+)
+def test_an_input_no_request_can_go_to_fails_staging_instead_of_stopping_the_stager(roots, team, uri):
+    """Stored before intake read the port: its ValueError stopped the stager and left the job staging."""
+    job = stage(make_job(team, {"name": "a", "uri": uri, "bytes": 1}))
+    assert (job.state, job.end_reason) == ("ended", "staging_failed")
+    assert "not a valid URL" in job.end_detail
+
+
+@pytest.mark.parametrize("location", ["http://127.0.0.1:99999/x.bin", "http://[::1/x.bin"])
+def test_a_redirect_no_request_can_go_to_fails_staging(roots, team, server, private_ok, location):
+    server.redirects["r.bin"] = location
+    job = stage(make_job(team, {"name": "r", "uri": server.url("r.bin"), "bytes": 10}))
+    assert job.end_reason == "staging_failed" and "valid URL" in job.end_detail
