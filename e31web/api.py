@@ -92,8 +92,18 @@ def field_path(loc: tuple | list) -> str:
 
 @api.exception_handler(ValidationError)
 def on_validation_error(request: HttpRequest, exc: ValidationError):
-    errors = [{"field": field_path(e.get("loc", ())), "message": e.get("msg", "invalid")} for e in exc.errors]
+    errors = [{"field": field_path(e.get("loc", ())), "message": _message(e)} for e in exc.errors]
     return api.create_response(request, {"detail": _what_is_wrong(exc, errors), "errors": errors}, status=422)
+
+
+def _message(error: dict) -> str:
+    """pydantic's message, but a job's unknown field as the job file's rules say it (with the key it may mean)."""
+    loc = [p for p in error.get("loc", ()) if p not in ("body", "payload")]
+    if error.get("type") == "extra_forbidden" and loc:
+        part = next((p for p in reversed(loc[:-1]) if isinstance(p, str)), "")
+        if part in declaration.KNOWN_KEYS:
+            return declaration.unknown_key(part, str(loc[-1]))
+    return error.get("msg", "invalid")
 
 
 def _what_is_wrong(exc: ValidationError, errors: list[dict]) -> str:

@@ -6,6 +6,8 @@ channel can show it where the user typed it. Nothing here touches the database: 
 limits and the allowed roots are passed in.
 """
 
+import difflib
+import itertools
 import math
 import os
 import re
@@ -26,6 +28,7 @@ MAX_ARG_CHARS = 4096
 MAX_ENV = 128
 MAX_INPUTS = 64
 MAX_SECRETS = 32
+MAX_UNKNOWN_KEYS = 10
 MAX_NESTING = 10  # a declaration nests four levels deep (data[0].bytes); ten leaves room, 1,500 is an attack
 MAX_IMAGE = MAX_WORKDIR = 200  # the widths of the columns they are stored in
 _IMAGE_TOO_LONG = f"an image reference of at most {MAX_IMAGE} characters, its tag included (:latest if none)"
@@ -69,6 +72,8 @@ class Limits:
     secrets: frozenset[str] | None = None
     # E31_S3_ROOTS: a team's s3:// inputs and destinations lie under <root>/<team>/; none: s3:// is refused.
     s3_roots: Sequence[str] = ()
+    # The GPU models of the nodes not down (None: not checked, as for a draft's preview).
+    gpu_models: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     work = _part(raw, "work", errs)
     request = _part(raw, "request", errs)
     output = _part(raw, "output", errs)
+    _unknown_keys(raw, {"": raw, "work": work, "request": request, "output": output}, errs)
     image = _image(work.get("image"), errs)
     argv = _argv(work.get("argv"), errs, image=image)
     env = _env(work.get("env", {}), errs)
@@ -200,7 +206,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     output_bytes = _output_bytes(output.get("bytes"), limits, errs)
     flags = {key: _flag(request.get(key), f"request.{key}", errs) for key in ("preemptible", "requeue")}
     checkpoint = _checkpoint(request.get("checkpoint"), limits, errs)
-    gpu_model = _short_text(request.get("gpu_model"), "request.gpu_model", 60, errs)
+    gpu_model = _gpu_model(request.get("gpu_model"), limits, errs)
     memory = _memory(request.get("memory"), limits, errs)
     cpus = _cpus(request.get("cpus"), limits, errs)
     after_ok, after_any = _prerequisites(raw, errs)
@@ -298,6 +304,46 @@ def _array(value: Any, limits: Limits, errs: _Collector) -> Array | None:
         return None
     limit = None if limit is None or limit >= len(indices) else limit  # a limit past the size limits nothing
     return Array(indices=tuple(sorted(indices)), limit=limit, text=value.strip())
+
+
+# Every key a part may hold: any other is refused by name, for a typo ("memroy", "preemptable") would otherwise
+# submit the job without the setting, and nothing would say so.
+KNOWN_KEYS = {
+    "": ("name", "team", "work", "data", "request", "output", "after_ok", "after_any", "array"),
+    "work": ("argv", "env", "image", "secrets", "workdir"),
+    "request": (
+        "gpus", "hours", "min_gpus", "max_gpus", "gpu_model", "preemptible", "requeue", "checkpoint", "memory", "cpus",
+    ),
+    "output": ("uri", "bytes"),
+    "data": ("name", "uri", "bytes", "sha256"),
+}  # fmt: skip
+
+
+def unknown_key(part: str, key: str) -> str:
+    """Why ``key`` is refused in ``part`` ("" for the job itself, "data" for an input), with the key it may
+    have meant to be."""
+    close = difflib.get_close_matches(key, KNOWN_KEYS[part], n=1)
+    hint = f"did you mean {close[0]}?" if close else f"one of {', '.join(KNOWN_KEYS[part])}"
+    return f"not a field of {f'the {part} part' if part else 'a job'}: {hint}"
+
+
+def _unknown_keys(raw: Mapping, parts: Mapping[str, Mapping], errs: _Collector) -> None:
+    """The first few keys no part knows (a hostile job of thousands of them is not answered thousands of times)."""
+    inputs = raw.get("data")
+    items = (
+        [(f"data[{i}]", "data", d) for i, d in enumerate(inputs[:MAX_INPUTS])]
+        if isinstance(inputs, list)
+        else []
+    )
+    unknown = (
+        (f"{path}.{str(key)[:40]}".lstrip("."), unknown_key(part, str(key)))
+        for path, part, value in [*((p, p, v) for p, v in parts.items()), *items]
+        if isinstance(value, Mapping)
+        for key in value
+        if key not in KNOWN_KEYS[part]
+    )
+    for path, message in itertools.islice(unknown, MAX_UNKNOWN_KEYS):
+        errs.add(path, message)
 
 
 def _part(raw: Mapping, key: str, errs: _Collector) -> Mapping:
@@ -422,6 +468,22 @@ def _workdir(value: Any, errs: _Collector) -> str:
         )
         return ""
     return value
+
+
+def _gpu_model(value: Any, limits: Limits, errs: _Collector) -> str:
+    """A model asked for is held only while every node has it ("H100" names "NVIDIA H100 80GB HBM3"): the
+    scheduler places by GPU count, so in a pool of mixed models the job could land on any of them."""
+    model = _short_text(value, "request.gpu_model", 60, errs)
+    models = limits.gpu_models
+    if model and models is not None and not (models and all(model.lower() in m.lower() for m in models)):
+        have = ", ".join(sorted(models)) or "no nodes yet"
+        errs.add(
+            "request.gpu_model",
+            f"this pool places jobs by GPU count, not model, so a model can be asked for only while every node has "
+            f"it; its nodes have {have}: leave it empty to run on any of them",
+        )
+        return ""
+    return model
 
 
 def _short_text(value: Any, path: str, limit: int, errs: _Collector) -> str:

@@ -5,7 +5,15 @@ from typing import Annotated, Any
 
 from ninja import Field, Schema
 from ninja.schema import DjangoGetter
-from pydantic import BaseModel, StrictBool, StrictFloat, StrictInt, WithJsonSchema, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    WithJsonSchema,
+    model_validator,
+)
 
 # Checked by jobs.declaration, as the form and the job file are, so every channel names the same
 # field with the same message (a union here would answer "request.cpus.float" instead).
@@ -38,7 +46,10 @@ _JobIds = Annotated[
 
 class NullIsAbsent(Schema):
     """An explicit ``null`` for an optional field means "not given": clients generated from the
-    OpenAPI schema send it for every field left unset. A required field's null is still refused."""
+    OpenAPI schema send it for every field left unset. A required field's null is still refused.
+    A field no part has is refused, not dropped: a typo would otherwise submit the job without it."""
+
+    model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="before")
     @classmethod
@@ -90,7 +101,11 @@ class RequestIn(NullIsAbsent):
         None,
         description="Elastic: may start this wide on GPUs nothing else waits for (the job reads E31_NUM_GPUS).",
     )
-    gpu_model: str = ""
+    gpu_model: str = Field(
+        "",
+        description='Held only while every node of the pool has it ("H100" names "NVIDIA H100 80GB HBM3"): '
+        "jobs are placed by GPU count, so in a pool of mixed models it is refused.",
+    )
     preemptible: StrictBool = False
     requeue: StrictBool = Field(False, description="Requeue as a new attempt after a node loss (at most 3).")
     checkpoint: _Checkpoint = Field(

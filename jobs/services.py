@@ -19,11 +19,10 @@ from jobs.transitions import transition
 
 
 def pool_limits(*, team=None) -> declaration.Limits:
-    """What a declaration is checked against: the GPUs, memory and CPUs of every node not down, the
+    """What a declaration is checked against: the GPUs, memory, CPUs and GPU models of every node not down, the
     configured roots, and for a chosen team its prefix of each root and the dataset folders shared with it."""
-    pool = Node.objects.exclude(state=Node.NodeState.DOWN).aggregate(
-        gpus=Sum("gpus"), memory=Sum("memory_bytes"), cpus=Sum("cpus")
-    )
+    live = Node.objects.exclude(state=Node.NodeState.DOWN)
+    pool = live.aggregate(gpus=Sum("gpus"), memory=Sum("memory_bytes"), cpus=Sum("cpus"))
     return declaration.Limits(
         pool_gpus=pool["gpus"] or 0,
         pool_memory=pool["memory"] or 0,
@@ -38,6 +37,7 @@ def pool_limits(*, team=None) -> declaration.Limits:
         max_checkpoint_bytes=settings.E31_MAX_CHECKPOINT_BYTES,
         secrets=frozenset(team_secrets.names(team)) if team is not None else None,
         s3_roots=settings.E31_S3_ROOTS,
+        gpu_models=frozenset(live.values_list("gpu_model", flat=True).distinct()),
     )
 
 

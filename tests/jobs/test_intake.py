@@ -7,6 +7,7 @@ import pytest
 from django.urls import reverse
 
 from jobs.models import DataInput, Job
+from tests.factories import NodeFactory
 from tests.jobs.intake_channels import as_form_fields, error_fields, submit_api, submit_file, submit_form
 
 pytestmark = pytest.mark.django_db
@@ -124,6 +125,36 @@ def test_every_rule_is_refused_naming_the_field_and_nothing_is_written(
     assert response.status_code == 422, response.content[:500]
     assert field in error_fields(response) or any(f.startswith(field) for f in error_fields(response))
     assert Job.objects.count() == 0 and DataInput.objects.count() == 0
+
+
+TYPOS = {
+    "request.memroy": ("8 GB", "not a field of the request part: did you mean memory?"),
+    "request.preemptable": (True, "not a field of the request part: did you mean preemptible?"),
+    "work.enviroment": (
+        {"SEED": "7"},
+        "not a field of the work part: one of argv, env, image, secrets, workdir",
+    ),
+    "data.0.sha": ("a" * 64, "not a field of the data part: did you mean sha256?"),
+    "after": ([1], "not a field of a job: did you mean after_ok?"),
+}
+
+
+@pytest.mark.parametrize("channel", ["file", "api"])
+@pytest.mark.parametrize("typo", TYPOS)
+def test_a_field_no_part_has_is_refused_by_name_not_dropped(
+    typo, channel, good, pool, member_client, member_token
+):
+    value, message = TYPOS[typo]
+    raw = _with(good, typo, value)
+    submit = submit_file if channel == "file" else lambda client, raw: submit_api(client, raw, member_token)
+    response = submit(member_client, raw)
+    assert response.status_code == 422
+    field = typo.replace(".0.", "[0].")
+    if channel == "api":
+        assert {"field": field, "message": message} in response.json()["errors"]
+    else:
+        assert response.context["form"].errors[field] == message
+    assert Job.objects.count() == 0
 
 
 @pytest.mark.parametrize("channel", ["form", "file", "api"])
@@ -352,3 +383,30 @@ def test_a_job_naming_an_image_may_leave_argv_to_the_images_cmd(
     assert response.status_code in (201, 302), response.content[:500]
     job = Job.objects.get()
     assert (job.argv, job.image) == ([], "registry.example.com/team/trainer:latest")
+
+
+@pytest.mark.parametrize(
+    ("models", "asked", "refused"),
+    [
+        (["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"], "H100", False),
+        (["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"], "H100", True),
+        (["NVIDIA A100-SXM4-80GB"], "H100", True),
+    ],
+)
+def test_a_gpu_model_is_held_only_while_every_node_has_it(
+    good, member_client, member_token, models, asked, refused
+):
+    """Jobs are placed by GPU count: a model asked for in a pool of mixed models could land on any of them."""
+    for i, model in enumerate(models):
+        NodeFactory(name=f"m-{i}", gpu_model=model)
+    response = submit_api(member_client, _with(good, "request.gpu_model", asked), member_token)
+    if not refused:
+        assert response.status_code == 201
+        assert Job.objects.get().gpu_model == asked
+        return
+    assert response.status_code == 422
+    (error,) = response.json()["errors"]
+    assert error["field"] == "request.gpu_model"
+    assert error["message"].startswith("this pool places jobs by GPU count, not model")
+    assert ", ".join(sorted(set(models))) in error["message"]
+    assert Job.objects.count() == 0
