@@ -214,7 +214,12 @@ def run_part(
     if kept is not None:
         _with_database(lambda: rental.note_checkpoint(job_id=part.job.id, attempt=part.allocation.attempt,
                                                       held_bytes=kept.bytes, note=kept.note, now=timezone.now()))  # fmt: skip
-    _with_database(lambda: _after_exit(part, dirs, outcome, exit_code))
+    try:
+        _with_database(lambda: _after_exit(part, dirs, outcome, exit_code))
+    except Exception as exc:  # between the exit and the seal: without this the attempt would hold its GPUs
+        log.exception("allocation %s: the agent failed after the job's exit", allocation_id)
+        detail = f"the node agent failed sealing the outputs: {exc}"
+        _with_database(lambda: _release_failed(part, detail))
     if dirs.checkpoint:
         _with_database(lambda: remove_ended_checkpoints(job_ids=[part.job.id]))
 
@@ -580,20 +585,36 @@ def seal(
     are read first, so 20,000 files or 5 GB declared as 100 bytes cost a directory walk, not a seal.
     """
     found, total = [], 0
-    for path in _regular_files(output_dir):
-        found.append(path)
-        if len(found) > max_files:
-            return Sealed(
-                [],
-                f"wrote more than {max_files:,} files, the most an attempt may seal (E31_MAX_OUTPUT_FILES)",
-            )
-        total += path.stat().st_size
+    try:
+        for path in _regular_files(output_dir):
+            found.append(path)
+            if len(found) > max_files:
+                return Sealed(
+                    [],
+                    f"wrote more than {max_files:,} files, the most an attempt may seal (E31_MAX_OUTPUT_FILES)",
+                )
+            total += path.stat().st_size
+    except RecursionError:  # os.walk recurses once per level
+        return Sealed([], "nests its folders too deep to be sealed (about a thousand levels)")
     if total > declared_bytes:
         return Sealed([], f"wrote {total:,} bytes, declared {declared_bytes:,} (output.bytes)")
     too_long = next((p for p in found if len(prefix + p.relative_to(output_dir).as_posix()) > MAX_PATH), None)
     if too_long is not None:
         return Sealed([], f"a file's path is longer than {MAX_PATH} characters: {too_long.name[:60]}…")
+    # A name of bytes that are no UTF-8 text cannot be stored, delivered to an object store or shown.
+    unnamed = next((p for p in found if not _is_text(p.relative_to(output_dir).as_posix())), None)
+    if unnamed is not None:
+        return Sealed([], f"a file's name is not UTF-8 text: {os.fsencode(unnamed.name)[:60]!r}")
     return Sealed([_entry(output_dir, path, prefix, alive) for path in sorted(found)])
+
+
+def _is_text(name: str) -> bool:
+    """Whether a name read from the disk is UTF-8 text (bytes that are not come back as lone surrogates)."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _regular_files(root: Path):

@@ -348,8 +348,9 @@ def stop_reason(*, allocation_id: int, now: datetime) -> str:
 
 
 def store_log_tail(*, job_id: int, attempt: int, text: str) -> None:
-    """The job page's rolling log tail; a part of an attempt that was replaced never overwrites it."""
-    Job.objects.filter(id=job_id, attempt=attempt).update(log_tail=text)
+    """The job page's rolling log tail; a part of an attempt that was replaced never overwrites it. A NUL the job
+    printed is shown as U+FFFD: the column is text, which PostgreSQL refuses a NUL in (the whole log keeps it)."""
+    Job.objects.filter(id=job_id, attempt=attempt).update(log_tail=text.replace("\x00", "\ufffd"))
 
 
 def note_worker_alive(*, job_id: int, now: datetime) -> None:

@@ -1,0 +1,108 @@
+"""What a job writes cannot make its node agent misbehave: a NUL in its log, a file name of bytes that are no
+text, an output nested deeper than a walk recurses. Each attempt ends as the job's own outcome, its GPUs freed."""
+
+import io
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from django.db import DatabaseError
+from django.utils import timezone
+
+from jobs import agent, limits, rental, sandbox, trees
+from jobs.models import GpuHold, Job, LogChunk
+from tests.factories import JobFactory, NodeFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def rented(settings, tmp_path, monkeypatch):
+    """A job rented on an unsandboxed node (its space unbounded: no loop mounts here)."""
+    settings.E31_AGENT_ROOT = tmp_path / "agents"
+    monkeypatch.setattr(limits, "bound_space", lambda root, job: False)
+    node = NodeFactory(name="gpu-h1", limits="none")
+
+    def rent(**fields):
+        job = JobFactory(**fields)
+        assert rental.rent_job(job_id=job.id, gpus_by_node={node.name: (0,)}, now=timezone.now())
+        return job
+
+    return rent
+
+
+def _run(job):
+    agent.run_part(allocation_id=job.allocations.get().id, mode=sandbox.UNSANDBOXED, uids=None)
+    job.refresh_from_db()
+
+
+def _log(job) -> bytes:
+    return b"".join(bytes(chunk) for chunk in LogChunk.objects.filter(job=job).values_list("data", flat=True))
+
+
+def test_a_nul_byte_in_a_jobs_output_is_kept_in_its_log_and_the_attempt_ends_as_the_jobs(rented):
+    job = rented(argv=[sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'before\\x00after\\n')"])
+    _run(job)
+    assert (job.state, job.end_reason) == ("released", "succeeded"), job.end_detail
+    assert _log(job) == b"before\x00after\n"
+    assert job.log_tail == "before\ufffdafter\n"
+    assert not GpuHold.objects.filter(active=True).exists()
+
+
+def test_a_nul_byte_in_the_tail_does_not_stop_the_log_and_the_heartbeat_while_the_job_runs(rented, tmp_path):
+    """Each check stores the tail, ships the log and says the agent is alive: a tail PostgreSQL refused failed
+    every check until 8 KiB more output pushed the NUL out, and a quiet job was abandoned as lost meanwhile."""
+    job = rented()
+    allocation_id = job.allocations.get().id
+    assert rental.start_allocation(allocation_id=allocation_id, now=timezone.now())
+    part = agent._load_part(allocation_id, sandbox.UNSANDBOXED, None)
+    capture = agent.LogCapture(io.BytesIO(b"step 1\x00\nstep 2\n"), tmp_path / "job.log", 10_000)
+    capture.run()
+    Job.objects.filter(id=job.id).update(worker_seen_at=None)
+    try:
+        agent._check(part, capture, seen=True)
+    except DatabaseError:
+        pytest.fail("the check failed on the tail")
+    job.refresh_from_db()
+    assert job.worker_seen_at is not None
+    assert _log(job) == b"step 1\x00\nstep 2\n"
+
+
+WRITE_A_NAME_OF_BYTES = (
+    "import os; d = os.environ['E31_OUTPUT_DIR'].encode();"
+    "open(os.path.join(d, b'bad-\\xff-name.txt'), 'wb').write(b'x');"
+    "open(os.path.join(d, b'good.txt'), 'wb').write(b'y')"
+)
+
+
+def test_an_output_file_named_with_bytes_that_are_no_text_is_refused_and_the_attempt_ends(rented):
+    """It raised storing the manifest, between the job's exit and its seal: the job stayed in OUTPUT, its GPUs
+    held and its meter on, until the reconciler ended it as lost (and requeued it, to do the same again)."""
+    job = rented(argv=[sys.executable, "-c", WRITE_A_NAME_OF_BYTES], output_bytes=100)
+    _run(job)
+    assert (job.state, job.end_reason) == ("released", "output_failed")
+    assert job.end_detail == r"output not delivered: a file's name is not UTF-8 text: b'bad-\xff-name.txt'"
+    assert not GpuHold.objects.filter(active=True).exists()
+
+
+def test_an_output_nested_past_what_a_walk_recurses_is_refused_not_raised():
+    root = Path(tempfile.mkdtemp(prefix="e31-deep-"))  # not pytest's tmp_path: its clean-up recurses too
+    output = root / "output"
+    output.mkdir()
+    folder = os.open(output, os.O_RDONLY)
+    try:
+        for _ in range(1500):  # relative to a descriptor, as a job can: no path length limit
+            os.mkdir("d", dir_fd=folder)
+            deeper = os.open("d", os.O_RDONLY, dir_fd=folder)
+            os.close(folder)
+            folder = deeper
+        os.close(os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=folder))
+    finally:
+        os.close(folder)
+    try:
+        sealed = agent.seal(output, declared_bytes=100, max_files=10)
+    finally:
+        trees.remove_tree(root)
+    assert sealed == agent.Sealed([], "nests its folders too deep to be sealed (about a thousand levels)")
