@@ -87,7 +87,11 @@ class Api:
         response = self.session.request(method, f"{self.base}{path}", **kwargs)
         _raise_for(response)
         self.last_status = response.status_code
-        return response.json()
+        try:
+            return response.json()
+        except ValueError as exc:  # a proxy's or load balancer's page in front of the console
+            kind = response.headers.get("Content-Type") or "no content type"
+            raise ApiError(response.status_code, f"the console's answer is not JSON ({kind})") from exc
 
 
 def _raise_for(response: requests.Response) -> None:

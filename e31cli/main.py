@@ -65,7 +65,10 @@ def run() -> None:
     except client.ApiError as exc:
         err.print(f"Error {exc.status}: {exc}", style="red")
         sys.exit(STATUS_EXITS.get(exc.status, EXIT_API))
-    except requests.ConnectionError as exc:
+    except requests.Timeout as exc:
+        err.print(f"The console did not answer in time: {exc}", style="red")
+        sys.exit(EXIT_UNREACHABLE)
+    except requests.RequestException as exc:
         err.print(f"Cannot reach the console: {exc}", style="red")
         sys.exit(EXIT_UNREACHABLE)
 
@@ -324,7 +327,7 @@ def ledger(
     team: Annotated[str, typer.Option(help="Team slug.")] = "",
 ) -> None:
     """Your team's ledger rows for a month and its GPU-hours."""
-    first = datetime.strptime(month, "%Y-%m").date() if month else datetime.now(UTC).date().replace(day=1)
+    first = _month(month) if month else datetime.now(UTC).date().replace(day=1)
     last = first.replace(day=monthrange(first.year, first.month)[1])
     rows = list(
         api().pages("/ledger", limit=100_000, start=first.isoformat(), end=last.isoformat(), team=team)
@@ -352,6 +355,8 @@ def queue(team: Annotated[str, typer.Option(help="Team slug.")] = "") -> None:
 
 
 def _print_log(session: client.Api, job_id: int, *, follow: bool, attempt: int = 0, rank: int = 0) -> None:
+    """Reads from offset 0 to the end: without ``follow`` until a read brings nothing new (the log so
+    far), with it until the console says the attempt's log is complete."""
     offset = 0
     while True:
         chunk = session.get(
@@ -360,9 +365,12 @@ def _print_log(session: client.Api, job_id: int, *, follow: bool, attempt: int =
         )  # fmt: skip
         sys.stdout.write(chunk["text"])
         sys.stdout.flush()
+        moved = chunk["next_offset"] != offset
         offset, attempt = chunk["next_offset"], chunk["attempt"]
-        if not follow or chunk["complete"]:
+        if chunk["complete"] or not (follow or moved):
             return
+        if chunk.get("retry_after_s"):  # the console is busy with other followers: ask again later
+            time.sleep(chunk["retry_after_s"])
 
 
 def _wait(session: client.Api, job_id: int) -> dict:
@@ -450,6 +458,14 @@ def _when(text: str) -> str:
         )
     except ValueError as exc:
         raise typer.BadParameter(f"{text!r}: use 2h, 3d, 2026-11-30 or an ISO time") from exc
+
+
+def _month(text: str) -> date:
+    """The first day of a YYYY-MM month."""
+    try:
+        return datetime.strptime(text, "%Y-%m").date()
+    except ValueError as exc:
+        raise typer.BadParameter(f"{text!r}: use YYYY-MM, e.g. 2026-11", param_hint="--month") from exc
 
 
 def _print_array_totals(rows: list[dict]) -> None:

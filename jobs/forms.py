@@ -294,6 +294,12 @@ class JobListFilterForm(forms.Form):
     until = forms.DateField(required=False, label="to")
     array = forms.IntegerField(required=False, min_value=1, max_value=2**31 - 1, widget=forms.HiddenInput)
 
+    def clean_until(self) -> date | None:
+        until = self.cleaned_data["until"]
+        if until == date.max:  # the range ends at the next day's start, past what a date holds
+            raise forms.ValidationError(f"Pick a day before {date.max.isoformat()}.")
+        return until
+
     def filters(self) -> selectors.JobFilters:
         data = self.cleaned_data
         return selectors.JobFilters(

@@ -67,12 +67,13 @@ def read_log(job: Job, *, attempt: int, rank: int, offset: int) -> LogSlice:
     """Up to a megabyte of a part's log from ``offset``; ``attempt`` 0 means the latest."""
     attempt = attempt or job.attempt
     data = _bytes_from(job.id, attempt, rank, offset)
-    complete_before = _part_finished(job, attempt, rank)
-    text, used = _whole_characters(data, final=complete_before and len(data) < READ_BYTES)
+    # A read that filled READ_BYTES may have stopped short of the stored end; only a shorter one reached it.
+    at_end = _part_finished(job, attempt, rank) and len(data) < READ_BYTES
+    text, used = _whole_characters(data, final=at_end)
     parts = Allocation.objects.filter(job_id=job.id, attempt=attempt).count()
     return LogSlice(
         attempt=attempt, rank=rank, ranks=max(parts, 1), latest_attempt=job.attempt, offset=offset,
-        next_offset=offset + used, text=text, complete=complete_before and used == len(data),
+        next_offset=offset + used, text=text, complete=at_end,
     )  # fmt: skip
 
 

@@ -35,6 +35,9 @@ from jobs.scheduling import prediction
 from jobs.transfers import sources
 
 ALIVE_STATES = [s.value for s in ALIVE]
+# The scheduler's ranking (unranked jobs last, oldest first); id breaks ties, as an array's tasks share
+# submitted_at, so a job is listed on exactly one page.
+QUEUE_ORDER = (F("priority").desc(nulls_last=True), "submitted_at", "id")
 # The queue's size classes by GPU count; the members' queue and the operators' queue filter alike.
 SIZE_CLASSES = {"1": (1, 1), "2-4": (2, 4), "5-8": (5, 8), ">8": (9, 10**6)}
 
@@ -349,7 +352,16 @@ def declaration_of(job: Job) -> declaration.Declaration:
         gpus=job.gpus, gpu_model=job.gpu_model, hours=job.hours, min_gpus=job.min_gpus, max_gpus=job.max_gpus,
         preemptible=job.preemptible, requeue=job.requeue, checkpoint=_checkpoint_of(job),
         memory_bytes=job.memory_bytes, cpus=job.cpus, output_uri=job.output_uri, output_bytes=job.output_bytes,
+        array=_task_of(job),
     )  # fmt: skip
+
+
+def _task_of(job: Job) -> declaration.Array | None:
+    """A task of an array comes back as a one-task array of its own index: its program reads
+    $E31_ARRAY_INDEX to pick its share of the work, so a re-run without it would do other work."""
+    if job.array_id is None:
+        return None
+    return declaration.Array(indices=(job.array_index,), text=str(job.array_index))
 
 
 def _checkpoint_of(job: Job) -> declaration.Checkpoint | None:

@@ -6,7 +6,6 @@ import re
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import F
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -275,7 +274,7 @@ def queue(request: HttpRequest) -> HttpResponse:
     """Waiting jobs in priority order, each with its estimated start and the reason it is not running yet."""
     waiting = scoping.visible_to(
         request.user, Job.objects.filter(state__in=BEFORE_RENT).select_related("team")
-    ).order_by(F("priority").desc(nulls_last=True), "submitted_at")
+    ).order_by(*selectors.QUEUE_ORDER)
     team = request.GET.get("team", "")
     size = request.GET.get("size", "")
     if team:

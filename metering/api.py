@@ -88,12 +88,13 @@ def job_meter(request: HttpRequest, job_id: int):
 )
 @paginate(paging.CappedLimitOffset)
 def ledger(request: HttpRequest, filters: Query[LedgerQuery]):
-    if filters.end < filters.start:
-        raise HttpError(422, "The end date is before the start date.")
+    try:
+        start, end = reports.parse_range(
+            filters.start.isoformat(), filters.end.isoformat(), today=timezone.now().date()
+        )
+    except ValueError as exc:
+        raise HttpError(422, f"Bad date range: {exc}.") from exc
     team = _team(request, filters.team)
-    start, end = reports.parse_range(
-        filters.start.isoformat(), filters.end.isoformat(), today=timezone.now().date()
-    )
     return (
         reports.in_range(team, start, end)
         .select_related("team", "job")

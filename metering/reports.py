@@ -277,6 +277,8 @@ def parse_range(start: str | None, end: str | None, *, today: date) -> tuple[dat
     last = date.fromisoformat(end) if end else (next_month(day_start(first)) - timedelta(days=1)).date()
     if last < first:
         raise ValueError("the end date is before the start date")
+    if last == date.max:  # the range ends at the next day's start, past what a date holds
+        raise ValueError(f"the end date must be before {date.max.isoformat()}")
     return day_start(first), day_start(last) + timedelta(days=1)
 
 

@@ -23,6 +23,11 @@ class Refused(Exception):
     """The URL or the address it resolves to may not receive webhooks; the message says why."""
 
 
+class Unresolved(Refused):
+    """The host's name did not resolve. Refused when a webhook is added, but at send time a failed try
+    that is retried: a resolver may be briefly unable to answer (EAI_AGAIN), and a name briefly gone."""
+
+
 def check_url(url: str) -> tuple[str, int]:
     """(host, port) of a well-formed http(s) URL without credentials; Refused otherwise."""
     if not url or len(url) > MAX_URL:
@@ -47,8 +52,10 @@ def checked_addresses(host: str, port: int) -> list[str]:
     """Every address ``host`` has, if each one may receive a webhook on ``port``."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise Refused(f"{host}: no such host") from exc
+    except socket.gaierror as exc:
+        raise Unresolved(f"{host}: the name did not resolve ({exc.strerror or exc})") from exc
+    except UnicodeError as exc:  # a label too long or empty: no resolver will ever take it
+        raise Refused(f"{host}: not a host name") from exc
     addresses = list(dict.fromkeys(info[4][0] for info in infos))
     platform = platform_endpoints()
     for address in addresses:

@@ -167,10 +167,11 @@ def _send(delivery: WebhookDelivery, *, now: datetime) -> tuple[int | None, str,
     try:
         host, port = addresses.check_url(delivery.webhook.url)
         checked = addresses.checked_addresses(host, port)
+        status, text = _post(delivery.webhook.url, checked, port, headers, body)
+    except addresses.Unresolved as exc:  # like a refused connection: tried again with backoff
+        status, text = None, f"no answer: {exc}"
     except addresses.Refused as exc:
         return None, str(exc), True, 0
-    try:
-        status, text = _post(delivery.webhook.url, checked, port, headers, body)
     except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
         status, text = None, f"no answer: {exc.__class__.__name__}: {exc}"
     return status, text, False, int((time.monotonic() - began) * 1000)

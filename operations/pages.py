@@ -11,7 +11,7 @@ from datetime import UTC, datetime, time, timedelta
 from urllib.parse import urlencode
 
 from django.conf import settings
-from django.db.models import Count, F, QuerySet, Sum
+from django.db.models import Count, QuerySet, Sum
 from django.utils.dateparse import parse_date
 from django.utils.safestring import SafeString
 
@@ -91,7 +91,7 @@ def waiting_jobs() -> QuerySet:
         Job.objects.filter(state__in=BEFORE_RENT)
         .select_related("team")
         .only(*QUEUE_FIELDS)
-        .order_by(F("priority").desc(nulls_last=True), "submitted_at", "id")
+        .order_by(*jobs_selectors.QUEUE_ORDER)
     )
 
 

@@ -10,7 +10,7 @@ from django.urls import reverse
 from common import paging
 from jobs import api as jobs_api
 from jobs import views
-from jobs.models import DataInput, JobEvent
+from jobs.models import DataInput, Job, JobEvent
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -99,6 +99,25 @@ def test_the_job_page_list_explains_a_malformed_filter_instead_of_failing(team, 
     response = member_client.get(reverse("jobs:list"), {"since": "not-a-day"})
     assert response.status_code == 200 and response.context["page"].paginator.count == 2
     assert "filters ignored" in response.content.decode()
+
+
+def test_the_job_page_list_refuses_the_calendars_last_day_as_a_filter_instead_of_failing(team, member_client):
+    make_jobs(team, 2)
+    response = member_client.get(reverse("jobs:list"), {"until": "9999-12-31"})
+    assert response.status_code == 200 and response.context["page"].paginator.count == 2
+    assert "Pick a day before 9999-12-31." in response.content.decode()
+
+
+def test_the_queue_lists_each_of_an_arrays_tasks_submitted_together_on_exactly_one_page(team, member_client):
+    # An array's tasks share submitted_at, and the scheduler has not ranked them yet.
+    Job.objects.bulk_create(
+        JobFactory.build(team=team, state="queued", submitted_at=T0, priority=None, name=f"t-{i}")
+        for i in range(300)
+    )
+    seen = []
+    for n in range(1, 7):  # 50 a page
+        seen += [job.id for job in member_client.get(reverse("jobs:queue"), {"page": n}).context["page"]]
+    assert len(seen) == len(set(seen)) == 300
 
 
 def test_the_job_page_list_runs_the_same_queries_for_3_jobs_as_for_60(

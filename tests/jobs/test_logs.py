@@ -71,6 +71,17 @@ def test_the_log_is_complete_once_the_part_has_exited(running):
     assert logs.read_log(job, attempt=1, rank=0, offset=0).complete
 
 
+def test_a_finished_log_longer_than_one_read_is_complete_only_once_read_to_its_end(running):
+    job, allocation = running
+    text = "".join(f"step {i}\n" for i in range(150_000)).encode()  # ~1.8 MB: two reads
+    logs.append_log(job_id=job.id, attempt=1, rank=0, offset=0, data=text)
+    Allocation.objects.filter(id=allocation.id).update(finished_at=timezone.now())
+    first = logs.read_log(job, attempt=1, rank=0, offset=0)
+    assert first.next_offset < len(text) and not first.complete  # a follower told `complete` would stop here
+    rest = logs.read_log(job, attempt=1, rank=0, offset=first.next_offset)
+    assert (first.text + rest.text).encode() == text and rest.complete
+
+
 def test_the_agent_ships_everything_it_writes_and_notes_the_cap(tmp_path):
     stream = io.BufferedReader(io.BytesIO(b"x" * 5000 + b"tail\n"))
     capture = agent.LogCapture(stream, tmp_path / "job.log", cap=4096)

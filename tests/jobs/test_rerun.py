@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from jobs import declaration
-from jobs.models import DataInput, Job
+from jobs import agent, declaration
+from jobs.models import DataInput, Job, JobArray
 from tests.cli.inprocess import e31
 from tests.factories import JobFactory, MembershipFactory, TeamFactory, UserFactory
 
@@ -106,6 +106,20 @@ def test_an_api_rerun_of_a_checkpointing_job_keeps_its_checkpoint(
     rerun = Job.objects.get(id=answer.json()["id"])
     kept = (rerun.checkpoint_signal, rerun.checkpoint_grace_s, rerun.checkpoint_bytes)
     assert kept == ("USR1", 300, 5 * 2**30)
+
+
+def test_a_rerun_of_an_array_task_runs_with_that_tasks_index(
+    client, member_client, member_token, source, pool
+):
+    array = JobArray.objects.create(team=source.team, name=source.name, spec="0-3", size=4, max_running=None,
+                                    first_index=0, submitted_at=source.submitted_at)  # fmt: skip
+    Job.objects.filter(id=source.id).update(array=array, array_index=2)
+    answer = api_rerun(client, member_token, source.id)
+    assert answer.status_code == 201, answer.content
+    rerun = Job.objects.select_related("array").get(id=answer.json()["id"])
+    # The task's program reads $E31_ARRAY_INDEX to pick its shard: without it the re-run does other work.
+    assert agent._array_env(rerun)["E31_ARRAY_INDEX"] == "2" and rerun.array.size == 1
+    assert 'name="array" value="2"' in member_client.get(f"/jobs/{source.id}/rerun/").content.decode()
 
 
 def test_a_declaration_written_as_a_job_file_reads_back_whole():

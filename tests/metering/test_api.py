@@ -64,6 +64,12 @@ def test_malformed_or_reversed_dates_are_a_422(api, jobs):
     assert api.get("/api/v1/ledger", {"start": "2024-03-01"}).status_code == 422
 
 
+def test_a_range_ending_on_the_calendars_last_day_is_a_422_not_a_500(api, jobs):
+    response = api.get("/api/v1/ledger", {"start": "9999-12-31", "end": "9999-12-31"})
+    assert response.status_code == 422
+    assert response.json()["detail"] == "Bad date range: the end date must be before 9999-12-31."
+
+
 def test_an_operator_reads_any_teams_ledger(operator, jobs):
     _, token = accounts.create_api_token(user=operator, label="ops")
     client = Client(headers={"Authorization": f"Bearer {token}"})

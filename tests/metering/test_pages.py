@@ -131,6 +131,13 @@ def test_a_malformed_export_range_is_a_400(member_client, ledger):
     assert member_client.get(reverse("metering:export_csv"), {"start": "May"}).status_code == 400
 
 
+@pytest.mark.parametrize("name", ["metering:export_csv", "metering:export_json"])
+def test_an_export_ending_on_the_calendars_last_day_is_a_400_not_a_500(member_client, ledger, name):
+    response = member_client.get(reverse(name), {"start": "9999-12-01", "end": "9999-12-31"})
+    assert response.status_code == 400
+    assert b"the end date must be before 9999-12-31" in response.content
+
+
 def test_no_money_appears_unless_a_rate_is_configured(member_client, settings, ledger):
     settings.E31_RATE_PER_GPU_HOUR = ""
     assert "Cost" not in member_client.get(LEDGER).content.decode()

@@ -1,6 +1,7 @@
 """Team webhooks: signed events on a job's start and end, retried with backoff, never to the platform."""
 
 import json
+import socket
 from datetime import timedelta
 
 import pytest
@@ -84,6 +85,31 @@ def test_a_delivery_gives_up_after_its_attempts(team, receiver, loopback_allowed
     assert notify.deliver_webhook(delivery_id=delivery.id, now=now + timedelta(hours=1)) == "failed"
     assert notify.deliver_webhook(delivery_id=delivery.id, now=now + timedelta(hours=2)) == "not due"
     assert len(receiver.requests) == 2
+
+
+def test_a_name_the_resolver_cannot_answer_for_just_now_is_a_failed_try_retried_with_backoff(
+    team, receiver, loopback_allowed, settings, monkeypatch
+):
+    settings.E31_WEBHOOK_BACKOFF_S = 10
+    resolver_up, real = [False], socket.getaddrinfo
+
+    def resolver(host, *args, **kwargs):
+        if host == "hooks.example.test":
+            if not resolver_up[0]:
+                raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+            host = "127.0.0.1"  # where the receiver listens
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    hook(team, receiver.url.replace("127.0.0.1", "hooks.example.test"))
+    end(JobFactory(team=team, state="running"))
+    delivery = WebhookDelivery.objects.get()
+    t0 = timezone.now()
+    assert notify.deliver_webhook(delivery_id=delivery.id, now=t0) == "pending"
+    assert "did not resolve (Temporary failure in name resolution)" in WebhookAttempt.objects.get().response
+    resolver_up[0] = True
+    assert notify.deliver_webhook(delivery_id=delivery.id, now=t0 + timedelta(seconds=11)) == "delivered"
+    assert len(receiver.requests) == 1
 
 
 def test_no_delivery_to_loopback_unless_allowed(team, receiver):
