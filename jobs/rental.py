@@ -12,7 +12,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Subquery
+from django.db.models import Q, Subquery
 
 from common.ledger_locks import lock_team_ledgers
 from jobs import dispatch, selectors, signals
@@ -39,6 +39,7 @@ def rent_job(
             if len(nodes) != len(gpus_by_node) or not _all_present(nodes, gpus_by_node):
                 return False
             attempt = job.attempt + 1
+            now = _rent_time(job, nodes, gpus_by_node, now)
             allocations = [
                 _hold(job=job, attempt=attempt, node=nodes[name], rank=rank, indices=indices, now=now)
                 for rank, (name, indices) in enumerate(gpus_by_node.items())
@@ -53,6 +54,22 @@ def rent_job(
     for allocation in allocations:
         dispatch.run_part(allocation.id, allocation.node.name)
     return True
+
+
+def _rent_time(
+    job: Job, nodes: dict[str, Node], gpus_by_node: dict[str, tuple[int, ...]], now: datetime
+) -> datetime:
+    """``now``, or the release it would precede: a pass reads its clock before its snapshot, and a release that
+    commits between the two (the job's last attempt, or a GPU's last holder) must not be followed by a RENT dated
+    before it, or the job or the GPU is metered twice over the gap."""
+    later = Allocation.objects.filter(released_at__gt=now).filter(
+        Q(job=job) | Q(node__in=nodes.values())
+    ).values_list("released_at", "node__name", "gpu_indices", "job_id")  # fmt: skip
+    releases = [
+        released for released, node, indices, holder in later
+        if holder == job.id or set(indices) & set(gpus_by_node.get(node, ()))
+    ]  # fmt: skip
+    return max([now, *releases])
 
 
 def _all_present(nodes: dict[str, Node], gpus_by_node: dict[str, tuple[int, ...]]) -> bool:

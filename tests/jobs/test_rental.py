@@ -221,3 +221,33 @@ def test_a_part_starting_as_its_job_is_cancelled_takes_turns_with_the_cancel(mon
     assert errors == []
     job.refresh_from_db()
     assert (job.state, job.cancel_requested_at) == ("running", now)
+
+
+def test_a_requeued_job_is_never_rented_before_its_last_attempt_was_released():
+    """A pass reads its clock, then a node loss releases and requeues the job, then the pass's snapshot sees it
+    queued: its RENT at the pass's clock would meter the job twice over the gap."""
+    NodeFactory(name="n1", gpus=1)
+    NodeFactory(name="n2", gpus=1)
+    job = JobFactory(requeue=True)
+    clock = timezone.now()
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"n1": (0,)}, now=clock - timedelta(hours=1))
+    first = Allocation.objects.get(job=job)
+    assert rental.start_allocation(allocation_id=first.id, now=clock - timedelta(hours=1))
+    nodes.set_node_state(name="n1", target="down", now=clock + timedelta(seconds=2), actor="olga")
+    scheduler.run_pass(now=clock)
+    first.refresh_from_db()
+    second = Allocation.objects.get(job=job, attempt=2)
+    assert second.rented_at == first.released_at == clock + timedelta(seconds=2)
+
+
+def test_a_gpu_is_never_rented_before_its_last_holder_released_it():
+    NodeFactory(name="solo", gpus=1)
+    held, waiting = JobFactory(), JobFactory()
+    clock = timezone.now()
+    assert rental.rent_job(job_id=held.id, gpus_by_node={"solo": (0,)}, now=clock - timedelta(minutes=30))
+    rental.release_job(
+        job_id=held.id, end_reason=EndReason.FAILED, now=clock + timedelta(seconds=2), actor="agent"
+    )
+    scheduler.run_pass(now=clock)
+    released = Allocation.objects.get(job=held).released_at
+    assert Allocation.objects.get(job=waiting).rented_at == released == clock + timedelta(seconds=2)
