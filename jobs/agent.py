@@ -289,7 +289,7 @@ def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
     full = exc.store == attempt_space.NODE_DISK and exc.free < limits.space_bytes(0)
     if full:  # before the job is placed again
         nodes.hold_for_room(node_id=part.allocation.node_id, now=timezone.now())
-    again = part.job.attempt < settings.E31_MAX_ATTEMPTS
+    again = rental.has_attempts_left(part.job)
     rental.release_job(job_id=part.job.id, attempt=part.allocation.attempt, end_reason=EndReason.FAILED,
                        now=timezone.now(), actor=_actor(part), detail=detail[:300],
                        requeue_as=REQUEUED if again else "")  # fmt: skip

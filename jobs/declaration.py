@@ -74,6 +74,8 @@ class Limits:
     s3_roots: Sequence[str] = ()
     # The GPU models of the nodes not down (None: not checked, as for a draft's preview).
     gpu_models: frozenset[str] | None = None
+    # (GPUs, memory bytes, CPUs) each node not down offers jobs, 0 where it does not say (empty: not checked).
+    nodes: Sequence[tuple[int, int, float]] = ()
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     gpu_model = _gpu_model(request.get("gpu_model"), limits, errs)
     memory = _memory(request.get("memory"), limits, errs)
     cpus = _cpus(request.get("cpus"), limits, errs)
+    _check_one_node_room(min_gpus or gpus, memory, cpus, limits, errs)
     after_ok, after_any = _prerequisites(raw, errs)
     array = _array(raw.get("array"), limits, errs)
     if not (after_ok or after_any):  # inputs a prerequisite will write are checked when they stage
@@ -273,6 +276,12 @@ def _prerequisites(raw: Mapping, errs: _Collector) -> tuple[tuple[int, ...], tup
                 ids.append(item)
         lists.append(tuple(ids))
     return lists[0], lists[1]
+
+
+def array_tasks(value: Any, limits: Limits) -> int:
+    """How many tasks an array field declares: 1 while it is empty or not valid (as a draft's preview weighs it)."""
+    array = _array(value, limits, _Collector())
+    return len(array.indices) if array else 1
 
 
 def _array(value: Any, limits: Limits, errs: _Collector) -> Array | None:
@@ -381,8 +390,11 @@ def _argv(value: Any, errs: _Collector, *, image: str) -> list[str]:
     for i, arg in enumerate(value):
         if not isinstance(arg, str):
             errs.add(f"work.argv[{i}]", "every argument is a string")
-        elif "\x00" in arg or len(arg) > MAX_ARG_CHARS:
-            errs.add(f"work.argv[{i}]", f"an argument has no NUL byte and at most {MAX_ARG_CHARS} characters")
+        elif "\x00" in arg or len(arg) > MAX_ARG_CHARS or not _is_utf8(arg):
+            errs.add(
+                f"work.argv[{i}]",
+                f"an argument is UTF-8 text with no NUL byte (nor a lone surrogate) and at most {MAX_ARG_CHARS} characters",
+            )
     if isinstance(value[0], str) and not value[0].strip():
         errs.add("work.argv[0]", "the program to run cannot be empty")
     # With an image, argv may be its Entrypoint's arguments (sh -c's script): only a program is checked.
@@ -409,9 +421,22 @@ def _env(value: Any, errs: _Collector) -> dict[str, str]:
             errs.add(path, "a variable name is letters, digits and _, not starting with a digit")
         elif RESERVED_ENV.fullmatch(key):
             errs.add(path, f"{key} is set by the platform and cannot be declared")
-        if not isinstance(val, str) or "\x00" in val or len(val) > MAX_ARG_CHARS:
-            errs.add(path, f"a value is a string of at most {MAX_ARG_CHARS} characters")
+        if not isinstance(val, str) or "\x00" in val or len(val) > MAX_ARG_CHARS or not _is_utf8(val):
+            errs.add(
+                path,
+                f"a value is UTF-8 text (no NUL byte, no lone surrogate) of at most {MAX_ARG_CHARS} characters",
+            )
     return {str(k): str(v) for k, v in value.items()}
+
+
+def _is_utf8(text: str) -> bool:
+    """Whether text can be stored: JSON's "\\ud800" decodes to a lone surrogate, which no UTF-8 (so neither
+    PostgreSQL's JSON nor a process's argv) can hold. Tabs and newlines pass: an argument may be a script."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _image(value: Any, errs: _Collector) -> str:
@@ -727,7 +752,19 @@ def _host_problem(parts: SplitResult) -> str:
             "a URI cannot hold a user name or password: the whole team would see it and staging never sends "
             "it; keep a token in a team secret (work.secrets) and fetch with it from the job"
         )
+    if not _resolvable_host(parts.hostname or ""):
+        return "not a host name a resolver takes: each part between dots is 1 to 63 characters, 253 in all"
     return ""
+
+
+def _resolvable_host(host: str) -> bool:
+    """Refused here, not when staged: the resolver raises on such a name instead of answering."""
+    try:
+        encoded = host.encode("idna")  # as getaddrinfo encodes it: a non-ASCII label counts as punycode
+    except UnicodeError:
+        return False
+    labels = encoded.removesuffix(b".").split(b".")  # one final dot (an absolute name) is allowed
+    return len(encoded) <= 253 and all(1 <= len(label) <= 63 for label in labels)
 
 
 def resolve_under_roots(raw_path: str, roots: Sequence[Path]) -> Path | None:
@@ -852,6 +889,32 @@ def _cpus(value: Any, limits: Limits, errs: _Collector) -> float | None:
     if limits.pool_cpus and value > limits.pool_cpus:
         errs.add("request.cpus", f"the pool offers at most {limits.pool_cpus:g} CPUs for one job")
     return float(value)
+
+
+def _check_one_node_room(
+    gpus: int, memory: int | None, cpus: float | None, limits: Limits, errs: _Collector
+) -> None:
+    """A job that fits one node runs on one node: its memory and CPUs must fit one that has its GPUs, not
+    only the pool's sum (checked above), or it would wait for ever. Spanning jobs split them by GPUs."""
+    able = [node for node in limits.nodes if node[0] >= gpus]
+    if not able or (memory is None and cpus is None) or errs.errors:
+        return
+    fits = {
+        "memory": [not size or memory is None or memory <= size for _, size, _ in able],
+        "cpus": [not count or cpus is None or cpus <= count for _, _, count in able],
+    }
+    if any(m and c for m, c in zip(fits["memory"], fits["cpus"], strict=True)):
+        return
+    most_memory, most_cpus = max(size for _, size, _ in able), max(count for _, _, count in able)
+    offers = f"a node of {gpus} GPU{'s' if gpus != 1 else ''} or more offers at most"
+    if not any(fits["memory"]):
+        errs.add(
+            "request.memory", f"a job that fits one node runs on one: {offers} {format_size(most_memory)}"
+        )
+    elif not any(fits["cpus"]):
+        errs.add("request.cpus", f"a job that fits one node runs on one: {offers} {most_cpus:g} CPUs")
+    else:
+        errs.add("request.memory", f"no node with {gpus} GPUs or more offers both this memory and these CPUs")
 
 
 def _is_int(value: Any) -> bool:

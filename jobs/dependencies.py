@@ -89,6 +89,17 @@ def _failed_dependencies() -> list[tuple[int, int, dict]]:
     return failed
 
 
+def ready_to_stage() -> list[int]:
+    """Submitted jobs that waited for prerequisites before staging, and wait for none now."""
+    held = list(
+        Job.objects.filter(state=State.SUBMITTED, prerequisites__isnull=False)
+        .distinct()
+        .values_list("id", flat=True)
+    )
+    waiting = unmet(held)
+    return [job_id for job_id in held if job_id not in waiting]
+
+
 def unmet(job_ids: Iterable[int]) -> dict[int, tuple[tuple[int, str], ...]]:
     """Per waiting job, the prerequisites it still waits for: (id, "succeed") or (id, "end")."""
     out: dict[int, list[tuple[int, str]]] = {}

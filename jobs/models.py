@@ -48,6 +48,9 @@ class Job(models.Model):
     state_changed_at = models.DateTimeField()
     # Bumped on every requeue: an attempt's allocations, log and exit belong to it alone.
     attempt = models.PositiveIntegerField(default=0)
+    # Attempts that ended by a node loss, or a node's refusal, and went back to the queue: what E31_MAX_ATTEMPTS
+    # bounds. Preemptions (the scheduler's choice, not the job's luck) are attempts too, but never counted here.
+    lost_attempts = models.PositiveIntegerField(default=0)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     preempt_requested_at = models.DateTimeField(null=True, blank=True)
     # Last sign of the worker handling this job (staging, agent, delivery); the reconciler re-drives stale ones.
@@ -296,6 +299,9 @@ class Node(models.Model):
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     # The operator who marked the node down: it stays down, whatever its agent says, until resumed.
     held_down_by = models.CharField(max_length=150, blank=True)
+    # The operator who drained the node: if it goes silent meanwhile (a reboot for maintenance), it comes
+    # back drained, not up, when its agent registers again; a resume clears it.
+    drained_by = models.CharField(max_length=150, blank=True)
     # Its disk could not hold an attempt's space: the scheduler places nothing here until then (E31_NO_ROOM_HOLD_S).
     no_room_until = models.DateTimeField(null=True, blank=True)
     # What its disk could still give attempt spaces when its agent last measured it (nodes that bound them).

@@ -5,11 +5,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
 from jobs import delivery, dispatch, rental
 from jobs.lifecycle import REQUEUED, EndReason, State
-from jobs.models import Allocation, Job
+from jobs.models import Allocation, Dependency, Job
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,8 @@ def reconcile(*, now: datetime) -> Findings:
 def _restage(stale: datetime, findings: Findings) -> None:
     submitted = Q(state=State.SUBMITTED, state_changed_at__lt=stale)
     staging = Q(state=State.STAGING) & (Q(worker_seen_at__lt=stale) | Q(worker_seen_at__isnull=True))
+    # A submitted job with prerequisites is not stale: every scheduler pass stages it once they are met.
+    submitted &= ~Exists(Dependency.objects.filter(job=OuterRef("pk")))
     for job_id in Job.objects.filter(submitted | staging).values_list("id", flat=True)[:500]:
         dispatch.stage_job(job_id)
         findings.restaged.append(job_id)

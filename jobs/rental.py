@@ -12,7 +12,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q, Subquery
+from django.db.models import F, Q, Subquery
 
 from common.ledger_locks import lock_team_ledgers
 from jobs import dispatch, selectors, signals
@@ -250,6 +250,7 @@ def release_job(
                 job_id=job.id, source=job.state, target=State.QUEUED, now=now, actor=actor, via=requeue_as,
                 reason=f"{requeue_as}: {detail or end_reason}", cancel_requested_at=None, preempt_requested_at=None,
                 sealed_files=0, sealed_bytes=0, delivery_detail="",  # the next attempt seals its own files
+                lost_attempts=F("lost_attempts") + int(requeue_as == REQUEUED),
             )  # fmt: skip
         else:
             moved = transition(
@@ -306,7 +307,13 @@ def note_checkpoint(*, job_id: int, attempt: int, held_bytes: int, note: str, no
 
 def requeues_after_loss(job: Job) -> bool:
     """A node loss requeues a job that asked for it, or one that checkpoints (it resumes from its last one)."""
-    return (job.requeue or job.checkpoints) and job.attempt < settings.E31_MAX_ATTEMPTS
+    return (job.requeue or job.checkpoints) and has_attempts_left(job)
+
+
+def has_attempts_left(job: Job) -> bool:
+    """Whether a lost attempt may be followed by another: at most E31_MAX_ATTEMPTS attempts end by a node loss
+    or a node's refusal, this one included; the attempts preemptions ended are not counted."""
+    return job.lost_attempts + 1 < settings.E31_MAX_ATTEMPTS
 
 
 def lose_node_allocations(

@@ -70,6 +70,8 @@ def _pass(*, now: datetime) -> PassResult:
     every estimate; under the pass lock."""
     began = time.perf_counter()
     dependencies.end_unsatisfiable(now=now)  # before the snapshot: a job that can never start is not planned
+    for job_id in dependencies.ready_to_stage():
+        dispatch.stage_job(job_id)
     view = snapshot.take(now=now)
     plan = policy.plan(
         now=now.timestamp(), nodes=view.nodes, running=view.running, pending=view.pending,

@@ -16,7 +16,7 @@ from django.db.models import Count, F, Max, OuterRef, Prefetch, Q, QuerySet, Sub
 from accounts import scoping
 from accounts.models import Team
 from jobs import declaration, sharing
-from jobs.lifecycle import ALIVE, BEFORE_RENT, RAN_TO_ITS_END, TERMINAL, State
+from jobs.lifecycle import AFTER_ANY, AFTER_OK, ALIVE, BEFORE_RENT, RAN_TO_ITS_END, TERMINAL, State
 from jobs.models import (
     Allocation,
     DataInput,
@@ -352,8 +352,15 @@ def declaration_of(job: Job) -> declaration.Declaration:
         gpus=job.gpus, gpu_model=job.gpu_model, hours=job.hours, min_gpus=job.min_gpus, max_gpus=job.max_gpus,
         preemptible=job.preemptible, requeue=job.requeue, checkpoint=_checkpoint_of(job),
         memory_bytes=job.memory_bytes, cpus=job.cpus, output_uri=job.output_uri, output_bytes=job.output_bytes,
-        array=_task_of(job),
+        array=_task_of(job), **_prerequisites_of(job),
     )  # fmt: skip
+
+
+def _prerequisites_of(job: Job) -> dict[str, tuple[int, ...]]:
+    """A pipeline step waits for the same jobs again: a copy that did not would read their outputs
+    before they were written, or not at all (intake refuses one that can no longer be met, naming it)."""
+    rows = job.prerequisites.order_by("prerequisite_id").values_list("prerequisite_id", "kind")
+    return {kind: tuple(p for p, k in rows if k == kind) for kind in (AFTER_OK, AFTER_ANY)}
 
 
 def _task_of(job: Job) -> declaration.Array | None:

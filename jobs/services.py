@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import Sum
 
 from accounts import team_secrets
+from accounts.models import Team
 from jobs import declaration, dependencies, dispatch, rental, sharing, signals
 from jobs.lifecycle import ALIVE, BEFORE_RENT, HOLDS_COMPUTE, EndReason, State
 from jobs.models import DataInput, Job, JobArray, JobEvent, Node
@@ -38,6 +39,7 @@ def pool_limits(*, team=None) -> declaration.Limits:
         secrets=frozenset(team_secrets.names(team)) if team is not None else None,
         s3_roots=settings.E31_S3_ROOTS,
         gpu_models=frozenset(live.values_list("gpu_model", flat=True).distinct()),
+        nodes=tuple(live.values_list("gpus", "memory_bytes", "cpus")),
     )
 
 
@@ -64,6 +66,8 @@ def submit_job(
     if rerun_of is not None and rerun_of.team_id != team.id:
         raise declaration.DeclarationInvalid([("rerun_of", "a re-run belongs to its source job's team")])
     tasks = len(spec.array.indices) if spec.array else 1
+    if team.budget_enforced:  # two submissions at once each weigh the budget after the other's job is stored
+        Team.objects.select_for_update(no_key=True).filter(id=team.id).first()
     budget = signals.check_budget(team=team, gpu_hours=spec.gpus * spec.hours * tasks, now=now)
     if budget and budget.refused:
         raise declaration.DeclarationInvalid([("request.hours", budget.message)])
@@ -98,8 +102,10 @@ def submit_job(
         )
         for job in jobs
     )
+    held = dependencies.unmet(job.id for job in jobs) if spec.after_ok or spec.after_any else {}
     for job in jobs:
-        dispatch.stage_job(job.id)
+        if job.id not in held:  # else staged once its prerequisites are met: it may read what they write
+            dispatch.stage_job(job.id)
     dispatch.request_scheduler_pass()  # an estimated start for the team at once, even while staging
     first = jobs[0]
     first.budget_note = budget.message if budget and budget.would_exceed else ""

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from jobs import cache_fill, declaration, dispatch, image_staging, selectors, sharing, transfers
+from jobs import cache_fill, declaration, dependencies, dispatch, image_staging, selectors, sharing, transfers
 from jobs.lifecycle import EndReason, State
 from jobs.models import DataInput, DatasetCacheEntry, Job
 from jobs.transfers import destinations, sources
@@ -46,7 +46,12 @@ class StagingStopped(Exception):
 
 
 def stage_job(*, job_id: int, now: datetime) -> bool:
-    """SUBMITTED -> STAGING -> QUEUED once every input is in place, else ENDED/staging_failed; never metered."""
+    """SUBMITTED -> STAGING -> QUEUED once every input is in place, else ENDED/staging_failed; never metered.
+
+    A job still waiting for a prerequisite stays SUBMITTED: an input may be what that job writes, and read
+    now it would be missing, or an older copy."""
+    if dependencies.unmet([job_id]) and Job.objects.filter(id=job_id, state=State.SUBMITTED).exists():
+        return False
     transition(job_id=job_id, source=State.SUBMITTED, target=State.STAGING, now=now, actor="stager",
                reason="staging inputs", worker_seen_at=now)  # fmt: skip
     if not _claim(job_id, now):
@@ -266,7 +271,7 @@ def _fill(entry: DatasetCacheEntry, token: str, source, data_input: DataInput, w
     try:
         _acquire_slot(data_input, watch)
         watch.began = time.monotonic()
-        sweep_cache(now=timezone.now(), room_for=data_input.bytes)
+        sweep_cache(now=timezone.now())  # the claimed entry's row already counts this fill's bytes
         cache_dir().mkdir(parents=True, exist_ok=True)
         copied = destinations.copy(
             source, part, limit=data_input.bytes, want_sha256=bool(data_input.sha256), progress=watch,
@@ -361,9 +366,9 @@ def claim_slot(*, data_input_id: int, now: datetime) -> bool:
 # --------------------------------------------------------------------------- eviction
 
 
-def sweep_cache(*, now: datetime, room_for: int = 0) -> int:
+def sweep_cache(*, now: datetime) -> int:
     """Drops finished jobs' data dirs, then evicts unpinned entries, datasets and images alike: past
-    retention, then least recently used past capacity."""
+    retention, then least recently used past capacity (entries being filled count at their declared bytes)."""
     _remove_finished_job_dirs()
     cache_fill.remove_orphan_parts(
         cache_dir(), DatasetCacheEntry, now=now, remove=lambda part: part.unlink(missing_ok=True)
@@ -371,7 +376,7 @@ def sweep_cache(*, now: datetime, room_for: int = 0) -> int:
     image_staging.remove_orphan_parts(now)
     retention = timedelta(seconds=settings.E31_STAGE_RETENTION_S)
     evicted = sum(evict(entry) for entry in _evictable(now - retention))
-    over = selectors.cache_bytes() + room_for - settings.E31_STAGE_CACHE_BYTES
+    over = selectors.cache_bytes() - settings.E31_STAGE_CACHE_BYTES
     for entry in sorted(_evictable(None), key=lambda e: e[0]):
         if over <= 0:
             break

@@ -7,7 +7,7 @@ paginated, per-row extras are fetched for the page in one query), which the test
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from urllib.parse import urlencode
 
 from django.conf import settings
@@ -16,8 +16,8 @@ from django.utils.dateparse import parse_date
 from django.utils.safestring import SafeString
 
 from accounts.models import Team
+from jobs import rental, units
 from jobs import selectors as jobs_selectors
-from jobs import units
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, EndReason, State
 from jobs.models import Allocation, GpuHold, Job, Node, TeamUsage
 from metering import selectors as metering_selectors
@@ -29,6 +29,7 @@ LIST_FIELDS = (
     "id", "name", "team__name", "team__slug", "state", "end_reason", "gpus", "min_gpus", "hours",
     "submitted_at", "state_changed_at", "cancel_requested_at", "attempt", "requeue", "exit_code",
     "checkpoint_signal", "checkpoint_held_bytes",  # a pausable job between attempts reads "paused"
+    "lost_attempts",
 )  # fmt: skip
 QUEUE_FIELDS = (
     *LIST_FIELDS,
@@ -226,8 +227,8 @@ class JobFilters:
             jobs = jobs.filter(id__in=Allocation.objects.filter(node__name=self.node).values("job_id"))
         if self.since:
             jobs = jobs.filter(submitted_at__gte=_day_start(self.since))
-        if self.until:
-            jobs = jobs.filter(submitted_at__lt=_day_start(self.until) + timedelta(days=1))
+        if self.until and (end := _day_end(self.until)):
+            jobs = jobs.filter(submitted_at__lt=end)
         return jobs
 
     @property
@@ -245,6 +246,13 @@ def _valid_day(raw: str) -> str:
 
 def _day_start(day: str) -> datetime:
     return datetime.combine(parse_date(day), time(0), tzinfo=UTC)
+
+
+def _day_end(day: str) -> datetime | None:
+    """The instant after ``day``; None for the last day a date can name (9999-12-31), which no job
+    reaches: there is no next day to stop before, and no bound is needed."""
+    start = parse_date(day)
+    return None if start == date.max else _day_start(day) + timedelta(days=1)
 
 
 def all_jobs() -> QuerySet:
@@ -285,10 +293,12 @@ def jobs_on_node(node: Node) -> list[JobOnNode]:
 
 
 def _loss_outcome(job: Job) -> str:
-    if job.requeue and job.attempt < settings.E31_MAX_ATTEMPTS:
-        return f"released and requeued (attempt {job.attempt} of {settings.E31_MAX_ATTEMPTS})"
-    if job.requeue:
-        return f"released and ended (node_lost): it has used all {settings.E31_MAX_ATTEMPTS} attempts"
+    lost, limit = job.lost_attempts + 1, settings.E31_MAX_ATTEMPTS
+    if rental.requeues_after_loss(job):
+        resumes = " from its checkpoint" if job.checkpoints else ""
+        return f"released and requeued{resumes} (lost attempt {lost} of {limit})"
+    if job.requeue or job.checkpoints:
+        return f"released and ended (node_lost): it has lost all {limit} attempts it may"
     return "released and ended (node_lost): its declaration does not allow a requeue"
 
 

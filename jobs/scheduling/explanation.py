@@ -141,6 +141,8 @@ class Explainer:
             return Estimate(job.job_id, None, "no_nodes", reason)
         if job.space > p.largest_disk and p.ever_fits(g):
             return _space_never(p, job)
+        if p.ever_fits(g) and not p.ever_has_room(job, g):
+            return _room_never(p, job, g)
         now_has = (
             f"the schedulable pool has {_count(p.total_gpus, 'GPU')} on {_count(len(p.capacity), 'node')} "
             f"of up to {_count(p.node_gpus, 'GPU')}"
@@ -280,6 +282,23 @@ def _space_never(p: Pass, job: PendingJob) -> Estimate:
         "submitted again declaring less output"
     )
     return Estimate(job.job_id, None, "space_too_large", reason)
+
+
+def _room_never(p: Pass, job: PendingJob, g: int) -> Estimate:
+    """Memory or CPUs declared beyond what the nodes that would hold the job have, each in all."""
+    size = min(g, p.node_gpus)
+    nodes = [n for name, n in p.room.nodes.items() if p.capacity.get(name, 0) >= size]
+    asked = [f"{format_size(job.memory)} of memory" if job.memory is not None else "",
+             f"{job.cpus:g} CPUs" if job.cpus is not None else ""]  # fmt: skip
+    most = [f"{format_size(max((n.memory for n in nodes), default=0))} of memory" if job.memory is not None else "",
+            f"{max((n.cpus for n in nodes), default=0):g} CPUs" if job.cpus is not None else ""]  # fmt: skip
+    where = "on one node" if g <= p.node_gpus else "split over the nodes that hold its parts, by GPUs"
+    reason = (
+        f"no node can ever give it what it declares: {' and '.join(filter(None, asked))} for {_count(g, 'GPU')}, "
+        f"{where}; a node of {_count(size, 'GPU')} or more offers at most {' and '.join(filter(None, most))}; "
+        "it can be submitted again declaring less"
+    )
+    return Estimate(job.job_id, None, "room_too_large", reason)
 
 
 def _count(n: int, noun: str) -> str:

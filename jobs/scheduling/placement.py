@@ -153,6 +153,14 @@ class _Room:
             not n.cpus or cpus <= self.cpus[node] * _SLACK
         )
 
+    def ever_fits(self, job: PendingJob, node: str, k: int, total: int) -> bool:
+        """Whether the node, every other part gone, could give ``k`` of the job's ``total`` GPUs their memory and CPUs."""
+        n = self.nodes.get(node)
+        if n is None:
+            return True
+        memory, cpus = self.need(job, node, k, total)
+        return (not n.memory or memory <= n.memory * _SLACK) and (not n.cpus or cpus <= n.cpus * _SLACK)
+
     def take(self, job: PendingJob, node: str, k: int, total: int) -> None:
         if node in self.nodes:
             memory, cpus = self.need(job, node, k, total)
@@ -378,9 +386,30 @@ class Pass:
     # ----- feasibility
 
     def ever_holds(self, job: PendingJob) -> bool:
-        """Whether the schedulable pool could ever start ``job``: its GPUs, and its space on some node's disk
-        (not matched node by node: see ``_Room``)."""
-        return self.ever_fits(job.min_gpus or job.gpus) and job.space <= self.largest_disk
+        """Whether the schedulable pool could ever start ``job``: its GPUs, its memory and CPUs on the nodes that
+        would hold them, and its space on some node's disk (not matched node by node: see ``_Room``)."""
+        g = job.min_gpus or job.gpus
+        return self.ever_fits(g) and job.space <= self.largest_disk and self.ever_has_room(job, g)
+
+    def ever_has_room(self, job: PendingJob, g: int) -> bool:
+        """Whether nodes that would hold ``g`` GPUs of the job (as ``_place`` chooses them: one node when it
+        fits one, else whole nodes and one for the rest) could, idle, give each part its memory and CPUs."""
+        room = self.room
+        if room is None or (job.memory is None and job.cpus is None):
+            return True
+        if g <= self.node_gpus:
+            return any(k >= g and room.ever_fits(job, node, g, g) for node, k in self.capacity.items())
+        whole, rest = divmod(g, self.node_gpus)
+        spanning = [node for node in self.capacity if node not in self.no_span]
+        full = [
+            n
+            for n in spanning
+            if self.capacity[n] == self.node_gpus and room.ever_fits(job, n, self.node_gpus, g)
+        ]
+        if rest == 0:
+            return len(full) >= whole
+        for_rest = [n for n in spanning if self.capacity[n] >= rest and room.ever_fits(job, n, rest, g)]
+        return len(full) >= whole and len(set(full) | set(for_rest)) > whole and bool(for_rest)
 
     def ever_fits(self, g: int) -> bool:
         """Whether the schedulable pool could hold ``g`` GPUs under the placement rules."""

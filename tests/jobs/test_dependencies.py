@@ -5,7 +5,7 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from jobs import declaration, rental, scheduler, services
+from jobs import declaration, dispatch, rental, scheduler, services, staging
 from jobs.models import Dependency, Job
 from tests.factories import JobFactory
 from tests.jobs.intake_channels import error_fields, submit_api, submit_file
@@ -160,3 +160,59 @@ def test_the_job_page_shows_the_pipeline_around_the_job(team, member, member_cli
         < pipeline.index(f"#{after.id} evaluate")
     )
     assert "must succeed first" in pipeline
+
+
+def test_a_step_is_staged_only_once_its_prerequisite_has_succeeded_so_it_reads_what_that_wrote(
+    team, member, pool, roots, raw, monkeypatch
+):
+    """`train` reads features.bin, which `prepare` writes: staged at submit it would find no file (or an
+    older copy). It waits unstaged, with its reason, and the pass after `prepare` succeeds stages it."""
+    data, _ = roots
+    rung: list[int] = []
+    monkeypatch.setattr(dispatch, "stage_job", rung.append)
+    prepare = _queued(_submit(team, member, raw))
+    features = {"name": "features", "uri": f"file://{data}/features.bin", "bytes": 5}
+    train = _submit(team, member, raw, after_ok=[prepare.id], data=[features])
+    assert rung == [prepare.id]
+    assert not staging.stage_job(
+        job_id=train.id, now=timezone.now()
+    )  # a redelivered task stages nothing either
+    _pass()
+    train.refresh_from_db()
+    assert train.state == "submitted" and train.pending_reason.startswith(
+        f"waiting for job {prepare.id} to succeed"
+    )
+
+    (data / "features.bin").write_bytes(b"12345")  # what prepare wrote
+    rental.release_job(job_id=prepare.id, end_reason="succeeded", now=timezone.now(), actor="agent")
+    _pass()
+    assert rung == [prepare.id, train.id]
+    staging.stage_job(job_id=train.id, now=timezone.now())
+    train.refresh_from_db()
+    assert train.state == "queued", train.end_detail
+
+
+def test_a_job_whose_prerequisites_are_already_met_is_staged_at_submit(team, member, pool, raw, monkeypatch):
+    rung: list[int] = []
+    monkeypatch.setattr(dispatch, "stage_job", rung.append)
+    done = JobFactory(team=team, state="released", end_reason="succeeded")
+    job = _submit(team, member, raw, after_ok=[done.id])
+    assert rung == [job.id]
+
+
+def test_a_rerun_of_a_pipeline_step_waits_for_the_same_prerequisites(
+    team, member, member_token, client, pool, raw
+):
+    """A re-run is the job as it was declared: cancelled by mistake and re-run, the step still waits for
+    the running job it named, rather than start at once and read outputs not yet written."""
+    prepare = _queued(_submit(team, member, raw))
+    _pass()
+    train = _submit(team, member, raw, after_ok=[prepare.id])
+    assert services.cancel_job(job_id=train.id, user=member, now=timezone.now())
+
+    answer = client.post(f"/api/v1/jobs/{train.id}/rerun", HTTP_AUTHORIZATION=f"Bearer {member_token}")
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["after_ok"] == [prepare.id]
+    _pass()
+    rerun = Job.objects.get(id=answer.json()["id"])
+    assert rerun.state == "submitted" and rerun.pending_reason.startswith(f"waiting for job {prepare.id}")

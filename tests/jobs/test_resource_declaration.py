@@ -95,3 +95,21 @@ def test_an_output_past_the_largest_attempt_space_is_refused_naming_the_field(
     assert response.status_code == 422, response.content[:500]
     assert "output.bytes" in error_fields(response)
     assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("channel", CHANNELS)
+@pytest.mark.parametrize(("key", "value", "said"), [("memory", "100 GB", "64.0 GB"), ("cpus", 20, "16 CPUs")])
+def test_more_than_one_node_offers_is_refused_for_a_job_that_fits_one_node(
+    key, value, said, channel, good, pool, member_client, member_token
+):
+    """The pool's sum (128 GB, 32 CPUs) would hold it, but a 1-GPU job runs on one node of 64 GB and 16 CPUs:
+    accepted, it would wait for ever."""
+    raw = {**good, "request": {"gpus": 1, "hours": 1.0, key: value}}
+    response = _submit(channel, member_client, raw, member_token)
+    assert response.status_code == 422, response.content[:500]
+    assert error_fields(response) == {f"request.{key}"}
+    assert f"a job that fits one node runs on one: a node of 1 GPU or more offers at most {said}" in (
+        response.content.decode()
+    )
+    raw["request"] = {"gpus": 8, "hours": 1.0, key: value}  # spanning both nodes: half on each
+    assert _submit(channel, member_client, raw, member_token).status_code in (201, 302)

@@ -75,3 +75,27 @@ def test_an_elastic_job_started_on_fewer_gpus_needs_its_whole_declaration_on_the
     elastic = {"memory": 64 * GB, "min_gpus": 4}
     assert _placed(_plan([_node("a", range(4), free_memory=40 * GB)], [_job(1, 8, **elastic)])) == {}
     assert _placed(_plan([_node("a", range(4))], [_job(1, 8, **elastic)])) == {1: {"a": (0, 1, 2, 3)}}
+
+
+def test_a_job_no_node_could_ever_give_its_memory_or_cpus_is_told_so_not_promised_a_start():
+    """An idle pool, nothing running: 100 GB (or 20 CPUs) for 1 GPU fits no 64 GB, 16-CPU node whatever ends, so
+    no start is promised, and the reason says what it asked, what the nodes offer and what to do."""
+    nodes = [_node("a", range(4), gpus=4), _node("b", range(4), gpus=4)]
+    for job, asked, most in (
+        (
+            _job(1, 1, memory=100 * GB),
+            "100.0 GB of memory for 1 GPU, on one node",
+            "at most 64.0 GB of memory",
+        ),
+        (_job(2, 1, cpus=20), "20 CPUs for 1 GPU, on one node", "at most 16 CPUs"),
+    ):
+        estimate = _plan(nodes, [job]).estimates[job.job_id]
+        assert (estimate.start_at, estimate.reason_code) == (None, "room_too_large")
+        assert asked in estimate.reason and most in estimate.reason, estimate.reason
+
+
+def test_a_spanning_job_is_judged_by_the_share_of_each_part():
+    # 8 GPUs on 4-GPU nodes: 2 parts of half the job's memory. 120 GB fits (60 GB a part), 140 GB never does.
+    nodes = [_node(n, range(4), gpus=4) for n in "abc"]
+    assert _placed(_plan(nodes, [_job(1, 8, memory=120 * GB)])) == {1: {"a": (0, 1, 2, 3), "b": (0, 1, 2, 3)}}
+    assert _plan(nodes, [_job(2, 8, memory=140 * GB)]).estimates[2].reason_code == "room_too_large"
