@@ -69,6 +69,10 @@ def check_name(name: str) -> str:
 def _check_value(value: str) -> None:
     if not isinstance(value, str) or not value:
         raise SecretInvalid("a secret's value cannot be empty")
+    try:  # JSON's "\ud800" decodes to a lone surrogate: no UTF-8, so neither encryptable nor a variable's value
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise SecretInvalid("a secret's value is UTF-8 text, and a lone surrogate is not") from exc
     if "\x00" in value or len(value.encode()) > MAX_VALUE_BYTES:
         raise SecretInvalid(f"a secret's value has no NUL byte and at most {MAX_VALUE_BYTES // 1024} KB")
 
@@ -116,10 +120,16 @@ def values_for_attempt(*, team_id: int, declared: list[str]) -> dict[str, str]:
 
 
 def registry_secret_name(registry_host: str) -> str:
-    """The secret holding a team's login ("user:password") for a registry: REGISTRY_ and the host, port
-    included, with every other character an underscore (registry.example.com:5000 ->
-    REGISTRY_REGISTRY_EXAMPLE_COM_5000)."""
-    return "REGISTRY_" + re.sub(r"[^A-Z0-9]", "_", registry_host.upper())
+    """The secret holding a team's login ("user:password") for a registry: REGISTRY_ and the host in capitals,
+    each "." one underscore, each "-" two and the ":" before a port three
+    (my-registry.example.com:5000 -> REGISTRY_MY__REGISTRY_EXAMPLE_COM___5000).
+
+    One host per name, so a login never reaches a look-alike host: registry.corp-example.com is not
+    registry.corp.example.com. In a registry host (as ``jobs.imageref`` accepts it) a dot stands alone
+    between letters or digits, dashes sit inside a label and the colon between the host and its port,
+    so each run of underscores (one, an even number, three) reads back one way only."""
+    escaped = registry_host.upper().replace("-", "__").replace(":", "___").replace(".", "_")
+    return "REGISTRY_" + re.sub(r"[^A-Z0-9_]", "_", escaped)
 
 
 def registry_login(*, team_id: int, registry_host: str) -> tuple[str, str]:

@@ -15,19 +15,37 @@ from urllib.parse import SplitResult
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
+# A NAT64 gateway (usual on IPv6-only networks) hands 64:ff9b::/96 on to the IPv4 address in its last
+# 32 bits, and a host may still route the deprecated IPv4-compatible ::a.b.c.d the same way: both are
+# judged as that IPv4 address, or 64:ff9b::a9fe:a9fe would reach 169.254.169.254.
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+# Python calls these global, yet neither reaches the internet: the local-use NAT64 prefix (RFC 8215),
+# whose gateway may translate into any private IPv4 range, and the deprecated site-local fec0::/10.
+NOT_PUBLIC = (ipaddress.IPv6Network("64:ff9b:1::/48"), ipaddress.IPv6Network("fec0::/10"))
+
 
 def unwrapped(address: str) -> IPAddress:
-    """The address as judged: IPv4 inside IPv6 (mapped, 6to4) is the IPv4 it carries; a zone id is dropped."""
+    """The address as judged: IPv4 inside IPv6 (mapped, 6to4, NAT64, IPv4-compatible) is the IPv4 it
+    carries; a zone id is dropped."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address):
-        ip = ip.ipv4_mapped or ip.sixtofour or ip
+        ip = ip.ipv4_mapped or ip.sixtofour or _carried_ipv4(ip) or ip
     return ip
 
 
+def _carried_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    # :: and ::1 stay IPv6 (unspecified, loopback): an operator's "::1/128" still names loopback.
+    if ip in NAT64 or (ip in IPV4_COMPATIBLE and int(ip) > 1):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF)
+    return None
+
+
 def is_public(address: str) -> bool:
-    """Globally routable unicast; IPv4 inside IPv6 (mapped, 6to4) is judged as the IPv4 it carries."""
+    """Globally routable unicast; IPv4 inside IPv6 (mapped, 6to4, NAT64, IPv4-compatible) is judged as
+    the IPv4 it carries."""
     ip = unwrapped(address)
-    return ip.is_global and not ip.is_multicast
+    return ip.is_global and not ip.is_multicast and not any(ip in net for net in NOT_PUBLIC)
 
 
 def connection(

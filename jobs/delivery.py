@@ -2,15 +2,18 @@
 
 Runs on the node that sealed them (its agent's queue), at most E31_DELIVERY_CONCURRENCY at once
 per node. Each attempt delivers into a folder of its own, ``<destination>/<job id>-<attempt>/``, so a
-delivery never replaces what another job, or another attempt of the same job, delivered. Each file is written beside its final name, hashed as it lands and renamed into place
-only when its sha256 matches the manifest (file://); on s3:// it is read back and hashed. Transient
-errors are retried with backoff; progress (bytes and files done) is kept on an OutputTransfer row
-whose lease lets a re-driven task take over from a silent one, never run beside a live one.
+delivery never replaces what another job, or another attempt of the same job, delivered. Each file is
+written in a folder of the part's own beside the attempt's folder (``.<job id>-<attempt>.rank<n>.e31part/``),
+hashed as it lands and renamed into place only when its sha256 matches the manifest (file://); on s3:// it is
+read back and hashed. Transient errors are retried with backoff; progress (bytes and files done) is kept on an
+OutputTransfer row whose lease lets a re-driven task take over from a silent one, never run beside a live one.
 The part's whole log follows its files, beside the attempt's folder (``<job id>-<attempt>.log``).
 """
 
+import contextlib
 import hashlib
 import os
+import shutil
 import time
 import uuid
 from datetime import datetime, timedelta
@@ -22,7 +25,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, F, Max, OuterRef, Q
 from django.utils import timezone
 
-from jobs import cache_fill, declaration, logs, sandbox, sharing, transfers
+from jobs import cache_fill, declaration, dispatch, logs, sandbox, sharing, transfers
 from jobs.models import Allocation, Job, Node, OutputFile, OutputTransfer
 from jobs.transfers import destinations, sources
 
@@ -50,7 +53,7 @@ def deliver_part(*, allocation_id: int, now: datetime) -> None:
     watch = _Watch(transfer)
     try:
         _wait_for_slot(transfer, allocation.node_id, watch)
-        _deliver(job.delivery_uri, job.team.slug, files, watch)
+        _deliver(job.delivery_uri, job.team.slug, files, watch, rank=allocation.rank)
         _deliver_log(allocation, job)
     except transfers.TransferStopped:
         return  # a re-driven task took the lease over
@@ -148,23 +151,50 @@ def claim_slot(*, transfer: OutputTransfer, node_id: int, now: datetime) -> bool
         )
 
 
-def _deliver(output_uri: str, team: str, files: list[tuple[dict, Path]], watch: _Watch) -> None:
-    """``output_uri`` is the attempt's own folder under the declared destination: nothing else is written."""
+def _deliver(output_uri: str, team: str, files: list[tuple[dict, Path]], watch: _Watch, *, rank: int) -> None:
+    """``output_uri`` is the attempt's own folder under the declared destination: nothing else is written
+    (but for the part's own folder of files in transit, beside it)."""
     scheme = urlsplit(output_uri).scheme
     if scheme not in ("file", "s3"):
         raise DeliveryFailed(f"delivery to {scheme}:// is not configured on this pool")
-    if scheme == "file":
-        root = _file_destination(output_uri, team)
-    else:
+    if scheme == "s3":
         _s3_url(output_uri, team)  # before any copy
-    for count, (entry, source) in enumerate(files, start=1):
-        if scheme == "file":
-            _deliver_file(source, _safe_target(root, entry["path"]), entry, watch)
-        else:
+        for count, (entry, source) in enumerate(files, start=1):
             _deliver_s3(source, _s3_url(output_uri, team, key=entry["path"]), entry, watch)
-        watch.base += entry["bytes"]
-        if count == len(files) or watch.due():  # thousands of small files: a progress write per half second
-            watch.beat(files_done=count, bytes_done=watch.base)
+            _note_delivered(watch, entry, count, len(files))
+        return
+    root = _file_destination(output_uri, team)
+    with _part_folder(root, rank) as parts:
+        for count, (entry, source) in enumerate(files, start=1):
+            _deliver_file(source, _safe_target(root, entry["path"]), parts / str(count), entry, watch)
+            _note_delivered(watch, entry, count, len(files))
+
+
+def _note_delivered(watch: _Watch, entry: dict, count: int, total: int) -> None:
+    watch.base += entry["bytes"]
+    if count == total or watch.due():  # thousands of small files: a progress write per half second
+        watch.beat(files_done=count, bytes_done=watch.base)
+
+
+@contextlib.contextmanager
+def _part_folder(root: Path, rank: int):
+    """Where the part's files are written before each is renamed into place: beside the attempt's folder, not
+    in it, so no temporary name is, or replaces, one of the job's own files. Removed once the part is through,
+    unless a re-driven task took the part over (it writes there now)."""
+    folder = root.with_name(f".{root.name}.rank{rank}.e31part")
+    if folder.is_symlink():
+        folder.unlink()  # a link planted under this name is removed, never followed
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if Path(os.path.realpath(folder)) != folder:  # ``root`` is real: anything else is a link swapped in
+        raise DeliveryFailed("the folder for files in transit leads elsewhere")
+    try:
+        yield folder
+    except transfers.TransferStopped:
+        raise
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def log_uri(job: Job, rank: int, ranks: int) -> str:
@@ -228,9 +258,8 @@ def _safe_target(root: Path, rel: str) -> Path:
     return target
 
 
-def _deliver_file(source: Path, target: Path, entry: dict, watch: _Watch) -> None:
-    """Lands the file beside its name, hashed as it is written, and renames it in only when it matches."""
-    part = target.with_name(f".{target.name}.e31part")
+def _deliver_file(source: Path, target: Path, part: Path, entry: dict, watch: _Watch) -> None:
+    """Lands the file at ``part``, hashed as it is written, and renames it in only when it matches."""
     for attempt in range(settings.E31_TRANSFER_RETRIES + 1):
         local = sources.LocalSource(source)
         try:
@@ -294,6 +323,7 @@ def _failed(transfer: OutputTransfer, job: Job, message: str) -> None:
         state=FAILED, detail=message[:500], finished_at=now, updated_at=now
     )
     Job.objects.filter(id=job.id).update(delivery_state="failed", delivery_detail=message[:500])
+    dispatch.request_scheduler_pass()  # the jobs that waited for these outputs end now, unmetered
 
 
 @transaction.atomic
@@ -310,6 +340,7 @@ def _delivered(transfer: OutputTransfer, allocation: Allocation) -> None:
     job = allocation.job
     if not Allocation.objects.filter(job=job, attempt=job.attempt, delivered_at__isnull=True).exists():
         Job.objects.filter(id=job.id).update(delivery_state="delivered", delivered_at=now)
+        dispatch.request_scheduler_pass()  # the jobs that waited for these outputs stage now
 
 
 def fail_stranded(*, now: datetime) -> list[int]:

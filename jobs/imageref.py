@@ -10,7 +10,8 @@ import re
 from dataclasses import dataclass
 
 DEFAULT_TAG = "latest"
-_LABEL = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)"
+# A DNS label: 1 to 63 characters (a longer one makes the resolver raise, not answer).
+_LABEL = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)"
 # Whole-string patterns, used with fullmatch ("$" would also match before a trailing newline).
 REGISTRY = re.compile(rf"localhost|{_LABEL}(?:\.{_LABEL})+|{_LABEL}(?:\.{_LABEL})*:[0-9]{{1,5}}")
 COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")

@@ -151,7 +151,10 @@ class _Destination:
 
     def __init__(self, path: Path, *, want_sha256: bool, kernel_copy: bool) -> None:
         self.path, self.want_sha256, self.kernel_copy = path, want_sha256, kernel_copy
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # Always a new file: a link planted under this name (in a folder others can write) is removed, never
+        # followed, and one planted again meanwhile fails the open (O_EXCL) rather than be written through.
+        path.unlink(missing_ok=True)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         self.done = 0
         self._start_hashing()
 

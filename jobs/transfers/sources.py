@@ -183,15 +183,16 @@ class HttpSource:
             return transfers.SourceInfo(None, "")
         _raise_for_status(resp.status)
         length = resp.getheader("Content-Length")
-        etag = resp.getheader("ETag", "")
-        self.validator = etag if etag and not etag.startswith("W/") else resp.getheader("Last-Modified", "")
+        self.validator = _validator(resp)
         return transfers.SourceInfo(
             int(length) if length and re.fullmatch(r"[0-9]+", length) else None, self.validator
         )
 
     def open(self, offset: int) -> _StreamReader:
+        if not self.validator:
+            offset = 0  # nothing tells a changed file from the one begun: a resume could splice two versions
         headers = {"Range": f"bytes={offset}-"} if offset else {}
-        if offset and self.validator:
+        if offset:
             headers["If-Range"] = self.validator  # a changed file comes back whole (200), never spliced
         resp, conn = self._request("GET", headers)
         if resp.status == 206 and offset:
@@ -202,8 +203,11 @@ class HttpSource:
             _blocking_with_timeout(conn.sock, self.timeout)
             return _StreamReader(resp, offset, conn.close)
         _raise_for_status(resp.status)
+        # 200: the whole body again, from byte 0, and the version a later resume must still find (a
+        # server that refuses HEAD names it only here).
+        self.validator = _validator(resp)
         _blocking_with_timeout(conn.sock, self.timeout)
-        return _StreamReader(resp, 0, conn.close)  # 200: the whole body again, from byte 0
+        return _StreamReader(resp, 0, conn.close)
 
     def close(self) -> None:
         pass
@@ -235,6 +239,12 @@ class HttpSource:
         return pinned.connection(
             parts, port, addresses=addresses, timeout=self.timeout, response_class=_Response
         )
+
+
+def _validator(resp: http.client.HTTPResponse) -> str:
+    """What names this version of the body: a strong ETag, else Last-Modified, else ""."""
+    etag = resp.getheader("ETag", "")
+    return etag if etag and not etag.startswith("W/") else resp.getheader("Last-Modified", "")
 
 
 def _target(url: str) -> tuple[SplitResult, int]:
@@ -307,6 +317,10 @@ def checked_addresses(host: str, port: int, *, allow_private: bool) -> list[str]
         if exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
             raise transfers.TransferFailed(f"{host}: no such host") from exc
         raise transfers.Transient(f"{host}: {exc}") from exc
+    except ValueError as exc:
+        # UnicodeError (a label empty or over 63 characters) or a NUL byte: no resolver will ever take
+        # the name, and an error the stager does not expect would leave the job in STAGING for ever.
+        raise transfers.TransferFailed(f"invalid host name {host[:80]!r}: {exc}") from exc
     addresses = [info[4][0] for info in infos]
     if not allow_private:
         for address in addresses:

@@ -15,13 +15,18 @@ from common import pinned
 @pytest.mark.parametrize(
     "address",
     ["127.0.0.1", "::1", "10.0.0.5", "172.16.3.4", "192.168.1.1", "169.254.169.254", "fe80::1%eth0", "fc00::1",
-     "::ffff:127.0.0.1", "::ffff:10.0.0.1", "2002:7f00:1::1", "0.0.0.0", "100.64.0.1", "224.0.0.1", "ff02::1"],
+     "::ffff:127.0.0.1", "::ffff:10.0.0.1", "2002:7f00:1::1", "0.0.0.0", "100.64.0.1", "224.0.0.1", "ff02::1",
+     "64:ff9b::a9fe:a9fe", "64:ff9b::7f00:1", "64:ff9b::a00:5", "::a00:5", "64:ff9b:1::a00:5", "fec0::1", "::"],
 )  # fmt: skip
 def test_loopback_private_link_local_shared_and_multicast_addresses_are_not_public(address):
+    """NAT64 (64:ff9b::/96, usual on IPv6-only networks) and IPv4-compatible addresses are judged as the
+    IPv4 address they carry; the local-use NAT64 prefix and site-local fec0::/10 are never public."""
     assert not pinned.is_public(address)
 
 
-@pytest.mark.parametrize("address", ["93.184.215.14", "2606:4700::1111", "::ffff:8.8.8.8", "2002:808:808::1"])
+@pytest.mark.parametrize(
+    "address", ["93.184.215.14", "2606:4700::1111", "::ffff:8.8.8.8", "2002:808:808::1", "64:ff9b::808:808"]
+)
 def test_globally_routable_addresses_are_public_and_ipv4_inside_ipv6_is_judged_as_that_ipv4(address):
     assert pinned.is_public(address)
 
@@ -30,6 +35,11 @@ def test_an_ipv4_carried_in_ipv6_is_compared_as_the_ipv4_itself():
     assert str(pinned.unwrapped("::ffff:10.1.2.3")) == "10.1.2.3"
     assert str(pinned.unwrapped("2002:7f00:1::1")) == "127.0.0.1"
     assert str(pinned.unwrapped("fe80::1%eth0")) == "fe80::1"
+    assert str(pinned.unwrapped("64:ff9b::a9fe:a9fe")) == "169.254.169.254"
+    assert str(pinned.unwrapped("::a00:5")) == "10.0.0.5"
+    assert (
+        str(pinned.unwrapped("::1")) == "::1"
+    )  # loopback stays IPv6: an operator's "::1/128" still names it
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):

@@ -49,6 +49,7 @@ def test_a_reference_names_its_registry_repository_and_tag_or_digest(text, regis
         "docker://reg.example/a:1",
         "reg.example.com:99999/a/b:1",  # no such port: the node's lookup would fail forever, not once
         "reg.example.com:0/a/b:1",
+        "r" * 64 + ".example.com/a:1",  # a DNS label is 63 characters at most: the lookup would raise
     ],
 )
 def test_a_bad_reference_is_refused_with_a_reason(text):

@@ -59,7 +59,7 @@ def test_a_teams_registry_secret_is_its_login_there_and_no_one_elses(
     settings.E31_ALLOW_PRIVATE_SOURCES = True
     settings.E31_OUTSIDE_REGISTRIES = True
     name = team_secrets.registry_secret_name("registry.example.com:5000")
-    assert name == "REGISTRY_REGISTRY_EXAMPLE_COM_5000"
+    assert name == "REGISTRY_REGISTRY_EXAMPLE_COM___5000"
     team_secrets.set_secret(
         team=team, name=name, value=f"team-bot:{PASSWORD}", user=team_admin, now=timezone.now()
     )
@@ -112,3 +112,33 @@ def test_a_failed_unpack_says_umocis_last_word_and_a_long_one_beats_meanwhile(mo
     ):
         registry.unpack(tmp_path / "layout", tmp_path / "bundle", beat=lambda: beats.append(1))
     assert len(beats) >= 2  # every PROGRESS_EVERY_S (0.5 s) of the 1.2 s it ran
+
+
+@pytest.mark.django_db
+def test_a_registry_login_is_never_sent_to_a_look_alike_registry(monkeypatch, settings, team, team_admin):
+    """A team stores its login for registry.corp.example.com; a job file (a typo, or one copied from elsewhere)
+    names registry.corp-example.com, another domain anyone may register: its pull there is anonymous."""
+    settings.E31_SECRETS_KEYS = [Fernet.generate_key().decode()]
+    settings.E31_OUTSIDE_REGISTRIES = True
+    monkeypatch.setattr(image_staging.sources, "checked_addresses", lambda *args, **kwargs: ["93.184.216.34"])
+    name = team_secrets.registry_secret_name("registry.corp.example.com")
+    team_secrets.set_secret(
+        team=team, name=name, value=f"ci-bot:{PASSWORD}", user=team_admin, now=timezone.now()
+    )
+    own = image_staging.registry_access(
+        team_id=team.id, ref=imageref.parse("registry.corp.example.com/ml/app:1")
+    )
+    assert (own.username, own.password) == ("ci-bot", PASSWORD)
+    look_alike = image_staging.registry_access(
+        team_id=team.id, ref=imageref.parse("registry.corp-example.com/ml/app:1")
+    )
+    assert (look_alike.username, look_alike.password) == ("", "")
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [("a.b.example.com", "a-b.example.com", "a--b.example.com"), ("reg.example.com:5000", "reg.example.com.5000"),
+     ("10.0.0:5", "10.0.0.5")],
+)  # fmt: skip
+def test_no_two_registry_hosts_share_a_secret_name(hosts):
+    assert len({team_secrets.registry_secret_name(host) for host in hosts}) == len(hosts)

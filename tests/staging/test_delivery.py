@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs import delivery, logs, reconciler, sandbox, scheduler
-from jobs.models import Allocation, Dependency, Job, Node, OutputFile, OutputTransfer
+from jobs.models import Allocation, Dependency, Job, Node, OutputFile, OutputTransfer, SchedulerState
 from jobs.transfers import sources
 from tests.factories import JobFactory, NodeFactory
 
@@ -56,6 +56,19 @@ def test_outputs_are_delivered_with_progress_and_checked_at_the_destination(root
     assert not list((roots.outputs / "run1").rglob("*.e31part"))
 
 
+def test_a_delivered_job_asks_for_a_pass_so_the_jobs_waiting_for_its_outputs_go_on_at_once(
+    roots, team, settings
+):
+    SchedulerState.objects.update(pass_requested=False)
+    assert deliver(released_job(team, roots, {"model.bin": b"weights"})).delivery_state == "delivered"
+    assert SchedulerState.objects.get().pass_requested
+    SchedulerState.objects.update(pass_requested=False)
+    settings.E31_TRANSFER_RETRIES = 0
+    allocation = released_job(team, roots, {"model.bin": b"weights"}, uri="file:///elsewhere/run1")
+    assert deliver(allocation).delivery_state == "failed"
+    assert SchedulerState.objects.get().pass_requested
+
+
 def test_a_file_that_differs_from_its_manifest_is_never_put_in_place(roots, team, settings):
     settings.E31_TRANSFER_RETRIES = 1
     allocation = released_job(team, roots, {"a.bin": b"good" * 100})
@@ -84,6 +97,44 @@ def test_a_planted_link_as_the_attempt_folder_cannot_lead_outside_the_teams_fold
     job = deliver(allocation)
     assert job.delivery_state == "failed" and "not under the team's folder" in job.delivery_detail
     assert list(roots.outside.iterdir()) == []
+
+
+def test_a_link_planted_at_a_temporary_name_cannot_overwrite_another_teams_file(roots, team):
+    """A member who can write in the team's output folder (a shared mount) plants, in the next attempt's folder,
+    a link named like the temporary file delivery once wrote first (``.model.bin.e31part``), pointing at
+    another team's file: delivery, which writes every team's folders, never writes through it."""
+    victim = roots.output_root / "audio" / "results" / "model.bin"
+    victim.parent.mkdir(parents=True)
+    victim.write_bytes(b"audio's trained weights")
+    allocation = released_job(team, roots, {"model.bin": b"vision's weights"})
+    folder = roots.outputs / "run1" / f"{allocation.job_id}-1"
+    folder.mkdir(parents=True)
+    (folder / ".model.bin.e31part").symlink_to(victim)
+    assert deliver(allocation).delivery_state == "delivered"
+    assert victim.read_bytes() == b"audio's trained weights"
+    assert not (folder / "model.bin").is_symlink()
+    assert (folder / "model.bin").read_bytes() == b"vision's weights"
+
+
+def test_a_link_planted_as_the_folder_of_files_in_transit_is_not_followed(roots, team):
+    allocation = released_job(team, roots, {"a.bin": b"a"})
+    (roots.outputs / "run1").mkdir()
+    (roots.outputs / "run1" / f".{allocation.job_id}-1.rank0.e31part").symlink_to(roots.outside)
+    job = deliver(allocation)
+    assert job.delivery_state == "delivered", job.delivery_detail
+    assert list(roots.outside.iterdir()) == []
+    assert (roots.outputs / "run1" / f"{job.id}-1" / "a.bin").read_bytes() == b"a"
+    assert not list((roots.outputs / "run1").rglob("*.e31part"))
+
+
+def test_an_output_named_like_a_temporary_file_is_delivered_beside_the_file_it_is_named_after(roots, team):
+    """A job writes ``ckpt`` and ``.ckpt.e31part`` (any name is allowed): once the job says delivered, both are
+    at the destination, neither taken for the other's temporary file."""
+    files = {"ckpt": b"the checkpoint", ".ckpt.e31part": b"a file the job wrote"}
+    job = deliver(released_job(team, roots, files))
+    assert job.delivery_state == "delivered"
+    for rel, content in files.items():
+        assert (roots.outputs / "run1" / f"{job.id}-1" / rel).read_bytes() == content
 
 
 def test_a_destination_of_another_teams_folder_is_refused_at_delivery_too(roots, team):

@@ -106,16 +106,19 @@ def test_a_local_http_source_is_refused_by_default(roots, team, server):
 @pytest.mark.parametrize(
     "address",
     ["127.0.0.1", "127.8.9.10", "::1", "10.0.0.5", "172.16.3.4", "192.168.1.1", "169.254.169.254", "fe80::1",
-     "fc00::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "2002:7f00:1::1", "0.0.0.0", "100.64.0.1", "224.0.0.1"],
+     "fc00::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "2002:7f00:1::1", "0.0.0.0", "100.64.0.1", "224.0.0.1",
+     "64:ff9b::a9fe:a9fe", "64:ff9b::a00:5", "::a00:5", "64:ff9b:1::a00:5", "fec0::1"],
 )  # fmt: skip
 def test_loopback_link_local_private_and_special_addresses_are_refused(address, monkeypatch):
+    """An IPv4 address carried in IPv6 is judged as itself: on an IPv6-only pool with NAT64, a data host
+    whose AAAA record is 64:ff9b::a9fe:a9fe would otherwise reach 169.254.169.254 (metadata)."""
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [(0, 0, 0, "", (address, 80))])
     with pytest.raises(transfers.TransferFailed, match="refused"):
         sources.checked_addresses("data.example", 80, allow_private=False)
     assert sources.checked_addresses("data.example", 80, allow_private=True) == [address]
 
 
-@pytest.mark.parametrize("address", ["93.184.215.14", "2606:4700::1111", "8.8.8.8"])
+@pytest.mark.parametrize("address", ["93.184.215.14", "2606:4700::1111", "8.8.8.8", "64:ff9b::808:808"])
 def test_public_addresses_are_allowed(address, monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [(0, 0, 0, "", (address, 80))])
     assert sources.checked_addresses("data.example", 80, allow_private=False) == [address]
@@ -196,3 +199,19 @@ def test_a_redirect_no_request_can_go_to_fails_staging(roots, team, server, priv
     server.redirects["r.bin"] = location
     job = stage(make_job(team, {"name": "r", "uri": server.url("r.bin"), "bytes": 10}))
     assert job.end_reason == "staging_failed" and "valid URL" in job.end_detail
+
+
+@pytest.mark.parametrize("where", ["declared", "redirect"])
+def test_a_host_name_no_resolver_takes_fails_staging_instead_of_stopping_the_stager(
+    roots, team, server, private_ok, where
+):
+    """A host with a 64-character label (stored before intake checked labels), or a redirect to ``a..b``: the
+    resolver raises instead of answering, and the job ends staging_failed saying why, not left staging."""
+    if where == "declared":
+        uri = "http://" + "a" * 64 + ".example.com/x.bin"
+    else:
+        server.redirects["r.bin"] = "http://a..b/x.bin"
+        uri = server.url("r.bin")
+    job = stage(make_job(team, {"name": "r", "uri": uri, "bytes": 10}))
+    assert (job.state, job.end_reason) == ("ended", "staging_failed")
+    assert "invalid host name" in job.end_detail

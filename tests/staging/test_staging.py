@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from jobs import image_staging, services, sharing, snapshot, staging, transfers
 from jobs.models import DataInput, DatasetCacheEntry, ImageCacheEntry, Job
+from jobs.transfers import destinations, sources
 from tests.factories import NodeFactory
 from tests.staging.conftest import file_uri, make_job, write
 
@@ -98,6 +99,46 @@ def test_a_download_that_drops_midway_resumes_from_the_bytes_already_written(roo
     assert server.bytes_sent == 4 * MB  # nothing was fetched twice
     assert (roots.staging / str(job.id) / "f").read_bytes() == content
     assert "1 transient error retried" in job.inputs.get().stage_detail
+
+
+def test_a_resumed_download_never_splices_two_versions_of_the_file(
+    roots, team, server, private_ok, monkeypatch
+):
+    """The server refuses HEAD (as presigned object-store URLs do) but names the version in its GET; the
+    connection drops halfway and the file is replaced meanwhile by another of the same size: the resume is
+    conditional on the version the first GET named, so the new file comes back whole, never half of each."""
+    size = 400_000
+    write(server.root / "set.bin", b"1" * size)
+    server.head_allowed = False
+    server.drop_after["set.bin"] = size // 2
+    back_off = destinations._back_off
+
+    def replaced_meanwhile(delay, done, progress):
+        write(server.root / "set.bin", b"2" * size)
+        back_off(delay, done, progress)
+
+    monkeypatch.setattr(destinations, "_back_off", replaced_meanwhile)
+    job = stage(make_job(team, {"name": "d", "uri": server.url("set.bin"), "bytes": size}))
+    assert job.state == "queued", job.end_detail
+    assert server.gets("set.bin")[1]["if_range"]
+    assert (roots.staging / str(job.id) / "d").read_bytes() == b"2" * size
+
+
+def test_a_download_without_a_version_to_check_starts_over_instead_of_resuming(
+    roots, team, server, private_ok, monkeypatch
+):
+    """Neither HEAD nor GET names the version (no ETag, no Last-Modified): nothing would tell a changed file
+    from the one begun, so after a drop the copy starts again from byte 0."""
+    content = os.urandom(2 * MB)
+    _, digest = write(server.root / "plain.bin", content)
+    server.drop_after["plain.bin"] = MB
+    monkeypatch.setattr(sources, "_validator", lambda resp: "")
+    job = stage(
+        make_job(team, {"name": "p", "uri": server.url("plain.bin"), "bytes": 2 * MB, "sha256": digest})
+    )
+    assert job.state == "queued", job.end_detail
+    assert [r["range"] for r in server.gets("plain.bin")] == [None, None]
+    assert (roots.staging / str(job.id) / "p").read_bytes() == content
 
 
 def test_a_download_that_stalls_is_given_up_after_the_timeout_and_resumed(
@@ -231,6 +272,20 @@ def test_eviction_takes_the_least_recently_used_unpinned_entry_and_never_a_pinne
     assert len(list((roots.staging / "cache").iterdir())) == 2
     assert (roots.staging / str(pinned.id) / "a").read_bytes() == b"a" * 1000
     assert not (roots.staging / str(done.id)).exists()  # a finished job's data dir goes too
+
+
+def test_a_new_fill_does_not_evict_a_dataset_that_still_fits_beside_it(roots, team, settings):
+    """A team stages A (1000 bytes), its job ends, then B (1000 bytes) on a cache of 2500: both fit, so A stays
+    cached for the team's next job (the fill being made counts once, not twice)."""
+    settings.E31_STAGE_CACHE_BYTES = 2500
+    a, _ = write(roots.datasets / "a.bin", b"a" * 1000)
+    b, _ = write(roots.datasets / "b.bin", b"b" * 1000)
+    first = stage(make_job(team, {"name": "a", "uri": file_uri(a), "bytes": 1000}))
+    Job.objects.filter(id=first.id).update(state="ended", end_reason="succeeded")
+    assert stage(make_job(team, {"name": "b", "uri": file_uri(b), "bytes": 1000})).state == "queued"
+    assert set(DatasetCacheEntry.objects.values_list("uri", flat=True)) == {file_uri(a), file_uri(b)}
+    again = stage(make_job(team, {"name": "a", "uri": file_uri(a), "bytes": 1000}, name="again"))
+    assert again.inputs.get().stage_state == "cached"
 
 
 def test_entries_unused_past_the_retention_period_are_evicted_unless_pinned(roots, team, settings):
