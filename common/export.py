@@ -7,21 +7,33 @@ large pieces because one write per row would dominate the export's cost.
 import csv
 import io
 import json
+import re
 from collections.abc import Iterable, Iterator
 
 from django.http import StreamingHttpResponse
 
 CHUNK = 64 * 1024
 CONTENT_TYPES = {"csv": "text/csv; charset=utf-8", "json": "application/json"}
+# A spreadsheet opening a CSV evaluates a cell that starts with one of these as a formula (OWASP's
+# "CSV injection"); a plain decimal such as "-0.333" it reads as a number, which is safe.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+PLAIN_NUMBER = re.compile(r"[+-]?[0-9]+(\.[0-9]+)?")
+
+
+def inert(value: object) -> object:
+    """A text cell that a spreadsheet would run as a formula, quoted with a leading "'"; anything else as it is."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS) and not PLAIN_NUMBER.fullmatch(value):
+        return "'" + value
+    return value
 
 
 def csv_pieces(rows: Iterable[dict], columns: list[str]) -> Iterator[str]:
-    """A header line, then one line per row with the columns in order."""
+    """A header line, then one line per row with the columns in order, no cell readable as a formula."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(columns)
     for row in rows:
-        writer.writerow([row[c] for c in columns])
+        writer.writerow([inert(row[c]) for c in columns])
         if buffer.tell() >= CHUNK:
             yield buffer.getvalue()
             buffer.seek(0)

@@ -10,7 +10,8 @@ waiting for another job's row, a single RELEASE holding that row and waiting for
 close a cycle. Advisory locks are re-entrant, so taking them again later in the transaction is free.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from django.db import connection
 
@@ -27,3 +28,19 @@ def lock_team_ledgers(team_ids: Iterable[int]) -> None:
     with connection.cursor() as cursor:
         for team_id in sorted(set(team_ids)):
             cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [TEAM_LEDGER_LOCK, team_id])
+
+
+@contextmanager
+def team_ledger_held(team_id: int) -> Iterator[None]:
+    """The team's ledger lock for the reads inside only (a session lock, let go after them): no ledger writer of
+    the team commits meanwhile, so several reads agree although the transaction is not one snapshot."""
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s, %s)", [TEAM_LEDGER_LOCK, team_id])
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [TEAM_LEDGER_LOCK, team_id])

@@ -37,6 +37,22 @@ def hour_slices(start: datetime, end: datetime) -> Iterator[tuple[datetime, date
         cursor = stop
 
 
+def spread_over_hours(start: datetime, end: datetime, amount: int) -> list[tuple[datetime, datetime, int]]:
+    """``amount`` (signed µs) shared over the hour slices of [start, end) in proportion to their
+    lengths, the rounding remainder on the last slice; the shares add up to ``amount`` exactly, and
+    a slice whose share rounds to nothing is left out.
+
+    A correction is cut where metered rows are, so each UTC day and month is credited the part
+    of it that lies in that day or month. An empty span gives one slice holding all of ``amount``.
+    """
+    slices = list(hour_slices(start, end)) or [(start, end)]
+    span, size = micros(end - start), abs(amount)
+    shares = [size * micros(stop - begin) // span for begin, stop in slices[:-1]]
+    shares.append(size - sum(shares))
+    sign = -1 if amount < 0 else 1
+    return [(begin, stop, sign * share) for (begin, stop), share in zip(slices, shares, strict=True) if share]
+
+
 def month_start(day: date | datetime) -> datetime:
     return datetime(day.year, day.month, 1, tzinfo=UTC)
 

@@ -109,6 +109,7 @@ class Statement:
     adjusted: int
     jobs: list[JobLine]
     job_count: int
+    cut: bool  # lines past JOB_LIMIT were left off ``jobs`` (an array is one line, however many tasks)
 
     @property
     def gpu_micros(self) -> int:
@@ -122,17 +123,21 @@ def statement(*, team: Team | None, month: datetime) -> Statement:
     rows = rows if team is None else rows.filter(team=team)
     totals = rows.aggregate(metered=Sum("metered"), adjusted=Sum("adjusted"), jobs=Count("id"))
     lines = _lines(rows)
+    cut = len(lines) > JOB_LIMIT
+    lines = lines[:JOB_LIMIT]
     singles = [line.job_id for line in lines if line.array_id is None]
     uses = job_selectors.gpu_use_by_job(singles) if singles else {}
     lines = [
         dataclasses.replace(line, gpu_use=uses.get(line.job_id)) if line.array_id is None else line
         for line in lines
     ]
-    return Statement(month, int(totals["metered"] or 0), int(totals["adjusted"] or 0), lines, totals["jobs"])
+    metered, adjusted = int(totals["metered"] or 0), int(totals["adjusted"] or 0)
+    return Statement(month, metered, adjusted, lines, totals["jobs"], cut)
 
 
 def _lines(rows: QuerySet) -> list[JobLine]:
-    """The largest lines of the month in one grouped query: a job each, and one per array (its tasks summed)."""
+    """The largest lines of the month in one grouped query: a job each, and one per array (its tasks
+    summed); one past ``JOB_LIMIT`` when there are more, so the caller knows some were left off."""
     grouped = (
         rows.values("team__slug", "job__array_id", single=Case(When(job__array__isnull=True, then=F("job_id"))))
         .annotate(
@@ -140,7 +145,7 @@ def _lines(rows: QuerySet) -> list[JobLine]:
             tasks=Count("id"),
         )
         .annotate(total=F("metered_sum") + F("adjusted_sum"))
-        .order_by("-total", "first")[:JOB_LIMIT]
+        .order_by("-total", "first")[: JOB_LIMIT + 1]
     )  # fmt: skip
     return [
         JobLine(g["first"], g["name"], g["team__slug"], int(g["metered_sum"]), int(g["adjusted_sum"]),

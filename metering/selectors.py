@@ -7,13 +7,17 @@ now, so the figure a team sees agrees with the ledger to the microsecond once ac
 A job's meter: its ledger rows grouped by allocation, for the job page. Nothing here writes.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import groupby
 
+from django.db import connection, transaction
 from django.db.models import F, FloatField, OuterRef, Subquery, Sum
 
 from accounts.models import Team
+from common.ledger_locks import team_ledger_held
 from jobs.lifecycle import BEFORE_RENT
 from jobs.models import Allocation, Job
 from metering.models import LedgerDay, MeterEntry
@@ -47,9 +51,12 @@ class Projection:
 def projection(*, team: Team, extra_gpu_hours: float, now: datetime) -> Projection:
     """Used + running + queued + extra against the team's monthly budget; call it before the job is stored."""
     start = month_start(utc(now))
-    used = _used_micros(team=team, start=start) / MICROS_PER_HOUR
-    running = _running_micros(team=team, start=start, now=now) / MICROS_PER_HOUR
-    queued = _queued_gpu_hours(team=team)
+    # "Used" ends where "running" begins (each held allocation's last closed period), so both are
+    # read in one snapshot: an accrual committing between two reads would count its hours in neither.
+    with _one_snapshot(team.id):
+        used = _used_micros(team=team, start=start) / MICROS_PER_HOUR
+        running = _running_micros(team=team, start=start, now=now) / MICROS_PER_HOUR
+        queued = _queued_gpu_hours(team=team)
     budget = None if team.monthly_budget_gpu_hours is None else float(team.monthly_budget_gpu_hours)
     total = used + running + queued + extra_gpu_hours
     exceed = budget is not None and total > budget
@@ -57,6 +64,24 @@ def projection(*, team: Team, extra_gpu_hours: float, now: datetime) -> Projecti
     return Projection(
         team.slug, used, running, queued, extra_gpu_hours, budget, team.budget_enforced, exceed, message
     )
+
+
+@contextmanager
+def _one_snapshot(team_id: int) -> Iterator[None]:
+    """One consistent view of the team's meter for every read inside: REPEATABLE READ when this is the
+    outermost transaction on PostgreSQL; nested (a submission weighing its budget), the team's ledger lock
+    while they run, so that no accrual or RELEASE commits between them (SQLite has one writer).
+    No savepoint: these are reads, with nothing of their own to roll back."""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic(savepoint=False):
+        if not outermost:
+            with team_ledger_held(team_id):
+                yield
+            return
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        yield
 
 
 def _used_micros(*, team: Team, start: datetime) -> int:
@@ -135,14 +160,23 @@ class MeterPart:
 
     @property
     def heartbeat_gap(self) -> timedelta | None:
-        a = self.allocation
-        if a.last_heartbeat_at_release and a.released_at:
-            return a.released_at - a.last_heartbeat_at_release
-        return None
+        return silent_gap(self.allocation)
 
     @property
     def adjusted(self) -> bool:
         return any(e.kind == MeterEntry.Kind.ADJUSTMENT for e in self.entries)
+
+
+def silent_gap(allocation: Allocation) -> timedelta | None:
+    """How long the allocation held its GPUs after its node's last heartbeat, up to RELEASE.
+
+    The gap starts no earlier than RENT: a node may go silent before a job is placed on it (it is
+    still within its timeout), and GPU-time from before RENT was never metered, so never credited.
+    """
+    heartbeat, released = allocation.last_heartbeat_at_release, allocation.released_at
+    if heartbeat and released:
+        return released - max(heartbeat, allocation.rented_at)
+    return None
 
 
 def job_meter(job: Job, *, now: datetime) -> list[MeterPart]:

@@ -23,9 +23,9 @@ from django.utils import timezone
 from accounts.models import Team
 from common.ledger_locks import lock_team_ledgers
 from jobs.models import Allocation, Job
-from metering import invariants, summaries
+from metering import invariants, signals, summaries
 from metering.models import MeterEntry
-from metering.periods import floor_hour, hour_slices, micros
+from metering.periods import floor_hour, hour_slices, micros, spread_over_hours
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +115,11 @@ def _report_overshoot(*, allocation_id: int, released_at: datetime) -> None:
 
 
 @transaction.atomic
-def adjust_meter(*, allocation_id: int, microseconds: int, reason: str, author, now: datetime) -> MeterEntry:
-    """Appends a signed correction with its reason and author; metered rows are never touched, and the allocation's total never goes below zero."""
+def adjust_meter(
+    *, allocation_id: int, microseconds: int, reason: str, author, now: datetime
+) -> list[MeterEntry]:
+    """Appends a signed correction with its reason and author, cut at the UTC hours like metered rows;
+    metered rows are never touched, and the allocation's total never goes below zero."""
     reason = reason.strip()
     if not reason or microseconds == 0:
         raise ValueError("an adjustment needs a reason and a non-zero amount")
@@ -132,12 +135,19 @@ def adjust_meter(*, allocation_id: int, microseconds: int, reason: str, author, 
         raise ValueError("this credit is larger than the GPU-time the allocation was metered")
     end = allocation.released_at or now
     lock_team_ledgers({allocation.job.team_id})
+    # The correction covers the last |microseconds| of the meter (no earlier than RENT), cut at the
+    # hours the metered rows are cut at: a credit across a month's end is booked in both months.
+    # The window is never longer than the amount, so no hour's share rounds to zero.
     start = max(allocation.rented_at, end - timedelta(microseconds=abs(microseconds)))
-    return MeterEntry.objects.create(
-        allocation=allocation, job_id=allocation.job_id, team_id=allocation.job.team_id,
-        period_start=start, period_end=end, gpus=allocation.gpu_count, microseconds=microseconds,
-        kind=ADJUSTMENT, reason=reason[:300], created_by=author, created_at=now,
-    )  # fmt: skip
+    rows = [
+        MeterEntry(
+            allocation=allocation, job_id=allocation.job_id, team_id=allocation.job.team_id,
+            period_start=begin, period_end=stop, gpus=allocation.gpu_count, microseconds=share,
+            kind=ADJUSTMENT, reason=reason[:300], created_by=author, created_at=now,
+        )
+        for begin, stop, share in spread_over_hours(start, end, microseconds)
+    ]  # fmt: skip
+    return MeterEntry.objects.bulk_create(rows, batch_size=BATCH)
 
 
 def _gpu_micros(allocation_id: int) -> int:
@@ -215,17 +225,29 @@ def _allocations_with_rows() -> Iterator[tuple[invariants.Held, list[invariants.
 
 @transaction.atomic
 def set_budget(*, team_id: int, gpu_hours: Decimal | None, enforced: bool, operator, now: datetime) -> Team:
-    """Sets a team's monthly GPU-hour budget and whether it refuses jobs; operators only."""
+    """Sets a team's monthly GPU-hour budget and whether it refuses jobs; operators only. The change
+    is announced (``signals.budget_set``, for the audit log) in the same transaction."""
     if not getattr(operator, "is_staff", False):
         raise PermissionError("only operators set budgets")
     if gpu_hours is not None and gpu_hours < 0:
         raise ValueError("a budget cannot be negative")
     team = Team.objects.select_for_update().get(id=team_id)
+    before = _budget_of(team)
     team.monthly_budget_gpu_hours = gpu_hours
     team.budget_enforced = enforced
     team.save(update_fields=["monthly_budget_gpu_hours", "budget_enforced"])
+    signals.budget_set.send(
+        sender=Team, team=team, before=before, after=_budget_of(team), operator=operator, now=now
+    )
     log.info(
         "budget: %s set team %s to %s GPU-hours/month (enforced=%s) at %s",
         operator, team.slug, gpu_hours, enforced, now.isoformat(),
     )  # fmt: skip
     return team
+
+
+def _budget_of(team: Team) -> dict:
+    return {
+        "monthly_budget_gpu_hours": team.monthly_budget_gpu_hours,
+        "budget_enforced": team.budget_enforced,
+    }

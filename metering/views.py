@@ -230,19 +230,13 @@ def adjust(request: HttpRequest, allocation_id: int) -> HttpResponse:
         else:
             messages.success(request, f"Adjustment recorded on job #{allocation.job_id}.")
             return redirect("jobs:detail", job_id=allocation.job_id)
-    context = {"allocation": allocation, "form": form, "gap": _gap(allocation)}
+    context = {"allocation": allocation, "form": form, "gap": selectors.silent_gap(allocation)}
     return render(request, "metering/adjust.html", context, status=422 if form.is_bound else 200)
 
 
-def _gap(allocation: Allocation) -> timedelta | None:
-    if allocation.last_heartbeat_at_release and allocation.released_at:
-        return allocation.released_at - allocation.last_heartbeat_at_release
-    return None
-
-
 def _gap_credit(allocation: Allocation) -> dict:
-    """A node loss pre-fills a credit of the silent gap, from the last heartbeat to RELEASE."""
-    gap = _gap(allocation)
+    """A node loss pre-fills a credit of the silent gap, from the last heartbeat (or RENT) to RELEASE."""
+    gap = selectors.silent_gap(allocation)
     if not gap or gap.total_seconds() <= 0:
         return {}
     return {

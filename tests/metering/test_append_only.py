@@ -85,7 +85,7 @@ def test_the_database_refuses_a_second_metered_row_for_the_same_period(entry):
 def test_a_correction_is_a_new_adjustment_row_with_reason_and_author(entry):
     operator = UserFactory(username="ops", is_staff=True)
     before = list(MeterEntry.objects.values_list("id", "microseconds"))
-    adjustment = services.adjust_meter(
+    [adjustment] = services.adjust_meter(
         allocation_id=entry.allocation_id, microseconds=-60_000_000, reason="agent clock skew", author=operator,
         now=T0 + timedelta(days=1),
     )  # fmt: skip

@@ -4,10 +4,12 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from django.urls import reverse
 
 from accounts.models import Team
 from jobs.lifecycle import State
 from metering import selectors, services
+from operations.models import AuditEntry
 from tests.factories import JobFactory
 from tests.metering.conftest import release, rent
 
@@ -82,3 +84,27 @@ def test_set_budget_is_for_operators_only(team, member, operator):
     )
     team.refresh_from_db()
     assert (team.monthly_budget_gpu_hours, team.budget_enforced) == (Decimal("12.5"), False)
+
+
+def test_setting_a_teams_budget_is_recorded_in_the_audit_log(operator_client, team):
+    """An operator sets team vision's budget to 10 GPU-hours a month, enforced, on the budget page: one
+    audit entry team.budget on team:vision holds who did it and the budget before and after."""
+    Team.objects.filter(id=team.id).update(monthly_budget_gpu_hours=None, budget_enforced=False)
+    response = operator_client.post(
+        reverse("metering:budget", args=[team.slug]),
+        {"monthly_budget_gpu_hours": "10", "budget_enforced": "on"},
+    )
+    assert response.status_code == 302
+    entry = AuditEntry.objects.get(target=f"team:{team.slug}")
+    assert (entry.action, entry.actor) == ("team.budget", "olga")
+    assert entry.before == {"monthly_budget_gpu_hours": None, "budget_enforced": False}
+    assert entry.after == {"monthly_budget_gpu_hours": "10", "budget_enforced": True}
+
+
+def test_a_budget_refused_as_negative_leaves_no_audit_entry(team, operator):
+    """An operator's negative budget is refused: nothing changes, so nothing is audited."""
+    with pytest.raises(ValueError):
+        services.set_budget(
+            team_id=team.id, gpu_hours=Decimal("-1"), enforced=True, operator=operator, now=NOW
+        )
+    assert not AuditEntry.objects.exists()

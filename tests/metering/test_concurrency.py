@@ -1,4 +1,4 @@
-"""Two beat processes at once, and accrual racing a RELEASE: separate connections, real commits."""
+"""Two beat processes at once, and accrual racing a RELEASE or a budget projection: separate connections, real commits."""
 
 import threading
 import time
@@ -10,7 +10,7 @@ from django.db import connection, transaction
 
 from jobs import rental
 from jobs.models import Job
-from metering import services
+from metering import selectors, services
 from metering.models import MeterEntry
 from metering.periods import floor_hour, hour_slices, micros
 from tests.metering.conftest import T0, metered_micros, release, rent
@@ -129,3 +129,57 @@ def test_a_node_lost_while_one_of_its_jobs_is_being_released_deadlocks_neither(t
     for allocation in pair:
         allocation.refresh_from_db()
         assert metered_micros(allocation) == micros(allocation.released_at - allocation.rented_at)
+
+
+def test_the_budget_projection_does_not_lose_hours_that_accrual_closes_while_it_reads(
+    team, node, monkeypatch
+):
+    """A job has held 4 GPUs since 09:30 UTC and the ledger is closed up to 10:00 (accrual was
+    behind). At 12:30 a member opens the ledger page just as beat's accrual closes 10:00-12:00,
+    between the projection's read of the ledger and its read of the held allocations. Both reads
+    come from one snapshot, so the team is shown 12 GPU-hours, not the 4 a torn read would give."""
+    now = T0.replace(month=5, day=20, hour=12, minute=30, second=0, microsecond=0)
+    rent(team=team, node=node, at=now - timedelta(hours=3), gpus=4, name="running")
+    services.accrue_meter(now=now.replace(hour=10, minute=5))  # closes 09:30-10:00
+    read_running = selectors._running_micros
+
+    def running_after_a_concurrent_accrual(**kwargs) -> int:
+        assert at_once(lambda: services.accrue_meter(now=now)) == []
+        return read_running(**kwargs)
+
+    monkeypatch.setattr(selectors, "_running_micros", running_after_a_concurrent_accrual)
+    p = selectors.projection(team=team, extra_gpu_hours=0.0, now=now)
+    assert MeterEntry.objects.filter(period_end=now.replace(minute=0)).exists()  # the accrual did commit
+    assert p.used_gpu_hours + p.running_gpu_hours == pytest.approx(12.0)
+
+
+def test_a_submission_weighing_its_budget_does_not_lose_hours_that_accrual_closes_while_it_reads(
+    team, node, monkeypatch
+):
+    """The same reads inside a submission's own transaction, which is not one snapshot: the team's ledger
+    lock holds the accrual back until both are done (a second later it commits), so 12 GPU-hours, not 4."""
+    now = T0.replace(month=5, day=20, hour=12, minute=30, second=0, microsecond=0)
+    rent(team=team, node=node, at=now - timedelta(hours=3), gpus=4, name="running")
+    services.accrue_meter(now=now.replace(hour=10, minute=5))  # closes 09:30-10:00
+    read_running, accruals = selectors._running_micros, []
+
+    def accrue() -> None:
+        try:
+            services.accrue_meter(now=now)
+        finally:
+            connection.close()
+
+    def running_while_an_accrual_tries_to_commit(**kwargs) -> int:
+        accruals.append(threading.Thread(target=accrue))
+        accruals[0].start()
+        accruals[0].join(timeout=1.0)  # it has committed by now, unless something holds it back
+        return read_running(**kwargs)
+
+    monkeypatch.setattr(selectors, "_running_micros", running_while_an_accrual_tries_to_commit)
+    with transaction.atomic():
+        p = selectors.projection(team=team, extra_gpu_hours=0.0, now=now)
+    accruals[0].join(timeout=30)
+    assert MeterEntry.objects.filter(
+        period_end=now.replace(minute=0)
+    ).exists()  # the accrual did commit, after
+    assert p.used_gpu_hours + p.running_gpu_hours == pytest.approx(12.0)

