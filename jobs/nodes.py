@@ -23,7 +23,8 @@ def register_node(
     memory_bytes: int = 0, cpus: float = 0, limits: str = "", multi_node_refusal: str = "", disk_bytes: int = 0,
     gpu_list: Sequence[Mapping] = (), gpu_source: str = "",
 ) -> Node:  # fmt: skip
-    """An agent (re)starting: the node is up, and any attempt it held before is lost with the old process.
+    """An agent (re)starting: the node is up (or as an operator left it: drained, or held down), and any
+    attempt it held before is lost with the old process.
 
     ``gpu_list``: each GPU the agent found (index, uuid, model, memory_bytes, driver_version,
     cuda_version, virtual); a GPU registered before and absent now is kept as not present.
@@ -39,8 +40,7 @@ def register_node(
     )  # fmt: skip
     if not created:
         rental.lose_node_allocations(node=node, now=now, detail=f"the agent on {name} restarted")
-        held = node.held_down_by != ""  # an operator's mark-down outlives the agent's restarts
-        state = Node.NodeState.UP if node.state == Node.NodeState.DOWN and not held else node.state
+        state = _state_after_restart(node)
         Node.objects.filter(id=node.id).update(
             gpus=gpus, gpu_model=gpu_model, address=address, agent_version=agent_version, sandbox=sandbox,
             last_heartbeat=now, registered_at=now, state=state, no_room_until=None, **offered,  # its disk is looked at anew
@@ -59,6 +59,14 @@ def register_node(
         node.multi_node_refusal = refused[:300]
     dispatch.request_scheduler_pass()
     return node
+
+
+def _state_after_restart(node: Node) -> str:
+    """A node down for silence comes back up, or drained if an operator drained it (its attempts were just
+    lost, so nothing is left to drain); an operator's mark-down outlives the agent's restarts."""
+    if node.state != Node.NodeState.DOWN or node.held_down_by:
+        return node.state
+    return Node.NodeState.DRAINED if node.drained_by else Node.NodeState.UP
 
 
 def _claim_network_slot(node_id: int, tries: int = 5) -> int | None:
@@ -174,9 +182,8 @@ def set_node_state(*, name: str, target: str, now: datetime, actor: str) -> bool
     }[target])  # fmt: skip
     if target == Node.NodeState.UP:  # resume: also a node an operator marked down (not one gone silent)
         allowed_from |= Q(state=Node.NodeState.DOWN, held_down_by__gt="")
-    held_by = actor[:150] if target == Node.NodeState.DOWN else ""
     moved = Node.objects.filter(allowed_from, name=name).update(
-        state=target, state_changed_at=now, held_down_by=held_by
+        state=target, state_changed_at=now, **_operator_marks(target=target, actor=actor[:150])
     )
     if moved and target == Node.NodeState.DOWN:
         rental.lose_node_allocations(
@@ -185,6 +192,14 @@ def set_node_state(*, name: str, target: str, now: datetime, actor: str) -> bool
     if moved:
         dispatch.request_scheduler_pass()
     return bool(moved)
+
+
+def _operator_marks(*, target: str, actor: str) -> dict[str, str]:
+    """Who holds the node out of service, kept across silences: a mark-down holds it down (and keeps an
+    earlier drain), a drain brings it back drained, a resume clears both."""
+    if target == Node.NodeState.DOWN:
+        return {"held_down_by": actor}
+    return {"held_down_by": "", "drained_by": actor if target == Node.NodeState.DRAINING else ""}
 
 
 def settle_drains(*, now: datetime) -> None:

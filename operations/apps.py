@@ -4,3 +4,10 @@ from django.apps import AppConfig
 class OperationsConfig(AppConfig):
     name = "operations"
     verbose_name = "The operator dashboard"
+
+    def ready(self) -> None:
+        # Metering signals a budget change without importing operations: the apps' arrows point one way.
+        from metering import signals
+        from operations import receivers
+
+        signals.budget_set.connect(receivers.audit_budget, dispatch_uid="operations.audit-budget")

@@ -24,7 +24,7 @@ from operations import charts, selectors, utilisation
 NODE_FIELDS = (
     "id", "name", "gpus", "gpu_model", "state", "agent_version", "sandbox", "multi_node_refusal", "last_heartbeat",
     "memory_bytes", "cpus", "limits", "held_down_by", "gpu_source", "no_room_until", "disk_free_bytes",
-    "disk_bytes",
+    "disk_bytes", "drained_by",
 )  # fmt: skip
 VIRTUAL = "virtual"  # a node's gpu_source when its agent serves made-up GPUs (--virtual-gpus)
 LIVE_FOR_S = 60  # a GPU's latest sample older than this is not shown as its utilisation now
@@ -52,6 +52,7 @@ class NodeInfo:
     # What its disk could still give attempt spaces, last measured; None: not measured.
     disk_free_bytes: int | None
     disk_bytes: int  # what that disk holds in all; 0: not said
+    drained_by: str  # the operator who drained it; down meanwhile, it comes back drained
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +262,8 @@ def _limits(node: NodeInfo) -> str:
 def _actions(node: NodeInfo, ctx: _Context) -> str:
     actions = selectors.actions_for(node.state, node.held_down_by)
     if not actions:
-        return '<span class="muted">waits for its agent</span>'
+        back = f", then stays drained (drained by {escape(node.drained_by)})" if node.drained_by else ""
+        return f'<span class="muted">waits for its agent{back}</span>'
     href = quote(node.name)
     held = (
         f'<small class="muted">marked down by {escape(node.held_down_by)}</small><br>'

@@ -11,7 +11,8 @@ ACTIONS_BY_STATE: dict[str, tuple[str, ...]] = {
     Node.NodeState.UP: ("drain", "mark-down"),
     Node.NodeState.DRAINING: ("resume", "mark-down"),
     Node.NodeState.DRAINED: ("resume", "mark-down"),
-    Node.NodeState.DOWN: (),  # a node down for silence comes back when its agent registers again
+    # A node down for silence comes back when its agent registers again (drained, if an operator drained it).
+    Node.NodeState.DOWN: (),
 }
 
 

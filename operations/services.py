@@ -13,10 +13,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count
 
 from accounts.models import Team
-from jobs import dispatch, nodes, snapshot
+from jobs import declaration, dispatch, nodes, snapshot
 from jobs import selectors as jobs_selectors
 from jobs import services as jobs_services
-from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE
+from jobs.lifecycle import ALIVE, BEFORE_RENT, HOLDS_COMPUTE
 from jobs.models import Allocation, GpuHold, Job, Node
 from jobs.scheduling import policy
 from metering import services as metering
@@ -35,7 +35,8 @@ LEDGER_DETAIL_LINES = 20
 
 
 class RequeueRefused(Exception):
-    """The job holds GPUs: it must be cancelled (and released) before it can be requeued."""
+    """The requeue did nothing: the job holds GPUs, an earlier copy of it is still alive, or today's
+    intake rules (an enforced budget, a failed prerequisite) refuse its declaration."""
 
 
 def _username(actor) -> str:
@@ -98,23 +99,43 @@ def requeue_job(*, job_id: int, actor, now: datetime) -> Job:
 
     Requeue means: a job that has ended or been released is copied as it is; a job still waiting
     (submitted, staging, queued) is cancelled first, so exactly one copy waits, staged afresh;
-    a job holding GPUs is refused with RequeueRefused (cancel it, and requeue once released).
-    The new job waits from ``now``: it does not inherit the old job's age.
+    a job holding GPUs is refused with RequeueRefused (cancel it, and requeue once released), as is
+    a job whose earlier copy (``rerun_of``) is still alive, and a declaration today's intake refuses:
+    then nothing changed. The new job waits from ``now``: it does not inherit the old job's age.
     """
     job = Job.objects.select_for_update().select_related("team").get(id=job_id)
     if job.state in HOLDS_COMPUTE:
         raise RequeueRefused(f"job {job_id} holds GPUs ({job.state}); cancel it first")
+    _refuse_while_a_copy_lives(job)
     before = {"state": job.state, "end_reason": job.end_reason}
     if job.state in BEFORE_RENT:
         jobs_services.cancel_job(job_id=job_id, user=actor, now=now)
-    copy = jobs_services.submit_job(
-        team=job.team, user=actor, spec=jobs_selectors.declaration_of(job), now=now
-    )
+    copy = _submit_copy(job, actor=actor, now=now)
     after = {**Job.objects.values("state", "end_reason").get(id=job_id), "requeued_as": copy.id}
     audit.record(
         actor=actor, action="job.requeue", target=f"job:{job_id}", before=before, after=after, now=now
     )
     return copy
+
+
+def _refuse_while_a_copy_lives(job: Job) -> None:
+    """A second requeue (a double click, two operators) finds the first copy under the job's row lock."""
+    alive = Job.objects.filter(rerun_of=job, state__in=ALIVE).order_by("id").values("id", "state").first()
+    if alive is not None:
+        raise RequeueRefused(
+            f"job {job.id} was already requeued as job #{alive['id']}, which is still {alive['state']}; "
+            "cancel that one first to requeue again"
+        )
+
+
+def _submit_copy(job: Job, *, actor, now: datetime) -> Job:
+    try:
+        return jobs_services.submit_job(
+            team=job.team, user=actor, spec=jobs_selectors.declaration_of(job), now=now, rerun_of=job
+        )
+    except declaration.DeclarationInvalid as exc:
+        # Raising out of requeue_job's transaction also undoes the cancel of a waiting job.
+        raise RequeueRefused(f"job {job.id} cannot be requeued: {exc}") from exc
 
 
 # --------------------------------------------------------------------------- teams

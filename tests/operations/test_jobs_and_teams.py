@@ -1,12 +1,15 @@
 """All jobs with filters; cancel and requeue from the list; team pages with share, budget and use."""
 
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import pytest
+from django.contrib.messages import get_messages
 from django.urls import reverse
 
+from accounts.models import Team
 from jobs.lifecycle import EndReason, State
-from jobs.models import DataInput, Job
+from jobs.models import DataInput, Dependency, Job
 from operations import services
 from operations.models import AuditEntry
 from tests.factories import JobFactory, MembershipFactory, UserFactory
@@ -18,6 +21,10 @@ JOBS = reverse("operations:jobs")
 
 def job_action(job: Job, action: str) -> str:
     return reverse("operations:job-action", args=[job.id, action])
+
+
+def _said(response) -> str:
+    return " ".join(str(m) for m in get_messages(response.wsgi_request))
 
 
 def test_the_jobs_list_filters_by_team_state_end_reason_node_and_date(
@@ -42,6 +49,21 @@ def test_the_jobs_list_filters_by_team_state_end_reason_node_and_date(
     assert "on-gpu-02" not in listed(since="2024-01-05", until="2024-01-05")
     assert "on-gpu-02" in listed(since="not-a-date")  # a malformed filter is ignored
     assert f'id="job-{on_node.id}-row"' in listed(until="2999-02-31")
+
+
+@pytest.mark.parametrize(
+    "query",
+    [{"until": "9999-12-31"}, {"since": "9999-12-31"}, {"since": "0001-01-01", "until": "0001-01-01"}],
+)
+def test_the_jobs_list_filtered_at_the_ends_of_the_calendar_answers(operator_client, team, query):
+    """An operator (or a bookmarked link) filters the jobs list by the first or last day a date can name:
+    the page answers, and until the last day means no upper bound."""
+    job = JobFactory(team=team)
+    operator_client.raise_request_exception = False
+    response = operator_client.get(JOBS, query)
+    assert response.status_code == 200
+    listed = f'id="job-{job.id}-row"' in response.content.decode()
+    assert listed == (query == {"until": "9999-12-31"})
 
 
 def test_cancel_from_the_list_is_confirmed_recorded_and_ends_a_waiting_job(operator_client, team):
@@ -122,6 +144,59 @@ def test_requeue_of_a_job_holding_gpus_is_refused(operator_client, team, pool, n
     assert Job.objects.count() == 1 and not AuditEntry.objects.exists()
     with pytest.raises(services.RequeueRefused):
         services.requeue_job(job_id=job.id, actor="olga", now=now)
+
+
+def test_requeue_refused_by_the_teams_enforced_budget_is_shown_and_changes_nothing(operator_client, team):
+    """An operator requeues a failed job of a team now at its enforced monthly budget: the refusal is
+    shown to the operator, no copy is created and nothing is audited."""
+    Team.objects.filter(id=team.id).update(monthly_budget_gpu_hours=Decimal("0.5"), budget_enforced=True)
+    job = JobFactory(team=team, state=State.ENDED, end_reason=EndReason.FAILED, gpus=1, hours=1.0)
+
+    response = operator_client.post(job_action(job, "requeue"), {"confirm": "yes"}, follow=True)
+
+    assert response.status_code == 200 and "cannot be requeued" in _said(response)
+    assert Job.objects.count() == 1 and not AuditEntry.objects.exists()
+
+
+def test_requeue_refused_by_intake_leaves_a_waiting_job_waiting(operator, team, now):
+    """An operator requeues a queued job the team's enforced budget no longer admits: the refusal
+    undoes the cancel, so the job still waits as it did."""
+    Team.objects.filter(id=team.id).update(monthly_budget_gpu_hours=Decimal("0.5"), budget_enforced=True)
+    job = JobFactory(team=team, state=State.QUEUED, gpus=1, hours=1.0)
+    with pytest.raises(services.RequeueRefused):
+        services.requeue_job(job_id=job.id, actor=operator, now=now)
+    job.refresh_from_db()
+    assert (job.state, job.cancel_requested_at) == (State.QUEUED, None)
+
+
+def test_requeue_of_a_waiting_pipeline_job_keeps_it_waiting_for_its_prerequisite(operator_client, team):
+    """An operator requeues job B, queued and waiting (after_ok) for job A, which has not run yet: the
+    copy waits for A as B did."""
+    upstream = JobFactory(team=team, state=State.QUEUED)
+    job = JobFactory(team=team, state=State.QUEUED)
+    Dependency.objects.create(job=job, prerequisite=upstream, kind=Dependency.AFTER_OK)
+
+    response = operator_client.post(job_action(job, "requeue"), {"confirm": "yes"})
+
+    assert response.status_code == 302
+    copy = Job.objects.exclude(id__in=[upstream.id, job.id]).get()
+    assert list(copy.prerequisites.values_list("prerequisite_id", "kind")) == [
+        (upstream.id, Dependency.AFTER_OK)
+    ], "the requeued copy no longer waits for its prerequisite"
+
+
+def test_requeue_posted_twice_leaves_one_waiting_copy(operator_client, team):
+    """An operator's requeue of a waiting job is posted twice (a double click, or two operators): the
+    second is refused, naming the copy still alive, so exactly one copy waits, linked to its source."""
+    job = JobFactory(team=team, state=State.QUEUED)
+
+    operator_client.post(job_action(job, "requeue"), {"confirm": "yes"})
+    second = operator_client.post(job_action(job, "requeue"), {"confirm": "yes"}, follow=True)
+
+    copy = Job.objects.exclude(id=job.id).get()
+    assert copy.rerun_of_id == job.id and copy.state == State.SUBMITTED
+    assert f"already requeued as job #{copy.id}" in _said(second)
+    assert AuditEntry.objects.filter(action="job.requeue").count() == 1
 
 
 def test_the_jobs_list_offers_actions_by_state_and_polls_itself(operator_client, team, pool, now):

@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
@@ -75,6 +76,24 @@ def test_a_node_declared_down_for_silence_comes_back_when_its_agent_registers(po
     assert not nodes.heartbeat(name="gpu-01", now=now)
     _register("gpu-01", now)
     assert Node.objects.get(name="gpu-01").state == Node.NodeState.UP
+
+
+def test_a_drained_node_rebooted_for_maintenance_comes_back_drained(operator_client, pool, now):
+    """An operator drains gpu-01 and reboots it: silent past the reaper's timeout, it is declared down;
+    when its agent registers again the node is drained, not up, and takes new work only once resumed."""
+    operator_client.post(action_url("gpu-01", "drain"), {"confirm": "yes"})
+    nodes.settle_drains(now=now)
+    later = now + timedelta(seconds=settings.E31_NODE_TIMEOUT_S + 60)
+    Node.objects.filter(name="gpu-02").update(last_heartbeat=later)  # the other node keeps beating
+    assert nodes.reap_silent_nodes(now=later) == ["gpu-01"]
+    assert "then stays drained (drained by olga)" in operator_client.get(POOL).content.decode()
+
+    _register("gpu-01", later + timedelta(seconds=30))
+
+    assert Node.objects.get(name="gpu-01").state == Node.NodeState.DRAINED
+    operator_client.post(action_url("gpu-01", "resume"), {"confirm": "yes"})
+    node = Node.objects.get(name="gpu-01")
+    assert (node.state, node.drained_by) == (Node.NodeState.UP, "")
 
 
 def test_a_node_down_for_silence_offers_no_resume(operator_client, pool, now):

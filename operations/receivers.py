@@ -1,0 +1,14 @@
+"""What operations does when metering speaks (connected in ``OperationsConfig.ready``).
+
+Metering sends its signals without importing operations; these receivers are the other end.
+"""
+
+from datetime import datetime
+
+from operations import audit
+
+
+def audit_budget(sender, *, team, before: dict, after: dict, operator, now: datetime, **_) -> None:
+    audit.record(
+        actor=operator, action="team.budget", target=f"team:{team.slug}", before=before, after=after, now=now
+    )
