@@ -28,9 +28,11 @@ class BearerToken(HttpBearer):
         return super().__call__(request)
 
     def authenticate(self, request: HttpRequest, token: str):
+        # ninja keeps what follows the first space, but RFC 7235 allows more than one: "Bearer  <token>".
+        token = token.strip()
         user = services.user_for_token(token=token, now=timezone.now())
         if user is None:
-            request.api_auth_problem = selectors.why_token_refused(token.strip())
+            request.api_auth_problem = selectors.why_token_refused(token)
             _count_failure(request)  # ninja runs throttles only after authentication succeeds
             return None
         request.user = user

@@ -10,12 +10,16 @@ from typing import Any
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from ninja import Field, Schema
+from ninja.conf import settings as ninja_settings
 from ninja.pagination import LimitOffsetPagination
 
 COUNT_CAP = 10_000
 # PostgreSQL's OFFSET and byte positions are bigints: a larger number is refused with a 422, never sent on
 # to fail as a 500. Still far past any real table or log.
 MAX_OFFSET = 2**62
+# The most rows one page of a list holds (the CLI asks for 100 at a time). Small enough that the offset plus the
+# limit stays a bigint, and that no single request serialises a whole table.
+MAX_PAGE = 1000
 
 
 def capped_count(queryset: QuerySet) -> int:
@@ -47,7 +51,13 @@ class BoundedLimitOffset(LimitOffsetPagination):
 
 
 class CappedLimitOffset(BoundedLimitOffset):
-    """limit/offset for the API with a bounded count; ``serialise`` turns only the sliced page into JSON."""
+    """limit/offset for the API with a bounded count and page; ``serialise`` turns only the sliced page into JSON.
+
+    Its lists have no ``max_limit`` to clamp to, so a larger limit is refused with a 422 naming ``limit``.
+    """
+
+    class Input(BoundedLimitOffset.Input):
+        limit: int = Field(ninja_settings.PAGINATION_PER_PAGE, ge=1, le=MAX_PAGE)
 
     class Output(Schema):
         items: list[Any]

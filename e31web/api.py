@@ -2,6 +2,8 @@
 
 import json
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
@@ -9,7 +11,7 @@ from ninja.parser import Parser
 
 from accounts.api import router as accounts_router
 from accounts.auth import API_AUTH, ApiThrottle
-from jobs import declaration
+from jobs import declaration, schemas, units
 from jobs.api import router as jobs_router
 from metering.api import router as metering_router
 from notifications.api import router as notifications_router
@@ -51,18 +53,53 @@ BAD_REQUEST = {
 }
 
 
+# The browser's session is checked for a CSRF token on every method but the safe ones (ninja's SessionAuth).
+CSRF_REFUSED = {
+    **THROTTLED,
+    "description": "Signed in by the session, but the request carried no valid CSRF token.",
+}
+
+# A body past DATA_UPLOAD_MAX_MEMORY_SIZE (on_body_too_large), read only by the methods that may carry one.
+TOO_LARGE = {**THROTTLED, "description": "The request body is larger than the API reads."}
+
+UNSAFE_METHODS = {"post", "put", "patch", "delete"}
+
+
+class JobBodyInvalid(ValidationError):
+    """A submitted job's body failed its schema: the 422 calls it a job, as the declaration's own errors do."""
+
+
 class ConsoleApi(NinjaAPI):
-    """Every operation passes the throttle first and every body the JSON parser, so each documents its 429 (and
-    400 where it takes a body), whichever router added it."""
+    """Every operation passes the throttle first and every body the JSON parser, so each documents its 429 and
+    400, and each that changes something its 403 (CSRF) and 413, whichever router added it."""
 
     def get_openapi_schema(self, **kwargs):
         schema = super().get_openapi_schema(**kwargs)
         for path_item in schema["paths"].values():
-            for operation in path_item.values():
+            for method, operation in path_item.items():
                 if isinstance(operation, dict) and "responses" in operation:
-                    operation["responses"].setdefault(429, THROTTLED)
-                    operation["responses"].setdefault(400, BAD_REQUEST)
+                    _document_shared_errors(operation["responses"], unsafe=method in UNSAFE_METHODS)
         return schema
+
+    def validation_error_from_error_contexts(self, error_contexts):
+        error = super().validation_error_from_error_contexts(error_contexts)
+        if any(_is_job_body(context.model) for context in error_contexts):
+            return JobBodyInvalid(error.errors)
+        return error
+
+
+def _document_shared_errors(responses: dict, *, unsafe: bool) -> None:
+    responses.setdefault(429, THROTTLED)
+    responses.setdefault(400, BAD_REQUEST)
+    if unsafe:
+        responses.setdefault(403, CSRF_REFUSED)
+        responses.setdefault(413, TOO_LARGE)
+
+
+def _is_job_body(model) -> bool:
+    """Whether ninja's parameter model is the body of a job submission (a ``JobIn``)."""
+    fields = model.model_fields.values() if model.__ninja_param_source__ == "body" else ()
+    return any(field.annotation is schemas.JobIn for field in fields)
 
 
 api = ConsoleApi(
@@ -107,11 +144,26 @@ def _message(error: dict) -> str:
 
 
 def _what_is_wrong(exc: ValidationError, errors: list[dict]) -> str:
-    """A body is a job; anything else (a query, a path) is named with its parameters."""
-    if any(tuple(e.get("loc", ()))[:1] == ("body",) for e in exc.errors):
+    """A job's body is a job (its errors list says the rest); another body, a query or a path is named field by
+    field, so a script setting a secret is never told its job is invalid."""
+    if isinstance(exc, JobBodyInvalid):
         return "The job is not valid."
-    named = "; ".join(f"{e['field']}: {_lower_first(e['message'])}" for e in errors)
-    return f"The request's parameters are not valid: {named}."
+    in_body = [error for error, raw in zip(errors, exc.errors, strict=True) if _in_body(raw)]
+    if in_body:
+        return f"The request body is not valid: {_named(in_body)}."
+    return f"The request's parameters are not valid: {_named(errors)}."
+
+
+def _in_body(error: dict) -> bool:
+    return tuple(error.get("loc", ()))[:1] == ("body",)
+
+
+def _named(errors: list[dict]) -> str:
+    """'value: input should be a valid string; name: …'; an error of the whole body has no field to name."""
+    return "; ".join(
+        f"{e['field']}: {_lower_first(e['message'])}" if e["field"] else _lower_first(e["message"])
+        for e in errors
+    )
 
 
 def _lower_first(text: str) -> str:
@@ -122,6 +174,15 @@ def _lower_first(text: str) -> str:
 def on_declaration_invalid(request: HttpRequest, exc: declaration.DeclarationInvalid):
     errors = [{"field": path, "message": message} for path, message in exc.errors]
     return api.create_response(request, {"detail": "The job is not valid.", "errors": errors}, status=422)
+
+
+@api.exception_handler(RequestDataTooBig)
+def on_body_too_large(request: HttpRequest, exc: RequestDataTooBig):
+    """Django raises this when the body is first read, inside the operation: answered in the API's shape, not
+    Django's HTML 400 page."""
+    limit = units.format_size(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+    detail = f"The request body is larger than the {limit} the API reads: send a smaller one."
+    return api.create_response(request, {"detail": detail}, status=413)
 
 
 @api.exception_handler(AuthenticationError)

@@ -7,6 +7,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
+from accounts import selectors
 from accounts.models import ApiToken
 
 pytestmark = pytest.mark.django_db
@@ -49,6 +50,19 @@ def test_a_wrong_or_missing_token_is_a_401_with_json(client):
     assert client.get("/api/v1/jobs").status_code == 401
     response = client.get("/api/v1/jobs", HTTP_AUTHORIZATION="Bearer e31_not-a-token")
     assert response.status_code == 401 and "detail" in response.json()
+
+
+def test_a_token_after_two_spaces_authenticates(client, member_token):
+    """A script sends `Authorization: Bearer  <token>` (RFC 7235 allows more than one space): the token is read
+    without the spaces and the request is answered."""
+    response = client.get("/api/v1/jobs", HTTP_AUTHORIZATION=f"Bearer  {member_token} ")
+    assert response.status_code == 200, response.json()
+
+
+def test_a_live_token_of_an_active_user_is_never_called_a_deactivated_users(member, member_token):
+    """Whatever refused a live token of an active user (it changed while the request ran), its holder is not
+    sent to an operator about a deactivation that did not happen."""
+    assert "deactivated" not in selectors.why_token_refused(member_token)
 
 
 def test_the_login_page_signs_a_member_in(client, member):

@@ -96,3 +96,57 @@ def test_null_for_a_required_field_is_still_refused_naming_it(api, roots, pool):
     response = api.post("/api/v1/jobs", data=json.dumps(body), content_type="application/json")
     assert response.status_code == 422
     assert "request.gpus" in {e["field"] for e in response.json()["errors"]}
+
+
+@pytest.mark.parametrize(
+    ("work", "field"),
+    [
+        ({"argv": ["python3", "\ud800"]}, "work.argv[1]"),
+        ({"argv": ["python3"], "env": {"LR": "\ud800"}}, "work.env.LR"),
+    ],
+    ids=["argv", "env-value"],
+)
+def test_a_lone_surrogate_in_argv_or_env_is_refused_naming_the_field(api, roots, pool, work, field):
+    """A script sends an argument or an env value holding the JSON escape "\\ud800", a lone surrogate that
+    json.loads accepts but no UTF-8 can hold: the job is a 422 naming the field, never a row PostgreSQL refuses."""
+    body = {
+        "name": "sweep",
+        "work": work,
+        "request": {"gpus": 1, "hours": 1.0},
+        "output": {"uri": f"file://{roots[1]}/sweep", "bytes": 1000},
+    }
+    response = api.post("/api/v1/jobs", data=json.dumps(body), content_type="application/json")
+    assert response.status_code == 422, response.content[:300]
+    assert [error["field"] for error in response.json()["errors"]] == [field]
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"), [("/api/v1/jobs", "application/json"), ("/api/v1/jobs/file", "text/plain")]
+)
+def test_a_body_past_the_upload_limit_is_a_413_in_the_apis_own_shape(api, settings, path, content_type):
+    """A script sends a job larger than DATA_UPLOAD_MAX_MEMORY_SIZE: the answer is a JSON 413 that says the
+    limit, as the schema documents it, never Django's HTML "Bad Request" page."""
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 100_000
+    padded = json.dumps({"name": "x", "work": {"argv": ["true"], "env": {"PAD": "a" * 200_000}}})
+    response = api.post(path, data=padded, content_type=content_type)
+    assert response.status_code == 413 and response["Content-Type"].startswith("application/json")
+    assert "100.0 KB" in response.json()["detail"]
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("put", "/api/v1/teams/vision/secrets/HF_TOKEN"), ("put", "/api/v1/notifications/email/vision")],
+)
+def test_a_bad_body_that_is_not_a_job_is_named_as_the_request_body(client, team_admin, method, path):
+    """A team admin's script sends a number where a secret's value or an e-mail choice goes: the 422 says the
+    request body is not valid and which field, never that a job is."""
+    _, token = accounts.create_api_token(user=team_admin, label="ci")
+    body = json.dumps({"value": 1, "email": 1})
+    response = getattr(client, method)(
+        path, data=body, content_type="application/json", headers={"Authorization": f"Bearer {token}"}
+    )
+    detail = response.json()["detail"]
+    assert response.status_code == 422 and detail.startswith("The request body is not valid: "), detail
+    assert "job" not in detail.lower()

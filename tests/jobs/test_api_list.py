@@ -6,6 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from common import paging
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -44,3 +45,23 @@ def test_an_offset_past_what_the_database_counts_is_a_422_not_a_500(member_clien
     response = member_client.get(path.format(321377179048972116321953120256, job=job.id))
     assert response.status_code == 422, response.content[:300]
     assert "offset" in response.content.decode()
+
+
+@pytest.mark.parametrize("path", ["/api/v1/jobs?{}", "/api/v1/ledger?start=2026-01-01&end=2026-01-31&{}"])
+@pytest.mark.parametrize(
+    "query", [f"limit={2**63}", f"limit={paging.MAX_PAGE + 1}", f"offset={2**62}&limit={2**62}"]
+)
+def test_a_limit_past_the_largest_page_is_a_422_naming_it(member_client, team, path, query):
+    """A script asks for everything at once (?limit=2**63, or a page that would end past the largest offset):
+    the answer is a 422 naming `limit`, never a LIMIT PostgreSQL refuses as a bigint out of range (a 500)."""
+    JobFactory(team=team)
+    response = member_client.get(path.format(query))
+    assert response.status_code == 422, response.content[:300]
+    assert [error["field"] for error in response.json()["errors"]] == ["limit"]
+
+
+@pytest.mark.parametrize("limit", [100, paging.MAX_PAGE])
+def test_the_clis_page_and_the_largest_page_are_served(member_client, team, limit):
+    """The CLI pages 100 at a time; a script may ask for up to MAX_PAGE rows in one page."""
+    JobFactory.create_batch(3, team=team)
+    assert len(listed(member_client, f"?limit={limit}")["items"]) == 3
