@@ -63,7 +63,15 @@ def secrets_page(request: HttpRequest) -> HttpResponse:
         .order_by("team__name", "name")
     )
     admin_of = [t for t in teams if scoping.is_team_admin(request.user, t)]
-    context = {"rows": rows, "teams": admin_of, "error": error, "name_input": request.POST.get("name", "")}
+    # A refused secret comes back with its team still chosen, as its name is kept: else Save, pressed again,
+    # would set it on the first team.
+    context = {
+        "rows": rows,
+        "teams": admin_of,
+        "error": error,
+        "name_input": request.POST.get("name", ""),
+        "team_input": request.POST.get("team", ""),
+    }
     return render(request, "accounts/secrets.html", context, status=status)
 
 

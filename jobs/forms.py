@@ -5,6 +5,7 @@ Field names are the declaration's own paths (``data[1].uri``), so an error from
 fills the same fields.
 """
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,8 +44,9 @@ class JobForm:
             values[flag] = "on" if post.get(flag) else ""
         # Rows past the form's 64 are kept: the rules refuse them by name ("at most 64 inputs"), where
         # dropping them here would submit the job without them, unseen.
-        ordered = [rows[i] for i in sorted(rows)]
-        return cls(values=values, rows=[r for r in ordered if any(v.strip() for v in r.values())])
+        # Blank rows stay until the declaration is built: a Remove button's index counts them, and "+ Add an
+        # input" on a fresh form adds to its blank row.
+        return cls(values=values, rows=[rows[i] for i in sorted(rows)])
 
     @classmethod
     def from_declaration(cls, raw: Mapping[str, Any]) -> "JobForm":
@@ -56,7 +58,7 @@ class JobForm:
         env = work.get("env")
         values = {
             "name": _text(raw.get("name")),
-            "work.argv": "\n".join(map(str, argv)) if isinstance(argv, list) else _text(argv),
+            "work.argv": argv_text([str(a) for a in argv]) if isinstance(argv, list) else _text(argv),
             "work.env": "\n".join(f"{k}={v}" for k, v in env.items()) if isinstance(env, Mapping) else "",
             "work.image": _text(work.get("image")),
             "work.secrets": _names_text(work.get("secrets")),
@@ -95,10 +97,13 @@ class JobForm:
     def to_declaration(self) -> dict[str, Any]:
         """The mapping ``declaration.validate`` checks; typing mistakes become errors here."""
         v = self.values
+        # Blank rows (emptied, or added and left empty) are no inputs; they leave the form too, so an error on
+        # data[i] lands beside the row shown at i.
+        self.rows = [row for row in self.rows if any(value.strip() for value in row.values())]
         return {
             "name": v.get("name", ""),
             "work": {
-                "argv": [line for line in v.get("work.argv", "").splitlines() if line.strip()],
+                "argv": argv_from_text(v.get("work.argv", "")),
                 "env": self._env(v.get("work.env", "")),
                 "image": v.get("work.image", ""),
                 "secrets": v.get("work.secrets", "").replace(",", " ").split(),
@@ -187,6 +192,30 @@ def _ids(text: str) -> list[int | str]:
         for t in _JOB_ID_SEPARATORS.split(text.strip())
         if t
     ]
+
+
+def argv_from_text(text: str) -> list[str]:
+    """The Command box: a JSON list of strings is that list; anything else is one argument per line. Only
+    trailing blank lines go: a blank line before them is an empty argument."""
+    if text.lstrip().startswith("["):
+        try:
+            parsed = json.loads(text)
+        except (ValueError, RecursionError):  # "[ -f x ]" typed one per line is the test program, not JSON
+            parsed = None
+        if isinstance(parsed, list) and all(isinstance(arg, str) for arg in parsed):
+            return parsed
+    lines = text.splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return lines
+
+
+def argv_text(argv: list[str]) -> str:
+    """argv for the Command box: one argument per line where that reads back the same, else a JSON list (an
+    argument with a line break, an empty one, one with spaces at its edges, or lines that read as JSON)."""
+    lines = "\n".join(argv)
+    edged = any(not arg or arg != arg.strip() for arg in argv)
+    return json.dumps(argv, ensure_ascii=False) if edged or argv_from_text(lines) != argv else lines
 
 
 def _checkpoint_text(value: Any) -> dict[str, str]:

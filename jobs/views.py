@@ -59,17 +59,22 @@ def job_new(request: HttpRequest) -> HttpResponse:
         return _render_form(request, JobForm.blank(), teams)
     form = JobForm.from_post(request.POST)
     action = request.POST.get("action", "submit")
-    if action == "add-input":
-        form.add_row()
-        return _render_form(request, form, teams)
-    if action.startswith("remove-input-"):
-        index = action.removeprefix("remove-input-")
-        if DIGITS.fullmatch(index) and int(index) < len(form.rows):
-            form.rows.pop(int(index))
-        return _render_form(request, form, teams)
+    if action == "add-input" or action.startswith("remove-input-"):
+        _edit_rows(form, action)
+        return _render_form(request, form, teams, rerun_of=_rerun_source(request, form))
     if action in ("load-file", "submit-file"):
         return _job_file(request, teams, submit=action == "submit-file")
     return _submit(request, form, teams)
+
+
+def _edit_rows(form: JobForm, action: str) -> None:
+    """Adds a blank data row, or removes the row whose Remove was pressed (its index as the form shows it)."""
+    if action == "add-input":
+        form.add_row()
+        return
+    index = action.removeprefix("remove-input-")
+    if DIGITS.fullmatch(index) and int(index) < len(form.rows):
+        form.rows.pop(int(index))
 
 
 def _job_file(request: HttpRequest, teams, *, submit: bool) -> HttpResponse:
@@ -243,8 +248,20 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     if services.cancel_job(job_id=job.id, user=request.user, now=timezone.now()):
         messages.success(request, f"Job #{job.id}: cancel requested.")
     else:
-        messages.warning(request, f"Job #{job.id} has already ended.")
+        messages.warning(request, _why_not_cancelled(job))
     return redirect("jobs:detail", job_id=job.id)
+
+
+def _why_not_cancelled(job: Job) -> str:
+    """What stands in the way of a Cancel that changed nothing, read afresh: a cancel already requested
+    (the job is still alive, its node agent stopping it) is not an ended job."""
+    job.refresh_from_db(fields=["state", "cancel_requested_at"])
+    if not job.is_alive:
+        return f"Job #{job.id} has already ended."
+    if job.cancel_requested_at:
+        at = f"{job.cancel_requested_at:%Y-%m-%d %H:%M:%S} UTC"
+        return f"Job #{job.id}: cancel already requested at {at}; its node agent is stopping it."
+    return f"Job #{job.id} changed state as you pressed Cancel ({job.state}): press Cancel again."
 
 
 def _array_shown(request: HttpRequest, filters: selectors.JobFilters) -> JobArray | None:
@@ -309,7 +326,8 @@ def _estimable(gpus: object, hours: object, limits: declaration.Limits) -> bool:
 def estimate(request: HttpRequest) -> HttpResponse:
     """The submit form's preview: when the draft would start, and what would make it sooner."""
     form = JobForm.from_post(request.POST)
-    raw = form.to_declaration()["request"]
+    draft = form.to_declaration()
+    raw = draft["request"]
     teams = list(scoping.teams_of(request.user))
     team = _chosen_team(request, teams)
     gpus, hours = raw.get("gpus"), raw.get("hours")
@@ -326,7 +344,11 @@ def estimate(request: HttpRequest) -> HttpResponse:
             max_gpus=_max_gpus(raw, gpus),
         )  # fmt: skip
         context["checkpointing"] = estimates.what_checkpointing_buys(declared=bool(raw.get("checkpoint")))
-        context["budget"] = signals.check_budget(team=team, gpu_hours=gpus * hours, now=context["now"])
+        # An array weighs every task, as submitting it does.
+        context["tasks"] = declaration.array_tasks(draft["array"], limits)
+        context["budget"] = signals.check_budget(
+            team=team, gpu_hours=gpus * hours * context["tasks"], now=context["now"]
+        )
         context["planned"] = selectors.planned_run(
             team_id=team.id, hours=hours, started_at=None, now=context["now"]
         )

@@ -1,8 +1,9 @@
 """Small display filters shared by the console's templates."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django import template
+from django.utils import dateformat, timezone
 from django.utils.html import format_html
 
 from common import links
@@ -30,6 +31,16 @@ def duration(value: timedelta | float | None) -> str:
         return f"{minutes} min {secs:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+@register.filter
+def time_or_day(moment: datetime | None) -> str:
+    """ "14:20" for a time today, "Dec 8 14:20" for another day (as the queue page writes it), in UTC."""
+    if moment is None:
+        return ""
+    local = timezone.localtime(moment)
+    today = timezone.localdate()
+    return dateformat.format(local, "H:i" if local.date() == today else "M j H:i")
 
 
 @register.filter

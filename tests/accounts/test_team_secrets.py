@@ -13,6 +13,8 @@ from accounts import services as accounts
 from accounts import team_secrets
 from accounts.models import TeamSecret
 from jobs.models import Job
+from tests.factories import MembershipFactory
+from tests.jobs.formparse import form_fields
 from tests.jobs.intake_channels import submit_api, submit_form
 
 pytestmark = pytest.mark.django_db
@@ -113,6 +115,18 @@ def test_a_bad_name_is_refused_with_422(admin_client, team):
     assert not TeamSecret.objects.exists()
 
 
+def test_a_refused_secret_comes_back_with_its_team_still_chosen(client, team, other_team):
+    """An admin of teams audio and vision picks vision and types a name the rules refuse: the page comes
+    back with the name and the team vision still chosen, so Save, pressed again, sets it on vision."""
+    both = MembershipFactory(team=team, role="admin").user
+    MembershipFactory(team=other_team, user=both, role="admin")
+    client.force_login(both)
+    answer = client.post(reverse("accounts:secrets"), {"team": "vision", "name": "E31_TOKEN", "value": VALUE})
+    assert answer.status_code == 422
+    shown = form_fields(answer.content.decode(), "secret-form")
+    assert (shown["team"], shown["name"]) == ("vision", "E31_TOKEN")
+
+
 def api(client, method, path, token, body=None):
     return getattr(client, method)(
         path, data=json.dumps(body) if body is not None else None, content_type="application/json",
@@ -197,3 +211,13 @@ def test_a_rerun_declares_the_same_secret_names(declaring, client, member_token)
 def test_a_name_ending_in_a_newline_is_refused_not_stored_as_another_name():
     with pytest.raises(team_secrets.SecretInvalid):
         team_secrets.check_name("WANDB_API_KEY\n")
+
+
+def test_a_value_holding_a_lone_surrogate_is_refused_with_422(client, team, admin_token):
+    """A team admin's script PUTs a value holding the JSON escape "\\ud800", which no UTF-8 can hold: it is a
+    422 that says why, and nothing is stored."""
+    response = api(
+        client, "put", "/api/v1/teams/vision/secrets/HF_TOKEN", admin_token, {"value": "hf_\ud800"}
+    )
+    assert response.status_code == 422 and "surrogate" in response.json()["detail"]
+    assert not TeamSecret.objects.exists()

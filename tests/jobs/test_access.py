@@ -1,8 +1,13 @@
 """Another team's job does not exist for you: every job URL and API endpoint answers 404."""
 
-import pytest
-from django.urls import reverse
+from datetime import timedelta
 
+import pytest
+from django.contrib.messages import get_messages
+from django.urls import reverse
+from django.utils import timezone
+
+from jobs.models import Allocation, Job
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -86,6 +91,28 @@ def test_cancel_from_the_page_ends_a_queued_job_unmetered(job, member_client):
     member_client.post(reverse("jobs:cancel", args=[job.id]))
     job.refresh_from_db()
     assert (job.state, job.end_reason) == ("ended", "cancelled") and not job.allocations.exists()
+
+
+def test_cancel_pressed_while_a_cancel_is_pending_says_so_not_that_the_job_ended(team, member_client, pool):
+    """A teammate asked to cancel a running job a moment ago and its node agent is still stopping it; a
+    member presses Cancel job: the page says the cancel is already requested, and the job lives on."""
+    now = timezone.now()
+    job = JobFactory(team=team, state="running", attempt=1, cancel_requested_at=now)
+    Allocation.objects.create(
+        job=job, node=pool[0], attempt=1, rank=0, gpu_indices=[0],
+        rented_at=now - timedelta(minutes=5), started_at=now - timedelta(minutes=4),
+    )  # fmt: skip
+    answer = member_client.post(reverse("jobs:cancel", args=[job.id]))
+    assert answer.status_code == 302 and Job.objects.get(id=job.id).is_alive
+    said = [str(m) for m in get_messages(answer.wsgi_request)]
+    assert len(said) == 1 and "cancel already requested at" in said[0] and "already ended" not in said[0]
+
+
+def test_cancel_pressed_on_an_ended_job_says_it_has_ended(team, member_client):
+    """A member presses Cancel job on a job that has ended meanwhile: the page says it has already ended."""
+    job = JobFactory(team=team, state="ended", end_reason="succeeded")
+    answer = member_client.post(reverse("jobs:cancel", args=[job.id]))
+    assert [str(m) for m in get_messages(answer.wsgi_request)] == [f"Job #{job.id} has already ended."]
 
 
 def test_cancel_through_the_api_twice_is_a_409_the_second_time(job, member_client, member_token):

@@ -180,6 +180,26 @@ def test_an_array_is_held_to_an_enforced_budget_as_a_whole(team, member, operato
     assert Job.objects.count() == 10
 
 
+def test_the_forms_budget_preview_weighs_every_task_of_an_array(team, member_client, pool, roots):
+    """Team vision has an enforced budget of 50 GPU-hours a month. A member fills the form with 1 GPU x 1 h
+    and Array "0-99": the preview weighs the 100 tasks, as submitting does, and says the job would be
+    refused; submitting is then refused."""
+    team.monthly_budget_gpu_hours = 50
+    team.budget_enforced = True
+    team.save()
+    _, out = roots
+    draft = {
+        "name": "sweep", "work.argv": "python3\nsweep.py", "request.gpus": "1", "request.hours": "1",
+        "output.uri": f"file://{out}/sweep", "output.bytes": "10", "array": "0-99",
+    }  # fmt: skip
+    preview = member_client.post("/jobs/new/estimate/", draft, HTTP_HX_REQUEST="true")
+    assert preview.status_code == 200
+    html = preview.content.decode()
+    assert "for 100 tasks" in html and "to 100 of 50 GPU-hours" in html and "refused" in html
+    submitted = member_client.post("/jobs/new/", {**draft, "action": "submit"})
+    assert submitted.status_code == 422 and not Job.objects.exists()
+
+
 def test_the_ledger_statement_groups_an_arrays_tasks_into_one_line(team, member, pool, raw):
     from metering import periods, reports
 

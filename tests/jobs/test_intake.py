@@ -8,6 +8,7 @@ from django.urls import reverse
 
 from jobs.models import DataInput, Job
 from tests.factories import NodeFactory
+from tests.jobs.formparse import form_fields
 from tests.jobs.intake_channels import as_form_fields, error_fields, submit_api, submit_file, submit_form
 
 pytestmark = pytest.mark.django_db
@@ -89,6 +90,9 @@ def _bad_cases(data_root, out_root, outside):
         "a destination's bracketed bucket left open": ("output.uri", "s3://[bucket/out/", "output.uri"),
         "a port past 65535": ("data.0.uri", "https://example.com:99999/x", "data[0].uri"),
         "a port that is no number": ("data.0.uri", "https://example.com:abc/x", "data[0].uri"),
+        "a host label over 63 characters": ("data.0.uri", f"http://{'a' * 64}.example.com/x", "data[0].uri"),
+        "an empty host label": ("data.0.uri", "https://data..example.com/x", "data[0].uri"),
+        "a registry label over 63 characters": ("work.image", f"{'r' * 64}.example.com/a:1", "work.image"),
         "an encoded NUL in a file input": ("data.0.uri", f"file://{data_root}/corpus%00.bin", "data[0].uri"),
         "an encoded NUL in a file destination": ("output.uri", f"file://{out_root}/x%00y/", "output.uri"),
         "a password in a data URI": ("data.0.uri", "https://alice:hunter2@example.com/w.bin", "data[0].uri"),
@@ -308,6 +312,79 @@ def test_inputs_are_added_and_removed_in_place(member_client):
         reverse("jobs:new"), {"action": "remove-input-0", "data[0].name": "a", "data[1].name": "b"}
     )
     assert [r["name"] for r in response.context["form"].rows] == ["b"]
+
+
+def test_remove_takes_out_the_row_whose_button_was_pressed_even_after_a_blank_row(member_client):
+    """A member has three input rows, has cleared the first, and presses Remove on the second ("corpus"):
+    "corpus" goes; the blank first row and "labels" stay where they were."""
+    rows = {
+        f"data[{i}].{part}": value
+        for i, name in enumerate(("", "corpus", "labels"))
+        for part, value in (("name", name), ("uri", f"file:///x/{name}.tar" if name else ""))
+    }
+    answer = member_client.post(
+        reverse("jobs:new"), {**rows, "action": "remove-input-1"}, HTTP_HX_REQUEST="true"
+    )
+    assert answer.status_code == 200
+    shown = form_fields(answer.content.decode())
+    assert [shown[f"data[{i}].name"] for i in (0, 1)] == ["", "labels"] and "data[2].name" not in shown
+
+
+def test_add_an_input_adds_a_row_to_a_fresh_form_each_time_it_is_pressed(member_client):
+    """A member opens "Submit a job" (one empty input row) and presses "+ Add an input" twice before typing
+    anything: each press adds a row."""
+    fields = form_fields(member_client.get(reverse("jobs:new")).content.decode())
+    for rows in (2, 3):
+        answer = member_client.post(
+            reverse("jobs:new"), {**fields, "action": "add-input"}, HTTP_HX_REQUEST="true"
+        )
+        fields = form_fields(answer.content.decode())
+        assert sum(name.endswith("].uri") for name in fields) == rows
+
+
+def test_blank_input_rows_are_no_inputs_and_errors_land_on_the_row_shown(good, pool, member_client):
+    """A member submits with a blank first row above a row whose URI the rules refuse: the job has no
+    blank input, and the error stands beside the refused row as the form then shows it."""
+    fields = {**as_form_fields(good), "data[0].uri": "", "data[0].name": "", "data[0].bytes": ""}
+    fields |= {"data[1].name": "bad", "data[1].uri": "ftp://x/y", "data[1].bytes": "10", "action": "submit"}
+    answer = member_client.post(reverse("jobs:new"), fields)
+    assert answer.status_code == 422
+    form = answer.context["form"]
+    assert [row["name"] for row in form.rows] == ["bad"] and "data[0].uri" in form.errors
+
+
+@pytest.mark.parametrize(
+    ("typed", "argv"),
+    [
+        ("python3\ntrain.py\n\n", ["python3", "train.py"]),  # trailing blank lines are no arguments
+        ("python3\n\nx", ["python3", "", "x"]),
+        ('["sh", "-c", "set -e\\npython train.py"]', ["sh", "-c", "set -e\npython train.py"]),
+        ("[\n-f\nx\n]", ["[", "-f", "x", "]"]),  # not JSON: the test program, one argument a line
+    ],
+)
+def test_the_command_box_takes_one_argument_per_line_or_a_json_list(good, pool, member_client, typed, argv):
+    """A member types the command one argument per line, or as a JSON list of strings: the job runs
+    that argv."""
+    response = member_client.post(reverse("jobs:new"), {**as_form_fields(good), "work.argv": typed})
+    assert response.status_code == 302, error_fields(response)
+    assert Job.objects.get().argv == argv
+
+
+def test_a_job_file_whose_argv_lines_cannot_hold_loads_as_a_json_list_and_submits_the_same(
+    good, pool, member_client
+):
+    """A member loads a job file whose argv has a script of two lines and an empty argument, then submits
+    the form as it is shown: the job runs the file's argv."""
+    import tomli_w
+
+    argv = ["sh", "-c", "set -e\npython train.py", ""]
+    raw = {**good, "work": {**good["work"], "argv": argv}}
+    loaded = member_client.post(reverse("jobs:new"), {"action": "load-file", "job_file": tomli_w.dumps(raw)})
+    fields = form_fields(loaded.content.decode())
+    assert fields["work.argv"].startswith("[")
+    response = member_client.post(reverse("jobs:new"), {**fields, "action": "submit"})
+    assert response.status_code == 302, error_fields(response)
+    assert Job.objects.get().argv == argv
 
 
 def test_the_job_page_shows_the_declaration_and_its_events(good, pool, member_client):

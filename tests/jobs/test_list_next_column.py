@@ -1,9 +1,11 @@
 """The job list's "next" column never cuts a word: a long reason is cut between words, whole in a tooltip."""
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
 from tests.factories import JobFactory
 
@@ -35,3 +37,15 @@ def test_a_short_reason_is_shown_whole_with_no_tooltip(team, member_client):
     JobFactory(team=team, state="queued", pending_reason="not enough idle GPUs yet")
     cell = _next_cell(member_client.get(reverse("jobs:list")).content.decode())
     assert cell.group(3).strip() == "not enough idle GPUs yet" and cell.group(1) is None
+
+
+@pytest.mark.parametrize("days_away", [0, 3])
+def test_an_estimated_start_names_its_day_unless_it_is_today(team, member_client, days_away):
+    """A member's queued job is estimated to start today, or in three days: the Next column says
+    "starts ~14:20 UTC" for today and "starts ~Dec 8 14:20 UTC" for another day, as the queue page does."""
+    now = timezone.now().replace(hour=12, minute=0, second=0, microsecond=0)
+    start = now + timedelta(days=days_away, minutes=20)
+    JobFactory(team=team, state="queued", estimated_start=start, pending_reason="waiting for 8 GPUs")
+    cell = _next_cell(member_client.get(reverse("jobs:list")).content.decode()).group(3)
+    day = f"{start:%b} {start.day} " if days_away else ""
+    assert f"starts ~{day}{start:%H:%M} UTC" in cell

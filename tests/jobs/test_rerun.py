@@ -9,6 +9,7 @@ from jobs import agent, declaration
 from jobs.models import DataInput, Job, JobArray
 from tests.cli.inprocess import e31
 from tests.factories import JobFactory, MembershipFactory, TeamFactory, UserFactory
+from tests.jobs.formparse import form_fields
 
 pytestmark = pytest.mark.django_db
 
@@ -68,6 +69,50 @@ def test_another_teams_job_cannot_be_cloned_nor_linked(outsider_client, outsider
     answer = outsider_client.post("/jobs/new/", form)
     assert answer.status_code == 422 and Job.objects.filter(name="mine").count() == 0
     assert "rerun_of" in answer.content.decode()
+
+
+def _resubmit_unchanged(client, source: Job):
+    fields = form_fields(client.get(f"/jobs/{source.id}/rerun/").content.decode())
+    return client.post("/jobs/new/", {**fields, "action": "submit"})
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["sh", "-c", "set -e\npython prep.py\npython train.py"], id="a script of several lines"),
+        pytest.param(["python3", "train.py", "--tag", "", "--epochs", "3"], id="an empty argument"),
+        pytest.param(["python3", " padded ", "[1]"], id="an argument edged with spaces"),
+    ],
+)
+def test_a_rerun_submitted_unchanged_runs_the_same_argv(member_client, member, team, roots, pool, argv):
+    """A member opens Re-run… on a job whose argv one line per argument cannot hold (a ``sh -c`` script,
+    an empty ``--tag ""``) and presses Submit untouched: the Command box holds it as a JSON list, and
+    the re-run runs exactly the source's argv."""
+    _, out = roots
+    source = JobFactory(
+        team=team, submitted_by=member, state="released", end_reason="failed", exit_code=1,
+        argv=argv, output_uri=f"file://{out}/r", output_bytes=10,
+    )  # fmt: skip
+    answer = _resubmit_unchanged(member_client, source)
+    assert answer.status_code == 302, answer.content.decode()[:3000]
+    assert Job.objects.exclude(id=source.id).get().argv == argv
+
+
+def test_adding_or_removing_an_input_keeps_the_form_a_rerun(member_client, member, team, roots, pool):
+    """On the Re-run… form a member presses "+ Add an input", then Remove on the new row: the form comes
+    back each time still a re-run of the source (its hidden ``rerun_of`` and its "Re-run of #N" line)."""
+    _, out = roots
+    source = JobFactory(
+        team=team, submitted_by=member, state="released", end_reason="failed", exit_code=1,
+        argv=["python3", "train.py"], output_uri=f"file://{out}/r", output_bytes=10,
+    )  # fmt: skip
+    fields = form_fields(member_client.get(f"/jobs/{source.id}/rerun/").content.decode())
+    for action in ("add-input", "remove-input-1"):
+        answer = member_client.post("/jobs/new/", {**fields, "action": action}, HTTP_HX_REQUEST="true")
+        assert answer.status_code == 200
+        fields = form_fields(answer.content.decode())
+        assert fields.get("rerun_of") == str(source.id)
+        assert f'Re-run of <a href="/jobs/{source.id}/">' in answer.content.decode()
 
 
 def api_rerun(client, token, job_id, key=None):
