@@ -43,9 +43,9 @@ def test_a_pipeline_runs_in_order_and_a_failed_step_ends_what_needed_it_unmetere
     needs_broken = submit(member, "needs-broken", "print('never')", after_ok=[broken.id])
     then_report = submit(member, "report", "print('reported')", after_any=[broken.id])
 
-    waiting = wait_for(
-        lambda: Job.objects.filter(id=train.id, state="queued", pending_reason__startswith="waiting").first(),
-        timeout=60, what="train to wait in the queue with a reason",
+    waiting = wait_for(  # unstaged until then: its inputs may be what preprocess writes
+        lambda: Job.objects.filter(id=train.id, state="submitted", pending_reason__startswith="waiting").first(),
+        timeout=60, what="train to wait, unstaged, with a reason",
     )  # fmt: skip
     assert waiting.pending_reason.startswith(f"waiting for job {preprocess.id} to succeed")
 
