@@ -148,18 +148,18 @@ class _Room:
         if self.counting_disk and job.space > self.disk.get(node, INF):
             self.refused_for_disk = True
             return False
-        memory, cpus = self.need(job, node, k, total)
-        return (not n.memory or memory <= self.memory[node] * _SLACK) and (
-            not n.cpus or cpus <= self.cpus[node] * _SLACK
-        )
+        return self._covers(job, node, k, total, memory=self.memory[node], cpus=self.cpus[node])
 
     def ever_fits(self, job: PendingJob, node: str, k: int, total: int) -> bool:
         """Whether the node, every other part gone, could give ``k`` of the job's ``total`` GPUs their memory and CPUs."""
         n = self.nodes.get(node)
-        if n is None:
-            return True
-        memory, cpus = self.need(job, node, k, total)
-        return (not n.memory or memory <= n.memory * _SLACK) and (not n.cpus or cpus <= n.cpus * _SLACK)
+        return n is None or self._covers(job, node, k, total, memory=n.memory, cpus=n.cpus)
+
+    def _covers(self, job: PendingJob, node: str, k: int, total: int, *, memory: float, cpus: float) -> bool:
+        """Whether ``memory`` and ``cpus`` on the node hold the part's share (what it does not offer, it does not limit)."""
+        n = self.nodes[node]
+        need_memory, need_cpus = self.need(job, node, k, total)
+        return (not n.memory or need_memory <= memory * _SLACK) and (not n.cpus or need_cpus <= cpus * _SLACK)
 
     def take(self, job: PendingJob, node: str, k: int, total: int) -> None:
         if node in self.nodes:
