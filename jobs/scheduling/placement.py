@@ -11,8 +11,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress, count, repeat
-from operator import and_, attrgetter, le, or_
+from operator import attrgetter
 
 from jobs.scheduling import explanation
 from jobs.scheduling.types import (
@@ -997,29 +996,24 @@ def _backfill(
     """Start whatever fits without touching a reservation; the hot loop of a busy pool.
 
     A job is a candidate if it fits the unreserved idle GPUs, or fits the idle ones and ends (by
-    declared hours) before the first reservation. Candidates are found with C-level maps, so the
-    Python loop only visits jobs that may start; it re-checks each against what is left.
+    declared hours) before the first reservation. Candidates are found by one comprehension (slot
+    reads and comparisons Python 3.11 specialises: several times faster here than chains of C-level
+    maps), so the loop below only visits jobs that may start; it re-checks each against what is left.
     """
     horizon = (p.first_reservation - p.now) / HOUR_S + 1e-9  # hours until the first reservation
     short_top, long_top = _widest(p, p.short), _widest(p, p.long)
     visited: set[int] = set()
-    hours = list(map(_hours, jobs)) if jobs and short_top else []
-    if hours and (long_top or min(hours) <= horizon):
-        if long_top:
-            sizes = (
-                [j.min_gpus or j.gpus for j in jobs] if any(map(_min_gpus, jobs)) else list(map(_gpus, jobs))
-            )
-            fits_long = map(le, sizes, repeat(long_top))
-            fits_short = map(and_, map(le, sizes, repeat(short_top)), map(le, hours, repeat(horizon)))
-            candidates = compress(count(), map(or_, fits_long, fits_short))
-        else:  # every idle GPU is reserved: only jobs ending before the first reservation qualify
-            sizes = None
-            candidates = compress(count(), map(le, hours, repeat(horizon)))
+    if jobs and short_top:
+        candidates = [
+            i
+            for i, job in enumerate(jobs)
+            if (g := job.min_gpus or job.gpus) <= long_top or (g <= short_top and job.hours <= horizon)
+        ]
         for i in candidates:
-            g = sizes[i] if sizes is not None else (jobs[i].min_gpus or jobs[i].gpus)
-            if g > short_top or (g > long_top and hours[i] > horizon):
-                continue  # what was idle is gone
             job = jobs[i]
+            g = job.min_gpus or job.gpus
+            if g > short_top or (g > long_top and job.hours > horizon):
+                continue  # what was idle is gone
             visited.add(i)
             if _consider(p, job, out, backlog):
                 out.blocked.append(job)

@@ -7,13 +7,21 @@ Pure core (standard library only, ``now`` passed in). How the terms combine is t
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from itertools import compress, count, repeat
-from operator import add, attrgetter, lt, mul, sub, truediv
+from operator import add, attrgetter, lt
 
-from jobs.scheduling.types import DAY_S, HOUR_S, PendingJob, PolicyConfig, RunningView, teams_present
+from jobs.scheduling.types import (
+    DAY_S,
+    HOUR_S,
+    PendingJob,
+    PendingList,
+    PolicyConfig,
+    RunningView,
+    teams_present,
+)
 
 
 def decay_usage(*, usage: float, elapsed_s: float, half_life_s: float) -> float:
@@ -109,57 +117,87 @@ def _keys(
 ) -> list[float]:
     """Sort keys (lower first): -1e30 + submitted for starved jobs, else -(priority) + a constant.
 
-    Per declared length h the key is linear in the submit time: submitted * a[h] - b[h] - fs[team]
-    (age, length and expected-slowdown terms folded into a and b): computed once per distinct h
-    when lengths repeat (a live queue), else per job with C-level maps and S(h) cached across
-    passes (a trace declares as many lengths as jobs) - this runs every pass over the whole queue.
+    Per job the key is linear in ``now``: ``A - (L + now * slow) - fs[team]``, with the age, length
+    and expected-slowdown terms folded into A, L and slow, which do not change while the job waits:
+    a keeper whose jobs stay the same objects (the replay) has them worked out once per job
+    (``remember_terms``); for new ones (a live pass) they are worked out here, the same arithmetic.
+    Each is one comprehension (Python 3.11 specialises its float arithmetic and slot reads: several
+    times faster here than chains of C-level maps) - this runs every pass over the whole queue.
     """
     if not pending:
         return []
-    hours = list(map(_hours, pending))
-    per_est = config.slowdown_weight / HOUR_S
-    age_per_s, length_w = config.age_weight / DAY_S, config.length_weight
+    keys = [
+        a - (length + now * slow) - fs_term[team]
+        for for_config, a, length, slow, team in map(_rank_terms, pending)
+        if for_config is config
+    ]
+    if len(keys) < len(pending):  # not all remembered for these weights: the same terms, worked out now
+        per_est = config.slowdown_weight / HOUR_S
+        age_per_s, length_w, floor = config.age_weight / DAY_S, config.length_weight, MIN_ESTIMATE_H
+        factors = _length_factors()
+        keys = [
+            # max(h, floor) written out; wait / estimate is (now - submitted) * slow
+            job.submitted_at * (age_per_s + (slow := per_est / (h if (h := job.hours) > floor else floor)))
+            - (length_w * factors[h] + now * slow)
+            - fs_term[job.team]
+            for job in pending
+        ]
     submitted = list(map(_submitted, pending))
-    distinct = set(hours)
-    if len(distinct) * 8 <= len(hours):  # few lengths (a live queue): a and b once per length
-        a, b = {}, {}
-        for h in distinct:
-            slow = per_est / max(h, MIN_ESTIMATE_H)  # wait / estimate: (now - submitted) * slow
-            a[h] = age_per_s + slow
-            b[h] = length_w * length_factor(h) + now * slow
-        per_job_a, per_job_b = map(a.__getitem__, hours), map(b.__getitem__, hours)
-    else:  # as many lengths as jobs (a trace): the same arithmetic per job, in C
-        floor = MIN_ESTIMATE_H  # max(h, floor) written out: a comprehension is 5x faster than max() per job
-        slow_by_job = list(map(truediv, repeat(per_est), [floor if floor > h else h for h in hours]))
-        per_job_a = map(add, repeat(age_per_s), slow_by_job)
-        per_job_b = map(
-            add,
-            map(mul, repeat(length_w), map(_cached_length_factor, hours)),
-            map(mul, repeat(now), slow_by_job),
-        )
-    keys = list(
-        map(
-            sub,
-            map(sub, map(mul, submitted, per_job_a), per_job_b),
-            map(fs_term.__getitem__, map(_team, pending)),
-        )
-    )
     starve_before = now - _starvation_bound(submitted, now=now, config=config)
     if min(submitted) < starve_before:
-        for i in compress(count(), map(lt, submitted, repeat(starve_before))):
-            keys[i] = -1e30 + submitted[i]  # starved: before everyone else, oldest first
+        _starve(
+            keys,
+            submitted,
+            starve_before,
+            in_submit_order=isinstance(pending, PendingList) and pending.by_submit,
+        )
     return keys
 
 
-# length_factor by declared hours, across passes; lru_cache, not a dict of our own: passes run on several
-# worker threads at once, and its lookups and evictions are safe among them.
-_cached_length_factor = lru_cache(maxsize=100_000)(length_factor)
+def remember_terms(job: PendingJob, config: PolicyConfig) -> None:
+    """Work out ``job``'s priority terms for ``config`` once and keep them on the job (see ``_keys``):
+    for a keeper whose queued jobs stay the same objects while they wait, as it queues each."""
+    slow = config.slowdown_weight / HOUR_S / max(job.hours, MIN_ESTIMATE_H)
+    a = job.submitted_at * (config.age_weight / DAY_S + slow)
+    length = config.length_weight * length_factor(job.hours)
+    object.__setattr__(job, "rank_terms", (config, a, length, slow, job.team))  # a memo on a frozen job
+
+
+def _starve(keys: list[float], submitted: list[float], before: float, *, in_submit_order: bool) -> None:
+    """Starved jobs (submitted before ``before``) go before everyone else, oldest first: their key
+    becomes -1e30 + submitted. In submit order they are a prefix, replaced at once."""
+    if in_submit_order:
+        n = bisect_left(submitted, before)
+        keys[:n] = map(add, repeat(-1e30), submitted[:n])
+        return
+    for i in compress(count(), map(lt, submitted, repeat(before))):
+        keys[i] = -1e30 + submitted[i]
+
+
+class _LengthFactors(dict[float, float]):
+    """S(h) by declared hours, filled on first use."""
+
+    def __missing__(self, hours: float) -> float:
+        self[hours] = factor = length_factor(hours)
+        return factor
+
+
+_LENGTH_FACTORS = _LengthFactors()
+
+
+def _length_factors() -> _LengthFactors:
+    """The table of S(h) that passes share: emptied past 100,000 lengths (learned predictions make new
+    ones in a long-lived worker). Passes on several worker threads may share it: a dict's reads and
+    writes are atomic, and a value written twice is the same value."""
+    if len(_LENGTH_FACTORS) > 100_000:
+        _LENGTH_FACTORS.clear()
+    return _LENGTH_FACTORS
 
 
 _team = attrgetter("team")
 _job_id = attrgetter("job_id")
-_hours = attrgetter("hours")
 _submitted = attrgetter("submitted_at")
+_rank_terms = attrgetter("rank_terms")
 
 
 def _components(

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
 
-from jobs.scheduling import baselines, placement, plot, policy, prediction, traces, types
+from jobs.scheduling import baselines, placement, plot, policy, prediction, priority, traces, types
 from jobs.scheduling.traces import TraceJob
 from jobs.scheduling.types import HOUR_S, NodeView, PendingJob, Plan, PolicyConfig, RunningView
 
@@ -291,7 +291,7 @@ def replay(
         jobs,
         nodes=nodes,
         gpus_per_node=gpus_per_node,
-        half_life_s=config.half_life_s,
+        config=config,
         declarations=declarations,
     )
     memo: types.ReleaseMemo = {}  # running jobs' releases, computed once per start
@@ -344,16 +344,17 @@ class _Replay:
         *,
         nodes: int,
         gpus_per_node: int,
-        half_life_s: float,
+        config: PolicyConfig,
         declarations: Declarations = TODAY,
     ) -> None:
         self.jobs = jobs
+        self.config = config
         self.declarations = declarations
         self.history: dict[str, list[prediction.Finished]] = {}
         self.learned: dict[str, prediction.Learned] = {}
         self.extensions: list[tuple[float, int]] = []  # (planned end, job) of runs that will outrun it
         self.pool = _Pool(nodes=nodes, gpus_per_node=gpus_per_node)
-        self.meter = UsageMeter(half_life_s=half_life_s)
+        self.meter = UsageMeter(half_life_s=config.half_life_s)
         self.outcomes = [Outcome(job=j) for j in jobs]
         self.remaining = [j.run_s for j in jobs]
         self.pending: dict[int, PendingJob] = {}
@@ -417,6 +418,9 @@ class _Replay:
             max_gpus=j.max_gpus,
             preemptible=j.preemptible if preemptible is None else preemptible,
         )
+        priority.remember_terms(
+            job, self.config
+        )  # it stays this object while it waits: ranked without them again
         self.waiting.append(job)
         self.queued_teams[job.team] += 1
         self.queued_sizes[job.gpus] += 1

@@ -8,7 +8,7 @@ the live scheduler and the trace replay call any of them the same way.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TYPE_CHECKING, Protocol
 
@@ -81,6 +81,11 @@ class PendingJob:
     array: int | None = None
     array_limit: int | None = None
     space: float = 0  # bytes each of its parts takes on its node's disk (its attempt space)
+    # A memo, not part of the job: its priority terms that do not change while it waits, for one config,
+    # (config, A, L, slow, team), written once by ``priority`` (``jobs.scheduling.priority.remember_terms``).
+    rank_terms: tuple[object, float, float, float, str] = field(
+        default=(None, 0.0, 0.0, 0.0, ""), init=False, repr=False, compare=False
+    )
 
 
 def part_share(

@@ -1,10 +1,16 @@
 """Priority: fair share follows decayed usage against shares; age and the starvation bound."""
 
+import dataclasses
+import itertools
+import math
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobs.scheduling.policy import plan
-from jobs.scheduling.priority import decay_usage, fairshare_factors, starvation_bound
-from jobs.scheduling.types import NodeView, PendingJob, PolicyConfig
+from jobs.scheduling.priority import decay_usage, fairshare_factors, rank, starvation_bound
+from jobs.scheduling.types import NodeView, PendingJob, PendingList, PolicyConfig, RunningView
 
 NOW = 5_000_000.0
 DAY = 86400.0
@@ -114,3 +120,69 @@ def test_an_overloaded_queue_keeps_short_jobs_first_instead_of_oldest_first():
         now=NOW, nodes=[NodeView("n", 8, tuple(range(8)))], running=[], pending=pending, usage={}, shares={}
     )
     assert [s.job_id for s in result.starts] == [2]
+
+
+TWO_CONFIGS = (
+    PolicyConfig(),
+    PolicyConfig(
+        age_weight=1.25, length_weight=0.1, slowdown_weight=0.02, starvation_factor=0.0, starvation_s=DAY
+    ),
+)
+
+
+@st.composite
+def queues(draw):
+    """Queued jobs in submit order: a few teams, lengths around the 15-minute floor and far past it."""
+    count = draw(st.integers(1, 30))
+    submitted = sorted(draw(st.lists(st.floats(NOW - 5 * DAY, NOW), min_size=count, max_size=count)))
+    hours = st.one_of(st.sampled_from([0.1, 0.25, 1.0, 24.0]), st.floats(0.01, 200.0))
+    return [
+        PendingJob(i, draw(st.sampled_from("abc")), draw(st.integers(1, 16)), draw(hours), submitted[i])
+        for i in range(count)
+    ]
+
+
+def _reference_priority(job, *, usage, config):
+    """The policy's priority written out from its docstring, term by term, for one job."""
+    teams = sorted({"a", "b", "c"})
+    total_used = sum(usage.get(t, 0.0) for t in teams)
+    fairshare = (
+        1.0 if not total_used else 2.0 ** -((usage.get(job.team, 0.0) / total_used) / (1 / len(teams)))
+    )
+    waited_s = NOW - job.submitted_at
+    return (
+        config.fairshare_weight * fairshare
+        + config.age_weight * waited_s / DAY
+        + config.length_weight / (1 + math.log2(1 + job.hours))
+        + config.slowdown_weight * (waited_s / 3600) / max(job.hours, 0.25)
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(queues(), st.sampled_from([0, 1]))
+def test_ranking_follows_the_written_priority_whichever_config_ranked_the_same_jobs_before(jobs, first):
+    """Each job keeps its priority terms once worked out: ranked again under other weights (the
+    same objects), the order is what fresh jobs get, and it falls in the priority the docstring
+    writes out (starved jobs first, oldest first); a keeper's submit-ordered list ranks the same."""
+    usage = {"a": 4e6, "b": 1e5, "c": 0.0}
+    config = TWO_CONFIGS[1 - first]
+    everyone = ["a", "b", "c"]
+    running = [RunningView(10_000 + i, t, {"n": (0,)}, NOW - 60, NOW + 60) for i, t in enumerate(everyone)]
+
+    def ranked(pending, cfg):
+        return rank(now=NOW, pending=pending, running=running, usage=usage, shares={}, config=cfg)
+
+    ranked(jobs, TWO_CONFIGS[first])  # the terms of the other config stay on the jobs
+    again = ranked(jobs, config)
+    fresh = ranked([dataclasses.replace(j) for j in jobs], config)
+    keeper = PendingList(dataclasses.replace(j) for j in jobs)
+    keeper.by_submit = True
+    kept = ranked(keeper, config)
+    ids = [j.job_id for j in again.order]
+    assert ids == [j.job_id for j in fresh.order] == [j.job_id for j in kept.order]
+    assert again.starved == fresh.starved == kept.starved
+    starved = [j for j in again.order if j.job_id in again.starved]
+    assert starved == again.order[: len(starved)]
+    assert [j.submitted_at for j in starved] == sorted(j.submitted_at for j in starved)
+    rest = [_reference_priority(j, usage=usage, config=config) for j in again.order[len(starved) :]]
+    assert all(a >= b - 1e-9 * max(1.0, abs(a)) for a, b in itertools.pairwise(rest))
