@@ -79,26 +79,27 @@ class LogCapture(threading.Thread):
         self.tail_size = 0
         self.lines = 0  # newlines seen in the whole output, so the tail can say how many lines it left out
         self.written = 0
-        self.capped = False
+        self.capped = False  # the cap was reached: the rest is discarded, here and in the database
+        self.file_full = False  # a write to job.log failed: the file stops, the database log does not
         self.lock = threading.Lock()
         self.unshipped = bytearray()
         self.shipped = 0
 
     def run(self) -> None:
-        with self.path.open("wb") as out:
+        out = self.path.open("wb")
+        try:
             for chunk in iter(lambda: self.stream.read1(65536), b""):
                 self._keep(out, self.mask.feed(chunk))
             self._keep(out, self.mask.flush())
+        finally:
+            with contextlib.suppress(OSError):  # the last flush onto a full space: the database has it all
+                out.close()
 
     def _keep(self, out, chunk: bytes) -> None:
         if not chunk:
             return
         self._keep_tail(chunk)
-        try:
-            self._capped_write(out, chunk)
-        except OSError:  # the job filled its own space: keep draining, so it never blocks on output
-            self.written = self.cap
-            self.capped = True
+        self._capped_write(out, chunk)
 
     def _capped_write(self, out, chunk: bytes) -> None:
         room = self.cap - self.written
@@ -112,7 +113,14 @@ class LogCapture(threading.Thread):
     def _write(self, out, data: bytes) -> None:
         with self.lock:  # kept for the database first: a full attempt disk does not lose it there
             self.unshipped += data
-        out.write(data)
+        if self.file_full:
+            return
+        try:
+            out.write(data)
+        except (
+            OSError
+        ):  # the job filled its own space (job.log lives there): the file ends, the database log goes on
+            self.file_full = True
 
     def ship(self, send) -> None:
         """Calls ``send(offset, data)`` with what is not shipped yet; kept for the next try if it raises."""
@@ -431,8 +439,8 @@ def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: 
     capture = LogCapture(proc.stdout, dirs.root / "job.log", settings.E31_LOG_CAP_BYTES, secrets)
     capture.start()
     stop = _watch(part, proc, capture)
-    code = _stop(proc, stop, part, mode) if stop else proc.wait()
-    sandbox.kill_tree(proc)  # children that outlived the job go with its process group
+    # Children that outlived the job go with its process group, while its unreaped pid still pins that group.
+    code = _stop(proc, stop, part, mode) if stop else sandbox.reap(proc)
     capture.join(timeout=5)
     _with_database(lambda: _store_tail(part, capture.text()))
     _with_database(lambda: capture.ship(lambda offset, data: _ship_log(part, offset, data)))
@@ -476,7 +484,7 @@ def _watch(part: Part, proc: subprocess.Popen, capture: LogCapture) -> str:
     A database that is restarting does not stop the job: the checks resume when it is back.
     """
     next_check = next_seen = 0.0
-    while proc.poll() is None:
+    while not sandbox.exited(proc):
         clock = time.monotonic()
         if clock >= next_check:
             next_check = clock + CHECK_EVERY_S

@@ -11,6 +11,7 @@ grants nothing. Without bubblewrap the agent refuses to start unless an operator
 unsandboxed mode, which the pool page labels.
 """
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -610,14 +611,40 @@ def terminate(proc: subprocess.Popen, *, grace_s: float, mode: str, sig: int = s
     inside = descendants(proc.pid) if mode == BUBBLEWRAP else [proc.pid, *descendants(proc.pid)]
     _send(inside, sig)
     deadline = time.monotonic() + grace_s
-    while proc.poll() is None and time.monotonic() < deadline:
+    while not exited(proc) and time.monotonic() < deadline:
         time.sleep(0.05)
-    kill_tree(proc)
+    kill_tree(proc)  # not reaped yet (``exited`` leaves it): its pid and group are still its own
+    return proc.wait()
+
+
+def exited(proc: subprocess.Popen) -> bool:
+    """Whether the job's process has exited, without reaping it (``Popen.poll`` would): until it is
+    reaped its pid, and the process group named by it, cannot be handed to another process."""
+    if proc.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped elsewhere
+        return True
+
+
+def reap(proc: subprocess.Popen) -> int:
+    """Wait for the job's process to exit, KILL what it left behind (``kill_tree``), then reap it."""
+    if proc.returncode is None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        kill_tree(proc)
     return proc.wait()
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
-    """KILL the process group and every descendant, including children that outlive the job."""
+    """KILL the process group and every descendant, including children that outlive the job.
+
+    Only while the process is not reaped: once it is, its pid (and group id) may already belong to
+    another process, another team's attempt among them, which must never be signalled.
+    """
+    if proc.returncode is not None:
+        return
     _send([*descendants(proc.pid), proc.pid], signal.SIGKILL)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
