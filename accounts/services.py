@@ -66,17 +66,20 @@ def ensure_demo_accounts(*, password: str = "") -> dict[str, str]:
     """
     User = get_user_model()
     created: dict[str, str] = {}
-    team = Team.objects.filter(slug="demo").first() or create_team(name="demo")
+    team = Team.objects.filter(slug="demo").first()
+    new_team = team is None
+    team = team or create_team(name="demo")
     operator, made = User.objects.get_or_create(username="operator", defaults={"is_staff": True})
     if made:
         created["operator"] = password or secrets.token_urlsafe(9)
         operator.set_password(created["operator"])
         operator.is_superuser = True
         operator.save()
-    demo, made = User.objects.get_or_create(username="demo")
-    if made:
+    demo, new_demo = User.objects.get_or_create(username="demo")
+    if new_demo:
         created["demo"] = password or secrets.token_urlsafe(9)
         demo.set_password(created["demo"])
         demo.save()
-    add_member(team=team, user=demo, role=Membership.Role.ADMIN)
+    if new_demo or new_team:  # an operator may have changed the demo role since: a restart keeps it
+        add_member(team=team, user=demo, role=Membership.Role.ADMIN)
     return created

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
+from django.db.models.functions import Now
 
 from jobs import dispatch, network, rental
 from jobs.models import Allocation, Node, NodeGpu
@@ -31,19 +32,22 @@ def register_node(
     """
     offered = {"memory_bytes": memory_bytes, "cpus": cpus, "limits": limits[:LIMITS_CHARS],
                "multi_node_refusal": multi_node_refusal[:300], "gpu_source": gpu_source, "disk_bytes": disk_bytes}  # fmt: skip
+    # last_heartbeat is the database's time, as in heartbeat(): the node's clock is not trusted
     node, created = Node.objects.select_for_update().get_or_create(
         name=name,
         defaults={
             "gpus": gpus, "gpu_model": gpu_model, "address": address, "agent_version": agent_version,
-            "sandbox": sandbox, "registered_at": now, "state_changed_at": now, "last_heartbeat": now, **offered,
+            "sandbox": sandbox, "registered_at": now, "state_changed_at": now, "last_heartbeat": Now(), **offered,
         },
     )  # fmt: skip
-    if not created:
+    if created:
+        node.refresh_from_db(fields=["last_heartbeat"])  # it holds the Now() expression until read back
+    else:
         rental.lose_node_allocations(node=node, now=now, detail=f"the agent on {name} restarted")
         state = _state_after_restart(node)
         Node.objects.filter(id=node.id).update(
             gpus=gpus, gpu_model=gpu_model, address=address, agent_version=agent_version, sandbox=sandbox,
-            last_heartbeat=now, registered_at=now, state=state, no_room_until=None, **offered,  # its disk is looked at anew
+            last_heartbeat=Now(), registered_at=now, state=state, no_room_until=None, **offered,  # its disk is looked at anew
             disk_free_bytes=None, disk_free_at=None,  # measured at its first beat, if this agent bounds spaces
             state_changed_at=now if state != node.state else node.state_changed_at,
         )  # fmt: skip
@@ -141,14 +145,19 @@ def heartbeat(*, name: str, now: datetime, disk_free: int | None = None) -> bool
     must re-register).
 
     A node an operator marked down keeps beating without registering again: it stays down until resumed.
+    The beat is stamped with the database's clock, not the agent's ``now``: a node's clock may lag (declared
+    down while it beats) or run ahead (never seen silent), and the reaper compares on the platform's clock.
     """
     beating = Q(state__in=LIVE_STATES) | Q(state=Node.NodeState.DOWN, held_down_by__gt="")
     measured = {"disk_free_bytes": disk_free, "disk_free_at": None if disk_free is None else now}
-    return bool(Node.objects.filter(beating, name=name).update(last_heartbeat=now, **measured))
+    return bool(Node.objects.filter(beating, name=name).update(last_heartbeat=Now(), **measured))
 
 
 def reap_silent_nodes(*, now: datetime) -> list[str]:
-    """Declares down every node silent past the timeout: its allocations are released at this instant."""
+    """Declares down every node silent past the timeout: its allocations are released at this instant.
+
+    ``now`` is the control worker's clock, which platform machines keep in time with the database's.
+    """
     cutoff = now - timedelta(seconds=settings.E31_NODE_TIMEOUT_S)
     silent = Node.objects.filter(state__in=LIVE_STATES, last_heartbeat__lt=cutoff).values_list(
         "id", flat=True

@@ -97,10 +97,22 @@ def agents(*, now: datetime) -> Check:
     counts = live.aggregate(total=Count("id"), fresh=Count("id", filter=fresh))
     total, ok = counts["total"], counts["fresh"]
     if total == 0:
-        return Check("agents", "Agents reporting", False, "no live nodes: no agent has registered")
+        return _no_live_node()
     summary = f"{ok} of {total} live nodes beat within {settings.E31_NODE_TIMEOUT_S:g} s"
     silent = list(live.exclude(fresh).order_by("name").values_list("name", flat=True)[:SHOWN_IDS])
     return Check("agents", "Agents reporting", ok == total, summary, [f"silent: {n}" for n in silent])
+
+
+def _no_live_node() -> Check:
+    """Every node down (a power cut, say) is not a setup problem: name the dead machines."""
+    down = Node.objects.filter(state=Node.NodeState.DOWN).order_by("name").values_list("name", flat=True)
+    count = down.count()
+    if count == 0:
+        return Check("agents", "Agents reporting", False, "no live nodes: no agent has registered")
+    names = list(down[:SHOWN_IDS])
+    return Check(
+        "agents", "Agents reporting", False, f"no live nodes: all {count} down", [f"down: {n}" for n in names]
+    )
 
 
 def beat(probe: HealthProbe | None, *, now: datetime) -> Check:

@@ -142,34 +142,37 @@ def _submit_copy(job: Job, *, actor, now: datetime) -> Job:
 
 
 @transaction.atomic
-def set_team_share(*, team_id: int, share: float, actor, now: datetime) -> Team:
-    """Sets a team's fair-share weight (finite, above 0, at most MAX_SHARE); the next pass ranks by it."""
+def set_team_share(*, team_id: int, share: float, actor, now: datetime) -> bool:
+    """Sets a team's fair-share weight (finite, above 0, at most MAX_SHARE); the next pass ranks by it.
+    False when the team already had it: no action, so no audit entry (a double submit, a stale page)."""
     if not (math.isfinite(share) and 0 < share <= MAX_SHARE):
         raise ValueError(f"a share is a number above 0 and at most {MAX_SHARE:g}")
     team = Team.objects.select_for_update().get(id=team_id)
+    if team.share == share:
+        return False
     before = {"share": team.share}
     Team.objects.filter(id=team_id).update(share=share)
-    team.share = share
     audit.record(
         actor=actor, action="team.share", target=f"team:{team.slug}", before=before, after={"share": share}, now=now
     )  # fmt: skip
     dispatch.request_scheduler_pass()
-    return team
+    return True
 
 
 @transaction.atomic
-def set_team_egress(*, team_id: int, allowed: bool, actor, now: datetime) -> Team:
+def set_team_egress(*, team_id: int, allowed: bool, actor, now: datetime) -> bool:
     """Lets a team's jobs reach the internet (never the platform or private ranges), or takes it back;
-    attempts that start afterwards are wired accordingly."""
+    attempts that start afterwards are wired accordingly. False when the team already had it (no audit entry)."""
     team = Team.objects.select_for_update().get(id=team_id)
+    if team.egress_allowed == allowed:
+        return False
     before = {"egress_allowed": team.egress_allowed}
     Team.objects.filter(id=team_id).update(egress_allowed=allowed)
-    team.egress_allowed = allowed
     audit.record(
         actor=actor, action="team.egress", target=f"team:{team.slug}", before=before,
         after={"egress_allowed": allowed}, now=now,
     )  # fmt: skip
-    return team
+    return True
 
 
 # --------------------------------------------------------------------------- health probes

@@ -184,20 +184,30 @@ def team_view(request: HttpRequest, slug: str) -> HttpResponse:
     error, status = "", 200
     if request.method == "POST" and "egress" in request.POST:
         allowed = request.POST["egress"] == "allow"
-        services.set_team_egress(team_id=team.id, allowed=allowed, actor=request.user, now=timezone.now())
-        messages.success(
-            request,
-            f"{team.name}: jobs {'may reach the internet' if allowed else 'run offline'} from their next attempt.",
-        )
+        if services.set_team_egress(team_id=team.id, allowed=allowed, actor=request.user, now=timezone.now()):
+            messages.success(
+                request,
+                f"{team.name}: jobs {'may reach the internet' if allowed else 'run offline'} from their next attempt.",
+            )
+        else:  # a stale page or a double submit: say so rather than claim an action
+            messages.info(
+                request,
+                f"{team.name}: nothing changed (egress was already {'allowed' if allowed else 'denied'}).",
+            )
         return redirect("operations:team", slug=team.slug)
     if request.method == "POST":
         share = pages.parse_number(request.POST.get("share", ""))
         try:
-            services.set_team_share(team_id=team.id, share=share, actor=request.user, now=timezone.now())
+            changed = services.set_team_share(
+                team_id=team.id, share=share, actor=request.user, now=timezone.now()
+            )
         except ValueError as exc:
             error, status = str(exc), 422
         else:
-            messages.success(request, f"{team.name}: share set to {share:g}.")
+            if changed:
+                messages.success(request, f"{team.name}: share set to {share:g}.")
+            else:
+                messages.info(request, f"{team.name}: nothing changed (share was already {share:g}).")
             return redirect("operations:team", slug=team.slug)
     context = pages.team_page(team=team, now=timezone.now())
     context.update(error=error, share_input=request.POST.get("share", ""))

@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 import pytest
+from django.contrib.messages import get_messages
 from django.db import DatabaseError, connection, transaction
 from django.urls import reverse
 
@@ -83,3 +84,24 @@ def test_the_audit_page_lists_entries_newest_first_and_filters_them(operator_cli
     assert "team.share" in operator_client.get(AUDIT, {"target": "team:vision"}).content.decode()
     fragment = operator_client.get(AUDIT, **HTMX).content.decode()
     assert fragment.lstrip().startswith('<section id="audit-rows"')
+
+
+def test_an_egress_post_that_changes_nothing_writes_no_audit_entry(operator_client, team):
+    """An operator clicks "Take egress back" on a stale page (a colleague already took it back), or
+    posts twice. The team was already offline, nothing changed, yet the audit log gains an entry
+    claiming an action with identical before and after. operations.audit promises one entry per action
+    that changed something."""
+    assert not team.egress_allowed
+    response = operator_client.post(reverse("operations:team", args=[team.slug]), {"egress": "deny"})
+    assert response.status_code == 302
+    team.refresh_from_db()
+    assert not team.egress_allowed
+    assert list(AuditEntry.objects.values_list("before", "after")) == []
+    assert any("nothing changed" in str(m) for m in get_messages(response.wsgi_request))
+
+
+def test_a_share_post_that_changes_nothing_writes_no_audit_entry(operator_client, team):
+    """Set share 1 on a team whose share is already 1 (a double submit): no change, but an audit entry."""
+    assert team.share == 1.0
+    operator_client.post(reverse("operations:team", args=[team.slug]), {"share": "1"})
+    assert list(AuditEntry.objects.values_list("before", "after")) == []

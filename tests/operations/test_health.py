@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from e31web.celery import app
 from jobs.lifecycle import State
-from jobs.models import Allocation, Job
+from jobs.models import Allocation, Job, Node
 from operations import health, services
 from operations.models import AuditEntry
 from tests.factories import JobFactory, NodeFactory
@@ -46,6 +46,18 @@ def test_silent_agents_are_red_and_named(pool, now):
     NodeFactory(name="gpu-quiet", last_heartbeat=now - timedelta(minutes=3))
     check = checks(now)["agents"]
     assert not check.ok and "2 of 3 live nodes" in check.summary and check.detail == ["silent: gpu-quiet"]
+
+
+def test_health_does_not_say_no_agent_registered_when_every_node_is_down(now):
+    """Both nodes of the pool went silent and were declared down (a power cut). The health page's agents
+    check says "no agent has registered", which sends the operator looking for a setup problem instead
+    of two dead machines; it should name the nodes that are down."""
+    NodeFactory(name="gpu-01", state=Node.NodeState.DOWN, last_heartbeat=now - timedelta(hours=1))
+    NodeFactory(name="gpu-02", state=Node.NodeState.DOWN, last_heartbeat=now - timedelta(hours=1))
+    check = health.agents(now=now)
+    assert not check.ok
+    assert "no agent has registered" not in check.summary
+    assert any("gpu-01" in line for line in [check.summary, *check.detail])
 
 
 def test_beat_is_red_until_it_beats_and_again_when_it_falls_silent(now):

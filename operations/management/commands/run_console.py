@@ -4,6 +4,7 @@ The console supervises its children (operations.supervisor): one that exits is r
 growing pause, and only Ctrl-C or TERM stops them all.
 """
 
+import fcntl
 import json
 import logging
 import os
@@ -11,6 +12,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 from django.conf import settings
 from django.core.management import call_command
@@ -38,6 +40,7 @@ class Command(BaseCommand):
     def handle(self, *args, nodes: int, gpus_per_node: int, port: str, **options):
         if refused := sandbox.traversal_refusal(settings.STATE_DIR):
             raise CommandError(refused)  # else every local node would exit at start, and restart, forever
+        self._state_lock = _lock_state_dir(settings.STATE_DIR)  # held while this console runs
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write(
             self.style.SUCCESS("Database ready: " + settings.DATABASES["default"]["NAME"].__str__())
@@ -83,6 +86,7 @@ class Command(BaseCommand):
             f"                 .venv/bin/e31 submit {example} --follow\n"
         ))  # fmt: skip
         _supervise(console)
+        self._state_lock.close()  # every child has stopped: another console may start
 
     def _write_example_job(self) -> str:
         """A job file that runs on the local pool as it is, for a first `e31 submit` (kept if edited)."""
@@ -95,6 +99,22 @@ class Command(BaseCommand):
                 f'[output]\nuri = "file://{settings.E31_OUTPUT_ROOTS[0]}/demo/hello"\nbytes = "1 MB"\n'
             )  # fmt: skip
         return os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def _lock_state_dir(state_dir: Path) -> TextIO:
+    """One console per state folder: a second would start another beat on the same schedule file and agents
+    under the same node names, whose registration loses the first agents' jobs. The kernel drops the lock
+    with the process, however it ends, so a console that crashed never blocks the next one."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(state_dir / "console.lock", "a")  # kept open: closing it drops the lock
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise CommandError(
+            f"another console is running on {state_dir}; stop it first, or set E31_STATE_DIR to another folder"
+        ) from None
+    return lock
 
 
 def _supervise(console: supervisor.Supervisor) -> None:
