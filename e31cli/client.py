@@ -1,5 +1,6 @@
 """A thin client of the console's /api/v1: errors become ApiError with the server's own explanation."""
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -11,17 +12,37 @@ from urllib3.util.retry import Retry
 
 from e31cli import config
 
-# Worth retrying: the request may not have reached the console, or it was briefly unable to answer.
-RETRY_STATUSES = {502, 503, 504}
+# Worth retrying: the request may not have reached the console, it was briefly unable to answer, or
+# it throttled this token (429: many `--wait` polls of one CI token together pass E31_API_RATE).
+RETRY_STATUSES = {429, 502, 503, 504}
 RETRIES = 3
+# The console's Retry-After is waited, up to this: a longer wait looks like a hung command.
+RETRY_AFTER_MAX_S = 30.0
+
+
+class _Retry(Retry):
+    """urllib3's Retry, with Retry-After capped, and read as the console may send it ("0.4" too)."""
+
+    def parse_retry_after(self, retry_after: str) -> float:
+        return retry_after_s(retry_after)
+
+
 # Reads are idempotent, so urllib3 retries them itself: a connection reset as it was reused (the
-# console closed a kept-alive connection just then, as during a long `--follow`) or a 502/503/504.
+# console closed a kept-alive connection just then, as during a long `--follow`) or a 429/502/503/504.
 # Any method is retried only when the connection never opened; ``other=0``, since urllib3 retries
-# "other" errors (TLS failures once the request may be sent) whatever the method; waits stay ours.
-READ_RETRY = Retry(
+# "other" errors (TLS failures once the request may be sent) whatever the method.
+READ_RETRY = _Retry(
     total=RETRIES, other=0, backoff_factor=0.5, status_forcelist=RETRY_STATUSES,
-    allowed_methods=frozenset({"GET"}), raise_on_status=False, respect_retry_after_header=False,
+    allowed_methods=frozenset({"GET"}), raise_on_status=False, respect_retry_after_header=True,
 )  # fmt: skip
+
+
+def retry_after_s(header: str | None) -> float:
+    """Seconds a Retry-After asks for, at most RETRY_AFTER_MAX_S; 0 when absent or not a number (an
+    HTTP date included: the console sends seconds), so the usual backoff applies."""
+    if not header or not re.fullmatch(r"\s*[0-9]+(\.[0-9]+)?\s*", header):
+        return 0.0
+    return min(float(header), RETRY_AFTER_MAX_S)
 
 
 @dataclass
@@ -29,6 +50,7 @@ class ApiError(Exception):
     status: int
     detail: str
     errors: list[dict] = field(default_factory=list)
+    retry_after_s: float = 0.0
 
     def __str__(self) -> str:
         lines = [self.detail] + [f"  {e.get('field') or '(job)'}: {e.get('message')}" for e in self.errors]
@@ -58,7 +80,7 @@ class Api:
                 transient = not isinstance(exc, ApiError) or exc.status in RETRY_STATUSES
                 if not transient or attempt == attempts - 1:
                     raise
-                time.sleep(2**attempt)
+                time.sleep(max(2**attempt, getattr(exc, "retry_after_s", 0)))
         raise AssertionError("unreachable")
 
     def pages(self, path: str, *, limit: int, **params: Any) -> Iterator[dict]:
@@ -101,4 +123,9 @@ def _raise_for(response: requests.Response) -> None:
         body = response.json()
     except ValueError:
         body = {"detail": response.text[:300] or response.reason}
-    raise ApiError(response.status_code, str(body.get("detail", response.reason)), body.get("errors") or [])
+    raise ApiError(
+        response.status_code,
+        str(body.get("detail", response.reason)),
+        body.get("errors") or [],
+        retry_after_s(response.headers.get("Retry-After")),
+    )

@@ -11,7 +11,7 @@ Exit codes a script can rely on (``e31 --help`` lists them too):
   4 no such job (or not your team's)
   5 conflict: nothing to cancel, or an Idempotency-Key reused for another job file
   6 the job file is not valid (each error names its field)
-  7 the console could not be reached
+  7 the console could not be reached, or still throttled the token (429) after the retries
 With --wait, the job's own exit code when it ran and failed (128 + N when signal N killed it), else
 one code per end reason: timed_out 124, cancelled 130, node_lost 75, staging_failed 66,
 output_failed 74 (also a success whose outputs could not be delivered), rejected 65,
@@ -45,7 +45,12 @@ out = Console(highlight=False, markup=False)
 err = Console(stderr=True, highlight=False, markup=False)
 
 EXIT_API, EXIT_AUTH, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_INVALID, EXIT_UNREACHABLE = 1, 3, 4, 5, 6, 7
-STATUS_EXITS = {401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_NOT_FOUND, 409: EXIT_CONFLICT, 422: EXIT_INVALID}
+# A 429 still answered after the client's retries says nothing of the job: it exits as an unreachable
+# console, never 1, which under --wait reads as "the job failed".
+STATUS_EXITS = {
+    401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_NOT_FOUND, 409: EXIT_CONFLICT, 422: EXIT_INVALID,
+    429: EXIT_UNREACHABLE,
+}  # fmt: skip
 END_REASON_EXITS = {
     "succeeded": 0, "timed_out": 124, "cancelled": 130, "node_lost": 75, "staging_failed": 66,
     "output_failed": 74, "rejected": 65, "dependency_failed": 67,

@@ -36,11 +36,13 @@ class EmailPreference(models.Model):
 
 class JobEmail(models.Model):
     """One job's choice for its submitter (``e31 submit --notify``), over the team preference; and
-    once the job has ended, whether its e-mail went (sent_at), so it is sent once."""
+    once the job has ended, whether its e-mail went (sent_at), so it is sent once, and who is sending it
+    (claimed_at, a lease: a send cut short is sent again once it expires)."""
 
     job = models.OneToOneField("jobs.Job", on_delete=models.CASCADE, related_name="+")
     email = models.CharField(max_length=8, choices=EmailChoice.choices, blank=True)
     due_at = models.DateTimeField(null=True, blank=True)  # the job ended and an e-mail is owed
+    claimed_at = models.DateTimeField(null=True, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)
     detail = models.CharField(max_length=300, blank=True)
 

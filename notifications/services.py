@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q, QuerySet
 
 from accounts import scoping
 from accounts.models import Team
@@ -37,6 +37,9 @@ from notifications.models import (
 DELIVER_WEBHOOK = "notifications.tasks.deliver_webhook"
 SEND_JOB_EMAIL = "notifications.tasks.send_job_email"
 MIN_SECRET, MAX_SECRET = 16, 200
+# How long a worker's claim on an e-mail holds: past it (the worker died mid-send, well beyond the SMTP
+# timeout) the mail is owed again and beat's sweep sends it.
+EMAIL_CLAIM = timedelta(minutes=5)
 FAILED_ENDS = {
     "ended": lambda reason: reason not in ("succeeded", "cancelled"),
     "staging_failed": lambda _: True,
@@ -98,7 +101,9 @@ def record_job_event(*, job_id: int, event: str, attempt: int, now: datetime, de
         if created:
             _ring(DELIVER_WEBHOOK, delivery.id)
     if event in FAILED_ENDS and _email_wanted(job, event):
-        JobEmail.objects.update_or_create(job=job, defaults={"due_at": now, "sent_at": None})
+        JobEmail.objects.update_or_create(
+            job=job, defaults={"due_at": now, "claimed_at": None, "sent_at": None}
+        )
         _ring(SEND_JOB_EMAIL, job.id)
 
 
@@ -178,8 +183,11 @@ def _send(delivery: WebhookDelivery, *, now: datetime) -> tuple[int | None, str,
 
 
 def _post(url: str, checked: list[str], port: int, headers: dict, body: bytes) -> tuple[int, str]:
+    # A deadline on the whole try, not only on each read: a receiver that trickles its answer would
+    # otherwise hold it past the delivery's lease, and beat would send the event again meanwhile.
+    timeout = settings.E31_WEBHOOK_TIMEOUT_S
     conn, target = pinned.connection(
-        urlsplit(url), port, addresses=checked, timeout=settings.E31_WEBHOOK_TIMEOUT_S
+        urlsplit(url), port, addresses=checked, timeout=timeout, deadline=time.monotonic() + timeout
     )
     try:
         conn.request("POST", target, body=body, headers={**headers, "User-Agent": "e31-webhooks"})
@@ -212,17 +220,20 @@ def _record_try(delivery, *, status: int | None, response: str, refused: bool, t
 
 
 def send_job_email(*, job_id: int, now: datetime) -> bool:
-    """The e-mail owed for a job's end, sent once: claimed by a conditional UPDATE before it is sent."""
-    if not JobEmail.objects.filter(job_id=job_id, due_at__isnull=False, sent_at__isnull=True).update(
-        sent_at=now
-    ):
+    """The e-mail owed for a job's end: claimed for EMAIL_CLAIM by a conditional UPDATE, marked sent
+    only once the mail server took it, so a send cut short goes out again later."""
+    if not _owed_emails(now).filter(job_id=job_id).update(claimed_at=now):
         return False
     job = Job.objects.select_related("submitted_by", "team").get(id=job_id)
     if not _still_sees(job):  # left the team (or was deactivated) between the end and this send
-        JobEmail.objects.filter(job_id=job_id).update(detail="the submitter can no longer see this job")
+        JobEmail.objects.filter(job_id=job_id).update(
+            sent_at=now, detail="the submitter can no longer see this job"
+        )
         return False
     if not job.submitted_by.email:
-        JobEmail.objects.filter(job_id=job_id).update(detail="the submitter has no e-mail address")
+        JobEmail.objects.filter(job_id=job_id).update(
+            sent_at=now, detail="the submitter has no e-mail address"
+        )
         return False
     outcome = job.end_reason or job.state
     subject = f"[E31] job #{job.id} {job.name}: {outcome}"
@@ -235,9 +246,16 @@ def send_job_email(*, job_id: int, now: datetime) -> bool:
     try:
         send_mail(subject, "\n".join(lines), None, [job.submitted_by.email])
     except (OSError, ValueError) as exc:  # the mail server refused or is down: beat tries again
-        JobEmail.objects.filter(job_id=job_id).update(sent_at=None, detail=str(exc)[:300])
+        JobEmail.objects.filter(job_id=job_id).update(claimed_at=None, detail=str(exc)[:300])
         return False
+    JobEmail.objects.filter(job_id=job_id).update(sent_at=now)
     return True
+
+
+def _owed_emails(now: datetime) -> QuerySet[JobEmail]:
+    """E-mails owed and not being sent: unclaimed, or claimed by a worker that has had EMAIL_CLAIM."""
+    unclaimed = Q(claimed_at__isnull=True) | Q(claimed_at__lte=now - EMAIL_CLAIM)
+    return JobEmail.objects.filter(unclaimed, due_at__isnull=False, sent_at__isnull=True)
 
 
 def send_due_notifications(*, now: datetime) -> int:
@@ -248,9 +266,9 @@ def send_due_notifications(*, now: datetime) -> int:
         .values_list("id", flat=True)[:500]
     )
     owed = list(
-        JobEmail.objects.filter(sent_at__isnull=True, due_at__lte=now - timedelta(minutes=1)).values_list(
-            "job_id", flat=True
-        )[:500]
+        _owed_emails(now)
+        .filter(due_at__lte=now - timedelta(minutes=1))
+        .values_list("job_id", flat=True)[:500]
     )
     with transaction.atomic():
         for delivery_id in due:

@@ -44,6 +44,21 @@ def test_a_success_whose_body_is_not_json_is_an_api_error_with_one_line(monkeypa
     assert stderr == "Error 200: the console's answer is not JSON (text/html)\n"
 
 
+def test_a_console_still_throttling_after_the_retries_exits_as_unreachable_not_as_a_failed_job(
+    monkeypatch, capsys
+):
+    def throttled(url):
+        response = requests.Response()
+        response.status_code, response.url = 429, url
+        response.headers.update({"Content-Type": "application/json", "Retry-After": "1"})
+        response.raw = io.BytesIO(b'{"detail": "Too many requests."}')
+        return response
+
+    code, stderr = run_e31(monkeypatch, capsys, throttled, "show", "1")
+    assert code == main.EXIT_UNREACHABLE
+    assert stderr == "Error 429: Too many requests.\n"
+
+
 def test_a_malformed_ledger_month_is_a_command_line_error(monkeypatch):
     code, stdout, stderr = e31(monkeypatch, "e31_x", "ledger", "--month", "2024-13")
     assert code == 2, (code, stdout, stderr)

@@ -1,6 +1,9 @@
 """E-mail per user per team: on end, on failure only, or never; a job may choose for itself (--notify)."""
 
+from datetime import timedelta
+
 import pytest
+from celery.exceptions import SoftTimeLimitExceeded
 from django.core import mail
 from django.utils import timezone
 
@@ -222,3 +225,32 @@ def test_a_member_who_leaves_after_the_end_is_not_mailed_when_the_mail_goes_out(
     Membership.objects.filter(team=team, user=member).delete()
     assert notify.send_job_email(job_id=job.id, now=timezone.now()) is False
     assert mailed == [] and "no longer" in JobEmail.objects.get(job=job).detail
+
+
+def test_an_email_whose_send_was_cut_short_is_sent_later(team, member, mailed, monkeypatch):
+    """Alice asked to be mailed when her job ends. The worker sending the mail dies mid-send (a soft time
+    limit while the SMTP server hangs, an OOM kill, a deploy restart): send_job_email has already set
+    sent_at as its claim, so the redelivered task (acks_late) and beat's sweep both see the mail as
+    sent, and Alice never gets it, although the README says beat sends any still owed a minute later.
+    The claim should expire (as a webhook delivery's lease does) so the mail goes out once, later."""
+    notify.set_email_preference(user=member, team=team, email="end")
+    job = JobFactory(team=team, submitted_by=member, state="running")
+    t0 = timezone.now()
+    transitions.transition(job_id=job.id, source=State.RUNNING, target=State.RELEASED, now=t0,
+                           end_reason=EndReason.FAILED, exit_code=1)  # fmt: skip
+
+    def dies(*args, **kwargs):
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(notify, "send_mail", dies)
+    with pytest.raises(SoftTimeLimitExceeded):
+        notify.send_job_email(job_id=job.id, now=t0)
+    monkeypatch.undo()
+    mailed.clear()
+    assert notify.send_job_email(job_id=job.id, now=t0 + timedelta(seconds=30)) is False  # still claimed
+
+    later = t0 + timedelta(hours=1)
+    notify.send_due_notifications(now=later)  # beat's sweep
+    notify.send_job_email(job_id=job.id, now=later)  # the task, redelivered or rung again
+    assert len(mailed) == 1, f"no e-mail ever sent; JobEmail: {JobEmail.objects.values().get()}"
+    assert f"job #{job.id}" in mailed[0].subject
