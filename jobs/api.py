@@ -298,7 +298,10 @@ def job_log(
     wait: float = Query(0, ge=0, le=20),
 ):
     job = _visible(request, job_id)
-    piece, retry_after = logs.follow_log(job, attempt=attempt, rank=rank, offset=offset, wait_s=wait)
+    try:
+        piece, retry_after = logs.follow_log(job, attempt=attempt, rank=rank, offset=offset, wait_s=wait)
+    except logs.NoSuchLog as exc:
+        raise HttpError(404, str(exc)) from exc
     return {**dataclasses.asdict(piece), "retry_after_s": retry_after}
 
 

@@ -63,18 +63,34 @@ class LogSlice:
     complete: bool  # nothing more will ever be appended at or after next_offset
 
 
+class NoSuchLog(LookupError):
+    """The job never had this attempt, or the attempt no such part (the message says what exists)."""
+
+
 def read_log(job: Job, *, attempt: int, rank: int, offset: int) -> LogSlice:
     """Up to a megabyte of a part's log from ``offset``; ``attempt`` 0 means the latest."""
     attempt = attempt or job.attempt
+    parts = Allocation.objects.filter(job_id=job.id, attempt=attempt).count()
+    _check_exists(job, attempt=attempt, rank=rank, parts=parts)
     data = _bytes_from(job.id, attempt, rank, offset)
     # A read that filled READ_BYTES may have stopped short of the stored end; only a shorter one reached it.
     at_end = _part_finished(job, attempt, rank) and len(data) < READ_BYTES
     text, used = _whole_characters(data, final=at_end)
-    parts = Allocation.objects.filter(job_id=job.id, attempt=attempt).count()
     return LogSlice(
         attempt=attempt, rank=rank, ranks=max(parts, 1), latest_attempt=job.attempt, offset=offset,
         next_offset=offset + used, text=text, complete=at_end,
     )  # fmt: skip
+
+
+def _check_exists(job: Job, *, attempt: int, rank: int, parts: int) -> None:
+    """Refuses a log that never was: it would read as empty and complete (and a follower of a running job's
+    would wait for ever). Before an attempt has its nodes (queued), rank 0 is its only one."""
+    if attempt > job.attempt:
+        raise NoSuchLog(f"no attempt {attempt}: job {job.id} has had {job.attempt}")
+    if rank >= max(parts, 1):
+        held = f"ran on {parts} node{'' if parts == 1 else 's'}" if parts else "has no node yet"
+        ranks = "rank 0 only" if parts <= 1 else f"ranks 0 to {parts - 1}"
+        raise NoSuchLog(f"attempt {attempt} of job {job.id} {held}: {ranks}")
 
 
 def log_bytes(job: Job, *, attempt: int, rank: int):

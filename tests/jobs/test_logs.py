@@ -117,6 +117,23 @@ def test_the_api_reads_the_log_and_another_team_gets_a_404(api, running, outside
     assert outsider_client.get(reverse("jobs:log", args=[job.id])).status_code == 404
 
 
+@pytest.mark.parametrize(
+    "query, said",
+    [
+        ({"attempt": 2}, "no attempt 2: job {id} has had 1"),
+        ({"rank": 1}, "attempt 1 of job {id} ran on 1 node: rank 0 only"),
+    ],
+)
+def test_a_log_that_never_existed_is_a_404_not_an_empty_complete_log(api, running, query, said):
+    """A user follows attempt 2, or rank 1, of a job that ran once on one node (a typo, or a script that
+    guessed): the answer was an empty log marked complete, as if the part had run and printed nothing,
+    and on a running job a follower that waited for ever. It is a 404 that says what exists."""
+    job, _ = running
+    answer = api.get(f"/api/v1/jobs/{job.id}/log", {**query, "wait": 1})
+    assert answer.status_code == 404
+    assert said.format(id=job.id) in answer.json()["detail"]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_follower_waits_for_new_text_and_gets_it_as_soon_as_it_is_written(running):
     job, _ = running
