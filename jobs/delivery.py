@@ -25,7 +25,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, F, Max, OuterRef, Q
 from django.utils import timezone
 
-from jobs import cache_fill, declaration, dispatch, logs, sandbox, sharing, transfers
+from jobs import cache_fill, declaration, dispatch, logs, sandbox, sharing, signals, transfers
 from jobs.models import Allocation, Job, Node, OutputFile, OutputTransfer
 from jobs.transfers import destinations, sources
 
@@ -317,13 +317,25 @@ def _note_retry(watch: _Watch, attempt: int, problem: str) -> None:
         time.sleep(min(transfers.MAX_BACKOFF_S, settings.E31_TRANSFER_BACKOFF_S * 2**attempt))
 
 
+@transaction.atomic
 def _failed(transfer: OutputTransfer, job: Job, message: str) -> None:
     now = timezone.now()
     OutputTransfer.objects.filter(id=transfer.id, token=transfer.token).update(
         state=FAILED, detail=message[:500], finished_at=now, updated_at=now
     )
+    was = Job.objects.select_for_update().values_list("delivery_state", flat=True).get(id=job.id)
     Job.objects.filter(id=job.id).update(delivery_state="failed", delivery_detail=message[:500])
+    if was != "failed":  # told once, whichever of its parts failed first
+        _tell_outputs_lost(job.id, message, now=now)
     dispatch.request_scheduler_pass()  # the jobs that waited for these outputs end now, unmetered
+
+
+def _tell_outputs_lost(job_id: int, message: str, *, now: datetime) -> None:
+    """The team hears of it as of a failure (e-mail, webhooks): the job succeeded, but its results are gone."""
+    attempt = Job.objects.filter(id=job_id).values_list("attempt", flat=True).get()
+    signals.job_event.send(
+        sender=Job, job_id=job_id, event="output_failed", attempt=attempt, now=now, detail=message[:300]
+    )
 
 
 @transaction.atomic
@@ -358,13 +370,15 @@ def fail_stranded(*, now: datetime) -> list[int]:
             f"not delivered: node {node}, which holds this attempt's outputs, has been down since "
             f"{down_since:%Y-%m-%d %H:%M} UTC"
         )
-        if Job.objects.filter(id=job_id, delivery_state="delivering").update(
-            delivery_state="failed", delivery_detail=message
-        ):
-            OutputTransfer.objects.filter(job_id=job_id, state__in=(WAITING, DELIVERING)).update(
-                state=FAILED, detail=message, finished_at=now, updated_at=now
-            )
-            failed.append(job_id)
+        with transaction.atomic():
+            if Job.objects.filter(id=job_id, delivery_state="delivering").update(
+                delivery_state="failed", delivery_detail=message
+            ):
+                OutputTransfer.objects.filter(job_id=job_id, state__in=(WAITING, DELIVERING)).update(
+                    state=FAILED, detail=message, finished_at=now, updated_at=now
+                )
+                _tell_outputs_lost(job_id, message, now=now)
+                failed.append(job_id)
     return failed
 
 

@@ -19,7 +19,7 @@ allocation_released = Signal()
 budget_asked = Signal()
 
 # Sent inside the transaction of what a team hears about (notifications listens), with ``job_id``,
-# ``event`` (started, ended, staging_failed, budget_warning), ``attempt``, ``now`` and ``detail``.
+# ``event`` (started, ended, staging_failed, output_failed, budget_warning), ``attempt``, ``now`` and ``detail``.
 job_event = Signal()
 
 

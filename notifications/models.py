@@ -8,7 +8,7 @@ from django.db.models import Q
 
 from accounts.models import Team
 
-EVENTS = ("started", "ended", "staging_failed", "budget_warning")
+EVENTS = ("started", "ended", "staging_failed", "output_failed", "budget_warning")
 
 
 class EmailChoice(models.TextChoices):

@@ -43,6 +43,7 @@ EMAIL_CLAIM = timedelta(minutes=5)
 FAILED_ENDS = {
     "ended": lambda reason: reason not in ("succeeded", "cancelled"),
     "staging_failed": lambda _: True,
+    "output_failed": lambda _: True,  # it succeeded, but its outputs could not be delivered: lost to its team
 }
 
 
@@ -236,12 +237,13 @@ def send_job_email(*, job_id: int, now: datetime) -> bool:
         )
         return False
     outcome = job.end_reason or job.state
+    if job.delivery_state == "failed":
+        outcome = f"{outcome}, outputs not delivered"
     subject = f"[E31] job #{job.id} {job.name}: {outcome}"
     lines = [f"Job #{job.id} {job.name} of team {job.team.name} ended: {outcome}."]
     if job.exit_code is not None:
         lines.append(f"Exit code: {job.exit_code}.")
-    if job.end_detail:
-        lines.append(job.end_detail)
+    lines += filter(None, [job.end_detail, job.delivery_detail if job.delivery_state == "failed" else ""])
     lines.append(f"{settings.E31_CONSOLE_URL.rstrip('/')}/jobs/{job.id}/")
     try:
         send_mail(subject, "\n".join(lines), None, [job.submitted_by.email])

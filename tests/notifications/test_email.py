@@ -254,3 +254,34 @@ def test_an_email_whose_send_was_cut_short_is_sent_later(team, member, mailed, m
     notify.send_job_email(job_id=job.id, now=later)  # the task, redelivered or rung again
     assert len(mailed) == 1, f"no e-mail ever sent; JobEmail: {JobEmail.objects.values().get()}"
     assert f"job #{job.id}" in mailed[0].subject
+
+
+def test_a_success_whose_outputs_are_lost_mails_a_member_who_asked_for_failures(team, member, mailed):
+    """Alice chose e-mail "when my job fails". Her job exits 0 and is released as succeeded; its outputs
+    are still on the node, which then goes down for good, so the delivery fails (fail_stranded). The CLI
+    exits 74 for this and after_ok dependents fail: Alice hears of it as of a failure, the mail says the
+    outputs were not delivered and why, and the team's webhooks get an ``output_failed`` event."""
+    from jobs import delivery
+    from jobs.models import Allocation, Node
+    from notifications.models import WebhookDelivery
+    from tests.factories import NodeFactory
+    from tests.notifications.test_webhooks import hook
+
+    hook(team, "http://hooks.example/")
+    notify.set_email_preference(user=member, team=team, email="failure")
+    job = JobFactory(team=team, submitted_by=member, state="running", attempt=1)
+    t0 = timezone.now()
+    transitions.transition(job_id=job.id, source=State.RUNNING, target=State.RELEASED, now=t0,
+                           end_reason=EndReason.SUCCEEDED, exit_code=0, delivery_state="delivering")  # fmt: skip
+    node = NodeFactory()
+    Allocation.objects.create(job=job, attempt=1, node=node, gpu_indices=[0], rented_at=t0, released_at=t0)
+    Node.objects.filter(id=node.id).update(state=Node.NodeState.DOWN, state_changed_at=t0 - timedelta(days=1))
+    later = t0 + timedelta(hours=1)
+    assert delivery.fail_stranded(now=later) == [job.id]  # the outputs are lost
+    assert delivery.fail_stranded(now=later) == []  # and said once
+    notify.send_job_email(job_id=job.id, now=later + timedelta(minutes=5))
+    assert len(mailed) == 1, "a member who asked for failures is never told the job's outputs were lost"
+    assert "succeeded, outputs not delivered" in mailed[0].subject
+    assert f"node {node.name}, which holds this attempt's outputs, has been down" in mailed[0].body
+    events = list(WebhookDelivery.objects.filter(job=job).values_list("event", flat=True))
+    assert sorted(events) == ["ended", "output_failed"]
