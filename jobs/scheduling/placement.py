@@ -353,6 +353,12 @@ class Pass:
         self.free: dict[str, list[int]] = dict(state.free)
         self.cache_nodes = state.cache_nodes
         self.no_span = state.no_span
+        # Nodes that may hold a part of a job spanning nodes: every node, unless some cannot isolate such parts.
+        self.span_capacity = (
+            {n: k for n, k in self.capacity.items() if n not in self.no_span}
+            if self.no_span
+            else self.capacity
+        )
         self.short = state.index.copy()
         self.long = state.index.copy()
         self.room = _Room(nodes) if state.offers else None
@@ -417,9 +423,14 @@ class Pass:
         if g <= self.node_gpus:
             return g > 0
         whole, rest = divmod(g, self.node_gpus)
-        if self.big_nodes < whole:
+        big_nodes, second_gpus = self.big_nodes, self.second_gpus
+        if self.no_span:  # only nodes that may hold a spanning job's part count
+            sizes = list(self.span_capacity.values())
+            big_nodes = sizes.count(self.node_gpus)
+            second_gpus = max((k for k in sizes if k < self.node_gpus), default=0)
+        if big_nodes < whole:
             return False
-        return rest == 0 or self.big_nodes > whole or self.second_gpus >= rest
+        return rest == 0 or big_nodes > whole or second_gpus >= rest
 
     # ----- placement now
 
@@ -709,9 +720,9 @@ class _Sweep:
             self._splice(end, counts)
         self.gained: dict[str, int] = {}  # GPUs added by releases so far, per node
         self.owed: dict[str, int] = {}  # of those, what earlier holds took
-        # Nodes wholly available at the walk's present, kept up to date as it moves: wide holds
-        # (most reservations on a busy pool) then never rescan every node.
-        size, cap = p.node_gpus, p.capacity
+        # Nodes wholly available at the walk's present (among those that may hold a spanning job's part), kept up
+        # to date as it moves: wide holds (most reservations on a busy pool) then never rescan every node.
+        size, cap = p.node_gpus, p.span_capacity
         self.wholes = {n: None for n, a in self.avail.items() if a >= size and cap.get(n, 0) == size}
 
     def _take(self, counts: Mapping[str, int]) -> None:
@@ -784,7 +795,7 @@ class _Sweep:
         """Apply every other release at ``t`` after event ``i``: a hold found at ``t`` then sees all
         GPUs released at that moment and takes them before idle ones (EASY's shadow time).
         Returns the nodes whose GPUs were released at ``t``."""
-        events, avail, gained, cap = self.events, self.avail, self.gained, self.p.capacity
+        events, avail, gained, span = self.events, self.avail, self.gained, self.p.span_capacity
         wholes, size = self.wholes, self.p.node_gpus
         touched = [events[i][1]]
         i += 1
@@ -794,7 +805,7 @@ class _Sweep:
                 a = avail.get(node, 0) + k
                 avail[node] = a
                 gained[node] = gained.get(node, 0) + k
-                if a >= size > a - k and cap.get(node, 0) == size:
+                if a >= size > a - k and span.get(node, 0) == size:
                     wholes[node] = None
                 touched.append(node)
                 i += 1
@@ -805,14 +816,14 @@ class _Sweep:
 
     def _advance_single(self, g: int) -> dict[str, int] | None:
         events, avail, gained, cap = self.events, self.avail, self.gained, self.p.capacity
-        wholes, size = self.wholes, self.p.node_gpus
+        wholes, size, span = self.wholes, self.p.node_gpus, self.p.span_capacity
         while True:
             for i in range(self.i, len(events)):
                 t, node, k = events[i]
                 a = avail.get(node, 0) + k
                 avail[node] = a
                 gained[node] = gained.get(node, 0) + k
-                if a >= size > a - k and cap.get(node, 0) == size:
+                if a >= size > a - k and span.get(node, 0) == size:
                     wholes[node] = None
                 if a >= g and cap.get(node, 0) >= g:
                     touched = self._absorb_ties(i, t)
@@ -825,7 +836,8 @@ class _Sweep:
 
     def _advance_multi(self, g: int) -> dict[str, int] | None:
         """Watches whole nodes (and nodes able to take the remainder) as releases come in."""
-        events, avail, gained, cap = self.events, self.avail, self.gained, self.p.capacity
+        events, avail, gained = self.events, self.avail, self.gained
+        cap = self.p.span_capacity  # only nodes that may hold a spanning job's part
         wholes, size = self.wholes, self.p.node_gpus
         whole, rest = divmod(g, size)
         n_rest = sum(1 for n, a in avail.items() if a >= rest and cap.get(n, 0) >= rest) if rest else 0
@@ -871,7 +883,7 @@ def _fit_multi(
     whole, rest = divmod(g, p.node_gpus)
     if len(wholes) < whole:
         return None
-    idle, cap = p.short.count, p.capacity
+    idle, cap = p.short.count, p.span_capacity
     busy = [n for n in wholes if n not in idle]
     if len(busy) < whole:
         busy += sorted((n for n in wholes if n in idle), key=idle.__getitem__)

@@ -1,13 +1,15 @@
 """Each node owns a /24 of E31_JOB_SUBNET by a slot of its own, not by its id; without one it takes one-node jobs only."""
 
+from datetime import timedelta
+
 import pytest
 from django.db import IntegrityError
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs import nodes
+from jobs import nodes, rental, scheduler
 from jobs.models import Node
-from tests.factories import NodeFactory
+from tests.factories import JobFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -49,3 +51,26 @@ def test_two_nodes_never_share_a_slot(settings):
     assert slots == [0, 1, 2, 3, 4]
     with pytest.raises(IntegrityError, match="network_slot"):
         Node.objects.filter(name="gpu-4").update(network_slot=0)  # the database refuses a shared /24
+
+
+def test_a_spanning_job_no_node_set_can_hold_neither_reserves_nor_preempts():
+    """Two 4-GPU nodes; gpu-02's agent cannot isolate a part of a job spanning nodes (multi_node_refusal),
+    and runs a team's preemptible backlog job. An 8-GPU job can never be placed (it would need a part on
+    gpu-02). The pass still reserves gpu-01 and gpu-02 for it "from now", preempts the backlog job for it,
+    and the 8-GPU job's team is told it starts now: the backlog job loses its work for a start that never
+    comes, and after its requeue both nodes sit idle under the reservation."""
+    now = timezone.now()
+    NodeFactory(name="gpu-01", gpus=4)
+    NodeFactory(name="gpu-02", gpus=4, multi_node_refusal="the agent is not root: no network namespace")
+    backlog = JobFactory(gpus=4, hours=4.0, preemptible=True)
+    assert rental.rent_job(
+        job_id=backlog.id, gpus_by_node={"gpu-02": (0, 1, 2, 3)}, now=now - timedelta(minutes=5)
+    )
+    wide = JobFactory(gpus=8, hours=1.0)
+
+    scheduler.run_pass(now=now)
+
+    backlog.refresh_from_db()
+    wide.refresh_from_db()
+    assert backlog.preempt_requested_at is None, "preempted for a job that can never start"
+    assert wide.estimated_start is None, (wide.estimated_start, wide.pending_reason)
