@@ -46,6 +46,8 @@ def deliver_part(*, allocation_id: int, now: datetime) -> None:
     job = allocation.job
     if job.delivered_at or job.delivery_state != "delivering":
         return
+    if allocation.attempt != job.attempt:
+        return  # an earlier attempt's files: only the current attempt's go to its folder, ``<job id>-<attempt>/``
     files = _part_files(allocation)
     transfer = _lease(allocation, files, now)
     if transfer is None:
@@ -319,11 +321,11 @@ def _note_retry(watch: _Watch, attempt: int, problem: str) -> None:
 
 @transaction.atomic
 def _failed(transfer: OutputTransfer, job: Job, message: str) -> None:
-    now = timezone.now()
-    OutputTransfer.objects.filter(id=transfer.id, token=transfer.token).update(
-        state=FAILED, detail=message[:500], finished_at=now, updated_at=now
-    )
+    """Fails the part and its job's delivery, but only while this task still holds the part's lease."""
     was = Job.objects.select_for_update().values_list("delivery_state", flat=True).get(id=job.id)
+    now = timezone.now()
+    if not _finish(transfer, now, state=FAILED, detail=message[:500]):
+        return  # a re-driven task took the lease over: the part, and the job, are its to finish
     Job.objects.filter(id=job.id).update(delivery_state="failed", delivery_detail=message[:500])
     if was != "failed":  # told once, whichever of its parts failed first
         _tell_outputs_lost(job.id, message, now=now)
@@ -340,19 +342,28 @@ def _tell_outputs_lost(job_id: int, message: str, *, now: datetime) -> None:
 
 @transaction.atomic
 def _delivered(transfer: OutputTransfer, allocation: Allocation) -> None:
+    """Marks the part delivered (and the job, once it was the last), only while this task holds the lease."""
     # The job's row first: parts finishing at once then take turns, and the last one sees every other delivered
     # (each would otherwise look before the other committed, and neither would mark the job delivered).
     Job.objects.select_for_update().only("id").get(id=allocation.job_id)
     now = timezone.now()
-    OutputTransfer.objects.filter(id=transfer.id).update(
-        state=DELIVERED, bytes_done=transfer.bytes_total, files_done=transfer.files_total, finished_at=now,
-        updated_at=now, detail="",
-    )  # fmt: skip
+    done = {"bytes_done": transfer.bytes_total, "files_done": transfer.files_total}
+    if not _finish(transfer, now, state=DELIVERED, detail="", **done):
+        return  # a re-driven task took the lease over
     Allocation.objects.filter(id=allocation.id).update(delivered_at=now)
     job = allocation.job
     if not Allocation.objects.filter(job=job, attempt=job.attempt, delivered_at__isnull=True).exists():
         Job.objects.filter(id=job.id).update(delivery_state="delivered", delivered_at=now)
         dispatch.request_scheduler_pass()  # the jobs that waited for these outputs stage now
+
+
+def _finish(transfer: OutputTransfer, now: datetime, **fields) -> bool:
+    """Ends the part's transfer; False when this task's lease is gone (taken over, or the part already ended)."""
+    return bool(
+        OutputTransfer.objects.filter(
+            id=transfer.id, token=transfer.token, state__in=(WAITING, DELIVERING)
+        ).update(finished_at=now, updated_at=now, **fields)
+    )
 
 
 def fail_stranded(*, now: datetime) -> list[int]:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q
 
 from jobs import delivery, dispatch, rental
 from jobs.lifecycle import REQUEUED, EndReason, State
@@ -86,8 +86,12 @@ def _abandon_silent(stale: datetime, now: datetime, findings: Findings) -> None:
 
 
 def _redeliver(stale: datetime, findings: Findings) -> None:
+    """Rings again the undelivered parts of the attempt each delivering job is delivering (not earlier ones)."""
     rows = Allocation.objects.filter(
-        job__delivery_state="delivering", delivered_at__isnull=True, released_at__lt=stale
+        job__delivery_state="delivering",
+        attempt=F("job__attempt"),
+        delivered_at__isnull=True,
+        released_at__lt=stale,
     ).values_list("id", "node__name")
     for allocation_id, node in rows[:200]:
         dispatch.deliver_part(allocation_id, node)

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobs import delivery, logs, reconciler, sandbox, scheduler
+from jobs import delivery, logs, reconciler, sandbox, scheduler, signals
 from jobs.models import Allocation, Dependency, Job, Node, OutputFile, OutputTransfer, SchedulerState
 from jobs.transfers import sources
 from tests.factories import JobFactory, NodeFactory
@@ -371,3 +371,94 @@ def test_a_delivery_whose_node_has_been_down_past_the_grace_fails_and_its_depend
     scheduler.run_pass(now=now)
     after_it.refresh_from_db()
     assert after_it.state == "rented"
+
+
+def _sealed_part(job, *, attempt, rank, files: dict[str, bytes], released_at, multi: bool) -> Allocation:
+    """A part of ``attempt`` that sealed ``files`` on its own node (manifest rows and the files on its disk)."""
+    allocation = Allocation.objects.create(job=job, attempt=attempt, rank=rank, node=NodeFactory(), gpu_indices=[0],
+                                           rented_at=released_at - timedelta(minutes=5), released_at=released_at,
+                                           sealed_at=released_at)  # fmt: skip
+    prefix = f"rank{rank}/" if multi else ""
+    OutputFile.objects.bulk_create(
+        OutputFile(job=job, attempt=attempt, **_entry(prefix + rel, content))
+        for rel, content in files.items()
+    )
+    output = sandbox.attempt_dirs(allocation).output
+    for rel, content in files.items():
+        (output / rel).parent.mkdir(parents=True, exist_ok=True)
+        (output / rel).write_bytes(content)
+    return allocation
+
+
+def test_a_task_that_lost_its_lease_does_not_fail_the_delivery_its_successor_finished(
+    roots, team, monkeypatch, settings
+):
+    """A part's delivery task stalls on a hung destination mount for longer than the reconcile delay. The
+    reconciler re-drives the part; the new task takes the lease over (as designed), delivers every file, marks
+    the job delivered and removes the part's folder of files in transit. The old task then wakes: its next write
+    fails (its folder is gone), and ``_failed`` marks the whole job's delivery failed although the lease is no
+    longer its own: the team is told its results are lost, and jobs that run after it (after_ok) are ended,
+    though every file is in place. A task that no longer holds the lease must not touch the job."""
+    now = timezone.now()
+    files = {"a.bin": b"a" * 1000, "b.bin": b"b" * 1000}
+    job = JobFactory(team=team, state="released", end_reason="succeeded", attempt=1, delivery_state="delivering",
+                     output_uri=f"file://{roots.outputs}/run", sealed_files=2, output_bytes=10_000)  # fmt: skip
+    part = _sealed_part(job, attempt=1, rank=0, files=files, released_at=now, multi=False)
+    told = []
+    receiver = lambda sender, **kw: told.append(kw["event"])  # noqa: E731
+    signals.job_event.connect(receiver, weak=False)
+    real = delivery._deliver_file
+    calls = []
+
+    def stalls_once(source, target, in_transit, entry, watch):
+        calls.append(entry["path"])
+        # The old task, between its first and second file, silent past the reconcile delay:
+        if len(calls) == 2:
+            later = timezone.now() + timedelta(seconds=settings.E31_RECONCILE_AFTER_S + 5)
+            delivery.deliver_part(allocation_id=part.id, now=later)  # the re-driven task, on the same node
+            assert Job.objects.get(id=job.id).delivery_state == "delivered"
+        return real(source, target, in_transit, entry, watch)
+
+    monkeypatch.setattr(delivery, "_deliver_file", stalls_once)
+    try:
+        delivery.deliver_part(allocation_id=part.id, now=now)  # the first task
+    finally:
+        signals.job_event.disconnect(receiver)
+
+    job.refresh_from_db()
+    for rel, content in files.items():
+        assert (roots.outputs / "run" / f"{job.id}-1" / rel).read_bytes() == content
+    assert (job.delivery_state, job.delivery_detail) == ("delivered", "")
+    assert "output_failed" not in told
+
+
+def test_the_reconciler_does_not_redeliver_an_earlier_attempts_part_into_the_current_attempts_folder(
+    roots, team
+):
+    """A job runs on two nodes. Its first attempt's rank 0 sealed a partial checkpoint, then rank 1's node was lost
+    and the job was requeued; attempt 2 succeeded and is delivering. ``_redeliver`` picks every undelivered,
+    released part of a delivering job, whatever its attempt, so it rings attempt 1's rank 0 too (again at every
+    run), and that task delivers attempt 1's files into ``<job>-2/``: the folder of the attempt that succeeded
+    receives files of the attempt that was lost (and, for a name both wrote, whichever lands last wins). Only the
+    current attempt's parts are the job's to deliver, as ``fail_stranded`` and ``finish_delivered_jobs`` already
+    hold."""
+    now = timezone.now()
+    long_ago = now - timedelta(hours=1)
+    job = JobFactory(team=team, state="released", end_reason="succeeded", attempt=2, delivery_state="delivering",
+                     output_uri=f"file://{roots.outputs}/run", sealed_files=2, output_bytes=10_000)  # fmt: skip
+    lost = _sealed_part(
+        job, attempt=1, rank=0, files={"partial.ckpt": b"old"}, released_at=long_ago, multi=True
+    )
+    Allocation.objects.create(job=job, attempt=1, rank=1, node=NodeFactory(state="down"), gpu_indices=[0],
+                              rented_at=long_ago - timedelta(minutes=5), released_at=long_ago)  # fmt: skip
+    current = [
+        _sealed_part(job, attempt=2, rank=rank, files={"model.bin": b"new"}, released_at=long_ago, multi=True)
+        for rank in (0, 1)
+    ]
+
+    findings = reconciler.reconcile(now=now)
+    assert set(findings.redelivered) == {p.id for p in current}
+
+    # What attempt 1's rank 0 node does with the message it was sent.
+    delivery.deliver_part(allocation_id=lost.id, now=now)
+    assert not (roots.outputs / "run" / f"{job.id}-2" / "rank0" / "partial.ckpt").exists()
