@@ -33,9 +33,7 @@ def rent_job(
             job = Job.objects.select_for_update().filter(id=job_id, state=State.QUEUED).first()
             if job is None or Allocation.objects.filter(job=job, released_at__isnull=True).exists():
                 return False
-            # Locked as a GPU-set change locks it: no placement lands on a GPU that just went missing.
-            up = Node.objects.select_for_update().filter(name__in=gpus_by_node, state=Node.NodeState.UP)
-            nodes = {n.name: n for n in up.order_by("name")}
+            nodes = _lock_takers(gpus_by_node, now)
             if len(nodes) != len(gpus_by_node) or not _all_present(nodes, gpus_by_node):
                 return False
             attempt = job.attempt + 1
@@ -54,6 +52,18 @@ def rent_job(
     for allocation in allocations:
         dispatch.run_part(allocation.id, allocation.node.name)
     return True
+
+
+def _lock_takers(gpus_by_node: dict[str, tuple[int, ...]], now: datetime) -> dict[str, Node]:
+    """The placement's nodes that still take its parts, locked as a GPU-set change locks them: the pass read the
+    pool before, and a node may since have lost a GPU, or been held for its disk by its agent (a space refused
+    there would waste the attempt). A node whose agent cannot isolate a part of a job spanning nodes takes only
+    single-node jobs."""
+    up = Node.objects.select_for_update().filter(name__in=gpus_by_node, state=Node.NodeState.UP)
+    up = up.exclude(no_room_until__gt=now)
+    if len(gpus_by_node) > 1:
+        up = up.filter(multi_node_refusal="")
+    return {n.name: n for n in up.order_by("name")}
 
 
 def _rent_time(

@@ -51,10 +51,16 @@ def take(*, now: datetime) -> PoolView:
     )
 
 
+# A job past its deadline still holds its GPUs until its agent stops it (TERM, then the kill grace) and its
+# outputs are sealed and released: it is planned to end this long from now, never before now, or a job waiting
+# for its GPUs would be told a start that has already passed.
+OVERDUE_MARGIN_S = 60.0
+
+
 def _as_predicted(r: types.RunningView, learned: prediction.Learned, now: datetime) -> types.RunningView:
     limit_s = r.expected_end - r.started_at
     end = prediction.planned_end(learned, started_at=r.started_at, limit_s=limit_s, now=now.timestamp())
-    return replace(r, expected_end=end)
+    return replace(r, expected_end=max(end, now.timestamp() + OVERDUE_MARGIN_S))
 
 
 def _nodes(now: datetime, pool_cached: frozenset[str] = frozenset()) -> list[types.NodeView]:
@@ -127,6 +133,8 @@ def _held_by_parts(nodes: dict[int, Node]) -> dict[int, tuple[float, float, int]
 
 
 def _running() -> list[types.RunningView]:
+    """Jobs holding GPUs, each planned from when its process started: the agent stops a part at its own start +
+    the declared hours, and a node may pick its part up well after the rent (not started yet: from the rent)."""
     by_job: dict[int, dict] = {}
     rows = Allocation.objects.filter(released_at__isnull=True, job__state__in=HOLDS_COMPUTE).values_list(
         "job_id",
@@ -134,18 +142,19 @@ def _running() -> list[types.RunningView]:
         "node__name",
         "gpu_indices",
         "rented_at",
+        "started_at",
         "job__hours",
         "job__preemptible",
         "job__array_id",
         "job__checkpoint_signal",
     )
-    for job_id, team, node, indices, rented_at, hours, preemptible, array, signal in rows:
+    for job_id, team, node, indices, rented_at, started_at, hours, preemptible, array, signal in rows:
         entry = by_job.setdefault(
             job_id,
             {
                 "team": team,
                 "nodes": {},
-                "rented": rented_at.timestamp(),
+                "started": 0.0,
                 "hours": hours,
                 "preemptible": preemptible,
                 "array": array,
@@ -153,13 +162,15 @@ def _running() -> list[types.RunningView]:
             },
         )
         entry["nodes"][node] = tuple(indices)
+        # the job holds its GPUs until its last part to start is stopped
+        entry["started"] = max(entry["started"], (started_at or rented_at).timestamp())
     return [
         types.RunningView(
             job_id=job_id,
             team=e["team"],
             gpus_by_node=e["nodes"],
-            started_at=e["rented"],
-            expected_end=e["rented"] + e["hours"] * 3600,
+            started_at=e["started"],
+            expected_end=e["started"] + e["hours"] * 3600,
             preemptible=e["preemptible"],
             array=e["array"],
             checkpoints=e["checkpoints"],
@@ -168,20 +179,29 @@ def _running() -> list[types.RunningView]:
     ]
 
 
+# A staging job's transfers are planned to take this long until they say how many bytes are left: a job
+# without rows yet, or an image pull still resolving its reference (its size not learned).
+ASSUMED_STAGING_S = 60.0
+# The RENT refuses a job that is not QUEUED: one still staging is planned at least this far ahead, never now,
+# so the GPUs a start of it would take this pass go to a queued job instead.
+NOT_QUEUED_READY_S = 1.0
+
+
 def _pending(now: datetime) -> list[types.PendingJob]:
-    """Queued jobs are ready; staging ones are planned from their staging ETA."""
+    """Queued jobs are ready; staging ones are planned from their staging ETA, never before the next pass."""
     jobs = Job.objects.filter(state__in=(State.QUEUED, State.STAGING, State.SUBMITTED)).values_list(
         "id", "team__name", "gpus", "hours", "submitted_at", "min_gpus", "preemptible", "state",
         "memory_bytes", "cpus", "max_gpus", "array_id", "array__max_running", "output_bytes",
     )  # fmt: skip
     etas = staging_etas(now)
+    unknown, not_before = now.timestamp() + ASSUMED_STAGING_S, now.timestamp() + NOT_QUEUED_READY_S
     datasets = selectors.job_datasets([row[0] for row in jobs])
     waits = dependencies.unmet(row[0] for row in jobs)
     return [
         types.PendingJob(
             job_id=job_id, team=team, gpus=gpus, hours=hours, submitted_at=submitted.timestamp(),
             min_gpus=min_gpus, max_gpus=max_gpus, preemptible=preemptible,
-            ready_at=None if state == State.QUEUED else etas.get(job_id, now.timestamp() + 60),
+            ready_at=None if state == State.QUEUED else max(etas.get(job_id, unknown), not_before),
             datasets=datasets.get(job_id, frozenset()), memory=memory, cpus=cpus,
             waits_for=waits.get(job_id, ()), array=array, array_limit=array_limit, space=limits.space_bytes(output),
         )
@@ -196,12 +216,23 @@ def staging_etas(now: datetime) -> dict[int, float]:
         "job_id", "bytes", "bytes_done", "rate_bytes_s"
     )
     pulls = ImagePull.objects.filter(job__state__in=BEFORE_RENT).values_list(
-        "job_id", "bytes", "bytes_done", "rate_bytes_s"
+        "job_id", "bytes", "bytes_done", "rate_bytes_s", "stage_state"
     )
-    for job_id, size, done, rate in [*rows, *pulls]:
-        seconds = (size - done) / rate if rate > 0 else (size - done) / settings.E31_ASSUMED_STAGE_RATE
+    for job_id, size, done, rate in rows:
+        left[job_id] = max(left[job_id], _seconds_left(size, done, rate))
+    for job_id, size, done, rate, stage_state in pulls:
+        seconds = _seconds_left(size, done, rate)
+        if not size and stage_state not in (
+            "staged",
+            "cached",
+        ):  # resolving its reference: size not known yet
+            seconds = max(seconds, ASSUMED_STAGING_S)
         left[job_id] = max(left[job_id], seconds)
     return {job_id: now.timestamp() + seconds for job_id, seconds in left.items()}
+
+
+def _seconds_left(size: int, done: int, rate: float) -> float:
+    return (size - done) / (rate if rate > 0 else settings.E31_ASSUMED_STAGE_RATE)
 
 
 def _usage(now: datetime) -> dict[str, float]:

@@ -182,8 +182,7 @@ class Explainer:
                 f"{_describe_size(job.gpus, p.node_gpus)}; its GPUs are idle, but no node has its "
                 "memory and CPUs free yet; it starts when running jobs there end"
             )
-            ends = [r.expected_end for r in p.releases() if r.expected_end > p.now]
-            return Estimate(job.job_id, min(ends, default=p.now), "no_room", reason)
+            return Estimate(job.job_id, _first_end_on(p, hold.need), "no_room", reason)
         starved = ""
         if self.is_starved(job):
             starved = "waited past the starvation bound, so it holds a reservation: "
@@ -227,6 +226,16 @@ class Explainer:
 
     def behind(self, job: PendingJob, head: PendingJob) -> str:
         return ""
+
+
+def _first_end_on(p: Pass, nodes: Mapping[str, int]) -> float:
+    """When the first running job with a part on ``nodes`` ends: memory and CPUs held elsewhere never free there."""
+    ends = [
+        r.expected_end
+        for r in p.releases()
+        if r.expected_end > p.now and not r.gpus_by_node.keys().isdisjoint(nodes)
+    ]
+    return min(ends, default=p.now)
 
 
 def _node_list(need: Mapping[str, int]) -> str:

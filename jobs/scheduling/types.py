@@ -44,8 +44,9 @@ class NodeView:
 
 @dataclass(frozen=True, slots=True)
 class RunningView:
-    """A job holding GPUs now; ``expected_end`` is when the scheduler plans it to end: rent time +
-    declared hours, or + its team's learned run time (``prediction``), never past the declared limit."""
+    """A job holding GPUs now; ``expected_end`` is when the scheduler plans it to end: its process's start
+    (its rent until it starts) + declared hours, or + its team's learned run time (``prediction``), never past
+    the declared limit."""
 
     job_id: int
     team: str

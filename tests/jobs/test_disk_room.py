@@ -156,3 +156,27 @@ def test_an_agent_says_what_its_disk_holds_only_where_it_bounds_attempt_spaces(
     (tmp_path / jobs_dir).mkdir(parents=True)
     size = limits.disk_size(tmp_path / "gpu-01" / "jobs", label)
     assert size == (shutil.disk_usage(tmp_path).total if said else 0)
+
+
+def test_a_rent_does_not_land_on_a_node_held_for_its_disk_after_the_snapshot(monkeypatch):
+    """gpu-01's agent reports that its disk could not hold an attempt's space (``hold_for_room``) just after
+    the pass read the pool. The RENT re-checks the node (up, GPUs present) under its row lock, as it does for a
+    drain, yet places the job on gpu-01 anyway, so the job's space is refused there and the attempt is
+    wasted; gpu-02, taking work, was free for it next pass."""
+    now = timezone.now()
+    held = NodeFactory(name="gpu-01", gpus=4)
+    NodeFactory(name="gpu-02", gpus=4)
+    job = JobFactory(gpus=1, hours=1.0)
+    take = snapshot.take
+
+    def read_then_disk_fills(*, now):
+        view = take(now=now)
+        nodes.hold_for_room(node_id=held.id, now=now)  # the agent's report commits after the read
+        return view
+
+    monkeypatch.setattr(snapshot, "take", read_then_disk_fills)
+    scheduler.run_pass(now=now)
+
+    job.refresh_from_db()
+    assert not job.allocations.filter(node=held).exists(), "rented onto a node held for its disk"
+    assert job.state == "queued"

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from jobs import nodes, rental, scheduler, services
 from jobs.lifecycle import REQUEUED, EndReason
-from jobs.models import Allocation, GpuHold, Job, JobEvent
+from jobs.models import Allocation, GpuHold, ImagePull, Job, JobEvent
 from metering import services as metering
 from tests.factories import JobFactory, MembershipFactory, NodeFactory
 
@@ -251,3 +251,24 @@ def test_a_gpu_is_never_rented_before_its_last_holder_released_it():
     scheduler.run_pass(now=clock)
     released = Allocation.objects.get(job=held).released_at
     assert Allocation.objects.get(job=waiting).rented_at == released == clock + timedelta(seconds=2)
+
+
+def test_a_job_still_resolving_its_image_does_not_take_the_gpu_a_queued_job_could_use():
+    """A job is STAGING: its image reference is being resolved (the pull row has no size yet, 0 bytes).
+    A younger queued job could run on the only idle GPU. The pass plans the staging job as ready (its
+    ETA from 0 bytes left is "now"), gives it the GPU, the RENT refuses it (not QUEUED), and the queued job
+    is left waiting for a reservation an hour away; the staging job's team is told it is "starting now".
+    Every pass repeats this for as long as the registry takes to answer."""
+    now = timezone.now()
+    NodeFactory(name="gpu-01", gpus=1)
+    staging = JobFactory(gpus=1, hours=1.0, state="staging", image="registry.example/team/trainer:1",
+                         submitted_at=now - timedelta(minutes=10))  # fmt: skip
+    ImagePull.objects.create(job=staging, reference=staging.image)  # resolving: bytes not known yet
+    queued = JobFactory(team=staging.team, gpus=1, hours=1.0, submitted_at=now - timedelta(minutes=1))
+
+    scheduler.run_pass(now=now)
+
+    staging.refresh_from_db()
+    queued.refresh_from_db()
+    assert staging.pending_reason != "starting now", (staging.pending_reason, queued.pending_reason)
+    assert queued.state == "rented", (queued.state, queued.pending_reason)

@@ -7,12 +7,12 @@ import pytest
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from jobs import planning, presenters
+from jobs import planning, presenters, rental, scheduler
 from jobs.lifecycle import EndReason, State
 from jobs.models import Job, JobEvent
 from jobs.scheduling import types
 from jobs.transitions import transition
-from tests.factories import JobFactory
+from tests.factories import JobFactory, NodeFactory
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 
@@ -63,3 +63,30 @@ def test_after_a_requeue_the_stage_step_took_only_its_own_time():
         seconds=2
     )
     assert steps["Run"].took == timedelta(seconds=7)
+
+
+@pytest.mark.django_db
+def test_a_job_behind_one_whose_process_started_late_is_not_told_it_starts_now():
+    """A team's job waits for the only GPU, held by a 1-hour job that was rented 65 minutes ago but whose
+    process started only 55 minutes ago (the node picked its part up late). The agent stops that job at
+    its process start + 1 h, 5 minutes from now, so the GPU is busy until then. The waiting team is told
+    its job starts now: the snapshot plans the running job's end from its rent, not from the deadline the
+    agent enforces, and the reservation lands in the past."""
+    now = timezone.now()
+    NodeFactory(name="gpu-01", gpus=1)
+    running = JobFactory(gpus=1, hours=1.0)
+    assert rental.rent_job(job_id=running.id, gpus_by_node={"gpu-01": (0,)}, now=now - timedelta(minutes=65))
+    allocation = running.allocations.get()
+    assert rental.start_allocation(allocation_id=allocation.id, now=now - timedelta(minutes=55))
+    assert rental.stop_reason(allocation_id=allocation.id, now=now) == ""  # the agent lets it run on
+    waiting = JobFactory(gpus=1, hours=1.0)
+
+    scheduler.run_pass(now=now)
+
+    waiting.refresh_from_db()
+    assert waiting.state == "queued"  # the GPU is held: it cannot start
+    assert waiting.estimated_start is not None
+    assert waiting.estimated_start >= now + timedelta(minutes=5) - timedelta(seconds=1), (
+        waiting.estimated_start - now,
+        waiting.pending_reason,
+    )

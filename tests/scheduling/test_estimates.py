@@ -204,3 +204,24 @@ def test_format_utc_agrees_with_formatting_each_datetime(now, ahead, with_now):
     for edge in (midnight - 0.001, math.nextafter(midnight, 0), midnight, midnight + 0.001):
         assert format_utc(edge, now=today) == _format_from_datetimes(edge, today)
         assert format_utc(ts, now=edge) == _format_from_datetimes(ts, edge)
+
+
+def test_a_job_held_back_by_memory_is_told_when_memory_on_its_node_frees_not_when_any_job_ends():
+    """gpu-01 (4 GPUs) has 3 idle GPUs but a 5-hour job holds 90 of its 100 GB; gpu-02 has only 2 GPUs
+    and a job ending in 10 minutes. A 3-GPU job declaring 50 GB can start only when the 5-hour job on
+    gpu-01 ends, but its team is told it starts in about 10 minutes: the estimate takes the first end of
+    any running job in the pool, not of those on the nodes it waits for."""
+    gb = 10**9
+    nodes = [  # what the running jobs leave: 90 GB and a quarter of the CPUs; half of each (undeclared)
+        NodeView("gpu-01", 4, (1, 2, 3), memory=100 * gb, cpus=32, free_memory=10 * gb, free_cpus=24),
+        NodeView("gpu-02", 2, (1,), memory=100 * gb, cpus=32, free_memory=50 * gb, free_cpus=16),
+    ]
+    running = [
+        RunningView(100, "ml-ops", {"gpu-01": (0,)}, NOW, NOW + 5 * HOUR),
+        RunningView(101, "ml-ops", {"gpu-02": (0,)}, NOW, NOW + 10 * 60),
+    ]
+    waiting = PendingJob(1, "vision", 3, 1.0, NOW - 60, memory=50 * gb)
+    result = plan(now=NOW, nodes=nodes, running=running, pending=[waiting], usage={}, shares={})
+    e = result.estimates[1]
+    assert result.starts == [] and e.reason_code == "no_room"
+    assert e.start_at >= NOW + 5 * HOUR - 1, (e.start_at - NOW, e.reason)
