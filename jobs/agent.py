@@ -28,13 +28,13 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
-from django.utils import timezone
 
 from accounts import team_secrets
 from jobs import (
     attempt_space,
     cgroups,
     checkpoints,
+    clock,
     devices,
     image_staging,
     leftovers,
@@ -179,7 +179,7 @@ def run_part(
     gpu_uuids: Mapping[int, str] | None = None,
 ) -> None:
     """Runs one allocation's process to its end, then finishes, seals and (last part) releases."""
-    if not rental.start_allocation(allocation_id=allocation_id, now=timezone.now()):
+    if not rental.start_allocation(allocation_id=allocation_id, now=clock.now()):
         return  # a duplicate delivery, or released before it could start
     part = _load_part(allocation_id, mode, gpu_uuids)
     dirs = _with_checkpoint(part, sandbox.attempt_dirs(part.allocation))
@@ -221,7 +221,7 @@ def run_part(
         return
     if kept is not None:
         _with_database(lambda: rental.note_checkpoint(job_id=part.job.id, attempt=part.allocation.attempt,
-                                                      held_bytes=kept.bytes, note=kept.note, now=timezone.now()))  # fmt: skip
+                                                      held_bytes=kept.bytes, note=kept.note, now=clock.now()))  # fmt: skip
     try:
         _with_database(lambda: _after_exit(part, dirs, outcome, exit_code))
     except Exception as exc:  # between the exit and the seal: without this the attempt would hold its GPUs
@@ -279,7 +279,7 @@ def _settle_space(root: Path, *, ran: bool) -> None:
 
 def _release_failed(part: Part, detail: str) -> None:
     rental.release_job(job_id=part.job.id, attempt=part.allocation.attempt, end_reason=EndReason.FAILED,
-                       now=timezone.now(), actor=_actor(part), detail=detail[:300])  # fmt: skip
+                       now=clock.now(), actor=_actor(part), detail=detail[:300])  # fmt: skip
 
 
 def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
@@ -296,10 +296,10 @@ def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
         detail += f"; {exc.store} holds {format_size(exc.disk)} in all"
     full = exc.store == attempt_space.NODE_DISK and exc.free < limits.space_bytes(0)
     if full:  # before the job is placed again
-        nodes.hold_for_room(node_id=part.allocation.node_id, now=timezone.now())
+        nodes.hold_for_room(node_id=part.allocation.node_id, now=clock.now())
     again = rental.has_attempts_left(part.job)
     rental.release_job(job_id=part.job.id, attempt=part.allocation.attempt, end_reason=EndReason.FAILED,
-                       now=timezone.now(), actor=_actor(part), detail=detail[:300],
+                       now=clock.now(), actor=_actor(part), detail=detail[:300],
                        requeue_as=REQUEUED if again else "")  # fmt: skip
 
 
@@ -501,7 +501,7 @@ def _watch(part: Part, proc: subprocess.Popen, capture: LogCapture) -> str:
 
 
 def _check(part: Part, capture: LogCapture, *, seen: bool) -> str:
-    now = timezone.now()
+    now = clock.now()
     if reason := rental.stop_reason(allocation_id=part.allocation.id, now=now):
         return reason
     _store_tail(part, capture.text())
@@ -532,7 +532,7 @@ def _paused(part: Part) -> str:
 
 
 def _after_exit(part: Part, dirs: sandbox.AttemptDirs, outcome: str, exit_code: int | None) -> None:
-    now = timezone.now()
+    now = clock.now()
     job_id = part.job.id
     if outcome == "released":
         return  # the node was declared down or the attempt replaced: RELEASE already happened
@@ -549,13 +549,13 @@ def _after_exit(part: Part, dirs: sandbox.AttemptDirs, outcome: str, exit_code: 
     rental.finish_allocation(allocation_id=part.allocation.id, exit_code=exit_code, outcome=outcome, now=now)
     # Hashing a large output takes minutes: the agent says it is alive meanwhile, as while the job ran, or
     # the reconciler would take it for silent and end a run that succeeded as lost.
-    alive = _every(SEEN_EVERY_S, lambda: rental.note_worker_alive(job_id=part.job.id, now=timezone.now()))
+    alive = _every(SEEN_EVERY_S, lambda: rental.note_worker_alive(job_id=part.job.id, now=clock.now()))
     sealed = seal(
         dirs.output, prefix=f"rank{part.rank}/" if part.num_nodes > 1 else "",
         declared_bytes=part.job.output_bytes, max_files=settings.E31_MAX_OUTPUT_FILES, alive=alive,
     )  # fmt: skip
     rental.seal_allocation(
-        allocation_id=part.allocation.id, manifest=sealed.files, refused=sealed.refused, now=timezone.now()
+        allocation_id=part.allocation.id, manifest=sealed.files, refused=sealed.refused, now=clock.now()
     )
 
 

@@ -1,14 +1,18 @@
-"""A node's liveness is judged on the platform's clock: a node whose own clock is off is neither reaped
-while it beats nor kept alive once it is silent."""
+"""A node's clock is not the platform's: its liveness is judged, and what its agent reports dated and metered,
+on the database's time, whether the node's clock runs ahead or behind."""
 
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
+import time_machine
+from django.db import connection
+from django.utils import timezone
 
-from jobs import nodes
-from jobs.lifecycle import State
-from jobs.models import Allocation, Node
-from tests.factories import NodeFactory
+from jobs import agent, clock, nodes, rental
+from jobs.lifecycle import EndReason, State
+from jobs.models import Allocation, Job, Node
+from tests.factories import JobFactory, NodeFactory
 from tests.operations.conftest import running_job
 
 pytestmark = pytest.mark.django_db
@@ -50,3 +54,64 @@ def test_an_agent_whose_clock_runs_ahead_is_never_seen_silent(settings, team, no
     assert nodes.reap_silent_nodes(now=later) == ["gpu-ahead"]
     job.refresh_from_db()
     assert job.state != State.RUNNING
+
+
+@pytest.fixture
+def skewed_node():
+    """This process as an agent on a node whose clock is ``skew`` off (the database keeps the real time);
+    the correction is undone after the test."""
+    travels = []
+
+    def skew(by: timedelta) -> None:
+        travel = time_machine.travel(datetime.now(UTC) + by, tick=True)
+        travel.start()
+        travels.append(travel)
+        clock.synchronise()  # as the agent does when it registers and at every beat
+
+    yield skew
+    for travel in travels:
+        travel.stop()
+    clock.synchronise()
+
+
+def _database_now() -> datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize("skew_h", [3, -3], ids=["node_clock_ahead", "node_clock_behind"])
+def test_an_agent_corrects_its_clock_by_the_databases(skewed_node, skew_h):
+    """The agent measures the database's time against its own and dates its reports with the correction."""
+    skewed_node(timedelta(hours=skew_h))
+    assert abs(timezone.now() - _database_now() - timedelta(hours=skew_h)) < timedelta(
+        seconds=2
+    )  # its own clock
+    assert abs(clock.now() - _database_now()) < timedelta(seconds=2)  # what it dates its reports with
+    assert abs(clock.correction() + timedelta(hours=skew_h)) < timedelta(seconds=2)
+
+
+@pytest.mark.parametrize("skew_h", [3, -3], ids=["node_clock_ahead", "node_clock_behind"])
+def test_a_run_reported_by_an_agent_whose_clock_is_off_is_metered_for_the_time_it_held(
+    pool, team, tmp_path, skewed_node, skew_h
+):
+    """A job holds one GPU for 10 minutes on a node whose clock is 3 hours off. Dated by the node's clock, its
+    release was 3 hours in the future (the team billed 3 h 10 min) or clamped to its rent (10 minutes metered
+    as nothing), and the reconciler took a running job for silent. Dated on the database's time, the release
+    is now and the 10 minutes are what the meter counts; the job's signs of life are fresh."""
+    rented = timezone.now() - timedelta(minutes=10)
+    job = JobFactory(team=team, output_bytes=2**20)
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=rented)
+    allocation = Allocation.objects.get(job=job)
+    assert rental.start_allocation(allocation_id=allocation.id, now=rented)
+    skewed_node(timedelta(hours=skew_h))
+    (tmp_path / "output").mkdir()
+    part = SimpleNamespace(job=job, allocation=allocation, rank=0, num_nodes=1)
+    agent._after_exit(part, SimpleNamespace(output=tmp_path / "output"), EndReason.SUCCEEDED, 0)
+    allocation.refresh_from_db()
+    held = allocation.released_at - allocation.rented_at
+    assert timedelta(minutes=10) <= held < timedelta(minutes=10, seconds=30), held
+    assert Job.objects.get(id=job.id).state == State.RELEASED
+    rental.note_worker_alive(job_id=job.id, now=clock.now())
+    seen = Job.objects.values_list("worker_seen_at", flat=True).get(id=job.id)
+    assert abs(seen - rented - timedelta(minutes=10)) < timedelta(seconds=30)

@@ -113,7 +113,7 @@ def test_a_run_that_succeeded_is_not_taken_for_lost_while_its_agent_seals_a_larg
     clock = SimpleNamespace(elapsed=0.0, reconciled=False)
     at = lambda: exited + timedelta(seconds=clock.elapsed)  # noqa: E731
     monkeypatch.setattr(agent.time, "monotonic", lambda: clock.elapsed)
-    monkeypatch.setattr(agent.timezone, "now", at)
+    monkeypatch.setattr(agent.clock, "now", at)  # the agent dates its reports with it
     monkeypatch.setattr(agent.hashlib, "sha256", lambda: _SlowHash(clock, at))
     output = tmp_path / "output"
     output.mkdir()

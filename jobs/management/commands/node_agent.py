@@ -13,9 +13,21 @@ import celery
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
-from django.utils import timezone
 
-from jobs import agent, gpu_usage, gpus, leftovers, limits, network, nodes, sandbox, selectors, tasks, units
+from jobs import (
+    agent,
+    clock,
+    gpu_usage,
+    gpus,
+    leftovers,
+    limits,
+    network,
+    nodes,
+    sandbox,
+    selectors,
+    tasks,
+    units,
+)
 
 AGENT_VERSION = "1.0"
 UNSENT_MINUTES = 10_000  # GPU-minute summaries kept for a database that is away (hours of a full node)
@@ -95,7 +107,8 @@ class Command(BaseCommand):
                     "agent_version": AGENT_VERSION, "sandbox": mode, "memory_bytes": limits.node_memory(memory),
                     "cpus": limits.node_cpus(cpus), "limits": bounds, "multi_node_refusal": refusal,
                     "disk_bytes": limits.disk_size(sandbox.agent_root(name) / "jobs", bounds)}  # fmt: skip
-        nodes.register_node(now=timezone.now(), **register)
+        clock.synchronise()  # what it reports is dated by the database's time, not this node's clock
+        nodes.register_node(now=clock.now(), **register)
         if limits.DISK_BOUNDED in register["limits"]:
             if shortfall := limits.disk_shortfall(sandbox.agent_root(name) / "jobs", len(found)):
                 self.stdout.write(f"node {name}: {shortfall}")
@@ -220,8 +233,9 @@ def _heartbeat(register: dict, stop: threading.Event | None = None) -> None:
             disk_free = limits.disk_free(
                 sandbox.agent_root(register["name"]) / "jobs", register.get("limits", "")
             )
-            if not nodes.heartbeat(name=register["name"], now=timezone.now(), disk_free=disk_free):
-                nodes.register_node(now=timezone.now(), **register)
+            if not nodes.heartbeat(name=register["name"], now=clock.now(), disk_free=disk_free):
+                nodes.register_node(now=clock.now(), **register)
+            clock.synchronise()  # a node's clock drifts: the correction is measured again after every beat
         except Exception:  # the database is restarting: keep beating, the next one will get through
             close_old_connections()
 
@@ -233,7 +247,7 @@ def _sweep(name: str, stop: threading.Event | None = None) -> None:
     while not stop.wait(every):
         try:
             close_old_connections()
-            agent.remove_expired_attempts(node_name=name, now=timezone.now())
+            agent.remove_expired_attempts(node_name=name, now=clock.now())
             agent.remove_ended_checkpoints()
         except Exception:  # the database is restarting, or one removal failed: the next pass tries again
             log.exception("node %s: the sweep of old attempts failed; it runs again in %.0f s", name, every)
@@ -249,7 +263,7 @@ def _rescan(register: dict, cap: int | None) -> None:
     found = gpus.capped(found, cap)
     if not found or _identity(found) == _identity(register["gpu_list"]):
         return
-    nodes.update_node_gpus(name=register["name"], gpu_list=[asdict(gpu) for gpu in found], now=timezone.now())
+    nodes.update_node_gpus(name=register["name"], gpu_list=[asdict(gpu) for gpu in found], now=clock.now())
     register.update(_gpu_fields(found, source))
     tasks.AGENT["gpu_uuids"] = _uuids(found)
 
@@ -286,7 +300,7 @@ def _sample_gpus(register: dict) -> None:
 def _sample_once(register: dict, minutes: gpus.Minutes) -> list[dict]:
     """Samples the node's GPUs now; the minute summaries that closed."""
     samples = gpus.sample([gpus.Gpu(**g) for g in register["gpu_list"]], register["gpu_source"])
-    now = timezone.now()  # after the reading: nvidia-smi may take seconds
+    now = clock.now()  # after the reading: nvidia-smi may take seconds
     gpu_usage.record_gpu_readings(node_name=register["name"], readings=[asdict(s) for s in samples], now=now)
     running = selectors.running_allocations(node_name=register["name"])
     by_index = {s.index: s for s in samples}
