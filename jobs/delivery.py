@@ -23,9 +23,8 @@ from urllib.parse import unquote, urlsplit
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Exists, F, Max, OuterRef, Q
-from django.utils import timezone
 
-from jobs import cache_fill, declaration, dispatch, logs, sandbox, sharing, signals, transfers
+from jobs import cache_fill, clock, declaration, dispatch, logs, sandbox, sharing, signals, transfers
 from jobs.models import Allocation, Job, Node, OutputFile, OutputTransfer
 from jobs.transfers import destinations, sources
 
@@ -120,14 +119,14 @@ class _Watch:
         with cache_fill.progress_transaction():
             return bool(
                 OutputTransfer.objects.filter(id=self.transfer.id, token=self.transfer.token).update(
-                    updated_at=timezone.now(), **fields
+                    updated_at=clock.now(), **fields
                 )
             )
 
 
 def _wait_for_slot(transfer: OutputTransfer, node_id: int, watch: _Watch) -> None:
     limit = settings.E31_DELIVERY_CONCURRENCY
-    while not claim_slot(transfer=transfer, node_id=node_id, now=timezone.now()):
+    while not claim_slot(transfer=transfer, node_id=node_id, now=clock.now()):
         time.sleep(WAIT_S)
         if not watch.beat(detail=f"waiting for a delivery slot: {limit} at once per node"):
             raise transfers.TransferStopped()
@@ -323,7 +322,7 @@ def _note_retry(watch: _Watch, attempt: int, problem: str) -> None:
 def _failed(transfer: OutputTransfer, job: Job, message: str) -> None:
     """Fails the part and its job's delivery, but only while this task still holds the part's lease."""
     was = Job.objects.select_for_update().values_list("delivery_state", flat=True).get(id=job.id)
-    now = timezone.now()
+    now = clock.now()
     if not _finish(transfer, now, state=FAILED, detail=message[:500]):
         return  # a re-driven task took the lease over: the part, and the job, are its to finish
     Job.objects.filter(id=job.id).update(delivery_state="failed", delivery_detail=message[:500])
@@ -333,7 +332,8 @@ def _failed(transfer: OutputTransfer, job: Job, message: str) -> None:
 
 
 def _tell_outputs_lost(job_id: int, message: str, *, now: datetime) -> None:
-    """The team hears of it as of a failure (e-mail, webhooks): the job succeeded, but its results are gone."""
+    """The team hears of it as of a failure (e-mail, webhooks): its outputs are gone, whatever its end (after a
+    success, its results)."""
     attempt = Job.objects.filter(id=job_id).values_list("attempt", flat=True).get()
     signals.job_event.send(
         sender=Job, job_id=job_id, event="output_failed", attempt=attempt, now=now, detail=message[:300]
@@ -346,7 +346,7 @@ def _delivered(transfer: OutputTransfer, allocation: Allocation) -> None:
     # The job's row first: parts finishing at once then take turns, and the last one sees every other delivered
     # (each would otherwise look before the other committed, and neither would mark the job delivered).
     Job.objects.select_for_update().only("id").get(id=allocation.job_id)
-    now = timezone.now()
+    now = clock.now()
     done = {"bytes_done": transfer.bytes_total, "files_done": transfer.files_total}
     if not _finish(transfer, now, state=DELIVERED, detail="", **done):
         return  # a re-driven task took the lease over

@@ -84,13 +84,14 @@ def read_log(job: Job, *, attempt: int, rank: int, offset: int) -> LogSlice:
 
 def _check_exists(job: Job, *, attempt: int, rank: int, parts: int) -> None:
     """Refuses a log that never was: it would read as empty and complete (and a follower of a running job's
-    would wait for ever). Before an attempt has its nodes (queued), rank 0 is its only one."""
+    would wait for ever). Ranks are known once the attempt has its nodes: before (queued), any may be followed."""
     if attempt > job.attempt:
         raise NoSuchLog(f"no attempt {attempt}: job {job.id} has had {job.attempt}")
-    if rank >= max(parts, 1):
-        held = f"ran on {parts} node{'' if parts == 1 else 's'}" if parts else "has no node yet"
-        ranks = "rank 0 only" if parts <= 1 else f"ranks 0 to {parts - 1}"
-        raise NoSuchLog(f"attempt {attempt} of job {job.id} {held}: {ranks}")
+    if parts and rank >= parts:
+        ranks = "rank 0 only" if parts == 1 else f"ranks 0 to {parts - 1}"
+        raise NoSuchLog(
+            f"attempt {attempt} of job {job.id} ran on {parts} node{'' if parts == 1 else 's'}: {ranks}"
+        )
 
 
 def log_bytes(job: Job, *, attempt: int, rank: int):

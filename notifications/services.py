@@ -245,12 +245,14 @@ def send_job_email(*, job_id: int, now: datetime) -> bool:
         lines.append(f"Exit code: {job.exit_code}.")
     lines += filter(None, [job.end_detail, job.delivery_detail if job.delivery_state == "failed" else ""])
     lines.append(f"{settings.E31_CONSOLE_URL.rstrip('/')}/jobs/{job.id}/")
+    # Only this claim's row: a new event may have asked for another mail meanwhile (re-armed, unclaimed).
+    claimed = JobEmail.objects.filter(job_id=job_id, claimed_at=now, sent_at__isnull=True)
     try:
         send_mail(subject, "\n".join(lines), None, [job.submitted_by.email])
     except (OSError, ValueError) as exc:  # the mail server refused or is down: beat tries again
-        JobEmail.objects.filter(job_id=job_id).update(claimed_at=None, detail=str(exc)[:300])
+        claimed.update(claimed_at=None, detail=str(exc)[:300])
         return False
-    JobEmail.objects.filter(job_id=job_id).update(sent_at=now)
+    claimed.update(sent_at=now)
     return True
 
 

@@ -56,9 +56,11 @@ class Supervisor:
     """Starts the children, restarts those that exit, and stops them all when asked."""
 
     def __init__(self, commands: dict[str, list[str]], *, env: dict[str, str],
-                 report: Callable[[list[Child]], None], clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 report: Callable[[list[Child]], None], clock: Callable[[], float] = time.monotonic,
+                 pass_fds: tuple[int, ...] = ()) -> None:  # fmt: skip
         self.children = [Child(name, command) for name, command in commands.items()]
         self.env, self.report, self.clock = env, report, clock
+        self.pass_fds = pass_fds  # descriptors every child holds open too (the state folder's lock)
 
     def start_all(self) -> None:
         for child in self.children:
@@ -92,7 +94,7 @@ class Supervisor:
                 process.wait()
 
     def _start(self, child: Child) -> None:
-        child.process = subprocess.Popen(child.command, env=self.env)
+        child.process = subprocess.Popen(child.command, env=self.env, pass_fds=self.pass_fds)
         child.started_at, child.restart_at = self.clock(), None
         level = logging.WARNING if child.restarts else logging.INFO
         log.log(level, "%s started (pid %d)", child.name, child.process.pid)

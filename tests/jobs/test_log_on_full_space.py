@@ -1,6 +1,5 @@
 """A job that fills its attempt space, where job.log lives too, still has its whole log in the database."""
 
-import errno
 import sys
 import tempfile
 from pathlib import Path
@@ -33,10 +32,7 @@ def test_a_job_that_fills_its_space_keeps_logging_to_the_database():
     lines = [f"step {step:04d} loss 0.123456789 after the disk filled\n".encode() for step in range(400)]
     lines.append(b"Traceback: OSError: [Errno 28] No space left on device\n")
     capture = agent.LogCapture(_Output(lines), Path("/dev/full"), cap=10_000_000)
-    try:
-        capture.run()
-    except OSError as exc:  # closing the file flushes onto the full disk
-        assert exc.errno == errno.ENOSPC
+    capture.run()  # the last flush onto the full disk is not an error: the database has it all
     shipped = bytearray()
     capture.ship(lambda offset, data: shipped.extend(data))
     assert b"No space left on device" in shipped, "the job's last words never reached the database"

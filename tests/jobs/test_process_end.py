@@ -1,40 +1,49 @@
 """The end of a job's process: what the agent kills once it has exited, and never kills."""
 
 import subprocess
+import time
 from pathlib import Path
 
 from jobs import sandbox
 
 
-def _reuse_pid(pid: int) -> subprocess.Popen:
-    """A new, unrelated process (another attempt's launcher: a session of its own) that gets ``pid``, as the
-    kernel hands a reaped pid out again once its counter wraps (pid_max is 32768 on these machines)."""
-    for _ in range(200):
-        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
-        victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
-        if victim.pid == pid:
-            return victim
-        victim.kill()
-        victim.wait()
-    raise AssertionError(f"could not get pid {pid} again (a busy machine): rerun")
-
-
-def test_killing_a_finished_jobs_tree_never_kills_the_process_that_got_its_pid_since():
-    """A job exits; the agent reaps it (``proc.wait()`` in ``_run_bounded``) and only then calls
-    ``sandbox.kill_tree(proc)``, which SIGKILLs ``proc.pid``, its /proc children and the process group
-    ``proc.pid``. Once reaped, that pid is free: another team's attempt started meanwhile by another agent
-    thread (bubblewrap in a new session, so pid == pgid) can hold it, and the agent kills it and its whole
-    session. The kill must only reach a process the agent has not reaped yet (as Popen.send_signal does)."""
+def test_killing_a_finished_jobs_tree_never_signals_its_reaped_pid(monkeypatch):
+    """A job exits and is reaped; killing its tree afterwards SIGKILLed ``proc.pid``, its /proc children and
+    the process group ``proc.pid``. Once reaped, that pid is free: another team's attempt started meanwhile
+    (bubblewrap in a new session, so pid == pgid) can hold it, and the agent killed it and its whole session
+    (seen with the pid forced back through /proc/sys/kernel/ns_last_pid). A reaped process is never signalled."""
     finished = subprocess.Popen(["true"], start_new_session=True)
     finished.wait()
-    victim = _reuse_pid(finished.pid)
+    signalled = []
+    monkeypatch.setattr(sandbox.os, "kill", lambda pid, sig: signalled.append(("kill", pid)))
+    monkeypatch.setattr(sandbox.os, "killpg", lambda pid, sig: signalled.append(("killpg", pid)))
+    sandbox.kill_tree(finished)
+    assert signalled == []
+
+
+def _state(pid: int) -> str:
     try:
-        sandbox.kill_tree(finished)
-        try:
-            victim.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            pass
-        assert victim.returncode is None, "another process that reused the finished job's pid was killed"
-    finally:
-        victim.kill()
-        victim.wait()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+def test_what_a_job_left_in_its_process_group_is_killed_before_the_job_is_reaped():
+    """A job starts a child in its own process group and exits 0. The agent waits for the exit without
+    reaping (the zombie keeps its pid and group from being handed out), kills what is left in the group,
+    then reaps: the exit code is the job's, and the child is gone."""
+    job = subprocess.Popen(
+        ["sh", "-c", "sleep 300 & echo $!; exit 0"], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    child = int(job.stdout.readline())
+    assert sandbox.exited(job) in (False, True)  # never reaps: asking twice is safe
+    deadline = time.monotonic() + 10
+    while not sandbox.exited(job) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert job.returncode is None  # exited, not reaped: its pid still names its group
+    assert sandbox.reap(job) == 0
+    deadline = time.monotonic() + 10
+    while _state(child) not in ("gone", "Z") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _state(child) in ("gone", "Z"), "the job's child outlived it"
+    job.stdout.close()

@@ -285,3 +285,26 @@ def test_a_success_whose_outputs_are_lost_mails_a_member_who_asked_for_failures(
     assert f"node {node.name}, which holds this attempt's outputs, has been down" in mailed[0].body
     events = list(WebhookDelivery.objects.filter(job=job).values_list("event", flat=True))
     assert sorted(events) == ["ended", "output_failed"]
+
+
+def test_a_mail_asked_for_again_while_the_first_is_being_sent_is_still_sent(
+    team, member, mailed, monkeypatch
+):
+    """Alice gets e-mail at every end. Her job's 'succeeded' mail is being sent when the delivery of its
+    outputs fails, which asks for another mail ('outputs not delivered'). The first send's end marked the
+    row sent, so the second mail never went out: only this claim's row is marked sent."""
+    notify.set_email_preference(user=member, team=team, email="end")
+    job = JobFactory(team=team, submitted_by=member, state="running", attempt=1)
+    transitions.transition(job_id=job.id, source=State.RUNNING, target=State.RELEASED, now=timezone.now(),
+                           end_reason=EndReason.SUCCEEDED, exit_code=0)  # fmt: skip
+    real_send = notify.send_mail
+
+    def send_while_outputs_fail(*args, **kwargs):
+        notify.record_job_event(job_id=job.id, event="output_failed", attempt=1, now=timezone.now())
+        return real_send(*args, **kwargs)
+
+    monkeypatch.setattr(notify, "send_mail", send_while_outputs_fail)
+    assert notify.send_job_email(job_id=job.id, now=timezone.now())
+    monkeypatch.setattr(notify, "send_mail", real_send)
+    assert notify.send_job_email(job_id=job.id, now=timezone.now() + timedelta(seconds=1))
+    assert len(mailed) == 2

@@ -55,7 +55,7 @@ def test_a_second_console_on_the_same_state_folder_is_refused(settings, monkeypa
     outcome: dict = {}
 
     class FakeSupervisor:
-        def __init__(self, commands, *, env, report):
+        def __init__(self, commands, *, env, report, pass_fds=()):
             started.append(commands)
 
         def start_all(self):

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobs.scheduling.policy import plan
-from jobs.scheduling.priority import decay_usage, fairshare_factors, rank, starvation_bound
+from jobs.scheduling.priority import decay_usage, fairshare_factors, rank, remember_terms, starvation_bound
 from jobs.scheduling.types import NodeView, PendingJob, PendingList, PolicyConfig, RunningView
 
 NOW = 5_000_000.0
@@ -161,9 +161,10 @@ def _reference_priority(job, *, usage, config):
 @settings(max_examples=150, deadline=None)
 @given(queues(), st.sampled_from([0, 1]))
 def test_ranking_follows_the_written_priority_whichever_config_ranked_the_same_jobs_before(jobs, first):
-    """Each job keeps its priority terms once worked out: ranked again under other weights (the
-    same objects), the order is what fresh jobs get, and it falls in the priority the docstring
-    writes out (starved jobs first, oldest first); a keeper's submit-ordered list ranks the same."""
+    """Jobs whose priority terms were remembered for other weights rank as fresh jobs do (the terms of
+    another config are not used); jobs remembered for these weights, in a keeper's submit-ordered list,
+    rank the same; and the order falls in the priority the docstring writes out (starved jobs first,
+    oldest first)."""
     usage = {"a": 4e6, "b": 1e5, "c": 0.0}
     config = TWO_CONFIGS[1 - first]
     everyone = ["a", "b", "c"]
@@ -172,10 +173,17 @@ def test_ranking_follows_the_written_priority_whichever_config_ranked_the_same_j
     def ranked(pending, cfg):
         return rank(now=NOW, pending=pending, running=running, usage=usage, shares={}, config=cfg)
 
-    ranked(jobs, TWO_CONFIGS[first])  # the terms of the other config stay on the jobs
+    for job in jobs:  # as a keeper does as it queues them (the replay), for the other config
+        remember_terms(job, TWO_CONFIGS[first])
+    ranked(jobs, TWO_CONFIGS[first])
+    for job in jobs:
+        assert job.rank_terms[0] is TWO_CONFIGS[first]  # ranked with the terms remembered on the jobs
+    kept_jobs = [dataclasses.replace(j) for j in jobs]
+    for job in kept_jobs:
+        remember_terms(job, config)
     again = ranked(jobs, config)
     fresh = ranked([dataclasses.replace(j) for j in jobs], config)
-    keeper = PendingList(dataclasses.replace(j) for j in jobs)
+    keeper = PendingList(kept_jobs)  # remembered for this config: the keys come from the terms on the jobs
     keeper.by_submit = True
     kept = ranked(keeper, config)
     ids = [j.job_id for j in again.order]

@@ -77,7 +77,10 @@ class Command(BaseCommand):
                 str(settings.E31_JOB_UID_BASE + (i - 1) * settings.E31_JOB_UID_COUNT),
                 *agent_flags,
             ]
-        console = supervisor.Supervisor(commands, env=env, report=_report)
+        # The children hold the lock too: were this process killed, they would run on, and so must the lock.
+        console = supervisor.Supervisor(
+            commands, env=env, report=_report, pass_fds=(self._state_lock.fileno(),)
+        )
         console.start_all()
         self.stdout.write(self.style.SUCCESS(
             f"\nE31 Network console: http://127.0.0.1:{port}/  ({nodes} local nodes x {gpus_per_node} virtual GPUs)\n"
@@ -104,7 +107,8 @@ class Command(BaseCommand):
 def _lock_state_dir(state_dir: Path) -> TextIO:
     """One console per state folder: a second would start another beat on the same schedule file and agents
     under the same node names, whose registration loses the first agents' jobs. The kernel drops the lock
-    with the process, however it ends, so a console that crashed never blocks the next one."""
+    with the last process holding it (this one and its children, which inherit it), however they end, so a
+    console that crashed never blocks the next one once its children are gone."""
     state_dir.mkdir(parents=True, exist_ok=True)
     lock = open(state_dir / "console.lock", "a")  # kept open: closing it drops the lock
     try:
