@@ -185,6 +185,10 @@ ASSUMED_STAGING_S = 60.0
 # The RENT refuses a job that is not QUEUED: one still staging is planned at least this far ahead, never now,
 # so the GPUs a start of it would take this pass go to a queued job instead.
 NOT_QUEUED_READY_S = 1.0
+SIZE_KNOWN = (
+    "staged",
+    "cached",
+)  # image pull states after its size was learned (0 bytes then means nothing to move)
 
 
 def _pending(now: datetime) -> list[types.PendingJob]:
@@ -222,10 +226,7 @@ def staging_etas(now: datetime) -> dict[int, float]:
         left[job_id] = max(left[job_id], _seconds_left(size, done, rate))
     for job_id, size, done, rate, stage_state in pulls:
         seconds = _seconds_left(size, done, rate)
-        if not size and stage_state not in (
-            "staged",
-            "cached",
-        ):  # resolving its reference: size not known yet
+        if not size and stage_state not in SIZE_KNOWN:  # resolving its reference: size not known yet
             seconds = max(seconds, ASSUMED_STAGING_S)
         left[job_id] = max(left[job_id], seconds)
     return {job_id: now.timestamp() + seconds for job_id, seconds in left.items()}

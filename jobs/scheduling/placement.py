@@ -354,11 +354,14 @@ class Pass:
         self.cache_nodes = state.cache_nodes
         self.no_span = state.no_span
         # Nodes that may hold a part of a job spanning nodes: every node, unless some cannot isolate such parts.
-        self.span_capacity = (
-            {n: k for n, k in self.capacity.items() if n not in self.no_span}
-            if self.no_span
-            else self.capacity
-        )
+        self.span_capacity = self.capacity
+        if (
+            self.no_span
+        ):  # a job spanning nodes is placed on these only: their shape is the one that counts for it
+            self.span_capacity = {n: k for n, k in self.capacity.items() if n not in self.no_span}
+            sizes = list(self.span_capacity.values())
+            self.big_nodes = sizes.count(self.node_gpus)
+            self.second_gpus = max((k for k in sizes if k < self.node_gpus), default=0)
         self.short = state.index.copy()
         self.long = state.index.copy()
         self.room = _Room(nodes) if state.offers else None
@@ -423,14 +426,9 @@ class Pass:
         if g <= self.node_gpus:
             return g > 0
         whole, rest = divmod(g, self.node_gpus)
-        big_nodes, second_gpus = self.big_nodes, self.second_gpus
-        if self.no_span:  # only nodes that may hold a spanning job's part count
-            sizes = list(self.span_capacity.values())
-            big_nodes = sizes.count(self.node_gpus)
-            second_gpus = max((k for k in sizes if k < self.node_gpus), default=0)
-        if big_nodes < whole:
+        if self.big_nodes < whole:
             return False
-        return rest == 0 or big_nodes > whole or second_gpus >= rest
+        return rest == 0 or self.big_nodes > whole or self.second_gpus >= rest
 
     # ----- placement now
 

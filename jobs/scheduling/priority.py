@@ -10,6 +10,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import compress, count, repeat
 from operator import add, attrgetter, lt
 
@@ -134,11 +135,10 @@ def _keys(
     if len(keys) < len(pending):  # not all remembered for these weights: the same terms, worked out now
         per_est = config.slowdown_weight / HOUR_S
         age_per_s, length_w, floor = config.age_weight / DAY_S, config.length_weight, MIN_ESTIMATE_H
-        factors = _length_factors()
         keys = [
             # max(h, floor) written out; wait / estimate is (now - submitted) * slow
             job.submitted_at * (age_per_s + (slow := per_est / (h if (h := job.hours) > floor else floor)))
-            - (length_w * factors[h] + now * slow)
+            - (length_w * _cached_length_factor(h) + now * slow)
             - fs_term[job.team]
             for job in pending
         ]
@@ -159,7 +159,7 @@ def remember_terms(job: PendingJob, config: PolicyConfig) -> None:
     for a keeper whose queued jobs stay the same objects while they wait, as it queues each."""
     slow = config.slowdown_weight / HOUR_S / max(job.hours, MIN_ESTIMATE_H)
     a = job.submitted_at * (config.age_weight / DAY_S + slow)
-    length = config.length_weight * length_factor(job.hours)
+    length = config.length_weight * _cached_length_factor(job.hours)
     object.__setattr__(job, "rank_terms", (config, a, length, slow, job.team))  # a memo on a frozen job
 
 
@@ -174,24 +174,9 @@ def _starve(keys: list[float], submitted: list[float], before: float, *, in_subm
         keys[i] = -1e30 + submitted[i]
 
 
-class _LengthFactors(dict[float, float]):
-    """S(h) by declared hours, filled on first use."""
-
-    def __missing__(self, hours: float) -> float:
-        self[hours] = factor = length_factor(hours)
-        return factor
-
-
-_LENGTH_FACTORS = _LengthFactors()
-
-
-def _length_factors() -> _LengthFactors:
-    """The table of S(h) that passes share: emptied past 100,000 lengths (learned predictions make new
-    ones in a long-lived worker). Passes on several worker threads may share it: a dict's reads and
-    writes are atomic, and a value written twice is the same value."""
-    if len(_LENGTH_FACTORS) > 100_000:
-        _LENGTH_FACTORS.clear()
-    return _LENGTH_FACTORS
+# length_factor by declared hours, across passes; lru_cache, not a dict of our own: passes run on several
+# worker threads at once, and its lookups and evictions are safe among them.
+_cached_length_factor = lru_cache(maxsize=100_000)(length_factor)
 
 
 _team = attrgetter("team")
