@@ -1,5 +1,7 @@
 """A job's secrets are masked in its log however the output is cut into reads."""
 
+import re
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -38,3 +40,34 @@ def test_no_cut_of_the_stream_lets_a_value_through(parts, cuts):
     assert out == masked_stream(text, [])  # the cut points change nothing
     for value in SECRETS.values():
         assert value.encode() not in out
+
+
+def test_a_value_printed_right_after_another_that_ends_as_it_begins_is_masked_too():
+    """A user name and then a token, where the name's end ("hf") is the token's start: both are masked."""
+    secrets = {"HF_USER": "alice-hf", "HF_TOKEN": "hf_Zq8sVbT0kP2mW4xY"}
+    out = masked_stream(b"login alice-hf_Zq8sVbT0kP2mW4xY\n", [], secrets)
+    assert out == b"login [secret HF_USER][secret HF_TOKEN]\n"
+
+
+OVERLAPPING = {"A": "abca", "B": "cab", "C": "bb"}
+
+
+def _uncovered(text: bytes, secrets: dict[str, str]) -> bytes:
+    """The bytes of ``text`` no occurrence of any value covers (overlapping occurrences included)."""
+    covered = set()
+    for value in map(str.encode, secrets.values()):
+        for start in range(len(text)):
+            if text.startswith(value, start):
+                covered.update(range(start, start + len(value)))
+    return bytes(byte for i, byte in enumerate(text) if i not in covered)
+
+
+@given(
+    st.lists(st.sampled_from([b"a", b"b", b"c", b"x", b"abca", b"cab", b"bb"]), max_size=30),
+    st.lists(st.integers(min_value=0, max_value=10_000), max_size=12),
+)
+def test_every_byte_of_every_occurrence_is_masked_however_values_overlap(parts, cuts):
+    text = b"".join(parts)
+    out = masked_stream(text, cuts, OVERLAPPING)
+    assert out == masked_stream(text, [], OVERLAPPING)
+    assert re.sub(rb"\[secret [ABC]\]", b"", out) == _uncovered(text, OVERLAPPING)
