@@ -163,7 +163,7 @@ class Part:
     job: Job
     rank: int
     num_nodes: int
-    coordinator: str
+    coordinator: str  # where rank 0 listens; "" for a job on one node (it is told none)
     key: str  # names this part's namespace, links and groups on the host
     visible_devices: str  # CUDA_VISIBLE_DEVICES
     network: network.PartNetwork | None  # spanning nodes or with egress, sandboxed: its own wired namespace
@@ -361,8 +361,10 @@ def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | Non
     held = sum(len(s.gpu_indices) for s in siblings)
     sandboxed = mode == sandbox.BUBBLEWRAP
     egress, refused = _egress(allocation, sandboxed)
-    if (len(siblings) == 1 and not egress) or not sandboxed:
-        coordinator = first.node.address or first.node.name
+    # Only a job spanning nodes is told where its first part is: a one-node job is never handed a platform address.
+    spanning = len(siblings) > 1
+    if (not spanning and not egress) or not sandboxed:
+        coordinator = (first.node.address or first.node.name) if spanning else ""
         note = network.describe(None, sandboxed=sandboxed) + refused
         return Part(
             allocation, allocation.job, allocation.rank, len(siblings), coordinator, key, visible, None,
@@ -373,9 +375,7 @@ def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | Non
                          peers=[(s.node.network_slot, s.gpu_indices) for s in siblings], egress=egress,
                          platform=_platform_networks() if egress else (), resolvers=network.node_resolvers())  # fmt: skip
     coordinator = (
-        network.part_addresses(subnet, first.node.network_slot, first.gpu_indices)[1]
-        if len(siblings) > 1
-        else first.node.address or first.node.name
+        network.part_addresses(subnet, first.node.network_slot, first.gpu_indices)[1] if spanning else ""
     )
     note = network.describe(wired, sandboxed=True) + refused
     return Part(
@@ -678,10 +678,8 @@ def _job_env(
         "E31_ATTEMPT": str(part.allocation.attempt),
         "E31_DATA_DIR": str(dirs.data),
         "E31_OUTPUT_DIR": str(dirs.output),
-        "E31_NODE_RANK": str(part.rank),
-        "E31_NUM_NODES": str(part.num_nodes),
         "E31_NUM_GPUS": str(part.num_gpus),
-        "E31_COORDINATOR": part.coordinator,
+        **_rank_env(part),
         **_array_env(part.job),
         **_checkpoint_env(part, dirs),
         **(libraries if driver else {}),
@@ -694,6 +692,17 @@ def _checkpoint_env(part: Part, inside: sandbox.AttemptDirs) -> dict[str, str]:
         return {}
     handed = part.allocation.attempt > 1 and any(checkpoints.directory(part.job.id).iterdir())
     return {"E31_CHECKPOINT_DIR": str(inside.checkpoint), "E31_RESUMED": "1" if handed else "0"}
+
+
+def _rank_env(part: Part) -> dict[str, str]:
+    """A part of a job spanning nodes learns its rank and where rank 0 listens; a one-node job sees none of them."""
+    if part.num_nodes == 1:
+        return {}
+    return {
+        "E31_NODE_RANK": str(part.rank),
+        "E31_NUM_NODES": str(part.num_nodes),
+        "E31_COORDINATOR": part.coordinator,
+    }
 
 
 def _array_env(job) -> dict[str, str]:

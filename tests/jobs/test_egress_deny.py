@@ -1,9 +1,14 @@
-"""A job allowed the internet never reaches the platform: the cache and every node, not only the database and broker."""
+"""A job allowed the internet never reaches the platform: the cache and every node, not only the database and broker;
+and a job on one node is not even told its node's address."""
+
+from types import SimpleNamespace
 
 import pytest
+from django.utils import timezone
 
-from jobs import agent
-from tests.factories import NodeFactory
+from jobs import agent, rental, sandbox
+from jobs.models import Allocation, Node
+from tests.factories import JobFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -39,3 +44,16 @@ def test_the_console_the_pool_registries_and_every_failover_broker_and_cache_are
         "redis://203.0.113.17:6379/1,redis://203.0.113.18:6379/1"  # one string
     )
     assert {"203.0.113.17/32", "203.0.113.18/32"} <= set(agent._platform_networks())
+
+
+def test_a_one_node_job_is_not_told_its_nodes_platform_address(pool, team):
+    """Rank, node count and coordinator are for a job spanning nodes (README); the agent's --address is the
+    platform's, not the job's."""
+    Node.objects.filter(name="gpu-01").update(address="10.20.30.40")
+    job = JobFactory(team=team, gpus=1)
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=timezone.now())
+    part = agent._load_part(Allocation.objects.get(job=job).id, sandbox.BUBBLEWRAP, None)
+    inside = SimpleNamespace(data="/e31/data", output="/e31/output", work="/e31/work", checkpoint=None)
+    env = agent._job_env(part, inside, None)
+    assert "10.20.30.40" not in env.values()
+    assert not {"E31_NODE_RANK", "E31_NUM_NODES", "E31_COORDINATOR"} & set(env)
