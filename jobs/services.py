@@ -149,10 +149,12 @@ def cancel_job(*, job_id: int, user, now: datetime) -> bool:
         if ended:
             dispatch.request_scheduler_pass()
         return ended
-    if job.state == State.RENTED and not job.allocations.filter(started_at__isnull=False).exists():
-        # GPUs are held but no process started yet: nothing to stop, so release now.
-        return rental.release_job(job_id=job_id, end_reason=EndReason.CANCELLED, now=now, actor=_actor(user),
-                                  detail=f"cancelled by {_actor(user)} before its process started")  # fmt: skip
+    # This attempt's parts only: an earlier attempt's processes started, and are gone.
+    started = job.allocations.filter(attempt=job.attempt, started_at__isnull=False)
+    if job.state == State.RENTED and not started.exists():
+        # GPUs are held but no process of this attempt started yet: nothing to stop, so release now.
+        return rental.release_job(job_id=job_id, attempt=job.attempt, end_reason=EndReason.CANCELLED, now=now,
+                                  actor=_actor(user), detail=f"cancelled by {_actor(user)} before its process started")  # fmt: skip
     marked = Job.objects.filter(id=job_id, cancel_requested_at__isnull=True, state__in=HOLDS_COMPUTE).update(
         cancel_requested_at=now
     )

@@ -154,6 +154,21 @@ def test_cancelling_a_rented_job_whose_process_has_not_started_releases_at_once(
     assert not rental.start_allocation(allocation_id=job.allocations.get().id, now=timezone.now())
 
 
+def test_a_requeued_job_cancelled_before_its_new_attempt_started_is_released_at_once(pool, member):
+    """Its first attempt's process started; that says nothing of the second's, which nothing would stop."""
+    job = JobFactory(team=member.memberships.first().team, requeue=True)
+    now = timezone.now()
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=now)
+    assert rental.start_allocation(allocation_id=job.allocations.get().id, now=now)
+    rental.lose_node_allocations(node=pool[0], now=now + timedelta(seconds=5), detail="silent")
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-02": (0,)}, now=now + timedelta(seconds=10))
+
+    assert services.cancel_job(job_id=job.id, user=member, now=now + timedelta(seconds=11))
+    job.refresh_from_db()
+    assert (job.state, job.end_reason, job.attempt) == ("released", "cancelled", 2)
+    assert not GpuHold.objects.filter(allocation__job=job, active=True).exists()
+
+
 def test_a_cancel_whose_clock_was_read_before_a_rent_committed_releases_at_the_rent(pool, member):
     """The API reads ``now`` before it waits for the job's lock; the scheduler may rent meanwhile.
 
