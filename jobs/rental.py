@@ -12,7 +12,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q, Subquery
+from django.db.models import F, Min, Q, Subquery
 
 from common.ledger_locks import lock_team_ledgers
 from jobs import dispatch, selectors, signals
@@ -373,12 +373,18 @@ def stop_reason(*, allocation_id: int, now: datetime) -> str:
         return EndReason.CANCELLED
     if row["job__preempt_requested_at"]:
         return PREEMPTED
-    if row["started_at"] and (now - row["started_at"]).total_seconds() >= row["job__hours"] * 3600:
+    parts = Allocation.objects.filter(job_id=row["job_id"], attempt=row["attempt"])
+    if row["started_at"] and _ran_out_of_hours(parts, hours=row["job__hours"], now=now):
         return EndReason.TIMED_OUT
-    failed_sibling = Allocation.objects.filter(
-        job_id=row["job_id"], attempt=row["attempt"], finished_at__isnull=False
-    ).exclude(end_reason=EndReason.SUCCEEDED)
+    failed_sibling = parts.filter(finished_at__isnull=False).exclude(end_reason=EndReason.SUCCEEDED)
     return "sibling_failed" if failed_sibling.exclude(id=allocation_id).exists() else ""
+
+
+def _ran_out_of_hours(parts, *, hours: float, now: datetime) -> bool:
+    """The limit runs from the attempt's first start: a part that started late is held to the job's hours,
+    not given its own."""
+    first = parts.aggregate(first=Min("started_at"))["first"]
+    return first is not None and (now - first).total_seconds() >= hours * 3600
 
 
 def store_log_tail(*, job_id: int, attempt: int, text: str) -> None:

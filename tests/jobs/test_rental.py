@@ -287,3 +287,20 @@ def test_a_job_still_resolving_its_image_does_not_take_the_gpu_a_queued_job_coul
     queued.refresh_from_db()
     assert staging.pending_reason != "starting now", (staging.pending_reason, queued.pending_reason)
     assert queued.state == "rented", (queued.state, queued.pending_reason)
+
+
+def test_a_part_that_started_late_is_held_to_the_jobs_time_limit_not_its_own(pool, team):
+    """Rank 1's run message came late and it started 30 minutes after rank 0: at the job's declared hour it is
+    stopped, not given another 30 minutes on the meter (rank 0's finished part holds its GPU meanwhile)."""
+    job = JobFactory(team=team, gpus=2, hours=1.0)
+    start = timezone.now() - timedelta(hours=2)
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,), "gpu-02": (0,)}, now=start)
+    rank0, rank1 = Allocation.objects.filter(job=job).order_by("rank")
+    assert rental.start_allocation(allocation_id=rank0.id, now=start)
+    assert rental.start_allocation(allocation_id=rank1.id, now=start + timedelta(minutes=30))
+    rental.finish_allocation(
+        allocation_id=rank0.id, exit_code=0, outcome=EndReason.SUCCEEDED, now=start + timedelta(minutes=40)
+    )
+    within, past = start + timedelta(minutes=59), start + timedelta(hours=1, seconds=5)
+    assert rental.stop_reason(allocation_id=rank1.id, now=within) == ""
+    assert rental.stop_reason(allocation_id=rank1.id, now=past) == EndReason.TIMED_OUT
