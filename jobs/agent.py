@@ -47,7 +47,7 @@ from jobs import (
     sandbox,
     trees,
 )
-from jobs.lifecycle import PREEMPTED, REQUEUED, EndReason, State
+from jobs.lifecycle import PREEMPTED, EndReason, State
 from jobs.models import Allocation, ImagePull, Job, Node
 from jobs.rental import STOPPED
 from jobs.units import format_size
@@ -181,7 +181,13 @@ def run_part(
     """Runs one allocation's process to its end, then finishes, seals and (last part) releases."""
     if not rental.start_allocation(allocation_id=allocation_id, now=clock.now()):
         return  # a duplicate delivery, or released before it could start
-    part = _load_part(allocation_id, mode, gpu_uuids)
+    try:
+        part = _load_part(allocation_id, mode, gpu_uuids)
+    except Exception as exc:  # nothing ran: the GPUs must not stay held (and metered) with no process
+        log.exception("allocation %s: the part could not be prepared", allocation_id)
+        detail = f"the node agent could not prepare it: {exc}"
+        _with_database(lambda: _release_unprepared(allocation_id, detail))
+        return
     dirs = _with_checkpoint(part, sandbox.attempt_dirs(part.allocation))
     uid, ran = None, False
     # How a part that never reached its exit ends: run once its attempt has settled, since a job released or
@@ -278,8 +284,14 @@ def _settle_space(root: Path, *, ran: bool) -> None:
 
 
 def _release_failed(part: Part, detail: str) -> None:
-    rental.release_job(job_id=part.job.id, attempt=part.allocation.attempt, end_reason=EndReason.FAILED,
-                       now=clock.now(), actor=_actor(part), detail=detail[:300])  # fmt: skip
+    rental.release_part(allocation_id=part.allocation.id, end_reason=EndReason.FAILED, now=clock.now(),
+                        actor=_actor(part), detail=detail[:300])  # fmt: skip
+
+
+def _release_unprepared(allocation_id: int, detail: str) -> None:
+    node = Allocation.objects.values_list("node__name", flat=True).get(id=allocation_id)
+    rental.release_part(allocation_id=allocation_id, end_reason=EndReason.FAILED, now=clock.now(),
+                        actor=f"agent:{node}", detail=detail[:300])  # fmt: skip
 
 
 def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
@@ -297,10 +309,8 @@ def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
     full = exc.store == attempt_space.NODE_DISK and exc.free < limits.space_bytes(0)
     if full:  # before the job is placed again
         nodes.hold_for_room(node_id=part.allocation.node_id, now=clock.now())
-    again = rental.has_attempts_left(part.job)
-    rental.release_job(job_id=part.job.id, attempt=part.allocation.attempt, end_reason=EndReason.FAILED,
-                       now=clock.now(), actor=_actor(part), detail=detail[:300],
-                       requeue_as=REQUEUED if again else "")  # fmt: skip
+    rental.release_part(allocation_id=part.allocation.id, end_reason=rental.NO_ROOM, now=clock.now(),
+                        actor=_actor(part), detail=detail[:300])  # fmt: skip
 
 
 def _bound_or_refuse(part: Part, dirs: sandbox.AttemptDirs) -> None:
@@ -533,20 +543,23 @@ def _paused(part: Part) -> str:
 
 def _after_exit(part: Part, dirs: sandbox.AttemptDirs, outcome: str, exit_code: int | None) -> None:
     now = clock.now()
-    job_id = part.job.id
     if outcome == "released":
         return  # the node was declared down or the attempt replaced: RELEASE already happened
+    # This part's process has stopped: its GPUs are released; its job moves on once its other parts stopped too.
     if outcome == EndReason.CANCELLED:
-        rental.release_job(job_id=job_id, attempt=part.allocation.attempt, end_reason=EndReason.CANCELLED, now=now,
-                           actor=_actor(part), exit_code=exit_code, detail="cancelled while running")  # fmt: skip
+        rental.release_part(allocation_id=part.allocation.id, end_reason=EndReason.CANCELLED, now=now,
+                            actor=_actor(part), exit_code=exit_code, detail="cancelled while running")  # fmt: skip
         return
     if outcome == PREEMPTED:
-        rental.release_job(job_id=job_id, attempt=part.allocation.attempt, end_reason=PREEMPTED, now=now,
-                           actor=_actor(part), requeue_as=PREEMPTED, detail=_paused(part))  # fmt: skip
+        rental.release_part(allocation_id=part.allocation.id, end_reason=PREEMPTED, now=now, actor=_actor(part),
+                            detail=_paused(part))  # fmt: skip
         return
     if outcome == "sibling_failed":
         outcome = STOPPED  # not this part's failure: the attempt's exit code is the failing part's
-    rental.finish_allocation(allocation_id=part.allocation.id, exit_code=exit_code, outcome=outcome, now=now)
+    if not rental.finish_allocation(
+        allocation_id=part.allocation.id, exit_code=exit_code, outcome=outcome, now=now
+    ):
+        return  # the attempt ended early: nothing of it is sealed
     # Hashing a large output takes minutes: the agent says it is alive meanwhile, as while the job ran, or
     # the reconciler would take it for silent and end a run that succeeded as lost.
     alive = _every(SEEN_EVERY_S, lambda: rental.note_worker_alive(job_id=part.job.id, now=clock.now()))

@@ -2,8 +2,9 @@
 
 Invariants: a GPU is held by at most one active allocation (a partial unique index refuses the
 second); every allocation that was rented is released, whatever happened, and releasing closes
-its meter at that instant; an attempt's allocations are all released together, so a job never
-runs two attempts at once.
+its meter at that instant; a part of an attempt is released once its own process has stopped (or its
+node is lost), and the job moves on (requeued or ended) only once every part of the attempt is
+released, so a job never runs two attempts at once and no GPU is freed under a running process.
 """
 
 import logging
@@ -22,6 +23,9 @@ from jobs.transitions import transition
 
 log = logging.getLogger(__name__)
 STOPPED = "stopped"  # a part stopped because another part of its attempt failed
+NO_ROOM = "no_room"  # a part's disk could not hold its space: the job goes back to the queue while it may
+# What ends an attempt early, before its output, in the order one beats another when its parts report several.
+EARLY_ENDS = (EndReason.NODE_LOST, NO_ROOM, EndReason.FAILED, PREEMPTED, EndReason.CANCELLED)
 
 
 def rent_job(
@@ -127,8 +131,9 @@ def _lock_job_of(allocation_id: int) -> None:
 
 def finish_allocation(
     *, allocation_id: int, exit_code: int | None, outcome: EndReason, now: datetime
-) -> None:
-    """Records a part's exit; when every part of the attempt has exited the job enters OUTPUT."""
+) -> bool:
+    """Records a part's exit; when every part of the attempt has exited the job enters OUTPUT. False when the
+    part has nothing to seal: its attempt is ending early (another part was released), and so is this part."""
     with transaction.atomic():
         _lock_job_of(allocation_id)
         Allocation.objects.filter(id=allocation_id, finished_at__isnull=True).update(
@@ -136,13 +141,22 @@ def finish_allocation(
         )
         allocation = Allocation.objects.select_related("node").get(id=allocation_id)
         job = Job.objects.select_for_update().get(id=allocation.job_id)
-        if job.attempt != allocation.attempt or _attempt_parts(job).filter(finished_at__isnull=True).exists():
-            return
+        if job.attempt != allocation.attempt:
+            return False
+        if _attempt_parts(job).filter(released_at__isnull=False).exists():
+            actor = f"agent:{allocation.node.name}"
+            release_part(
+                allocation_id=allocation_id, end_reason=outcome, now=now, actor=actor, exit_code=exit_code
+            )
+            return False
+        if _attempt_parts(job).filter(finished_at__isnull=True).exists():
+            return True
         transition(
             job_id=job.id, source=State.RUNNING, target=State.OUTPUT, now=now,
             actor=f"agent:{allocation.node.name}", reason=f"run ended: {outcome}",
         )  # fmt: skip
         _release_when_sealed(job.id, now=now, actor=f"agent:{allocation.node.name}")
+        return True
 
 
 def seal_allocation(*, allocation_id: int, manifest: list[dict], now: datetime, refused: str = "") -> None:
@@ -235,6 +249,8 @@ def release_job(
 ) -> bool:  # fmt: skip
     """RELEASE: frees every GPU of the attempt and closes its meter at ``now``; then requeues or ends.
 
+    For an attempt none of whose processes still runs (all sealed, none started) or whose agents went silent
+    (the reconciler); a part that stops early is released on its own (``release_part``).
     ``requeue_as`` (REQUEUED after a node loss, PREEMPTED for a reservation) sends the job back to
     the queue for a new attempt instead of ending it; but a job whose team asked to cancel it ends
     cancelled, whatever stopped it first: it never runs again. ``attempt``: only while the job is
@@ -246,33 +262,122 @@ def release_job(
         job = (rows if attempt is None else rows.filter(attempt=attempt)).first()
         if job is None:
             return False
-        if requeue_as and job.cancel_requested_at is not None:
-            requeue_as, detail = "", f"cancelled as requested; the attempt had ended: {detail or end_reason}"
-            end_reason = EndReason.CANCELLED
+        end_reason, requeue_as, detail = _cancel_wins(job, end_reason, requeue_as, detail)
         held = list(Allocation.objects.filter(job=job, released_at__isnull=True))
-        # A caller reads ``now`` before it waits for the job's lock, and a rent may commit meanwhile
-        # (a cancel racing the scheduler): a release never precedes its rent, so it happens at it.
-        now = max([now, *(allocation.rented_at for allocation in held)])
-        for allocation in held:
-            _release_allocation(allocation, now=now, end_reason=end_reason, last_heartbeat=last_heartbeat)
-        if requeue_as:
-            moved = transition(
-                job_id=job.id, source=job.state, target=State.QUEUED, now=now, actor=actor, via=requeue_as,
-                reason=f"{requeue_as}: {detail or end_reason}", cancel_requested_at=None, preempt_requested_at=None,
-                sealed_files=0, sealed_bytes=0, delivery_detail="",  # the next attempt seals its own files
-                lost_attempts=F("lost_attempts") + int(requeue_as == REQUEUED),
-            )  # fmt: skip
-        else:
-            moved = transition(
-                job_id=job.id, source=job.state, target=State.RELEASED, now=now, actor=actor,
-                end_reason=end_reason, reason=detail or str(end_reason), exit_code=exit_code,
-                end_detail=detail[:500], delivery_state="delivering" if deliver and job.outputs_pending() else "",
-            )  # fmt: skip
-        dispatch.request_scheduler_pass()
-        if deliver and not requeue_as and moved and job.outputs_pending():
-            for part in Allocation.objects.filter(job=job, attempt=job.attempt).select_related("node"):
-                dispatch.deliver_part(part.id, part.node.name)
-        return moved
+        now = _release_parts(held, now=now, end_reason=end_reason, last_heartbeat=last_heartbeat)
+        return _move_released(job, end_reason=end_reason, now=now, actor=actor, exit_code=exit_code, detail=detail,
+                              deliver=deliver, requeue_as=requeue_as)  # fmt: skip
+
+
+def _cancel_wins(job: Job, end_reason: str, requeue_as: str, detail: str) -> tuple[str, str, str]:
+    """A job whose team asked to cancel it is never requeued, whatever ended its attempt first."""
+    if requeue_as and job.cancel_requested_at is not None:
+        detail = f"cancelled as requested; the attempt had ended: {detail or end_reason}"
+        return EndReason.CANCELLED, "", detail
+    return end_reason, requeue_as, detail
+
+
+def _release_parts(
+    parts: list[Allocation], *, now: datetime, end_reason: str, last_heartbeat=None
+) -> datetime:
+    """Frees the parts' GPUs and closes their meters; returns when (``now``, or the latest rent among them)."""
+    # A caller reads ``now`` before it waits for the job's lock, and a rent may commit meanwhile
+    # (a cancel racing the scheduler): a release never precedes its rent, so it happens at it.
+    now = max([now, *(allocation.rented_at for allocation in parts)])
+    for allocation in parts:
+        _release_allocation(allocation, now=now, end_reason=end_reason, last_heartbeat=last_heartbeat)
+    return now
+
+
+def release_part(
+    *, allocation_id: int, end_reason: str, now: datetime, actor: str, exit_code: int | None = None,
+    detail: str = "", last_heartbeat: datetime | None = None,
+) -> bool:  # fmt: skip
+    """An attempt ends early (cancel, preemption, its agent failed or found no room, its node was lost): frees
+    this part's GPUs and closes its meter now, with those of its parts whose processes are not running (never
+    started, or exited); ``stop_reason`` tells the others to stop, and each is released as it reports. The last
+    part released requeues or ends the job, as the attempt's first early end (``EARLY_ENDS``) decides.
+    False if the part was released already or its attempt replaced."""
+    with transaction.atomic():
+        _lock_job_of(allocation_id)
+        part = Allocation.objects.select_related("job").get(id=allocation_id)
+        job = Job.objects.filter(id=part.job_id, attempt=part.attempt, state__in=HOLDS_COMPUTE).first()
+        if job is None or part.released_at is not None:
+            return False
+        parts = list(_attempt_parts(job).select_related("job"))
+        first = all(p.released_at is None for p in parts)
+        if exit_code is not None:
+            Allocation.objects.filter(id=part.id, exit_code__isnull=True).update(exit_code=exit_code)
+        now = _release_parts([part], now=now, end_reason=end_reason, last_heartbeat=last_heartbeat)
+        idle = [p for p in parts if p.id != part.id and p.released_at is None and _not_running(p)]
+        now = _release_parts(idle, now=now, end_reason=STOPPED)
+        ending = (
+            _early_end(job, end_reason, exit_code, detail)
+            if first
+            else _first_early_end(job, end_reason, detail)
+        )
+        if not _attempt_parts(job).filter(released_at__isnull=True).exists():
+            return _move_released(job, now=now, actor=actor, deliver=False, **ending)
+        if first:  # kept for the last part released; the job page shows it meanwhile
+            Job.objects.filter(id=job.id).update(end_detail=detail[:500])
+            said = f"part {part.rank} ended ({end_reason}): {detail or end_reason}; stopping the other parts"
+            JobEvent.objects.create(job_id=job.id, from_state=job.state, to_state=job.state, at=now,
+                                    actor=actor[:150], attempt=job.attempt, reason=said[:300])  # fmt: skip
+        return True
+
+
+def _not_running(part: Allocation) -> bool:
+    return part.started_at is None or part.finished_at is not None
+
+
+def _first_early_end(job: Job, reason: str, detail: str) -> dict:
+    """How the attempt's first early end said it ends (``EARLY_ENDS`` orders those released at one instant),
+    with the detail it gave, or the last part's own on the same end (a preemption's checkpoint is measured once
+    rank 0 stopped); failed, when the part that ended it had exited already (its agent failed sealing)."""
+    parts = [p for p in _attempt_parts(job) if p.end_reason in EARLY_ENDS]
+    first = min(parts, key=lambda p: (p.released_at, EARLY_ENDS.index(p.end_reason)), default=None)
+    decided = first.end_reason if first else EndReason.FAILED
+    if not (detail and reason == decided):
+        detail = Job.objects.values_list("end_detail", flat=True).get(id=job.id)
+    return _early_end(job, decided, first.exit_code if first else None, detail)
+
+
+def _early_end(job: Job, reason: str, exit_code: int | None, detail: str) -> dict:
+    """What an early end does to the job: a lost node or no room requeues it while it may, a preemption always
+    (but a cancel asked for wins), anything else ends it."""
+    requeue_as = {
+        EndReason.NODE_LOST: REQUEUED if requeues_after_loss(job) else "",
+        NO_ROOM: REQUEUED if has_attempts_left(job) else "",
+        PREEMPTED: PREEMPTED,
+    }.get(reason, "")
+    end_reason = EndReason.FAILED if reason == NO_ROOM else reason
+    end_reason, requeue_as, detail = _cancel_wins(job, end_reason, requeue_as, detail)
+    return {"end_reason": end_reason, "requeue_as": requeue_as, "detail": detail, "exit_code": exit_code}
+
+
+def _move_released(
+    job: Job, *, end_reason: str, now: datetime, actor: str, exit_code: int | None, detail: str, deliver: bool,
+    requeue_as: str,
+) -> bool:  # fmt: skip
+    """Every part of the attempt is released: the job goes back to the queue (``requeue_as``) or ends."""
+    if requeue_as:
+        moved = transition(
+            job_id=job.id, source=job.state, target=State.QUEUED, now=now, actor=actor, via=requeue_as,
+            reason=f"{requeue_as}: {detail or end_reason}", cancel_requested_at=None, preempt_requested_at=None,
+            sealed_files=0, sealed_bytes=0, delivery_detail="",  # the next attempt seals its own files
+            end_detail="", lost_attempts=F("lost_attempts") + int(requeue_as == REQUEUED),
+        )  # fmt: skip
+    else:
+        moved = transition(
+            job_id=job.id, source=job.state, target=State.RELEASED, now=now, actor=actor,
+            end_reason=end_reason, reason=detail or str(end_reason), exit_code=exit_code,
+            end_detail=detail[:500], delivery_state="delivering" if deliver and job.outputs_pending() else "",
+        )  # fmt: skip
+    dispatch.request_scheduler_pass()
+    if deliver and not requeue_as and moved and job.outputs_pending():
+        for part in Allocation.objects.filter(job=job, attempt=job.attempt).select_related("node"):
+            dispatch.deliver_part(part.id, part.node.name)
+    return moved
 
 
 def _release_allocation(allocation: Allocation, *, now: datetime, end_reason: str, last_heartbeat) -> None:
@@ -329,21 +434,20 @@ def has_attempts_left(job: Job) -> bool:
 def lose_node_allocations(
     *, node: Node, now: datetime, detail: str, gpu_indices: Sequence[int] | None = None
 ) -> int:
-    """A node was declared down (or only ``gpu_indices`` of it are gone): release the attempts there
-    now and requeue those that allow it."""
+    """A node was declared down (or only ``gpu_indices`` of it are gone): release the parts there now (nothing
+    more can be known of their processes), and requeue their jobs that allow it once their other parts stopped."""
     lost = Allocation.objects.filter(node=node, released_at__isnull=True)
     if gpu_indices is not None:
         holding = GpuHold.objects.filter(node=node, gpu_index__in=gpu_indices, active=True)
         lost = lost.filter(id__in=holding.values("allocation_id"))
-    attempts = dict(lost.values_list("job_id", "attempt"))
-    lock_for_release(attempts)
-    for job in Job.objects.filter(id__in=attempts).order_by("id"):
-        requeue = requeues_after_loss(job)
-        release_job(
-            job_id=job.id, end_reason=EndReason.NODE_LOST, now=now, actor="reaper", detail=detail,
-            requeue_as=REQUEUED if requeue else "", last_heartbeat=node.last_heartbeat, attempt=attempts[job.id],
+    parts = dict(lost.values_list("job_id", "id"))  # a node holds one part of an attempt
+    lock_for_release(parts)
+    for job_id in sorted(parts):  # its other parts are told to stop, and released as each stops
+        release_part(
+            allocation_id=parts[job_id], end_reason=EndReason.NODE_LOST, now=now, actor="reaper", detail=detail,
+            last_heartbeat=node.last_heartbeat,
         )  # fmt: skip
-    return len(attempts)
+    return len(parts)
 
 
 def lock_for_release(job_ids: Iterable[int]) -> None:
@@ -376,7 +480,10 @@ def stop_reason(*, allocation_id: int, now: datetime) -> str:
     parts = Allocation.objects.filter(job_id=row["job_id"], attempt=row["attempt"])
     if row["started_at"] and _ran_out_of_hours(parts, hours=row["job__hours"], now=now):
         return EndReason.TIMED_OUT
-    failed_sibling = parts.filter(finished_at__isnull=False).exclude(end_reason=EndReason.SUCCEEDED)
+    # A part that failed, or was released early (its node lost, its agent failed): the attempt cannot go on.
+    failed_sibling = parts.filter(
+        Q(released_at__isnull=False) | Q(finished_at__isnull=False) & ~Q(end_reason=EndReason.SUCCEEDED)
+    )
     return "sibling_failed" if failed_sibling.exclude(id=allocation_id).exists() else ""
 
 

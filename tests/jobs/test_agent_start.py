@@ -263,3 +263,19 @@ def test_a_clean_up_step_that_fails_after_no_room_still_sends_the_job_back_for_r
     assert rented.state == "queued" and not GpuHold.objects.filter(active=True).exists()
     assert "no room on the checkpoint store: the job's checkpoint space" in rented.events.latest("id").reason
     assert Node.objects.get(name="gpu-01").no_room_until is None
+
+
+def test_a_part_whose_network_cannot_be_planned_does_not_leave_its_attempt_running_with_no_process(pool):
+    """A part of a job spanning nodes on GPU index 64 or above has no address in its node's /24: loading the part
+    fails after the part was claimed (the job RUNNING, metered), and the attempt is released, saying why."""
+    big = NodeFactory(name="gpu-big", gpus=72)
+    for slot, node in enumerate((pool[0], big)):  # as registration gives them
+        Node.objects.filter(id=node.id).update(network_slot=slot)
+    job = JobFactory(gpus=2)
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,), "gpu-big": (64,)}, now=timezone.now())
+
+    agent.run_part(allocation_id=job.allocations.get(rank=1).id, mode=sandbox.BUBBLEWRAP, uids=None)
+    job.refresh_from_db()
+    assert (job.state, job.end_reason) == ("released", "failed")
+    assert job.end_detail.startswith("the node agent could not prepare it: ")
+    assert not GpuHold.objects.filter(allocation__job=job, active=True).exists()

@@ -1,5 +1,6 @@
-"""What a RELEASE must never do, whoever calls it: requeue a job its team asked to cancel, or end an attempt
-that replaced the one its caller saw."""
+"""What a RELEASE must never do, whoever calls it: requeue a job its team asked to cancel, end an attempt
+that replaced the one its caller saw, or free the GPU of a part of a job spanning nodes while that part's
+process still runs."""
 
 import hashlib
 from datetime import timedelta
@@ -9,8 +10,8 @@ import pytest
 from django.utils import timezone
 
 from jobs import agent, nodes, reconciler, rental, services
-from jobs.lifecycle import PREEMPTED, EndReason, State
-from jobs.models import Allocation, Job
+from jobs.lifecycle import PREEMPTED, REQUEUED, EndReason, State
+from jobs.models import Allocation, GpuHold, Job
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -123,3 +124,115 @@ def test_a_run_that_succeeded_is_not_taken_for_lost_while_its_agent_seals_a_larg
     job.refresh_from_db()
     assert clock.reconciled
     assert (job.state, job.end_reason, job.sealed_files) == (State.RELEASED, EndReason.SUCCEEDED, 1)
+
+
+def _spanning(job, *, at):
+    """Rents gpu-01:0 and gpu-02:0 for ``job`` and starts both parts; returns (rank 0, rank 1)."""
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,), "gpu-02": (0,)}, now=at)
+    parts = list(Allocation.objects.filter(job=job).order_by("rank"))
+    for part in parts:
+        assert rental.start_allocation(allocation_id=part.id, now=at)
+    return parts
+
+
+def _part(allocation):
+    allocation.refresh_from_db()
+    return SimpleNamespace(job=Job.objects.get(id=allocation.job_id), allocation=allocation, rank=allocation.rank,
+                           num_nodes=2)  # fmt: skip
+
+
+def _holds(allocation) -> bool:
+    return GpuHold.objects.filter(allocation=allocation, active=True).exists()
+
+
+def test_a_preempted_spanning_job_is_requeued_only_once_its_last_part_stopped(pool, team):
+    """Rank 1 stops at once; rank 0 is still in its grace, writing its checkpoint: the job must not be rented again
+    (on rank 0's GPU too) before rank 0 stopped, or the next attempt would not find that checkpoint."""
+    job = JobFactory(team=team, gpus=2, preemptible=True, requeue=True)
+    now = timezone.now()
+    rank0, rank1 = _spanning(job, at=now)
+    assert rental.request_preemption(job_id=job.id, now=now + timedelta(seconds=1))
+    assert rental.stop_reason(allocation_id=rank0.id, now=now) == PREEMPTED
+    agent._after_exit(_part(rank1), None, PREEMPTED, -10)
+
+    job.refresh_from_db()
+    assert job.state == State.RUNNING and _holds(rank0) and not _holds(rank1)
+    again = {"gpu-01": (0,), "gpu-02": (1,)}
+    assert not rental.rent_job(job_id=job.id, gpus_by_node=again, now=now + timedelta(seconds=3))
+
+    agent._after_exit(_part(rank0), None, PREEMPTED, -10)
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == (State.QUEUED, 1) and not _holds(rank0)
+    assert rental.rent_job(job_id=job.id, gpus_by_node=again, now=now + timedelta(seconds=4))
+
+
+def test_a_cancelled_spanning_job_keeps_a_parts_gpu_until_that_part_stopped(pool, team, other_team, member):
+    """Rank 0 dies at TERM, rank 1 takes its kill grace: its GPU stays held, and metered, until it is gone."""
+    job = JobFactory(team=team, gpus=2)
+    now = timezone.now()
+    rank0, rank1 = _spanning(job, at=now)
+    assert services.cancel_job(job_id=job.id, user=member, now=now + timedelta(seconds=1))
+    agent._after_exit(_part(rank0), None, EndReason.CANCELLED, -15)
+
+    assert _holds(rank1) and not _holds(rank0)
+    stranger = JobFactory(team=other_team, gpus=1)
+    assert not rental.rent_job(
+        job_id=stranger.id, gpus_by_node={"gpu-02": (0,)}, now=now + timedelta(seconds=2)
+    )
+
+    agent._after_exit(_part(rank1), None, EndReason.CANCELLED, -9)
+    job.refresh_from_db()
+    rank0.refresh_from_db()
+    rank1.refresh_from_db()
+    assert (job.state, job.end_reason, job.end_detail) == (
+        State.RELEASED,
+        EndReason.CANCELLED,
+        "cancelled while running",
+    )
+    assert rank1.released_at > rank0.released_at
+
+
+def test_when_one_parts_agent_fails_to_start_it_the_running_sibling_keeps_its_gpu_until_stopped(pool, team):
+    """gpu-02's agent cannot start rank 1 (a secret deleted since intake): rank 0 is told to stop, keeps its GPU
+    until it has, and the job then ends failed, saying why."""
+    job = JobFactory(team=team, gpus=2)
+    now = timezone.now()
+    rank0, rank1 = _spanning(job, at=now)
+    agent._release_failed(_part(rank1), "secrets: the team has no secret named HF_TOKEN any more")
+
+    job.refresh_from_db()
+    assert job.state == State.RUNNING and _holds(rank0) and not _holds(rank1)
+    assert rental.stop_reason(allocation_id=rank0.id, now=now) == "sibling_failed"
+
+    agent._after_exit(_part(rank0), None, "sibling_failed", -15)
+    job.refresh_from_db()
+    assert (job.state, job.end_reason) == (State.RELEASED, EndReason.FAILED) and not _holds(rank0)
+    assert job.end_detail == "secrets: the team has no secret named HF_TOKEN any more"
+
+
+def test_a_lost_node_frees_its_part_at_once_and_the_job_is_requeued_once_its_other_part_stopped(pool, team):
+    job = JobFactory(team=team, gpus=2, requeue=True)
+    now = timezone.now()
+    rank0, rank1 = _spanning(job, at=now)
+    nodes.set_node_state(name="gpu-02", target="down", now=now + timedelta(seconds=5), actor="olga")
+
+    job.refresh_from_db()
+    assert job.state == State.RUNNING and _holds(rank0) and not _holds(rank1)
+    assert rental.stop_reason(allocation_id=rank0.id, now=now) == "sibling_failed"
+    agent._after_exit(_part(rank0), None, "sibling_failed", -15)
+    job.refresh_from_db()
+    assert (job.state, job.lost_attempts) == (State.QUEUED, 1)
+    assert job.events.get(to_state=State.QUEUED).reason == f"{REQUEUED}: marked down by olga"
+
+
+def test_the_reconciler_ends_an_attempt_whose_other_part_never_reports(pool, team):
+    """Rank 1's agent failed; rank 0's agent never reports again: the attempt is not left holding rank 0's GPU."""
+    job = JobFactory(team=team, gpus=2)
+    then = timezone.now() - timedelta(hours=1)
+    rank0, rank1 = _spanning(job, at=then)
+    agent._release_failed(_part(rank1), "the node agent failed: boom")
+    Job.objects.filter(id=job.id).update(worker_seen_at=then)
+
+    reconciler.reconcile(now=timezone.now())
+    job.refresh_from_db()
+    assert (job.state, job.end_reason) == (State.RELEASED, EndReason.NODE_LOST) and not _holds(rank0)
