@@ -6,6 +6,8 @@ Any path, query or form value carrying one (``?path=%00``, ``/api/v1/teams/%00/s
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from common import errors
+
 NUL = "\x00"
 MESSAGE = "A request cannot carry a NUL character (in its path, query or form)."
 
@@ -18,7 +20,7 @@ class RefuseNulMiddleware:
         if _carries_nul(request):
             if request.path.startswith("/api/"):
                 return JsonResponse({"detail": MESSAGE}, status=400)
-            return HttpResponse(MESSAGE, status=400, content_type="text/plain; charset=utf-8")
+            return errors.bad_request(request, reason=MESSAGE)
         return self.get_response(request)
 
 

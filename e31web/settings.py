@@ -198,6 +198,7 @@ SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 # No script reads either cookie: htmx sends the CSRF token from the template (hx-headers on <body>).
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True
+CSRF_FAILURE_VIEW = "common.errors.csrf_failure"  # the console's page: the form expired, cookies needed
 SESSION_COOKIE_SAMESITE = "Lax"
 # A session lasts a working day at most, and ends with the browser in production.
 SESSION_COOKIE_AGE = env.int("E31_SESSION_AGE_S", default=12 * 3600)

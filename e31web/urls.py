@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from common import health
+from common import errors, health
 from e31web.api import api
 from public import views as public_views
 
@@ -18,3 +18,6 @@ urlpatterns = [
     path("api/v1/", api.urls),
     path("admin/", admin.site.urls),
 ]
+
+# A request refused before any view (too large, malformed) gets the console's page, not Django's bare one.
+handler400 = errors.bad_request
