@@ -207,7 +207,8 @@ SESSION_EXPIRE_AT_BROWSER_CLOSE = env.bool("E31_SESSION_EXPIRE_AT_BROWSER_CLOSE"
 # WINDOW seconds after the last failure (django-axes, configured in accounts.lockout).
 E31_LOGIN_FAILURE_LIMIT = env.int("E31_LOGIN_FAILURE_LIMIT", default=10)
 E31_LOGIN_WINDOW_S = env.int("E31_LOGIN_WINDOW_S", default=15 * 60)
-AUTHENTICATION_BACKENDS = ["accounts.lockout.LockoutBackend", "django.contrib.auth.backends.ModelBackend"]
+# Usernames are matched whatever their case, or an account's e-mail address (accounts.backends).
+AUTHENTICATION_BACKENDS = ["accounts.lockout.LockoutBackend", "accounts.backends.UsernameOrEmailBackend"]
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"  # rows every web process reads alike
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]  # the pair, never the username alone
 AXES_FAILURE_LIMIT = "accounts.lockout.failure_limit"

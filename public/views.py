@@ -384,6 +384,6 @@ def invite(request: HttpRequest, token: str) -> HttpResponse:
         )
     except services.InvitationRefused as exc:
         return render(request, "pages/invite.html", {"refused": True, "reason": str(exc)}, status=410)
-    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    login(request, user, backend="accounts.backends.UsernameOrEmailBackend")
     messages.success(request, f"Welcome. You are the admin of team “{invitation.team.name}”.")
     return redirect("jobs:list")

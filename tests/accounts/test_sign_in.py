@@ -1,0 +1,65 @@
+"""Sign-in by username or e-mail address, whatever the case typed; never a guess between two accounts."""
+
+import pytest
+from django.contrib.auth.forms import UserCreationForm
+from django.urls import reverse
+
+from tests.conftest import PASSWORD
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+LOGIN = reverse("accounts:login")
+
+
+@pytest.fixture(autouse=True)
+def _a_fast_hasher(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def _sign_in(client, username: str, password: str = PASSWORD):
+    return client.post(LOGIN, {"username": username, "password": password}, REMOTE_ADDR="203.0.113.7")
+
+
+def test_the_field_says_an_e_mail_address_is_accepted(client):
+    assert "<label>Username or e-mail <input" in client.get(LOGIN).content.decode()
+
+
+@pytest.mark.parametrize("typed", ["Alice", "ALICE", "alice@Example.com"])
+def test_a_member_signs_in_with_their_username_in_any_case_or_their_e_mail(client, member, typed):
+    member.email = "alice@example.com"
+    member.save()
+    response = _sign_in(client, typed)
+    assert response.status_code == 302 and client.session["_auth_user_id"] == str(member.id)
+
+
+def test_a_wrong_password_is_refused_whatever_the_name_typed(client, member):
+    assert _sign_in(client, "ALICE", "wrong").status_code == 200
+    assert "_auth_user_id" not in client.session
+
+
+def test_two_accounts_differing_only_by_case_are_told_apart_by_the_exact_name_and_never_guessed(client):
+    # Made by hand: the console's own paths (invitations, the admin's form) refuse such a pair.
+    upper, lower = UserFactory(username="Sam"), UserFactory(username="sam")
+    assert _sign_in(client, "Sam").status_code == 302 and client.session["_auth_user_id"] == str(upper.id)
+    client.logout()
+    assert _sign_in(client, "sam").status_code == 302 and client.session["_auth_user_id"] == str(lower.id)
+    client.logout()
+    assert _sign_in(client, "SAM").status_code == 200  # which of the two? neither
+
+
+def test_an_e_mail_address_shared_by_two_accounts_signs_in_neither(client):
+    UserFactory(username="kim", email="lab@example.com")
+    UserFactory(username="lee", email="lab@example.com")
+    assert _sign_in(client, "lab@example.com").status_code == 200
+
+
+def test_the_admin_refuses_an_account_whose_name_differs_from_another_only_by_case(member):
+    form = UserCreationForm({"username": "ALICE", "password1": PASSWORD, "password2": PASSWORD})
+    assert not form.is_valid() and "username" in form.errors
+
+
+def test_the_lockout_counts_failures_whatever_the_case_typed(client, member, settings):
+    settings.E31_LOGIN_FAILURE_LIMIT = 2
+    _sign_in(client, "alice", "wrong")
+    _sign_in(client, "ALICE", "wrong")
+    assert _sign_in(client, "Alice").status_code == 429
