@@ -11,6 +11,7 @@ These models were born in the ``e31web`` package and moved here with their rows:
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Lower
 
 from accounts.models import Team
 from common.append_only import AppendOnlyError, AppendOnlyModel
@@ -192,6 +193,12 @@ class Application(models.Model):
         db_table = "e31web_application"
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["status", "-created_at"])]
+        constraints = [
+            # A double click or a second visit must not queue the same team twice for review.
+            models.UniqueConstraint(
+                Lower("email"), condition=Q(status="pending"), name="one_pending_application_per_address"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.team_name} ({self.status})"

@@ -3,6 +3,7 @@
 from collections.abc import Iterable
 from datetime import datetime
 
+from django.contrib.auth import get_user_model
 from django.db.models import Q
 from django.utils.text import slugify
 
@@ -34,6 +35,11 @@ def team_name_problem(name: str) -> str:
     if Team.objects.filter(Q(name__iexact=name) | Q(slug=slug)).exists():
         return "a team with this name already exists"
     return ""
+
+
+def has_account(email: str) -> bool:
+    """Whether the address is already someone's username: an invitation to it could not be redeemed."""
+    return get_user_model().objects.filter(username__iexact=email).exists()
 
 
 def usable_invitation(*, token: str, now: datetime) -> Invitation | None:

@@ -208,25 +208,30 @@ def submit_application(
     can_run_when: str,
     problem_ids: Iterable[int],
     now: datetime,
-) -> Application:
-    """A pending application; refused while intake is closed. Only open problems can be ticked."""
+) -> tuple[Application, bool]:
+    """A pending application, and whether it is new: one per address, so sending it again keeps the
+    first (as the waitlist does). Refused while intake is closed. Only open problems can be ticked."""
     if not selectors.intake_is_open():
         raise IntakeError("design-partner intake is closed")
-    application = Application.objects.create(
-        team_name=team_name,
-        contact_name=contact_name,
+    application, created = Application.objects.get_or_create(
         email=email.strip().lower(),
-        work=work,
-        data_bytes=data_bytes,
-        data_location=data_location,
-        compute_request=compute_request,
-        output=output,
-        output_bytes=output_bytes,
-        can_run_when=can_run_when,
-        created_at=now,
+        status=Application.Status.PENDING,
+        defaults={
+            "team_name": team_name,
+            "contact_name": contact_name,
+            "work": work,
+            "data_bytes": data_bytes,
+            "data_location": data_location,
+            "compute_request": compute_request,
+            "output": output,
+            "output_bytes": output_bytes,
+            "can_run_when": can_run_when,
+            "created_at": now,
+        },
     )
-    application.problems.set(Problem.objects.open().filter(id__in=list(problem_ids)))
-    return application
+    if created:
+        application.problems.set(Problem.objects.open().filter(id__in=list(problem_ids)))
+    return application, created
 
 
 @transaction.atomic
@@ -237,6 +242,13 @@ def accept_application(
     team_name = team_name.strip()
     if problem := selectors.team_name_problem(team_name):
         raise IntakeError(problem)
+    email = Application.objects.values_list("email", flat=True).get(id=application_id)
+    if selectors.has_account(email):
+        # Its invitation would be refused at redemption, leaving a team nobody can join.
+        raise IntakeError(
+            f"{email} already has an account: nothing was accepted. Add that user to a team instead, "
+            "or decline this application."
+        )
     claimed = Application.objects.filter(id=application_id, status=Application.Status.PENDING).update(
         status=Application.Status.ACCEPTED, decided_at=now, decided_by=by[:150]
     )
@@ -285,11 +297,10 @@ def redeem_invitation(*, token: str, password: str, now: datetime) -> Any:
     )
     if not claimed:
         raise InvitationRefused("this invitation link has already been used")
-    User = get_user_model()
-    if User.objects.filter(username__iexact=invitation.email).exists():
+    if selectors.has_account(invitation.email):
         # Never hand an existing account to whoever holds a link; an operator adds that user instead.
         raise InvitationRefused("an account with this email already exists: sign in, and ask an operator")
-    user = User.objects.create_user(
+    user = get_user_model().objects.create_user(
         username=invitation.email,
         email=invitation.email,
         password=password,

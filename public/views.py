@@ -235,7 +235,9 @@ def _apply(request: HttpRequest) -> HttpResponse:
         return _render_partners(request, form, status=422)
     data = dict(form.cleaned_data)
     problem_ids = [p.id for p in data.pop("problems")]
-    application = services.submit_application(**data, problem_ids=problem_ids, now=timezone.now())
+    application, created = services.submit_application(**data, problem_ids=problem_ids, now=timezone.now())
+    if not created:
+        return _thanks("application")  # sent again: the first is under review, and was confirmed once
     try:
         emails.application_received(application=application)
     except (SMTPException, OSError):

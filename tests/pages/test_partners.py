@@ -2,13 +2,14 @@
 
 import pytest
 from django.core import mail
+from django.db import IntegrityError, transaction
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
 from public import selectors, services
 from public.models import Application, IntakeChange, Problem, WaitlistEntry
-from tests.pages.factories import ProblemFactory, application_post
+from tests.pages.factories import ApplicationFactory, ProblemFactory, application_post
 
 URL = "/design-partners/"
 
@@ -102,7 +103,7 @@ def test_a_complete_application_is_saved_confirmed_and_emailed_to_the_applicant(
     assert set(application.problems.all()) == set(chosen)
     assert len(mail.outbox) == 1
     assert mail.outbox[0].to == ["carla@example.com"]
-    assert "python render.py --backlog" in mail.outbox[0].body
+    assert "design partner" in mail.outbox[0].body
 
 
 @pytest.mark.django_db
@@ -269,3 +270,38 @@ def test_only_operators_can_open_intake(member_client, client):
     assert member_client.post(reverse("partners-intake"), {"open": "1"}).status_code == 404
     assert client.post(reverse("partners-intake"), {"open": "1"}).status_code == 302
     assert not selectors.intake_is_open()
+
+
+@pytest.mark.django_db
+def test_the_same_application_sent_twice_is_kept_once_and_answered_the_same(client, intake_open):
+    """A double click on "Send the application", or the applicant coming back a day later."""
+    first = _post(client, application_post(email="Carla@Example.com"))
+    second = _post(client, application_post(email="carla@example.com", work="something else"))
+    assert first.status_code == second.status_code == 302
+    assert first["Location"] == second["Location"] == f"{reverse('partners-thanks')}?for=application"
+    application = Application.objects.get()
+    assert (application.email, application.work) == ("carla@example.com", "python render.py --backlog")
+    assert len(mail.outbox) == 1  # confirmed once
+
+
+@pytest.mark.django_db
+def test_the_database_keeps_one_pending_application_per_address(application):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        ApplicationFactory(email=application.email.upper())
+    ApplicationFactory(email=application.email, status="declined")  # a decided one may be followed by another
+
+
+@pytest.mark.django_db
+def test_the_receipt_repeats_nothing_the_applicant_typed(client, intake_open):
+    """The form takes any address: a receipt that echoed the free text would carry a stranger's words to it."""
+    words = {"team_name": "Win a prize", "contact_name": "Visit phish.example", "work": "click http://phish.example/x",
+             "data_location": "http://phish.example/d", "compute_request": "call +1 555 0100",
+             "output": "reply with your password", "can_run_when": "today only"}  # fmt: skip
+    assert _post(client, application_post(email="victim@example.com", **words)).status_code == 302
+    (receipt,) = mail.outbox
+    assert receipt.to == ["victim@example.com"]
+    assert not [typed for typed in words.values() if typed in receipt.body + receipt.subject]
+    assert (
+        "design partner of E31 Network" in receipt.body
+        and "an operator reads every application" in receipt.body
+    )

@@ -153,8 +153,9 @@ def test_a_weak_or_mismatched_password_is_refused_and_the_link_still_works(
 
 @pytest.mark.django_db
 def test_an_existing_account_with_the_contacts_email_is_never_handed_over(operator_client, application):
-    get_user_model().objects.create_user(username=application.email, password="original password 42")
     path = _accept(operator_client, application)
+    # Made after the invitation was sent (accepting refuses an address that already has one).
+    get_user_model().objects.create_user(username=application.email, password="original password 42")
     response = _set_password(Client(), path)
     assert response.status_code == 410
     assert Client().login(username=application.email, password="original password 42")
@@ -220,3 +221,33 @@ def test_the_accept_form_needs_csrf(operator, application):
     assert (
         client.post(reverse("partners-accept", args=[application.id]), {"team_name": "x"}).status_code == 403
     )
+
+
+@pytest.mark.django_db
+def test_accepting_an_application_from_an_address_with_an_account_is_refused_and_creates_no_team(
+    operator_client, client, intake_open
+):
+    """Eve's first application was accepted and she set her password; her second (same address) cannot be:
+    its invitation would be refused at redemption and leave a team nobody can join."""
+    first = ApplicationFactory(email="eve@example.com")
+    _set_password(client, _accept(operator_client, first, team_name="Footage Lab"))
+    second = ApplicationFactory(email="eve@example.com")
+    teams_before = Team.objects.count()
+    mail.outbox.clear()
+    url = reverse("partners-accept", args=[second.id])
+    response = operator_client.post(url, {"team_name": "Footage Lab West"}, follow=True)
+    second.refresh_from_db()
+    assert second.status == Application.Status.PENDING
+    assert Team.objects.count() == teams_before and not mail.outbox
+    assert "eve@example.com already has an account: nothing was accepted" in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_an_invited_contact_signs_in_with_the_address_as_they_typed_it(operator_client, application):
+    """The invitation says "You will sign in as eve@example.com" (lowercased at intake); Eve types it as she
+    wrote it in her application."""
+    application.email = "eve@example.com"
+    application.save()
+    Client().post(_accept(operator_client, application), {"password1": PASSWORD, "password2": PASSWORD})
+    response = Client().post(reverse("accounts:login"), {"username": "Eve@Example.com", "password": PASSWORD})
+    assert response.status_code == 302 and response["Location"] == "/jobs/"
