@@ -7,6 +7,8 @@ fewer GPUs or an elastic range would change.
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.template.defaultfilters import pluralize
+
 from jobs import selectors, snapshot
 from jobs.scheduling import policy, types
 
@@ -43,9 +45,10 @@ def draft_options(
     if hours > 0.5:
         variants.append((f"with a {hours / 2:g} h limit", gpus, hours / 2, min_gpus))
     if gpus > 1:
-        variants.append((f"with {max(1, gpus // 2)} GPUs", max(1, gpus // 2), hours, None))
+        half = gpus // 2
+        variants.append((f"with {half} GPU{pluralize(half)}", half, hours, None))
         if not min_gpus:
-            variants.append((f"elastic, {max(1, gpus // 2)}-{gpus} GPUs", gpus, hours, max(1, gpus // 2)))
+            variants.append((f"elastic, {half}-{gpus} GPUs", gpus, hours, half))
     return [
         _estimate(view, team, label, g, h, m, preemptible, now, learned, max_gpus if i == 0 else None)
         for i, (label, g, h, m) in enumerate(variants)

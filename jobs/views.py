@@ -310,15 +310,36 @@ def _max_gpus(request: dict, gpus: int) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > gpus else None
 
 
-def _estimable(gpus: object, hours: object, limits: declaration.Limits) -> bool:
-    """Whole GPUs and a time limit the rules would take; inf, nan or 1e300 hours is asked for again, not estimated."""
+def _estimable(gpus: object, hours: object) -> bool:
+    """Whole GPUs and a time limit at all; inf or nan hours is asked for again, not estimated."""
     return (
         isinstance(gpus, int)
         and gpus >= 1
         and isinstance(hours, float)
         and math.isfinite(hours)
-        and declaration.MIN_HOURS <= hours <= limits.max_hours
+        and hours >= declaration.MIN_HOURS
     )
+
+
+# The fields the estimate reads, and how the preview names them.
+PREVIEWED_FIELDS = {
+    "request.gpus": "GPUs",
+    "request.min_gpus": "Elastic minimum",
+    "request.hours": "Time limit",
+}
+
+
+def _request_problem(request: dict, limits: declaration.Limits) -> str:
+    """What submitting would refuse in the fields the estimate reads, in the submit rules' own words (no node
+    up, more GPUs than the pool places, a time limit over its maximum, an elastic minimum out of range)."""
+    try:
+        declaration.validate({"request": request}, limits=limits)
+    except declaration.DeclarationInvalid as invalid:
+        found = invalid.as_dict()
+        return "; ".join(
+            f"{label}: {found[path]}" for path, label in PREVIEWED_FIELDS.items() if path in found
+        )
+    return ""
 
 
 @login_required
@@ -333,10 +354,10 @@ def estimate(request: HttpRequest) -> HttpResponse:
     gpus, hours = raw.get("gpus"), raw.get("hours")
     limits = services.pool_limits()
     context = {"options": [], "now": timezone.now(), "problem": ""}
-    if team is None or not _estimable(gpus, hours, limits):
+    if team is None or not _estimable(gpus, hours):
         context["problem"] = "Enter GPUs and a time limit to see an estimated start."
-    elif gpus > limits.pool_gpus:
-        context["problem"] = "This pool cannot place that many GPUs for one job."
+    elif problem := _request_problem(raw, limits):
+        context["problem"] = f"No estimate yet. {problem}."
     else:
         context["options"] = estimates.draft_options(
             team=team.name, gpus=gpus, hours=hours, min_gpus=raw.get("min_gpus"),

@@ -426,7 +426,7 @@ def test_the_form_previews_the_estimated_start_and_the_budget(pool, member_clien
     assert "with a 1.5 h limit" in html and "elastic, 1-2 GPUs" in html
 
 
-@pytest.mark.parametrize("hours", ["inf", "nan", "1e300"])
+@pytest.mark.parametrize("hours", ["inf", "nan"])  # 1e300 is named as over the maximum: test_submit_preview
 def test_the_preview_asks_for_a_time_limit_when_the_hours_are_no_finite_limit(pool, member_client, hours):
     response = member_client.post(reverse("jobs:estimate"), {"request.gpus": "1", "request.hours": hours})
     assert response.status_code == 200
@@ -435,7 +435,7 @@ def test_the_preview_asks_for_a_time_limit_when_the_hours_are_no_finite_limit(po
 
 def test_the_preview_says_when_a_draft_is_larger_than_the_pool(pool, member_client):
     response = member_client.post(reverse("jobs:estimate"), {"request.gpus": "64", "request.hours": "1"})
-    assert "cannot place that many GPUs" in response.content.decode()
+    assert "GPUs: the pool can place at most 8 GPUs for one job" in response.content.decode()
 
 
 def test_a_job_sent_before_any_node_is_up_is_told_so_not_that_the_pool_places_0_gpus(
