@@ -2,6 +2,8 @@
 
 import json
 import logging
+import shlex
+from pathlib import PurePath
 from smtplib import SMTPException
 
 from django.contrib import messages
@@ -45,6 +47,17 @@ def _figure_text(value: object) -> str:
     return str(value)
 
 
+def _public_command(command: str) -> str:
+    """The command as readers see it: each trace by its file name. The row keeps the path as the operator
+    gave it (often absolute, on their machine), which is theirs, not the public page's."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # not written by shlex.join: shown as stored
+        return command
+    after_trace = {i + 1 for i, word in enumerate(words[:-1]) if word == "--trace"}
+    return shlex.join(PurePath(w).name if i in after_trace else w for i, w in enumerate(words))
+
+
 # Figures shown as tables and a list of assumptions, not as name/value pairs (record_simulation --declarations).
 TABULAR = ("traces", "assumptions")
 
@@ -61,6 +74,7 @@ def _measured(key: str, m) -> dict:
     return {
         "key": key,
         "m": m,
+        "command": _public_command(m.command) if m else "",
         "rows": [(name, _figure_text(v)) for name, v in figures.items() if name not in TABULAR],
         "tables": [
             t for t in figures.get("traces", []) if isinstance(t, dict) and isinstance(t.get("rows"), list)

@@ -1,5 +1,7 @@
 """What the console measures about a problem, shown beside it from stored results."""
 
+import re
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -9,7 +11,7 @@ from django.utils import timezone
 
 from common.append_only import AppendOnlyError
 from public import services
-from public.models import Measurement
+from public.models import Measurement, Problem
 
 
 def _card(html: str, slug: str) -> str:
@@ -92,3 +94,40 @@ def test_html_in_a_measurement_is_shown_as_text(client):
     _record(**{"<i>label</i>": "<script>x()</script>"})
     html = client.get(reverse("unsolved")).content.decode()
     assert "<script>x()</script>" not in html and "&lt;script&gt;x()&lt;/script&gt;" in html
+
+
+@pytest.mark.django_db
+def test_a_measurement_shown_beside_two_problems_does_not_repeat_an_element_id(client, operator):
+    """The editor allows any key on any problem: "scheduler.simulation" beside a second one too."""
+    _record()
+    problem = Problem.objects.get(slug="job-declaration")
+    services.reword_problem(
+        problem_id=problem.id, title=problem.title, summary=problem.summary, why_hard=problem.why_hard,
+        open_questions=problem.open_questions, measurement_keys=[*problem.measurement_keys, "scheduler.simulation"],
+        note="also relevant", author=operator.username, now=timezone.now(),
+    )  # fmt: skip
+    html = client.get(reverse("unsolved")).content.decode()
+    assert html.count("Scheduler simulation, 2,000 nodes") == 2
+    ids = Counter(re.findall(r'\sid="([^"]+)"', html))
+    assert [i for i, n in ids.items() if n > 1] == []
+
+
+@pytest.mark.django_db
+def test_the_public_page_names_a_replayed_trace_by_its_file_name_and_the_row_keeps_the_path(client):
+    """``record_simulation --trace`` is given a path on the operator's machine; readers see only its name."""
+    command = (
+        "python manage.py record_simulation --trace '/home/olga/private traces/cluster04.csv' --load 0.9"
+    )
+    services.record_measurement(
+        key="scheduler.simulation",
+        title="Trace replay",
+        figures={"jobs": 10},
+        command=command,
+        now=timezone.now(),
+    )
+    html = client.get(reverse("unsolved")).content.decode()
+    assert (
+        "Produced by <code>python manage.py record_simulation --trace cluster04.csv --load 0.9</code>" in html
+    )
+    assert "/home/olga" not in html
+    assert Measurement.objects.get().command == command
