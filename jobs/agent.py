@@ -65,6 +65,8 @@ POLL_S = 0.2
 CHECK_EVERY_S = 1.0
 SEEN_EVERY_S = 5.0
 MAX_PATH = 1024  # an output file's path, as the manifest row holds it
+# Stopped by its agent: its node was cut off from the database too long to be sure its GPUs are still its own.
+FENCED = "fenced"
 
 
 class LogCapture(threading.Thread):
@@ -491,23 +493,39 @@ def _launch(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: sandb
 def _watch(part: Part, proc: subprocess.Popen, capture: LogCapture) -> str:
     """Waits for the process; returns why it must be stopped early, or '' once it has exited.
 
-    A database that is restarting does not stop the job: the checks resume when it is back.
+    A database that is restarting does not stop the job: the checks resume when it is back. One out of reach
+    for longer than ``fence_after_s`` does (``FENCED``): the platform may be declaring this node lost and giving
+    the job's GPUs to its next attempt, which must never run beside this one.
     """
     next_check = next_seen = 0.0
+    reached = time.monotonic()
     while not sandbox.exited(proc):
         tick = time.monotonic()
         if tick >= next_check:
             next_check = tick + CHECK_EVERY_S
             try:
-                if reason := _check(part, capture, seen=tick >= next_seen):
-                    return reason
+                reason = _check(part, capture, seen=tick >= next_seen)
             except DatabaseError:
                 close_old_connections()
+                if time.monotonic() - reached > fence_after_s():
+                    return FENCED
                 continue
+            reached = tick
+            if reason:
+                return reason
             if tick >= next_seen:
                 next_seen = tick + SEEN_EVERY_S
         time.sleep(POLL_S)
     return ""
+
+
+def fence_after_s() -> float:
+    """How long a part runs on with its node cut off from the database. The platform declares the node lost
+    ``E31_NODE_TIMEOUT_S`` after its last heartbeat, which may precede the last check by a beat; the fence is
+    seen at the next check, and stopping the part takes up to ``E31_KILL_GRACE_S``: the part is gone before its
+    GPUs can be given to anyone (timeouts compressed below a beat's worth of these keep a beat)."""
+    spare = settings.E31_HEARTBEAT_S + CHECK_EVERY_S + settings.E31_KILL_GRACE_S
+    return max(settings.E31_NODE_TIMEOUT_S - spare, settings.E31_HEARTBEAT_S)
 
 
 def _check(part: Part, capture: LogCapture, *, seen: bool) -> str:
@@ -553,6 +571,12 @@ def _after_exit(part: Part, dirs: sandbox.AttemptDirs, outcome: str, exit_code: 
     if outcome == PREEMPTED:
         rental.release_part(allocation_id=part.allocation.id, end_reason=PREEMPTED, now=now, actor=_actor(part),
                             detail=_paused(part))  # fmt: skip
+        return
+    # The platform was out of reach, not the job at fault: back to the queue while it may.
+    if outcome == FENCED:
+        detail = f"its node could not reach the platform for {fence_after_s():.0f} s; stopped so it never runs twice"
+        rental.release_part(allocation_id=part.allocation.id, end_reason=EndReason.NODE_LOST, now=now,
+                            actor=_actor(part), exit_code=exit_code, detail=detail)  # fmt: skip
         return
     if outcome == "sibling_failed":
         outcome = STOPPED  # not this part's failure: the attempt's exit code is the failing part's
