@@ -72,6 +72,7 @@ def job_page(job: Job, *, now: datetime, files_page: str | None = None) -> dict:
         "events": events,
         "allocations": allocations,
         "steps": timeline(job, events, now=now),
+        "never_ran": never_ran(job, events),
         "gpu_seconds": held_gpu_seconds(allocations, now=now),
         "live": job.is_alive or job.delivery_state == "delivering",
         "output_files": output_files(job, files_page),
@@ -79,6 +80,11 @@ def job_page(job: Job, *, now: datetime, files_page: str | None = None) -> dict:
         "pipeline": pipeline(job),
         **reruns(job),
     }
+
+
+def never_ran(job: Job, events) -> bool:
+    """Ended without ever running: its empty log will stay empty, and its end reason says why."""
+    return not job.is_alive and not any(event.to_state == State.RUNNING for event in events)
 
 
 def pipeline(job: Job) -> dict:

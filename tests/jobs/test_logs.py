@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs import agent, logs
-from jobs.models import Allocation, LogChunk
+from jobs.models import Allocation, JobEvent, LogChunk
 from tests.factories import JobFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
@@ -167,6 +167,29 @@ def test_the_job_page_offers_the_whole_log_as_a_download(member_client, running)
     assert b"".join(response.streaming_content) == b"a" * 300_000 + b"\nend\n"
     assert response["Content-Disposition"] == f'attachment; filename="job-{job.id}-attempt-1-rank-0.log"'
     assert LogChunk.objects.filter(job=job).count() == 2
+
+
+def _log_box(client, job) -> str:
+    page = client.get(reverse("jobs:detail", args=[job.id])).content.decode()
+    start = page.index(f'id="job-{job.id}-log">') + len(f'id="job-{job.id}-log">')
+    return page[start : page.index("</pre>", start)]
+
+
+def test_an_ended_job_that_never_ran_says_so_and_why_in_its_log_box(member_client, team):
+    job = JobFactory(
+        team=team, state="ended", end_reason="staging_failed", end_detail="corpus: 404 Not Found"
+    )
+    assert _log_box(member_client, job) == (
+        "(no output: the job never ran; it ended staging failed before starting: corpus: 404 Not Found)"
+    )
+
+
+def test_the_log_box_of_a_job_without_output_says_yet_only_while_it_lives(member_client, team, running):
+    job, _ = running
+    assert _log_box(member_client, job) == "(no output yet)"
+    ran = JobFactory(team=team, state="released", end_reason="succeeded")
+    JobEvent.objects.create(job=ran, from_state="rented", to_state="running", at=timezone.now(), attempt=1)
+    assert _log_box(member_client, ran) == "(no output)"
 
 
 def _tail_of(output: bytes, tmp_path) -> str:
