@@ -284,3 +284,11 @@ def test_a_months_statement_past_its_line_limit_says_the_export_has_the_rest(tea
         release(allocation, at=datetime(2024, 5, 3, hour, 30, tzinfo=UTC))
     may = reports.statement(team=team, month=datetime(2024, 5, 1, tzinfo=UTC))
     assert (len(may.jobs), may.job_count, may.cut) == (2, 3, True)
+
+
+def test_a_new_teams_empty_month_says_nothing_is_metered_yet_instead_of_a_month_of_zeros(member_client, team):
+    html = member_client.get(LEDGER).content.decode()
+    assert "Nothing metered yet this month: the meter counts GPU-time only while a job holds GPUs" in html
+    assert "meter-chart" not in html and "The same figures as a table" not in html  # no days of zeros
+    earlier = member_client.get(LEDGER, {"month": "2024-04"}).content.decode()
+    assert "Nothing metered in April 2024: the meter counts" in earlier
