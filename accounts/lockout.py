@@ -16,6 +16,8 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from accounts.backends import stored_username
+
 
 class LockoutBackend(AxesStandaloneBackend):
     """Refuses a locked-out (username, address) before any password is checked.
@@ -31,9 +33,10 @@ class LockoutBackend(AxesStandaloneBackend):
 
 
 def username(request: HttpRequest, credentials: dict | None) -> str:
-    """The username as counted: whatever its case or surrounding spaces, one count."""
-    name = (credentials or {}).get("username") or request.POST.get("username", "")
-    return str(name).strip().lower()[:150]
+    """The account as counted: named by its username in any case or by its e-mail address (both sign in,
+    ``accounts.backends``), one count; a name that is no account's, whatever its case or spaces."""
+    name = str((credentials or {}).get("username") or request.POST.get("username", "")).strip()
+    return stored_username(name).lower()[:150]
 
 
 def failure_limit(request: HttpRequest, credentials: dict | None) -> int:

@@ -46,6 +46,16 @@ def test_the_username_is_counted_whatever_its_case_or_spacing(client, member):
     assert _post(client, "alice", PASSWORD).status_code == 429
 
 
+def test_the_account_is_counted_whether_named_by_its_username_or_its_e_mail(client, member):
+    """Sign-in takes an account's e-mail address too: alternating the two names must not double the tries."""
+    member.email = "Alice@Example.org"
+    member.save(update_fields=["email"])
+    for name in ("alice", "alice@example.org") * 5:
+        assert _post(client, name, "wrong").status_code == 200
+    assert _post(client, "ALICE@example.org", PASSWORD).status_code == 429
+    assert _post(client, "alice", PASSWORD).status_code == 429
+
+
 def test_a_successful_sign_in_clears_the_failures(client, member):
     for _ in range(9):
         _post(client, "alice", "wrong")
