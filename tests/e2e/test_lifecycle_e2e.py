@@ -220,6 +220,31 @@ def test_when_one_node_of_a_job_fails_the_others_are_stopped(live_pool, member):
     assert (rank0.finished_at - rank0.started_at).total_seconds() < 15
 
 
+def test_a_cancelled_spanning_job_frees_each_nodes_gpus_only_once_that_nodes_process_stopped(
+    live_pool, member
+):
+    """Rank 0 dies at TERM; rank 1 ignores it and is killed after the grace (1 s here). Rank 0's GPUs go at once,
+    rank 1's only with its process, and the job ends only then: no GPU is given away under a running rank."""
+    code = (
+        "import os, signal, time\n"
+        "if os.environ['E31_NODE_RANK'] == '1': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "open(os.environ['E31_OUTPUT_DIR'] + '/up', 'w').close()\n"
+        "time.sleep(120)"
+    )
+    job = submit(member, py(code), gpus=8)
+    wait_for(lambda: Allocation.objects.filter(job=job, started_at__isnull=False).count() == 2, timeout=60,
+             what="both parts started")  # fmt: skip
+    time.sleep(1)  # both processes past their start
+    assert services.cancel_job(job_id=job.id, user=member, now=timezone.now())
+    job = wait_for_state(job.id, "released", timeout=30)
+    rank0, rank1 = job.allocations.order_by("rank")
+    assert job.end_reason == "cancelled"
+    assert (rank1.released_at - rank0.released_at).total_seconds() >= 0.8  # its grace, then the kill
+    ended = job.events.get(to_state="released").at
+    assert ended >= rank1.released_at
+    assert not GpuHold.objects.filter(allocation__job=job, active=True).exists()
+
+
 def test_a_job_writing_outside_its_directories_fails_with_the_reason_in_its_log(live_pool, member):
     job = wait_for_state(submit(member, py("open('/usr/e31-escape', 'w')")).id, "released")
     assert (job.end_reason, job.exit_code) == ("failed", 1)
