@@ -187,7 +187,7 @@ def run_part(
         part = _load_part(allocation_id, mode, gpu_uuids)
     except Exception as exc:  # nothing ran: the GPUs must not stay held (and metered) with no process
         log.exception("allocation %s: the part could not be prepared", allocation_id)
-        detail = f"the node agent could not prepare it: {exc}"
+        detail = _agent_fault("the node agent could not prepare it", exc, allocation_id)
         _with_database(lambda: _release_unprepared(allocation_id, detail))
         return
     dirs = _with_checkpoint(part, sandbox.attempt_dirs(part.allocation))
@@ -213,7 +213,9 @@ def run_part(
             ending = functools.partial(_requeue_for_room, part, no_room)
         else:  # the agent itself failed
             log.exception("allocation %s: the agent failed", allocation_id)
-            ending = functools.partial(_release_failed, part, f"the node agent failed: {exc}")
+            ending = functools.partial(
+                _release_failed, part, _agent_fault("the node agent failed", exc, allocation_id)
+            )
     finally:
         try:
             kept = (
@@ -234,10 +236,23 @@ def run_part(
         _with_database(lambda: _after_exit(part, dirs, outcome, exit_code))
     except Exception as exc:  # between the exit and the seal: without this the attempt would hold its GPUs
         log.exception("allocation %s: the agent failed after the job's exit", allocation_id)
-        detail = f"the node agent failed sealing the outputs: {exc}"
+        detail = _agent_fault("the node agent failed sealing the outputs", exc, allocation_id)
         _with_database(lambda: _release_failed(part, detail))
     if dirs.checkpoint:
         _with_database(lambda: remove_ended_checkpoints(job_ids=[part.job.id]))
+
+
+def _agent_fault(what: str, exc: BaseException, allocation_id: int) -> str:
+    """What a team reads when the agent itself failed, and where operators find the rest: the error as the
+    agent's own code words it, but never the file names or command lines of the node's own (an OSError's, a
+    failed command's), which stay in the node's log."""
+    if isinstance(exc, subprocess.CalledProcessError):
+        said = f"a command on the node exited {exc.returncode}"
+    elif isinstance(exc, OSError):
+        said = exc.strerror or type(exc).__name__
+    else:
+        said = str(exc) or type(exc).__name__
+    return f"{what}: {said} (the node's log has it under allocation {allocation_id})"
 
 
 def _raised_during(exc: BaseException, kind: type[_E]) -> _E | None:

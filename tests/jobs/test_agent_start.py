@@ -279,3 +279,22 @@ def test_a_part_whose_network_cannot_be_planned_does_not_leave_its_attempt_runni
     assert (job.state, job.end_reason) == ("released", "failed")
     assert job.end_detail.startswith("the node agent could not prepare it: ")
     assert not GpuHold.objects.filter(allocation__job=job, active=True).exists()
+
+
+def test_a_team_reads_that_the_agent_failed_but_not_the_nodes_paths(pool, team, monkeypatch):
+    """The error names a file in the node's own state folder: the team reads what went wrong and where operators
+    find the rest, not the node's paths (they stay in its log)."""
+    job = JobFactory(team=team, gpus=1)
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=timezone.now())
+    part = job.allocations.get()
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device", "/var/lib/e31/agents/gpu-01/attempts/17-1/job.log")
+
+    monkeypatch.setattr(agent, "_bound_or_refuse", broken)
+    agent.run_part(allocation_id=part.id, mode=sandbox.UNSANDBOXED, uids=None)
+    job.refresh_from_db()
+    assert (job.state, job.end_reason) == ("released", "failed")
+    assert job.end_detail == (
+        f"the node agent failed: No space left on device (the node's log has it under allocation {part.id})"
+    )
