@@ -8,6 +8,7 @@ from smtplib import SMTPException
 
 from django.contrib import messages
 from django.contrib.auth import login
+from django.core.paginator import Paginator
 from django.db import IntegrityError
 from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
@@ -267,13 +268,17 @@ def partners_thanks(request: HttpRequest) -> HttpResponse:
 
 # --- Operators: review ----------------------------------------------------------------------------
 
+PENDING_PER_PAGE = 50
+
 
 @operator_only
 def partners_review(request: HttpRequest) -> HttpResponse:
     applications = Application.objects.prefetch_related("problems")
+    pending = applications.filter(status=Application.Status.PENDING).order_by("created_at", "id")
     context = {
         "intake_open": selectors.intake_is_open(),
-        "pending": applications.filter(status=Application.Status.PENDING).order_by("created_at"),
+        # Oldest first, a page at a time: an open intake can gather more than one page can show.
+        "pending": Paginator(pending, PENDING_PER_PAGE).get_page(request.GET.get("page")),
         "decided": applications.exclude(status=Application.Status.PENDING)[:50],
         "waitlist": WaitlistEntry.objects.all()[:200],
         "waitlist_count": WaitlistEntry.objects.count(),

@@ -47,6 +47,24 @@ def test_operators_see_pending_applications_decided_ones_and_the_waitlist(operat
 
 
 @pytest.mark.django_db
+def test_pending_applications_are_shown_a_page_at_a_time_oldest_first(operator_client):
+    start = timezone.now() - timedelta(days=30)
+    made = [
+        ApplicationFactory(
+            team_name=f"Lab {i:02d}", email=f"lab{i}@example.com", created_at=start + timedelta(hours=i)
+        )
+        for i in range(53)
+    ]
+    first = operator_client.get(reverse("partners-review"))
+    assert list(first.context["pending"]) == made[:50]
+    html = first.content.decode()
+    assert "Waiting for a decision (53)" in html and "1\u201350 of 53, oldest first" in html
+    second = operator_client.get(reverse("partners-review"), {"page": 2})
+    assert list(second.context["pending"]) == made[50:]
+    assert "Lab 52" in second.content.decode() and "Lab 00" not in second.content.decode()
+
+
+@pytest.mark.django_db
 def test_members_and_visitors_cannot_see_or_decide_applications(member_client, client, application):
     for url in (reverse("partners-review"), reverse("partners-application", args=[application.id])):
         assert member_client.get(url).status_code == 404
