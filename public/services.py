@@ -269,6 +269,19 @@ def accept_application(
     return application, token
 
 
+@transaction.atomic
+def reissue_invitation(*, application_id: int, now: datetime) -> tuple[Application, str]:
+    """A new link for an accepted contact whose invitation is unused (expired, or its mail lost): the old link
+    stops working, the new one lasts the usual time; returns the plain token once."""
+    token = secrets.token_urlsafe(32)
+    renewed = Invitation.objects.filter(
+        application_id=application_id, application__status=Application.Status.ACCEPTED, used_at__isnull=True
+    ).update(digest=accounts.digest_token(token), created_at=now, expires_at=now + _invitation_ttl())
+    if not renewed:
+        raise IntakeError("this application has no unused invitation: nothing was sent")
+    return Application.objects.select_related("invitation", "team").get(id=application_id), token
+
+
 def _invitation_ttl() -> timedelta:
     # Read at call time so an environment (or a test) can shorten it without a code change.
     return timedelta(seconds=getattr(settings, "E31_INVITATION_TTL_S", INVITATION_TTL_S))

@@ -18,5 +18,8 @@ urlpatterns = [
     path("operator/partners/<int:application_id>/", views.partners_application, name="partners-application"),
     path("operator/partners/<int:application_id>/accept/", views.partners_accept, name="partners-accept"),
     path("operator/partners/<int:application_id>/decline/", views.partners_decline, name="partners-decline"),
+    path(
+        "operator/partners/<int:application_id>/reinvite/", views.partners_reinvite, name="partners-reinvite"
+    ),
     path("invite/<str:token>/", views.invite, name="invite"),
 ]

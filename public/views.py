@@ -303,6 +303,7 @@ def _render_application(
         "accept_form": forms_.get("accept_form")
         or forms.AcceptForm(initial={"team_name": application.team_name}),
         "decline_form": forms_.get("decline_form") or forms.DeclineForm(),
+        "now": timezone.now(),
     }
     return render(request, "pages/partners_application.html", context, status=status)
 
@@ -336,6 +337,29 @@ def partners_accept(request: HttpRequest, application_id: int) -> HttpResponse:
         return redirect("partners-application", application_id=application.id)
     link = request.build_absolute_uri(reverse("invite", args=[token]))
     _send_invitation(request, application, link)
+    return redirect("partners-application", application_id=application.id)
+
+
+@operator_only
+@require_POST
+def partners_reinvite(request: HttpRequest, application_id: int) -> HttpResponse:
+    application = get_object_or_404(Application, id=application_id)
+    try:
+        application, token = services.reissue_invitation(application_id=application.id, now=timezone.now())
+    except services.IntakeError as exc:
+        messages.error(request, str(exc))
+        return redirect("partners-application", application_id=application.id)
+    link = request.build_absolute_uri(reverse("invite", args=[token]))
+    try:
+        emails.invitation(application=application, link=link, expires_at=application.invitation.expires_at)
+    except (SMTPException, OSError):
+        messages.warning(
+            request, f"A new link was made, but the email could not be sent. Send it yourself: {link}"
+        )
+    else:
+        messages.success(
+            request, f"A new invitation link was sent to {application.email}; the old one no longer works."
+        )
     return redirect("partners-application", application_id=application.id)
 
 

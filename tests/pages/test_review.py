@@ -139,6 +139,38 @@ def test_an_expired_invitation_link_is_refused(operator_client, application):
 
 
 @pytest.mark.django_db
+def test_an_expired_invitation_is_sent_again_and_only_the_new_link_works(
+    operator_client, application, settings
+):
+    settings.E31_INVITATION_TTL_S = 60
+    old = _accept(operator_client, application)
+    later = timezone.now() + timedelta(minutes=2)
+    with time_machine.travel(later):
+        page = operator_client.get(reverse("partners-application", args=[application.id])).content.decode()
+        assert "it expired" in page and "Send a new link" in page
+        sent = operator_client.post(reverse("partners-reinvite", args=[application.id]), follow=True)
+        assert "A new invitation link was sent to" in sent.content.decode()
+        new = LINK.search(mail.outbox[-1].body).group(1)
+        assert new != old and mail.outbox[-1].to == [application.email]
+        assert Client().get(old).status_code == 410
+        contact = Client()
+        assert _set_password(contact, new).status_code == 302
+    assert Membership.objects.filter(user__email=application.email, role="admin").count() == 1
+    again = operator_client.post(reverse("partners-reinvite", args=[application.id]), follow=True)
+    assert "has no unused invitation" in again.content.decode()  # used: nothing to send
+
+
+@pytest.mark.django_db
+def test_only_operators_send_an_invitation_again(member_client, client, operator_client, application):
+    _accept(operator_client, application)
+    url = reverse("partners-reinvite", args=[application.id])
+    sent = len(mail.outbox)
+    assert member_client.post(url).status_code == 404
+    assert client.post(url).status_code == 302  # to the sign-in page
+    assert len(mail.outbox) == sent
+
+
+@pytest.mark.django_db
 def test_an_altered_invitation_link_is_refused(operator_client, application):
     path = _accept(operator_client, application)
     token = path.split("/")[2]
