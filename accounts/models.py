@@ -2,6 +2,8 @@
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Lower
 
 
 class Team(models.Model):
@@ -81,3 +83,46 @@ class TeamSecret(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team} secret {self.name}"
+
+
+class TeamInvitation(models.Model):
+    """A team admin's single-use link for an address with no account: whoever opens it sets a password and
+    joins the team as a member, under the address (lowercased) as username. Only the token's SHA-256 is
+    kept. Written only by ``accounts.members``; the design-partner invitation (``public.Invitation``) is the
+    operators' own, for a team's first admin."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField(max_length=150)  # 150: it becomes the username, which Django caps there
+    digest = models.CharField(max_length=64, unique=True)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["expires_at", "id"]
+        constraints = [
+            # Inviting an address again renews its one open link: two live links would each make an account.
+            models.UniqueConstraint(
+                fields=["team", "email"],
+                condition=Q(used_at__isnull=True),
+                name="one_open_invitation_per_address",
+            ),
+            # Lowercased once, so the unique constraint above and the username both see one spelling.
+            models.CheckConstraint(
+                condition=Q(email=Lower("email")), name="team_invitation_email_lowercased"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"invitation to {self.team} for {self.email}"
+
+    @property
+    def role(self) -> str:
+        """What the invited person becomes (the invitation page says so); an admin promotes them later."""
+        return Membership.Role.MEMBER

@@ -1,7 +1,12 @@
-"""Reads for accounts: why an API token was refused."""
+"""Reads for accounts: why an API token was refused; a team's members and open invitations."""
 
-from accounts import services
-from accounts.models import ApiToken
+from datetime import datetime
+
+from django.contrib.auth import get_user_model
+from django.db.models import QuerySet
+
+from accounts import backends, services
+from accounts.models import ApiToken, Membership, Team, TeamInvitation
 
 NEW_TOKEN = "create a new one on the API tokens page"
 
@@ -27,3 +32,32 @@ def why_token_refused(token: str) -> str:
         return f"The token {row.prefix}… belongs to a deactivated user: ask an operator."
     # Live and its user active: it was revoked or its user deactivated and restored while the request ran.
     return f"The token {row.prefix}… was refused while it changed: send the request again."
+
+
+def team_members(team: Team) -> QuerySet[Membership]:
+    return Membership.objects.filter(team=team).select_related("user").order_by("user__username")
+
+
+def open_invitations(team: Team) -> QuerySet[TeamInvitation]:
+    """The team's unused invitations, expired ones included (an admin renews or cancels them), soonest first."""
+    return TeamInvitation.objects.filter(team=team, used_at__isnull=True).select_related("invited_by")
+
+
+def account_for_address(email: str):
+    """The one account this address names, read as sign-in reads it (``backends.stored_username``): the
+    username (an invited person's is their address), else the one account with that e-mail address. Two
+    accounts that could be meant name nobody: never a guess between accounts."""
+    if not email:
+        return None
+    return get_user_model()._default_manager.filter(username=backends.stored_username(email)).first()
+
+
+def usable_team_invitation(*, token: str, now: datetime) -> TeamInvitation | None:
+    """The team invitation this token opens, if it is still unused and unexpired."""
+    if not token or len(token) > 100:
+        return None
+    return (
+        TeamInvitation.objects.select_related("team", "invited_by")
+        .filter(digest=services.digest_token(token), used_at__isnull=True, expires_at__gt=now)
+        .first()
+    )

@@ -13,3 +13,15 @@ urlpatterns = [
     path("secrets/", views.secrets_page, name="secrets"),
     path("secrets/<slug:team_slug>/delete/", views.delete_secret, name="delete-secret"),
 ]
+
+urlpatterns += [
+    path("teams/members/", views.members_home, name="members-home"),
+    path("teams/<slug:team_slug>/members/", views.team_members, name="members"),
+    path("teams/<slug:team_slug>/members/<int:user_id>/role/", views.change_member_role, name="member-role"),
+    path("teams/<slug:team_slug>/members/<int:user_id>/remove/", views.remove_member, name="member-remove"),
+    path(
+        "teams/<slug:team_slug>/invitations/<int:invitation_id>/cancel/",
+        views.cancel_invitation,
+        name="invitation-cancel",
+    ),
+]

@@ -1,15 +1,20 @@
-"""Sign-in pages and the API tokens page."""
+"""Sign-in pages, the API tokens, team secrets and team members pages."""
 
+from smtplib import SMTPException
+
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_POST
 
-from accounts import scoping, services, team_secrets
-from accounts.models import ApiToken, TeamSecret
+from accounts import emails, forms, members, scoping, selectors, services, team_secrets
+from accounts.models import ApiToken, Team, TeamSecret
+from common import ratelimit
 
 
 @login_required
@@ -87,3 +92,158 @@ def delete_secret(request: HttpRequest, team_slug: str) -> HttpResponse:
     elif team_secrets.delete_secret(team=team, name=name):
         messages.success(request, f"{team.name}: secret {name} deleted.")
     return redirect("accounts:secrets")
+
+
+# --- Team members ---------------------------------------------------------------------------------
+
+# Per admin, over all their teams: each invitation sends an e-mail to an address the admin typed, so the page
+# must not become a way to mail strangers (or to probe which addresses have accounts) at volume.
+INVITE_LIMIT, INVITE_WINDOW_S = 20, 3600
+
+
+@login_required
+def members_home(request: HttpRequest) -> HttpResponse:
+    """The menu's Members: the first of the user's teams (the page links the others)."""
+    team = Team.objects.filter(memberships__user=request.user).order_by("name").first()
+    if team is None:
+        return render(request, "jobs/no_team.html", status=403)
+    return redirect("accounts:members", team_slug=team.slug)
+
+
+@login_required
+def team_members(request: HttpRequest, team_slug: str) -> HttpResponse:
+    """Everyone in the team, for any member; a team admin also invites, changes roles and removes."""
+    team = _team_or_404(request, team_slug)
+    if request.method != "POST":
+        return _members_page(request, team)
+    if not scoping.is_team_admin(request.user, team):
+        return _members_page(request, team, error=ONLY_ADMINS, status=403)
+    form = forms.InviteForm(request.POST)
+    if not form.is_valid():
+        return _members_page(request, team, form=form, status=422)
+    if ratelimit.hit(f"team-invite:{request.user.pk}", window_s=_invite_window_s()) > _invite_limit():
+        response = _members_page(request, team, form=form, error=TOO_MANY, status=429)
+        response["Retry-After"] = str(_invite_window_s())
+        return response
+    return _invite(request, team, form.cleaned_data["email"])
+
+
+ONLY_ADMINS = "only a team admin changes the team's members"
+TOO_MANY = "you have sent too many invitations for now: try again later"
+
+
+def _invite_limit() -> int:
+    return getattr(settings, "E31_TEAM_INVITE_LIMIT", INVITE_LIMIT)
+
+
+def _invite_window_s() -> int:
+    return getattr(settings, "E31_TEAM_INVITE_WINDOW_S", INVITE_WINDOW_S)
+
+
+def _invite(request: HttpRequest, team: Team, email: str) -> HttpResponse:
+    try:
+        invited = members.invite_member(team=team, email=email, actor=request.user, now=timezone.now())
+    except members.NotTeamAdmin as exc:
+        return _members_page(request, team, error=str(exc), status=403)
+    by = request.user.get_username()
+    if invited.outcome == "member":
+        messages.info(request, f"{invited.user.get_username()} is already a member of {team.name}.")
+    elif invited.outcome == "added":
+        _tell_added(request, team, invited.user, by)
+    else:
+        _send_invitation(request, team, invited, by)
+    return redirect("accounts:members", team_slug=team.slug)
+
+
+def _tell_added(request: HttpRequest, team: Team, user, by: str) -> None:
+    link = request.build_absolute_uri(reverse("accounts:members", args=[team.slug]))
+    try:
+        emails.added_to_team(user=user, team=team, by=by, link=link)
+    except (SMTPException, OSError):
+        pass  # the membership stands; the e-mail was only a courtesy
+    messages.success(
+        request, f"{user.get_username()} had an account and was added to {team.name} as a member."
+    )
+
+
+def _send_invitation(request: HttpRequest, team: Team, invited: members.Invited, by: str) -> None:
+    invitation = invited.invitation
+    link = request.build_absolute_uri(reverse("invite", args=[invited.token]))
+    try:
+        emails.team_invitation(
+            email=invitation.email, team=team, by=by, link=link, expires_at=invitation.expires_at
+        )
+    except (SMTPException, OSError):
+        # The token exists only now: if the mail cannot go, the admin passes the link on by hand.
+        messages.warning(
+            request, f"Invitation made, but the email could not be sent. Send this link yourself: {link}"
+        )
+        return
+    messages.success(
+        request,
+        f"Invitation sent to {invitation.email}; the link works once, until {invitation.expires_at:%Y-%m-%d %H:%M} UTC.",
+    )
+
+
+@login_required
+@require_POST
+def change_member_role(request: HttpRequest, team_slug: str, user_id: int) -> HttpResponse:
+    team = _team_or_404(request, team_slug)
+    role = request.POST.get("role", "")
+    return _change(request, team, members.change_role, user_id=user_id, role=role, done="role changed")
+
+
+@login_required
+@require_POST
+def remove_member(request: HttpRequest, team_slug: str, user_id: int) -> HttpResponse:
+    team = _team_or_404(request, team_slug)
+    return _change(request, team, members.remove_member, user_id=user_id, done="removed from the team")
+
+
+@login_required
+@require_POST
+def cancel_invitation(request: HttpRequest, team_slug: str, invitation_id: int) -> HttpResponse:
+    team = _team_or_404(request, team_slug)
+    return _change(
+        request, team, members.cancel_invitation, invitation_id=invitation_id, done="invitation cancelled"
+    )
+
+
+def _change(request: HttpRequest, team: Team, service, *, done: str, **arguments) -> HttpResponse:
+    """Calls one members writer; a refusal re-renders the page with its reason (403 not an admin, 409 else)."""
+    if not scoping.is_team_admin(request.user, team):
+        return _members_page(request, team, error=ONLY_ADMINS, status=403)
+    try:
+        changed = service(team=team, actor=request.user, now=timezone.now(), **arguments)
+    except members.NotTeamAdmin as exc:
+        return _members_page(request, team, error=str(exc), status=403)
+    except members.MembershipRefused as exc:
+        return _members_page(request, team, error=str(exc), status=409)
+    if changed:
+        messages.success(request, f"{team.name}: {done}.")
+    return redirect("accounts:members", team_slug=team.slug)
+
+
+def _team_or_404(request: HttpRequest, team_slug: str) -> Team:
+    # Another team's page does not exist for a non-member: the same 404 as a slug no team has.
+    team = scoping.teams_of(request.user).filter(slug=team_slug).first()
+    if team is None:
+        raise Http404("No such object")
+    return team
+
+
+def _members_page(
+    request: HttpRequest, team: Team, *, form=None, error: str = "", status: int = 200
+) -> HttpResponse:
+    is_admin = scoping.is_team_admin(request.user, team)
+    context = {
+        "team": team,
+        "teams": Team.objects.filter(memberships__user=request.user).order_by("name"),
+        "rows": selectors.team_members(team),
+        "is_admin": is_admin,
+        "invitations": selectors.open_invitations(team) if is_admin else [],
+        "form": form or forms.InviteForm(),
+        "error": error,
+        "now": timezone.now(),
+    }
+    return render(request, "accounts/members.html", context, status=status)

@@ -12,3 +12,9 @@ def audit_budget(sender, *, team, before: dict, after: dict, operator, now: date
     audit.record(
         actor=operator, action="team.budget", target=f"team:{team.slug}", before=before, after=after, now=now
     )
+
+
+def audit_membership(
+    sender, *, team, action: str, before: dict, after: dict, actor, now: datetime, **_
+) -> None:
+    audit.record(actor=actor, action=action, target=f"team:{team.slug}", before=before, after=after, now=now)

@@ -7,8 +7,9 @@ from django.contrib.auth import get_user_model
 from django.db.models import Q
 from django.utils.text import slugify
 
+from accounts import selectors as accounts_selectors
 from accounts import services as accounts
-from accounts.models import Team
+from accounts.models import Team, TeamInvitation
 from public.models import IntakeChange, Invitation, Measurement
 
 
@@ -40,6 +41,14 @@ def team_name_problem(name: str) -> str:
 def has_account(email: str) -> bool:
     """Whether the address is already someone's username: an invitation to it could not be redeemed."""
     return get_user_model().objects.filter(username__iexact=email).exists()
+
+
+def invitation_for_link(*, token: str, now: datetime) -> Invitation | TeamInvitation | None:
+    """What an invitation link opens: an accepted partner's (its team's first admin) or a team admin's (a
+    member). One page and one link shape for both: the person invited need not know which."""
+    return usable_invitation(token=token, now=now) or accounts_selectors.usable_team_invitation(
+        token=token, now=now
+    )
 
 
 def usable_invitation(*, token: str, now: datetime) -> Invitation | None:

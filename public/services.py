@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils.text import slugify
 
+from accounts import members
 from accounts import services as accounts
 from accounts.models import Membership
 from public import selectors
@@ -300,10 +301,11 @@ def decline_application(*, application_id: int, note: str, by: str, now: datetim
 
 @transaction.atomic
 def redeem_invitation(*, token: str, password: str, now: datetime) -> Any:
-    """Uses the invitation once: creates the contact's account and makes it the team's admin."""
+    """Uses the invitation once: creates the contact's account and makes it the team's admin; a team admin's
+    invitation (``accounts.members``) makes a member instead."""
     invitation = selectors.usable_invitation(token=token, now=now)
     if invitation is None:
-        raise InvitationRefused("this invitation link is not valid")
+        return _redeem_team_invitation(token=token, password=password, now=now)
     # The claim is the conditional UPDATE: of two redemptions racing, only one sees a row change.
     claimed = Invitation.objects.filter(id=invitation.id, used_at__isnull=True, expires_at__gt=now).update(
         used_at=now
@@ -322,3 +324,10 @@ def redeem_invitation(*, token: str, password: str, now: datetime) -> Any:
     accounts.add_member(team=invitation.team, user=user, role=Membership.Role.ADMIN)
     Invitation.objects.filter(id=invitation.id).update(user=user)
     return user
+
+
+def _redeem_team_invitation(*, token: str, password: str, now: datetime) -> Any:
+    try:
+        return members.redeem_team_invitation(token=token, password=password, now=now)
+    except members.InvitationRefused as exc:
+        raise InvitationRefused(str(exc)) from exc

@@ -414,7 +414,7 @@ def _refused(request: HttpRequest) -> HttpResponse:
 @limit_posts(scope="invite")
 @require_http_methods(["GET", "POST"])
 def invite(request: HttpRequest, token: str) -> HttpResponse:
-    invitation = selectors.usable_invitation(token=token, now=timezone.now())
+    invitation = selectors.invitation_for_link(token=token, now=timezone.now())
     if invitation is None:
         return _refused(request)
     if request.method == "GET":
@@ -430,5 +430,8 @@ def invite(request: HttpRequest, token: str) -> HttpResponse:
     except services.InvitationRefused as exc:
         return render(request, "pages/invite.html", {"refused": True, "reason": str(exc)}, status=410)
     login(request, user, backend="accounts.backends.UsernameOrEmailBackend")
-    messages.success(request, f"Welcome. You are the admin of team “{invitation.team.name}”.")
+    if invitation.role == "admin":
+        messages.success(request, f"Welcome. You are the admin of team “{invitation.team.name}”.")
+    else:
+        messages.success(request, f"Welcome. You are a member of team “{invitation.team.name}”.")
     return redirect("jobs:list")

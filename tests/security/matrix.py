@@ -7,6 +7,7 @@ page or endpoint ships without its authorization being checked for every kind of
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from enum import Enum
 
 from django.test import Client
@@ -76,6 +77,7 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "partners-application": [C(ST, **APPLICATION)],
     "partners-accept": [C(ST, 422, method="POST", **APPLICATION)],  # an empty form: refused, nothing decided
     "partners-decline": [C(ST, 422, method="POST", **APPLICATION)],
+    "partners-reinvite": [C(ST, 302, method="POST", **APPLICATION)],
     "invite": [C(P, kwargs=lambda w: {"token": w.invitation_token})],
     "accounts:login": [C(P)],
     "accounts:logout": [C(P, 302, method="POST")],
@@ -91,6 +93,22 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "accounts:secrets": [C(S)],
     # A plain member of team A is told only an admin deletes: a redirect, the secret kept (checked in tests/accounts).
     "accounts:delete-secret": [C(T, 302, method="POST", kwargs=lambda w: {"team_slug": w.team_a.slug})],
+    # Members: a signed-in user with no team is told so (403); the others go to their first team's page.
+    "accounts:members-home": [C(S, 302, 403)],
+    "accounts:members": [C(T, kwargs=lambda w: {"team_slug": w.team_a.slug})],
+    # A plain member of team A is refused (403); its admin and operators are refused too, with nothing changed:
+    # no role was given (409), and removing team A's admin would leave it without one (409).
+    "accounts:member-role": [C(T, 403, 409, method="POST", kwargs=lambda w: _member_of_a(w, "member_a"))],
+    "accounts:member-remove": [C(T, 403, 409, method="POST", kwargs=lambda w: _member_of_a(w, "admin_a"))],
+    "accounts:invitation-cancel": [
+        C(
+            T,
+            302,
+            403,
+            method="POST",
+            kwargs=lambda w: {"team_slug": w.team_a.slug, "invitation_id": _invitation(w).id},
+        )
+    ],
     "jobs:list": [C(S)],
     "jobs:new": [C(S)],
     "jobs:estimate": [C(S, method="POST")],
@@ -209,6 +227,24 @@ def _webhook(world: World):
         defaults={"secret": "s" * 20, "created_at": timezone.now()},
     )
     return hook
+
+
+def _member_of_a(world: World, visitor: str) -> dict:
+    return {"team_slug": world.team_a.slug, "user_id": world.users[visitor].pk}
+
+
+def _invitation(world: World):
+    """Team A's pending invitation, made again for each visitor (an admin's visit cancels it)."""
+    from accounts.models import TeamInvitation
+
+    now = timezone.now()
+    invitation, _ = TeamInvitation.objects.get_or_create(
+        team=world.team_a,
+        email="invited@example.com",
+        used_at=None,
+        defaults={"digest": "0" * 64, "created_at": now, "expires_at": now + timedelta(days=7)},
+    )
+    return invitation
 
 
 def path_for(route: Route, case: Case, world: World) -> str:

@@ -1,0 +1,33 @@
+"""Plain-text emails about a team's members, sent through Django's email backend (the console in development)."""
+
+from datetime import datetime
+
+from django.core.mail import send_mail
+from django.template.loader import render_to_string
+
+from accounts.models import Team
+
+
+def _send(*, to: str, subject: str, template: str, context: dict) -> None:
+    send_mail(subject, render_to_string(template, context), None, [to], fail_silently=False)
+
+
+def team_invitation(*, email: str, team: Team, by: str, link: str, expires_at: datetime) -> None:
+    _send(
+        to=email,
+        subject=f"E31 Network: {by} invites you to team {team.name}",
+        template="accounts/email/team_invitation.txt",
+        context={"team": team, "by": by, "link": link, "expires_at": expires_at},
+    )
+
+
+def added_to_team(*, user, team: Team, by: str, link: str) -> None:
+    """Tells an account it was added; an account without an address is told nothing (it has no inbox here)."""
+    if not user.email:
+        return
+    _send(
+        to=user.email,
+        subject=f"E31 Network: {by} added you to team {team.name}",
+        template="accounts/email/added_to_team.txt",
+        context={"team": team, "by": by, "user": user, "link": link},
+    )

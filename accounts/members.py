@@ -1,0 +1,186 @@
+"""Writers for a team's members and its open invitations: the only code that adds, invites, changes or removes.
+
+Each change of a team takes the team's row lock first, so changes to one team run one after another: the
+checks that the actor is still one of its admins and that the team keeps an admin read what the change before
+committed (two admins demoting each other at once leave one admin, never none). Each change is signalled
+(``accounts.signals.membership_changed``) inside its transaction, for the operators' audit log.
+"""
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from accounts import scoping, selectors, services, signals
+from accounts.models import Membership, Team, TeamInvitation
+
+ADMIN, MEMBER = Membership.Role.ADMIN, Membership.Role.MEMBER
+INVITATION_TTL_S = 7 * 86400  # as the design-partner invitation: E31_INVITATION_TTL_S sets both
+
+
+class MembershipRefused(Exception):
+    """The change cannot happen as asked; the message is meant for the admin who asked."""
+
+
+class NotTeamAdmin(MembershipRefused):
+    """Only the team's admins (and operators) change its members."""
+
+
+class InvitationRefused(Exception):
+    """The invitation link is unknown, altered, cancelled, already used or expired."""
+
+
+@dataclass(frozen=True)
+class Invited:
+    """What inviting an address did: ``added`` its account, ``invited`` it by link (``token`` shown once), or
+    nothing, the account being a ``member`` already."""
+
+    outcome: str
+    user: Any = None
+    invitation: TeamInvitation | None = None
+    token: str = ""
+
+
+@transaction.atomic
+def invite_member(*, team: Team, email: str, actor, now: datetime) -> Invited:
+    """Adds the account the address names to the team as a member at once, or else sends the address a
+    single-use link (inviting it again renews its one open link: the old one stops working)."""
+    _lock_as_admin(team=team, actor=actor)
+    email = email.strip().lower()
+    # The admin is told "added" or "invited", so they learn that the address has an account somewhere on the
+    # network: they would see it on the members list a moment later anyway, as the brief asks for an account to
+    # join at once. They learn nothing more: not which teams it is in, nor whether it is active, and probing
+    # many addresses this way is bounded by the per-admin invitation limit (accounts.views).
+    user = selectors.account_for_address(email)
+    if user is None:
+        return _invite_by_link(team=team, email=email, actor=actor, now=now)
+    if Membership.objects.filter(team=team, user=user).exists():
+        return Invited(outcome="member", user=user)
+    Membership.objects.create(team=team, user=user, role=MEMBER)
+    _changed(
+        team, "team.member-add", {}, {"member": user.get_username(), "role": MEMBER}, actor=actor, now=now
+    )
+    return Invited(outcome="added", user=user)
+
+
+def _invite_by_link(*, team: Team, email: str, actor, now: datetime) -> Invited:
+    token = secrets.token_urlsafe(32)
+    fields = {
+        "digest": services.digest_token(token),
+        "invited_by": actor if getattr(actor, "pk", None) else None,
+        "created_at": now,
+        "expires_at": now + invitation_ttl(),
+    }
+    invitation, created = TeamInvitation.objects.update_or_create(
+        team=team, email=email, used_at__isnull=True, defaults=fields
+    )
+    after = {"invited": email, "expires_at": invitation.expires_at.isoformat(), "renewed": not created}
+    _changed(team, "team.member-invite", {}, after, actor=actor, now=now)
+    return Invited(outcome="invited", invitation=invitation, token=token)
+
+
+def invitation_ttl() -> timedelta:
+    # Read at call time so an environment (or a test) can shorten it without a code change.
+    return timedelta(seconds=getattr(settings, "E31_INVITATION_TTL_S", INVITATION_TTL_S))
+
+
+@transaction.atomic
+def cancel_invitation(*, team: Team, invitation_id: int, actor, now: datetime) -> bool:
+    """Withdraws an unused invitation: its link stops working. False if it was used or gone already."""
+    _lock_as_admin(team=team, actor=actor)
+    open_ = TeamInvitation.objects.filter(id=invitation_id, team=team, used_at__isnull=True)
+    email = open_.values_list("email", flat=True).first()
+    if email is None or not open_.delete()[0]:
+        return False
+    _changed(team, "team.invitation-cancel", {"invited": email}, {}, actor=actor, now=now)
+    return True
+
+
+@transaction.atomic
+def change_role(*, team: Team, user_id: int, role: str, actor, now: datetime) -> bool:
+    """Makes a member an admin or an admin a member; never the team's last admin. False if nothing changed."""
+    if role not in Membership.Role.values:
+        raise MembershipRefused(f"a role is one of {', '.join(Membership.Role.values)}")
+    _lock_as_admin(team=team, actor=actor)
+    membership = _membership(team=team, user_id=user_id)
+    if membership.role == role:
+        return False
+    if role != ADMIN:
+        _keep_an_admin(membership, "demoted")
+    Membership.objects.filter(id=membership.id).update(role=role)
+    member = membership.user.get_username()
+    _changed(team, "team.member-role", {"member": member, "role": membership.role}, {"member": member, "role": role},
+             actor=actor, now=now)  # fmt: skip
+    return True
+
+
+@transaction.atomic
+def remove_member(*, team: Team, user_id: int, actor, now: datetime) -> bool:
+    """Takes a member out of the team: from the next request on, none of its jobs, ledger or secrets are theirs
+    to see. Never the team's last admin."""
+    _lock_as_admin(team=team, actor=actor)
+    membership = _membership(team=team, user_id=user_id)
+    _keep_an_admin(membership, "removed")
+    Membership.objects.filter(id=membership.id).delete()
+    before = {"member": membership.user.get_username(), "role": membership.role}
+    _changed(team, "team.member-remove", before, {}, actor=actor, now=now)
+    return True
+
+
+@transaction.atomic
+def redeem_team_invitation(*, token: str, password: str, now: datetime) -> Any:
+    """Uses a team invitation once: creates the account (its username the address) and makes it a member."""
+    invitation = selectors.usable_team_invitation(token=token, now=now)
+    if invitation is None:
+        raise InvitationRefused("this invitation link is not valid")
+    # The claim is the conditional UPDATE: of two redemptions racing (or a redemption and a cancel), one wins.
+    claimed = TeamInvitation.objects.filter(
+        id=invitation.id, used_at__isnull=True, expires_at__gt=now
+    ).update(used_at=now)
+    if not claimed:
+        raise InvitationRefused("this invitation link has already been used")
+    if selectors.account_for_address(invitation.email) is not None:
+        # Never hand an existing account to whoever holds a link: the team's admin adds that account instead.
+        raise InvitationRefused("an account with this email already exists: sign in, and ask your team admin")
+    user = get_user_model().objects.create_user(
+        username=invitation.email, email=invitation.email, password=password
+    )
+    Membership.objects.create(team=invitation.team, user=user, role=MEMBER)
+    TeamInvitation.objects.filter(id=invitation.id).update(user=user)
+    by = invitation.invited_by.get_username() if invitation.invited_by else ""
+    after = {"member": user.get_username(), "role": MEMBER, "invited_by": by}
+    _changed(invitation.team, "team.member-join", {}, after, actor=user, now=now)
+    return user
+
+
+def _lock_as_admin(*, team: Team, actor) -> None:
+    # The lock comes before the check: an admin demoted a moment ago by another admin acts no more.
+    Team.objects.select_for_update().filter(id=team.id).values_list("id", flat=True).get()
+    if not scoping.is_team_admin(actor, team):
+        raise NotTeamAdmin("only a team admin changes the team's members")
+
+
+def _membership(*, team: Team, user_id: int) -> Membership:
+    membership = Membership.objects.select_related("user").filter(team=team, user_id=user_id).first()
+    if membership is None:
+        raise MembershipRefused("this person is not a member of the team (any more)")
+    return membership
+
+
+def _keep_an_admin(membership: Membership, change: str) -> None:
+    others = Membership.objects.filter(team_id=membership.team_id, role=ADMIN).exclude(id=membership.id)
+    if membership.role == ADMIN and not others.exists():
+        raise MembershipRefused(
+            f"{membership.user.get_username()} is the team's only admin and cannot be {change}: "
+            "make another member an admin first"
+        )
+
+
+def _changed(team: Team, action: str, before: dict, after: dict, *, actor, now: datetime) -> None:
+    signals.membership_changed.send(
+        sender=Membership, team=team, action=action, before=before, after=after, actor=actor, now=now
+    )

@@ -1,0 +1,384 @@
+"""Team members: any member reads the list, a team admin invites by e-mail, changes roles and removes; the
+team never loses its last admin, and another team's page does not exist for a non-member."""
+
+import re
+import threading
+from datetime import timedelta
+
+import pytest
+import time_machine
+from django.contrib.auth import get_user_model
+from django.core import mail
+from django.core.cache import cache
+from django.db import IntegrityError, connection, transaction
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from accounts import members, services
+from accounts.models import Membership, TeamInvitation
+from operations.models import AuditEntry
+from public import services as public_services
+from tests.factories import JobFactory, MembershipFactory, UserFactory
+from tests.pages.factories import ApplicationFactory
+
+pytestmark = pytest.mark.django_db
+PASSWORD = "a long and unusual passphrase 31"
+LINK = re.compile(r"http://testserver(/invite/[^/\s]+/)")
+MEMBERS = reverse("accounts:members", args=["vision"])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rate_limits(db):
+    """Rate-limit counters live in the cache: the database's table (rolled back with the test) or Redis (not)."""
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture
+def admin_client(team_admin) -> Client:
+    client = Client()
+    client.force_login(team_admin)
+    return client
+
+
+def invite(client: Client, email: str, slug: str = "vision"):
+    return client.post(reverse("accounts:members", args=[slug]), {"email": email})
+
+
+def invitation_path() -> str:
+    return LINK.search(mail.outbox[-1].body).group(1)
+
+
+def set_password(client: Client, path: str):
+    return client.post(path, {"password1": PASSWORD, "password2": PASSWORD})
+
+
+def roles(team) -> dict[str, str]:
+    return dict(Membership.objects.filter(team=team).values_list("user__username", "role"))
+
+
+# --- Reading ----------------------------------------------------------------------------------------
+
+
+def test_any_member_sees_every_member_with_address_role_and_joining_date(member_client, member, team_admin):
+    team_admin.email = "adele@example.com"
+    team_admin.save()
+    response = member_client.get(MEMBERS)
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert [m.user.username for m in response.context["rows"]] == ["adele", "alice"]
+    assert "adele@example.com" in html and "Team admin" in html and "Member" in html
+    assert timezone.now().strftime("%Y-%m-%d") in html
+    assert 'id="invite-form"' not in html and "Pending invitations" not in html  # an admin's tools only
+
+
+def test_another_teams_page_is_404_to_a_non_member_like_a_team_that_does_not_exist(
+    outsider_client, team, member
+):
+    assert outsider_client.get(MEMBERS).status_code == 404
+    assert outsider_client.get(reverse("accounts:members", args=["no-such-team"])).status_code == 404
+    assert invite(outsider_client, "x@example.com").status_code == 404
+    remove = reverse("accounts:member-remove", args=["vision", member.id])
+    assert outsider_client.post(remove).status_code == 404
+    assert Client().get(MEMBERS).status_code == 302  # signed out: to the sign-in page
+    assert Membership.objects.filter(team=team).count() == 1 and not mail.outbox
+
+
+def test_the_menus_members_opens_the_users_first_team(member_client, outsider_client):
+    assert member_client.get(reverse("accounts:members-home"))["Location"] == MEMBERS
+    html = member_client.get(MEMBERS).content.decode()
+    assert f'href="{reverse("accounts:members-home")}" aria-current="page"' in html
+
+
+# --- Who may change what ----------------------------------------------------------------------------
+
+
+def test_a_member_who_is_not_an_admin_cannot_invite_change_a_role_remove_or_cancel(
+    member_client, member, team, team_admin
+):
+    pending = _pending_invitation(team, team_admin)
+    assert invite(member_client, "carol@example.com").status_code == 403
+    role = reverse("accounts:member-role", args=["vision", team_admin.id])
+    assert member_client.post(role, {"role": "member"}).status_code == 403
+    assert (
+        member_client.post(
+            reverse("accounts:member-role", args=["vision", member.id]), {"role": "admin"}
+        ).status_code
+        == 403
+    )
+    assert (
+        member_client.post(reverse("accounts:member-remove", args=["vision", team_admin.id])).status_code
+        == 403
+    )
+    cancel = reverse("accounts:invitation-cancel", args=["vision", pending.id])
+    assert member_client.post(cancel).status_code == 403
+    assert roles(team) == {"alice": "member", "adele": "admin"}
+    assert list(TeamInvitation.objects.all()) == [pending] and not mail.outbox
+
+
+def test_an_admin_demoted_a_moment_ago_changes_nothing_more(team, team_admin, member):
+    other = MembershipFactory(team=team, user=UserFactory(username="abe"), role="admin").user
+    members.change_role(team=team, user_id=team_admin.id, role="member", actor=other, now=timezone.now())
+    with pytest.raises(members.NotTeamAdmin):
+        members.remove_member(team=team, user_id=member.id, actor=team_admin, now=timezone.now())
+
+
+# --- Inviting -----------------------------------------------------------------------------------------
+
+
+def test_inviting_an_address_sends_a_single_use_link_and_keeps_only_its_digest(admin_client, team):
+    response = invite(admin_client, "  Carol@Example.com ")
+    assert response.status_code == 302
+    assert [m.to for m in mail.outbox] == [["carol@example.com"]]
+    assert "adele invites you to team" in mail.outbox[0].subject
+    token = invitation_path().split("/")[2]
+    invitation = TeamInvitation.objects.get()
+    assert (invitation.team, invitation.email, invitation.invited_by.username) == (
+        team,
+        "carol@example.com",
+        "adele",
+    )
+    assert invitation.digest == services.digest_token(token) and token not in invitation.digest
+    assert timedelta(days=6) < invitation.expires_at - timezone.now() <= timedelta(days=7)
+    page = admin_client.get(MEMBERS).content.decode()
+    assert "carol@example.com" in page and invitation.expires_at.strftime("%Y-%m-%d %H:%M") in page
+    assert not get_user_model().objects.filter(username="carol@example.com").exists()
+
+
+def test_the_invited_person_sets_a_password_and_is_signed_in_as_a_member_of_the_team(admin_client, team):
+    invite(admin_client, "carol@example.com")
+    path, carol = invitation_path(), Client()
+    page = carol.get(path).content.decode()
+    assert "carol@example.com" in page and "a member of team" in page
+    response = set_password(carol, path)
+    assert response.status_code == 302 and response["Location"] == reverse("jobs:list")
+    assert carol.get(reverse("jobs:list")).status_code == 200  # signed in by the link
+    assert roles(team)["carol@example.com"] == "member"
+    assert carol.get(MEMBERS).status_code == 200
+    assert Client().login(username="Carol@Example.com", password=PASSWORD)
+    assert not TeamInvitation.objects.filter(used_at__isnull=True).exists()
+
+
+def test_an_address_with_an_account_is_added_at_once_and_told_by_email(admin_client, team, outsider):
+    outsider.email = "Bob@Example.com"
+    outsider.save()
+    response = invite(admin_client, "bob@example.com")
+    assert response.status_code == 302
+    assert roles(team)["bob"] == "member" and not TeamInvitation.objects.exists()
+    assert [m.to for m in mail.outbox] == [["Bob@Example.com"]]
+    assert "added you to team vision" in mail.outbox[0].subject and "/invite/" not in mail.outbox[0].body
+    page = admin_client.get(MEMBERS).content.decode()
+    assert "had an account and was added" in page
+    assert "audio" not in page  # nothing about the account's other teams
+    assert invite(admin_client, "bob@example.com").status_code == 302  # again: already a member, nothing new
+    assert Membership.objects.filter(team=team, user=outsider).count() == 1 and len(mail.outbox) == 1
+
+
+def test_inviting_again_renews_the_link_and_the_old_one_stops_working(admin_client, team):
+    invite(admin_client, "carol@example.com")
+    first = invitation_path()
+    invite(admin_client, "carol@example.com")
+    second = invitation_path()
+    assert first != second and TeamInvitation.objects.count() == 1
+    assert Client().get(first).status_code == 410
+    assert set_password(Client(), second).status_code == 302
+
+
+def test_a_cancelled_invitation_leaves_the_list_and_its_link_is_refused(admin_client, team):
+    invite(admin_client, "carol@example.com")
+    path, invitation = invitation_path(), TeamInvitation.objects.get()
+    response = admin_client.post(reverse("accounts:invitation-cancel", args=["vision", invitation.id]))
+    assert response.status_code == 302 and not TeamInvitation.objects.exists()
+    assert set_password(Client(), path).status_code == 410
+    assert "carol@example.com" not in roles(team)
+
+
+def test_an_invitation_link_used_twice_is_refused(admin_client, team):
+    invite(admin_client, "carol@example.com")
+    path = invitation_path()
+    assert set_password(Client(), path).status_code == 302
+    second = Client()
+    assert second.get(path).status_code == 410 and set_password(second, path).status_code == 410
+    assert "_auth_user_id" not in second.session
+    assert get_user_model().objects.filter(email="carol@example.com").count() == 1
+
+
+def test_an_expired_invitation_link_is_refused_and_listed_as_expired(admin_client, team, settings):
+    settings.E31_INVITATION_TTL_S = 60  # the partners' setting: both links last as long
+    invite(admin_client, "carol@example.com")
+    path = invitation_path()
+    with time_machine.travel(timezone.now() + timedelta(seconds=61)):
+        assert Client().get(path).status_code == 410
+        assert set_password(Client(), path).status_code == 410
+        assert "expired" in admin_client.get(MEMBERS).content.decode()
+    assert not get_user_model().objects.filter(username="carol@example.com").exists()
+
+
+def test_a_link_whose_address_got_an_account_meanwhile_makes_no_second_account(admin_client, team):
+    invite(admin_client, "carol@example.com")
+    path = invitation_path()
+    UserFactory(username="carol", email="carol@example.com")
+    response = set_password(Client(), path)
+    assert response.status_code == 410 and "ask your team admin" in response.content.decode()
+    assert TeamInvitation.objects.get().used_at is None and "carol" not in roles(team)
+
+
+def test_an_admins_invitations_are_rate_limited(admin_client, settings):
+    settings.E31_TEAM_INVITE_LIMIT = 2
+    assert invite(admin_client, "a@example.com").status_code == 302
+    assert invite(admin_client, "b@example.com").status_code == 302
+    refused = invite(admin_client, "c@example.com")
+    assert refused.status_code == 429 and int(refused["Retry-After"]) > 0
+    assert len(mail.outbox) == 2 and not TeamInvitation.objects.filter(email="c@example.com").exists()
+
+
+def test_an_invalid_address_is_refused_with_its_reason(admin_client):
+    response = invite(admin_client, "not an address")
+    assert response.status_code == 422 and 'aria-invalid="true"' in response.content.decode()
+    assert not TeamInvitation.objects.exists() and not mail.outbox
+
+
+def test_the_database_keeps_one_open_invitation_per_team_and_address(team, team_admin):
+    _pending_invitation(team, team_admin)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        _pending_invitation(team, team_admin, digest="b" * 64)
+
+
+# --- Roles and removal --------------------------------------------------------------------------------
+
+
+def test_an_admin_makes_a_member_admin_and_back(admin_client, team, member):
+    url = reverse("accounts:member-role", args=["vision", member.id])
+    assert admin_client.post(url, {"role": "admin"}).status_code == 302
+    assert roles(team)["alice"] == "admin"
+    assert admin_client.post(url, {"role": "member"}).status_code == 302
+    assert roles(team)["alice"] == "member"
+    assert admin_client.post(url, {"role": "owner"}).status_code == 409
+
+
+def test_the_last_admin_can_be_neither_demoted_nor_removed(admin_client, team, team_admin, member):
+    demote = admin_client.post(
+        reverse("accounts:member-role", args=["vision", team_admin.id]), {"role": "member"}
+    )
+    assert demote.status_code == 409 and "only admin" in demote.content.decode()
+    remove = admin_client.post(reverse("accounts:member-remove", args=["vision", team_admin.id]))
+    assert remove.status_code == 409
+    assert roles(team) == {"adele": "admin", "alice": "member"}
+    MembershipFactory(team=team, user=UserFactory(username="abe"), role="admin")
+    assert (
+        admin_client.post(reverse("accounts:member-remove", args=["vision", team_admin.id])).status_code
+        == 302
+    )
+    assert roles(team) == {"abe": "admin", "alice": "member"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_demotions_at_once_leave_the_team_one_admin(team, operator):
+    """Each sees the other admin before it changes anything; the team's lock makes the second see the first."""
+    assert connection.vendor == "postgresql"
+    admins = [
+        MembershipFactory(team=team, user=UserFactory(username=n), role="admin").user for n in ("ann", "abe")
+    ]
+    barrier, outcomes = threading.Barrier(2), []
+
+    def demote(user, hold: bool):
+        try:
+            with transaction.atomic():
+                barrier.wait()
+                if not hold:
+                    barrier.wait()  # the other has taken the lock and demoted first
+                members.change_role(
+                    team=team, user_id=user.id, role="member", actor=operator, now=timezone.now()
+                )
+                if hold:
+                    barrier.wait()
+                    threading.Event().wait(0.3)  # still holding the lock while the other asks for it
+            outcomes.append("demoted")
+        except members.MembershipRefused:
+            outcomes.append("refused")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=demote, args=(a, i == 0)) for i, a in enumerate(admins)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["demoted", "refused"]
+    assert list(roles(team).values()).count("admin") == 1
+
+
+def test_a_removed_member_loses_the_teams_jobs_at_once(admin_client, member_client, team, member):
+    job = JobFactory(team=team)
+    url = reverse("jobs:detail", args=[job.id])
+    assert member_client.get(url).status_code == 200
+    assert admin_client.post(reverse("accounts:member-remove", args=["vision", member.id])).status_code == 302
+    assert member_client.get(url).status_code == 404
+    assert member_client.get(MEMBERS).status_code == 404
+
+
+# --- The audit log and the partners' invitations ------------------------------------------------------
+
+
+def test_every_membership_change_is_in_the_operators_audit_log(admin_client, team, member, outsider):
+    outsider.email = "bob@example.com"
+    outsider.save()
+    invite(admin_client, "carol@example.com")
+    set_password(Client(), invitation_path())
+    invite(admin_client, "bob@example.com")
+    invite(admin_client, "dan@example.com")
+    admin_client.post(
+        reverse(
+            "accounts:invitation-cancel",
+            args=["vision", TeamInvitation.objects.get(email="dan@example.com").id],
+        )
+    )
+    admin_client.post(reverse("accounts:member-role", args=["vision", member.id]), {"role": "admin"})
+    admin_client.post(reverse("accounts:member-remove", args=["vision", outsider.id]))
+    entries = list(AuditEntry.objects.order_by("id").values_list("actor", "action", "target"))
+    assert entries == [
+        ("adele", "team.member-invite", "team:vision"),
+        ("carol@example.com", "team.member-join", "team:vision"),
+        ("adele", "team.member-add", "team:vision"),
+        ("adele", "team.member-invite", "team:vision"),
+        ("adele", "team.invitation-cancel", "team:vision"),
+        ("adele", "team.member-role", "team:vision"),
+        ("adele", "team.member-remove", "team:vision"),
+    ]
+    role = AuditEntry.objects.get(action="team.member-role")
+    assert (role.before, role.after) == (
+        {"member": "alice", "role": "member"},
+        {"member": "alice", "role": "admin"},
+    )
+
+
+def test_a_refused_change_leaves_no_audit_entry(admin_client, team_admin):
+    admin_client.post(reverse("accounts:member-remove", args=["vision", team_admin.id]))
+    assert not AuditEntry.objects.exists()
+
+
+def test_a_design_partners_invitation_still_makes_the_teams_admin(operator):
+    application = ApplicationFactory(email="eve@example.com")
+    application, token = public_services.accept_application(
+        application_id=application.id, team_name="Footage Lab", by=operator.username, now=timezone.now()
+    )
+    contact = Client()
+    path = reverse("invite", args=[token])
+    assert "the admin of team" in contact.get(path).content.decode()
+    assert set_password(contact, path).status_code == 302
+    assert roles(application.team) == {"eve@example.com": "admin"}
+    assert contact.get(reverse("accounts:members", args=[application.team.slug])).context["is_admin"]
+
+
+def _pending_invitation(team, by, *, digest: str = "a" * 64) -> TeamInvitation:
+    now = timezone.now()
+    return TeamInvitation.objects.create(
+        team=team,
+        email="dan@example.com",
+        digest=digest,
+        invited_by=by,
+        created_at=now,
+        expires_at=now + timedelta(days=7),
+    )
