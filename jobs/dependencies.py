@@ -4,15 +4,26 @@ A prerequisite is an older job of the submitting team (the database refuses any 
 cycle can form). While one is left the scheduler holds the dependent back (``snapshot`` states the
 facts, the policy's ``gates`` decide); this module is the writer that ends a dependent whose
 ``after_ok`` prerequisite ended without success, before any pass could place it.
+
+An operator's requeue of a waiting job replaces it: ``operations.services.requeue_job`` cancels it and
+submits its copy in one transaction, at one ``now``. Its dependents' rows cannot move to the copy (the
+copy is younger than they are, and the database keeps every prerequisite older than its job), so every
+reader here takes such a cancelled prerequisite as the copy that stands for it (``_standing``).
 """
 
 from collections.abc import Iterable
 from datetime import datetime
+from operator import itemgetter
+
+from django.db.models import F, QuerySet
 
 from jobs import declaration, lifecycle
 from jobs.lifecycle import BEFORE_RENT, EndReason, State
-from jobs.models import Dependency, Job
+from jobs.models import Dependency, Job, JobEvent
 from jobs.transitions import transition
+
+# What a dependent reads of a prerequisite (``lifecycle.prerequisite_outcome``'s facts).
+_FACTS = ("state", "end_reason", "delivery_state")
 
 
 def check_prerequisites(*, team, after_ok: Iterable[int], after_any: Iterable[int]) -> None:
@@ -24,22 +35,23 @@ def check_prerequisites(*, team, after_ok: Iterable[int], after_any: Iterable[in
     ]
     if not named:
         return
-    found = {
-        row.pop("id"): row
-        for row in Job.objects.filter(team=team, id__in=[p for _, _, p in named]).values(
-            "id", "state", "end_reason", "delivery_state"
-        )
-    }
+    found = _standing(
+        {
+            row.pop("id"): row
+            for row in Job.objects.filter(team=team, id__in=[p for _, _, p in named]).values("id", *_FACTS)
+        }
+    )
     errors = []
     for key, i, prerequisite in named:
-        row = found.get(prerequisite)
-        if row is None:
+        if prerequisite not in found:
             errors.append((f"{key}[{i}]", f"no job {prerequisite} in your team"))
-        elif _outcome(key, row) == lifecycle.FAILED:
+            continue
+        standing, row = found[prerequisite]
+        if _outcome(key, row) == lifecycle.FAILED:
             errors.append(
                 (
                     f"{key}[{i}]",
-                    f"job {prerequisite} already ended {_ending(row)}: this job could never start",
+                    f"job {standing} already ended {_ending(row)}: this job could never start",
                 )
             )
     if errors:
@@ -71,18 +83,13 @@ def end_unsatisfiable(*, now: datetime) -> list[int]:
 
 def _failed_dependencies() -> list[tuple[int, int, dict]]:
     """(dependent, prerequisite, the prerequisite's ending) for each waiting job with a failed after_ok."""
-    rows = Dependency.objects.filter(
-        kind=Dependency.AFTER_OK, job__state__in=BEFORE_RENT, prerequisite__state__in=lifecycle.TERMINAL
-    ).values_list(
-        "job_id",
-        "prerequisite_id",
-        "prerequisite__state",
-        "prerequisite__end_reason",
-        "prerequisite__delivery_state",
+    rows = _edges(
+        Dependency.objects.filter(
+            kind=Dependency.AFTER_OK, job__state__in=BEFORE_RENT, prerequisite__state__in=lifecycle.TERMINAL
+        )
     )
     failed, seen = [], set()
-    for job_id, prerequisite, state, end_reason, delivery in rows.order_by("job_id", "prerequisite_id"):
-        row = {"state": state, "end_reason": end_reason, "delivery_state": delivery}
+    for job_id, prerequisite, _, row in rows:
         if job_id not in seen and _outcome("after_ok", row) == lifecycle.FAILED:
             seen.add(job_id)
             failed.append((job_id, prerequisite, row))
@@ -103,17 +110,86 @@ def ready_to_stage() -> list[int]:
 def unmet(job_ids: Iterable[int]) -> dict[int, tuple[tuple[int, str], ...]]:
     """Per waiting job, the prerequisites it still waits for: (id, "succeed") or (id, "end")."""
     out: dict[int, list[tuple[int, str]]] = {}
-    rows = Dependency.objects.filter(job_id__in=list(job_ids)).values_list(
-        "job_id", "prerequisite_id", "kind", "prerequisite__state", "prerequisite__end_reason",
-        "prerequisite__delivery_state",
-    )  # fmt: skip
-    for job_id, prerequisite, kind, state, end_reason, delivery in rows.order_by("job_id", "prerequisite_id"):
-        row = {"state": state, "end_reason": end_reason, "delivery_state": delivery}
+    for job_id, prerequisite, kind, row in _edges(Dependency.objects.filter(job_id__in=list(job_ids))):
         if _outcome(kind, row) != lifecycle.MET:
             out.setdefault(job_id, []).append(
                 (prerequisite, "succeed" if kind == Dependency.AFTER_OK else "end")
             )
     return {job_id: tuple(waits) for job_id, waits in out.items()}
+
+
+def note_replacement(*, copy_id: int, actor: str, now: datetime) -> list[int]:
+    """An event on each waiting dependent of the jobs ``copy_id`` replaced: it waits for the copy now.
+    Returns their ids. Called by the requeue that replaced them, in its transaction."""
+    replaced = _replaced_by(copy_id)
+    dependents = (
+        Job.objects.filter(prerequisites__prerequisite_id__in=replaced, state__in=BEFORE_RENT)
+        .distinct()
+        .order_by("id")
+        .values_list("id", "state", "attempt")
+    )
+    events = [
+        JobEvent(
+            job_id=job_id, from_state=state, to_state=state, at=now, actor=actor[:150], attempt=attempt,
+            reason=f"job {replaced[1]} was requeued as job {copy_id} by {actor}: this job waits for job {copy_id} now",
+        )
+        for job_id, state, attempt in dependents
+    ]  # fmt: skip
+    JobEvent.objects.bulk_create(events)
+    return [event.job_id for event in events]
+
+
+def _edges(rows: QuerySet[Dependency]) -> list[tuple[int, int, str, dict]]:
+    """(dependent, prerequisite, kind, the prerequisite's facts) per row, in order; a prerequisite a requeue
+    replaced comes as the copy standing for it, so a dependent waits for the copy and is told of it."""
+    read = rows.values_list("job_id", "prerequisite_id", "kind", *(f"prerequisite__{f}" for f in _FACTS))
+    edges = [(job_id, p, kind, dict(zip(_FACTS, facts, strict=True))) for job_id, p, kind, *facts in read]
+    standing = _standing({p: row for _, p, _, row in edges})
+    resolved = []
+    for job_id, p, kind, _ in edges:
+        stand_in, row = standing[p]
+        resolved.append((job_id, stand_in, kind, row))
+    return sorted(resolved, key=itemgetter(0, 1))
+
+
+def _standing(facts: dict[int, dict]) -> dict[int, tuple[int, dict]]:
+    """Each prerequisite to the job standing for it and that job's facts: itself, or the copy a requeue
+    replaced it by (a copy replaced in turn, by its own copy).
+
+    A replacement is a copy submitted at the very instant its source ended cancelled: requeue_job's one
+    transaction. A team's own cancel and re-run are two requests, so its dependents end on the cancel.
+    """
+    out = {p: (p, row) for p, row in facts.items()}
+    # Nearly always empty: one query per generation of copies, none while no prerequisite was cancelled.
+    tips = {p: p for p, row in facts.items() if row["end_reason"] == EndReason.CANCELLED}
+    while tips:
+        copies = _copies_of(set(tips.values()))
+        out |= {p: copies[tip] for p, tip in tips.items() if tip in copies}
+        tips = {
+            p: copies[tip][0]
+            for p, tip in tips.items()
+            if tip in copies and copies[tip][1]["end_reason"] == EndReason.CANCELLED
+        }
+    return out
+
+
+def _copies_of(sources: set[int]) -> dict[int, tuple[int, dict]]:
+    read = _replacements().filter(rerun_of_id__in=sources).values_list("rerun_of_id", "id", *_FACTS)
+    return {source: (copy, dict(zip(_FACTS, row, strict=True))) for source, copy, *row in read}
+
+
+def _replaced_by(copy_id: int) -> list[int]:
+    """The copy, then the job it replaced, and so on back to the job first submitted."""
+    chain = [copy_id]
+    while source := _replacements().filter(id=chain[-1]).values_list("rerun_of_id", flat=True).first():
+        chain.append(source)
+    return chain
+
+
+def _replacements() -> QuerySet[Job]:
+    return Job.objects.filter(
+        rerun_of__end_reason=EndReason.CANCELLED, submitted_at=F("rerun_of__state_changed_at")
+    )
 
 
 def _outcome(kind: str, row: dict) -> str:

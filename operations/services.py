@@ -13,7 +13,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count
 
 from accounts.models import Team
-from jobs import declaration, dispatch, nodes, snapshot
+from jobs import declaration, dependencies, dispatch, nodes, snapshot
 from jobs import selectors as jobs_selectors
 from jobs import services as jobs_services
 from jobs.lifecycle import ALIVE, BEFORE_RENT, HOLDS_COMPUTE
@@ -102,16 +102,21 @@ def requeue_job(*, job_id: int, actor, now: datetime) -> Job:
     a job holding GPUs is refused with RequeueRefused (cancel it, and requeue once released), as is
     a job whose earlier copy (``rerun_of``) is still alive, and a declaration today's intake refuses:
     then nothing changed. The new job waits from ``now``: it does not inherit the old job's age.
+    The copy of a waiting job replaces it: the jobs that waited for it wait for the copy (each is told).
     """
     job = Job.objects.select_for_update().select_related("team").get(id=job_id)
     if job.state in HOLDS_COMPUTE:
         raise RequeueRefused(f"job {job_id} holds GPUs ({job.state}); cancel it first")
     _refuse_while_a_copy_lives(job)
     before = {"state": job.state, "end_reason": job.end_reason}
-    if job.state in BEFORE_RENT:
+    replaces = job.state in BEFORE_RENT
+    if replaces:
         jobs_services.cancel_job(job_id=job_id, user=actor, now=now)
     copy = _submit_copy(job, actor=actor, now=now)
     after = {**Job.objects.values("state", "end_reason").get(id=job_id), "requeued_as": copy.id}
+    if replaces:  # cancelled and copied at one ``now``: jobs.dependencies reads the copy in its place
+        waiting = dependencies.note_replacement(copy_id=copy.id, actor=_username(actor), now=now)
+        after |= {"dependents_wait_for_copy": waiting} if waiting else {}
     audit.record(
         actor=actor, action="job.requeue", target=f"job:{job_id}", before=before, after=after, now=now
     )

@@ -1,6 +1,6 @@
 """All jobs with filters; cancel and requeue from the list; team pages with share, budget and use."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -8,6 +8,8 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from accounts.models import Team
+from jobs import scheduler
+from jobs import services as jobs_services
 from jobs.lifecycle import EndReason, State
 from jobs.models import DataInput, Dependency, Job
 from operations import services
@@ -183,6 +185,65 @@ def test_requeue_of_a_waiting_pipeline_job_keeps_it_waiting_for_its_prerequisite
     assert list(copy.prerequisites.values_list("prerequisite_id", "kind")) == [
         (upstream.id, Dependency.AFTER_OK)
     ], "the requeued copy no longer waits for its prerequisite"
+
+
+def test_requeue_of_a_waiting_prerequisite_leaves_its_dependents_waiting_for_the_copy(
+    operator, team, pool, now
+):
+    """An operator requeues job A, queued, to stage it afresh; B waits for A to succeed, C for it to end.
+    The copy replaces A: the next pass ends neither, both wait for the copy, and each is told so."""
+    prepare = JobFactory(team=team, state=State.QUEUED)
+    train, report = JobFactory(team=team, state=State.SUBMITTED), JobFactory(team=team, state=State.SUBMITTED)
+    Dependency.objects.create(job=train, prerequisite=prepare, kind=Dependency.AFTER_OK)
+    Dependency.objects.create(job=report, prerequisite=prepare, kind=Dependency.AFTER_ANY)
+
+    copy = services.requeue_job(job_id=prepare.id, actor=operator, now=now)
+    scheduler.run_pass(now=now)
+
+    waits = dict(Job.objects.filter(id__in=[train.id, report.id]).values_list("id", "pending_reason"))
+    assert waits[train.id].startswith(f"waiting for job {copy.id} to succeed"), "B ended, or waits for A"
+    assert waits[report.id].startswith(f"waiting for job {copy.id} to end"), (
+        "C ended, or runs before the copy"
+    )
+    told = train.events.filter(to_state=State.SUBMITTED, from_state=State.SUBMITTED).get().reason
+    assert (
+        told
+        == f"job {prepare.id} was requeued as job {copy.id} by olga: this job waits for job {copy.id} now"
+    )
+    entry = AuditEntry.objects.get(action="job.requeue")
+    assert entry.after["dependents_wait_for_copy"] == [train.id, report.id]
+
+
+def test_a_dependent_ends_on_how_the_copy_of_its_requeued_prerequisite_ended(operator, team, pool, now):
+    """The copy requeued again while it waits is replaced in turn; when the last copy fails, the dependent
+    ends dependency_failed naming that copy."""
+    prepare = JobFactory(team=team, state=State.QUEUED)
+    train = JobFactory(team=team, state=State.SUBMITTED)
+    Dependency.objects.create(job=train, prerequisite=prepare, kind=Dependency.AFTER_OK)
+    first = services.requeue_job(job_id=prepare.id, actor=operator, now=now)
+    second = services.requeue_job(job_id=first.id, actor=operator, now=now + timedelta(minutes=1))
+    Job.objects.filter(id=second.id).update(state=State.ENDED, end_reason=EndReason.STAGING_FAILED)
+
+    scheduler.run_pass(now=now + timedelta(minutes=2))
+
+    train.refresh_from_db()
+    assert (train.state, train.end_reason) == (State.ENDED, EndReason.DEPENDENCY_FAILED)
+    assert train.end_detail == f"job {second.id} ended staging_failed; this job ran only after it succeeded"
+
+
+def test_a_teams_own_cancel_of_a_prerequisite_still_ends_its_dependents_though_it_is_re_run(team, pool, now):
+    """Only an operator's requeue replaces a job: a team that cancels a step, then re-runs it, has ended the
+    pipeline, whether or not a pass ran in between."""
+    prepare = JobFactory(team=team, state=State.QUEUED)
+    train = JobFactory(team=team, state=State.SUBMITTED)
+    Dependency.objects.create(job=train, prerequisite=prepare, kind=Dependency.AFTER_OK)
+    jobs_services.cancel_job(job_id=prepare.id, user=None, now=now)
+    JobFactory(team=team, state=State.SUBMITTED, rerun_of=prepare, submitted_at=now + timedelta(seconds=5))
+
+    scheduler.run_pass(now=now + timedelta(seconds=6))
+
+    train.refresh_from_db()
+    assert (train.state, train.end_reason) == (State.ENDED, EndReason.DEPENDENCY_FAILED)
 
 
 def test_requeue_posted_twice_leaves_one_waiting_copy(operator_client, team):
