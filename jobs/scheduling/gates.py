@@ -25,9 +25,10 @@ class Split:
     throttled: list[PendingJob]  # their array already runs (or is about to run) its limit
 
 
-def split(pending: Sequence[PendingJob], running: Sequence[RunningView]) -> Split:
-    """Lets through every job without prerequisites left, and of each array only as many tasks
-    (lowest ids first) as its limit leaves room for beside the tasks running now."""
+def split(pending: Sequence[PendingJob], running: Sequence[RunningView], *, now: float) -> Split:
+    """Lets through every job without prerequisites left, and of each array only as many tasks as its
+    limit leaves room for beside the tasks running now: ready tasks first, then those still staging,
+    lowest ids first within each."""
     if (isinstance(pending, PendingList) and pending.ungated) or not (
         any(map(_waits_for, pending)) or any(map(is_not, map(_array_limit, pending), repeat(None)))
     ):
@@ -40,7 +41,7 @@ def split(pending: Sequence[PendingJob], running: Sequence[RunningView]) -> Spli
         if r.array is not None:
             room[r.array] -= 1
     waiting, throttled, blocked = [], [], set()
-    for job in sorted(pending, key=_job_id):
+    for job in _slot_order(pending, now):
         if job.waits_for:
             waiting.append(job)
             blocked.add(job.job_id)
@@ -54,10 +55,24 @@ def split(pending: Sequence[PendingJob], running: Sequence[RunningView]) -> Spli
     return Split(ready=ready, waiting=waiting, throttled=throttled)
 
 
-def _job_id(job: PendingJob) -> int:
-    return job.job_id
+def _slot_order(pending: Sequence[PendingJob], now: float) -> list[PendingJob]:
+    """Ready jobs, then those still staging; lowest ids first within each.
+
+    A task still staging holds no GPU and could not take one now: given its array's slot before a ready
+    sibling, it would keep that sibling off an idle pool for as long as its data takes to arrive.
+    """
+    by_id = sorted(pending, key=_job_id)
+    if not any(map(_ready_at, by_id)):  # nothing staging (C-level check): the common case, and every replay
+        return by_id
+    staging = [job for job in by_id if job.ready_at is not None and job.ready_at > now]
+    if not staging:
+        return by_id
+    later = set(map(_job_id, staging))
+    return [job for job in by_id if job.job_id not in later] + staging
 
 
+_job_id = attrgetter("job_id")
+_ready_at = attrgetter("ready_at")
 _waits_for = attrgetter("waits_for")
 _array_limit = attrgetter("array_limit")
 

@@ -70,7 +70,7 @@ def plan(
     Jobs with prerequisites left, and array tasks past their array's running limit, are held back
     before ranking (``gates``): they take no GPUs and no reservation, and are told why.
     """
-    gate = gates.split(pending, running)
+    gate = gates.split(pending, running, now=now)
     ranking = priority.rank(
         now=now, pending=gate.ready, running=running, usage=usage, shares=shares, config=config
     )

@@ -85,6 +85,30 @@ def test_running_tasks_count_against_the_limit_and_the_next_wave_starts_as_they_
     assert result.estimates[2].reason == "array 7 runs at most 3 tasks at once: 3 are running"
 
 
+def test_a_task_still_staging_does_not_hold_its_arrays_only_slot_against_a_ready_sibling():
+    """Task 1 is staging for two more hours (no GPU held); task 2 is queued, its data in place: on an idle
+    pool, the array's one slot goes to task 2, and task 1 is told a task is running."""
+    staging = PendingJob(1, "vision", 1, 1.0, NOW - 60, array=40, array_limit=1, ready_at=NOW + 2 * HOUR)
+    ready = PendingJob(2, "vision", 1, 1.0, NOW - 60, array=40, array_limit=1)
+    result = _plan([staging, ready], nodes=[NodeView("gpu-01", 4, (0, 1, 2, 3))])
+    assert [s.job_id for s in result.starts] == [2], result.estimates[2].reason
+    assert result.estimates[1].reason == "array 40 runs at most 1 tasks at once: 1 are running"
+
+
+def test_a_task_still_staging_keeps_a_slot_no_ready_sibling_needs():
+    """Limit 2, one task ready, two staging: the ready one starts, the lower staging one keeps the second
+    slot (planned from its staging ETA), and the last waits for a slot, next in line behind it."""
+    pending = [
+        PendingJob(1, "vision", 1, 1.0, NOW - 60, array=40, array_limit=2, ready_at=NOW + HOUR),
+        PendingJob(2, "vision", 1, 1.0, NOW - 60, array=40, array_limit=2, ready_at=NOW + HOUR),
+        PendingJob(3, "vision", 1, 1.0, NOW - 60, array=40, array_limit=2),
+    ]
+    result = _plan(pending)
+    assert [s.job_id for s in result.starts] == [3]
+    assert result.estimates[1].reason_code != "array_limit" and result.estimates[1].start_at == NOW + HOUR
+    assert result.estimates[2].reason == "array 40 runs at most 2 tasks at once: 1 running, 1 next in line"
+
+
 def test_another_arrays_tasks_and_other_jobs_are_not_held_by_a_full_array():
     pending = [*_tasks(array=7, count=3, limit=1), PendingJob(50, "vision", 1, 1.0, NOW)]
     pending += _tasks(array=8, count=2, limit=1, first_id=60)
