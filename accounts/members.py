@@ -143,7 +143,7 @@ def redeem_team_invitation(*, token: str, password: str, now: datetime) -> Any:
     ).update(used_at=now)
     if not claimed:
         raise InvitationRefused("this invitation link has already been used")
-    if selectors.account_for_address(invitation.email) is not None:
+    if selectors.address_taken(invitation.email):
         # Never hand an existing account to whoever holds a link: the team's admin adds that account instead.
         raise InvitationRefused("an account with this email already exists: sign in, and ask your team admin")
     user = get_user_model().objects.create_user(

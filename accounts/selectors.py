@@ -3,7 +3,7 @@
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from accounts import backends, services
 from accounts.models import ApiToken, Membership, Team, TeamInvitation
@@ -50,6 +50,13 @@ def account_for_address(email: str):
     if not email:
         return None
     return get_user_model()._default_manager.filter(username=backends.stored_username(email)).first()
+
+
+def address_taken(email: str) -> bool:
+    """Whether an account already goes by this address, as its username or its e-mail (either signs it in,
+    whatever the case): a new account named by it would take the address from that one."""
+    users = get_user_model()._default_manager
+    return users.filter(Q(username__iexact=email) | Q(email__iexact=email) & ~Q(email="")).exists()
 
 
 def usable_team_invitation(*, token: str, now: datetime) -> TeamInvitation | None:

@@ -3,7 +3,6 @@
 from collections.abc import Iterable
 from datetime import datetime
 
-from django.contrib.auth import get_user_model
 from django.db.models import Q
 from django.utils.text import slugify
 
@@ -39,8 +38,9 @@ def team_name_problem(name: str) -> str:
 
 
 def has_account(email: str) -> bool:
-    """Whether the address is already someone's username: an invitation to it could not be redeemed."""
-    return get_user_model().objects.filter(username__iexact=email).exists()
+    """Whether an account already goes by the address (its username or e-mail): an invitation to it could not
+    be redeemed, and an account made from it would take the address from that one."""
+    return accounts_selectors.address_taken(email)
 
 
 def invitation_for_link(*, token: str, now: datetime) -> Invitation | TeamInvitation | None:
