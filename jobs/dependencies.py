@@ -5,17 +5,17 @@ cycle can form). While one is left the scheduler holds the dependent back (``sna
 facts, the policy's ``gates`` decide); this module is the writer that ends a dependent whose
 ``after_ok`` prerequisite ended without success, before any pass could place it.
 
-An operator's requeue of a waiting job replaces it: ``operations.services.requeue_job`` cancels it and
-submits its copy in one transaction, at one ``now``. Its dependents' rows cannot move to the copy (the
-copy is younger than they are, and the database keeps every prerequisite older than its job), so every
-reader here takes such a cancelled prerequisite as the copy that stands for it (``_standing``).
+An operator's requeue of a waiting job replaces it: ``operations.services.requeue_job`` cancels it, submits
+its copy and names the copy in its ``replaced_by``, in one transaction. Its dependents' rows cannot move to the
+copy (the copy is younger than they are, and the database keeps every prerequisite older than its job), so
+every reader here takes a replaced prerequisite as the copy that stands for it (``_standing``).
 """
 
 from collections.abc import Iterable
 from datetime import datetime
 from operator import itemgetter
 
-from django.db.models import F, QuerySet
+from django.db.models import QuerySet
 
 from jobs import declaration, lifecycle
 from jobs.lifecycle import BEFORE_RENT, EndReason, State
@@ -156,8 +156,8 @@ def _standing(facts: dict[int, dict]) -> dict[int, tuple[int, dict]]:
     """Each prerequisite to the job standing for it and that job's facts: itself, or the copy a requeue
     replaced it by (a copy replaced in turn, by its own copy).
 
-    A replacement is a copy submitted at the very instant its source ended cancelled: requeue_job's one
-    transaction. A team's own cancel and re-run are two requests, so its dependents end on the cancel.
+    Only an operator's requeue replaces a job (``replaced_by``): a team's own cancel and re-run does not, so
+    its dependents end on the cancel.
     """
     out = {p: (p, row) for p, row in facts.items()}
     # Nearly always empty: one query per generation of copies, none while no prerequisite was cancelled.
@@ -174,22 +174,19 @@ def _standing(facts: dict[int, dict]) -> dict[int, tuple[int, dict]]:
 
 
 def _copies_of(sources: set[int]) -> dict[int, tuple[int, dict]]:
-    read = _replacements().filter(rerun_of_id__in=sources).values_list("rerun_of_id", "id", *_FACTS)
+    facts = [f"replaced_by__{fact}" for fact in _FACTS]
+    read = Job.objects.filter(id__in=sources, replaced_by__isnull=False).values_list(
+        "id", "replaced_by_id", *facts
+    )
     return {source: (copy, dict(zip(_FACTS, row, strict=True))) for source, copy, *row in read}
 
 
 def _replaced_by(copy_id: int) -> list[int]:
     """The copy, then the job it replaced, and so on back to the job first submitted."""
     chain = [copy_id]
-    while source := _replacements().filter(id=chain[-1]).values_list("rerun_of_id", flat=True).first():
+    while source := Job.objects.filter(replaced_by_id=chain[-1]).values_list("id", flat=True).first():
         chain.append(source)
     return chain
-
-
-def _replacements() -> QuerySet[Job]:
-    return Job.objects.filter(
-        rerun_of__end_reason=EndReason.CANCELLED, submitted_at=F("rerun_of__state_changed_at")
-    )
 
 
 def _outcome(kind: str, row: dict) -> str:

@@ -102,6 +102,10 @@ class Job(models.Model):
     rerun_of = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="reruns"
     )
+    # The copy an operator's requeue put in this waiting job's place: the jobs that waited for this one wait for it.
+    replaced_by = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
     # A task of an array: E31_ARRAY_INDEX is its index.
     array = models.ForeignKey(JobArray, on_delete=models.PROTECT, null=True, blank=True, related_name="tasks")
     array_index = models.PositiveIntegerField(null=True, blank=True)

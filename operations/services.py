@@ -114,7 +114,8 @@ def requeue_job(*, job_id: int, actor, now: datetime) -> Job:
         jobs_services.cancel_job(job_id=job_id, user=actor, now=now)
     copy = _submit_copy(job, actor=actor, now=now)
     after = {**Job.objects.values("state", "end_reason").get(id=job_id), "requeued_as": copy.id}
-    if replaces:  # cancelled and copied at one ``now``: jobs.dependencies reads the copy in its place
+    if replaces:  # jobs.dependencies reads the copy in its place
+        Job.objects.filter(id=job_id).update(replaced_by=copy)
         waiting = dependencies.note_replacement(copy_id=copy.id, actor=_username(actor), now=now)
         after |= {"dependents_wait_for_copy": waiting} if waiting else {}
     audit.record(
