@@ -27,7 +27,14 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connections,
+)
 
 from accounts import team_secrets
 from jobs import (
@@ -84,6 +91,7 @@ class LogCapture(threading.Thread):
         self.capped = False  # the cap was reached: the rest is discarded, here and in the database
         self.file_full = False  # a write to job.log failed: the file stops, the database log does not
         self.lock = threading.Lock()
+        self.shipping = threading.Lock()
         self.unshipped = bytearray()
         self.shipped = 0
 
@@ -125,14 +133,16 @@ class LogCapture(threading.Thread):
             self.file_full = True
 
     def ship(self, send) -> None:
-        """Calls ``send(offset, data)`` with what is not shipped yet; kept for the next try if it raises."""
-        with self.lock:
-            offset, data = self.shipped, bytes(self.unshipped)
-        if data:
-            send(offset, data)
+        """Calls ``send(offset, data)`` with what is not shipped yet; kept for the next try if it raises. One
+        shipment at a time (the watcher's, then the part's last): two would drop the same bytes twice."""
+        with self.shipping:
             with self.lock:
-                del self.unshipped[: len(data)]
-                self.shipped += len(data)
+                offset, data = self.shipped, bytes(self.unshipped)
+            if data:
+                send(offset, data)
+                with self.lock:
+                    del self.unshipped[: len(data)]
+                    self.shipped += len(data)
 
     def _keep_tail(self, chunk: bytes) -> None:
         self.lines += chunk.count(b"\n")
@@ -465,9 +475,7 @@ def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: 
         return EndReason.FAILED, 127
     capture = LogCapture(proc.stdout, dirs.root / "job.log", settings.E31_LOG_CAP_BYTES, secrets)
     capture.start()
-    stop = _watch(part, proc, capture)
-    # Children that outlived the job go with its process group, while its unreaped pid still pins that group.
-    code = _stop(proc, stop, part, mode) if stop else sandbox.reap(proc)
+    stop, code = _supervise(part, proc, capture, mode)
     capture.join(timeout=5)
     _with_database(lambda: _store_tail(part, capture.text()))
     _with_database(lambda: capture.ship(lambda offset, data: _ship_log(part, offset, data)))
@@ -479,11 +487,32 @@ def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: 
     return (EndReason.OUT_OF_MEMORY if group.oom_kills() else EndReason.FAILED), code
 
 
-def _stop(proc: subprocess.Popen, reason: str, part: Part, mode: str) -> int:
-    """A pausable job stopped to be resumed gets its own signal and grace to checkpoint; any other stop, TERM."""
+def _supervise(part: Part, proc: subprocess.Popen, capture: LogCapture, mode: str) -> tuple[str, int]:
+    """Watches the part's process to its end, or stops it early; (why it was stopped or '', its exit code).
+    The watcher's checks go on until the process is gone, through a checkpoint's grace too."""
+    watcher = Watcher(part, capture)
+    watcher.start()
+    try:
+        stop = _watch(proc, watcher)
+        # Children that outlived the job go with its process group, while its unreaped pid still pins that group.
+        code = _stop(proc, stop, part, mode, cut_short=watcher.hurried) if stop else sandbox.reap(proc)
+    finally:
+        watcher.finish()
+    return stop, code
+
+
+def _stop(
+    proc: subprocess.Popen, reason: str, part: Part, mode: str, cut_short: Callable[[], bool] = lambda: False
+) -> int:
+    """A pausable job stopped to be resumed gets its own signal and grace to checkpoint; any other stop, TERM.
+    A checkpoint's grace is cut short (TERM, then ``E31_KILL_GRACE_S``) once ``cut_short`` says so: the job was
+    cancelled meanwhile (its checkpoint goes with it), or its GPUs may no longer be its own."""
     if reason == PREEMPTED and part.job.checkpoints:
         sig = getattr(signal, f"SIG{part.job.checkpoint_signal}")
-        return sandbox.terminate(proc, grace_s=part.job.checkpoint_grace_s, mode=mode, sig=sig)
+        return sandbox.terminate(
+            proc, grace_s=part.job.checkpoint_grace_s, mode=mode, sig=sig, cut_short=cut_short,
+            short_grace_s=settings.E31_KILL_GRACE_S,
+        )  # fmt: skip
     return sandbox.terminate(proc, grace_s=settings.E31_KILL_GRACE_S, mode=mode)
 
 
@@ -505,42 +534,79 @@ def _launch(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: sandb
             os.close(fd)
 
 
-def _watch(part: Part, proc: subprocess.Popen, capture: LogCapture) -> str:
+def _watch(proc: subprocess.Popen, watcher: "Watcher") -> str:
     """Waits for the process; returns why it must be stopped early, or '' once it has exited.
 
-    A database that is restarting does not stop the job: the checks resume when it is back. One out of reach
-    for longer than ``fence_after_s`` does (``FENCED``): the platform may be declaring this node lost and giving
-    the job's GPUs to its next attempt, which must never run beside this one.
+    The database checks run on the ``watcher``'s thread: a check the network swallowed (no error, no answer, for
+    as long as TCP waits) holds that thread, never this loop. A database that is restarting does not stop the
+    job: the checks resume when it is back. One out of reach for longer than ``fence_after_s`` does
+    (``FENCED``): the platform may be declaring this node lost and giving the job's GPUs to its next attempt,
+    which must never run beside this one.
     """
-    next_check = next_seen = 0.0
-    reached = time.monotonic()
     while not sandbox.exited(proc):
-        tick = time.monotonic()
-        if tick >= next_check:
-            next_check = tick + CHECK_EVERY_S
-            try:
-                reason = _check(part, capture, seen=tick >= next_seen)
-            except DatabaseError:
-                close_old_connections()
-                if time.monotonic() - reached > fence_after_s():
-                    return FENCED
-                continue
-            reached = tick
-            if reason:
-                return reason
-            if tick >= next_seen:
-                next_seen = tick + SEEN_EVERY_S
+        if watcher.reason:
+            return watcher.reason
+        if watcher.fenced():
+            return FENCED
         time.sleep(POLL_S)
     return ""
 
 
+class Watcher(threading.Thread):
+    """The part's database checks (``_check``: stop reasons, its log, its signs of life), every CHECK_EVERY_S on
+    a thread of their own, from the start of its process until it has stopped (a checkpoint's grace included,
+    so the reconciler never takes a job saving its checkpoint for silent). On the part's own connection,
+    shared: the part's thread touches the database only once the watcher has finished."""
+
+    def __init__(self, part: Part, capture: LogCapture) -> None:
+        super().__init__(name="part-watcher", daemon=True)
+        self.part, self.capture = part, capture
+        self.connection = connections[DEFAULT_DB_ALIAS]
+        self.reached = time.monotonic()  # when a check last went through
+        self.reason = ""  # the first reason to stop
+        self.latest = ""  # the last check's: a cancel may follow a preemption
+        self.done = threading.Event()
+        self.connection.inc_thread_sharing()
+
+    def run(self) -> None:
+        connections[DEFAULT_DB_ALIAS] = self.connection
+        next_seen = 0.0
+        while True:
+            tick = time.monotonic()
+            try:
+                latest = _check(self.part, self.capture, seen=tick >= next_seen)
+            except DatabaseError:
+                close_old_connections()
+            else:
+                self.reached, self.latest = tick, latest
+                self.reason = self.reason or latest
+                if tick >= next_seen:
+                    next_seen = tick + SEEN_EVERY_S
+            if self.done.wait(CHECK_EVERY_S):
+                return
+
+    def fenced(self) -> bool:
+        return time.monotonic() - self.reached > fence_after_s()
+
+    def hurried(self) -> bool:
+        """Whether a checkpoint's grace must end now: cancelled or released meanwhile, or cut off (fenced)."""
+        return self.latest in (EndReason.CANCELLED, "released") or self.fenced()
+
+    def finish(self) -> None:
+        """Stops the checks: one under way ends first, unless the network swallowed it (left to its socket)."""
+        self.done.set()
+        self.join(timeout=2 * CHECK_EVERY_S)
+        self.connection.dec_thread_sharing()
+
+
 def fence_after_s() -> float:
     """How long a part runs on with its node cut off from the database. The platform declares the node lost
-    ``E31_NODE_TIMEOUT_S`` after its last heartbeat, which may precede the last check by a beat; the fence is
-    seen at the next check, and stopping the part takes up to ``E31_KILL_GRACE_S``: the part is gone before its
-    GPUs can be given to anyone (timeouts compressed below a beat's worth of these keep a beat)."""
+    ``E31_NODE_TIMEOUT_S`` after its last heartbeat, which may precede the last check by a beat; a check that
+    went through is up to a check period old, and stopping the part takes up to ``E31_KILL_GRACE_S``: the part
+    is gone before its GPUs can be given to anyone. Never under five check periods, so a check slowed by a busy
+    database is not taken for a cut (timeouts compressed below that, as in tests, keep the floor)."""
     spare = settings.E31_HEARTBEAT_S + CHECK_EVERY_S + settings.E31_KILL_GRACE_S
-    return max(settings.E31_NODE_TIMEOUT_S - spare, settings.E31_HEARTBEAT_S)
+    return max(settings.E31_NODE_TIMEOUT_S - spare, 5 * CHECK_EVERY_S)
 
 
 def _check(part: Part, capture: LogCapture, *, seen: bool) -> str:

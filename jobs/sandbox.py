@@ -24,7 +24,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -600,21 +600,32 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def terminate(proc: subprocess.Popen, *, grace_s: float, mode: str, sig: int = signal.SIGTERM) -> int:
+def terminate(
+    proc: subprocess.Popen, *, grace_s: float, mode: str, sig: int = signal.SIGTERM,
+    cut_short: Callable[[], bool] = lambda: False, short_grace_s: float = 0.0,
+) -> int:  # fmt: skip
     """TERM (or a pausable job's checkpoint signal) to the job and everything it started, then KILL after
-    the grace period; returns the exit code.
+    the grace period; returns the exit code. Once ``cut_short`` says so, the grace ends within
+    ``short_grace_s``, after a TERM (a checkpoint no longer wanted, or GPUs no longer the job's).
 
     Under bubblewrap the direct child is bwrap itself: the signal goes to the processes inside it, since
     killing bwrap first would KILL them at once (--die-with-parent) and skip their grace period. Inside,
     bwrap's own init ignores a signal it has no handler for, as the kernel does for a namespace's init.
     """
-    inside = descendants(proc.pid) if mode == BUBBLEWRAP else [proc.pid, *descendants(proc.pid)]
-    _send(inside, sig)
-    deadline = time.monotonic() + grace_s
+    _send(_inside(proc, mode), sig)
+    deadline, shortened = time.monotonic() + grace_s, False
     while not exited(proc) and time.monotonic() < deadline:
+        if not shortened and cut_short():
+            shortened, deadline = True, min(deadline, time.monotonic() + short_grace_s)
+            if sig != signal.SIGTERM:
+                _send(_inside(proc, mode), signal.SIGTERM)
         time.sleep(0.05)
     kill_tree(proc)  # not reaped yet (``exited`` leaves it): its pid and group are still its own
     return proc.wait()
+
+
+def _inside(proc: subprocess.Popen, mode: str) -> list[int]:
+    return descendants(proc.pid) if mode == BUBBLEWRAP else [proc.pid, *descendants(proc.pid)]
 
 
 def exited(proc: subprocess.Popen) -> bool:

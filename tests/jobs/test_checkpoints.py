@@ -226,17 +226,33 @@ def test_terminate_sends_the_declared_signal_then_kills_after_the_grace(tmp_path
     assert 1 <= time.monotonic() - started < 5
 
 
+def test_a_grace_cut_short_sends_term_and_ends_within_the_short_grace():
+    """Saving a checkpoint it will never need (cancelled meanwhile): TERM, and the short grace, not the 30 s."""
+    code = "import signal, time\nsignal.signal(signal.SIGUSR1, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout.readline() == b"ready\n"
+    started = time.monotonic()
+    exit_code = sandbox.terminate(
+        proc, grace_s=30, mode=sandbox.UNSANDBOXED, sig=signal.SIGUSR1, short_grace_s=5,
+        cut_short=lambda: time.monotonic() - started > 0.5,
+    )  # fmt: skip
+    assert exit_code == -signal.SIGTERM  # it took the TERM that followed
+    assert 0.5 <= time.monotonic() - started < 3
+
+
 def test_a_preempted_pausable_job_gets_its_signal_and_grace_any_other_stop_term(team, monkeypatch, settings):
     settings.E31_KILL_GRACE_S = 9
     sent = []
     monkeypatch.setattr(sandbox, "terminate", lambda proc, **kw: sent.append(kw) or 0)
     part = _running_part(_pausable(team, checkpoint_signal="HUP", checkpoint_grace_s=30))
-    agent._stop(None, "preempted", part, sandbox.BUBBLEWRAP)
+    cancelled_meanwhile = lambda: False  # noqa: E731
+    agent._stop(None, "preempted", part, sandbox.BUBBLEWRAP, cut_short=cancelled_meanwhile)
     agent._stop(None, "cancelled", part, sandbox.BUBBLEWRAP)
     assert sent == [
-        {"grace_s": 30, "mode": sandbox.BUBBLEWRAP, "sig": signal.SIGHUP},
+        {"grace_s": 30, "mode": sandbox.BUBBLEWRAP, "sig": signal.SIGHUP, "cut_short": cancelled_meanwhile,
+         "short_grace_s": 9},  # a cancel meanwhile: TERM and the kill grace
         {"grace_s": 9, "mode": sandbox.BUBBLEWRAP},
-    ]
+    ]  # fmt: skip
 
 
 def test_the_directory_goes_when_the_job_ends_however_it_ends_and_stays_between_attempts(team, ckpt_root):
