@@ -85,22 +85,34 @@ class TeamSecret(models.Model):
         return f"{self.team} secret {self.name}"
 
 
-class TeamInvitation(models.Model):
+class InvitationLink(models.Model):
+    """A single-use link to set a password under an address: only the token's SHA-256 is kept; ``used_at``
+    is claimed once (a conditional UPDATE), ``user`` the account it made."""
+
+    email = models.EmailField(max_length=150)  # 150: it becomes the username, which Django caps there
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"invitation for {self.email}"
+
+
+class TeamInvitation(InvitationLink):
     """A team admin's single-use link for an address with no account: whoever opens it sets a password and
     joins the team as a member, under the address (lowercased) as username. Only the token's SHA-256 is
     kept. Written only by ``accounts.members``; the design-partner invitation (``public.Invitation``) is the
     operators' own, for a team's first admin."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
-    email = models.EmailField(max_length=150)  # 150: it becomes the username, which Django caps there
-    digest = models.CharField(max_length=64, unique=True)
     invited_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
-    )
-    created_at = models.DateTimeField()
-    expires_at = models.DateTimeField()
-    used_at = models.DateTimeField(null=True, blank=True)
-    user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
 

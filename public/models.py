@@ -8,12 +8,11 @@ These models were born in the ``e31web`` package and moved here with their rows:
 ``e31web_*`` table (``db_table``), so the move touched no data (migration public 0001).
 """
 
-from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Lower
 
-from accounts.models import Team
+from accounts.models import InvitationLink, Team
 from common.append_only import AppendOnlyError, AppendOnlyModel
 
 
@@ -204,25 +203,14 @@ class Application(models.Model):
         return f"{self.team_name} ({self.status})"
 
 
-class Invitation(models.Model):
-    """The single-use link an accepted contact follows to set a password. Only the token's SHA-256 is kept."""
+class Invitation(InvitationLink):
+    """The single-use link an accepted contact follows to set a password and become its team's first admin."""
 
     application = models.OneToOneField(Application, on_delete=models.PROTECT, related_name="invitation")
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+")
-    email = models.EmailField(max_length=150)
-    digest = models.CharField(max_length=64, unique=True)
-    created_at = models.DateTimeField()
-    expires_at = models.DateTimeField()
-    used_at = models.DateTimeField(null=True, blank=True)
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
-    )
 
     class Meta:
         db_table = "e31web_invitation"
-
-    def __str__(self) -> str:
-        return f"invitation for {self.email}"
 
     @property
     def role(self) -> str:
