@@ -110,6 +110,7 @@ def _array_ref(job: Job) -> dict | None:
         "size": a.size,
         "max_running": a.max_running,
         "spec": a.spec,
+        "limit_of": a.limit_of_id,
     }
 
 

@@ -10,7 +10,10 @@ from jobs.lifecycle import AFTER_ANY, AFTER_OK, RAN_TO_ITS_END, EndReason, State
 
 class JobArray(models.Model):
     """One declaration submitted as many tasks (``array = "0-99%8"``): each task is a job of its own, with
-    its index; at most ``max_running`` of them hold GPUs at once (null: no limit)."""
+    its index; at most ``max_running`` of them hold GPUs at once (null: no limit).
+
+    A task requeued or re-run on its own is a one-task array of its index; ``limit_of`` names the array it
+    came from, whose limit it counts against (with that array's ``max_running`` copied beside it)."""
 
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="job_arrays")
     name = models.CharField(max_length=120)
@@ -19,6 +22,7 @@ class JobArray(models.Model):
     max_running = models.PositiveIntegerField(null=True, blank=True)
     first_index = models.PositiveIntegerField()  # the task the job list shows the array's row at
     submitted_at = models.DateTimeField()
+    limit_of = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="+")
 
     class Meta:
         ordering = ["-submitted_at", "-id"]

@@ -226,6 +226,9 @@ class ArrayRefOut(BuiltOut):
     size: int
     max_running: int | None
     spec: str
+    limit_of: int | None = Field(
+        None, description="A task run again on its own: the array whose max_running it counts against."
+    )
 
 
 class ArrayOut(Schema):

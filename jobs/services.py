@@ -72,7 +72,7 @@ def submit_job(
     if budget and budget.refused:
         raise declaration.DeclarationInvalid([("request.hours", budget.message)])
     dependencies.check_prerequisites(team=team, after_ok=spec.after_ok, after_any=spec.after_any)
-    array = _array(team=team, spec=spec, now=now)
+    array = _array(team=team, spec=spec, now=now, rerun_of=rerun_of)
     indices = spec.array.indices if spec.array else (None,)
     jobs = Job.objects.bulk_create(
         Job(
@@ -116,13 +116,27 @@ def submit_job(
     return first
 
 
-def _array(*, team, spec: declaration.Declaration, now: datetime) -> JobArray | None:
+def _array(*, team, spec: declaration.Declaration, now: datetime, rerun_of: Job | None) -> JobArray | None:
     if spec.array is None:
         return None
+    limit_of, limit = _limit_shared_with(spec, rerun_of)
     return JobArray.objects.create(
         team=team, name=spec.name, spec=spec.array.text[:200], size=len(spec.array.indices),
-        max_running=spec.array.limit, first_index=spec.array.indices[0], submitted_at=now,
+        max_running=limit if limit_of else spec.array.limit, first_index=spec.array.indices[0], submitted_at=now,
+        limit_of=limit_of,
     )  # fmt: skip
+
+
+def _limit_shared_with(
+    spec: declaration.Declaration, rerun_of: Job | None
+) -> tuple[JobArray | None, int | None]:
+    """A single task run again (an operator's requeue, a team's re-run) counts against its array's limit:
+    requeued one by one, a "%8" array's failed tasks would otherwise all run at once."""
+    if rerun_of is None or rerun_of.array_id is None or len(spec.array.indices) != 1:
+        return None, None
+    source = JobArray.objects.select_related("limit_of").get(id=rerun_of.array_id)
+    origin = source.limit_of or source
+    return origin, origin.max_running
 
 
 @transaction.atomic

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db.models.functions import Coalesce
 
 from accounts.models import Team
 from jobs import dependencies, limits, selectors
@@ -145,7 +146,7 @@ def _running() -> list[types.RunningView]:
         "started_at",
         "job__hours",
         "job__preemptible",
-        "job__array_id",
+        Coalesce("job__array__limit_of_id", "job__array_id"),  # a requeued task counts against its array
         "job__checkpoint_signal",
     )
     for job_id, team, node, indices, rented_at, started_at, hours, preemptible, array, signal in rows:
@@ -195,7 +196,8 @@ def _pending(now: datetime) -> list[types.PendingJob]:
     """Queued jobs are ready; staging ones are planned from their staging ETA, never before the next pass."""
     jobs = Job.objects.filter(state__in=(State.QUEUED, State.STAGING, State.SUBMITTED)).values_list(
         "id", "team__name", "gpus", "hours", "submitted_at", "min_gpus", "preemptible", "state",
-        "memory_bytes", "cpus", "max_gpus", "array_id", "array__max_running", "output_bytes",
+        "memory_bytes", "cpus", "max_gpus", Coalesce("array__limit_of_id", "array_id"), "array__max_running",
+        "output_bytes",
     )  # fmt: skip
     etas = staging_etas(now)
     unknown, not_before = now.timestamp() + ASSUMED_STAGING_S, now.timestamp() + NOT_QUEUED_READY_S

@@ -64,7 +64,14 @@ def test_an_array_through_the_api_is_one_job_per_index_sharing_the_declaration(
     assert response.status_code == 201, response.content
     body = response.json()
     array = JobArray.objects.get()
-    assert body["array"] == {"id": array.id, "index": 0, "size": 5, "max_running": 2, "spec": "0-4%2"}
+    assert body["array"] == {
+        "id": array.id,
+        "index": 0,
+        "size": 5,
+        "max_running": 2,
+        "spec": "0-4%2",
+        "limit_of": None,
+    }
     tasks = list(Job.objects.filter(array=array).order_by("array_index"))
     assert [t.array_index for t in tasks] == [0, 1, 2, 3, 4] and tasks[0].id == body["id"]
     assert {(t.team_id, t.name, tuple(t.argv), t.gpus) for t in tasks} == {
@@ -242,3 +249,35 @@ def test_a_state_filter_lists_each_task_in_that_state_even_when_the_first_task_i
     page = member_client.get("/jobs/?state=submitted").content.decode()
     rows = page[page.index("<tbody>") : page.index("</tbody>")]
     assert rows.count("<tr") == 2 and rows.count("task ") == 2
+
+
+def test_a_requeued_or_rerun_task_still_counts_against_its_arrays_limit(
+    team, member, member_client, operator, pool, raw
+):
+    """An operator's requeue (or a team's re-run) of a task submits it as a one-task array of its own index:
+    counted on its own, every failed task of a "%2" array requeued at once would run together."""
+    from operations import services as operations
+
+    now = timezone.now()
+    spec = declaration.validate({**raw, "array": "0-5%2"}, limits=services.pool_limits(team=team))
+    first = services.submit_job(team=team, user=member, spec=spec, now=now)
+    tasks = dict(Job.objects.filter(array_id=first.array_id).values_list("array_index", "id"))
+    for index in (0, 1, 2):
+        operations.requeue_job(job_id=tasks[index], actor=operator, now=now)
+    rerun = services.submit_job(
+        team=team,
+        user=member,
+        spec=declaration.validate({**raw, "array": "3"}, limits=services.pool_limits(team=team)),
+        now=now,
+        rerun_of=Job.objects.get(id=tasks[3]),
+    )
+    Job.objects.filter(state__in=("submitted", "staging")).update(state="queued")
+    scheduler.run_pass(now=timezone.now())
+    assert Job.objects.filter(state="rented").count() == 2
+    waiting = Job.objects.get(id=rerun.id)
+    assert waiting.state == "queued"
+    assert waiting.pending_reason == f"array {first.array_id} runs at most 2 tasks at once: 2 are running"
+    assert waiting.array_index == 3 and waiting.array.limit_of_id == first.array_id
+    page = member_client.get(f"/jobs/{rerun.id}/").content.decode()
+    assert f'run again from <a href="/jobs/?array={first.array_id}">array {first.array_id}</a>' in page
+    assert "counted among its at most 2 running at once" in page
