@@ -358,6 +358,10 @@ E31_DELIVERY_NODE_GRACE_S = env.float("E31_DELIVERY_NODE_GRACE_S", default=86400
 E31_TRANSFER_RETRIES = env.int("E31_TRANSFER_RETRIES", default=4)
 E31_TRANSFER_BACKOFF_S = env.float("E31_TRANSFER_BACKOFF_S", default=1.0)
 E31_TRANSFER_TIMEOUT_S = env.float("E31_TRANSFER_TIMEOUT_S", default=30.0)
+# A source slower than this on average over the window is dropped and retried like a stall (0: no floor):
+# the pool has few transfer slots, and one that trickles would hold its slot for days.
+E31_TRANSFER_MIN_RATE_BPS = env.float("E31_TRANSFER_MIN_RATE_BPS", default=100_000.0)
+E31_TRANSFER_MIN_RATE_WINDOW_S = env.float("E31_TRANSFER_MIN_RATE_WINDOW_S", default=60.0)
 # http(s) sources on loopback, link-local or private addresses reach the pool's own network: off by default.
 E31_ALLOW_PRIVATE_SOURCES = env.bool("E31_ALLOW_PRIVATE_SOURCES", default=False)
 # A file:// source with several hard links may have a name outside the data roots: refused by default.

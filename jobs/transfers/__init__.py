@@ -9,6 +9,8 @@ what they know (roots, the operator's allowances) and a ``progress`` callback, c
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from jobs.units import format_size
+
 # What the kernel copies per call (copy_file_range), and fsspec's block size. With a sha256 the
 # follower hashes each chunk once it lands: 4 MiB kept it closer behind than 16 MiB (measured faster).
 CHUNK = 4 * 1024 * 1024
@@ -40,6 +42,22 @@ def report(progress: Progress, done: int) -> None:
     """Tells ``progress`` how many bytes are in place; it says stop by answering False."""
     if not progress(done):
         raise TransferStopped()
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The slowest a source may send, averaged over ``window_s``: a source that sends a few bytes just
+    often enough never stalls, yet would hold one of the pool's few transfer slots for days."""
+
+    bytes_per_s: float
+    window_s: float
+
+    def check(self, sent: int, elapsed: float) -> None:
+        if sent < self.bytes_per_s * elapsed:
+            raise Transient(
+                f"the source sent {format_size(sent)} in {elapsed:.0f} s, "
+                f"under the pool's floor of {format_size(int(self.bytes_per_s))}/s"
+            )
 
 
 @dataclass(frozen=True)

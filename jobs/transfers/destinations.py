@@ -227,14 +227,15 @@ class _Destination:
 
 
 def copy(source, dst: Path, *, limit: int, want_sha256: bool, progress: transfers.Progress, retries: int,
-         backoff_s: float) -> transfers.Copied:  # fmt: skip
-    """Copies the source to ``dst`` (at most ``limit`` bytes, else refused), resuming after transient errors."""
+         backoff_s: float, floor: transfers.Floor | None = None) -> transfers.Copied:  # fmt: skip
+    """Copies the source to ``dst`` (at most ``limit`` bytes, else refused), resuming after transient errors;
+    a source slower than ``floor`` is one."""
     out = _Destination(dst, want_sha256=want_sha256, kernel_copy=isinstance(source, sources.LocalSource))
     tries = 0
     try:
         while True:
             try:
-                _one_try(source, out, limit=limit, progress=progress)
+                _one_try(source, out, limit=limit, progress=progress, floor=floor)
                 break
             except (transfers.Transient, http.client.HTTPException, OSError) as exc:
                 if isinstance(
@@ -253,7 +254,9 @@ def copy(source, dst: Path, *, limit: int, want_sha256: bool, progress: transfer
         out.close()
 
 
-def _one_try(source, out: _Destination, *, limit: int, progress: transfers.Progress) -> None:
+def _one_try(
+    source, out: _Destination, *, limit: int, progress: transfers.Progress, floor: transfers.Floor | None
+) -> None:
     """Reads from where the destination ends; a source that cannot resume starts it over."""
     reader = source.open(out.done)
     try:
@@ -264,20 +267,27 @@ def _one_try(source, out: _Destination, *, limit: int, progress: transfers.Progr
             # truncate to 0 makes close() flush the whole file to disk (auto_da_alloc).
             os.ftruncate(out.fd, out.done)
         os.lseek(out.fd, out.done, os.SEEK_SET)
-        _pump(reader, out, limit=limit, progress=progress)
+        _pump(reader, out, limit=limit, progress=progress, floor=floor)
     finally:
         reader.close()
 
 
-def _pump(reader, out: _Destination, *, limit: int, progress: transfers.Progress) -> None:
-    last = time.monotonic()
+def _pump(
+    reader, out: _Destination, *, limit: int, progress: transfers.Progress, floor: transfers.Floor | None
+) -> None:
+    last = window_began = time.monotonic()
+    done_then = out.done
     # One byte more than the limit shows a larger source.
     while out.take(reader, limit + 1 - out.done):
         if out.done > limit:
             raise transfers.TransferFailed(f"the source is larger than the {limit} bytes declared: cut off")
-        if time.monotonic() - last >= transfers.PROGRESS_EVERY_S:
-            last = time.monotonic()
+        now = time.monotonic()
+        if now - last >= transfers.PROGRESS_EVERY_S:
+            last = now
             transfers.report(progress, out.done)
+        if floor is not None and now - window_began >= floor.window_s:
+            floor.check(out.done - done_then, now - window_began)
+            window_began, done_then = now, out.done
 
 
 def _back_off(delay: float, done: int, progress: transfers.Progress) -> None:

@@ -25,6 +25,8 @@ class DataServer:
     requests: list[dict] = field(default_factory=list)
     drop_after: dict[str, int] = field(default_factory=dict)  # name -> bytes sent before the drop (once)
     stall_after: dict[str, tuple[int, float]] = field(default_factory=dict)  # name -> (bytes, seconds) (once)
+    # name -> (bytes, pause, seconds): every answer sends that many bytes, pauses, again, then hangs up
+    trickle: dict[str, tuple[int, float, float]] = field(default_factory=dict)
     fail_next: dict[str, list[int]] = field(default_factory=dict)  # name -> statuses answered first
     redirects: dict[str, str] = field(default_factory=dict)  # name -> Location
     ignore_range: bool = False
@@ -103,6 +105,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if not body:
             return
+        if name in data.trickle:
+            self._trickle(path, start, *data.trickle[name])
+            return
         drop = data.drop_after.pop(name, None)
         stall = data.stall_after.pop(name, None)
         if stall is not None:  # go quiet mid-body, then hang up: the reader must give up by itself
@@ -117,6 +122,18 @@ class _Handler(BaseHTTPRequestHandler):
         if drop is not None:  # hang up mid-body, as a flaky network would
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _trickle(self, path: Path, start: int, size: int, pause: float, seconds: float) -> None:
+        """A source that never stalls long enough to time out, yet would take days: then hangs up."""
+        deadline = time.monotonic() + seconds
+        with path.open("rb") as handle:
+            handle.seek(start)
+            while time.monotonic() < deadline and (chunk := handle.read(size)):
+                self.wfile.write(chunk)
+                self.wfile.flush()
+                time.sleep(pause)
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
 
     def _range_start(self, etag: str, data: DataServer) -> int:
         wanted = self.headers.get("Range", "")

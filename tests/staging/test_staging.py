@@ -1,6 +1,7 @@
 """STAGE as a service: inputs land in the pool cache, checked, linked into the job's data dir."""
 
 import os
+import time
 
 import pytest
 from django.utils import timezone
@@ -154,6 +155,27 @@ def test_a_download_that_stalls_is_given_up_after_the_timeout_and_resumed(
     assert job.state == "queued", job.end_detail
     assert [r["range"] for r in server.gets("slow.bin")] == [None, f"bytes={MB}-"]
     assert (roots.staging / str(job.id) / "s").read_bytes() == content
+
+
+def test_a_source_too_slow_for_the_pools_floor_is_given_up_and_frees_its_transfer_slot(
+    roots, team, server, private_ok, settings
+):
+    """A source that sends a little just often enough never stalls, yet a 2 MB input would take half an
+    hour: it held one of the pool's few transfer slots, every team's staging waiting behind it."""
+    settings.E31_TRANSFER_MIN_RATE_BPS, settings.E31_TRANSFER_MIN_RATE_WINDOW_S = 64_000, 1.0
+    settings.E31_TRANSFER_RETRIES, settings.E31_TRANSFER_BACKOFF_S = 1, 0.05
+    content = os.urandom(2 * MB)
+    _, digest = write(server.root / "trickle.bin", content)
+    server.trickle["trickle.bin"] = (100, 0.1, 6.0)  # 1 KB/s, each answer for 6 s
+    began = time.monotonic()
+    job = stage(
+        make_job(team, {"name": "t", "uri": server.url("trickle.bin"), "bytes": 2 * MB, "sha256": digest})
+    )
+    assert (job.state, job.end_reason) == ("ended", "staging_failed")
+    assert "under the pool's floor of 64.0 KB/s" in job.end_detail, job.end_detail
+    assert time.monotonic() - began < 6.0  # two tries of about a second each, not two of the server's 6 s
+    assert job.inputs.get().stage_state == "failed"
+    nothing_left_behind(roots, job)
 
 
 def test_a_server_that_ignores_range_is_read_again_from_the_start_and_still_verified(
