@@ -71,6 +71,12 @@ def slot_wait_reason() -> str:
     return f"waiting for a transfer slot: {limit} cop{'ies' if limit > 1 else 'y'} at once on this pool"
 
 
+def transfer_floor() -> transfers.Floor | None:
+    """The slowest a source may send (E31_TRANSFER_MIN_RATE_BPS over E31_TRANSFER_MIN_RATE_WINDOW_S)."""
+    rate, window = settings.E31_TRANSFER_MIN_RATE_BPS, settings.E31_TRANSFER_MIN_RATE_WINDOW_S
+    return transfers.Floor(bytes_per_s=rate, window_s=window) if rate > 0 else None
+
+
 class FillWatch:
     """The copy loop's progress callback: records progress, notices a cancel or a lost cache claim.
 

@@ -198,7 +198,15 @@ def _fill(
     try:
         beat.began = time.monotonic()
         moved = _retrying(
-            lambda: registry.pull(ref, resolved.digest, part / "oci", access=access, progress=beat), beat
+            lambda: registry.pull(
+                ref,
+                resolved.digest,
+                part / "oci",
+                access=access,
+                progress=beat,
+                floor=cache_fill.transfer_floor(),
+            ),
+            beat,
         )
         beat.still_going()  # the steps below report no progress: keep the claim (and its slot) fresh
         beat.update_row(stage_detail=UNPACKING)

@@ -275,7 +275,7 @@ def _fill(entry: DatasetCacheEntry, token: str, source, data_input: DataInput, w
         cache_dir().mkdir(parents=True, exist_ok=True)
         copied = destinations.copy(
             source, part, limit=data_input.bytes, want_sha256=bool(data_input.sha256), progress=watch,
-            retries=settings.E31_TRANSFER_RETRIES, backoff_s=settings.E31_TRANSFER_BACKOFF_S, floor=_floor(),
+            retries=settings.E31_TRANSFER_RETRIES, backoff_s=settings.E31_TRANSFER_BACKOFF_S, floor=cache_fill.transfer_floor(),
         )  # fmt: skip
         _verify(data_input, copied)
         os.chmod(part, 0o444)  # the jobs that link to it read it; nobody writes it again
@@ -286,11 +286,6 @@ def _fill(entry: DatasetCacheEntry, token: str, source, data_input: DataInput, w
         raise
     _publish(entry, token, data_input)
     return copied
-
-
-def _floor() -> transfers.Floor | None:
-    rate, window = settings.E31_TRANSFER_MIN_RATE_BPS, settings.E31_TRANSFER_MIN_RATE_WINDOW_S
-    return transfers.Floor(bytes_per_s=rate, window_s=window) if rate > 0 else None
 
 
 def _verify(data_input: DataInput, copied: transfers.Copied) -> None:

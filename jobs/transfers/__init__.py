@@ -6,6 +6,7 @@ what they know (roots, the operator's allowances) and a ``progress`` callback, c
 ``PROGRESS_EVERY_S``, that returns False to stop (a cancelled job, a lost claim).
 """
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,6 +59,19 @@ class Floor:
                 f"the source sent {format_size(sent)} in {elapsed:.0f} s, "
                 f"under the pool's floor of {format_size(int(self.bytes_per_s))}/s"
             )
+
+
+class FloorWatch:
+    """A copy's bytes checked against a ``Floor`` one window at a time (no floor: never raises)."""
+
+    def __init__(self, floor: Floor | None, done: int) -> None:
+        self.floor, self.began, self.done_then = floor, time.monotonic(), done
+
+    def passed(self, done: int) -> None:
+        now = time.monotonic()
+        if self.floor is not None and now - self.began >= self.floor.window_s:
+            self.floor.check(done - self.done_then, now - self.began)
+            self.began, self.done_then = now, done
 
 
 @dataclass(frozen=True)

@@ -275,19 +275,16 @@ def _one_try(
 def _pump(
     reader, out: _Destination, *, limit: int, progress: transfers.Progress, floor: transfers.Floor | None
 ) -> None:
-    last = window_began = time.monotonic()
-    done_then = out.done
+    last = time.monotonic()
+    pace = transfers.FloorWatch(floor, out.done)
     # One byte more than the limit shows a larger source.
     while out.take(reader, limit + 1 - out.done):
         if out.done > limit:
             raise transfers.TransferFailed(f"the source is larger than the {limit} bytes declared: cut off")
-        now = time.monotonic()
-        if now - last >= transfers.PROGRESS_EVERY_S:
-            last = now
+        if time.monotonic() - last >= transfers.PROGRESS_EVERY_S:
+            last = time.monotonic()
             transfers.report(progress, out.done)
-        if floor is not None and now - window_began >= floor.window_s:
-            floor.check(out.done - done_then, now - window_began)
-            window_began, done_then = now, out.done
+        pace.passed(out.done)
 
 
 def _back_off(delay: float, done: int, progress: transfers.Progress) -> None:

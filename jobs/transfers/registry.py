@@ -75,8 +75,9 @@ def _platform_instance(index: dict, ref: imageref.Reference) -> str:
 
 
 def pull(
-    ref: imageref.Reference, digest: str, layout: Path, *, access: Access, progress: transfers.Progress
-) -> int:
+    ref: imageref.Reference, digest: str, layout: Path, *, access: Access, progress: transfers.Progress,
+    floor: transfers.Floor | None = None,
+) -> int:  # fmt: skip
     """Copies the image by digest into the OCI layout ``layout``; returns the bytes that landed there.
 
     Blobs already in the layout are not fetched again (skopeo checks the layout first), so a retry
@@ -92,15 +93,29 @@ def pull(
             ["skopeo", *args[:1], *auth, *args[1:]],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
-        _follow(proc, layout, before, progress)
+        _follow(proc, layout, before, progress, floor)
         if proc.returncode:
             raise _classified(_read_back(err))
     return _tree_bytes(layout) - before
 
 
-def _follow(proc: subprocess.Popen, layout: Path, before: int, progress: transfers.Progress) -> None:
-    """Reports the layout's growth while skopeo writes it; stops skopeo when progress says stop."""
-    _wait_beating(proc, lambda: transfers.report(progress, max(0, _tree_bytes(layout) - before)))
+def _follow(
+    proc: subprocess.Popen,
+    layout: Path,
+    before: int,
+    progress: transfers.Progress,
+    floor: transfers.Floor | None,
+) -> None:
+    """Reports the layout's growth while skopeo writes it; stops skopeo when progress says stop, or when
+    the registry sends slower than the floor (skopeo itself waits on a trickling registry for ever)."""
+    pace = transfers.FloorWatch(floor, 0)
+
+    def beat() -> None:
+        grown = max(0, _tree_bytes(layout) - before)
+        transfers.report(progress, grown)
+        pace.passed(grown)
+
+    _wait_beating(proc, beat)
 
 
 def _wait_beating(proc: subprocess.Popen, beat: Callable[[], None]) -> None:

@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -300,3 +301,60 @@ def test_a_cancel_during_a_long_unpack_stops_it_and_leaves_nothing_behind(
     assert ImagePull.objects.get(job=job).stage_state == "cancelled"
     assert ImageCacheEntry.objects.count() == 0
     assert list(image_staging.images_dir().glob("*.part")) == []
+
+
+@pytest.fixture
+def trickling_registry(registry, settings):
+    """The tests' registry behind a relay that passes its answers on 100 bytes every 0.1 s (1 KB/s)."""
+    host, port = registry.host.rsplit(":", 1)
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def relay(client: socket.socket) -> None:
+        with client, socket.create_connection((host, int(port))) as upstream:
+            threading.Thread(target=_pass_on, args=(client, upstream, 65536, 0.0), daemon=True).start()
+            _pass_on(upstream, client, 100, 0.1, stop)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=relay, args=(client,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    settings.E31_POOL_REGISTRIES = [address]
+    yield address
+    stop.set()
+    listener.close()
+
+
+def _pass_on(src: socket.socket, dst: socket.socket, size: int, pause: float, stop=None) -> None:
+    try:
+        while (stop is None or not stop.is_set()) and (chunk := src.recv(size)):
+            dst.sendall(chunk)
+            time.sleep(pause)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def test_a_registry_slower_than_the_pools_floor_is_given_up_and_frees_its_transfer_slot(
+    trickling_registry, base_image, stage_root, settings
+):
+    """skopeo waits on a registry that trickles for as long as it keeps sending: a 2 MB image at 1 KB/s
+    held one of the pool's few transfer slots, and every team's staging behind it, for half an hour."""
+    settings.E31_TRANSFER_MIN_RATE_BPS, settings.E31_TRANSFER_MIN_RATE_WINDOW_S = 64_000, 1.0
+    settings.E31_TRANSFER_RETRIES = 1
+    began = time.monotonic()
+    job = staged(image_job(TeamFactory(), f"{trickling_registry}/tests/busybox:1"))
+    assert (job.state, job.end_reason) == ("ended", "staging_failed")
+    assert "under the pool's floor of 64.0 KB/s" in job.end_detail, job.end_detail
+    assert time.monotonic() - began < 30
+    assert not ImageCacheEntry.objects.exists()
