@@ -70,6 +70,9 @@ class AttemptSpaceUnbounded(RuntimeError):
 TAIL_BYTES = 8 * 1024
 POLL_S = 0.2
 CHECK_EVERY_S = 1.0
+# The most of a part's log one shipment carries: on a slow link a whole capped log (10 MB) took seconds, and
+# no stop check ran meanwhile.
+SHIP_PIECE_BYTES = 256 * 1024
 SEEN_EVERY_S = 5.0
 MAX_PATH = 1024  # an output file's path, as the manifest row holds it
 # Stopped by its agent: its node was cut off from the database too long to be sure its GPUs are still its own.
@@ -132,17 +135,19 @@ class LogCapture(threading.Thread):
         ):  # the job filled its own space (job.log lives there): the file ends, the database log goes on
             self.file_full = True
 
-    def ship(self, send) -> None:
-        """Calls ``send(offset, data)`` with what is not shipped yet; kept for the next try if it raises. One
-        shipment at a time (the watcher's, then the part's last): two would drop the same bytes twice."""
+    def ship(self, send, *, limit: int | None = None) -> bool:
+        """Calls ``send(offset, data)`` with what is not shipped yet (at most ``limit`` bytes); kept for the next
+        try if it raises. Whether more is left. One shipment at a time (the watcher's, then the part's last): two
+        would drop the same bytes twice."""
         with self.shipping:
             with self.lock:
-                offset, data = self.shipped, bytes(self.unshipped)
+                offset, data = self.shipped, bytes(self.unshipped[:limit])
             if data:
                 send(offset, data)
-                with self.lock:
-                    del self.unshipped[: len(data)]
-                    self.shipped += len(data)
+            with self.lock:
+                del self.unshipped[: len(data)]
+                self.shipped += len(data)
+                return bool(self.unshipped)
 
     def _keep_tail(self, chunk: bytes) -> None:
         self.lines += chunk.count(b"\n")
@@ -553,37 +558,53 @@ def _watch(proc: subprocess.Popen, watcher: "Watcher") -> str:
 
 
 class Watcher(threading.Thread):
-    """The part's database checks (``_check``: stop reasons, its log, its signs of life), every CHECK_EVERY_S on
-    a thread of their own, from the start of its process until it has stopped (a checkpoint's grace included,
-    so the reconciler never takes a job saving its checkpoint for silent). On the part's own connection,
-    shared: the part's thread touches the database only once the watcher has finished."""
+    """The part's database checks, every CHECK_EVERY_S on a thread of their own, from the start of its process until
+    it has stopped (a checkpoint's grace included, so the reconciler never takes a job saving its checkpoint for
+    silent): first whether it must stop, then its log and its signs of life. On the part's own connection, shared:
+    the part's thread touches the database only once the watcher has finished, or on a connection of its own when
+    a check outlives ``finish`` (the network swallowed it, or the database is that slow)."""
 
     def __init__(self, part: Part, capture: LogCapture) -> None:
         super().__init__(name="part-watcher", daemon=True)
         self.part, self.capture = part, capture
         self.connection = connections[DEFAULT_DB_ALIAS]
-        self.reached = time.monotonic()  # when a check last went through
+        self.reached = time.monotonic()  # when a stop check last answered
         self.reason = ""  # the first reason to stop
         self.latest = ""  # the last check's: a cancel may follow a preemption
         self.done = threading.Event()
+        self.handover = threading.Lock()
+        self.exited = self.orphaned = False
         self.connection.inc_thread_sharing()
 
     def run(self) -> None:
         connections[DEFAULT_DB_ALIAS] = self.connection
         next_seen = 0.0
-        while True:
-            tick = time.monotonic()
-            try:
-                latest = _check(self.part, self.capture, seen=tick >= next_seen)
-            except DatabaseError:
-                close_old_connections()
-            else:
-                self.reached, self.latest = tick, latest
-                self.reason = self.reason or latest
-                if tick >= next_seen:
+        try:
+            while True:
+                tick = time.monotonic()
+                seen = tick >= next_seen
+                if self._check(tick, seen=seen) and seen:
                     next_seen = tick + SEEN_EVERY_S
-            if self.done.wait(CHECK_EVERY_S):
-                return
+                if self.done.wait(CHECK_EVERY_S):
+                    return
+        finally:
+            self._leave()
+
+    def _check(self, tick: float, *, seen: bool) -> bool:
+        """One round; whether it went through. Whatever it raises, the checks go on: a thread that ended here
+        would leave the part unwatched, then fenced as cut off from a database that answers."""
+        try:
+            latest = rental.stop_reason(allocation_id=self.part.allocation.id, now=clock.now())
+            self.reached, self.latest = tick, latest
+            self.reason = self.reason or latest
+            if not latest:
+                _keep_up(self.part, self.capture, seen=seen, until=tick + CHECK_EVERY_S)
+            return True
+        except (DatabaseError, InterfaceError):
+            _forget_broken_connection()
+        except Exception:
+            log.exception("a check of allocation %s failed; checking again", self.part.allocation.id)
+        return False
 
     def fenced(self) -> bool:
         return time.monotonic() - self.reached > fence_after_s()
@@ -593,10 +614,28 @@ class Watcher(threading.Thread):
         return self.latest in (EndReason.CANCELLED, "released") or self.fenced()
 
     def finish(self) -> None:
-        """Stops the checks: one under way ends first, unless the network swallowed it (left to its socket)."""
+        """Stops the checks. One under way ends first, unless it outlives the wait: then it keeps the shared
+        connection (closed when it ends) and the part's thread goes on with a connection of its own."""
         self.done.set()
         self.join(timeout=2 * CHECK_EVERY_S)
-        self.connection.dec_thread_sharing()
+        with self.handover:
+            self.orphaned = not self.exited
+        if self.orphaned:
+            connections[DEFAULT_DB_ALIAS] = connections.create_connection(DEFAULT_DB_ALIAS)
+        else:
+            self.connection.dec_thread_sharing()
+
+    def _leave(self) -> None:
+        with self.handover:
+            self.exited = True
+            if not self.orphaned:
+                return
+        try:
+            self.connection.close()  # a transaction the late check left open goes with it
+        except Exception:
+            log.warning("closing a late check's connection failed", exc_info=True)
+        finally:
+            self.connection.dec_thread_sharing()
 
 
 def fence_after_s() -> float:
@@ -609,15 +648,22 @@ def fence_after_s() -> float:
     return max(settings.E31_NODE_TIMEOUT_S - spare, 5 * CHECK_EVERY_S)
 
 
-def _check(part: Part, capture: LogCapture, *, seen: bool) -> str:
-    now = clock.now()
-    if reason := rental.stop_reason(allocation_id=part.allocation.id, now=now):
-        return reason
+def _keep_up(part: Part, capture: LogCapture, *, seen: bool, until: float) -> None:
+    """The part's tail, its log in pieces until ``until`` (a slow link never keeps its stop checks waiting long),
+    and, when ``seen``, its sign of life."""
     _store_tail(part, capture.text())
-    capture.ship(lambda offset, data: _ship_log(part, offset, data))
+    while capture.ship(lambda offset, data: _ship_log(part, offset, data), limit=SHIP_PIECE_BYTES):
+        if time.monotonic() >= until:
+            break
     if seen:
-        rental.note_worker_alive(job_id=part.job.id, now=now)
-    return ""
+        rental.note_worker_alive(job_id=part.job.id, now=clock.now())
+
+
+def _forget_broken_connection() -> None:
+    try:
+        close_old_connections()
+    except Exception:  # closing a broken connection can fail in turn; the next check opens a new one
+        log.debug("closing a broken connection failed", exc_info=True)
 
 
 def _with_database(call, *, attempts: int = 30, wait_s: float = 1.0):

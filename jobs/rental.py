@@ -278,14 +278,16 @@ def _cancel_wins(job: Job, end_reason: str, requeue_as: str, detail: str) -> tup
 
 
 def _release_parts(
-    parts: list[Allocation], *, now: datetime, end_reason: str, last_heartbeat=None
+    parts: list[Allocation], *, now: datetime, end_reason: str, last_heartbeat=None, early: bool = False
 ) -> datetime:
     """Frees the parts' GPUs and closes their meters; returns when (``now``, or the latest rent among them)."""
     # A caller reads ``now`` before it waits for the job's lock, and a rent may commit meanwhile
     # (a cancel racing the scheduler): a release never precedes its rent, so it happens at it.
     now = max([now, *(allocation.rented_at for allocation in parts)])
     for allocation in parts:
-        _release_allocation(allocation, now=now, end_reason=end_reason, last_heartbeat=last_heartbeat)
+        _release_allocation(
+            allocation, now=now, end_reason=end_reason, last_heartbeat=last_heartbeat, early=early
+        )
     return now
 
 
@@ -308,7 +310,13 @@ def release_part(
         first = all(p.released_at is None for p in parts)
         if exit_code is not None:
             Allocation.objects.filter(id=part.id, exit_code__isnull=True).update(exit_code=exit_code)
-        now = _release_parts([part], now=now, end_reason=end_reason, last_heartbeat=last_heartbeat)
+        now = _release_parts(
+            [part],
+            now=now,
+            end_reason=end_reason,
+            last_heartbeat=last_heartbeat,
+            early=end_reason in EARLY_ENDS,
+        )
         idle = [p for p in parts if p.id != part.id and p.released_at is None and _not_running(p)]
         now = _release_parts(idle, now=now, end_reason=STOPPED)
         ending = (
@@ -380,10 +388,15 @@ def _move_released(
     return moved
 
 
-def _release_allocation(allocation: Allocation, *, now: datetime, end_reason: str, last_heartbeat) -> None:
+def _release_allocation(
+    allocation: Allocation, *, now: datetime, end_reason: str, last_heartbeat, early: bool = False
+) -> None:
+    """A part keeps its own end (how its process ended), unless ``early``: released for an attempt's early end,
+    which ``_first_early_end`` reads from the parts (a part that finished, waiting for its siblings when its
+    node was lost, ends its attempt as lost, not as failed)."""
     released = Allocation.objects.filter(id=allocation.id, released_at__isnull=True).update(
         released_at=now,
-        end_reason=allocation.end_reason or end_reason,
+        end_reason=end_reason if early else allocation.end_reason or end_reason,
         last_heartbeat_at_release=last_heartbeat,
     )
     if not released:

@@ -7,18 +7,20 @@ beside the job's next attempt: two attempts at once, both writing the same check
 
 import socket
 import subprocess
+import sys
 import threading
 import time
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
-from django.db import OperationalError, connections
+from django.db import InterfaceError, OperationalError, connection, connections, transaction
 from django.utils import timezone
 
-from jobs import agent, rental
+from jobs import agent, rental, sandbox
 from jobs.lifecycle import EndReason, State
 from jobs.models import Allocation, Job
-from tests.factories import JobFactory
+from tests.factories import JobFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -33,11 +35,15 @@ def _cut_off(*args, **kwargs):
     raise OperationalError("could not connect to server: Connection timed out")
 
 
+PART = SimpleNamespace(allocation=SimpleNamespace(id=1))  # what the watcher reads of its part
+
+
 def _watched(monkeypatch, check) -> tuple[str, float]:
-    """Watches a 20-second process with ``check`` standing in for the database checks; (reason, seconds)."""
-    monkeypatch.setattr(agent, "_check", check)
+    """Watches a 20-second process with ``check`` standing in for the stop checks; (reason, seconds)."""
+    monkeypatch.setattr(rental, "stop_reason", check)
+    monkeypatch.setattr(agent, "_keep_up", lambda *args, **kwargs: None)
     proc = subprocess.Popen(["sleep", "20"])
-    watcher = agent.Watcher(None, None)
+    watcher = agent.Watcher(PART, None)
     try:
         began = time.monotonic()
         watcher.start()
@@ -70,6 +76,24 @@ def test_a_database_restart_shorter_than_the_fence_does_not_stop_the_part(compre
 
     reason, _took = _watched(monkeypatch, restarting)
     assert reason == "cancelled"  # the checks went on after the restart: the fence never fired
+
+
+@pytest.mark.parametrize("error", [InterfaceError("connection already closed"), KeyError("a bug")])
+def test_a_check_that_raises_anything_does_not_end_the_parts_checks(compressed, monkeypatch, error):
+    """An ``InterfaceError`` is no ``DatabaseError``, and a bug raises anything: either ended the watcher's thread,
+    so no cancel, preemption or limit was seen again, no log shipped, no sign of life, and five seconds later
+    (fourteen by default) a part whose database answered was stopped as cut off and requeued as lost."""
+    checks = []
+
+    def failing_once(*args, **kwargs):
+        checks.append(time.monotonic())
+        if len(checks) == 1:
+            raise error
+        return "cancelled" if len(checks) >= 3 else ""
+
+    reason, _took = _watched(monkeypatch, failing_once)
+    assert len(checks) >= 3, f"the checks ended after {len(checks)}"
+    assert reason == "cancelled"
 
 
 def test_a_fenced_part_whose_node_was_not_declared_lost_requeues_its_job(pool, team):
@@ -158,16 +182,17 @@ def test_a_part_whose_database_stops_answering_is_fenced_before_its_node_can_be_
     held: dict = {}
     answered: list[float] = []
 
-    def check(*args, **kwargs) -> str:  # what _check does: queries on the agent's connection
+    def check(*args, **kwargs) -> str:  # what a stop check does: a query on the agent's connection
         wrapper = held.setdefault("wrapper", connections["default"].__class__(relayed, alias="cut"))
         with wrapper.cursor() as cursor:
             cursor.execute("SELECT 1")
         answered.append(time.monotonic())
         return ""
 
-    monkeypatch.setattr(agent, "_check", check)
+    monkeypatch.setattr(rental, "stop_reason", check)
+    monkeypatch.setattr(agent, "_keep_up", lambda *args, **kwargs: None)
     proc = subprocess.Popen(["sleep", "60"])
-    watcher = agent.Watcher(None, None)
+    watcher = agent.Watcher(PART, None)
     watcher.start()
     try:
         time.sleep(1.5)  # a few good checks
@@ -192,3 +217,124 @@ def test_the_fence_never_takes_a_slow_check_for_a_cut(settings):
     assert agent.fence_after_s() == 5 * agent.CHECK_EVERY_S
     settings.E31_NODE_TIMEOUT_S, settings.E31_HEARTBEAT_S, settings.E31_KILL_GRACE_S = 30.0, 5.0, 10.0
     assert agent.fence_after_s() == 14.0  # the defaults
+
+
+@pytest.mark.django_db(transaction=True)  # the watcher reads what the test committed
+def test_a_slow_log_shipment_does_not_fence_a_part_whose_stop_checks_answer(
+    team, compressed, monkeypatch, tmp_path
+):
+    """The job prints 10 MB (its log cap) at once; the node's link to the database carries 1.5 MB/s, so shipping it
+    takes ~7 s, while a stop check answers in milliseconds. The watcher runs stop check, tail, the whole unshipped
+    log and sign of life in one ``_check``, and counts the fence from the start of the last ``_check`` that
+    completed: the part is stopped as cut off (FENCED: released as node_lost, requeued) while the platform was
+    reachable all along, and no cancel could have been seen for those seconds either. At the default timings
+    (fence 14 s) the same happens on a link under ~0.75 MB/s, or to any check waiting ~13 s on a row lock."""
+    node = NodeFactory(name="gpu-slow", gpus=1)
+    job = JobFactory(team=team)
+    began = timezone.now() - timedelta(minutes=1)
+    assert rental.rent_job(job_id=job.id, gpus_by_node={node.name: (0,)}, now=began)
+    allocation = Allocation.objects.get(job=job)
+    assert rental.start_allocation(allocation_id=allocation.id, now=began)
+    part = agent._load_part(allocation.id, sandbox.UNSANDBOXED, None)
+
+    shipments = []
+
+    def slow_link(part, offset, data):
+        shipments.append(time.monotonic())
+        time.sleep(len(data) / 1.5e6)
+
+    monkeypatch.setattr(agent, "_ship_log", slow_link)
+    stop_checks = []
+    real_stop_reason = rental.stop_reason
+
+    def timed_stop_reason(**kwargs):
+        reason = real_stop_reason(**kwargs)
+        stop_checks.append(time.monotonic())
+        return reason
+
+    monkeypatch.setattr(rental, "stop_reason", timed_stop_reason)
+    code = "import sys, time\nsys.stdout.write('x' * 10**7); sys.stdout.flush()\ntime.sleep(10)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    capture = agent.LogCapture(proc.stdout, tmp_path / "job.log", 10**7)
+    capture.start()
+    time.sleep(1.0)  # the output is captured before the first check
+    watcher = agent.Watcher(part, capture)
+    watcher.start()
+    began_watch = time.monotonic()
+    try:
+        reason = agent._watch(proc, watcher)
+        took = time.monotonic() - began_watch
+    finally:
+        proc.kill()
+        proc.wait()
+        watcher.finish()
+        capture.join(5)
+        connections.close_all()
+    assert stop_checks, "no stop check ran"
+    assert reason != agent.FENCED, f"fenced after {took:.1f} s though the platform answered its stop checks"
+
+
+def _committed_release(allocation_id: int):
+    """The allocation's release as any other process sees it: on a connection of its own."""
+    seen = []
+
+    def read() -> None:
+        try:
+            seen.append(Allocation.objects.values_list("released_at", flat=True).get(id=allocation_id))
+        finally:
+            connections.close_all()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join(10)
+    return seen[0]
+
+
+@pytest.mark.django_db(transaction=True)  # the platform reads only what was committed
+def test_a_slow_check_outliving_supervise_does_not_swallow_the_parts_release(
+    pool, team, monkeypatch, tmp_path
+):
+    """A busy database: the check under way when the process exits takes 4 s (as ``append_log``'s bulk_create, in a
+    transaction). ``Watcher.finish`` gives up after 2 s and hands the connection back to the part's thread while
+    the check still runs on it; when the check ends, its commit is refused (sharing already ended) and the shared
+    connection is left in an open transaction with autocommit off. Every write the part's thread makes after that
+    (here its release) is never committed: its GPU stays held, and metered, until the reconciler gives up on it."""
+    job = JobFactory(team=team)
+    now = timezone.now()
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=now)
+    allocation = Allocation.objects.get(job=job)
+    assert rental.start_allocation(allocation_id=allocation.id, now=now)
+
+    def slow_check(**kwargs):
+        with transaction.atomic(savepoint=False):  # as LogChunk.objects.bulk_create opens one
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_sleep(4)")
+        return ""
+
+    monkeypatch.setattr(agent.rental, "stop_reason", slow_check)
+    made = []
+
+    class Recorded(agent.Watcher):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(agent, "Watcher", Recorded)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"], stdout=subprocess.PIPE,
+                            start_new_session=True)  # fmt: skip
+    capture = agent.LogCapture(proc.stdout, tmp_path / "job.log", 10**6)
+    capture.start()
+    try:
+        assert agent._supervise(
+            SimpleNamespace(allocation=allocation), proc, capture, sandbox.UNSANDBOXED
+        ) == ("", 0)
+        # The part's thread next writes after its clean-up (reown, unwire, cgroups): the late check has ended by then.
+        made[0].join(10)
+        assert rental.release_part(allocation_id=allocation.id, end_reason=EndReason.CANCELLED,
+                                   now=timezone.now(), actor="agent:gpu-01")  # fmt: skip
+        assert _committed_release(allocation.id) is not None, (
+            "the part's release was written inside the watcher's abandoned transaction and never committed"
+        )
+    finally:
+        made[0].join(10)
+        connections["default"].close()  # whatever is left open goes, before the test's flush

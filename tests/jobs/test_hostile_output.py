@@ -5,6 +5,7 @@ import io
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,7 @@ def test_a_nul_byte_in_the_tail_does_not_stop_the_log_and_the_heartbeat_while_th
     capture.run()
     Job.objects.filter(id=job.id).update(worker_seen_at=None)
     try:
-        agent._check(part, capture, seen=True)
+        agent._keep_up(part, capture, seen=True, until=time.monotonic() + 1)
     except DatabaseError:
         pytest.fail("the check failed on the tail")
     job.refresh_from_db()

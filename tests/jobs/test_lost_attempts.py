@@ -1,12 +1,14 @@
 """E31_MAX_ATTEMPTS bounds the attempts a job loses to its nodes; preemptions, the scheduler's choice, never count."""
 
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.utils import timezone
 
-from jobs import rental
-from jobs.lifecycle import PREEMPTED
+from jobs import agent, nodes, rental
+from jobs.lifecycle import PREEMPTED, EndReason, State
+from jobs.models import Allocation, Job
 from operations import pages
 from tests.factories import JobFactory, NodeFactory
 
@@ -72,3 +74,30 @@ def test_the_last_lost_attempt_ends_the_job(team, settings):
         _lose(node, now)
     job.refresh_from_db()
     assert (job.state, job.end_reason, job.lost_attempts) == ("released", "node_lost", 1)
+
+
+def _part(allocation):
+    allocation.refresh_from_db()
+    return SimpleNamespace(job=Job.objects.get(id=allocation.job_id), allocation=allocation, rank=allocation.rank,
+                           num_nodes=2)  # fmt: skip
+
+
+def test_a_node_lost_after_its_part_finished_requeues_the_job_as_lost_not_failed(pool, team):
+    """Rank 1 exits 0 and waits for rank 0; then gpu-02 is lost, and rank 0 stops. The attempt ended as lost:
+    requeued. Rank 1 used to keep its own 'succeeded' when released, so no part showed an early end, and a job
+    that asked to be requeued after a node loss ended failed."""
+    job = JobFactory(team=team, gpus=2, requeue=True)
+    now = timezone.now()
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,), "gpu-02": (0,)}, now=now)
+    rank0, rank1 = Allocation.objects.filter(job=job).order_by("rank")
+    for part in (rank0, rank1):
+        assert rental.start_allocation(allocation_id=part.id, now=now)
+    assert rental.finish_allocation(allocation_id=rank1.id, exit_code=0, outcome=EndReason.SUCCEEDED,
+                                    now=now + timedelta(seconds=5))  # fmt: skip
+    nodes.set_node_state(name="gpu-02", target="down", now=now + timedelta(seconds=6), actor="olga")
+    assert rental.stop_reason(allocation_id=rank0.id, now=now) == "sibling_failed"
+
+    agent._after_exit(_part(rank0), None, "sibling_failed", -15)
+
+    job.refresh_from_db()
+    assert (job.state, job.lost_attempts) == (State.QUEUED, 1), (job.end_reason, job.end_detail)
