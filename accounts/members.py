@@ -12,7 +12,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from accounts import scoping, selectors, services, signals
@@ -32,6 +31,9 @@ class NotTeamAdmin(MembershipRefused):
 
 class InvitationRefused(Exception):
     """The invitation link is unknown, altered, cancelled, already used or expired."""
+
+
+TAKEN = "an account with this email already exists: sign in, and ask your team admin"
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,12 @@ def invite_member(*, team: Team, email: str, actor, now: datetime) -> Invited:
     # join at once. They learn nothing more: not which teams it is in, nor whether it is active, and probing
     # many addresses this way is bounded by the per-admin invitation limit (accounts.views).
     user = selectors.account_for_address(email)
+    if user is None and selectors.address_taken(email):
+        # Accounts share the address, so it names none of them, and a link would be refused when used.
+        raise MembershipRefused(
+            f"{email} is the address of more than one account, so it cannot be invited: nothing was sent. "
+            "Ask an operator to add the person you mean."
+        )
     if user is None:
         return _invite_by_link(team=team, email=email, actor=actor, now=now)
     if Membership.objects.filter(team=team, user=user).exists():
@@ -90,14 +98,29 @@ def invitation_ttl() -> timedelta:
 
 @transaction.atomic
 def cancel_invitation(*, team: Team, invitation_id: int, actor, now: datetime) -> bool:
-    """Withdraws an unused invitation: its link stops working. False if it was used or gone already."""
+    """Withdraws an unused invitation: its link stops working. Refused, with the reason, if it was used or
+    withdrawn already: the admin must not think a link that made an account was stopped."""
     _lock_as_admin(team=team, actor=actor)
     open_ = TeamInvitation.objects.filter(id=invitation_id, team=team, used_at__isnull=True)
     email = open_.values_list("email", flat=True).first()
+    # Redemption does not take the team's lock: the delete is conditional too, and finds nothing if the link
+    # was used in between.
     if email is None or not open_.delete()[0]:
-        return False
+        raise MembershipRefused(_why_not_cancelled(team=team, invitation_id=invitation_id))
     _changed(team, "team.invitation-cancel", {"invited": email}, {}, actor=actor, now=now)
     return True
+
+
+def _why_not_cancelled(*, team: Team, invitation_id: int) -> str:
+    used_by = (
+        TeamInvitation.objects.filter(id=invitation_id, team=team).values_list("email", flat=True).first()
+    )
+    if used_by is None:
+        return "this invitation had already been cancelled: nothing was cancelled"
+    return (
+        f"{used_by} had already used this invitation and joined the team: nothing was cancelled "
+        "(remove them from the team instead)"
+    )
 
 
 @transaction.atomic
@@ -111,6 +134,7 @@ def change_role(*, team: Team, user_id: int, role: str, actor, now: datetime) ->
         return False
     if role != ADMIN:
         _keep_an_admin(membership, "demoted")
+        _cancel_invitations_by(membership, team=team, actor=actor, now=now)
     Membership.objects.filter(id=membership.id).update(role=role)
     member = membership.user.get_username()
     _changed(team, "team.member-role", {"member": member, "role": membership.role}, {"member": member, "role": role},
@@ -125,6 +149,7 @@ def remove_member(*, team: Team, user_id: int, actor, now: datetime) -> bool:
     _lock_as_admin(team=team, actor=actor)
     membership = _membership(team=team, user_id=user_id)
     _keep_an_admin(membership, "removed")
+    _cancel_invitations_by(membership, team=team, actor=actor, now=now)
     Membership.objects.filter(id=membership.id).delete()
     before = {"member": membership.user.get_username(), "role": membership.role}
     _changed(team, "team.member-remove", before, {}, actor=actor, now=now)
@@ -138,17 +163,20 @@ def redeem_team_invitation(*, token: str, password: str, now: datetime) -> Any:
     if invitation is None:
         raise InvitationRefused("this invitation link is not valid")
     # The claim is the conditional UPDATE: of two redemptions racing (or a redemption and a cancel), one wins.
+    # It matches the digest too: inviting the address again renews this row, and the old token stops working
+    # even if it was read a moment before the renewal.
     claimed = TeamInvitation.objects.filter(
-        id=invitation.id, used_at__isnull=True, expires_at__gt=now
+        id=invitation.id, digest=invitation.digest, used_at__isnull=True, expires_at__gt=now
     ).update(used_at=now)
     if not claimed:
-        raise InvitationRefused("this invitation link has already been used")
-    if selectors.address_taken(invitation.email):
-        # Never hand an existing account to whoever holds a link: the team's admin adds that account instead.
-        raise InvitationRefused("an account with this email already exists: sign in, and ask your team admin")
-    user = get_user_model().objects.create_user(
-        username=invitation.email, email=invitation.email, password=password
-    )
+        raise InvitationRefused("this invitation link has just been used, renewed or cancelled")
+    # Never hand an existing account to whoever holds a link: the team's admin adds that account instead. None
+    # from the writer: another link for the address made its account a moment ago.
+    user = None
+    if not selectors.address_taken(invitation.email):
+        user = services.create_invited_account(email=invitation.email, password=password)
+    if user is None:
+        raise InvitationRefused(TAKEN)
     Membership.objects.create(team=invitation.team, user=user, role=MEMBER)
     TeamInvitation.objects.filter(id=invitation.id).update(user=user)
     by = invitation.invited_by.get_username() if invitation.invited_by else ""
@@ -172,12 +200,25 @@ def _membership(*, team: Team, user_id: int) -> Membership:
 
 
 def _keep_an_admin(membership: Membership, change: str) -> None:
-    others = Membership.objects.filter(team_id=membership.team_id, role=ADMIN).exclude(id=membership.id)
-    if membership.role == ADMIN and not others.exists():
+    # A deactivated admin cannot sign in: counting them would leave a team nobody can manage.
+    others = Membership.objects.filter(team_id=membership.team_id, role=ADMIN, user__is_active=True)
+    if membership.role == ADMIN and not others.exclude(id=membership.id).exists():
         raise MembershipRefused(
-            f"{membership.user.get_username()} is the team's only admin and cannot be {change}: "
-            "make another member an admin first"
+            f"{membership.user.get_username()} is the team's only admin who can sign in and cannot be "
+            f"{change}: make another member an admin first"
         )
+
+
+def _cancel_invitations_by(membership: Membership, *, team: Team, actor, now: datetime) -> None:
+    # A link speaks for the admin who sent it: once they are no admin of the team (a rogue admin removed, say),
+    # nobody vouches for it any more. Locked first, so a redemption racing the cancel waits and then finds none.
+    pending = TeamInvitation.objects.filter(team=team, invited_by_id=membership.user_id, used_at__isnull=True)
+    rows = list(pending.select_for_update().values_list("id", "email"))
+    TeamInvitation.objects.filter(id__in=[id_ for id_, _ in rows]).delete()
+    by = membership.user.get_username()
+    for _, email in rows:
+        _changed(team, "team.invitation-cancel", {"invited": email, "invited_by": by}, {},
+                 actor=actor, now=now)  # fmt: skip
 
 
 def _changed(team: Team, action: str, before: dict, after: dict, *, actor, now: datetime) -> None:

@@ -5,7 +5,7 @@ import secrets
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils.text import slugify
 
 from accounts.models import ApiToken, Membership, Team
@@ -50,6 +50,19 @@ def user_for_token(*, token: str, now: datetime):
 @transaction.atomic
 def create_team(*, name: str, share: float = 1.0) -> Team:
     return Team.objects.create(name=name, slug=slugify(name) or "team", share=share)
+
+
+def create_invited_account(*, email: str, password: str, first_name: str = ""):
+    """A new account whose username is the invited address, or None if another account took that username
+    first. Two links for one new address (two teams', or a team's and a design partner's) redeemed at the same
+    moment both find the address free; the second insert then meets the first's unique username."""
+    try:
+        with transaction.atomic():  # a savepoint: the caller's transaction lives on to refuse cleanly
+            return get_user_model().objects.create_user(
+                username=email, email=email, password=password, first_name=first_name
+            )
+    except IntegrityError:
+        return None
 
 
 @transaction.atomic

@@ -125,7 +125,7 @@ def team_members(request: HttpRequest, team_slug: str) -> HttpResponse:
         response = _members_page(request, team, form=form, error=TOO_MANY, status=429)
         response["Retry-After"] = str(_invite_window_s())
         return response
-    return _invite(request, team, form.cleaned_data["email"])
+    return _invite(request, team, form)
 
 
 ONLY_ADMINS = "only a team admin changes the team's members"
@@ -140,11 +140,14 @@ def _invite_window_s() -> int:
     return getattr(settings, "E31_TEAM_INVITE_WINDOW_S", INVITE_WINDOW_S)
 
 
-def _invite(request: HttpRequest, team: Team, email: str) -> HttpResponse:
+def _invite(request: HttpRequest, team: Team, form: forms.InviteForm) -> HttpResponse:
+    email = form.cleaned_data["email"]
     try:
         invited = members.invite_member(team=team, email=email, actor=request.user, now=timezone.now())
     except members.NotTeamAdmin as exc:
         return _members_page(request, team, error=str(exc), status=403)
+    except members.MembershipRefused as exc:
+        return _members_page(request, team, form=form, error=str(exc), status=409)
     by = request.user.get_username()
     if invited.outcome == "member":
         messages.info(request, f"{invited.user.get_username()} is already a member of {team.name}.")
@@ -197,7 +200,14 @@ def change_member_role(request: HttpRequest, team_slug: str, user_id: int) -> Ht
 @require_POST
 def remove_member(request: HttpRequest, team_slug: str, user_id: int) -> HttpResponse:
     team = _team_or_404(request, team_slug)
-    return _change(request, team, members.remove_member, user_id=user_id, done="removed from the team")
+    leaving = user_id == request.user.pk
+    done = "you left the team" if leaving else "removed from the team"
+    response = _change(request, team, members.remove_member, user_id=user_id, done=done)
+    left = leaving and response.status_code == 302
+    if left and not scoping.teams_of(request.user).filter(id=team.id).exists():
+        # The team's pages are 404 to them from now on; their jobs list is theirs in any team or none.
+        return redirect("jobs:list")
+    return response
 
 
 @login_required

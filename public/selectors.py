@@ -6,10 +6,14 @@ from datetime import datetime
 from django.db.models import Q
 from django.utils.text import slugify
 
+from accounts import members
 from accounts import selectors as accounts_selectors
 from accounts import services as accounts
 from accounts.models import Team, TeamInvitation
 from public.models import IntakeChange, Invitation, Measurement
+
+# Why a design partner's link is refused once its address has an account: an operator adds that user instead.
+ADDRESS_TAKEN = "an account with this email already exists: sign in, and ask an operator"
 
 
 def latest_measurements(keys: Iterable[str]) -> dict[str, Measurement]:
@@ -49,6 +53,14 @@ def invitation_for_link(*, token: str, now: datetime) -> Invitation | TeamInvita
     return usable_invitation(token=token, now=now) or accounts_selectors.usable_team_invitation(
         token=token, now=now
     )
+
+
+def why_link_unusable(invitation: Invitation | TeamInvitation) -> str:
+    """Why an open invitation still can make no account, or '' if it can: an account took its address after it
+    was sent. Redeeming it is refused for that reason, in these words, so the page says so before the form."""
+    if not has_account(invitation.email):
+        return ""
+    return ADDRESS_TAKEN if isinstance(invitation, Invitation) else members.TAKEN
 
 
 def usable_invitation(*, token: str, now: datetime) -> Invitation | None:

@@ -11,7 +11,6 @@ from datetime import date, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Max
 from django.utils.text import slugify
@@ -306,21 +305,22 @@ def redeem_invitation(*, token: str, password: str, now: datetime) -> Any:
     invitation = selectors.usable_invitation(token=token, now=now)
     if invitation is None:
         return _redeem_team_invitation(token=token, password=password, now=now)
-    # The claim is the conditional UPDATE: of two redemptions racing, only one sees a row change.
-    claimed = Invitation.objects.filter(id=invitation.id, used_at__isnull=True, expires_at__gt=now).update(
-        used_at=now
-    )
+    # The claim is the conditional UPDATE: of two redemptions racing, only one sees a row change. It matches the
+    # digest too: a link sent again renews this row, and the old token stops working even if it was read a moment
+    # before.
+    claimed = Invitation.objects.filter(
+        id=invitation.id, digest=invitation.digest, used_at__isnull=True, expires_at__gt=now
+    ).update(used_at=now)
     if not claimed:
-        raise InvitationRefused("this invitation link has already been used")
-    if selectors.has_account(invitation.email):
-        # Never hand an existing account to whoever holds a link; an operator adds that user instead.
-        raise InvitationRefused("an account with this email already exists: sign in, and ask an operator")
-    user = get_user_model().objects.create_user(
-        username=invitation.email,
-        email=invitation.email,
-        password=password,
-        first_name=invitation.application.contact_name[:150],
-    )
+        raise InvitationRefused("this invitation link has just been used or sent again")
+    # Never hand an existing account to whoever holds a link; an operator adds that user instead. None from the
+    # writer: another link for the address made its account a moment ago.
+    user = None
+    if not selectors.has_account(invitation.email):
+        name = invitation.application.contact_name[:150]
+        user = accounts.create_invited_account(email=invitation.email, password=password, first_name=name)
+    if user is None:
+        raise InvitationRefused(selectors.ADDRESS_TAKEN)
     accounts.add_member(team=invitation.team, user=user, role=Membership.Role.ADMIN)
     Invitation.objects.filter(id=invitation.id).update(user=user)
     return user

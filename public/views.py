@@ -405,30 +405,54 @@ def partners_decline(request: HttpRequest, application_id: int) -> HttpResponse:
 
 # --- Invitations ----------------------------------------------------------------------------------
 
+# As Django's password-reset confirmation does: the link's token moves from the URL into the session at once,
+# and the page that asks for a password is served (and its form posted) at this fixed path instead. Every
+# refusal there (a 422 for a mistyped confirmation, a 403 for a stale CSRF cookie, a 429) is logged with its
+# path, by django.request and common.denials, and a live token in a log would open the invitation to its reader.
+LINK_PLACEHOLDER = "set-password"
+LINK_SESSION_KEY = "_e31_invitation_token"
 
-def _refused(request: HttpRequest) -> HttpResponse:
+
+def _refused(request: HttpRequest, reason: str = "") -> HttpResponse:
     # One answer for unknown, altered, used and expired links: the page reveals nothing about which.
-    return render(request, "pages/invite.html", {"refused": True}, status=410)
+    return render(request, "pages/invite.html", {"refused": True, "reason": reason}, status=410)
 
 
 @limit_posts(scope="invite")
 @require_http_methods(["GET", "POST"])
 def invite(request: HttpRequest, token: str) -> HttpResponse:
+    if token != LINK_PLACEHOLDER:
+        return _open_link(request, token)
+    token = request.session.get(LINK_SESSION_KEY, "")
+    if not token:
+        return _refused(request, "open the link in your e-mail again, in this browser")
     invitation = selectors.invitation_for_link(token=token, now=timezone.now())
     if invitation is None:
         return _refused(request)
+    if reason := selectors.why_link_unusable(invitation):
+        return _refused(request, reason)  # before the form: no password is asked for in vain
     if request.method == "GET":
         form = forms.SetPasswordForm(email=invitation.email)
         return render(request, "pages/invite.html", {"invitation": invitation, "form": form})
     form = forms.SetPasswordForm(request.POST, email=invitation.email)
     if not form.is_valid():
         return render(request, "pages/invite.html", {"invitation": invitation, "form": form}, status=422)
+    return _redeem(request, invitation, token=token, password=form.cleaned_data["password1"])
+
+
+def _open_link(request: HttpRequest, token: str) -> HttpResponse:
+    if selectors.invitation_for_link(token=token, now=timezone.now()) is None:
+        return _refused(request)  # a token that opens nothing gives nothing away where it is logged
+    request.session[LINK_SESSION_KEY] = token
+    return redirect("invite", token=LINK_PLACEHOLDER)
+
+
+def _redeem(request: HttpRequest, invitation, *, token: str, password: str) -> HttpResponse:
     try:
-        user = services.redeem_invitation(
-            token=token, password=form.cleaned_data["password1"], now=timezone.now()
-        )
+        user = services.redeem_invitation(token=token, password=password, now=timezone.now())
     except services.InvitationRefused as exc:
-        return render(request, "pages/invite.html", {"refused": True, "reason": str(exc)}, status=410)
+        return _refused(request, str(exc))
+    request.session.pop(LINK_SESSION_KEY, None)
     login(request, user, backend="accounts.backends.UsernameOrEmailBackend")
     if invitation.role == "admin":
         messages.success(request, f"Welcome. You are the admin of team “{invitation.team.name}”.")

@@ -1,5 +1,6 @@
 """Operators review applications; an accepted contact follows a single-use link into the console."""
 
+import logging
 import re
 from datetime import timedelta
 
@@ -12,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import Membership, Team
-from public import services
+from public import selectors, services
 from public.models import Application, Invitation
 from tests.pages.factories import ApplicationFactory, WaitlistEntryFactory
 
@@ -28,7 +29,10 @@ def _accept(operator_client: Client, application: Application, team_name: str = 
 
 
 def _set_password(client: Client, path: str, password: str = PASSWORD, again: str | None = None):
-    return client.post(path, {"password1": password, "password2": again or password})
+    """Opens the link as its e-mail does (its token moves into the session) and posts the form where it is."""
+    opened = client.get(path)
+    form = opened["Location"] if opened.status_code == 302 else path
+    return client.post(form, {"password1": password, "password2": again or password})
 
 
 @pytest.mark.django_db
@@ -105,7 +109,7 @@ def test_the_invited_contact_sets_a_password_becomes_team_admin_and_lands_on_the
 ):
     path = _accept(operator_client, application)
     contact = Client()
-    page = contact.get(path)
+    page = contact.get(path, follow=True)
     assert page.status_code == 200 and application.email in page.content.decode()
     response = _set_password(contact, path)
     assert response.status_code == 302 and response["Location"] == reverse("jobs:list")
@@ -206,10 +210,54 @@ def test_an_existing_account_with_the_contacts_email_is_never_handed_over(operat
     path = _accept(operator_client, application)
     # Made after the invitation was sent (accepting refuses an address that already has one).
     get_user_model().objects.create_user(username=application.email, password="original password 42")
+    page = Client().get(path, follow=True)  # said before the password is asked for
+    assert page.status_code == 410 and "ask an operator" in page.content.decode()
     response = _set_password(Client(), path)
     assert response.status_code == 410
     assert Client().login(username=application.email, password="original password 42")
     assert Invitation.objects.get().used_at is None
+
+
+def test_an_account_made_of_the_address_a_moment_ago_is_refused_cleanly_not_with_a_server_error(
+    operator_client, application, monkeypatch
+):
+    """Another link for the address (a team admin's) made its account after this redemption found it free."""
+    token = _accept(operator_client, application).split("/")[2]
+    get_user_model().objects.create_user(username=application.email, password="original password 42")
+    monkeypatch.setattr(selectors, "has_account", lambda email: False)  # read before that account committed
+    with pytest.raises(services.InvitationRefused):
+        services.redeem_invitation(token=token, password=PASSWORD, now=timezone.now())
+    assert Client().login(username=application.email, password="original password 42")
+    assert Invitation.objects.get().used_at is None
+
+
+def test_a_link_sent_again_between_its_check_and_its_claim_no_longer_works(
+    operator_client, application, monkeypatch
+):
+    """Sending a new link renews the row: the claim matches the old token's digest, not only the row."""
+    old = _accept(operator_client, application).split("/")[2]
+    read = selectors.usable_invitation
+
+    def read_then_sent_again(**kwargs):
+        found = read(**kwargs)
+        services.reissue_invitation(application_id=application.id, now=timezone.now())
+        return found
+
+    monkeypatch.setattr(selectors, "usable_invitation", read_then_sent_again)
+    with pytest.raises(services.InvitationRefused):
+        services.redeem_invitation(token=old, password=PASSWORD, now=timezone.now())
+    assert not get_user_model().objects.filter(username=application.email).exists()
+
+
+def test_a_live_link_is_never_written_to_a_log_when_the_form_is_refused(operator_client, application, caplog):
+    """Django (django.request) and the denial log write the path of every 4xx; the token must not be in it."""
+    caplog.set_level(logging.INFO)
+    path = _accept(operator_client, application)
+    token = path.split("/")[2]
+    assert _set_password(Client(), path, again=PASSWORD + "x").status_code == 422
+    assert _set_password(Client(enforce_csrf_checks=True), path).status_code == 403
+    assert Invitation.objects.get().used_at is None
+    assert [r.name for r in caplog.records if token in r.getMessage()] == []
 
 
 @pytest.mark.django_db
@@ -298,6 +346,6 @@ def test_an_invited_contact_signs_in_with_the_address_as_they_typed_it(operator_
     wrote it in her application."""
     application.email = "eve@example.com"
     application.save()
-    Client().post(_accept(operator_client, application), {"password1": PASSWORD, "password2": PASSWORD})
+    _set_password(Client(), _accept(operator_client, application))
     response = Client().post(reverse("accounts:login"), {"username": "Eve@Example.com", "password": PASSWORD})
     assert response.status_code == 302 and response["Location"] == "/jobs/"
