@@ -19,7 +19,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -65,6 +65,49 @@ _E = TypeVar("_E", bound=BaseException)
 
 class AttemptSpaceUnbounded(RuntimeError):
     """The node promised bounded attempt space and could not give it: the attempt ends, released."""
+
+
+class GpusStillStopping(RuntimeError):
+    """A GPU of the part is still used by a process of this node's that is stopping (its part released while it
+    ran: its node declared lost while this agent lived, or set down and up again): the part goes back to the queue."""
+
+
+class LocalGpus:
+    """Which of this node's GPUs a process of this agent uses, until that process is gone.
+
+    The platform frees a part's GPUs when it releases the part, which for a part stopped from outside comes
+    before its process has stopped (the TERM, then up to ``E31_KILL_GRACE_S``): a part rented onto them meanwhile
+    waits here, so two jobs never run on one GPU at once."""
+
+    def __init__(self) -> None:
+        self.users: dict[int, int] = {}  # GPU index -> the allocation whose process uses it
+        self.changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def using(self, indices: Sequence[int], allocation_id: int, *, wait_s: float):
+        deadline = time.monotonic() + wait_s
+        with self.changed:
+            while busy := {i: self.users[i] for i in indices if i in self.users}:
+                if (left := deadline - time.monotonic()) <= 0:
+                    gpus = ", ".join(f"GPU {i} (allocation {a})" for i, a in sorted(busy.items()))
+                    raise GpusStillStopping(f"{gpus} still in use by a process that is stopping")
+                self.changed.wait(left)
+            self.users.update(dict.fromkeys(indices, allocation_id))
+        try:
+            yield
+        finally:
+            with self.changed:
+                for i in indices:
+                    self.users.pop(i, None)
+                self.changed.notify_all()
+
+
+LOCAL_GPUS = LocalGpus()
+
+
+def _gpu_wait_s() -> float:
+    """Long enough for a released part's process to see its release, get TERM, its kill grace, and be reaped."""
+    return 2 * settings.E31_KILL_GRACE_S + 2 * CHECK_EVERY_S
 
 
 TAIL_BYTES = 8 * 1024
@@ -217,10 +260,13 @@ def run_part(
             lambda: team_secrets.values_for_attempt(team_id=part.job.team_id, declared=part.job.secrets)
         )
         uid = uids.take(allocation_id) if uids and os.geteuid() == 0 else os.getuid()
-        outcome, exit_code = _confined_run(part, dirs, mode, uid, secrets)
+        with LOCAL_GPUS.using(part.allocation.gpu_indices, allocation_id, wait_s=_gpu_wait_s()):
+            outcome, exit_code = _confined_run(part, dirs, mode, uid, secrets)
         ran = True
     except team_secrets.SecretsUnavailable as exc:  # names only, never a value
         ending = functools.partial(_release_failed, part, f"secrets: {exc}")
+    except GpusStillStopping as exc:
+        ending = functools.partial(_requeue_while_stopping, part, exc)
     except Exception as exc:  # never leave GPUs held
         if (no_room := _raised_during(exc, attempt_space.NoRoom)) is not None:
             if no_room is not exc:  # a clean-up step failed on top of it: the shortage is still the node's
@@ -343,6 +389,12 @@ def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
         nodes.hold_for_room(node_id=part.allocation.node_id, now=clock.now())
     rental.release_part(allocation_id=part.allocation.id, end_reason=rental.NO_ROOM, now=clock.now(),
                         actor=_actor(part), detail=detail[:300])  # fmt: skip
+
+
+def _requeue_while_stopping(part: Part, exc: GpusStillStopping) -> None:
+    log.warning("allocation %s: %s", part.allocation.id, exc)
+    rental.release_part(allocation_id=part.allocation.id, end_reason=rental.NO_ROOM, now=clock.now(),
+                        actor=_actor(part), detail=f"not started: {exc}"[:300])  # fmt: skip
 
 
 def _bound_or_refuse(part: Part, dirs: sandbox.AttemptDirs) -> None:

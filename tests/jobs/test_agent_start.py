@@ -2,6 +2,8 @@
 
 import os
 import subprocess
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -298,3 +300,46 @@ def test_a_team_reads_that_the_agent_failed_but_not_the_nodes_paths(pool, team, 
     assert job.end_detail == (
         f"the node agent failed: No space left on device (the node's log has it under allocation {part.id})"
     )
+
+
+def _stopping_part_on_gpu_0(seconds: float) -> tuple[threading.Thread, list[float]]:
+    """A released part of this node whose process takes ``seconds`` to stop, on GPU 0; and when it stopped."""
+    holding, stopped = threading.Event(), []
+
+    def stopping() -> None:
+        with agent.LOCAL_GPUS.using((0,), 999, wait_s=0):
+            holding.set()
+            time.sleep(seconds)
+            stopped.append(time.time())
+
+    thread = threading.Thread(target=stopping)
+    thread.start()
+    holding.wait(5)
+    return thread, stopped
+
+
+def test_a_part_rented_onto_a_gpu_whose_last_process_is_still_stopping_starts_once_it_has_stopped(
+    rented, monkeypatch, tmp_path
+):
+    """A part released from outside (its node declared lost while its agent lived, or set down and up again) frees
+    its GPUs at once while its process still has its kill grace: a job rented onto them started beside it."""
+    monkeypatch.setattr(limits, "bound_space", lambda root, job: True)
+    stamp = tmp_path / "started"
+    Job.objects.filter(id=rented.id).update(argv=["sh", "-c", f"date +%s.%N > {stamp}"])
+    stopping, stopped = _stopping_part_on_gpu_0(1.0)
+    _run(rented)
+    stopping.join()
+    assert rented.state == "released" and rented.end_reason == "succeeded", rented.end_detail
+    assert float(stamp.read_text()) >= stopped[0]  # started once the other process had stopped
+
+
+def test_a_gpu_whose_last_process_never_stops_sends_the_part_back_to_the_queue(rented, monkeypatch, settings):
+    monkeypatch.setattr(limits, "bound_space", lambda root, job: True)
+    settings.E31_KILL_GRACE_S = 0.1  # waits 2 x 0.1 s + two checks
+    stopping, _ = _stopping_part_on_gpu_0(4.0)
+    _run(rented)
+    stopping.join()
+    assert rented.state == "queued", (rented.state, rented.end_detail)
+    assert not GpuHold.objects.filter(active=True).exists()
+    said = JobEvent.objects.filter(job=rented).order_by("-id").values_list("reason", flat=True).first()
+    assert "GPU 0 (allocation 999) still in use by a process that is stopping" in said
