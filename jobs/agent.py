@@ -80,25 +80,26 @@ class LocalGpus:
     waits here, so two jobs never run on one GPU at once."""
 
     def __init__(self) -> None:
-        self.users: dict[int, int] = {}  # GPU index -> the allocation whose process uses it
+        # (node, GPU index) -> the allocation whose process uses it: one process may run several nodes' agents
+        self.users: dict[tuple[str, int], int] = {}
         self.changed = threading.Condition()
 
     @contextlib.contextmanager
-    def using(self, indices: Sequence[int], allocation_id: int, *, wait_s: float):
-        deadline = time.monotonic() + wait_s
+    def using(self, node: str, indices: Sequence[int], allocation_id: int, *, wait_s: float):
+        deadline, gpus = time.monotonic() + wait_s, [(node, i) for i in indices]
         with self.changed:
-            while busy := {i: self.users[i] for i in indices if i in self.users}:
+            while busy := {g: self.users[g] for g in gpus if g in self.users}:
                 if (left := deadline - time.monotonic()) <= 0:
-                    gpus = ", ".join(f"GPU {i} (allocation {a})" for i, a in sorted(busy.items()))
-                    raise GpusStillStopping(f"{gpus} still in use by a process that is stopping")
+                    named = ", ".join(f"GPU {i} (allocation {a})" for (_, i), a in sorted(busy.items()))
+                    raise GpusStillStopping(f"{named} still in use by a process that is stopping")
                 self.changed.wait(left)
-            self.users.update(dict.fromkeys(indices, allocation_id))
+            self.users.update(dict.fromkeys(gpus, allocation_id))
         try:
             yield
         finally:
             with self.changed:
-                for i in indices:
-                    self.users.pop(i, None)
+                for g in gpus:
+                    self.users.pop(g, None)
                 self.changed.notify_all()
 
 
@@ -260,7 +261,9 @@ def run_part(
             lambda: team_secrets.values_for_attempt(team_id=part.job.team_id, declared=part.job.secrets)
         )
         uid = uids.take(allocation_id) if uids and os.geteuid() == 0 else os.getuid()
-        with LOCAL_GPUS.using(part.allocation.gpu_indices, allocation_id, wait_s=_gpu_wait_s()):
+        with LOCAL_GPUS.using(
+            part.allocation.node.name, part.allocation.gpu_indices, allocation_id, wait_s=_gpu_wait_s()
+        ):
             outcome, exit_code = _confined_run(part, dirs, mode, uid, secrets)
         ran = True
     except team_secrets.SecretsUnavailable as exc:  # names only, never a value

@@ -307,7 +307,7 @@ def _stopping_part_on_gpu_0(seconds: float) -> tuple[threading.Thread, list[floa
     holding, stopped = threading.Event(), []
 
     def stopping() -> None:
-        with agent.LOCAL_GPUS.using((0,), 999, wait_s=0):
+        with agent.LOCAL_GPUS.using("gpu-01", (0,), 999, wait_s=0):
             holding.set()
             time.sleep(seconds)
             stopped.append(time.time())
