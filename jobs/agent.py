@@ -365,14 +365,14 @@ def _settle_space(root: Path, *, ran: bool) -> None:
 
 
 def _release_failed(part: Part, detail: str) -> None:
-    rental.release_part(allocation_id=part.allocation.id, end_reason=EndReason.FAILED, now=clock.now(),
-                        actor=_actor(part), detail=detail[:300])  # fmt: skip
+    _release_unprepared(part.allocation.id, detail, node=part.allocation.node.name)
 
 
-def _release_unprepared(allocation_id: int, detail: str) -> None:
-    node = Allocation.objects.values_list("node__name", flat=True).get(id=allocation_id)
+def _release_unprepared(allocation_id: int, detail: str, *, node: str = "") -> None:
+    """Releases the part as failed (nothing of it runs); ``node``: its name, read here when not known."""
+    node = node or Allocation.objects.values_list("node__name", flat=True).get(id=allocation_id)
     rental.release_part(allocation_id=allocation_id, end_reason=EndReason.FAILED, now=clock.now(),
-                        actor=f"agent:{node}", detail=detail[:300])  # fmt: skip
+                        actor=rental.agent_actor(node), detail=detail[:300])  # fmt: skip
 
 
 def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
@@ -996,4 +996,4 @@ def _ship_log(part: Part, offset: int, data: bytes) -> None:
 
 
 def _actor(part: Part) -> str:
-    return f"agent:{part.allocation.node.name}"
+    return rental.agent_actor(part.allocation.node.name)

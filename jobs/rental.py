@@ -116,9 +116,14 @@ def start_allocation(*, allocation_id: int, now: datetime) -> bool:
         allocation = Allocation.objects.select_related("node").get(id=allocation_id)
         transition(
             job_id=allocation.job_id, source=State.RENTED, target=State.RUNNING, now=now,
-            actor=f"agent:{allocation.node.name}", reason="process started",
+            actor=agent_actor(allocation.node.name), reason="process started",
         )  # fmt: skip
         return True
+
+
+def agent_actor(node: str) -> str:
+    """Who a node's agent is in a job's events."""
+    return f"agent:{node}"
 
 
 def _lock_job_of(allocation_id: int) -> None:
@@ -144,18 +149,21 @@ def finish_allocation(
         if job.attempt != allocation.attempt:
             return False
         if _attempt_parts(job).filter(released_at__isnull=False).exists():
-            actor = f"agent:{allocation.node.name}"
             release_part(
-                allocation_id=allocation_id, end_reason=outcome, now=now, actor=actor, exit_code=exit_code
+                allocation_id=allocation_id,
+                end_reason=outcome,
+                now=now,
+                actor=agent_actor(allocation.node.name),
+                exit_code=exit_code,
             )
             return False
         if _attempt_parts(job).filter(finished_at__isnull=True).exists():
             return True
         transition(
             job_id=job.id, source=State.RUNNING, target=State.OUTPUT, now=now,
-            actor=f"agent:{allocation.node.name}", reason=f"run ended: {outcome}",
+            actor=agent_actor(allocation.node.name), reason=f"run ended: {outcome}",
         )  # fmt: skip
-        _release_when_sealed(job.id, now=now, actor=f"agent:{allocation.node.name}")
+        _release_when_sealed(job.id, now=now, actor=agent_actor(allocation.node.name))
         return True
 
 
@@ -178,7 +186,7 @@ def seal_allocation(*, allocation_id: int, manifest: list[dict], now: datetime, 
             Allocation.objects.filter(id=allocation_id).update(end_reason=EndReason.OUTPUT_FAILED)
             Job.objects.filter(id=job.id).update(delivery_detail=refused[:500])
         Allocation.objects.filter(id=allocation_id, sealed_at__isnull=True).update(sealed_at=now)
-        _release_when_sealed(job.id, now=now, actor=f"agent:{allocation.node.name}")
+        _release_when_sealed(job.id, now=now, actor=agent_actor(allocation.node.name))
 
 
 def _add_manifest(job: Job, attempt: int, manifest: list[dict]) -> str:
