@@ -195,7 +195,7 @@ def list_jobs(
         for job in jobs:
             out.print_json(json.dumps(job), indent=None)
         return
-    table = _table("ID", "NAME", "TASK", "STATE", "END", "EXIT", "GPUS", "HOURS", "SUBMITTED")
+    table = _table("ID", "NAME", "TASK", "STATE", "END", "EXIT", "GPUS", "HOURS", "SUBMITTED (UTC)")
     for job in jobs:
         table.add_row(str(job["id"]), job["name"], _task(job), job.get("paused") or job["state"], job["end_reason"], _text(job["exit_code"]),
                       str(job["request"]["gpus"]), str(job["request"]["hours"]), _short_time(job["submitted_at"]))  # fmt: skip
@@ -220,12 +220,18 @@ def show(
         out.print(f"  {job['end_detail']}")
     if job.get("array"):
         a = job["array"]
-        out.print(f"  task {a['index']} of array {a['id']} [{a['spec']}], {a['size']} tasks"
-                  + (f", at most {a['max_running']} running at once" if a["max_running"] else ""))  # fmt: skip
+        limit = f"at most {a['max_running']} running at once" if a["max_running"] else ""
+        if a.get("limit_of"):  # a task run again on its own
+            out.print(f"  task {a['index']}, run again from array {a['limit_of']}"
+                      + (f": counted among its {limit}" if limit else ""))  # fmt: skip
+        else:
+            out.print(f"  task {a['index']} of array {a['id']} [{a['spec']}], {a['size']} tasks"
+                      + (f", {limit}" if limit else ""))  # fmt: skip
     if job["pending_reason"]:
-        out.print(
-            f"  waiting: {job['pending_reason']} (estimated start {_short_time(job['estimated_start'])})"
+        start = (
+            f" (estimated start {_short_time(job['estimated_start'])} UTC)" if job["estimated_start"] else ""
         )
+        out.print(f"  waiting: {job['pending_reason']}{start}")
     for key, how in (("after_ok", "succeed"), ("after_any", "end")):
         if job.get(key):
             out.print(f"  runs after job(s) {', '.join(map(str, job[key]))} {how}")
@@ -236,7 +242,7 @@ def show(
         f"  request: {job['request']['gpus']} GPU(s) for {job['request']['hours']} h; output {job['output']['uri']}"
     )
     for event in job["events"]:
-        out.print(f"  {_short_time(event['at'])}  {event['state']:<10} {event['reason']}")
+        out.print(f"  {_short_time(event['at'])} UTC  {event['state']:<10} {event['reason']}")
 
 
 @app.command()
@@ -312,7 +318,7 @@ def outputs(
 def meter(job_id: int) -> None:
     """A job's meter rows (held GPU-time per hour) and its GPU-hours."""
     body = api().get(f"/jobs/{job_id}/meter")
-    table = _table("PERIOD START", "PERIOD END", "GPUS", "SECONDS", "KIND", "REASON")
+    table = _table("PERIOD START (UTC)", "PERIOD END", "GPUS", "SECONDS", "KIND", "REASON")
     for e in body["entries"]:
         table.add_row(_short_time(e["period_start"]), _short_time(e["period_end"]), str(e["gpus"]),
                       f"{e['seconds']:.3f}", e["kind"], e["reason"])  # fmt: skip
@@ -337,7 +343,7 @@ def ledger(
     rows = list(
         api().pages("/ledger", limit=100_000, start=first.isoformat(), end=last.isoformat(), team=team)
     )
-    table = _table("JOB", "ARRAY", "PERIOD START", "GPUS", "SECONDS", "KIND")
+    table = _table("JOB", "ARRAY", "PERIOD START (UTC)", "GPUS", "SECONDS", "KIND")
     for e in rows:
         table.add_row(str(e["job_id"]), _text(e.get("array_id")), _short_time(e["period_start"]), str(e["gpus"]),
                       f"{e['seconds']:.3f}", e["kind"])  # fmt: skip
@@ -352,7 +358,7 @@ def queue(team: Annotated[str, typer.Option(help="Team slug.")] = "") -> None:
     """Your team's waiting jobs: when each should start and why it is not running yet."""
     waiting = list(api().pages("/jobs", limit=1000, state="waiting", team=team))
     waiting.sort(key=lambda j: (j["estimated_start"] is None, j["estimated_start"] or "", j["id"]))
-    table = _table("ID", "NAME", "STATE", "GPUS", "ESTIMATED START", "REASON")
+    table = _table("ID", "NAME", "STATE", "GPUS", "ESTIMATED START (UTC)", "REASON")
     for job in waiting:
         table.add_row(str(job["id"]), job["name"], job["state"], str(job["request"]["gpus"]),
                       _short_time(job["estimated_start"]), job["pending_reason"])  # fmt: skip
@@ -501,7 +507,8 @@ def _table(*columns: str) -> Table:
 
 
 def _short_time(value: str | None) -> str:
-    return value[:19].replace("T", " ") if value else ""
+    """An API time in UTC to the second ("2026-05-04 14:20:00"), whatever offset the console wrote it with."""
+    return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if value else ""
 
 
 def _text(value) -> str:
