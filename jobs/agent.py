@@ -395,9 +395,14 @@ def _requeue_for_room(part: Part, exc: attempt_space.NoRoom) -> None:
 
 
 def _requeue_while_stopping(part: Part, exc: GpusStillStopping) -> None:
+    """Back to the queue, spending none of the job's attempts; the node takes no new work for a while (a process
+    that outlives its kill grace is one the kernel cannot stop), so the job is not handed straight back to it."""
     log.warning("allocation %s: %s", part.allocation.id, exc)
-    rental.release_part(allocation_id=part.allocation.id, end_reason=rental.NO_ROOM, now=clock.now(),
-                        actor=_actor(part), detail=f"not started: {exc}"[:300])  # fmt: skip
+    nodes.hold_for_room(node_id=part.allocation.node_id, now=clock.now())
+    gpus = ", ".join(map(str, part.allocation.gpu_indices))
+    detail = f"not started: GPU {gpus} of {part.allocation.node.name} was still in use by a process that was stopping"
+    rental.release_part(allocation_id=part.allocation.id, end_reason=rental.GPU_BUSY, now=clock.now(),
+                        actor=_actor(part), detail=detail[:300])  # fmt: skip
 
 
 def _bound_or_refuse(part: Part, dirs: sandbox.AttemptDirs) -> None:

@@ -44,6 +44,9 @@ RAN_TO_ITS_END = (EndReason.SUCCEEDED, EndReason.FAILED, EndReason.TIMED_OUT, En
 # Reasons that move a job without ending it.
 REQUEUED = "requeued"
 PREEMPTED = "preempted"
+RETRIED = (
+    "retried"  # its part could not start: a GPU was still in use on the node (no attempt of its own counted)
+)
 
 TERMINAL = frozenset({State.RELEASED, State.ENDED})
 HOLDS_COMPUTE = frozenset({State.RENTED, State.RUNNING, State.OUTPUT})
@@ -96,8 +99,8 @@ def check_transition(current: State | str, target: State | str, reason: str | No
         raise IllegalTransition(f"a job that ends before RENT cannot end as {reason!r}")
     if target is State.RELEASED and EndReason(reason) not in RELEASED_REASONS:
         raise IllegalTransition(f"a released job cannot end as {reason!r}")
-    if target is State.QUEUED and current in HOLDS_COMPUTE and reason not in (REQUEUED, PREEMPTED):
-        raise IllegalTransition("a job goes back to the queue only when requeued or preempted")
+    if target is State.QUEUED and current in HOLDS_COMPUTE and reason not in (REQUEUED, PREEMPTED, RETRIED):
+        raise IllegalTransition("a job goes back to the queue only when requeued, preempted or retried")
 
 
 def is_terminal(state: State | str) -> bool:

@@ -132,7 +132,8 @@ def _record_gpus(*, node: Node, gpu_list: Sequence[Mapping], now: datetime) -> l
 
 
 def hold_for_room(*, node_id: int, now: datetime) -> None:
-    """Its disk could not hold an attempt's space: no new work for E31_NO_ROOM_HOLD_S (its jobs end, and free some)."""
+    """An attempt could not start here (its disk could not hold its space, or a GPU was still in use by a process
+    that would not stop): no new work for E31_NO_ROOM_HOLD_S (its jobs end and free some; the process dies)."""
     until = now + timedelta(seconds=settings.E31_NO_ROOM_HOLD_S)
     Node.objects.filter(id=node_id).filter(Q(no_room_until__isnull=True) | Q(no_room_until__lt=until)).update(
         no_room_until=until

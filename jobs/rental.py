@@ -17,15 +17,18 @@ from django.db.models import F, Min, Q, Subquery
 
 from common.ledger_locks import lock_team_ledgers
 from jobs import dispatch, selectors, signals
-from jobs.lifecycle import HOLDS_COMPUTE, PREEMPTED, REQUEUED, EndReason, State
+from jobs.lifecycle import HOLDS_COMPUTE, PREEMPTED, REQUEUED, RETRIED, EndReason, State
 from jobs.models import Allocation, GpuHold, Job, JobEvent, Node, OutputFile, TeamUsage
 from jobs.transitions import transition
 
 log = logging.getLogger(__name__)
 STOPPED = "stopped"  # a part stopped because another part of its attempt failed
 NO_ROOM = "no_room"  # a part's disk could not hold its space: the job goes back to the queue while it may
+GPU_BUSY = (
+    "gpu_busy"  # a part's GPU was still used by a stopping process on its node: back to the queue, always
+)
 # What ends an attempt early, before its output, in the order one beats another when its parts report several.
-EARLY_ENDS = (EndReason.NODE_LOST, NO_ROOM, EndReason.FAILED, PREEMPTED, EndReason.CANCELLED)
+EARLY_ENDS = (EndReason.NODE_LOST, NO_ROOM, GPU_BUSY, EndReason.FAILED, PREEMPTED, EndReason.CANCELLED)
 
 
 def rent_job(
@@ -364,9 +367,10 @@ def _early_end(job: Job, reason: str, exit_code: int | None, detail: str) -> dic
     requeue_as = {
         EndReason.NODE_LOST: REQUEUED if requeues_after_loss(job) else "",
         NO_ROOM: REQUEUED if has_attempts_left(job) else "",
+        GPU_BUSY: RETRIED,  # the platform's overlap, not the job's: it spends none of its attempts
         PREEMPTED: PREEMPTED,
     }.get(reason, "")
-    end_reason = EndReason.FAILED if reason == NO_ROOM else reason
+    end_reason = EndReason.FAILED if reason in (NO_ROOM, GPU_BUSY) else reason
     end_reason, requeue_as, detail = _cancel_wins(job, end_reason, requeue_as, detail)
     return {"end_reason": end_reason, "requeue_as": requeue_as, "detail": detail, "exit_code": exit_code}
 
@@ -399,12 +403,14 @@ def _move_released(
 def _release_allocation(
     allocation: Allocation, *, now: datetime, end_reason: str, last_heartbeat, early: bool = False
 ) -> None:
-    """A part keeps its own end (how its process ended), unless ``early``: released for an attempt's early end,
-    which ``_first_early_end`` reads from the parts (a part that finished, waiting for its siblings when its
-    node was lost, ends its attempt as lost, not as failed)."""
+    """A part keeps its own end (how its process ended), unless ``early`` and it had none or succeeded: released
+    for an attempt's early end, which ``_first_early_end`` reads from the parts (a part that finished, waiting for
+    its siblings when its node was lost, ends its attempt as lost; one that failed still ends it failed)."""
     released = Allocation.objects.filter(id=allocation.id, released_at__isnull=True).update(
         released_at=now,
-        end_reason=end_reason if early else allocation.end_reason or end_reason,
+        end_reason=end_reason
+        if early and allocation.end_reason in ("", EndReason.SUCCEEDED)
+        else allocation.end_reason or end_reason,
         last_heartbeat_at_release=last_heartbeat,
     )
     if not released:

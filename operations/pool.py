@@ -48,7 +48,9 @@ class NodeInfo:
     limits: str  # the cgroup controllers that bound each attempt, or "none: why"
     held_down_by: str  # the operator who marked it down; it waits for a resume
     gpu_source: str  # "nvml", "nvidia-smi", "virtual"; empty: registered before GPUs were listed
-    no_room_until: datetime | None  # its disk could not hold an attempt's space: no new work until then
+    no_room_until: (
+        datetime | None
+    )  # an attempt could not start here (no disk room, a GPU busy): no new work until then
     # What its disk could still give attempt spaces, last measured; None: not measured.
     disk_free_bytes: int | None
     disk_bytes: int  # what that disk holds in all; 0: not said
@@ -221,7 +223,8 @@ def _no_room(node: NodeInfo, now: datetime) -> str:
     if not node.no_room_until or node.no_room_until <= now:
         return ""
     return (
-        '<br><strong class="badge loud">NO ROOM</strong> <small>its disk could not hold an attempt\'s space: '
+        '<br><strong class="badge loud">NO ROOM</strong> <small>its disk could not hold an attempt\'s space, or a '
+        "GPU was still in use by a process that would not stop (the agent's log says which): "
         f"no new work until {node.no_room_until:%H:%M} UTC</small>"
     )
 

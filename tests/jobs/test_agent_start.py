@@ -333,13 +333,20 @@ def test_a_part_rented_onto_a_gpu_whose_last_process_is_still_stopping_starts_on
     assert float(stamp.read_text()) >= stopped[0]  # started once the other process had stopped
 
 
-def test_a_gpu_whose_last_process_never_stops_sends_the_part_back_to_the_queue(rented, monkeypatch, settings):
+def test_a_gpu_whose_last_process_never_stops_sends_the_part_back_to_the_queue_spending_no_attempt(
+    rented, monkeypatch, settings
+):
+    """The overlap is the platform's, not the job's: even on its last attempt the job goes back to the queue, no
+    attempt counted, told which GPU was busy (not which allocation held it); the node takes no new work a while."""
     monkeypatch.setattr(limits, "bound_space", lambda root, job: True)
     settings.E31_KILL_GRACE_S = 0.1  # waits 2 x 0.1 s + two checks
+    settings.E31_MAX_ATTEMPTS = 3
+    Job.objects.filter(id=rented.id).update(requeue=True, lost_attempts=2)
     stopping, _ = _stopping_part_on_gpu_0(4.0)
     _run(rented)
     stopping.join()
-    assert rented.state == "queued", (rented.state, rented.end_detail)
+    assert (rented.state, rented.lost_attempts) == ("queued", 2), (rented.state, rented.end_detail)
     assert not GpuHold.objects.filter(active=True).exists()
     said = JobEvent.objects.filter(job=rented).order_by("-id").values_list("reason", flat=True).first()
-    assert "GPU 0 (allocation 999) still in use by a process that is stopping" in said
+    assert said == "retried: not started: GPU 0 of gpu-01 was still in use by a process that was stopping"
+    assert Node.objects.get(name="gpu-01").no_room_until > timezone.now()

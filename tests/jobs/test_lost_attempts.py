@@ -101,3 +101,27 @@ def test_a_node_lost_after_its_part_finished_requeues_the_job_as_lost_not_failed
 
     job.refresh_from_db()
     assert (job.state, job.lost_attempts) == (State.QUEUED, 1), (job.end_reason, job.end_detail)
+
+
+def test_a_part_that_failed_before_its_node_was_lost_still_ends_the_job_failed(pool, team):
+    """Rank 1 exits 1 (the job's own failure); while rank 0 is being stopped, gpu-02 is declared down. The
+    attempt ended because the job failed: it ends failed, not requeued as a node loss it did not have."""
+    job = JobFactory(team=team, gpus=2, requeue=True)
+    now = timezone.now()
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,), "gpu-02": (0,)}, now=now)
+    rank0, rank1 = Allocation.objects.filter(job=job).order_by("rank")
+    for part in (rank0, rank1):
+        assert rental.start_allocation(allocation_id=part.id, now=now)
+    assert rental.finish_allocation(allocation_id=rank1.id, exit_code=1, outcome=EndReason.FAILED,
+                                    now=now + timedelta(seconds=5))  # fmt: skip
+    assert rental.stop_reason(allocation_id=rank0.id, now=now) == "sibling_failed"
+    nodes.set_node_state(name="gpu-02", target="down", now=now + timedelta(seconds=6), actor="olga")
+
+    agent._after_exit(_part(rank0), None, "sibling_failed", -15)
+
+    job.refresh_from_db()
+    assert (job.state, job.end_reason, job.lost_attempts) == (State.RELEASED, EndReason.FAILED, 0), (
+        job.state,
+        job.end_reason,
+        job.end_detail,
+    )
