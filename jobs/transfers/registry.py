@@ -84,6 +84,7 @@ def pull(
     after a dropped connection moves only what is missing.
     """
     layout.parent.mkdir(parents=True, exist_ok=True)
+    _remove_partial_blobs(layout)
     before = _tree_bytes(layout)
     args = ["copy", "--quiet", *_tls("--src-tls-verify", access), "docker://" + ref.pinned(digest),
             f"oci:{layout}:{LAYOUT_TAG}"]  # fmt: skip
@@ -97,6 +98,13 @@ def pull(
         if proc.returncode:
             raise _classified(_read_back(err))
     return _tree_bytes(layout) - before
+
+
+def _remove_partial_blobs(layout: Path) -> None:
+    """What a skopeo stopped mid-blob (a cancel, the floor) left: its temporary file, never renamed into place.
+    A retry into the same layout would otherwise leave it in the cached image for good."""
+    for leftover in layout.glob("oci-put-blob*"):
+        leftover.unlink(missing_ok=True)
 
 
 def _follow(

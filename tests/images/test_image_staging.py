@@ -305,15 +305,16 @@ def test_a_cancel_during_a_long_unpack_stops_it_and_leaves_nothing_behind(
 
 @pytest.fixture
 def trickling_registry(registry, settings):
-    """The tests' registry behind a relay that passes its answers on 100 bytes every 0.1 s (1 KB/s)."""
+    """The tests' registry behind a relay that passes its answers on 100 bytes every 0.1 s (1 KB/s), until the
+    event it yields beside its address is set."""
     host, port = registry.host.rsplit(":", 1)
     listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
+    fast, stop = threading.Event(), threading.Event()
 
     def relay(client: socket.socket) -> None:
         with client, socket.create_connection((host, int(port))) as upstream:
-            threading.Thread(target=_pass_on, args=(client, upstream, 65536, 0.0), daemon=True).start()
-            _pass_on(upstream, client, 100, 0.1, stop)
+            threading.Thread(target=_pass_on, args=(client, upstream, 65536, None, stop), daemon=True).start()
+            _pass_on(upstream, client, 100, fast, stop)
 
     def accept() -> None:
         while not stop.is_set():
@@ -326,16 +327,18 @@ def trickling_registry(registry, settings):
     threading.Thread(target=accept, daemon=True).start()
     address = f"127.0.0.1:{listener.getsockname()[1]}"
     settings.E31_POOL_REGISTRIES = [address]
-    yield address
+    yield address, fast
     stop.set()
     listener.close()
 
 
-def _pass_on(src: socket.socket, dst: socket.socket, size: int, pause: float, stop=None) -> None:
+def _pass_on(src: socket.socket, dst: socket.socket, size: int, fast: threading.Event | None, stop) -> None:
+    """Copies ``src`` to ``dst``; ``size`` bytes every 0.1 s while ``fast`` is given and not set."""
     try:
-        while (stop is None or not stop.is_set()) and (chunk := src.recv(size)):
+        while not stop.is_set() and (chunk := src.recv(size)):
             dst.sendall(chunk)
-            time.sleep(pause)
+            if fast is not None and not fast.is_set():
+                time.sleep(0.1)
     except OSError:
         pass
     finally:
@@ -353,8 +356,31 @@ def test_a_registry_slower_than_the_pools_floor_is_given_up_and_frees_its_transf
     settings.E31_TRANSFER_MIN_RATE_BPS, settings.E31_TRANSFER_MIN_RATE_WINDOW_S = 64_000, 1.0
     settings.E31_TRANSFER_RETRIES = 1
     began = time.monotonic()
-    job = staged(image_job(TeamFactory(), f"{trickling_registry}/tests/busybox:1"))
+    address, _ = trickling_registry
+    job = staged(image_job(TeamFactory(), f"{address}/tests/busybox:1"))
     assert (job.state, job.end_reason) == ("ended", "staging_failed")
     assert "under the pool's floor of 64.0 KB/s" in job.end_detail, job.end_detail
     assert time.monotonic() - began < 30
     assert not ImageCacheEntry.objects.exists()
+
+
+def test_a_pull_retried_after_the_floor_leaves_no_half_written_blob_in_the_cached_image(
+    trickling_registry, base_image, stage_root, settings, monkeypatch
+):
+    """The floor stops skopeo mid-blob; the retry pulls into the same layout, where skopeo's temporary file of the
+    stopped blob stayed, counted in the cached image's bytes for good."""
+    address, fast = trickling_registry
+    settings.E31_TRANSFER_MIN_RATE_BPS, settings.E31_TRANSFER_MIN_RATE_WINDOW_S = 64_000, 1.5
+    settings.E31_TRANSFER_RETRIES = 1
+    retrying = image_staging._Beat.retrying
+
+    def then_fast(self, tries, reason):
+        fast.set()  # the registry recovers: the retry pulls at full speed into the same layout
+        return retrying(self, tries, reason)
+
+    monkeypatch.setattr(image_staging._Beat, "retrying", then_fast)
+    job = staged(image_job(TeamFactory(), f"{address}/tests/busybox:1"))
+    assert job.state == "queued", job.end_detail
+    entry = ImagePull.objects.get(job=job).entry
+    left = [p.name for p in image_staging.entry_dir(entry.key).joinpath("oci").iterdir() if p.is_file()]
+    assert [name for name in left if name.startswith("oci-put-blob")] == [], left
