@@ -165,8 +165,8 @@ def filtered(jobs: QuerySet[Job], filters: JobFilters) -> QuerySet[Job]:
         jobs = jobs.filter(submitted_at__gte=filters.since)
     if filters.until:
         jobs = jobs.filter(submitted_at__lt=filters.until)
-    if filters.array is not None:
-        jobs = jobs.filter(array_id=filters.array)
+    if filters.array is not None:  # its tasks run again on their own too
+        jobs = jobs.filter(Q(array_id=filters.array) | Q(array__limit_of_id=filters.array))
     elif filters.arrays_folded:
         jobs = jobs.filter(Q(array__isnull=True) | Q(array_index=F("array__first_index")))
     return jobs

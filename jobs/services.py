@@ -9,7 +9,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 
 from accounts import team_secrets
 from accounts.models import Team
@@ -141,10 +141,10 @@ def _limit_shared_with(
 
 @transaction.atomic
 def cancel_array(*, array_id: int, user, now: datetime) -> int:
-    """Cancels every live task of an array (each as ``cancel_job`` would); returns how many."""
-    live = list(
-        Job.objects.filter(array_id=array_id, state__in=ALIVE).order_by("id").values_list("id", flat=True)
-    )
+    """Cancels every live task of an array, its tasks run again on their own included (each as ``cancel_job``
+    would); returns how many."""
+    tasks = Job.objects.filter(Q(array_id=array_id) | Q(array__limit_of_id=array_id), state__in=ALIVE)
+    live = list(tasks.order_by("id").values_list("id", flat=True))
     rental.lock_for_release(live)  # some may be released here: every task's lock first, in the one order
     return sum(cancel_job(job_id=job_id, user=user, now=now) for job_id in live)
 

@@ -281,3 +281,19 @@ def test_a_requeued_or_rerun_task_still_counts_against_its_arrays_limit(
     page = member_client.get(f"/jobs/{rerun.id}/").content.decode()
     assert f'run again from <a href="/jobs/?array={first.array_id}">array {first.array_id}</a>' in page
     assert "counted among its at most 2 running at once" in page
+
+
+def test_an_arrays_list_and_cancel_take_in_its_tasks_run_again_on_their_own(
+    client, member_token, operator, pool, raw
+):
+    from operations import services as operations
+
+    array_id = _array_of(client, member_token, raw, "0-2%1")
+    failed = Job.objects.get(array_id=array_id, array_index=2)
+    copy = operations.requeue_job(job_id=failed.id, actor=operator, now=timezone.now())
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {member_token}"}
+    listed = client.get(f"/api/v1/jobs?array={array_id}", **auth).json()["items"]
+    assert copy.id in {j["id"] for j in listed}
+    assert client.post(f"/api/v1/arrays/{array_id}/cancel", **auth).status_code == 200
+    copy.refresh_from_db()
+    assert copy.state == "ended" and copy.end_reason == "cancelled"
