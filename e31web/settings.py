@@ -362,6 +362,11 @@ E31_TRANSFER_TIMEOUT_S = env.float("E31_TRANSFER_TIMEOUT_S", default=30.0)
 # the pool has few transfer slots, and one that trickles would hold its slot for days.
 E31_TRANSFER_MIN_RATE_BPS = env.float("E31_TRANSFER_MIN_RATE_BPS", default=100_000.0)
 E31_TRANSFER_MIN_RATE_WINDOW_S = env.float("E31_TRANSFER_MIN_RATE_WINDOW_S", default=60.0)
+if E31_TRANSFER_MIN_RATE_BPS < 0 or E31_TRANSFER_MIN_RATE_WINDOW_S <= 0:
+    raise ImproperlyConfigured(
+        "E31_TRANSFER_MIN_RATE_BPS is a rate of at least 0 (0: no floor) and E31_TRANSFER_MIN_RATE_WINDOW_S a number"
+        " of seconds above 0"
+    )
 # http(s) sources on loopback, link-local or private addresses reach the pool's own network: off by default.
 E31_ALLOW_PRIVATE_SOURCES = env.bool("E31_ALLOW_PRIVATE_SOURCES", default=False)
 # A file:// source with several hard links may have a name outside the data roots: refused by default.

@@ -1,6 +1,8 @@
 """STAGE as a service: inputs land in the pool cache, checked, linked into the job's data dir."""
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -417,3 +419,14 @@ def test_a_restaged_job_keeps_inputs_already_in_place(roots, team):
     Job.objects.filter(id=job.id).update(state="submitted")
     stage(job)
     assert DataInput.objects.get(job=job).stage_state == "staged"
+
+
+@pytest.mark.parametrize(("rate", "window"), [("-1", "60"), ("100000", "0")])
+def test_a_floor_that_means_nothing_stops_the_console_at_start(rate, window):
+    """A negative rate silently turned the floor off; a window of 0 s would drop every source at once."""
+    env = {**os.environ, "E31_TRANSFER_MIN_RATE_BPS": rate, "E31_TRANSFER_MIN_RATE_WINDOW_S": window}
+    started = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env={**env, "DJANGO_SETTINGS_MODULE": "e31web.settings"}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert started.returncode != 0 and "E31_TRANSFER_MIN_RATE_BPS is a rate of at least 0" in started.stderr
