@@ -117,6 +117,7 @@ CHECK_EVERY_S = 1.0
 # The most of a part's log one shipment carries: on a slow link a whole capped log (10 MB) took seconds, and
 # no stop check ran meanwhile.
 SHIP_PIECE_BYTES = 256 * 1024
+SHIP_WAIT_S = 5.0  # what a part's last shipment waits for one under way before it is released without it
 SEEN_EVERY_S = 5.0
 MAX_PATH = 1024  # an output file's path, as the manifest row holds it
 # Stopped by its agent: its node was cut off from the database too long to be sure its GPUs are still its own.
@@ -179,11 +180,14 @@ class LogCapture(threading.Thread):
         ):  # the job filled its own space (job.log lives there): the file ends, the database log goes on
             self.file_full = True
 
-    def ship(self, send, *, limit: int | None = None) -> bool:
+    def ship(self, send, *, limit: int | None = None, wait_s: float = -1) -> bool:
         """Calls ``send(offset, data)`` with what is not shipped yet (at most ``limit`` bytes); kept for the next
         try if it raises. Whether more is left. One shipment at a time (the watcher's, then the part's last): two
-        would drop the same bytes twice."""
-        with self.shipping:
+        would drop the same bytes twice. ``wait_s``: how long to wait for one under way (-1: as long as it takes);
+        past it nothing is shipped."""
+        if not self.shipping.acquire(timeout=wait_s):
+            return bool(self.unshipped)
+        try:
             with self.lock:
                 offset, data = self.shipped, bytes(self.unshipped[:limit])
             if data:
@@ -192,6 +196,8 @@ class LogCapture(threading.Thread):
                 del self.unshipped[: len(data)]
                 self.shipped += len(data)
                 return bool(self.unshipped)
+        finally:
+            self.shipping.release()
 
     def _keep_tail(self, chunk: bytes) -> None:
         self.lines += chunk.count(b"\n")
@@ -543,7 +549,14 @@ def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: 
     stop, code = _supervise(part, proc, capture, mode)
     capture.join(timeout=5)
     _with_database(lambda: _store_tail(part, capture.text()))
-    _with_database(lambda: capture.ship(lambda offset, data: _ship_log(part, offset, data)))
+    # A late check of the watcher still shipping (its query swallowed by the network) must not hold the release up.
+    if _with_database(
+        lambda: capture.ship(lambda offset, data: _ship_log(part, offset, data), wait_s=SHIP_WAIT_S)
+    ):
+        log.warning(
+            "allocation %s: a shipment of its log is stuck; the rest of its log stays on the node",
+            part.allocation.id,
+        )
     if stop:
         return stop, code
     if code == 0:

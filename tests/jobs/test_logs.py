@@ -94,6 +94,29 @@ def test_the_agent_ships_everything_it_writes_and_notes_the_cap(tmp_path):
     assert sent[0][1].startswith(b"x" * 4096) and b"[log capped at 4096 bytes" in sent[0][1]
 
 
+def test_a_last_shipment_does_not_wait_for_ever_behind_one_the_network_swallowed(tmp_path):
+    """A late check of the watcher can hang in its shipment for as long as TCP waits: the part's last shipment,
+    and so its release, waited behind it. It gives up after ``wait_s`` and keeps the bytes."""
+    capture = agent.LogCapture(io.BufferedReader(io.BytesIO(b"hello\n")), tmp_path / "job.log", cap=100)
+    capture.run()
+    swallowed, stop = threading.Event(), threading.Event()
+
+    def hanging(offset, data):
+        swallowed.set()
+        stop.wait(10)
+
+    late = threading.Thread(target=capture.ship, args=(hanging,))
+    late.start()
+    swallowed.wait(5)
+    sent, began = [], time.monotonic()
+    try:
+        assert capture.ship(lambda offset, data: sent.append((offset, data)), wait_s=0.2) is True
+        assert time.monotonic() - began < 2 and sent == []
+    finally:
+        stop.set()
+        late.join()
+
+
 def test_a_failed_shipment_is_kept_and_sent_again_from_the_same_offset(tmp_path):
     capture = agent.LogCapture(io.BufferedReader(io.BytesIO(b"hello\n")), tmp_path / "job.log", cap=100)
     capture.run()
