@@ -147,6 +147,8 @@ class Explainer:
             f"the schedulable pool has {_count(p.total_gpus, 'GPU')} on {_count(len(p.capacity), 'node')} "
             f"of up to {_count(p.node_gpus, 'GPU')}"
         )
+        if g > p.node_gpus and p.no_span and _fits_if_all_span(p, g):
+            return _span_never(p, job, g)
         paused_nodes, paused_gpus = p.paused
         if paused_nodes and g <= p.total_gpus + paused_gpus:  # the drain is temporary: so is this wait
             reason = (
@@ -219,9 +221,11 @@ class Explainer:
         behind = self.behind(job, head)
         if behind:
             return Estimate(job.job_id, at, "fairshare", f"{behind}; {size}; {when}")
-        # Another team's job is never named: its id and team are that team's, not this one's to see.
-        ahead = f"job {head.job_id}" if head.team == job.team else "another team's job"
-        reason = f"{size}; waiting behind {ahead} (higher priority, {_count(head.gpus, 'GPU')}); {when}"
+        if head.team != job.team:  # nothing of another team's job is told: not its id, team or size
+            return Estimate(job.job_id, at, "queued", f"{size}; waiting behind another team's job; {when}")
+        reason = (
+            f"{size}; waiting behind job {head.job_id} (higher priority, {_count(head.gpus, 'GPU')}); {when}"
+        )
         return Estimate(job.job_id, at, "queued", reason)
 
     def behind(self, job: PendingJob, head: PendingJob) -> str:
@@ -236,6 +240,25 @@ def _first_end_on(p: Pass, nodes: Mapping[str, int]) -> float:
         if r.expected_end > p.now and not r.gpus_by_node.keys().isdisjoint(nodes)
     ]
     return min(ends, default=p.now)
+
+
+def _fits_if_all_span(p: Pass, g: int) -> bool:
+    """Whether the schedulable pool could hold ``g`` GPUs if every node could hold a part of a job spanning nodes."""
+    whole, rest = divmod(g, p.node_gpus)
+    sizes = list(p.capacity.values())
+    big = sizes.count(p.node_gpus)
+    return big >= whole and (rest == 0 or big > whole or any(rest <= k < p.node_gpus for k in sizes))
+
+
+def _span_never(p: Pass, job: PendingJob, g: int) -> Estimate:
+    """A job spanning nodes that fits the pool's GPUs, but not the nodes able to isolate its network."""
+    size, rest = p.node_gpus, g % p.node_gpus
+    able = sum(1 for k in p.span_capacity.values() if k == size or (rest and k >= rest))
+    reason = (
+        f"{_describe_size(g, size)}, but only {_count(able, 'node')} large enough can hold a part of a job spanning "
+        "nodes (the others cannot isolate its network); it can be submitted again for fewer GPUs"
+    )
+    return Estimate(job.job_id, None, "span_nodes", reason)
 
 
 def _node_list(need: Mapping[str, int]) -> str:

@@ -64,7 +64,8 @@ def test_a_job_behind_another_team_is_told_its_teams_usage_and_share():
 
 
 def test_no_reason_names_another_teams_job_or_team():
-    """A waiting job's reason is shown to its team: the job ahead is named only when it is the team's own."""
+    """A waiting job's reason is shown to its team: the job ahead is named, and its size told, only when it is
+    the team's own."""
     nodes, running = _busy_pool()
     pending = [
         PendingJob(1, "ml-ops", 8, 4.0, NOW - 600),
@@ -74,8 +75,9 @@ def test_no_reason_names_another_teams_job_or_team():
     result = plan(now=NOW, nodes=nodes, running=running, pending=pending, usage={}, shares={})
     assert result.estimates[1].reason_code == "reserved"
     behind_other, behind_own = result.estimates[2].reason, result.estimates[3].reason
-    assert "waiting behind another team's job (higher priority, 8 GPUs)" in behind_other
+    assert "waiting behind another team's job;" in behind_other
     assert not re.search(r"\bjob 1\b", behind_other) and "ml-ops" not in behind_other
+    assert "higher priority" not in behind_other  # nor how many GPUs that team asked for
     assert "waiting behind job 1 (higher priority, 8 GPUs)" in behind_own
 
 
