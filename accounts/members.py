@@ -1,4 +1,5 @@
 """Writers for a team's members and its open invitations: the only code that adds, invites, changes or removes.
+``claim_invitation`` spends a design partner's link too (``public.services``): both kinds are claimed alike.
 
 Each change of a team takes the team's row lock first, so changes to one team run one after another: the
 checks that the actor is still one of its admins and that the team keeps an admin read what the change before
@@ -15,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 
 from accounts import scoping, selectors, services, signals
-from accounts.models import Membership, Team, TeamInvitation
+from accounts.models import InvitationLink, Membership, Team, TeamInvitation
 
 ADMIN, MEMBER = Membership.Role.ADMIN, Membership.Role.MEMBER
 INVITATION_TTL_S = 7 * 86400  # as the design-partner invitation: E31_INVITATION_TTL_S sets both
@@ -30,10 +31,8 @@ class NotTeamAdmin(MembershipRefused):
 
 
 class InvitationRefused(Exception):
-    """The invitation link is unknown, altered, cancelled, already used or expired."""
-
-
-TAKEN = "an account with this email already exists: sign in, and ask your team admin"
+    """The invitation link is unknown, altered, cancelled, already used or expired, or can make no account now;
+    the message is meant for the person invited."""
 
 
 @dataclass(frozen=True)
@@ -157,31 +156,47 @@ def remove_member(*, team: Team, user_id: int, actor, now: datetime) -> bool:
 
 
 @transaction.atomic
-def redeem_team_invitation(*, token: str, password: str, now: datetime) -> Any:
-    """Uses a team invitation once: creates the account (its username the address) and makes it a member."""
-    invitation = selectors.usable_team_invitation(token=token, now=now)
+def redeem_team_invitation(*, digest: str, password: str, now: datetime) -> Any:
+    """Uses a team invitation once: creates the account (its username the address) and makes it a member, while
+    whoever sent the link is still an admin of the team who can sign in."""
+    invitation = selectors.usable_team_invitation(digest=digest, now=now)
     if invitation is None:
         raise InvitationRefused("this invitation link is not valid")
+    if not selectors.inviter_vouches(invitation):
+        raise InvitationRefused(selectors.INVITER_GONE)
+    user = claim_invitation(invitation=invitation, password=password, now=now)
+    Membership.objects.create(team=invitation.team, user=user, role=MEMBER)
+    by = invitation.invited_by.get_username()  # there is one: it vouches
+    after = {"member": user.get_username(), "role": MEMBER, "invited_by": by}
+    _changed(invitation.team, "team.member-join", {}, after, actor=user, now=now)
+    return user
+
+
+@transaction.atomic
+def claim_invitation(
+    *, invitation: InvitationLink, password: str, now: datetime, first_name: str = ""
+) -> Any:
+    """Spends an open invitation link, a team admin's or a design partner's (``public.services``), and makes
+    the account it names, for the caller to add to the team. Refused if an account goes by the address."""
     # The claim is the conditional UPDATE: of two redemptions racing (or a redemption and a cancel), one wins.
-    # It matches the digest too: inviting the address again renews this row, and the old token stops working
-    # even if it was read a moment before the renewal.
-    claimed = TeamInvitation.objects.filter(
+    # It matches the digest too: inviting the address again (or sending the link again) renews this row, and the
+    # old token stops working even if it was read a moment before the renewal.
+    links = type(invitation).objects
+    claimed = links.filter(
         id=invitation.id, digest=invitation.digest, used_at__isnull=True, expires_at__gt=now
     ).update(used_at=now)
     if not claimed:
         raise InvitationRefused("this invitation link has just been used, renewed or cancelled")
-    # Never hand an existing account to whoever holds a link: the team's admin adds that account instead. None
-    # from the writer: another link for the address made its account a moment ago.
+    # Never hand an existing account to whoever holds a link. None from the writer: another link for the address
+    # made its account a moment ago. Raising undoes the claim, so the link still shows the reason.
     user = None
     if not selectors.address_taken(invitation.email):
-        user = services.create_invited_account(email=invitation.email, password=password)
+        user = services.create_invited_account(
+            email=invitation.email, password=password, first_name=first_name
+        )
     if user is None:
-        raise InvitationRefused(TAKEN)
-    Membership.objects.create(team=invitation.team, user=user, role=MEMBER)
-    TeamInvitation.objects.filter(id=invitation.id).update(user=user)
-    by = invitation.invited_by.get_username() if invitation.invited_by else ""
-    after = {"member": user.get_username(), "role": MEMBER, "invited_by": by}
-    _changed(invitation.team, "team.member-join", {}, after, actor=user, now=now)
+        raise InvitationRefused(selectors.address_taken_reason(invitation))
+    links.filter(id=invitation.id).update(user=user)
     return user
 
 

@@ -1,14 +1,23 @@
-"""Reads for accounts: why an API token was refused; a team's members and open invitations."""
+"""Reads for accounts: why an API token was refused; a team's members and open invitations, and whether an
+invitation link can still make an account."""
 
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
 from django.db.models import Q, QuerySet
 
-from accounts import backends, services
-from accounts.models import ApiToken, Membership, Team, TeamInvitation
+from accounts import backends, scoping, services
+from accounts.models import ApiToken, InvitationLink, Membership, Team, TeamInvitation
 
 NEW_TOKEN = "create a new one on the API tokens page"
+# An invitation never hands an existing account to whoever holds its link: whoever adds people to the team adds
+# that account instead (the team's admin; for a design partner's new team, which has none yet, an operator).
+ADDRESS_TAKEN = "an account with this email already exists: sign in, and ask {whom}"
+# A team's link speaks for the admin who sent it (accounts.members cancels it when they are demoted or removed).
+INVITER_GONE = (
+    "whoever sent this link is no longer an admin of the team who can sign in: "
+    "ask one of its admins for a new link"
+)
 
 
 def why_token_refused(token: str) -> str:
@@ -59,12 +68,31 @@ def address_taken(email: str) -> bool:
     return users.filter(Q(username__iexact=email) | Q(email__iexact=email) & ~Q(email="")).exists()
 
 
-def usable_team_invitation(*, token: str, now: datetime) -> TeamInvitation | None:
-    """The team invitation this token opens, if it is still unused and unexpired."""
+def link_digest(token: str) -> str:
+    """The SHA-256 an invitation link's token is stored and looked up by ('' for what no link could hold): the
+    token itself is never kept, in the invitation's row or in the browser's session."""
     if not token or len(token) > 100:
-        return None
+        return ""
+    return services.digest_token(token)
+
+
+def usable_team_invitation(*, digest: str, now: datetime) -> TeamInvitation | None:
+    """The team invitation whose link has this digest, if it is still unused and unexpired."""
     return (
         TeamInvitation.objects.select_related("team", "invited_by")
-        .filter(digest=services.digest_token(token), used_at__isnull=True, expires_at__gt=now)
+        .filter(digest=digest, used_at__isnull=True, expires_at__gt=now)
         .first()
     )
+
+
+def address_taken_reason(invitation: InvitationLink) -> str:
+    """Why an invitation makes no account once an account goes by its address, in words for the person invited."""
+    whom = "an operator" if invitation.role == Membership.Role.ADMIN else "your team admin"
+    return ADDRESS_TAKEN.format(whom=whom)
+
+
+def inviter_vouches(invitation: TeamInvitation) -> bool:
+    """Whether whoever sent this team link still speaks for the team: an account that can sign in and is still
+    one of its admins (or an operator). Not one deactivated, demoted, removed or deleted since."""
+    by = invitation.invited_by
+    return by is not None and by.is_active and scoping.is_team_admin(by, invitation.team)

@@ -6,14 +6,9 @@ from datetime import datetime
 from django.db.models import Q
 from django.utils.text import slugify
 
-from accounts import members
 from accounts import selectors as accounts_selectors
-from accounts import services as accounts
 from accounts.models import Team, TeamInvitation
 from public.models import IntakeChange, Invitation, Measurement
-
-# Why a design partner's link is refused once its address has an account: an operator adds that user instead.
-ADDRESS_TAKEN = "an account with this email already exists: sign in, and ask an operator"
 
 
 def latest_measurements(keys: Iterable[str]) -> dict[str, Measurement]:
@@ -47,28 +42,30 @@ def has_account(email: str) -> bool:
     return accounts_selectors.address_taken(email)
 
 
-def invitation_for_link(*, token: str, now: datetime) -> Invitation | TeamInvitation | None:
-    """What an invitation link opens: an accepted partner's (its team's first admin) or a team admin's (a
-    member). One page and one link shape for both: the person invited need not know which."""
-    return usable_invitation(token=token, now=now) or accounts_selectors.usable_team_invitation(
-        token=token, now=now
+def invitation_for_link(*, digest: str, now: datetime) -> Invitation | TeamInvitation | None:
+    """What an invitation link opens, found by its token's digest (``accounts.selectors.link_digest``): an
+    accepted partner's (its team's first admin) or a team admin's (a member). One page and one link shape for
+    both: the person invited need not know which."""
+    return usable_invitation(digest=digest, now=now) or accounts_selectors.usable_team_invitation(
+        digest=digest, now=now
     )
 
 
 def why_link_unusable(invitation: Invitation | TeamInvitation) -> str:
     """Why an open invitation still can make no account, or '' if it can: an account took its address after it
-    was sent. Redeeming it is refused for that reason, in these words, so the page says so before the form."""
-    if not has_account(invitation.email):
-        return ""
-    return ADDRESS_TAKEN if isinstance(invitation, Invitation) else members.TAKEN
+    was sent, or (a team's link) whoever sent it is no admin of the team now. Redeeming it is refused for that
+    reason, in these words, so the page says so before the form."""
+    if has_account(invitation.email):
+        return accounts_selectors.address_taken_reason(invitation)
+    if isinstance(invitation, TeamInvitation) and not accounts_selectors.inviter_vouches(invitation):
+        return accounts_selectors.INVITER_GONE
+    return ""
 
 
-def usable_invitation(*, token: str, now: datetime) -> Invitation | None:
-    """The invitation this token opens, if it is still unused and unexpired."""
-    if not token or len(token) > 100:
-        return None
+def usable_invitation(*, digest: str, now: datetime) -> Invitation | None:
+    """The design partner's invitation whose link has this digest, if it is still unused and unexpired."""
     return (
         Invitation.objects.select_related("application", "team")
-        .filter(digest=accounts.digest_token(token), used_at__isnull=True, expires_at__gt=now)
+        .filter(digest=digest, used_at__isnull=True, expires_at__gt=now)
         .first()
     )

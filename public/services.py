@@ -1,6 +1,7 @@
 """Writers for the public record and design-partner intake.
 
-The only code that writes these models: keyword-only arguments, one transaction each, ``now`` passed in.
+The only code that writes these models (but for an invitation's claim, ``accounts.members.claim_invitation``,
+shared with the team admins' links): keyword-only arguments, one transaction each, ``now`` passed in.
 """
 
 import json
@@ -40,8 +41,8 @@ class IntakeError(Exception):
     """An intake step that cannot happen as asked; the message is meant for the person who asked."""
 
 
-class InvitationRefused(Exception):
-    """The invitation link is unknown, altered, already used or expired."""
+# One refusal for both kinds of link, a design partner's and a team admin's: the page shows its reason.
+InvitationRefused = members.InvitationRefused
 
 
 # --- Measurements ---------------------------------------------------------------------------------
@@ -299,35 +300,13 @@ def decline_application(*, application_id: int, note: str, by: str, now: datetim
 
 
 @transaction.atomic
-def redeem_invitation(*, token: str, password: str, now: datetime) -> Any:
-    """Uses the invitation once: creates the contact's account and makes it the team's admin; a team admin's
-    invitation (``accounts.members``) makes a member instead."""
-    invitation = selectors.usable_invitation(token=token, now=now)
+def redeem_invitation(*, digest: str, password: str, now: datetime) -> Any:
+    """Uses the invitation whose link has this digest once: creates the contact's account and makes it the team's
+    admin; a team admin's invitation (``accounts.members``) makes a member instead."""
+    invitation = selectors.usable_invitation(digest=digest, now=now)
     if invitation is None:
-        return _redeem_team_invitation(token=token, password=password, now=now)
-    # The claim is the conditional UPDATE: of two redemptions racing, only one sees a row change. It matches the
-    # digest too: a link sent again renews this row, and the old token stops working even if it was read a moment
-    # before.
-    claimed = Invitation.objects.filter(
-        id=invitation.id, digest=invitation.digest, used_at__isnull=True, expires_at__gt=now
-    ).update(used_at=now)
-    if not claimed:
-        raise InvitationRefused("this invitation link has just been used or sent again")
-    # Never hand an existing account to whoever holds a link; an operator adds that user instead. None from the
-    # writer: another link for the address made its account a moment ago.
-    user = None
-    if not selectors.has_account(invitation.email):
-        name = invitation.application.contact_name[:150]
-        user = accounts.create_invited_account(email=invitation.email, password=password, first_name=name)
-    if user is None:
-        raise InvitationRefused(selectors.ADDRESS_TAKEN)
+        return members.redeem_team_invitation(digest=digest, password=password, now=now)
+    name = invitation.application.contact_name[:150]
+    user = members.claim_invitation(invitation=invitation, password=password, first_name=name, now=now)
     accounts.add_member(team=invitation.team, user=user, role=Membership.Role.ADMIN)
-    Invitation.objects.filter(id=invitation.id).update(user=user)
     return user
-
-
-def _redeem_team_invitation(*, token: str, password: str, now: datetime) -> Any:
-    try:
-        return members.redeem_team_invitation(token=token, password=password, now=now)
-    except members.InvitationRefused as exc:
-        raise InvitationRefused(str(exc)) from exc

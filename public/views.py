@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
+from accounts import selectors as accounts_selectors
 from common.operators import operator_only
 from common.ratelimit import limit_posts
 from public import emails, forms, selectors, services
@@ -405,12 +406,16 @@ def partners_decline(request: HttpRequest, application_id: int) -> HttpResponse:
 
 # --- Invitations ----------------------------------------------------------------------------------
 
-# As Django's password-reset confirmation does: the link's token moves from the URL into the session at once,
-# and the page that asks for a password is served (and its form posted) at this fixed path instead. Every
-# refusal there (a 422 for a mistyped confirmation, a 403 for a stale CSRF cookie, a 429) is logged with its
-# path, by django.request and common.denials, and a live token in a log would open the invitation to its reader.
+# As Django's password-reset confirmation does: opening a link moves it out of the URL at once, and the page that
+# asks for a password is served (and its form posted) at this fixed path instead. Every refusal there (a 422 for a
+# mistyped confirmation, a 403 for a stale CSRF cookie, a 429) is logged with its path, by django.request and
+# common.denials, and a live token in a log would open the invitation to its reader. The session keeps the token's
+# SHA-256, as the invitation's row does, never the token: sessions are rows in the database too.
 LINK_PLACEHOLDER = "set-password"
-LINK_SESSION_KEY = "_e31_invitation_token"
+LINK_SESSION_KEY = "_e31_invitation_digest"
+# The session holds one link per browser, the last opened; the form says which invitation it was filled in for,
+# so a page opened before another link was opened in another tab never redeems that other invitation.
+FORM_KEY = "invitation"
 
 
 def _refused(request: HttpRequest, reason: str = "") -> HttpResponse:
@@ -418,38 +423,48 @@ def _refused(request: HttpRequest, reason: str = "") -> HttpResponse:
     return render(request, "pages/invite.html", {"refused": True, "reason": reason}, status=410)
 
 
+def _form_key(invitation) -> str:
+    return f"{invitation._meta.model_name}-{invitation.pk}"
+
+
 @limit_posts(scope="invite")
 @require_http_methods(["GET", "POST"])
 def invite(request: HttpRequest, token: str) -> HttpResponse:
     if token != LINK_PLACEHOLDER:
         return _open_link(request, token)
-    token = request.session.get(LINK_SESSION_KEY, "")
-    if not token:
+    digest = request.session.get(LINK_SESSION_KEY, "")
+    if not digest:
         return _refused(request, "open the link in your e-mail again, in this browser")
-    invitation = selectors.invitation_for_link(token=token, now=timezone.now())
+    invitation = selectors.invitation_for_link(digest=digest, now=timezone.now())
     if invitation is None:
         return _refused(request)
+    if request.method == "POST" and request.POST.get(FORM_KEY) != _form_key(invitation):
+        # Nothing is changed: 409, and the page says how to get the form for the invitation meant.
+        return render(request, "pages/invite.html", {"superseded": True}, status=409)
     if reason := selectors.why_link_unusable(invitation):
         return _refused(request, reason)  # before the form: no password is asked for in vain
+    context = {"invitation": invitation, "form_key": _form_key(invitation)}
     if request.method == "GET":
         form = forms.SetPasswordForm(email=invitation.email)
-        return render(request, "pages/invite.html", {"invitation": invitation, "form": form})
+        return render(request, "pages/invite.html", {**context, "form": form})
     form = forms.SetPasswordForm(request.POST, email=invitation.email)
     if not form.is_valid():
-        return render(request, "pages/invite.html", {"invitation": invitation, "form": form}, status=422)
-    return _redeem(request, invitation, token=token, password=form.cleaned_data["password1"])
+        return render(request, "pages/invite.html", {**context, "form": form}, status=422)
+    return _redeem(request, invitation, digest=digest, password=form.cleaned_data["password1"])
 
 
 def _open_link(request: HttpRequest, token: str) -> HttpResponse:
-    if selectors.invitation_for_link(token=token, now=timezone.now()) is None:
+    digest = accounts_selectors.link_digest(token)
+    invitation = selectors.invitation_for_link(digest=digest, now=timezone.now())
+    if invitation is None:
         return _refused(request)  # a token that opens nothing gives nothing away where it is logged
-    request.session[LINK_SESSION_KEY] = token
+    request.session[LINK_SESSION_KEY] = digest
     return redirect("invite", token=LINK_PLACEHOLDER)
 
 
-def _redeem(request: HttpRequest, invitation, *, token: str, password: str) -> HttpResponse:
+def _redeem(request: HttpRequest, invitation, *, digest: str, password: str) -> HttpResponse:
     try:
-        user = services.redeem_invitation(token=token, password=password, now=timezone.now())
+        user = services.redeem_invitation(digest=digest, password=password, now=timezone.now())
     except services.InvitationRefused as exc:
         return _refused(request, str(exc))
     request.session.pop(LINK_SESSION_KEY, None)

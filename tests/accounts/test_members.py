@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 import time_machine
 from django.contrib.auth import get_user_model
+from django.contrib.sessions.models import Session
 from django.core import mail
 from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
@@ -26,6 +27,7 @@ from tests.pages.factories import ApplicationFactory
 pytestmark = pytest.mark.django_db
 PASSWORD = "a long and unusual passphrase 31"
 LINK = re.compile(r"http://testserver(/invite/[^/\s]+/)")
+FORM_KEY = re.compile(r'name="invitation" value="([^"]*)"')
 MEMBERS = reverse("accounts:members", args=["vision"])
 
 
@@ -53,10 +55,16 @@ def invitation_path() -> str:
 
 
 def set_password(client: Client, path: str, again: str = PASSWORD):
-    """Opens the link as its e-mail does (its token moves into the session) and posts the form where it is."""
+    """Opens the link as its e-mail does (it moves into the session) and posts the form it leads to, with the
+    field that says which invitation the form is for."""
     opened = client.get(path)
     form = opened["Location"] if opened.status_code == 302 else path
-    return client.post(form, {"password1": PASSWORD, "password2": again})
+    return client.post(form, {"password1": PASSWORD, "password2": again, **form_key(client.get(form))})
+
+
+def form_key(page) -> dict[str, str]:
+    found = FORM_KEY.search(page.content.decode())
+    return {"invitation": found.group(1)} if found else {}
 
 
 def roles(team) -> dict[str, str]:
@@ -222,9 +230,11 @@ def test_an_expired_invitation_link_is_refused_and_listed_as_expired(admin_clien
 
 def test_a_link_whose_address_got_an_account_meanwhile_makes_no_second_account(admin_client, team):
     invite(admin_client, "carol@example.com")
-    path = invitation_path()
-    UserFactory(username="carol", email="carol@example.com")
-    response = set_password(Client(), path)
+    browser = Client()
+    form = browser.get(invitation_path(), follow=True)  # carol has the form open...
+    UserFactory(username="carol", email="carol@example.com")  # ...when an account takes the address
+    filled = {"password1": PASSWORD, "password2": PASSWORD, **form_key(form)}
+    response = browser.post(reverse("invite", args=["set-password"]), filled)
     assert response.status_code == 410 and "ask your team admin" in response.content.decode()
     assert TeamInvitation.objects.get().used_at is None and "carol" not in roles(team)
 
@@ -305,6 +315,76 @@ def test_a_link_whose_address_got_an_account_says_so_before_asking_for_a_passwor
     assert page.status_code == 410 and "ask your team admin" in html and "Set your password" not in html
 
 
+def test_opening_a_link_stores_no_live_token_in_the_database(admin_client):
+    """Sessions are rows of django_session, their contents readable: a live token there would let a database
+    reader or a backup redeem the link. The session keeps the digest the invitation's row keeps."""
+    invite(admin_client, "cat@example.com")
+    path = invitation_path()
+    token = path.split("/")[2]
+    assert Client().get(path).status_code == 302
+    stored = [str(s.get_decoded()) for s in Session.objects.all()]
+    assert not [data for data in stored if token in data]
+    assert [data for data in stored if TeamInvitation.objects.get().digest in data]
+
+
+def test_a_form_shown_for_one_invitation_never_redeems_another_opened_later_in_the_same_browser(admin_client):
+    """The session holds the link a browser opened last: ann's page, filled in after ben's link was opened in
+    another tab, must neither make ben's account with ann's password nor sign the browser in as ben."""
+    invite(admin_client, "ann@example.com")
+    ann = invitation_path()
+    invite(admin_client, "ben@example.com")
+    ben = invitation_path()
+    browser = Client()
+    first_tab = browser.get(browser.get(ann)["Location"])
+    assert "ann@example.com" in first_tab.content.decode()
+    browser.get(ben)  # the second tab
+    form = reverse("invite", args=["set-password"])
+    filled = {"password1": PASSWORD, "password2": PASSWORD}
+    stale = browser.post(form, {**filled, **form_key(first_tab)})
+    assert stale.status_code == 409 and "open the link in its e-mail again" in stale.content.decode()
+    assert browser.post(form, filled).status_code == 409  # a form that says no invitation at all
+    assert not get_user_model().objects.filter(username__in=["ann@example.com", "ben@example.com"]).exists()
+    assert "_auth_user_id" not in browser.session
+    assert not TeamInvitation.objects.filter(used_at__isnull=False).exists()
+    assert set_password(browser, ann).status_code == 302  # opened again: ann's page, and ann's account
+    assert Client().login(username="ann@example.com", password=PASSWORD)
+    assert not get_user_model().objects.filter(username="ben@example.com").exists()
+
+
+def test_a_link_from_an_admin_deactivated_or_deleted_since_is_refused_with_the_reason(
+    team, team_admin, operator
+):
+    """Demoting or removing an admin cancels their links; deactivating them does not touch the team, so the
+    link is checked when used: whoever sent it must still be an admin of the team who can sign in."""
+    rex, roy = (
+        MembershipFactory(team=team, user=UserFactory(username=n), role="admin").user for n in ("rex", "roy")
+    )
+    now = timezone.now()
+    sent = {
+        email: members.invite_member(team=team, email=email, actor=by, now=now).token
+        for by, email in (
+            (rex, "mallory@example.com"),
+            (roy, "trent@example.com"),
+            (operator, "carol@example.com"),
+        )
+    }
+    rex.is_active = False
+    rex.save()
+    roy.delete()
+    for email in ("mallory@example.com", "trent@example.com"):
+        page = Client().get(reverse("invite", args=[sent[email]]), follow=True)
+        html = page.content.decode()
+        assert page.status_code == 410 and "no longer an admin of the team" in html
+        assert "Set your password" not in html  # said before a password is asked for
+        with pytest.raises(members.InvitationRefused, match="ask one of its admins for a new link"):
+            members.redeem_team_invitation(
+                digest=selectors.link_digest(sent[email]), password=PASSWORD, now=timezone.now()
+            )
+    assert TeamInvitation.objects.filter(used_at__isnull=True).count() == 3  # none spent
+    assert set_password(Client(), reverse("invite", args=[sent["carol@example.com"]])).status_code == 302
+    assert roles(team) == {"adele": "admin", "rex": "admin", "carol@example.com": "member"}
+
+
 def test_a_link_renewed_between_its_check_and_its_claim_no_longer_works(team, team_admin, monkeypatch):
     """Inviting again renews the row: the claim matches the old token's digest, not only the row."""
     old = members.invite_member(team=team, email="carol@example.com", actor=team_admin, now=timezone.now())
@@ -317,7 +397,9 @@ def test_a_link_renewed_between_its_check_and_its_claim_no_longer_works(team, te
 
     monkeypatch.setattr(selectors, "usable_team_invitation", read_then_renewed)
     with pytest.raises(members.InvitationRefused):
-        members.redeem_team_invitation(token=old.token, password=PASSWORD, now=timezone.now())
+        members.redeem_team_invitation(
+            digest=selectors.link_digest(old.token), password=PASSWORD, now=timezone.now()
+        )
     assert not get_user_model().objects.filter(username="carol@example.com").exists()
 
 
@@ -328,8 +410,10 @@ def test_two_teams_links_for_one_address_redeemed_at_once_refuse_one_cleanly(
     """Two teams invited the same new person, who opens both e-mails at once: one joins, the other is refused
     (a 410 page), never a database error (a 500)."""
     now = timezone.now()
-    tokens = [
-        members.invite_member(team=t, email="carol@example.com", actor=operator, now=now).token
+    digests = [
+        selectors.link_digest(
+            members.invite_member(team=t, email="carol@example.com", actor=operator, now=now).token
+        )
         for t in (team, other_team)
     ]
     barrier, outcomes, real = threading.Barrier(2), [], selectors.address_taken
@@ -339,10 +423,10 @@ def test_two_teams_links_for_one_address_redeemed_at_once_refuse_one_cleanly(
         barrier.wait(timeout=5)  # both have found the address free before either makes the account
         return result
 
-    def redeem(token):
+    def redeem(digest):
         try:
             with transaction.atomic():
-                members.redeem_team_invitation(token=token, password=PASSWORD, now=timezone.now())
+                members.redeem_team_invitation(digest=digest, password=PASSWORD, now=timezone.now())
             outcomes.append("joined")
         except members.InvitationRefused:
             outcomes.append("refused")
@@ -352,7 +436,7 @@ def test_two_teams_links_for_one_address_redeemed_at_once_refuse_one_cleanly(
             connection.close()
 
     monkeypatch.setattr(selectors, "address_taken", taken_then_wait)
-    threads = [threading.Thread(target=redeem, args=(t,)) for t in tokens]
+    threads = [threading.Thread(target=redeem, args=(d,)) for d in digests]
     for t in threads:
         t.start()
     for t in threads:

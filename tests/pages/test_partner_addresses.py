@@ -4,6 +4,7 @@ would take the address from the first (sign-in reads a username before an e-mail
 import pytest
 from django.utils import timezone
 
+from accounts import selectors as accounts_selectors
 from public import services
 from tests.conftest import PASSWORD
 from tests.factories import UserFactory
@@ -43,7 +44,8 @@ def test_an_accounts_e_mail_still_signs_it_in_after_an_application_from_that_add
         _, token = services.accept_application(
             application_id=application.id, team_name="Frank lab", by="olga", now=timezone.now()
         )
-        services.redeem_invitation(token=token, password="another long password 42", now=timezone.now())
+        digest = accounts_selectors.link_digest(token)
+        services.redeem_invitation(digest=digest, password="another long password 42", now=timezone.now())
     except (services.IntakeError, services.InvitationRefused):
         pass  # refused: the address keeps naming frank
 

@@ -12,6 +12,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from accounts import members
+from accounts import selectors as accounts_selectors
 from accounts.models import Membership, Team
 from public import selectors, services
 from public.models import Application, Invitation
@@ -19,6 +21,7 @@ from tests.pages.factories import ApplicationFactory, WaitlistEntryFactory
 
 PASSWORD = "a long and unusual passphrase 31"
 LINK = re.compile(r"http://testserver(/invite/[^/\s]+/)")
+FORM_KEY = re.compile(r'name="invitation" value="([^"]*)"')
 
 
 def _accept(operator_client: Client, application: Application, team_name: str = "") -> str:
@@ -29,10 +32,17 @@ def _accept(operator_client: Client, application: Application, team_name: str = 
 
 
 def _set_password(client: Client, path: str, password: str = PASSWORD, again: str | None = None):
-    """Opens the link as its e-mail does (its token moves into the session) and posts the form where it is."""
+    """Opens the link as its e-mail does (it moves into the session) and posts the form it leads to, with the
+    field that says which invitation the form is for."""
     opened = client.get(path)
     form = opened["Location"] if opened.status_code == 302 else path
-    return client.post(form, {"password1": password, "password2": again or password})
+    filled = {"password1": password, "password2": again or password, **_form_key(client.get(form))}
+    return client.post(form, filled)
+
+
+def _form_key(page) -> dict[str, str]:
+    found = FORM_KEY.search(page.content.decode())
+    return {"invitation": found.group(1)} if found else {}
 
 
 @pytest.mark.django_db
@@ -208,12 +218,15 @@ def test_a_weak_or_mismatched_password_is_refused_and_the_link_still_works(
 @pytest.mark.django_db
 def test_an_existing_account_with_the_contacts_email_is_never_handed_over(operator_client, application):
     path = _accept(operator_client, application)
-    # Made after the invitation was sent (accepting refuses an address that already has one).
+    contact = Client()
+    form = contact.get(path, follow=True)  # the contact has the form open...
+    # ...when an account is made of the address (accepting refuses an address that already has one).
     get_user_model().objects.create_user(username=application.email, password="original password 42")
     page = Client().get(path, follow=True)  # said before the password is asked for
     assert page.status_code == 410 and "ask an operator" in page.content.decode()
-    response = _set_password(Client(), path)
-    assert response.status_code == 410
+    filled = {"password1": PASSWORD, "password2": PASSWORD, **_form_key(form)}
+    response = contact.post(reverse("invite", args=["set-password"]), filled)
+    assert response.status_code == 410 and "ask an operator" in response.content.decode()
     assert Client().login(username=application.email, password="original password 42")
     assert Invitation.objects.get().used_at is None
 
@@ -222,11 +235,13 @@ def test_an_account_made_of_the_address_a_moment_ago_is_refused_cleanly_not_with
     operator_client, application, monkeypatch
 ):
     """Another link for the address (a team admin's) made its account after this redemption found it free."""
-    token = _accept(operator_client, application).split("/")[2]
+    _accept(operator_client, application)
+    digest = Invitation.objects.get().digest
     get_user_model().objects.create_user(username=application.email, password="original password 42")
-    monkeypatch.setattr(selectors, "has_account", lambda email: False)  # read before that account committed
-    with pytest.raises(services.InvitationRefused):
-        services.redeem_invitation(token=token, password=PASSWORD, now=timezone.now())
+    # Read before that account committed:
+    monkeypatch.setattr(accounts_selectors, "address_taken", lambda email: False)
+    with pytest.raises(services.InvitationRefused, match="ask an operator"):
+        services.redeem_invitation(digest=digest, password=PASSWORD, now=timezone.now())
     assert Client().login(username=application.email, password="original password 42")
     assert Invitation.objects.get().used_at is None
 
@@ -235,7 +250,8 @@ def test_a_link_sent_again_between_its_check_and_its_claim_no_longer_works(
     operator_client, application, monkeypatch
 ):
     """Sending a new link renews the row: the claim matches the old token's digest, not only the row."""
-    old = _accept(operator_client, application).split("/")[2]
+    _accept(operator_client, application)
+    old = Invitation.objects.get().digest
     read = selectors.usable_invitation
 
     def read_then_sent_again(**kwargs):
@@ -245,8 +261,29 @@ def test_a_link_sent_again_between_its_check_and_its_claim_no_longer_works(
 
     monkeypatch.setattr(selectors, "usable_invitation", read_then_sent_again)
     with pytest.raises(services.InvitationRefused):
-        services.redeem_invitation(token=old, password=PASSWORD, now=timezone.now())
+        services.redeem_invitation(digest=old, password=PASSWORD, now=timezone.now())
     assert not get_user_model().objects.filter(username=application.email).exists()
+
+
+@pytest.mark.django_db
+def test_a_partners_form_filled_in_after_a_team_link_was_opened_in_the_same_browser_is_refused(
+    operator_client, application, team, team_admin
+):
+    """The browser's session holds the link it opened last; a form says which invitation it was shown for."""
+    path = _accept(operator_client, application)
+    invited = members.invite_member(
+        team=team, email="carol@example.com", actor=team_admin, now=timezone.now()
+    )
+    contact = Client()
+    form = contact.get(path, follow=True)
+    assert "the admin of team" in form.content.decode()
+    contact.get(reverse("invite", args=[invited.token]))  # another tab
+    filled = {"password1": PASSWORD, "password2": PASSWORD, **_form_key(form)}
+    response = contact.post(reverse("invite", args=["set-password"]), filled)
+    assert response.status_code == 409 and "This page is out of date" in response.content.decode()
+    assert not get_user_model().objects.filter(username__in=[application.email, "carol@example.com"]).exists()
+    assert _set_password(contact, path).status_code == 302  # the partner's link, opened again
+    assert Membership.objects.get(user__username=application.email).role == "admin"
 
 
 def test_a_live_link_is_never_written_to_a_log_when_the_form_is_refused(operator_client, application, caplog):
