@@ -6,7 +6,7 @@ Read from one pass's working state after it has decided; never changes a decisio
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -55,6 +55,14 @@ def _describe_size(g: int, node_gpus: int) -> str:
     whole, rest = divmod(g, node_gpus)
     extra = f" plus {rest} on another" if rest else ""
     return f"needs {g} GPUs: {_count(whole, 'whole node')}{extra}"
+
+
+def _describe_job(job: PendingJob, node_gpus: int) -> str:
+    """Its size, and for an elastic job the fewest GPUs it starts on."""
+    size = _describe_size(job.gpus, node_gpus)
+    if job.min_gpus is not None and job.min_gpus < job.gpus:
+        return f"{size} (elastic, at least {job.min_gpus})"
+    return size
 
 
 class _Profile:
@@ -118,6 +126,8 @@ class Explainer:
         profile: _Profile | None = None
         work_ahead = 0.0
         head: PendingJob | None = None
+        backlog: list[PendingJob] = []
+        ends = _Ends(p, order, outcome)
         for job in order:
             jid = job.job_id
             if jid in outcome.never:
@@ -126,11 +136,19 @@ class Explainer:
                 out[jid] = self._started(p, job, outcome.started[jid])
             elif jid in outcome.held:
                 head = head or job
-                out[jid] = self._held(p, outcome.held[jid])
+                out[jid] = self._held(p, outcome.held[jid], ends)
+            elif job.preemptible:
+                backlog.append(job)  # it yields to every other job: estimated after all of them
             else:
                 profile = profile or _Profile(p)
-                out[jid] = self._blocked(p, job, profile, work_ahead, head)
+                out[jid] = self._blocked(p, job, profile, work_ahead, head, ends)
                 head = head or job
+                work_ahead += job.gpus * job.hours * HOUR_S
+        if backlog:
+            profile = profile or _Profile(p)
+            work_ahead += _backlog_running(p)
+            for job in backlog:
+                out[job.job_id] = self._blocked(p, job, profile, work_ahead, head, ends)
                 work_ahead += job.gpus * job.hours * HOUR_S
         return out
 
@@ -170,36 +188,51 @@ class Explainer:
             return Estimate(job.job_id, p.now, "starting_smaller", reason)
         return Estimate(job.job_id, p.now, "starting", "starting now")
 
-    def _held(self, p: Pass, hold: Held) -> Estimate:
+    def _held(self, p: Pass, hold: Held, ends: _Ends) -> Estimate:
         job = hold.job
         where = _node_list(hold.need)
+        size = _describe_job(job, p.node_gpus)
         if hold.start_at <= p.now and job.job_id in p.preempt_ready:
             reason = (
-                f"{_describe_size(job.gpus, p.node_gpus)}; starting on {where} as soon as the "
-                "backlog jobs there are preempted and requeued"
+                f"{size}; starting on {where} as soon as the backlog jobs there are preempted and requeued"
             )
             return Estimate(job.job_id, p.now, "preempting", reason)
         if hold.start_at <= p.now and p.held_back_by_room(job):
+            frees = ends.room_frees(job)
+            if frees is None:
+                return _no_room_unknown(job, size)
             reason = (
-                f"{_describe_size(job.gpus, p.node_gpus)}; its GPUs are idle, but no node has its "
-                "memory and CPUs free yet; it starts when running jobs there end"
+                f"{size}; its GPUs are idle, but no node has its memory and CPUs free yet; it starts when "
+                f"running jobs there end, the first about {format_utc(frees, now=p.now)}"
             )
-            return Estimate(job.job_id, _first_end_on(p, hold.need), "no_room", reason)
+            return Estimate(job.job_id, frees, "no_room", reason)
         starved = ""
         if self.is_starved(job):
             starved = "waited past the starvation bound, so it holds a reservation: "
-        reason = (
-            f"{starved}{_describe_size(job.gpus, p.node_gpus)}; reserved on {where} "
-            f"from {format_utc(hold.start_at, now=p.now)}"
-        )
-        return Estimate(job.job_id, hold.start_at, "reserved", reason)
+        reserved = f"reserved on {where} from {format_utc(hold.start_at, now=p.now)}"
+        smaller = ends.minimum_frees(hold) if job.min_gpus is not None and job.min_gpus < job.gpus else None
+        if smaller is not None and smaller < hold.start_at:
+            # The reservation is for all its GPUs; the pass starts it on fewer as soon as its minimum is free.
+            reason = (
+                f"{starved}{size}; expected to start about {format_utc(smaller, now=p.now)} on fewer GPUs, when "
+                f"{job.min_gpus} are free together, rather than wait for all {job.gpus}: they are {reserved}"
+            )
+            return Estimate(job.job_id, smaller, "elastic", reason)
+        return Estimate(job.job_id, hold.start_at, "reserved", f"{starved}{size}; {reserved}")
 
     def is_starved(self, job: PendingJob) -> bool:
         return False
 
     def _blocked(
-        self, p: Pass, job: PendingJob, profile: _Profile, work_ahead: float, head: PendingJob | None
+        self,
+        p: Pass,
+        job: PendingJob,
+        profile: _Profile,
+        work_ahead: float,
+        head: PendingJob | None,
+        ends: _Ends,
     ) -> Estimate:
+        """``work_ahead``: GPU-seconds the pool works through first (for a backlog job, every other job's)."""
         at = max(profile.when_done(work_ahead), profile.when_idle(job.min_gpus or job.gpus), p.now)
         if job.ready_at is not None and job.ready_at > p.now:
             at = max(at, job.ready_at)
@@ -208,12 +241,18 @@ class Explainer:
                 f"expected to start about {format_utc(at, now=p.now)}"
             )
             return Estimate(job.job_id, at, "staging", reason)
+        size = _describe_job(job, p.node_gpus)
+        no_room = p.held_back_by_room(job)
+        if no_room:  # idle GPUs do not start it: memory and CPUs free only as jobs on its nodes end
+            frees = ends.room_frees(job)
+            if frees is None:
+                return _no_room_unknown(job, size)
+            at = max(at, frees)
         when = f"expected to start about {format_utc(at, now=p.now)}"
         if job.preemptible:
-            reason = f"backlog job: runs on GPUs nobody else can use; {when}"
+            reason = f"backlog job: runs on GPUs nobody else wants, after every other waiting job; {when}"
             return Estimate(job.job_id, at, "backlog", reason)
-        size = _describe_size(job.gpus, p.node_gpus)
-        if p.held_back_by_room(job):
+        if no_room:
             reason = f"{size}; its GPUs are idle, but no node has its memory and CPUs free yet; {when}"
             return Estimate(job.job_id, at, "no_room", reason)
         if head is None:
@@ -232,14 +271,132 @@ class Explainer:
         return ""
 
 
-def _first_end_on(p: Pass, nodes: Mapping[str, int]) -> float:
-    """When the first running job with a part on ``nodes`` ends: memory and CPUs held elsewhere never free there."""
-    ends = [
-        r.expected_end
-        for r in p.releases()
-        if r.expected_end > p.now and not r.gpus_by_node.keys().isdisjoint(nodes)
-    ]
-    return min(ends, default=p.now)
+class _Ends:
+    """When what holds GPUs, memory and CPUs now lets go of them: running jobs (backlog ones too) and this
+    pass's starts, by expected end. Built on first use: most passes hold no job back by memory, and
+    reserve for no elastic job."""
+
+    def __init__(self, p: Pass, order: Sequence[PendingJob], outcome: Outcome) -> None:
+        self.p, self.order, self.started = p, order, outcome.started
+        self._events: list[tuple[float, str, int]] | None = None
+        self._first: list[tuple[float, str]] | None = None
+        self._room: dict[tuple[int, float | None, float | None], float | None] = {}
+
+    def events(self) -> list[tuple[float, str, int]]:
+        """(end, node, GPUs) on schedulable nodes, ends after now only, in time order."""
+        if self._events is None:
+            p, now, cap = self.p, self.p.now, self.p.capacity
+            events = [
+                (r.expected_end, node, len(ix))
+                for r in p.running
+                if r.expected_end > now
+                for node, ix in r.gpus_by_node.items()
+                if node in cap
+            ]
+            if self.started:
+                hours = {job.job_id: job.hours for job in self.order if job.job_id in self.started}
+                for s in p.starts:
+                    end = now + hours.get(s.job_id, 0.0) * HOUR_S
+                    if end > now:
+                        events += [(end, node, len(ix)) for node, ix in s.gpus_by_node.items()]
+            events.sort(key=_first)
+            self._events = events
+        return self._events
+
+    def room_frees(self, job: PendingJob) -> float | None:
+        """The first end of a running job (or of a start of this pass) on a node that could ever hold a part of
+        ``job``: the earliest its memory and CPUs may free there. None when nothing there is due to end (what
+        holds them is no job the pool plans: parts that ended, being released)."""
+        g = job.min_gpus or job.gpus
+        key = (g, job.memory, job.cpus)  # all that decides which nodes could hold it
+        if key not in self._room:
+            if self._first is None:  # each node once, at its first end, soonest first
+                first: dict[str, float] = {}
+                for t, node, _ in self.events():
+                    first.setdefault(node, t)
+                self._first = [(t, node) for node, t in first.items()]
+            holds = _could_hold(self.p, job, g)
+            self._room[key] = next((t for t, node in self._first if holds(node)), None)
+        return self._room[key]
+
+    def minimum_frees(self, hold: Held) -> float | None:
+        """When an elastic job's minimum is first free together as the pass would start it (one node, or whole
+        nodes able to hold parts of a job spanning nodes), the holds before its own taken off until they end.
+        Only after now: GPUs idle now that did not start it are held back by something else."""
+        p, job = self.p, hold.job
+        g = job.min_gpus or job.gpus
+        avail = dict(p.short.count)
+        events = self.events()
+        before = []
+        for h in p.held:
+            if h is hold:
+                break
+            end = h.start_at + h.job.hours * HOUR_S
+            for node, k in h.need.items():
+                avail[node] = avail.get(node, 0) - k
+                before.append((end, node, k))
+        if before:
+            events = sorted(events + before, key=_first)
+        size = p.node_gpus
+        if g <= size:
+            cap = p.capacity
+            for t, node, k in events:
+                avail[node] = a = avail.get(node, 0) + k
+                if a >= g and cap.get(node, 0) >= g:
+                    return t
+            return None
+        if job.gpus // size * size < g:
+            return None  # started smaller, a job spanning nodes takes whole nodes only: never its minimum
+        span, wholes_needed = p.span_capacity, -(-g // size)
+        wholes = sum(1 for n, a in avail.items() if a >= size and span.get(n, 0) == size)
+        for t, node, k in events:
+            old = avail.get(node, 0)
+            avail[node] = old + k
+            if old < size <= old + k and span.get(node, 0) == size:
+                wholes += 1
+                if wholes >= wholes_needed:
+                    return t
+        return None
+
+
+def _could_hold(p: Pass, job: PendingJob, g: int) -> Callable[[str], bool]:
+    """Whether a node, idle, could give a part of ``g`` of the job's GPUs its memory and CPUs (as placement
+    shapes its parts: one node, or whole nodes and one for the rest, of those able to hold spanning parts)."""
+    room, size = p.room, p.node_gpus
+    if g <= size:
+        cap = p.capacity
+        return lambda n: cap.get(n, 0) >= g and (room is None or room.ever_fits(job, n, g, g))
+    span, rest = p.span_capacity, g % size
+
+    def holds(n: str) -> bool:
+        k = span.get(n, 0)
+        if room is None:
+            return k == size or (rest > 0 and k >= rest)
+        return (k == size and room.ever_fits(job, n, size, g)) or (
+            rest > 0 and k >= rest and room.ever_fits(job, n, rest, g)
+        )
+
+    return holds
+
+
+def _no_room_unknown(job: PendingJob, size: str) -> Estimate:
+    reason = (
+        f"{size}; its GPUs are idle, but no node has its memory and CPUs free yet, and no job running on a node "
+        "that could hold it is due to end: it starts when the parts holding them are released"
+    )
+    return Estimate(job.job_id, None, "no_room", reason)
+
+
+def _backlog_running(p: Pass) -> float:
+    """GPU-seconds running backlog jobs still hold: a waiting backlog job may not preempt them."""
+    if not p.soft_jobs:
+        return 0.0
+    now, cap = p.now, p.capacity
+    return sum(
+        sum(len(ix) for node, ix in r.gpus_by_node.items() if node in cap) * (r.expected_end - now)
+        for r in p.running
+        if r.preemptible and r.expected_end > now and r.job_id not in p.preempted
+    )
 
 
 def _fits_if_all_span(p: Pass, g: int) -> bool:

@@ -1,16 +1,105 @@
-"""A waiting job's reason says what really keeps it waiting, and tells its team nothing of another team's job."""
+"""A waiting job's estimate is never sooner than the pass would start it, and its reason says what really keeps
+it waiting and tells its team nothing of another team's job."""
 
 from datetime import UTC, datetime
 
 from jobs.scheduling.policy import plan
-from jobs.scheduling.types import NodeView, PendingJob, RunningView
+from jobs.scheduling.types import NodeView, PendingJob, PolicyConfig, RunningView
 
 NOW = datetime(2026, 5, 4, 12, 0, tzinfo=UTC).timestamp()
 HOUR = 3600.0
+GB = 1e9
 
 
 def _plan(pending, running=(), nodes=()):
     return plan(now=NOW, nodes=list(nodes), running=list(running), pending=pending, usage={}, shares={})
+
+
+def _told(e):
+    return f"told {datetime.fromtimestamp(e.start_at, UTC):%H:%M}: {e.reason}"
+
+
+# ----- memory and CPUs
+
+
+def test_a_job_held_back_by_memory_is_not_told_it_starts_now():
+    """gpu-01 has 100 GB; job 100 holds 90 GB of it until 15:00. Jobs 1 and 2 each need 50 GB: neither can
+    start before 15:00, the reserved one nor the one behind it."""
+    nodes = [
+        NodeView("gpu-01", 8, tuple(range(2, 8)), memory=100 * GB, cpus=64, free_memory=10 * GB, free_cpus=60)
+    ]
+    running = [RunningView(100, "audio", {"gpu-01": (0, 1)}, NOW - HOUR, NOW + 3 * HOUR)]
+    pending = [
+        PendingJob(1, "vision", 1, 1.0, NOW - 120, memory=50 * GB),
+        PendingJob(2, "vision", 1, 1.0, NOW - 60, memory=50 * GB),
+    ]
+    result = _plan(pending, running, nodes)
+    assert result.starts == []
+    assert result.estimates[1].start_at == NOW + 3 * HOUR
+    e = result.estimates[2]
+    assert e.reason_code == "no_room" and e.start_at >= NOW + 3 * HOUR, _told(e)
+
+
+def test_a_job_held_back_by_memory_no_running_job_will_free_is_not_given_a_time():
+    """Memory short on the only node, and no job running there to end (what holds it is being released): the
+    job is told what it waits for, and no time, rather than a start now that will not happen."""
+    nodes = [
+        NodeView("gpu-01", 8, tuple(range(8)), memory=100 * GB, cpus=64, free_memory=10 * GB, free_cpus=64)
+    ]
+    pending = [PendingJob(1, "vision", 1, 1.0, NOW - 120, memory=50 * GB)]
+    e = _plan(pending, (), nodes).estimates[1]
+    assert e.reason_code == "no_room" and e.start_at is None
+    assert "no job running on a node that could hold it is due to end" in e.reason
+
+
+def test_memory_a_start_of_the_same_pass_takes_frees_when_that_start_ends():
+    """Job 1 starts now with 60 of gpu-01's 100 GB for two hours: job 2 (50 GB) waits for its end, not for
+    nothing at all."""
+    nodes = [
+        NodeView("gpu-01", 8, tuple(range(8)), memory=100 * GB, cpus=64, free_memory=100 * GB, free_cpus=64)
+    ]
+    pending = [
+        PendingJob(1, "vision", 1, 2.0, NOW - 120, memory=60 * GB),
+        PendingJob(2, "vision", 1, 2.0, NOW - 60, memory=50 * GB),
+    ]
+    result = _plan(pending, (), nodes)
+    assert [s.job_id for s in result.starts] == [1]
+    e = result.estimates[2]
+    assert e.reason_code == "no_room" and e.start_at == NOW + 2 * HOUR, e
+
+
+# ----- backlog jobs
+
+
+def test_a_backlog_job_is_not_promised_gpus_a_non_backlog_job_will_take_first():
+    """One 8-GPU node busy until 13:00. Backlog job 1 (oldest) and jobs 2 and 3 (not preemptible) each need 8
+    GPUs for an hour. Backlog jobs run only on GPUs nobody else wants: 2 runs 13-14, 3 runs 14-15, so job 1
+    cannot start before 15:00."""
+    nodes = [NodeView("gpu-01", 8, ())]
+    running = [RunningView(100, "audio", {"gpu-01": tuple(range(8))}, NOW - HOUR, NOW + HOUR)]
+    pending = [
+        PendingJob(1, "vision", 8, 1.0, NOW - 3 * 60, preemptible=True),
+        PendingJob(2, "vision", 8, 1.0, NOW - 2 * 60),
+        PendingJob(3, "vision", 8, 1.0, NOW - 1 * 60),
+    ]
+    result = _plan(pending, running, nodes)
+    assert result.estimates[2].start_at == NOW + HOUR
+    assert result.estimates[3].start_at >= NOW + 2 * HOUR
+    e = result.estimates[1]
+    assert e.reason_code == "backlog" and e.start_at >= NOW + 3 * HOUR, _told(e)
+
+
+def test_a_backlog_job_does_not_push_back_the_jobs_behind_it():
+    """Backlog job 2 is ahead of job 3 in priority order, but yields to it: job 3 is estimated as if job 2 were
+    not there, behind job 1 only."""
+    nodes = [NodeView("gpu-01", 8, ())]
+    running = [RunningView(100, "audio", {"gpu-01": tuple(range(8))}, NOW - HOUR, NOW + HOUR)]
+    first, last = PendingJob(1, "vision", 8, 1.0, NOW - 900), PendingJob(3, "vision", 8, 1.0, NOW - 60)
+    alone = _plan([first, last], running, nodes).estimates[3]
+    backlog = PendingJob(2, "vision", 8, 1.0, NOW - 600, preemptible=True)
+    e = _plan([first, backlog, last], running, nodes).estimates[3]
+    assert e.start_at == alone.start_at == NOW + 2 * HOUR, _told(e)
+    assert "waiting behind job 1" in e.reason, e.reason
 
 
 # ----- jobs spanning nodes
@@ -36,6 +125,55 @@ def test_a_spanning_job_larger_than_the_pool_is_still_told_so():
     assert e.reason_code == "too_large" and e.reason.startswith("larger than the pool can ever place"), (
         e.reason
     )
+
+
+# ----- elastic jobs
+
+
+def _elastic_pool(second_end):
+    nodes = [NodeView("gpu-01", 8, ())]
+    running = [
+        RunningView(100, "audio", {"gpu-01": (0, 1, 2, 3)}, NOW - HOUR, NOW + HOUR),
+        RunningView(101, "audio", {"gpu-01": (4, 5, 6, 7)}, NOW - HOUR, second_end),
+    ]
+    return nodes, running
+
+
+def test_an_elastic_job_is_not_told_it_waits_for_its_full_size_when_its_minimum_frees_first():
+    """Elastic job 1 asks for 8 GPUs, at least 4. Four GPUs free at 13:00, the other four at 17:00: the next pass
+    after 13:00 starts it on 4 (policy rule 5), though its reservation is for 8 from 17:00."""
+    nodes, running = _elastic_pool(NOW + 5 * HOUR)
+    job = PendingJob(1, "vision", 8, 2.0, NOW - 60, min_gpus=4)
+    e = _plan([job], running, nodes).estimates[1]
+    later = _plan([job], [running[1]], [NodeView("gpu-01", 8, (0, 1, 2, 3))])
+    assert [s.job_id for s in later.starts] == [1]  # what really happens at 13:00
+    assert e.start_at == NOW + HOUR, _told(e)
+    assert e.reason_code == "elastic" and "elastic, at least 4" in e.reason and "17:00 UTC" in e.reason, (
+        e.reason
+    )
+
+
+def test_an_elastic_job_whose_minimum_frees_with_the_rest_keeps_its_reservation_time():
+    nodes, running = _elastic_pool(NOW + HOUR)
+    e = _plan([PendingJob(1, "vision", 8, 2.0, NOW - 60, min_gpus=4)], running, nodes).estimates[1]
+    assert (e.reason_code, e.start_at) == ("reserved", NOW + HOUR), e
+
+
+def test_an_elastic_job_is_not_told_its_minimum_frees_before_a_reservation_ahead_of_it_is_done():
+    """Four GPUs of gpu-01 free at 12:30, the other four at 13:00. Job 1 (not elastic) is reserved all 8 from 13:00
+    to 15:00, and elastic job 2 (8, at least 4) all 8 from 15:00: it cannot start on the 4 freed at 12:30 (job 1
+    would be late), and is told 15:00."""
+    nodes, running = _elastic_pool(NOW + HOUR)
+    running = [running[0], RunningView(101, "audio", {"gpu-01": (4, 5, 6, 7)}, NOW - HOUR, NOW + 30 * 60)]
+    pending = [
+        PendingJob(1, "audio", 8, 2.0, NOW - 600),
+        PendingJob(2, "vision", 8, 2.0, NOW - 60, min_gpus=4),
+    ]
+    two = PolicyConfig(reserve_top=2, max_reservations=2)
+    result = plan(now=NOW, nodes=nodes, running=running, pending=pending, usage={}, shares={}, config=two)
+    assert [(r.job_id, r.start_at) for r in result.reservations] == [(1, NOW + HOUR), (2, NOW + 3 * HOUR)]
+    e = result.estimates[2]
+    assert (e.reason_code, e.start_at) == ("reserved", NOW + 3 * HOUR), _told(e)
 
 
 # ----- what a team is told of another team's job
