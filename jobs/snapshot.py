@@ -193,7 +193,8 @@ SIZE_KNOWN = (
 
 
 def _pending(now: datetime) -> list[types.PendingJob]:
-    """Queued jobs are ready; staging ones are planned from their staging ETA, never before the next pass."""
+    """Queued jobs are ready; staging ones are planned from their staging ETA, never before the next pass; a job
+    waiting for prerequisites, from their ends and its staging then."""
     jobs = Job.objects.filter(state__in=(State.QUEUED, State.STAGING, State.SUBMITTED)).values_list(
         "id", "team__name", "gpus", "hours", "submitted_at", "min_gpus", "preemptible", "state",
         "memory_bytes", "cpus", "max_gpus", Coalesce("array__limit_of_id", "array_id"), "array__max_running",
@@ -210,9 +211,18 @@ def _pending(now: datetime) -> list[types.PendingJob]:
             ready_at=None if state == State.QUEUED else max(etas.get(job_id, unknown), not_before),
             datasets=datasets.get(job_id, frozenset()), memory=memory, cpus=cpus,
             waits_for=waits.get(job_id, ()), array=array, array_limit=array_limit, space=limits.space_bytes(output),
+            stage_s=_stage_s(job_id, state, waits, etas, now),
         )
         for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state, memory, cpus, max_gpus, array, array_limit, output in jobs
     ]  # fmt: skip
+
+
+def _stage_s(job_id: int, state: str, waits: dict, etas: dict[int, float], now: datetime) -> float:
+    """How long a job waiting for prerequisites, not staged yet (it stages once they end), should take to stage:
+    from its inputs' and image's bytes where they are known, else 0 (not known)."""
+    if state != State.SUBMITTED or job_id not in waits or job_id not in etas:
+        return 0.0
+    return max(etas[job_id] - now.timestamp(), 0.0)
 
 
 def staging_etas(now: datetime) -> dict[int, float]:

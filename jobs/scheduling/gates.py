@@ -3,14 +3,15 @@
 Pure core: the caller states the facts (``PendingJob.waits_for``, ``array``/``array_limit``,
 ``RunningView.array``). ``split`` runs before ranking, so a held job is never ranked, placed,
 reserved for or counted as starved; ``estimates`` runs after the pass and tells each held job
-when it should start and why not sooner, from the pass's own estimates and the running jobs' ends.
+when it should start and why not sooner, from the pass's own estimates and the running jobs' ends,
+and for a job waiting for prerequisites, from the pass's placement of it as ready once they end.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from itertools import repeat
 from operator import attrgetter, is_not
 
@@ -78,15 +79,24 @@ _array_limit = attrgetter("array_limit")
 
 
 def estimates(
-    *, now: float, gate: Split, running: Sequence[RunningView], planned: Mapping[int, Estimate]
+    *,
+    now: float,
+    gate: Split,
+    running: Sequence[RunningView],
+    planned: Mapping[int, Estimate],
+    place: Callable[[Sequence[PendingJob]], dict[int, Estimate]],
 ) -> dict[int, Estimate]:
     """An estimate for every held job: throttled tasks first (they follow their array's waves),
-    then jobs waiting for prerequisites (whose ends may be any other estimate, held ones included)."""
+    then jobs waiting for prerequisites (whose ends may be any other estimate, held ones included).
+
+    ``place`` is the pass's own placement, asked after it decided (``placement.Afterwards.estimate``): a
+    waiting job is ready no earlier than its last prerequisite's end, plus its staging (which begins only
+    then), and starts when GPUs it can use are free from that time; one the pool could never place is told so.
+    """
     out = _throttled(now=now, gate=gate, running=running, planned=planned)
-    ends = _Ends(now=now, running=running, pending=[*gate.ready, *gate.throttled], known={**planned, **out})
-    waiting = {job.job_id: job for job in gate.waiting}
-    for job in gate.waiting:
-        out[job.job_id] = ends.dependency_estimate(job, waiting)
+    if gate.waiting:
+        known = {**planned, **out}
+        out.update(_Waits(now=now, gate=gate, running=running, known=known).estimates(place))
     return out
 
 
@@ -94,7 +104,8 @@ def _throttled(
     *, now: float, gate: Split, running: Sequence[RunningView], planned: Mapping[int, Estimate]
 ) -> dict[int, Estimate]:
     """A held task starts as a slot of its array frees: the i-th held task takes the i-th slot to
-    end (running tasks by their declared ends, this pass's by their estimates), wave after wave."""
+    end (running tasks by their declared ends, this pass's by their estimates), wave after wave;
+    not before its data is in place, where it is still staging."""
     slots: dict[int, list[float]] = defaultdict(list)
     active: Counter[int] = Counter()
     for r in running:
@@ -122,62 +133,117 @@ def _throttled(
             else f"{running_now} running, {job.array_limit - running_now} next in line"
         )
         reason = f"array {a} runs at most {job.array_limit} tasks at once: {detail}"
-        out[job.job_id] = Estimate(
-            job.job_id, None if start is None else max(start, now), "array_limit", reason
-        )
+        if start is not None:
+            start = max(start, now)
+            if job.ready_at is not None and job.ready_at > start:  # its data arrives after its slot frees
+                start = job.ready_at
+                reason += f"; its data is still staging (ETA {format_utc(job.ready_at, now=now)})"
+        out[job.job_id] = Estimate(job.job_id, start, "array_limit", reason)
     return out
 
 
-class _Ends:
-    """When each job should end: running ones by declared hours, others by estimated start + hours."""
+class _Waits:
+    """Estimates for jobs waiting for prerequisites: when each prerequisite should end (running ones by their
+    planned ends, others by their estimated start + hours, waiting ones once estimated themselves), and from
+    that, through the pass's placement, when each waiting job could start."""
 
     def __init__(
-        self, *, now: float, running: Sequence[RunningView], pending: Sequence[PendingJob],
-        known: Mapping[int, Estimate],
-    ) -> None:  # fmt: skip
+        self, *, now: float, gate: Split, running: Sequence[RunningView], known: Mapping[int, Estimate]
+    ) -> None:
         self.now = now
         self.end: dict[int, float | None] = {r.job_id: r.expected_end for r in running}
-        for job in pending:
+        for job in (*gate.ready, *gate.throttled):
             estimate = known.get(job.job_id)
             if estimate is not None:
                 self.end[job.job_id] = _end_of(job, estimate)
-        self.estimated: dict[int, Estimate] = {}
+        self.waiting = {job.job_id: job for job in gate.waiting}
 
-    def dependency_estimate(self, job: PendingJob, waiting: Mapping[int, PendingJob]) -> Estimate:
-        if job.job_id in self.estimated:
-            return self.estimated[job.job_id]
-        first, how = job.waits_for[0]
-        self.estimated[job.job_id] = Estimate(
-            job.job_id, None, "dependency", _waiting_sentence(job, first, how, "")
-        )
-        latest: tuple[float, int, str] | None = None
-        never = False
-        for prerequisite, how in job.waits_for:
-            end = self._end(prerequisite, waiting)
-            if end is None:
-                never = True
-                latest = (float("inf"), prerequisite, how)
-            elif latest is None or end > latest[0]:
-                latest = (end, prerequisite, how)
-        assert latest is not None  # a waiting job has at least one prerequisite left
-        start = None if never else max(latest[0], self.now)
-        end, prerequisite, how = latest
-        if start is None:
+    def estimates(self, place: Callable[[Sequence[PendingJob]], dict[int, Estimate]]) -> dict[int, Estimate]:
+        """Level by level: jobs whose waiting prerequisites are all estimated, in one placement each (a chain
+        has few levels; ids only grow, so every job is reached)."""
+        out: dict[int, Estimate] = {}
+        left = sorted(self.waiting.values(), key=_job_id)
+        while left:
+            level = [job for job in left if all(p in out or p not in self.waiting for p, _ in job.waits_for)]
+            if not level:  # a cycle: the database refuses one, but never loop for ever
+                for job in left:
+                    first, how = job.waits_for[0]
+                    out[job.job_id] = Estimate(
+                        job.job_id, None, "dependency", _waiting_sentence(job, first, how, "")
+                    )
+                break
+            out.update(self._level(level, out, place))
+            done = set(map(_job_id, level))
+            left = [job for job in left if job.job_id not in done]
+        return out
+
+    def _level(
+        self,
+        level: Sequence[PendingJob],
+        out: dict[int, Estimate],
+        place: Callable[[Sequence[PendingJob]], dict[int, Estimate]],
+    ) -> dict[int, Estimate]:
+        binding: dict[int, tuple[float | None, int, str]] = {}  # the last prerequisite to end, per job
+        ready: list[PendingJob] = []
+        for job in level:
+            latest: tuple[float | None, int, str] | None = None
+            for prerequisite, how in job.waits_for:
+                end = self._end(prerequisite, out)
+                if end is None:
+                    latest = (None, prerequisite, how)
+                    break
+                if latest is None or end > latest[0]:
+                    latest = (end, prerequisite, how)
+            assert latest is not None  # a waiting job has at least one prerequisite left
+            binding[job.job_id] = latest
+            end = latest[0]
+            at = self.now if end is None else max(end, self.now) + job.stage_s
+            ready.append(replace(job, ready_at=max(at, job.ready_at or at)))
+        # Ready first go first (ties by id), those whose prerequisite can never end last: each is counted behind
+        # those before it in its level.
+        ready.sort(key=lambda job: (binding[job.job_id][0] is None, job.ready_at, job.job_id))
+        placed = place(ready)
+        estimates: dict[int, Estimate] = {}
+        for job in ready:
+            end, prerequisite, how = binding[job.job_id]
+            estimates[job.job_id] = self._estimate(job, placed[job.job_id], end, prerequisite, how)
+        return estimates
+
+    def _estimate(
+        self, job: PendingJob, placed: Estimate, end: float | None, prerequisite: int, how: str
+    ) -> Estimate:
+        if placed.start_at is None:  # the pool can never place it, whatever its prerequisites do
+            return Estimate(
+                job.job_id,
+                None,
+                placed.reason_code,
+                f"{placed.reason}; it also waits for job {prerequisite} to {how}",
+            )
+        if end is None:
             when = "it cannot be placed on this pool as it is"
-        elif prerequisite in self.end or prerequisite in waiting:
+            return Estimate(job.job_id, None, "dependency", _waiting_sentence(job, prerequisite, how, when))
+        if prerequisite in self.end or prerequisite in self.waiting:
             when = f"expected to end by {format_utc(end, now=self.now)}"
         else:
             when = ""  # it has ended and is settling (its outputs being delivered)
+        assert job.ready_at is not None  # set by ``_level``
+        start = max(placed.start_at, job.ready_at, self.now)
         sentence = _waiting_sentence(job, prerequisite, how, when)
-        estimate = Estimate(job.job_id, start, "dependency", sentence)
-        self.estimated[job.job_id] = estimate
-        return estimate
+        after = max(end, self.now)
+        if start > after:
+            if job.ready_at > after:
+                sentence += (
+                    f"; its data is staged only then (ready about {format_utc(job.ready_at, now=self.now)})"
+                )
+            if start > job.ready_at:
+                sentence += f"; the GPUs it needs are busy until about {format_utc(start, now=self.now)}"
+        return Estimate(job.job_id, start, "dependency", sentence)
 
-    def _end(self, job_id: int, waiting: Mapping[int, PendingJob]) -> float | None:
+    def _end(self, job_id: int, out: Mapping[int, Estimate]) -> float | None:
         if job_id in self.end:
             return self.end[job_id]
-        if job_id in waiting:  # a chain: its own prerequisites first (ids only grow, so it ends)
-            return _end_of(waiting[job_id], self.dependency_estimate(waiting[job_id], waiting))
+        if job_id in self.waiting:  # a chain: estimated in an earlier level
+            return _end_of(self.waiting[job_id], out[job_id])
         return self.now  # ended already, or finishing delivery: nothing of the pool's to wait for
 
 

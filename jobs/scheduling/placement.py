@@ -324,7 +324,7 @@ class PoolState:
 
 
 class Pass:
-    """Working state of one scheduling pass. Never escapes ``schedule()``.
+    """Working state of one scheduling pass. Never escapes ``run()``, but read-only in its ``Afterwards``.
 
     Views of free GPUs now: ``short`` - every idle GPU (for jobs that end, by declared hours,
     before the earliest reservation); ``long`` - idle GPUs no reservation counts on (for jobs that
@@ -921,6 +921,25 @@ def schedule(
 
     ``backfill=False`` is strict first-come-first-served: stop at the first job that cannot start.
     """
+    return run(
+        now=now, nodes=nodes, running=running, order=order, config=config, starved=starved, backfill=backfill,
+        explainer=explainer, memo=memo,
+    )[0]  # fmt: skip
+
+
+def run(
+    *,
+    now: float,
+    nodes: Sequence[NodeView],
+    running: Sequence[RunningView],
+    order: Sequence[PendingJob],
+    config: PolicyConfig,
+    starved: frozenset[int] = frozenset(),
+    backfill: bool = True,
+    explainer: explanation.Explainer | None = None,
+    memo: ReleaseMemo | None = None,
+) -> tuple[Plan, Afterwards]:
+    """``schedule``, and what can still estimate jobs the pass left out, from the state it ended in."""
     p = Pass(now=now, nodes=nodes, running=running, memo=memo)
     outcome = _place_all(p, order, config=config, starved=starved, backfill=backfill)
     reservations = [
@@ -931,16 +950,34 @@ def schedule(
         )
         for h in p.held
     ]
+    explainer = explainer or explanation.Explainer()
     estimates: dict[int, Estimate] = {}
     if config.explain:
-        estimates = (explainer or explanation.Explainer()).estimates(p, order, outcome)
-    return Plan(
+        estimates = explainer.estimates(p, order, outcome)
+    plan = Plan(
         starts=p.starts,
         preemptions=list(p.preempted),
         reservations=reservations,
         estimates=estimates,
         priority={},
     )
+    return plan, Afterwards(p, explainer)
+
+
+class Afterwards:
+    """Estimates for jobs a pass left out of its order (held back until a known time: their prerequisites'
+    ends), read from the state the pass ended in: its starts and holds made, running jobs' ends to come."""
+
+    def __init__(self, p: Pass, explainer: explanation.Explainer) -> None:
+        self._p, self._explainer = p, explainer
+
+    def estimate(self, jobs: Sequence[PendingJob]) -> dict[int, Estimate]:
+        """Each job as if it had been placed last in the pass: ``start_at`` None (with the pass's reason) when
+        the pool can never place it, else when it could start, no earlier than its ``ready_at``: as a blocked
+        job, with only the jobs before it in ``jobs`` counted ahead of it. Changes no decision of the pass."""
+        outcome = Outcome(started={}, held={}, never=set(), blocked=[])
+        outcome.blocked.extend(_rest(self._p, jobs, outcome.never))
+        return self._explainer.estimates(self._p, jobs, outcome)
 
 
 def _place_all(

@@ -68,7 +68,9 @@ def plan(
     """One pass of the default policy (module docstring): starts, preemptions, reservations, estimates.
 
     Jobs with prerequisites left, and array tasks past their array's running limit, are held back
-    before ranking (``gates``): they take no GPUs and no reservation, and are told why.
+    before ranking (``gates``): they take no GPUs and no reservation, and are told why. A job waiting for
+    prerequisites is then estimated by the pass's own placement, as ready once they end (``gates.estimates``):
+    told it can never start where the pool could never place it, else when GPUs it can use are free then.
     """
     gate = gates.split(pending, running, now=now)
     ranking = priority.rank(
@@ -77,7 +79,7 @@ def plan(
     explainer = None
     if config.explain:
         explainer = explanation.FairshareExplainer(ranking=ranking, usage=usage, shares=shares, config=config)
-    result = placement.schedule(
+    result, afterwards = placement.run(
         now=now,
         nodes=nodes,
         running=running,
@@ -90,7 +92,9 @@ def plan(
     result = widening.widen(result, pending=pending, nodes=nodes)
     if not config.explain:
         return result
-    held = gates.estimates(now=now, gate=gate, running=running, planned=result.estimates)
+    held = gates.estimates(
+        now=now, gate=gate, running=running, planned=result.estimates, place=afterwards.estimate
+    )
     return Plan(
         starts=result.starts,
         preemptions=result.preemptions,

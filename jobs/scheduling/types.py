@@ -82,6 +82,9 @@ class PendingJob:
     array: int | None = None
     array_limit: int | None = None
     space: float = 0  # bytes each of its parts takes on its node's disk (its attempt space)
+    # Waiting for prerequisites, it stages only once they end: how long its staging is planned to take then
+    # (0: not known, or nothing to stage).
+    stage_s: float = 0.0
     # A memo, not part of the job: its priority terms that do not change while it waits, for one config,
     # (config, A, L, slow, team), written once by ``priority`` (``jobs.scheduling.priority.remember_terms``).
     rank_terms: tuple[object, float, float, float, str] = field(

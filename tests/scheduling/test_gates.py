@@ -87,12 +87,15 @@ def test_running_tasks_count_against_the_limit_and_the_next_wave_starts_as_they_
 
 def test_a_task_still_staging_does_not_hold_its_arrays_only_slot_against_a_ready_sibling():
     """Task 1 is staging for two more hours (no GPU held); task 2 is queued, its data in place: on an idle
-    pool, the array's one slot goes to task 2, and task 1 is told a task is running."""
+    pool, the array's one slot goes to task 2, and task 1 is told a task is running (and when its data comes)."""
     staging = PendingJob(1, "vision", 1, 1.0, NOW - 60, array=40, array_limit=1, ready_at=NOW + 2 * HOUR)
     ready = PendingJob(2, "vision", 1, 1.0, NOW - 60, array=40, array_limit=1)
     result = _plan([staging, ready], nodes=[NodeView("gpu-01", 4, (0, 1, 2, 3))])
     assert [s.job_id for s in result.starts] == [2], result.estimates[2].reason
-    assert result.estimates[1].reason == "array 40 runs at most 1 tasks at once: 1 are running"
+    assert result.estimates[1].reason == (
+        "array 40 runs at most 1 tasks at once: 1 are running; its data is still staging (ETA 14:00 UTC)"
+    )
+    assert result.estimates[1].start_at == NOW + 2 * HOUR  # its slot frees at 13:00, its data at 14:00
 
 
 def test_a_task_still_staging_keeps_a_slot_no_ready_sibling_needs():
