@@ -73,7 +73,7 @@ def _nodes(now: datetime, pool_cached: frozenset[str] = frozenset()) -> list[typ
     nodes = list(
         Node.objects.exclude(state=Node.NodeState.DOWN).only(
             "id", "name", "gpus", "state", "memory_bytes", "cpus", "multi_node_refusal", "no_room_until",
-            "disk_free_bytes", "disk_free_at", "disk_bytes",
+            "disk_free_bytes", "disk_free_at", "disk_bytes", "gpu_model",
         )
     )  # fmt: skip
     used = _held_by_parts({node.id: node for node in nodes})
@@ -93,6 +93,7 @@ def _nodes(now: datetime, pool_cached: frozenset[str] = frozenset()) -> list[typ
             spans=not node.multi_node_refusal,
             free_disk=None if node.disk_free_bytes is None else node.disk_free_bytes - used[node.id][2],
             disk=node.disk_bytes,
+            gpu_model=node.gpu_model,
         )
         for node in nodes
     ]
@@ -194,11 +195,11 @@ SIZE_KNOWN = (
 
 def _pending(now: datetime) -> list[types.PendingJob]:
     """Queued jobs are ready; staging ones are planned from their staging ETA, never before the next pass; a job
-    waiting for prerequisites, from their ends and its staging then."""
+    waiting for prerequisites, from their ends and its staging then. Each names the GPU model it asked for."""
     jobs = Job.objects.filter(state__in=(State.QUEUED, State.STAGING, State.SUBMITTED)).values_list(
         "id", "team__name", "gpus", "hours", "submitted_at", "min_gpus", "preemptible", "state",
         "memory_bytes", "cpus", "max_gpus", Coalesce("array__limit_of_id", "array_id"), "array__max_running",
-        "output_bytes",
+        "output_bytes", "gpu_model",
     )  # fmt: skip
     etas = staging_etas(now)
     unknown, not_before = now.timestamp() + ASSUMED_STAGING_S, now.timestamp() + NOT_QUEUED_READY_S
@@ -211,9 +212,9 @@ def _pending(now: datetime) -> list[types.PendingJob]:
             ready_at=None if state == State.QUEUED else max(etas.get(job_id, unknown), not_before),
             datasets=datasets.get(job_id, frozenset()), memory=memory, cpus=cpus,
             waits_for=waits.get(job_id, ()), array=array, array_limit=array_limit, space=limits.space_bytes(output),
-            stage_s=_stage_s(job_id, state, waits, etas, now),
+            gpu_model=gpu_model or None, stage_s=_stage_s(job_id, state, waits, etas, now),
         )
-        for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state, memory, cpus, max_gpus, array, array_limit, output in jobs
+        for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state, memory, cpus, max_gpus, array, array_limit, output, gpu_model in jobs
     ]  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from jobs.scheduling import explanation
+from jobs.scheduling.explanation import format_utc
 from jobs.scheduling.types import (
     HOUR_S,
     Estimate,
@@ -28,6 +29,7 @@ from jobs.scheduling.types import (
     any_preemptible,
     by_expected_end,
     part_share,
+    serves,
 )
 
 INF = math.inf
@@ -41,6 +43,7 @@ _name = attrgetter("name")
 _schedulable = attrgetter("schedulable")
 _disk = attrgetter("disk")
 _min_gpus = attrgetter("min_gpus")
+_gpu_model = attrgetter("gpu_model")
 
 
 def _offers(node: NodeView) -> bool:
@@ -228,6 +231,40 @@ def _pool_shape(nodes: Sequence[NodeView]) -> _Shape:
     return shape
 
 
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """The schedulable nodes of one GPU model a job asked for: the shape placement reads for such a job, under
+    the same names as ``Pass`` has them for the whole pool (which is the shape of a job that names none)."""
+
+    model: str  # as asked
+    capacity: dict[str, int]
+    span_capacity: dict[str, int]
+    node_gpus: int
+    big_nodes: int
+    second_gpus: int
+    total_gpus: int
+    paused: tuple[int, int]  # (nodes, GPUs) of the model draining or drained
+
+    @staticmethod
+    def of(p: Pass, model: str) -> _Kind:
+        ours = {name for name, node_model in p.node_models.items() if serves(node_model, model)}
+        capacity = {n: k for n, k in p.capacity.items() if n in ours}
+        span = {n: k for n, k in capacity.items() if n not in p.no_span} if p.no_span else capacity
+        largest = max(capacity.values(), default=0)
+        sizes = list(span.values())
+        paused = [p.node_sizes[n] for n in ours if n not in capacity]
+        return _Kind(
+            model=model,
+            capacity=capacity,
+            span_capacity=span,
+            node_gpus=largest,
+            big_nodes=sizes.count(largest),
+            second_gpus=max((k for k in sizes if k < largest), default=0),
+            total_gpus=sum(capacity.values()),
+            paused=(len(paused), sum(paused)),
+        )
+
+
 class PoolState:
     """What a pass reads from the pool's nodes: their shape, free GPUs in node order, and the
     free-GPU index (nodes bucketed by free GPUs, in node order within a bucket).
@@ -390,6 +427,30 @@ class Pass:
         self._releases: list[RunningView] | None = None
         self._sweep: _Sweep | None = None
         self._by_node: dict[str, list[RunningView]] | None = None
+        # GPU models: read only once a job names one (``use_models``); until then no check is made.
+        self._nodes = nodes
+        self.kinds: dict[str, _Kind] | None = None
+        self.node_models: dict[str, str] = {}
+        self.node_sizes: dict[str, int] = {}
+
+    # ----- GPU models
+
+    def use_models(self) -> None:
+        """Some job names a GPU model: from now on such a job is placed, reserved for and judged possible only on
+        nodes of that model (``kind``)."""
+        if self.kinds is None:
+            self.kinds = {}
+            self.node_models = {n.name: n.gpu_model for n in self._nodes}
+            self.node_sizes = {n.name: n.gpus for n in self._nodes}
+
+    def kind(self, job: PendingJob) -> Pass | _Kind:
+        """The shape ``job`` is placed by: its model's nodes where it names one, else the whole pool (the pass)."""
+        if self.kinds is None or not job.gpu_model:
+            return self
+        kind = self.kinds.get(job.gpu_model)
+        if kind is None:
+            kind = self.kinds[job.gpu_model] = _Kind.of(self, job.gpu_model)
+        return kind
 
     # ----- feasibility
 
@@ -397,38 +458,40 @@ class Pass:
         """Whether the schedulable pool could ever start ``job``: its GPUs, its memory and CPUs on the nodes that
         would hold them, and its space on some node's disk (not matched node by node: see ``_Room``)."""
         g = job.min_gpus or job.gpus
-        return self.ever_fits(g) and job.space <= self.largest_disk and self.ever_has_room(job, g)
+        s = self if self.kinds is None or not job.gpu_model else self.kind(job)
+        return self.ever_fits(g, s) and job.space <= self.largest_disk and self.ever_has_room(job, g, s)
 
-    def ever_has_room(self, job: PendingJob, g: int) -> bool:
+    def ever_has_room(self, job: PendingJob, g: int, s: Pass | _Kind | None = None) -> bool:
         """Whether nodes that would hold ``g`` GPUs of the job (as ``_place`` chooses them: one node when it
-        fits one, else whole nodes and one for the rest) could, idle, give each part its memory and CPUs."""
+        fits one, else whole nodes and one for the rest) could, idle, give each part its memory and CPUs;
+        among the nodes of shape ``s`` (its model's, or by default the whole pool)."""
         room = self.room
         if room is None or (job.memory is None and job.cpus is None):
             return True
-        if g <= self.node_gpus:
-            return any(k >= g and room.ever_fits(job, node, g, g) for node, k in self.capacity.items())
-        whole, rest = divmod(g, self.node_gpus)
-        spanning = [node for node in self.capacity if node not in self.no_span]
-        full = [
-            n
-            for n in spanning
-            if self.capacity[n] == self.node_gpus and room.ever_fits(job, n, self.node_gpus, g)
-        ]
+        s = self if s is None else s
+        capacity, size = s.capacity, s.node_gpus
+        if g <= size:
+            return any(k >= g and room.ever_fits(job, node, g, g) for node, k in capacity.items())
+        whole, rest = divmod(g, size)
+        spanning = [node for node in capacity if node not in self.no_span]
+        full = [n for n in spanning if capacity[n] == size and room.ever_fits(job, n, size, g)]
         if rest == 0:
             return len(full) >= whole
-        for_rest = [n for n in spanning if self.capacity[n] >= rest and room.ever_fits(job, n, rest, g)]
+        for_rest = [n for n in spanning if capacity[n] >= rest and room.ever_fits(job, n, rest, g)]
         return len(full) >= whole and len(set(full) | set(for_rest)) > whole and bool(for_rest)
 
-    def ever_fits(self, g: int) -> bool:
-        """Whether the schedulable pool could hold ``g`` GPUs under the placement rules."""
-        if self.node_gpus == 0:
+    def ever_fits(self, g: int, s: Pass | _Kind | None = None) -> bool:
+        """Whether the schedulable pool (or the nodes of shape ``s``) could hold ``g`` GPUs under the placement
+        rules."""
+        s = self if s is None else s
+        if s.node_gpus == 0:
             return False
-        if g <= self.node_gpus:
+        if g <= s.node_gpus:
             return g > 0
-        whole, rest = divmod(g, self.node_gpus)
-        if self.big_nodes < whole:
+        whole, rest = divmod(g, s.node_gpus)
+        if s.big_nodes < whole:
             return False
-        return rest == 0 or self.big_nodes > whole or self.second_gpus >= rest
+        return rest == 0 or s.big_nodes > whole or s.second_gpus >= rest
 
     # ----- placement now
 
@@ -451,30 +514,46 @@ class Pass:
 
     def _place(self, job: PendingJob, g: int, *, view: _FreeIndex) -> dict[str, int] | None:
         room = self.room
-        if g <= self.node_gpus:
-            accept = None if room is None else (lambda node: room.fits(job, node, g, g))
+        s = self if self.kinds is None or not job.gpu_model else self.kind(job)
+        size = s.node_gpus
+        if g <= size:
+            if s is self:  # no model asked for: the common case, and every replay
+                accept = None if room is None else (lambda node: room.fits(job, node, g, g))
+            else:
+                accept = self._accept(job, s, g, g)
             local = self._local_fit(job, g, view)
             node = local if local and (accept is None or accept(local)) else view.best_fit(g, accept=accept)
             return None if node is None else {node: g}
-        whole, rest = divmod(g, self.node_gpus)
-        full = [node for node in view.buckets[self.node_gpus] if node not in self.no_span]
+        whole, rest = divmod(g, size)
+        span = s.span_capacity  # nodes that may hold a part of a job spanning nodes (of its model)
+        full = [node for node in view.buckets[size] if node in span]
         if len(full) < whole:
             return None
         chosen: dict[str, int] = {}
         for node in full:
             if len(chosen) == whole:
                 break
-            if room is None or room.fits(job, node, self.node_gpus, g):
-                chosen[node] = self.node_gpus
+            if room is None or room.fits(job, node, size, g):
+                chosen[node] = size
         if len(chosen) < whole:
             return None
         if rest:
-            accept = None if room is None else (lambda node: room.fits(job, node, rest, g))
+            accept = self._accept(job, s, rest, g)
             node = view.best_fit(rest, exclude={**chosen, **self.no_span}, accept=accept)
             if node is None:
                 return None
             chosen[node] = rest
         return chosen
+
+    def _accept(self, job: PendingJob, s: Pass | _Kind, k: int, total: int) -> Callable[[str], bool] | None:
+        """Which nodes may take ``k`` of the job's ``total`` GPUs: those of its model, with room for its part."""
+        room = self.room
+        if s is self:
+            return None if room is None else (lambda node: room.fits(job, node, k, total))
+        ours = s.capacity
+        if room is None:
+            return ours.__contains__
+        return lambda node: node in ours and room.fits(job, node, k, total)
 
     def held_back_by_room(self, job: PendingJob) -> bool:
         """Whether idle GPUs could take ``job`` now, and only memory or CPUs on those nodes stop it."""
@@ -548,12 +627,18 @@ class Pass:
         return True
 
     def _elastic_counts(self, job: PendingJob, view: _FreeIndex) -> dict[str, int] | None:
-        whole_gpus = len(view.buckets[self.node_gpus]) * self.node_gpus
-        if job.gpus > self.node_gpus and whole_gpus > self.node_gpus:
+        s = self if self.kinds is None or not job.gpu_model else self.kind(job)
+        size = s.node_gpus
+        if s is self:
+            whole_gpus, top = len(view.buckets[size]) * size, view.top
+        else:  # only its model's nodes count
+            whole_gpus = sum(node in s.capacity for node in view.buckets[size]) * size if size else 0
+            top = max(map(view.get, s.capacity), default=0)
+        if job.gpus > size and whole_gpus > size:
             g = min(job.gpus, whole_gpus)
-            g -= g % self.node_gpus
+            g -= g % size
         else:
-            g = min(job.gpus, view.top)
+            g = min(job.gpus, top)
         if g < (job.min_gpus or job.gpus) or g <= 0:
             return None
         return self.place(job, g, view=view)
@@ -582,7 +667,7 @@ class Pass:
         pass, without moving any of them; None if the schedulable pool never fits it."""
         if self._sweep is None:
             self._sweep = _Sweep(self)
-        found = self._sweep.hold(job.gpus, hours=job.hours)
+        found = self._sweep.hold(job.gpus, hours=job.hours, shape=self.kind(job))
         if found is None:
             return None
         start_at, need, released = found
@@ -770,12 +855,18 @@ class _Sweep:
         self._take(counts)
         self._splice(end, counts)
 
-    def hold(self, g: int, *, hours: float) -> tuple[float, dict[str, int], dict[str, int]] | None:
-        """Place a hold for ``g`` GPUs for ``hours``: (start, GPUs per node, of which released)."""
-        if g > self.p.node_gpus:
-            need = self._advance_multi(g)
+    def hold(
+        self, g: int, *, hours: float, shape: Pass | _Kind
+    ) -> tuple[float, dict[str, int], dict[str, int]] | None:
+        """Place a hold for ``g`` GPUs for ``hours`` on nodes of ``shape`` (the pass: any node): (start, GPUs per
+        node, of which released)."""
+        if shape.node_gpus == 0:
+            return None  # no node of its model takes work
+        if g > shape.node_gpus:
+            need = self._advance_multi(g) if shape is self.p else self._advance_multi_of(g, shape)
         else:
-            need = _fit_single_now(self.p, g, self.avail) or self._advance_single(g)
+            cap = shape.capacity
+            need = _fit_single_now(self.p, g, self.avail, cap) or self._advance_single(g, cap)
         if need is None:
             return None
         released = {}
@@ -812,8 +903,9 @@ class _Sweep:
         self.t, self.i = t, i
         return touched
 
-    def _advance_single(self, g: int) -> dict[str, int] | None:
-        events, avail, gained, cap = self.events, self.avail, self.gained, self.p.capacity
+    def _advance_single(self, g: int, cap: Mapping[str, int]) -> dict[str, int] | None:
+        """The first node of ``cap`` (the pool's or a model's capacity) with ``g`` GPUs available."""
+        events, avail, gained = self.events, self.avail, self.gained
         wholes, size, span = self.wholes, self.p.node_gpus, self.p.span_capacity
         while True:
             for i in range(self.i, len(events)):
@@ -862,30 +954,81 @@ class _Sweep:
             if not self._expand():
                 return None
 
+    def _advance_multi_of(self, g: int, kind: _Kind) -> dict[str, int] | None:
+        """``_advance_multi`` on the nodes of one GPU model (whole nodes of its largest size), keeping the
+        pool's whole nodes up to date as it walks."""
+        events, avail, gained = self.events, self.avail, self.gained
+        cap, size = kind.span_capacity, kind.node_gpus
+        pool_wholes, pool_size, pool_span = self.wholes, self.p.node_gpus, self.p.span_capacity
+        whole, rest = divmod(g, size)
 
-def _fit_single_now(p: Pass, g: int, avail: Mapping[str, int]) -> dict[str, int] | None:
+        def fit() -> dict[str, int] | None:
+            if (
+                size == pool_size
+            ):  # the pool's whole nodes, of its model: in the order the pool's walk keeps them
+                wholes = {n: None for n in pool_wholes if n in cap}
+            else:
+                wholes = {n: None for n, a in avail.items() if a >= size and cap.get(n, 0) == size}
+            n_rest = sum(1 for n, k in cap.items() if k >= rest and avail.get(n, 0) >= rest) if rest else 0
+            if len(wholes) >= whole and (not rest or n_rest > whole):
+                return _fit_multi(self.p, g, avail, wholes, kind)
+            return None
+
+        found = fit()
+        if found is not None:
+            return found
+        while True:
+            for i in range(self.i, len(events)):
+                t, node, k = events[i]
+                old = avail.get(node, 0)
+                a = old + k
+                avail[node] = a
+                gained[node] = gained.get(node, 0) + k
+                if old < pool_size <= a and pool_span.get(node, 0) == pool_size:
+                    pool_wholes[node] = None
+                grown = (old < size <= a and cap.get(node, 0) == size) or (
+                    rest and old < rest <= a and cap.get(node, 0) >= rest
+                )
+                if grown:
+                    self._absorb_ties(i, t)  # the walk's present is t now, every release at t applied
+                    found = fit()
+                    if found is not None:
+                        return found
+                    break  # not yet: go on from the first event after t
+            else:
+                self.i = len(events)
+                if not self._expand():
+                    return None
+                continue
+
+
+def _fit_single_now(
+    p: Pass, g: int, avail: Mapping[str, int], cap: Mapping[str, int]
+) -> dict[str, int] | None:
     """A single-node job that fits at once (on backlog GPUs): best fit, then fewest preempted."""
-    cap, soft = p.capacity, p.soft
+    soft = p.soft
     fits = [(k, soft.get(n, 0), n) for n, k in avail.items() if k >= g and cap.get(n, 0) >= g]
     return {min(fits)[2]: g} if fits else None
 
 
 def _fit_multi(
-    p: Pass, g: int, avail: Mapping[str, int], wholes: Mapping[str, None]
+    p: Pass, g: int, avail: Mapping[str, int], wholes: Mapping[str, None], s: Pass | _Kind | None = None
 ) -> dict[str, int] | None:
-    """Whole nodes of the largest size, plus one node for any remainder, if ``avail`` has them.
+    """Whole nodes of the largest size, plus one node for any remainder, if ``avail`` has them; among the
+    nodes of shape ``s`` (a GPU model's; by default the whole pool).
 
     ``wholes`` are the nodes wholly available. It takes those with no GPU idle now first: a hold
     then counts on GPUs that are busy anyway, and idle GPUs stay free for backfill.
     """
-    whole, rest = divmod(g, p.node_gpus)
+    s = p if s is None else s
+    whole, rest = divmod(g, s.node_gpus)
     if len(wholes) < whole:
         return None
-    idle, cap = p.short.count, p.span_capacity
+    idle, cap = p.short.count, s.span_capacity
     busy = [n for n in wholes if n not in idle]
     if len(busy) < whole:
         busy += sorted((n for n in wholes if n in idle), key=idle.__getitem__)
-    chosen = dict.fromkeys(busy[:whole], p.node_gpus)
+    chosen = dict.fromkeys(busy[:whole], s.node_gpus)
     if rest:
         extras = [n for n, a in avail.items() if a >= rest and cap.get(n, 0) >= rest and n not in chosen]
         if not extras:
@@ -941,6 +1084,8 @@ def run(
 ) -> tuple[Plan, Afterwards]:
     """``schedule``, and what can still estimate jobs the pass left out, from the state it ended in."""
     p = Pass(now=now, nodes=nodes, running=running, memo=memo)
+    if any(map(_gpu_model, order)):  # C-level: a pass where no job names a model checks none
+        p.use_models()
     outcome = _place_all(p, order, config=config, starved=starved, backfill=backfill)
     reservations = [
         Reservation(
@@ -953,7 +1098,7 @@ def run(
     explainer = explainer or explanation.Explainer()
     estimates: dict[int, Estimate] = {}
     if config.explain:
-        estimates = explainer.estimates(p, order, outcome)
+        estimates = _explain(p, explainer, order, outcome)
     plan = Plan(
         starts=p.starts,
         preemptions=list(p.preempted),
@@ -975,9 +1120,111 @@ class Afterwards:
         """Each job as if it had been placed last in the pass: ``start_at`` None (with the pass's reason) when
         the pool can never place it, else when it could start, no earlier than its ``ready_at``: as a blocked
         job, with only the jobs before it in ``jobs`` counted ahead of it. Changes no decision of the pass."""
+        p = self._p
+        if any(map(_gpu_model, jobs)):
+            p.use_models()
         outcome = Outcome(started={}, held={}, never=set(), blocked=[])
-        outcome.blocked.extend(_rest(self._p, jobs, outcome.never))
-        return self._explainer.estimates(self._p, jobs, outcome)
+        outcome.blocked.extend(_rest(p, jobs, outcome.never))
+        return _explain(p, self._explainer, jobs, outcome)
+
+
+def _explain(
+    p: Pass, explainer: explanation.Explainer, order: Sequence[PendingJob], outcome: Outcome
+) -> dict[int, Estimate]:
+    """The explainer's estimates, and for a job its GPU model keeps off every node, a reason naming the model."""
+    estimates = explainer.estimates(p, order, outcome)
+    if p.kinds is None:
+        return estimates
+    idle: dict[str, _ModelIdle] = {}
+    for job in order:
+        jid = job.job_id
+        if not job.gpu_model or jid in outcome.started or jid in outcome.held:
+            continue
+        if jid in outcome.never:
+            estimates[jid] = _model_never(p, job, estimates[jid])
+            continue
+        kind = p.kind(job)
+        assert isinstance(kind, _Kind)
+        if kind.model not in idle:
+            idle[kind.model] = _ModelIdle(p, kind)
+        estimates[jid] = idle[kind.model].later(estimates[jid], job)
+    return estimates
+
+
+class _ModelIdle:
+    """Idle GPUs of one model's nodes over time if nothing new starts (as the explainer counts the pool's): a
+    blocked job that names the model starts no sooner than enough of them are idle at once."""
+
+    def __init__(self, p: Pass, kind: _Kind) -> None:
+        self.now, self.model = p.now, kind.model
+        ours = kind.capacity
+        deltas: list[tuple[float, int]] = []
+        for r in p.releases():
+            k = sum(len(ix) for n, ix in r.gpus_by_node.items() if n in ours)
+            if k:
+                deltas.append((max(r.expected_end, p.now), k))
+        for end, counts in p.local_events:  # this pass's starts and holds
+            k = sum(c for n, c in counts.items() if n in ours)
+            if k:
+                deltas.append((max(end, p.now), k))
+        deltas.sort()
+        self.level = kind.total_gpus - sum(k for _, k in deltas)
+        self.deltas = deltas
+
+    def when_idle(self, g: int) -> float:
+        level = self.level
+        if level >= g:
+            return self.now
+        for t, k in self.deltas:
+            level += k
+            if level >= g:
+                return t
+        return self.now  # never that many idle: the pass's estimate stands
+
+    def later(self, said: Estimate, job: PendingJob) -> Estimate:
+        """``said``, moved to when the job's model has its GPUs idle where that is later, its reason saying so."""
+        if said.start_at is None:
+            return said
+        at = self.when_idle(job.min_gpus or job.gpus)
+        if at <= said.start_at:
+            return said
+        old, new = format_utc(said.start_at, now=self.now), format_utc(at, now=self.now)
+        busy = f"the {self.model} GPUs it asked for are busy until then"
+        if f"about {old}" in said.reason:
+            reason = said.reason.replace(f"about {old}", f"about {new} ({busy})", 1)
+        else:
+            reason = f"{said.reason}; {busy}: expected to start about {new}"
+        return Estimate(said.job_id, at, said.reason_code, reason)
+
+
+def _model_never(p: Pass, job: PendingJob, said: Estimate) -> Estimate:
+    """Why a job that names a GPU model cannot be placed, when its model is why: no node of it takes work
+    now, or too few to hold it (the pool as a whole could); else what the explainer said."""
+    kind = p.kind(job)
+    assert isinstance(kind, _Kind)
+    g = job.min_gpus or job.gpus
+    if kind.capacity and (p.ever_fits(g, kind) or not p.ever_fits(g)):
+        return said  # its model's nodes are not what keeps it off (its disk, memory or CPUs, or its size)
+    model = job.gpu_model
+    has = (
+        f"no node with {model} GPUs is taking jobs now"
+        if not kind.capacity
+        else f"nodes with {model} GPUs taking jobs now have {kind.total_gpus} of them, "
+        f"on {len(kind.capacity)} node{'s' if len(kind.capacity) != 1 else ''} of up to {kind.node_gpus}"
+    )
+    paused_nodes, paused_gpus = kind.paused
+    if paused_nodes and g <= kind.total_gpus + paused_gpus:
+        them = "it" if paused_nodes == 1 else "them"
+        reason = (
+            f"asks for {g} {model} GPU{'s' if g != 1 else ''}: {has}, while {paused_nodes} with them "
+            f"{'is' if paused_nodes == 1 else 'are'} draining or drained; it waits until an operator resumes {them}"
+        )
+        return Estimate(job.job_id, None, "drained_capacity", reason)
+    reason = (
+        f"asks for {g} {model} GPU{'s' if g != 1 else ''}: {has}; it waits until enough nodes with that model "
+        "are up (submitted again without a model, it could run on any node)"
+    )
+    return Estimate(job.job_id, None, "gpu_model", reason)
 
 
 def _place_all(

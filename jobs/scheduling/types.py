@@ -40,6 +40,7 @@ class NodeView:
     free_disk: float | None = None
     # Bytes that disk holds in all: a space larger can never be made there, however much frees. 0: not said.
     disk: float = 0
+    gpu_model: str = ""  # as its agent reported it ("NVIDIA H100 80GB HBM3"); "": not said (trace replays)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,8 @@ class PendingJob:
     array: int | None = None
     array_limit: int | None = None
     space: float = 0  # bytes each of its parts takes on its node's disk (its attempt space)
+    # The GPU model it asked for, placed only on nodes that have it (``serves``); None: any node.
+    gpu_model: str | None = None
     # Waiting for prerequisites, it stages only once they end: how long its staging is planned to take then
     # (0: not known, or nothing to stage).
     stage_s: float = 0.0
@@ -90,6 +93,12 @@ class PendingJob:
     rank_terms: tuple[object, float, float, float, str] = field(
         default=(None, 0.0, 0.0, 0.0, ""), init=False, repr=False, compare=False
     )
+
+
+def serves(node_model: str, asked: str) -> bool:
+    """Whether a node of ``node_model`` has the model a job asked for: "H100" names "NVIDIA H100 80GB HBM3"
+    (the rule intake holds a model by), case aside."""
+    return asked.lower() in node_model.lower()
 
 
 def part_share(
