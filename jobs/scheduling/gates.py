@@ -128,11 +128,12 @@ def _throttled(
         start = ends[i % len(ends)] + (i // len(ends)) * job.hours * HOUR_S if ends else None
         running_now = active[a]
         detail = (
-            f"{running_now} are running"
+            f"{running_now} {'is' if running_now == 1 else 'are'} running"
             if running_now >= job.array_limit
             else f"{running_now} running, {job.array_limit - running_now} next in line"
         )
-        reason = f"array {a} runs at most {job.array_limit} tasks at once: {detail}"
+        limit = f"{job.array_limit} task{'s' if job.array_limit != 1 else ''}"
+        reason = f"array {a} runs at most {limit} at once: {detail}"
         if start is not None:
             start = max(start, now)
             if job.ready_at is not None and job.ready_at > start:  # its data arrives after its slot frees

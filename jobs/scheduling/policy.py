@@ -34,7 +34,9 @@ The default policy, in order of precedence:
 
 Invariants of every ``Plan``: starts use only GPUs free now on schedulable nodes, none twice; a
 backfilled start never delays a reservation (judged by declared hours); every pending job has an
-estimate, with ``start_at`` None only when the pool can never place it.
+estimate, with ``start_at`` None only when no time can be told: the pool as it is can never place it (too large,
+drained, no node of its GPU model), or it waits for memory or CPUs that no running job is due to free, or for a job
+that itself has no time.
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ def test_a_throttled_array_task_still_staging_is_not_promised_a_start_before_its
     assert e.reason_code == "array_limit"
     assert (
         e.reason
-        == "array 7 runs at most 1 tasks at once: 1 are running; its data is still staging (ETA 14:00 UTC)"
+        == "array 7 runs at most 1 task at once: 1 is running; its data is still staging (ETA 14:00 UTC)"
     )
 
 
@@ -157,7 +157,7 @@ def test_a_throttled_task_whose_data_arrives_before_its_slot_is_told_the_slot():
     pending = [PendingJob(901, "vision", 1, 1.0, NOW - 60, ready_at=NOW + 600, array=7, array_limit=1)]
     e = _plan(pending, running, nodes).estimates[901]
     assert e.start_at == NOW + HOUR
-    assert e.reason == "array 7 runs at most 1 tasks at once: 1 are running"
+    assert e.reason == "array 7 runs at most 1 task at once: 1 is running"
 
 
 @pytest.mark.django_db

@@ -93,7 +93,7 @@ def test_a_task_still_staging_does_not_hold_its_arrays_only_slot_against_a_ready
     result = _plan([staging, ready], nodes=[NodeView("gpu-01", 4, (0, 1, 2, 3))])
     assert [s.job_id for s in result.starts] == [2], result.estimates[2].reason
     assert result.estimates[1].reason == (
-        "array 40 runs at most 1 tasks at once: 1 are running; its data is still staging (ETA 14:00 UTC)"
+        "array 40 runs at most 1 task at once: 1 is running; its data is still staging (ETA 14:00 UTC)"
     )
     assert result.estimates[1].start_at == NOW + 2 * HOUR  # its slot frees at 13:00, its data at 14:00
 
