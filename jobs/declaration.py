@@ -496,16 +496,16 @@ def _workdir(value: Any, errs: _Collector) -> str:
 
 
 def _gpu_model(value: Any, limits: Limits, errs: _Collector) -> str:
-    """A model asked for is held only while every node has it ("H100" names "NVIDIA H100 80GB HBM3"): the
-    scheduler places by GPU count, so in a pool of mixed models the job could land on any of them."""
+    """A model asked for ("H100" names "NVIDIA H100 80GB HBM3") must be one a node of the pool has: the job runs
+    only on nodes of that model (a job whose model's nodes all go later waits, told so)."""
     model = _short_text(value, "request.gpu_model", 60, errs)
     models = limits.gpu_models
-    if model and models is not None and not (models and all(model.lower() in m.lower() for m in models)):
+    if model and models is not None and not any(model.lower() in m.lower() for m in models):
         have = ", ".join(sorted(models)) or "no nodes yet"
         errs.add(
             "request.gpu_model",
-            f"this pool places jobs by GPU count, not model, so a model can be asked for only while every node has "
-            f"it; its nodes have {have}: leave it empty to run on any of them",
+            f"no node of this pool has {model} GPUs; its nodes have {have}: name one of those, or leave it empty "
+            "to run on any of them",
         )
         return ""
     return model

@@ -103,8 +103,8 @@ class RequestIn(NullIsAbsent):
     )
     gpu_model: str = Field(
         "",
-        description='Held only while every node of the pool has it ("H100" names "NVIDIA H100 80GB HBM3"): '
-        "jobs are placed by GPU count, so in a pool of mixed models it is refused.",
+        description='Runs only on nodes whose GPU model names it ("H100" names "NVIDIA H100 80GB HBM3"); '
+        "refused when no node of the pool has it. Empty: any node.",
     )
     preemptible: StrictBool = False
     requeue: StrictBool = Field(False, description="Requeue as a new attempt after a node loss (at most 3).")

@@ -466,14 +466,16 @@ def test_a_job_naming_an_image_may_leave_argv_to_the_images_cmd(
     ("models", "asked", "refused"),
     [
         (["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"], "H100", False),
-        (["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"], "H100", True),
+        (
+            ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"],
+            "h100",
+            False,
+        ),  # a mixed pool: it runs on the H100s
         (["NVIDIA A100-SXM4-80GB"], "H100", True),
     ],
 )
-def test_a_gpu_model_is_held_only_while_every_node_has_it(
-    good, member_client, member_token, models, asked, refused
-):
-    """Jobs are placed by GPU count: a model asked for in a pool of mixed models could land on any of them."""
+def test_a_gpu_model_is_taken_while_a_node_has_it(good, member_client, member_token, models, asked, refused):
+    """The scheduler places a job that names a model only on nodes of that model: one no node has is refused."""
     for i, model in enumerate(models):
         NodeFactory(name=f"m-{i}", gpu_model=model)
     response = submit_api(member_client, _with(good, "request.gpu_model", asked), member_token)
@@ -484,6 +486,6 @@ def test_a_gpu_model_is_held_only_while_every_node_has_it(
     assert response.status_code == 422
     (error,) = response.json()["errors"]
     assert error["field"] == "request.gpu_model"
-    assert error["message"].startswith("this pool places jobs by GPU count, not model")
+    assert error["message"].startswith("no node of this pool has H100 GPUs")
     assert ", ".join(sorted(set(models))) in error["message"]
     assert Job.objects.count() == 0
