@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from jobs import imageref
+from jobs.scheduling.types import serves
 from jobs.units import format_size, parse_size
 
 MAX_JOB_FILE_BYTES = 256 * 1024
@@ -500,7 +501,7 @@ def _gpu_model(value: Any, limits: Limits, errs: _Collector) -> str:
     only on nodes of that model (a job whose model's nodes all go later waits, told so)."""
     model = _short_text(value, "request.gpu_model", 60, errs)
     models = limits.gpu_models
-    if model and models is not None and not any(model.lower() in m.lower() for m in models):
+    if model and models is not None and not any(serves(m, model) for m in models):
         have = ", ".join(sorted(models)) or "no nodes yet"
         errs.add(
             "request.gpu_model",

@@ -7,8 +7,10 @@ the live scheduler and the trace replay call any of them the same way.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from operator import attrgetter
 from typing import TYPE_CHECKING, Protocol
 
@@ -96,9 +98,14 @@ class PendingJob:
 
 
 def serves(node_model: str, asked: str) -> bool:
-    """Whether a node of ``node_model`` has the model a job asked for: "H100" names "NVIDIA H100 80GB HBM3"
-    (the rule intake holds a model by), case aside."""
-    return asked.lower() in node_model.lower()
+    """Whether a node of ``node_model`` has the model a job asked for (the rule intake holds a model by): "H100"
+    names "NVIDIA H100 80GB HBM3", case aside, as whole words: "A10" is not an A100, nor "L4" an L40S."""
+    return _model_pattern(asked).search(node_model) is not None
+
+
+@lru_cache(maxsize=256)
+def _model_pattern(asked: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![a-z0-9]){re.escape(asked.strip())}(?![a-z0-9])", re.IGNORECASE)
 
 
 def part_share(

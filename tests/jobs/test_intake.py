@@ -472,6 +472,7 @@ def test_a_job_naming_an_image_may_leave_argv_to_the_images_cmd(
             False,
         ),  # a mixed pool: it runs on the H100s
         (["NVIDIA A100-SXM4-80GB"], "H100", True),
+        (["NVIDIA A100-SXM4-80GB"], "A10", True),  # in the name's text, but not the model
     ],
 )
 def test_a_gpu_model_is_taken_while_a_node_has_it(good, member_client, member_token, models, asked, refused):
@@ -486,6 +487,6 @@ def test_a_gpu_model_is_taken_while_a_node_has_it(good, member_client, member_to
     assert response.status_code == 422
     (error,) = response.json()["errors"]
     assert error["field"] == "request.gpu_model"
-    assert error["message"].startswith("no node of this pool has H100 GPUs")
+    assert error["message"].startswith(f"no node of this pool has {asked} GPUs")
     assert ", ".join(sorted(set(models))) in error["message"]
     assert Job.objects.count() == 0
