@@ -321,7 +321,8 @@ class _Ends:
 
     def minimum_frees(self, hold: Held) -> float | None:
         """When an elastic job's minimum is first free together as the pass would start it (one node, or whole
-        nodes able to hold parts of a job spanning nodes), the holds before its own taken off until they end.
+        nodes able to hold parts of a job spanning nodes; of its GPU model where it names one), the holds before
+        its own taken off until they end.
         Only after now: GPUs idle now that did not start it are held back by something else."""
         p, job = self.p, hold.job
         g = job.min_gpus or job.gpus
@@ -337,9 +338,10 @@ class _Ends:
                 before.append((end, node, k))
         if before:
             events = sorted(events + before, key=_first)
-        size = p.node_gpus
+        s = p.kind(job)  # its model's nodes where it names one, else the whole pool
+        size = s.node_gpus
         if g <= size:
-            cap = p.capacity
+            cap = s.capacity
             for t, node, k in events:
                 avail[node] = a = avail.get(node, 0) + k
                 if a >= g and cap.get(node, 0) >= g:
@@ -347,7 +349,7 @@ class _Ends:
             return None
         if job.gpus // size * size < g:
             return None  # started smaller, a job spanning nodes takes whole nodes only: never its minimum
-        span, wholes_needed = p.span_capacity, -(-g // size)
+        span, wholes_needed = s.span_capacity, -(-g // size)
         wholes = sum(1 for n, a in avail.items() if a >= size and span.get(n, 0) == size)
         for t, node, k in events:
             old = avail.get(node, 0)

@@ -116,6 +116,22 @@ def test_an_elastic_job_starts_smaller_on_its_model_only():
     assert result.starts[0].gpus_by_node == {"h-01": (2, 3)}
 
 
+def test_an_elastic_jobs_smaller_start_is_not_promised_on_another_models_node():
+    """Job 1 (H100, 8 GPUs, at least 4) is reserved on h-01 from 22:00; the A100 node frees at 13:00 but can
+    never take it, so 22:00 is when it starts, not 13:00 on fewer GPUs."""
+    nodes = [_node("h-01", 8, free=()), _node("a-01", 8, free=(), model=A100)]
+    running = [
+        RunningView(8, "audio", {"h-01": tuple(range(8))}, NOW - HOUR, NOW + 10 * HOUR),
+        RunningView(9, "audio", {"a-01": tuple(range(8))}, NOW - HOUR, NOW + 1 * HOUR),
+    ]
+    job = PendingJob(1, "vision", 8, 1.0, NOW - 60, min_gpus=4, gpu_model="H100")
+    result = _plan([job], running, nodes)
+    [hold] = result.reservations
+    assert list(hold.gpus_by_node) == ["h-01"] and hold.start_at == NOW + 10 * HOUR
+    e = result.estimates[1]
+    assert (e.start_at, e.reason_code) == (NOW + 10 * HOUR, "reserved"), e.reason
+
+
 @st.composite
 def pools(draw):
     nodes, running, jid = [], [], 1000
