@@ -280,7 +280,7 @@ class _Ends:
         self.p, self.order, self.started = p, order, outcome.started
         self._events: list[tuple[float, str, int]] | None = None
         self._first: list[tuple[float, str]] | None = None
-        self._room: dict[tuple[int, float | None, float | None], float | None] = {}
+        self._room: dict[tuple[int, float | None, float | None, str | None], float | None] = {}
 
     def events(self) -> list[tuple[float, str, int]]:
         """(end, node, GPUs) on schedulable nodes, ends after now only, in time order."""
@@ -305,10 +305,10 @@ class _Ends:
 
     def room_frees(self, job: PendingJob) -> float | None:
         """The first end of a running job (or of a start of this pass) on a node that could ever hold a part of
-        ``job``: the earliest its memory and CPUs may free there. None when nothing there is due to end (what
-        holds them is no job the pool plans: parts that ended, being released)."""
+        ``job`` (of its GPU model where it names one): the earliest its memory and CPUs may free there. None when
+        nothing there is due to end (what holds them is no job the pool plans: parts that ended, being released)."""
         g = job.min_gpus or job.gpus
-        key = (g, job.memory, job.cpus)  # all that decides which nodes could hold it
+        key = (g, job.memory, job.cpus, job.gpu_model)  # all that decides which nodes could hold it
         if key not in self._room:
             if self._first is None:  # each node once, at its first end, soonest first
                 first: dict[str, float] = {}
@@ -363,12 +363,14 @@ class _Ends:
 
 def _could_hold(p: Pass, job: PendingJob, g: int) -> Callable[[str], bool]:
     """Whether a node, idle, could give a part of ``g`` of the job's GPUs its memory and CPUs (as placement
-    shapes its parts: one node, or whole nodes and one for the rest, of those able to hold spanning parts)."""
-    room, size = p.room, p.node_gpus
+    shapes its parts: one node, or whole nodes and one for the rest, of those able to hold spanning parts; of
+    its GPU model where it names one)."""
+    s = p.kind(job)
+    room, size = p.room, s.node_gpus
     if g <= size:
-        cap = p.capacity
+        cap = s.capacity
         return lambda n: cap.get(n, 0) >= g and (room is None or room.ever_fits(job, n, g, g))
-    span, rest = p.span_capacity, g % size
+    span, rest = s.span_capacity, g % size
 
     def holds(n: str) -> bool:
         k = span.get(n, 0)

@@ -16,6 +16,7 @@ from tests.factories import JobFactory, NodeFactory
 
 NOW = datetime(2026, 5, 4, 12, 0, tzinfo=UTC).timestamp()
 HOUR = 3600.0
+GB = 1e9
 H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
 
 
@@ -130,6 +131,29 @@ def test_an_elastic_jobs_smaller_start_is_not_promised_on_another_models_node():
     assert list(hold.gpus_by_node) == ["h-01"] and hold.start_at == NOW + 10 * HOUR
     e = result.estimates[1]
     assert (e.start_at, e.reason_code) == (NOW + 10 * HOUR, "reserved"), e.reason
+
+
+def test_a_job_held_back_by_memory_is_not_told_another_models_node_frees_it():
+    """Both nodes have 4 idle GPUs but their memory held: h-01's until 22:00, a-01's (A100) until 13:00. A job
+    naming H100 frees at 22:00; the same job naming no model, asked about first in the pass, at 13:00."""
+    nodes = [
+        _node("h-01", 8, free=(4, 5, 6, 7), memory=800 * GB, free_memory=50 * GB),
+        _node("a-01", 8, free=(4, 5, 6, 7), model=A100, memory=800 * GB, free_memory=50 * GB),
+    ]
+    running = [
+        RunningView(8, "audio", {"h-01": (0, 1, 2, 3)}, NOW - HOUR, NOW + 10 * HOUR),
+        RunningView(9, "audio", {"a-01": (0, 1, 2, 3)}, NOW - HOUR, NOW + 1 * HOUR),
+    ]
+    pending = [
+        PendingJob(1, "vision", 4, 1.0, NOW - 120, memory=300 * GB),
+        PendingJob(2, "vision", 4, 1.0, NOW - 60, memory=300 * GB, gpu_model="H100"),
+    ]
+    estimates = _plan(pending, running, nodes).estimates
+    assert {j: (e.start_at, e.reason_code) for j, e in estimates.items()} == {
+        1: (NOW + HOUR, "no_room"),
+        2: (NOW + 10 * HOUR, "no_room"),
+    }
+    assert "about 22:00 UTC" in estimates[2].reason
 
 
 @st.composite
