@@ -15,7 +15,7 @@ from jobs.scheduling.types import DAY_S, HOUR_S, Estimate, PendingJob, PolicyCon
 from jobs.units import format_size
 
 if TYPE_CHECKING:  # the pass hands itself in; importing it at run time would be a cycle
-    from jobs.scheduling.placement import Held, Outcome, Pass
+    from jobs.scheduling.placement import Held, Outcome, Pass, _Kind
     from jobs.scheduling.priority import Ranking
 
 
@@ -153,14 +153,17 @@ class Explainer:
         return out
 
     def _never(self, p: Pass, job: PendingJob) -> Estimate:
-        g = job.min_gpus or job.gpus
+        """Why the pool can never place ``job``: its disk, memory or CPUs are judged on the nodes of its shape
+        (its GPU model's where it names one), its GPUs on the whole pool (``placement`` says when its model's
+        nodes are too few)."""
+        g, s = job.min_gpus or job.gpus, p.kind(job)
         if not p.capacity:
             reason = "no node in the pool is taking jobs now (all draining, drained or down)"
             return Estimate(job.job_id, None, "no_nodes", reason)
-        if job.space > p.largest_disk and p.ever_fits(g):
+        if job.space > p.largest_disk and p.ever_fits(g, s):
             return _space_never(p, job)
-        if p.ever_fits(g) and not p.ever_has_room(job, g):
-            return _room_never(p, job, g)
+        if p.ever_fits(g, s) and not p.ever_has_room(job, g, s):
+            return _room_never(p, job, g, s)
         now_has = (
             f"the schedulable pool has {_count(p.total_gpus, 'GPU')} on {_count(len(p.capacity), 'node')} "
             f"of up to {_count(p.node_gpus, 'GPU')}"
@@ -477,18 +480,20 @@ def _space_never(p: Pass, job: PendingJob) -> Estimate:
     return Estimate(job.job_id, None, "space_too_large", reason)
 
 
-def _room_never(p: Pass, job: PendingJob, g: int) -> Estimate:
-    """Memory or CPUs declared beyond what the nodes that would hold the job have, each in all."""
-    size = min(g, p.node_gpus)
-    nodes = [n for name, n in p.room.nodes.items() if p.capacity.get(name, 0) >= size]
+def _room_never(p: Pass, job: PendingJob, g: int, s: Pass | _Kind) -> Estimate:
+    """Memory or CPUs declared beyond what the nodes that would hold the job (of shape ``s``) have, each in all."""
+    size = min(g, s.node_gpus)
+    nodes = [n for name, n in p.room.nodes.items() if s.capacity.get(name, 0) >= size]
     asked = [f"{format_size(job.memory)} of memory" if job.memory is not None else "",
              f"{job.cpus:g} CPUs" if job.cpus is not None else ""]  # fmt: skip
     most = [f"{format_size(max((n.memory for n in nodes), default=0))} of memory" if job.memory is not None else "",
             f"{max((n.cpus for n in nodes), default=0):g} CPUs" if job.cpus is not None else ""]  # fmt: skip
-    where = "on one node" if g <= p.node_gpus else "split over the nodes that hold its parts, by GPUs"
+    where = "on one node" if g <= s.node_gpus else "split over the nodes that hold its parts, by GPUs"
+    model = f" with {job.gpu_model} GPUs" if s is not p else ""
     reason = (
         f"no node can ever give it what it declares: {' and '.join(filter(None, asked))} for {_count(g, 'GPU')}, "
-        f"{where}; a node of {_count(size, 'GPU')} or more offers at most {' and '.join(filter(None, most))}; "
+        f"{where}; a node{model} of {_count(size, 'GPU')} or more offers at most "
+        f"{' and '.join(filter(None, most))}; "
         "it can be submitted again declaring less"
     )
     return Estimate(job.job_id, None, "room_too_large", reason)

@@ -435,21 +435,27 @@ class Pass:
 
     # ----- GPU models
 
-    def use_models(self) -> None:
+    def use_models(self) -> dict[str, _Kind]:
         """Some job names a GPU model: from now on such a job is placed, reserved for and judged possible only on
-        nodes of that model (``kind``)."""
+        nodes of that model (``kind``). Returns the models' shapes built so far."""
         if self.kinds is None:
             self.kinds = {}
             self.node_models = {n.name: n.gpu_model for n in self._nodes}
             self.node_sizes = {n.name: n.gpus for n in self._nodes}
+        return self.kinds
 
     def kind(self, job: PendingJob) -> Pass | _Kind:
         """The shape ``job`` is placed by: its model's nodes where it names one, else the whole pool (the pass)."""
         if self.kinds is None or not job.gpu_model:
             return self
-        kind = self.kinds.get(job.gpu_model)
+        return self.model_kind(job.gpu_model)
+
+    def model_kind(self, model: str) -> _Kind:
+        """The schedulable nodes of GPU model ``model`` (as a job asks for it), built on first use."""
+        kinds = self.use_models()
+        kind = kinds.get(model)
         if kind is None:
-            kind = self.kinds[job.gpu_model] = _Kind.of(self, job.gpu_model)
+            kind = kinds[model] = _Kind.of(self, model)
         return kind
 
     # ----- feasibility
@@ -458,7 +464,7 @@ class Pass:
         """Whether the schedulable pool could ever start ``job``: its GPUs, its memory and CPUs on the nodes that
         would hold them, and its space on some node's disk (not matched node by node: see ``_Room``)."""
         g = job.min_gpus or job.gpus
-        s = self if self.kinds is None or not job.gpu_model else self.kind(job)
+        s = self.kind(job)
         return self.ever_fits(g, s) and job.space <= self.largest_disk and self.ever_has_room(job, g, s)
 
     def ever_has_room(self, job: PendingJob, g: int, s: Pass | _Kind | None = None) -> bool:
@@ -514,7 +520,7 @@ class Pass:
 
     def _place(self, job: PendingJob, g: int, *, view: _FreeIndex) -> dict[str, int] | None:
         room = self.room
-        s = self if self.kinds is None or not job.gpu_model else self.kind(job)
+        s = self.kind(job)
         size = s.node_gpus
         if g <= size:
             if s is self:  # no model asked for: the common case, and every replay
@@ -627,7 +633,7 @@ class Pass:
         return True
 
     def _elastic_counts(self, job: PendingJob, view: _FreeIndex) -> dict[str, int] | None:
-        s = self if self.kinds is None or not job.gpu_model else self.kind(job)
+        s = self.kind(job)
         size = s.node_gpus
         if s is self:
             whole_gpus, top = len(view.buckets[size]) * size, view.top
@@ -1143,8 +1149,7 @@ def _explain(
         if jid in outcome.never:
             estimates[jid] = _model_never(p, job, estimates[jid])
             continue
-        kind = p.kind(job)
-        assert isinstance(kind, _Kind)
+        kind = p.model_kind(job.gpu_model)
         if kind.model not in idle:
             idle[kind.model] = _ModelIdle(p, kind)
         estimates[jid] = idle[kind.model].later(estimates[jid], job)
@@ -1199,9 +1204,9 @@ class _ModelIdle:
 
 def _model_never(p: Pass, job: PendingJob, said: Estimate) -> Estimate:
     """Why a job that names a GPU model cannot be placed, when its model is why: no node of it takes work
-    now, or too few to hold it (the pool as a whole could); else what the explainer said."""
-    kind = p.kind(job)
-    assert isinstance(kind, _Kind)
+    now, or too few to hold it (the pool as a whole could); else what the explainer said (judged on its model's
+    nodes: its disk, memory or CPUs, or its size)."""
+    kind = p.model_kind(job.gpu_model)
     g = job.min_gpus or job.gpus
     if kind.capacity and (p.ever_fits(g, kind) or not p.ever_fits(g)):
         return said  # its model's nodes are not what keeps it off (its disk, memory or CPUs, or its size)

@@ -156,6 +156,22 @@ def test_a_job_held_back_by_memory_is_not_told_another_models_node_frees_it():
     assert "about 22:00 UTC" in estimates[2].reason
 
 
+@pytest.mark.parametrize(
+    ("gpus", "h100s", "where"),
+    [(4, [8], "on one node"), (8, [4, 4], "split over the nodes that hold its parts, by GPUs")],
+)
+def test_a_job_its_models_nodes_cannot_hold_by_memory_is_told_so_by_those_nodes(gpus, h100s, where):
+    """Its H100 nodes offer 200 GB each, the A100 node 1 TB: it is not 'larger than the pool', nor judged by the
+    A100's memory or size."""
+    nodes = [_node(f"h-{i:02}", k, memory=200 * GB, free_memory=200 * GB) for i, k in enumerate(h100s, 1)]
+    nodes.append(_node("a-01", 8, model=A100, memory=1000 * GB, free_memory=1000 * GB))
+    job = PendingJob(1, "vision", gpus, 1.0, NOW - 60, memory=gpus * 125 * GB, gpu_model="H100")
+    e = _plan([job], (), nodes).estimates[1]
+    assert (e.start_at, e.reason_code) == (None, "room_too_large"), e.reason
+    assert where in e.reason
+    assert "a node with H100 GPUs of 4 GPUs or more offers at most 200.0 GB of memory" in e.reason
+
+
 @st.composite
 def pools(draw):
     nodes, running, jid = [], [], 1000
