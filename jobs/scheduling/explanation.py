@@ -194,7 +194,7 @@ class Explainer:
     def _held(self, p: Pass, hold: Held, ends: _Ends) -> Estimate:
         job = hold.job
         where = _node_list(hold.need)
-        size = _describe_job(job, p.node_gpus)
+        size = _describe_job(job, p.kind(job).node_gpus)
         if hold.start_at <= p.now and job.job_id in p.preempt_ready:
             reason = (
                 f"{size}; starting on {where} as soon as the backlog jobs there are preempted and requeued"
@@ -244,7 +244,7 @@ class Explainer:
                 f"expected to start about {format_utc(at, now=p.now)}"
             )
             return Estimate(job.job_id, at, "staging", reason)
-        size = _describe_job(job, p.node_gpus)
+        size = _describe_job(job, p.kind(job).node_gpus)
         no_room = p.held_back_by_room(job)
         if no_room:  # idle GPUs do not start it: memory and CPUs free only as jobs on its nodes end
             frees = ends.room_frees(job)

@@ -172,6 +172,23 @@ def test_a_job_its_models_nodes_cannot_hold_by_memory_is_told_so_by_those_nodes(
     assert "a node with H100 GPUs of 4 GPUs or more offers at most 200.0 GB of memory" in e.reason
 
 
+def test_a_jobs_size_is_described_by_its_models_nodes():
+    """8 GPUs on 4-GPU H100 nodes span two whole nodes, reserved or waiting behind: the pool's largest node, an
+    8-GPU A100, would say 'on one node'."""
+    nodes = [_node("h-01", 4, free=()), _node("h-02", 4, free=()), _node("a-01", 8, free=(), model=A100)]
+    running = [
+        RunningView(8, "audio", {"h-01": (0, 1, 2, 3), "h-02": (0, 1, 2, 3)}, NOW - HOUR, NOW + 2 * HOUR),
+        RunningView(9, "audio", {"a-01": tuple(range(8))}, NOW - HOUR, NOW + 5 * HOUR),
+    ]
+    pending = [PendingJob(j, "vision", 8, 1.0, NOW - 60 + j, gpu_model="H100") for j in (1, 2)]
+    result = _plan(pending, running, nodes)
+    [hold] = result.reservations
+    assert sorted(hold.gpus_by_node) == ["h-01", "h-02"]
+    assert [result.estimates[j].reason_code for j in (1, 2)] == ["reserved", "queued"]
+    for e in (result.estimates[1], result.estimates[2]):
+        assert e.reason.startswith("needs 8 GPUs: 2 whole nodes;"), e.reason
+
+
 @st.composite
 def pools(draw):
     nodes, running, jid = [], [], 1000
