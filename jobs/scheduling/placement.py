@@ -865,15 +865,19 @@ class _Sweep:
         self, g: int, *, hours: float, shape: Pass | _Kind
     ) -> tuple[float, dict[str, int], dict[str, int]] | None:
         """Place a hold for ``g`` GPUs for ``hours`` on nodes of ``shape`` (the pass: any node): (start, GPUs per
-        node, of which released)."""
+        node, of which released). None when it never fits: the walk is then back where it was, so that the holds
+        after it are found among the GPUs available then, not at the end of every release."""
         if shape.node_gpus == 0:
             return None  # no node of its model takes work
+        # Where the walk stands (what a walk moves; ``events`` only grows, in time order, behind ``i`` unchanged).
+        at = self.t, self.i, dict(self.avail), dict(self.gained), dict(self.wholes)
         if g > shape.node_gpus:
             need = self._advance_multi(g) if shape is self.p else self._advance_multi_of(g, shape)
         else:
             cap = shape.capacity
             need = _fit_single_now(self.p, g, self.avail, cap) or self._advance_single(g, cap)
         if need is None:
+            self.t, self.i, self.avail, self.gained, self.wholes = at
             return None
         released = {}
         gained, owed = self.gained, self.owed

@@ -10,8 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jobs import scheduler
+from jobs.scheduling import placement
 from jobs.scheduling.policy import plan
-from jobs.scheduling.types import NodeView, PendingJob, RunningView
+from jobs.scheduling.types import NodeView, PendingJob, PolicyConfig, RunningView
 from tests.factories import JobFactory, NodeFactory
 
 NOW = datetime(2026, 5, 4, 12, 0, tzinfo=UTC).timestamp()
@@ -187,6 +188,27 @@ def test_a_jobs_size_is_described_by_its_models_nodes():
     assert [result.estimates[j].reason_code for j in (1, 2)] == ["reserved", "queued"]
     for e in (result.estimates[1], result.estimates[2]):
         assert e.reason.startswith("needs 8 GPUs: 2 whole nodes;"), e.reason
+
+
+@pytest.mark.parametrize(("model", "gpus"), [("H100", 16), (None, 24)])
+def test_a_hold_that_never_fits_leaves_the_next_reservation_where_the_gpus_are_free(model, gpus):
+    """Job 1 (elastic, at least 8) could start on one node, but no hold for all its GPUs ever fits. Job 2 is
+    then reserved when a node frees (h-01 at 22:00; a-01 is busy until 02:00), not counted on the GPUs free
+    after every release."""
+    nodes = [_node("h-01", 8, free=()), _node("a-01", 8, free=(), model=A100)]
+    running = [
+        RunningView(8, "audio", {"h-01": tuple(range(8))}, NOW - HOUR, NOW + 10 * HOUR),
+        RunningView(9, "audio", {"a-01": tuple(range(8))}, NOW - HOUR, NOW + 14 * HOUR),
+    ]
+    order = [
+        PendingJob(1, "vision", gpus, 1.0, NOW - 7200, min_gpus=8, gpu_model=model),
+        PendingJob(2, "vision", 8, 1.0, NOW - 60),
+    ]
+    config = PolicyConfig(reserve_top=2, max_reservations=2)
+    result = placement.schedule(now=NOW, nodes=nodes, running=running, order=order, config=config)
+    assert [(r.job_id, r.start_at, list(r.gpus_by_node)) for r in result.reservations] == [
+        (2, NOW + 10 * HOUR, ["h-01"])
+    ]
 
 
 @st.composite
