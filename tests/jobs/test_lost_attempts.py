@@ -82,18 +82,25 @@ def _part(allocation):
                            num_nodes=2)  # fmt: skip
 
 
-def test_a_node_lost_after_its_part_finished_requeues_the_job_as_lost_not_failed(pool, team):
-    """Rank 1 exits 0 and waits for rank 0; then gpu-02 is lost, and rank 0 stops. The attempt ended as lost:
-    requeued. Rank 1 used to keep its own 'succeeded' when released, so no part showed an early end, and a job
-    that asked to be requeued after a node loss ended failed."""
+def _two_parts_rank_1_exited(team, *, exit_code: int, outcome: EndReason):
+    """A job on gpu-01 and gpu-02 that asked to be requeued after a node loss, both parts started, rank 1 exited
+    5 s later: (the job, rank 0's allocation, when it started)."""
     job = JobFactory(team=team, gpus=2, requeue=True)
     now = timezone.now()
     assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,), "gpu-02": (0,)}, now=now)
     rank0, rank1 = Allocation.objects.filter(job=job).order_by("rank")
     for part in (rank0, rank1):
         assert rental.start_allocation(allocation_id=part.id, now=now)
-    assert rental.finish_allocation(allocation_id=rank1.id, exit_code=0, outcome=EndReason.SUCCEEDED,
+    assert rental.finish_allocation(allocation_id=rank1.id, exit_code=exit_code, outcome=outcome,
                                     now=now + timedelta(seconds=5))  # fmt: skip
+    return job, rank0, now
+
+
+def test_a_node_lost_after_its_part_finished_requeues_the_job_as_lost_not_failed(pool, team):
+    """Rank 1 exits 0 and waits for rank 0; then gpu-02 is lost, and rank 0 stops. The attempt ended as lost:
+    requeued. Rank 1 used to keep its own 'succeeded' when released, so no part showed an early end, and a job
+    that asked to be requeued after a node loss ended failed."""
+    job, rank0, now = _two_parts_rank_1_exited(team, exit_code=0, outcome=EndReason.SUCCEEDED)
     nodes.set_node_state(name="gpu-02", target="down", now=now + timedelta(seconds=6), actor="olga")
     assert rental.stop_reason(allocation_id=rank0.id, now=now) == "sibling_failed"
 
@@ -106,14 +113,7 @@ def test_a_node_lost_after_its_part_finished_requeues_the_job_as_lost_not_failed
 def test_a_part_that_failed_before_its_node_was_lost_still_ends_the_job_failed(pool, team):
     """Rank 1 exits 1 (the job's own failure); while rank 0 is being stopped, gpu-02 is declared down. The
     attempt ended because the job failed: it ends failed, not requeued as a node loss it did not have."""
-    job = JobFactory(team=team, gpus=2, requeue=True)
-    now = timezone.now()
-    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,), "gpu-02": (0,)}, now=now)
-    rank0, rank1 = Allocation.objects.filter(job=job).order_by("rank")
-    for part in (rank0, rank1):
-        assert rental.start_allocation(allocation_id=part.id, now=now)
-    assert rental.finish_allocation(allocation_id=rank1.id, exit_code=1, outcome=EndReason.FAILED,
-                                    now=now + timedelta(seconds=5))  # fmt: skip
+    job, rank0, now = _two_parts_rank_1_exited(team, exit_code=1, outcome=EndReason.FAILED)
     assert rental.stop_reason(allocation_id=rank0.id, now=now) == "sibling_failed"
     nodes.set_node_state(name="gpu-02", target="down", now=now + timedelta(seconds=6), actor="olga")
 
