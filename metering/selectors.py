@@ -3,6 +3,8 @@
 Monthly GPU-hour budgets: what a team has used, holds and has queued, and whether a job fits.
 Usage comes from the ledger (closed periods) plus the unclosed part of held allocations up to
 now, so the figure a team sees agrees with the ledger to the microsecond once accrual runs.
+A running job also counts what it may still use this month, up to its declared limit, as a queued
+one counts all of it: otherwise a job's start would free the budget it is about to spend.
 
 A job's meter: its ledger rows grouped by allocation, for the job page. Nothing here writes.
 """
@@ -31,6 +33,7 @@ class Projection:
     team: str
     used_gpu_hours: float  # closed ledger rows this month, adjustments included
     running_gpu_hours: float  # held allocations, from their last closed period up to now
+    committed_gpu_hours: float  # held allocations, from now to their job's limit (this month's share)
     queued_gpu_hours: float  # jobs not yet rented, at gpus x hours
     extra_gpu_hours: float  # the job being asked about
     budget_gpu_hours: float | None
@@ -40,7 +43,13 @@ class Projection:
 
     @property
     def total_gpu_hours(self) -> float:
-        return self.used_gpu_hours + self.running_gpu_hours + self.queued_gpu_hours + self.extra_gpu_hours
+        return (
+            self.used_gpu_hours
+            + self.running_gpu_hours
+            + self.committed_gpu_hours
+            + self.queued_gpu_hours
+            + self.extra_gpu_hours
+        )
 
     @property
     def refused(self) -> bool:
@@ -55,15 +64,13 @@ def projection(*, team: Team, extra_gpu_hours: float, now: datetime) -> Projecti
     # read in one snapshot: an accrual committing between two reads would count its hours in neither.
     with _one_snapshot(team.id):
         used = _used_micros(team=team, start=start) / MICROS_PER_HOUR
-        running = _running_micros(team=team, start=start, now=now) / MICROS_PER_HOUR
+        running, committed = (m / MICROS_PER_HOUR for m in _held_micros(team=team, start=start, now=now))
         queued = _queued_gpu_hours(team=team)
     budget = None if team.monthly_budget_gpu_hours is None else float(team.monthly_budget_gpu_hours)
-    total = used + running + queued + extra_gpu_hours
-    exceed = budget is not None and total > budget
-    message = _message(team, used, running, queued, extra_gpu_hours, budget, exceed=exceed)
-    return Projection(
-        team.slug, used, running, queued, extra_gpu_hours, budget, team.budget_enforced, exceed, message
-    )
+    figures = (used, running, committed, queued, extra_gpu_hours)
+    exceed = budget is not None and sum(figures) > budget
+    message = _message(team, *figures, budget, exceed=exceed)
+    return Projection(team.slug, *figures, budget, team.budget_enforced, exceed, message)
 
 
 @contextmanager
@@ -89,23 +96,36 @@ def _used_micros(*, team: Team, start: datetime) -> int:
     return int(days.aggregate(total=Sum("gpu_micros"))["total"] or 0)
 
 
-def _running_micros(*, team: Team, start: datetime, now: datetime) -> int:
+def _held_micros(*, team: Team, start: datetime, now: datetime) -> tuple[int, int]:
+    """GPU-microseconds of the team's held allocations this month: (run and not yet closed, still to come).
+
+    Run: this month's share of what accrual has not closed yet; the rest is in the ledger. Still to come:
+    from now to the job's limit, which runs from the attempt's first start (``jobs.rental``), from now for
+    an attempt not started yet, up to the month's end.
+    """
     last_end = (
         MeterEntry.objects.filter(allocation=OuterRef("pk"))
         .exclude(kind=MeterEntry.Kind.ADJUSTMENT)
         .order_by("-period_start")
         .values("period_end")[:1]
     )
+    first_start = (
+        Allocation.objects.filter(job=OuterRef("job"), attempt=OuterRef("attempt"))
+        .order_by(F("started_at").asc(nulls_last=True))
+        .values("started_at")[:1]
+    )
     held = (
         Allocation.objects.filter(job__team=team, released_at__isnull=True)
-        .annotate(last_end=Subquery(last_end))
-        .values_list("rented_at", "last_end", "gpu_indices")
+        .annotate(last_end=Subquery(last_end), first_start=Subquery(first_start))
+        .values_list("rented_at", "last_end", "first_start", "job__hours", "gpu_indices")
     )
-    # Only this month's share of what accrual has not closed yet; the rest is in the ledger.
-    return sum(
-        len(indices) * max(0, micros(now - max(last_end or rented_at, start)))
-        for rented_at, last_end, indices in held
-    )
+    month_end = next_month(start)
+    run = to_come = 0
+    for rented_at, last_end, started, hours, indices in held:
+        run += len(indices) * max(0, micros(now - max(last_end or rented_at, start)))
+        limit = (started or now) + timedelta(hours=hours)
+        to_come += len(indices) * max(0, micros(min(limit, month_end) - now))
+    return run, to_come
 
 
 def _queued_gpu_hours(*, team: Team) -> float:
@@ -115,11 +135,13 @@ def _queued_gpu_hours(*, team: Team) -> float:
     return float(queued["total"] or 0.0)
 
 
-def _message(team: Team, used, running, queued, extra, budget, *, exceed: bool) -> str:
-    parts = f"used {_n(used)}, running {_n(running)}, queued {_n(queued)}"
+def _message(team: Team, used, running, committed, queued, extra, budget, *, exceed: bool) -> str:
+    parts = f"used {_n(used)}, running {_n(running)}"
+    parts += f", {_n(committed)} more to the running jobs' limits" if committed else ""
+    parts += f", queued {_n(queued)}"
     parts += f", this job {_n(extra)}" if extra else ""
     subject = f"This job would bring team {team.name} to" if extra else f"Team {team.name} is at"
-    total = used + running + queued + extra
+    total = used + running + committed + queued + extra
     if budget is None:
         return (
             f"{subject} {_n(total)} GPU-hour{_s(total)} this month ({parts}); the team has no monthly budget."

@@ -108,3 +108,39 @@ def test_a_budget_refused_as_negative_leaves_no_audit_entry(team, operator):
             team_id=team.id, gpu_hours=Decimal("-1"), enforced=True, operator=operator, now=NOW
         )
     assert not AuditEntry.objects.exists()
+
+
+def _long_running(team, node, *, gpus: int, hours: float, started: datetime) -> None:
+    allocation = rent(team=team, node=node, at=started, gpus=gpus, name="long")
+    type(allocation.job).objects.filter(id=allocation.job_id).update(hours=hours)
+
+
+def test_a_running_job_counts_to_its_declared_limit_not_only_up_to_now(team, node):
+    """A team with 100 GPU-hours a month, enforced, runs 4 GPUs for up to 20 h, started an hour ago: 80 GPU-hours
+    are spoken for. Before, only the hour already run counted, so a 30-GPU-hour job was let in and the month
+    could end at 110; the same job queued counted all 80, so starting it freed budget it was about to spend."""
+    _budget(team, "100", True)
+    _long_running(team, node, gpus=4, hours=20.0, started=NOW - timedelta(hours=1))
+    p = selectors.projection(team=team, extra_gpu_hours=30.0, now=NOW)
+    assert p.running_gpu_hours == pytest.approx(4.0)
+    assert p.committed_gpu_hours == pytest.approx(76.0)
+    assert p.total_gpu_hours == pytest.approx(110.0)
+    assert p.refused
+    assert p.message == (
+        "This job would bring team vision to 110 of 100 GPU-hours this month (used 0, running 4, "
+        "76 more to the running jobs' limits, queued 0, this job 30). The budget is enforced, so this job is refused."
+    )
+
+
+def test_what_a_running_job_may_still_use_stops_at_the_months_end(team, node):
+    """Started on the 31st at 20:00 for 10 h on 2 GPUs: at 22:00 the month has 2 h left, so 4 GPU-hours
+    of the 16 to come fall in this month; the rest is next month's."""
+    now = datetime(2024, 5, 31, 22, tzinfo=UTC)
+    _long_running(team, node, gpus=2, hours=10.0, started=now - timedelta(hours=2))
+    p = selectors.projection(team=team, extra_gpu_hours=0.0, now=now)
+    assert p.committed_gpu_hours == pytest.approx(4.0)
+
+
+def test_a_job_past_its_limit_commits_nothing_more(team, node):
+    _long_running(team, node, gpus=2, hours=1.0, started=NOW - timedelta(hours=3))
+    assert selectors.projection(team=team, extra_gpu_hours=0.0, now=NOW).committed_gpu_hours == 0.0

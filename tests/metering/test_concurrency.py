@@ -141,13 +141,13 @@ def test_the_budget_projection_does_not_lose_hours_that_accrual_closes_while_it_
     now = T0.replace(month=5, day=20, hour=12, minute=30, second=0, microsecond=0)
     rent(team=team, node=node, at=now - timedelta(hours=3), gpus=4, name="running")
     services.accrue_meter(now=now.replace(hour=10, minute=5))  # closes 09:30-10:00
-    read_running = selectors._running_micros
+    read_running = selectors._held_micros
 
-    def running_after_a_concurrent_accrual(**kwargs) -> int:
+    def running_after_a_concurrent_accrual(**kwargs) -> tuple[int, int]:
         assert at_once(lambda: services.accrue_meter(now=now)) == []
         return read_running(**kwargs)
 
-    monkeypatch.setattr(selectors, "_running_micros", running_after_a_concurrent_accrual)
+    monkeypatch.setattr(selectors, "_held_micros", running_after_a_concurrent_accrual)
     p = selectors.projection(team=team, extra_gpu_hours=0.0, now=now)
     assert MeterEntry.objects.filter(period_end=now.replace(minute=0)).exists()  # the accrual did commit
     assert p.used_gpu_hours + p.running_gpu_hours == pytest.approx(12.0)
@@ -161,7 +161,7 @@ def test_a_submission_weighing_its_budget_does_not_lose_hours_that_accrual_close
     now = T0.replace(month=5, day=20, hour=12, minute=30, second=0, microsecond=0)
     rent(team=team, node=node, at=now - timedelta(hours=3), gpus=4, name="running")
     services.accrue_meter(now=now.replace(hour=10, minute=5))  # closes 09:30-10:00
-    read_running, accruals = selectors._running_micros, []
+    read_running, accruals = selectors._held_micros, []
 
     def accrue() -> None:
         try:
@@ -169,13 +169,13 @@ def test_a_submission_weighing_its_budget_does_not_lose_hours_that_accrual_close
         finally:
             connection.close()
 
-    def running_while_an_accrual_tries_to_commit(**kwargs) -> int:
+    def running_while_an_accrual_tries_to_commit(**kwargs) -> tuple[int, int]:
         accruals.append(threading.Thread(target=accrue))
         accruals[0].start()
         accruals[0].join(timeout=1.0)  # it has committed by now, unless something holds it back
         return read_running(**kwargs)
 
-    monkeypatch.setattr(selectors, "_running_micros", running_while_an_accrual_tries_to_commit)
+    monkeypatch.setattr(selectors, "_held_micros", running_while_an_accrual_tries_to_commit)
     with transaction.atomic():
         p = selectors.projection(team=team, extra_gpu_hours=0.0, now=now)
     accruals[0].join(timeout=30)
