@@ -249,7 +249,7 @@ def run_part(
     if not rental.start_allocation(allocation_id=allocation_id, now=clock.now()):
         return  # a duplicate delivery, or released before it could start
     try:
-        part = _load_part(allocation_id, mode, gpu_uuids)
+        part = _with_database(lambda: _load_part(allocation_id, mode, gpu_uuids))
     except Exception as exc:  # nothing ran: the GPUs must not stay held (and metered) with no process
         log.exception("allocation %s: the part could not be prepared", allocation_id)
         detail = _agent_fault("the node agent could not prepare it", exc, allocation_id)

@@ -7,6 +7,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import OperationalError
 from django.utils import timezone
 
 from accounts import team_secrets
@@ -350,3 +351,23 @@ def test_a_gpu_whose_last_process_never_stops_sends_the_part_back_to_the_queue_s
     said = JobEvent.objects.filter(job=rented).order_by("-id").values_list("reason", flat=True).first()
     assert said == "retried: not started: GPU 0 of gpu-01 was still in use by a process that was stopping"
     assert Node.objects.get(name="gpu-01").no_room_until > timezone.now()
+
+
+@pytest.mark.django_db(
+    transaction=True
+)  # the agent closes a connection the database refused, as in production
+def test_a_database_restart_while_a_part_is_prepared_does_not_fail_the_job(rented, monkeypatch):
+    """The part's rows are read just after it is claimed: a database restarting at that moment (one refused read)
+    failed the job, an attempt lost to the platform's own hiccup. It is read again once the database is back."""
+    load, refusals = agent._load_part, []
+
+    def restarting(*args, **kwargs):
+        if not refusals:
+            refusals.append(1)
+            raise OperationalError("the database system is starting up")
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(agent, "_load_part", restarting)
+    _run(rented)
+    assert refusals, "the part was never read"
+    assert (rented.state, rented.end_reason) == ("released", "succeeded"), rented.end_detail
