@@ -58,6 +58,22 @@ def check_prerequisites(*, team, after_ok: Iterable[int], after_any: Iterable[in
         raise declaration.DeclarationInvalid(errors)
 
 
+def waits_of(*, team, after_ok: Iterable[int], after_any: Iterable[int]) -> tuple[tuple[int, str], ...]:
+    """What a job declaring these prerequisites would wait for if submitted now, as ``unmet`` says of a stored one
+    (the submit form's preview); ids that are not the team's jobs are ``check_prerequisites``' to refuse."""
+    named = [*((p, Dependency.AFTER_OK) for p in after_ok), *((p, Dependency.AFTER_ANY) for p in after_any)]
+    if not named:
+        return ()
+    rows = Job.objects.filter(team=team, id__in=[p for p, _ in named]).values("id", *_FACTS)
+    found = _standing({row.pop("id"): row for row in rows})
+    waits = {
+        (found[p][0], "succeed" if kind == Dependency.AFTER_OK else "end")
+        for p, kind in named
+        if p in found and _outcome(kind, found[p][1]) != lifecycle.MET
+    }
+    return tuple(sorted(waits))
+
+
 def record(*, job_ids: Iterable[int], after_ok: Iterable[int], after_any: Iterable[int]) -> None:
     """The dependency rows of newly submitted jobs (an array's tasks share their declaration's)."""
     pairs = [*((p, Dependency.AFTER_OK) for p in after_ok), *((p, Dependency.AFTER_ANY) for p in after_any)]

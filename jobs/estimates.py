@@ -4,12 +4,12 @@ The submit form shows these before anything is stored, so a team sees what decla
 fewer GPUs or an elastic range would change.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.template.defaultfilters import pluralize
 
-from jobs import selectors, snapshot
+from jobs import declaration, dependencies, selectors, services, snapshot
 from jobs.scheduling import policy, types
 
 DRAFT_ID = -1
@@ -28,59 +28,71 @@ class Option:
         return None if self.start_at is None else max(timedelta(0), self.start_at - now)
 
 
-def draft_options(
-    *,
-    team: str,
-    gpus: int,
-    hours: float,
-    min_gpus: int | None,
-    preemptible: bool,
-    now: datetime,
-    max_gpus: int | None = None,
-) -> list[Option]:
+# What the estimate does not read, checked when the job is submitted: stood in for while the form is filled in.
+STOOD_IN = {"name": "draft", "work": {"argv": ["true"]}}
+
+
+def draft_declaration(raw: dict, *, team, limits: declaration.Limits) -> declaration.Declaration:
+    """The draft as submitting validates it, its name, work and destination stood in for, and an expected output
+    size not given yet counted as none. Raises DeclarationInvalid with what submitting would refuse in the rest,
+    in its words: the request, the data, the prerequisites (one that is not the team's job too) and the array."""
+    output = raw.get("output") or {}
+    destination = (
+        "" if declaration.default_destination(limits.output_roots, limits.team) else output.get("uri")
+    )
+    spec = declaration.validate(
+        {**raw, **STOOD_IN, "output": {"uri": destination, "bytes": output.get("bytes") or 0}}, limits=limits
+    )
+    dependencies.check_prerequisites(team=team, after_ok=spec.after_ok, after_any=spec.after_any)
+    return spec
+
+
+def draft_job(spec: declaration.Declaration, *, team, now: datetime) -> types.PendingJob:
+    """The waiting job that submitting ``spec`` now would put before the scheduler: the columns submitting stores,
+    read as the pass reads them, with its inputs still to stage and the prerequisites it would wait for."""
+    waits = dependencies.waits_of(team=team, after_ok=spec.after_ok, after_any=spec.after_any)
+    staged = snapshot.staged_at((d.bytes for d in spec.data), now=now)
+    return snapshot.pending_job(
+        services.declared_fields(spec), job_id=DRAFT_ID, team=team.name, submitted_at=now.timestamp(),
+        ready_at=staged, waits_for=waits, stage_s=staged - now.timestamp() if staged and waits else 0.0,
+    )  # fmt: skip
+
+
+def draft_options(*, draft: types.PendingJob, now: datetime) -> list[Option]:
     """The draft as declared, then the variations that could start it sooner."""
     view = snapshot.take(now=now)
-    learned = selectors.learned_run_times([team])[team]
-    variants = [("as declared", gpus, hours, min_gpus)]
+    learned = selectors.learned_run_times([draft.team])[draft.team]
+    gpus, hours = draft.gpus, draft.hours
+    variants = [("as declared", draft)]
     if hours > 0.5:
-        variants.append((f"with a {hours / 2:g} h limit", gpus, hours / 2, min_gpus))
+        variants.append((f"with a {hours / 2:g} h limit", replace(draft, hours=hours / 2, max_gpus=None)))
     if gpus > 1:
         half = gpus // 2
-        variants.append((f"with {half} GPU{pluralize(half)}", half, hours, None))
-        if not min_gpus:
-            variants.append((f"elastic, {half}-{gpus} GPUs", gpus, hours, half))
-    return [
-        _estimate(view, team, label, g, h, m, preemptible, now, learned, max_gpus if i == 0 else None)
-        for i, (label, g, h, m) in enumerate(variants)
-    ]
+        variants.append(
+            (f"with {half} GPU{pluralize(half)}", replace(draft, gpus=half, min_gpus=None, max_gpus=None))
+        )
+        if not draft.min_gpus:
+            variants.append((f"elastic, {half}-{gpus} GPUs", replace(draft, min_gpus=half, max_gpus=None)))
+    return [_estimate(view, label, job, now, learned) for label, job in variants]
 
 
-def _estimate(view, team, label, gpus, hours, min_gpus, preemptible, now, learned, max_gpus=None) -> Option:
-    draft = types.PendingJob(
-        job_id=DRAFT_ID, team=team, gpus=gpus, hours=learned.predict_hours(hours), submitted_at=now.timestamp(),
-        min_gpus=min_gpus, preemptible=preemptible, max_gpus=max_gpus,
-    )  # fmt: skip
+def _estimate(view, label: str, job: types.PendingJob, now: datetime, learned) -> Option:
+    planned = replace(job, hours=learned.predict_hours(job.hours))
     plan = policy.plan(
-        now=now.timestamp(), nodes=view.nodes, running=view.running, pending=[*view.pending, draft],
+        now=now.timestamp(), nodes=view.nodes, running=view.running, pending=[*view.pending, planned],
         usage=view.usage, shares=view.shares, config=view.config,
     )  # fmt: skip
     estimate = plan.estimates.get(DRAFT_ID)
     started = [s for s in plan.starts if s.job_id == DRAFT_ID]
+    declared = (label, job.gpus, job.hours, job.min_gpus)
     if started:
         held = types.gpus_held(started[0].gpus_by_node)
-        wider = f" with {held} GPUs (elastic, up to {max_gpus})" if held > gpus else ""
-        return Option(
-            label,
-            gpus,
-            hours,
-            min_gpus,
-            now,
-            f"GPUs are free: it would start{wider} as soon as its data is staged",
-        )
+        wider = f" with {held} GPUs (elastic, up to {job.max_gpus})" if held > job.gpus else ""
+        return Option(*declared, now, f"GPUs are free: it would start{wider} as soon as its data is staged")
     if estimate is None:
-        return Option(label, gpus, hours, min_gpus, None, "no estimate")
+        return Option(*declared, None, "no estimate")
     start = None if estimate.start_at is None else datetime.fromtimestamp(estimate.start_at, now.tzinfo)
-    return Option(label, gpus, hours, min_gpus, start, estimate.reason)
+    return Option(*declared, start, estimate.reason)
 
 
 def what_checkpointing_buys(*, declared: bool) -> str:

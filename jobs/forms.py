@@ -242,6 +242,7 @@ LABELS = {
     "request.checkpoint": "Checkpoint", "request.checkpoint.signal": "Checkpoint signal",
     "request.checkpoint.grace_s": "Checkpoint grace (seconds)", "request.checkpoint.bytes": "Checkpoint size",
     "output": "Output", "output.uri": "Destination URI", "output.bytes": "Expected size",
+    "after_ok": "Run after these jobs succeed", "after_any": "Run after these jobs end", "array": "Array",
 }  # fmt: skip
 _ROW_LABELS = {"name": "name", "uri": "URI", "bytes": "size", "sha256": "sha256"}
 _ROW_PATH = re.compile(r"^data\[(\d+)\](?:\.(\w+))?$")

@@ -52,6 +52,18 @@ def _checkpoint(spec: declaration.Declaration) -> dict:
     )
 
 
+def declared_fields(spec: declaration.Declaration) -> dict:
+    """The job's columns a declaration sets, as submitting stores them: what the scheduler plans a waiting job
+    by (``snapshot.pending_job``), and what the submit form's preview plans its draft by, so the two agree."""
+    return {
+        "name": spec.name, "argv": spec.argv, "env": spec.env, "image": spec.image, "workdir": spec.workdir,
+        "secrets": spec.secrets, "gpus": spec.gpus, "gpu_model": spec.gpu_model, "hours": spec.hours,
+        "min_gpus": spec.min_gpus, "max_gpus": spec.max_gpus, "preemptible": spec.preemptible,
+        "requeue": spec.requeue, "memory_bytes": spec.memory_bytes, "cpus": spec.cpus,
+        "output_uri": spec.output_uri, "output_bytes": spec.output_bytes, **_checkpoint(spec),
+    }  # fmt: skip
+
+
 @transaction.atomic
 def submit_job(
     *, team, user, spec: declaration.Declaration, now: datetime, rerun_of: Job | None = None
@@ -76,12 +88,8 @@ def submit_job(
     indices = spec.array.indices if spec.array else (None,)
     jobs = Job.objects.bulk_create(
         Job(
-            team=team, submitted_by=user, name=spec.name, state=State.SUBMITTED,
-            submitted_at=now, state_changed_at=now, array=array, array_index=index,
-            argv=spec.argv, env=spec.env, image=spec.image, workdir=spec.workdir, secrets=spec.secrets,
-            gpus=spec.gpus, gpu_model=spec.gpu_model, hours=spec.hours, min_gpus=spec.min_gpus, max_gpus=spec.max_gpus,
-            preemptible=spec.preemptible, requeue=spec.requeue, memory_bytes=spec.memory_bytes, cpus=spec.cpus,
-            output_uri=spec.output_uri, output_bytes=spec.output_bytes, rerun_of=rerun_of, **_checkpoint(spec),
+            team=team, submitted_by=user, state=State.SUBMITTED, submitted_at=now, state_changed_at=now,
+            array=array, array_index=index, rerun_of=rerun_of, **declared_fields(spec),
         )
         for index in indices
     )  # fmt: skip

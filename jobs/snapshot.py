@@ -6,8 +6,10 @@ the same policy.
 """
 
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db.models.functions import Coalesce
@@ -193,28 +195,45 @@ SIZE_KNOWN = (
 )  # image pull states after its size was learned (0 bytes then means nothing to move)
 
 
+# The columns a waiting job is planned by, as submitting stores them (``services.declared_fields``).
+PLANNED = (
+    "gpus", "hours", "min_gpus", "max_gpus", "preemptible", "memory_bytes", "cpus", "output_bytes", "gpu_model",
+)  # fmt: skip
+
+
+def pending_job(
+    declared: Mapping[str, Any], *, job_id: int, team: str, submitted_at: float, **facts
+) -> types.PendingJob:
+    """A waiting job as the policy sees it: what it declared (its ``PLANNED`` columns), and ``facts`` of the moment
+    (when its data is in place, its cached datasets, the prerequisites it waits for, its array). The pass reads every
+    queued job through it, and the submit form's preview its draft, so the two cannot plan one job differently."""
+    return types.PendingJob(
+        job_id=job_id, team=team, submitted_at=submitted_at, gpus=declared["gpus"], hours=declared["hours"],
+        min_gpus=declared["min_gpus"], max_gpus=declared["max_gpus"], preemptible=declared["preemptible"],
+        memory=declared["memory_bytes"], cpus=declared["cpus"], space=limits.space_bytes(declared["output_bytes"]),
+        gpu_model=declared["gpu_model"] or None, **facts,
+    )  # fmt: skip
+
+
 def _pending(now: datetime) -> list[types.PendingJob]:
     """Queued jobs are ready; staging ones are planned from their staging ETA, never before the next pass; a job
     waiting for prerequisites, from their ends and its staging then. Each names the GPU model it asked for."""
     jobs = Job.objects.filter(state__in=(State.QUEUED, State.STAGING, State.SUBMITTED)).values_list(
-        "id", "team__name", "gpus", "hours", "submitted_at", "min_gpus", "preemptible", "state",
-        "memory_bytes", "cpus", "max_gpus", Coalesce("array__limit_of_id", "array_id"), "array__max_running",
-        "output_bytes", "gpu_model",
+        "id", "team__name", "submitted_at", "state", Coalesce("array__limit_of_id", "array_id"),
+        "array__max_running", *PLANNED,
     )  # fmt: skip
     etas = staging_etas(now)
     unknown, not_before = now.timestamp() + ASSUMED_STAGING_S, now.timestamp() + NOT_QUEUED_READY_S
     datasets = selectors.job_datasets([row[0] for row in jobs])
     waits = dependencies.unmet(row[0] for row in jobs)
     return [
-        types.PendingJob(
-            job_id=job_id, team=team, gpus=gpus, hours=hours, submitted_at=submitted.timestamp(),
-            min_gpus=min_gpus, max_gpus=max_gpus, preemptible=preemptible,
+        pending_job(
+            dict(zip(PLANNED, declared, strict=True)), job_id=job_id, team=team, submitted_at=submitted.timestamp(),
             ready_at=None if state == State.QUEUED else max(etas.get(job_id, unknown), not_before),
-            datasets=datasets.get(job_id, frozenset()), memory=memory, cpus=cpus,
-            waits_for=waits.get(job_id, ()), array=array, array_limit=array_limit, space=limits.space_bytes(output),
-            gpu_model=gpu_model or None, stage_s=_stage_s(job_id, state, waits, etas, now),
+            datasets=datasets.get(job_id, frozenset()), waits_for=waits.get(job_id, ()), array=array,
+            array_limit=array_limit, stage_s=_stage_s(job_id, state, waits, etas, now),
         )
-        for job_id, team, gpus, hours, submitted, min_gpus, preemptible, state, memory, cpus, max_gpus, array, array_limit, output, gpu_model in jobs
+        for job_id, team, submitted, state, array, array_limit, *declared in jobs
     ]  # fmt: skip
 
 
@@ -243,6 +262,13 @@ def staging_etas(now: datetime) -> dict[int, float]:
             seconds = max(seconds, ASSUMED_STAGING_S)
         left[job_id] = max(left[job_id], seconds)
     return {job_id: now.timestamp() + seconds for job_id, seconds in left.items()}
+
+
+def staged_at(sizes: Iterable[int], *, now: datetime) -> float | None:
+    """When inputs of these sizes, none moved yet, should be in place, as a pass plans a job just submitted with them
+    (``staging_etas``); None: nothing to move."""
+    seconds = max((_seconds_left(size, 0, 0.0) for size in sizes if size), default=0.0)
+    return now.timestamp() + max(seconds, NOT_QUEUED_READY_S) if seconds else None
 
 
 def _seconds_left(size: int, done: int, rate: float) -> float:

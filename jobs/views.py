@@ -16,7 +16,7 @@ from accounts import scoping
 from common import paging
 from common.operators import operator_only
 from jobs import declaration, estimates, logs, presenters, selectors, services, signals, syscalls, units
-from jobs.forms import JobForm, JobListFilterForm, bound_fields
+from jobs.forms import JobForm, JobListFilterForm, bound_fields, field_label
 from jobs.lifecycle import BEFORE_RENT
 from jobs.models import Job, JobArray
 
@@ -305,11 +305,6 @@ def queue(request: HttpRequest) -> HttpResponse:
     return render(request, "jobs/queue.html#queue-rows" if request.htmx else "jobs/queue.html", context)
 
 
-def _max_gpus(request: dict, gpus: int) -> int | None:
-    value = request.get("max_gpus")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > gpus else None
-
-
 def _estimable(gpus: object, hours: object) -> bool:
     """Whole GPUs and a time limit at all; inf or nan hours is asked for again, not estimated."""
     return (
@@ -321,58 +316,51 @@ def _estimable(gpus: object, hours: object) -> bool:
     )
 
 
-# The fields the estimate reads, and how the preview names them.
-PREVIEWED_FIELDS = {
+# How the preview names the fields it is asked for first; any other by the form's label.
+PREVIEW_LABELS = {
     "request.gpus": "GPUs",
     "request.min_gpus": "Elastic minimum",
     "request.hours": "Time limit",
 }
+# Typing mistakes the form found in fields the estimate does not read (they are named when submitting).
+NOT_ESTIMATED = ("name", "work", "output.uri")
 
 
-def _request_problem(request: dict, limits: declaration.Limits) -> str:
-    """What submitting would refuse in the fields the estimate reads, in the submit rules' own words (no node
-    up, more GPUs than the pool places, a time limit over its maximum, an elastic minimum out of range)."""
-    try:
-        declaration.validate({"request": request}, limits=limits)
-    except declaration.DeclarationInvalid as invalid:
-        found = invalid.as_dict()
-        return "; ".join(
-            f"{label}: {found[path]}" for path, label in PREVIEWED_FIELDS.items() if path in found
-        )
-    return ""
+def _problem(found: dict[str, str]) -> str:
+    return "; ".join(
+        f"{PREVIEW_LABELS.get(path) or field_label(path)}: {message}" for path, message in found.items()
+    )
 
 
 @login_required
 @require_POST
 def estimate(request: HttpRequest) -> HttpResponse:
-    """The submit form's preview: when the draft would start, and what would make it sooner."""
+    """The submit form's preview: when the job submitting would store would start, and what would make it sooner.
+    What submitting would refuse is said instead, in its words."""
     form = JobForm.from_post(request.POST)
     draft = form.to_declaration()
-    raw = draft["request"]
-    teams = list(scoping.teams_of(request.user))
-    team = _chosen_team(request, teams)
-    gpus, hours = raw.get("gpus"), raw.get("hours")
-    limits = services.pool_limits()
+    team = _chosen_team(request, list(scoping.teams_of(request.user)))
     context = {"options": [], "now": timezone.now(), "problem": ""}
-    if team is None or not _estimable(gpus, hours):
+    if team is None or not _estimable(draft["request"].get("gpus"), draft["request"].get("hours")):
         context["problem"] = "Enter GPUs and a time limit to see an estimated start."
-    elif problem := _request_problem(raw, limits):
-        context["problem"] = f"No estimate yet. {problem}."
-    else:
-        context["options"] = estimates.draft_options(
-            team=team.name, gpus=gpus, hours=hours, min_gpus=raw.get("min_gpus"),
-            preemptible=bool(raw.get("preemptible") or raw.get("checkpoint")), now=context["now"],
-            max_gpus=_max_gpus(raw, gpus),
-        )  # fmt: skip
-        context["checkpointing"] = estimates.what_checkpointing_buys(declared=bool(raw.get("checkpoint")))
-        # An array weighs every task, as submitting it does.
-        context["tasks"] = declaration.array_tasks(draft["array"], limits)
-        context["budget"] = signals.check_budget(
-            team=team, gpu_hours=gpus * hours * context["tasks"], now=context["now"]
-        )
-        context["planned"] = selectors.planned_run(
-            team_id=team.id, hours=hours, started_at=None, now=context["now"]
-        )
+        return render(request, "jobs/new.html#estimate", context)
+    refused = {path: message for path, message in form.errors.items() if not path.startswith(NOT_ESTIMATED)}
+    try:
+        spec = estimates.draft_declaration(draft, team=team, limits=services.pool_limits(team=team))
+    except declaration.DeclarationInvalid as invalid:
+        refused = {**invalid.as_dict(), **refused}
+    if refused:
+        context["problem"] = f"No estimate yet. {_problem(refused)}."
+        return render(request, "jobs/new.html#estimate", context)
+    now = context["now"]
+    tasks = len(spec.array.indices) if spec.array else 1  # an array weighs every task, as submitting it does
+    context |= {
+        "options": estimates.draft_options(draft=estimates.draft_job(spec, team=team, now=now), now=now),
+        "checkpointing": estimates.what_checkpointing_buys(declared=spec.checkpoint is not None),
+        "tasks": tasks,
+        "budget": signals.check_budget(team=team, gpu_hours=spec.gpus * spec.hours * tasks, now=now),
+        "planned": selectors.planned_run(team_id=team.id, hours=spec.hours, started_at=None, now=now),
+    }
     return render(request, "jobs/new.html#estimate", context)
 
 
