@@ -279,12 +279,6 @@ def _prerequisites(raw: Mapping, errs: _Collector) -> tuple[tuple[int, ...], tup
     return lists[0], lists[1]
 
 
-def array_tasks(value: Any, limits: Limits) -> int:
-    """How many tasks an array field declares: 1 while it is empty or not valid (as a draft's preview weighs it)."""
-    array = _array(value, limits, _Collector())
-    return len(array.indices) if array else 1
-
-
 def _array(value: Any, limits: Limits, errs: _Collector) -> Array | None:
     """``"0-99%8"``: indices as ranges and single numbers separated by commas, then ``%`` and how many
     may run at once (Slurm's --array syntax)."""
