@@ -137,7 +137,7 @@ def _stage_digest(
     token = uuid.uuid4().hex
     while True:
         outcome, entry = _try_claim(key=key, team_id=team_id, reference=ref.pinned(resolved.digest),
-                                    digest=resolved.digest, token=token, now=timezone.now())  # fmt: skip
+                                    digest=resolved.digest, token=token, now=timezone.now(), pull=pull)  # fmt: skip
         if outcome == HIT:
             _mark(pull, entry, "cached", resolved.bytes, "served from the pool cache: 0 bytes moved")
             return
@@ -150,7 +150,7 @@ def _stage_digest(
         beat.update_row(stage_state="staging", stage_detail="")
         beat.entry_id, beat.token = entry.id, token
         try:
-            moved = _fill(entry, token, ref, resolved, access, beat)
+            moved = _fill(entry, token, ref, resolved, access, beat, pull)
         except transfers.TransferStopped:
             if beat.stopped == "cancelled":
                 raise ImageStopped() from None
@@ -161,12 +161,15 @@ def _stage_digest(
 
 
 @transaction.atomic
-def _try_claim(*, key: str, team_id: int, reference: str, digest: str, token: str, now: datetime):
+def _try_claim(
+    *, key: str, team_id: int, reference: str, digest: str, token: str, now: datetime, pull: ImagePull
+):
     """HIT (pinned for this pull), WAIT (another is filling it), FILL (this pull fills it, holding a
     transfer slot) or SLOT (it must be pulled, but every transfer slot is taken)."""
     entry = ImageCacheEntry.objects.select_for_update().filter(key=key).first()
     if entry is not None and entry.state == READY and rootfs(key).is_dir():
         ImageCacheEntry.objects.filter(id=entry.id).update(hits=entry.hits + 1, last_used_at=now)
+        _pin(pull, entry)
         return HIT, entry
     if entry is not None and entry.state == FILLING and entry.updated_at >= cache_fill.stale_before(now):
         return WAIT, entry
@@ -191,7 +194,7 @@ def _try_claim(*, key: str, team_id: int, reference: str, digest: str, token: st
 
 def _fill(
     entry: ImageCacheEntry, token: str, ref: imageref.Reference, resolved: registry.Resolved,
-    access: registry.Access, beat: "_Beat",
+    access: registry.Access, beat: "_Beat", pull: ImagePull,
 ) -> int:  # fmt: skip
     """Pulls into a directory of this pull's own, unpacks it, then moves it in place in one rename."""
     part = images_dir() / f"{entry.key}.{token}.part"
@@ -223,10 +226,18 @@ def _fill(
         ImageCacheEntry.objects.filter(id=entry.id, filler=token).delete()
         raise
     now = timezone.now()
-    ImageCacheEntry.objects.filter(id=entry.id, filler=token).update(
-        state=READY, filler="", bytes=size, config=config, updated_at=now, last_used_at=now
-    )
+    with transaction.atomic():
+        if ImageCacheEntry.objects.filter(id=entry.id, filler=token).update(
+            state=READY, filler="", bytes=size, config=config, updated_at=now, last_used_at=now
+        ):
+            _pin(pull, entry)
     return moved
+
+
+def _pin(pull: ImagePull, entry: ImageCacheEntry) -> None:
+    """The pull names its entry in the transaction that finds it ready or makes it so: from then on its live job
+    keeps the entry from eviction (``unpinned``); a sweep between the two would leave the job nothing to run."""
+    ImagePull.objects.filter(id=pull.id).update(entry=entry)
 
 
 def _open_to_jobs(part: Path) -> None:

@@ -384,3 +384,42 @@ def test_a_pull_retried_after_the_floor_leaves_no_half_written_blob_in_the_cache
     entry = ImagePull.objects.get(job=job).entry
     left = [p.name for p in image_staging.entry_dir(entry.key).joinpath("oci").iterdir() if p.is_file()]
     assert [name for name in left if name.startswith("oci-put-blob")] == [], left
+
+
+def _sweep_before_the_pull_is_marked(monkeypatch, settings) -> list[int]:
+    """A sweep of a cache over its capacity runs just after the image is found or filled, before the pull is
+    marked: the moment a concurrent sweep can take it. Returns how many entries each sweep evicted."""
+    mark, evicted = image_staging._mark, []
+
+    def sweep_then_mark(*args, **kwargs):
+        settings.E31_STAGE_CACHE_BYTES = 0  # over capacity: every unpinned entry goes
+        evicted.append(staging.sweep_cache(now=timezone.now()))
+        return mark(*args, **kwargs)
+
+    monkeypatch.setattr(image_staging, "_mark", sweep_then_mark)
+    return evicted
+
+
+def test_an_image_found_in_the_cache_is_pinned_for_its_job_as_it_is_found(
+    pool_registry, base_image, stage_root, settings, monkeypatch
+):
+    """The second job of a team hits the cached image; until its pull named the entry, no live job pinned it, so a
+    sweep of a full cache could remove it between the two and the job was queued with no image to run."""
+    team = TeamFactory()
+    first = staged(image_job(team, base_image))
+    Job.objects.filter(id=first.id).update(state="ended", end_reason="succeeded")  # its pin is gone
+    evicted = _sweep_before_the_pull_is_marked(monkeypatch, settings)
+    second = staged(image_job(team, base_image))
+    assert evicted == [0], "the image was swept away between the hit and its pin"
+    assert second.state == "queued", second.end_detail
+    assert image_staging.rootfs(second.image_pull.entry.key).is_dir()
+
+
+def test_an_image_just_pulled_is_pinned_for_its_job_as_it_becomes_ready(
+    pool_registry, base_image, stage_root, settings, monkeypatch
+):
+    evicted = _sweep_before_the_pull_is_marked(monkeypatch, settings)
+    job = staged(image_job(TeamFactory(), base_image))
+    assert evicted == [0], "the image was swept away between its pull and its pin"
+    assert job.state == "queued", job.end_detail
+    assert image_staging.rootfs(job.image_pull.entry.key).is_dir()
