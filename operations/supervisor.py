@@ -1,9 +1,10 @@
 """Keeps the embedded console's processes up: a child that exits is started again after a pause.
 
 The pause doubles with each exit in a row (1 s, 2 s, 4 s … at most 30 s), so a child that cannot
-start does not spin; one that ran a minute counts as healthy again. Every exit and restart is
-logged and written to the health page's "console" probe. Only the console's own stop (Ctrl-C or
-TERM) stops the children for good.
+start does not spin; one that ran a minute counts as healthy again. A start the system refuses (the
+program gone after a ``uv sync``, a fork refused) counts as an exit. Every exit and restart is
+logged and written to the health page's "console" probe. Only the console's own stop (Ctrl-C, TERM
+or a hangup) stops the children for good.
 """
 
 import logging
@@ -63,8 +64,10 @@ class Supervisor:
         self.pass_fds = pass_fds  # descriptors every child holds open too (the state folder's lock)
 
     def start_all(self) -> None:
+        """Starts every child not started yet; one that cannot start waits its pause like an exit."""
         for child in self.children:
-            self._start(child)
+            if child.process is None and child.restart_at is None:
+                self._start(child)
         self.report(self.children)
 
     def tick(self) -> None:
@@ -94,21 +97,27 @@ class Supervisor:
                 process.wait()
 
     def _start(self, child: Child) -> None:
-        child.process = subprocess.Popen(child.command, env=self.env, pass_fds=self.pass_fds)
-        child.started_at, child.restart_at = self.clock(), None
+        now = self.clock()
+        try:
+            child.process = subprocess.Popen(child.command, env=self.env, pass_fds=self.pass_fds)
+        except OSError as exc:  # raised here, it would end the supervisor and orphan the other children
+            self._down(child, now, why=f"could not start: {exc}", stable=False)
+            return
+        child.started_at, child.restart_at = now, None
         level = logging.WARNING if child.restarts else logging.INFO
         log.log(level, "%s started (pid %d)", child.name, child.process.pid)
 
     def _exited(self, child: Child, now: float) -> None:
         ran = now - child.started_at
-        child.exits_in_a_row = 1 if ran >= STABLE_AFTER_S else child.exits_in_a_row + 1
+        why = f"{describe_exit(child.process.returncode)} after {ran:.0f} s"
+        self._down(child, now, why=why, stable=ran >= STABLE_AFTER_S)
+
+    def _down(self, child: Child, now: float, *, why: str, stable: bool) -> None:
+        child.exits_in_a_row = 1 if stable else child.exits_in_a_row + 1
         pause = backoff_s(child.exits_in_a_row)
-        child.last_exit = f"{describe_exit(child.process.returncode)} after {ran:.0f} s"
-        child.restart_at = now + pause
-        child.history = [*child.history[-4:], child.last_exit]
-        log.error(
-            "%s %s; restarting in %g s (restart %d)", child.name, child.last_exit, pause, child.restarts + 1
-        )
+        child.last_exit, child.restart_at = why, now + pause
+        child.history = [*child.history[-4:], why]
+        log.error("%s %s; restarting in %g s (restart %d)", child.name, why, pause, child.restarts + 1)
 
 
 def summary(children: list[Child], now: float) -> tuple[bool, str]:

@@ -1,7 +1,15 @@
-"""`make run` refuses at once, saying what to change, where its local nodes could never run a job."""
+"""`make run` refuses at once, saying what to change, where its local nodes could never run a job; and
+however it stops, it stops its children."""
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -79,3 +87,65 @@ def test_a_second_console_on_the_same_state_folder_is_refused(settings, monkeypa
         shutil.rmtree(base)
     assert len(started) == 1, "a second console started its own web, worker, beat and node agents"
     assert outcome["second"].startswith("refused")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONSOLE = textwrap.dedent("""
+    import os, sys
+    import django
+    django.setup()
+    from operations import supervisor
+    from operations.management.commands import run_console
+    web = [sys.executable, "-m", "gunicorn", "--chdir", sys.argv[1], "app:app", "--bind", "127.0.0.1:0",
+           "--workers", "1", "--pid", sys.argv[1] + "/gunicorn.pid"]
+    console = supervisor.Supervisor({"web": web}, env=dict(os.environ), report=lambda children: None)
+    console.start_all()
+    print("started", flush=True)
+    run_console._supervise(console)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_a_hangup_stops_the_web_server_with_the_console(tmp_path):
+    """The operator closes the terminal (or the SSH session drops) that runs `make run`: the shell sends
+    SIGHUP to the job's process group. Were the console to die of it at once, gunicorn's master (which takes
+    HUP as "reload") would run on, orphaned, on the console's port and holding the state folder's lock, and
+    the next `make run` would be refused. The console treats HUP like TERM: it stops every child."""
+    (tmp_path / "app.py").write_text(
+        "def app(environ, start_response):\n    start_response('200 OK', [])\n    return [b'ok']\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "E31_TEST_DB_NAME")}
+    env |= {"DJANGO_SETTINGS_MODULE": "e31web.settings", "E31_STATE_DIR": str(tmp_path / "var"),
+            "CELERY_BROKER_URL": "filesystem://", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    console = subprocess.Popen(
+        [sys.executable, "-c", CONSOLE, str(tmp_path)], cwd=ROOT, env=env, start_new_session=True,
+        stdout=open(tmp_path / "console.log", "wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    pid_file = tmp_path / "gunicorn.pid"
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        master = int(pid_file.read_text())
+        time.sleep(1.0)  # gunicorn has installed its signal handlers
+        os.killpg(console.pid, signal.SIGHUP)  # the terminal hangs up on the whole job
+        console.wait(timeout=20)
+        deadline = time.monotonic() + 8
+        while _alive(master) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(master), "gunicorn's master outlived the console: orphaned after a hangup"
+    finally:
+        try:  # everything the console started is still in its process group
+            os.killpg(console.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        console.wait()

@@ -1,11 +1,13 @@
 """The embedded console's supervisor: a child that exits comes back after a growing pause (issue 15)."""
 
+import signal
 import sys
 
 import pytest
 from django.urls import reverse
 
 from operations import health, services, supervisor
+from operations.management.commands import run_console
 
 EXITS = [sys.executable, "-c", "import sys; sys.exit(3)"]
 SLEEPS = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -90,6 +92,55 @@ def test_each_exit_and_restart_is_reported_for_the_health_page(console, clock, r
     console.tick()
     ok, detail = supervisor.summary(reports[-1], clock.now)
     assert "flaky: up 0 s" in detail and "restarted 1 time; exits: exited with code 3 after 0 s" in detail
+
+
+def test_a_child_that_cannot_be_started_again_neither_kills_the_console_nor_orphans_the_others(
+    tmp_path, monkeypatch
+):
+    """An operator's `make run`: a local node agent exits, and by the time its pause is over it cannot be
+    started (its executable is gone: `uv sync` replaced the venv; or fork fails with EAGAIN under a pids
+    limit). The console logs the failed start, counts it as an exit, backs off and keeps supervising; and
+    whatever ends it stops its children, which would otherwise run on holding the state folder's lock."""
+    program = tmp_path / "flaky-agent"
+    program.write_text("#!/bin/sh\nexit 3\n")
+    program.chmod(0o755)
+    clock = Clock()
+    console = supervisor.Supervisor(
+        {"flaky": [str(program)], "steady": SLEEPS}, env={}, report=lambda children: None, clock=clock
+    )
+    console.start_all()
+    flaky, steady = console.children
+    flaky.process.wait(timeout=30)
+    program.unlink()  # cannot be started again
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    naps = 0
+
+    def nap(_seconds: float) -> None:
+        nonlocal naps
+        naps += 1
+        clock.now += 1.0
+        if naps == 40:  # 40 s later the operator presses Ctrl-C
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+
+    monkeypatch.setattr(run_console.time, "sleep", nap)
+    raised = None
+    try:
+        run_console._supervise(console)
+    except Exception as exc:  # what the console died of is the finding
+        raised = exc
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        orphaned = steady.up
+        if steady.up:
+            steady.process.kill()
+            steady.process.wait()
+    assert raised is None, f"the supervisor died on {raised!r}"
+    assert not orphaned, "the other children were left running without their supervisor"
+    assert flaky.last_exit.startswith("could not start: ") and flaky.restarts > 1  # and it kept trying
+    ok, detail = supervisor.summary(console.children, clock.now)
+    assert not ok and detail.startswith("flaky down (could not start: ")
 
 
 @pytest.mark.django_db

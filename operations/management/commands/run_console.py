@@ -1,7 +1,7 @@
 """`make run`: migrates, creates the demo accounts, and starts web, worker, beat and a local pool.
 
 The console supervises its children (operations.supervisor): one that exits is restarted after a
-growing pause, and only Ctrl-C or TERM stops them all.
+growing pause, and only Ctrl-C, TERM or a hangup (the terminal closed) stops them all.
 """
 
 import fcntl
@@ -81,14 +81,13 @@ class Command(BaseCommand):
         console = supervisor.Supervisor(
             commands, env=env, report=_report, pass_fds=(self._state_lock.fileno(),)
         )
-        console.start_all()
         self.stdout.write(self.style.SUCCESS(
             f"\nE31 Network console: http://127.0.0.1:{port}/  ({nodes} local nodes x {gpus_per_node} virtual GPUs)\n"
             "Sign in as 'operator' (operator) or 'demo' (member of team demo). Ctrl-C stops everything.\n"
             f"From a terminal: .venv/bin/e31 login http://127.0.0.1:{port}  (paste a token from the API tokens page)\n"
             f"                 .venv/bin/e31 submit {example} --follow\n"
         ))  # fmt: skip
-        _supervise(console)
+        _supervise(console)  # starts the children; however it ends, it stops them all
         self._state_lock.close()  # every child has stopped: another console may start
 
     def _write_example_job(self) -> str:
@@ -121,20 +120,29 @@ def _lock_state_dir(state_dir: Path) -> TextIO:
     return lock
 
 
+# HUP too: the terminal that runs `make run` closed or its SSH session dropped. Left to its default it
+# would end the console alone, and gunicorn (which takes HUP as "reload") would run on, orphaned.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _supervise(console: supervisor.Supervisor) -> None:
+    """Starts the children and keeps them up until a stop signal; however this ends, it stops them all."""
     stopping = False
 
     def stop(*_) -> None:
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    while not stopping:
-        console.tick()
-        time.sleep(0.5)
-    log.info("stopping the console")
-    console.stop_all()
+    for signum in STOP_SIGNALS:  # before the first child starts, so no stop can find them unwatched
+        signal.signal(signum, stop)
+    try:
+        console.start_all()
+        while not stopping:
+            console.tick()
+            time.sleep(0.5)
+    finally:
+        log.info("stopping the console")
+        console.stop_all()
 
 
 def _report(children: list[supervisor.Child]) -> None:
