@@ -82,7 +82,7 @@ def _ident(request: HttpRequest) -> str:
 
 
 def _address(request: HttpRequest) -> str:
-    address = clients.client_address(request) or "unknown"
+    address = clients.client_network(request) or "unknown"  # an IPv6 client by its network
     return hashlib.sha256(address.encode()).hexdigest()[:32]
 
 

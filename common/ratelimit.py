@@ -65,7 +65,7 @@ def _hit_cache(key: str, *, window_s: int) -> int:
 
 
 def over_limit(request: HttpRequest, *, scope: str = "public") -> bool:
-    addr = clients.client_address(request) or "unknown"
+    addr = clients.client_network(request) or "unknown"
     count = hit(f"public-form:{scope}:{addr}", window_s=settings.E31_PUBLIC_FORM_WINDOW_S)
     return count > settings.E31_PUBLIC_FORM_LIMIT
 

@@ -214,7 +214,7 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]  # the pair, never the us
 AXES_FAILURE_LIMIT = "accounts.lockout.failure_limit"
 AXES_COOLOFF_TIME = "accounts.lockout.window"
 AXES_USERNAME_CALLABLE = "accounts.lockout.username"
-AXES_CLIENT_IP_CALLABLE = "common.clients.client_address"
+AXES_CLIENT_IP_CALLABLE = "common.clients.client_network"  # an IPv6 client by its network
 AXES_LOCKOUT_CALLABLE = "accounts.lockout.refused"
 AXES_RESET_ON_SUCCESS = True
 # Attempts refused while locked are not counted, so the lock ends WINDOW after the last real failure.
@@ -249,6 +249,13 @@ try:
     [ipaddress.ip_network(entry, strict=False) for entry in E31_TRUSTED_PROXIES]
 except ValueError as exc:
     raise ImproperlyConfigured(f"E31_TRUSTED_PROXIES: {exc}") from exc
+# The limits (sign-in lockout, public forms, the API) count an IPv6 client by its network of this many
+# leading bits: one home line or VM is given a whole /64, and each of its addresses would count afresh.
+E31_IPV6_CLIENT_PREFIX = env.int("E31_IPV6_CLIENT_PREFIX", default=64)
+if not 32 <= E31_IPV6_CLIENT_PREFIX <= 128:
+    raise ImproperlyConfigured(
+        f"E31_IPV6_CLIENT_PREFIX is a prefix length from 32 to 128 (64: a /64), not {E31_IPV6_CLIENT_PREFIX}"
+    )
 # The API: at most this many requests per token (per user for a browser session) per period.
 E31_API_RATE = env.str("E31_API_RATE", default="600/m")
 if not re.fullmatch(r"[1-9][0-9]*/[smhd][a-z]*", E31_API_RATE):
