@@ -5,8 +5,9 @@
 Counts live where every web process sees them, never in one process's memory, so two web workers
 count together: with the database cache (the default) in ``RateCount``, one upsert per event that
 adds one and returns the new count (Django's database cache has no atomic incr: it reads then
-writes, and resets the expiry); with Redis (``E31_CACHE_URL``) in the cache, by add then INCR, which
-keep the expiry the first event set. Either way a window lasts exactly ``window_s``.
+writes, and resets the expiry); with Redis (``E31_CACHE_URL``) in the cache, by one script that
+INCRs and sets the expiry when the INCR opened the window, so no count is ever left without one.
+Either way a window lasts exactly ``window_s``.
 
 Public forms: the first post opens a window; past ``E31_PUBLIC_FORM_LIMIT`` posts within
 ``E31_PUBLIC_FORM_WINDOW_S`` seconds the client gets HTTP 429 until the window ends.
@@ -19,6 +20,7 @@ from functools import wraps
 from django.conf import settings
 from django.core.cache import cache, caches
 from django.core.cache.backends.db import DatabaseCache
+from django.core.cache.backends.redis import RedisCache
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -36,12 +38,26 @@ _UPSERT = """
     RETURNING count
 """
 
+# One step on Redis: an add then an INCR apart would let a window that ends between them leave the
+# count INCR creates with no expiry, one that never ends (a 429 for good). A count found without an
+# expiry (left so before) gets one too.
+_COUNT = """
+local count = redis.call('INCR', KEYS[1])
+if count == 1 or redis.call('TTL', KEYS[1]) == -1 then
+    redis.call('EXPIRE', KEYS[1], ARGV[1])
+end
+return count
+"""
+
 
 def hit(key: str, *, window_s: int) -> int:
     """Counts one event under ``key``; returns the count in the window the first event opened."""
     key = f"e31:limit:{key}"
-    if isinstance(caches["default"], DatabaseCache):
+    shared = caches["default"]
+    if isinstance(shared, DatabaseCache):
         return _hit_table(key, window_s=window_s, now=time.time())
+    if isinstance(shared, RedisCache):
+        return _hit_redis(shared, key, window_s=window_s)
     return _hit_cache(key, window_s=window_s)
 
 
@@ -52,6 +68,12 @@ def _hit_table(key: str, *, window_s: int, now: float) -> int:
         if count == 1:  # a window opened: the same moment clears the windows that have ended
             cursor.execute("DELETE FROM common_ratecount WHERE expires_at <= %s", [now])
     return count
+
+
+def _hit_redis(shared: RedisCache, key: str, *, window_s: int) -> int:
+    key = shared.make_and_validate_key(key)
+    client = shared._cache.get_client(key, write=True)
+    return int(client.eval(_COUNT, 1, key, int(window_s)))
 
 
 def _hit_cache(key: str, *, window_s: int) -> int:

@@ -1,15 +1,21 @@
 """The shared rate limiter on the default (database) cache: every parallel event counts, and a
-window lasts the window_s it was opened with (the database cache reset it to its 300 s default)."""
+window lasts the window_s it was opened with (the database cache reset it to its 300 s default); on
+Redis, no count is ever left without an expiry."""
 
 import threading
+import time
+import uuid
 from datetime import timedelta
 
 import pytest
 import time_machine
+from django.core.cache import caches
 from django.db import connection
 from django.utils import timezone
 
 from common import ratelimit
+
+REDIS = "redis://127.0.0.1:6379/14"
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,3 +52,63 @@ def test_a_window_lasts_window_s():
         assert ratelimit.hit("window", window_s=600) == 3  # past the cache's 300 s default, still the window
     with time_machine.travel(opened + timedelta(seconds=601), tick=False):
         assert ratelimit.hit("window", window_s=600) == 1  # a new window
+
+
+@pytest.fixture
+def redis_cache(settings):
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS}
+    }
+    return caches["default"]
+
+
+def test_on_redis_a_window_that_ends_between_two_round_trips_still_ends(redis_cache, monkeypatch):
+    """Counted as an add then an INCR (Django's Redis incr is EXISTS then INCR, two round trips), a post
+    that arrives as the window's key expires could see EXISTS true and then INCR a key that has just gone:
+    Redis creates it at 1 with no expiry, and the client (public form, per address) or the team admin
+    (invitations, per user) gets 429 for good once past the limit. Here the key is made to expire exactly
+    between the two round trips, as it can by chance on a busy limiter."""
+    key = f"race-{uuid.uuid4().hex}"
+    try:
+        _race_then_look(redis_cache, monkeypatch, key)
+    finally:
+        redis_cache.delete(f"e31:limit:{key}")
+
+
+def _race_then_look(redis_cache, monkeypatch, key: str) -> None:
+    assert ratelimit.hit(key, window_s=1) == 1
+    client_of = redis_cache._cache.get_client
+    armed = True
+
+    class ExpiresNow:
+        def __init__(self, client) -> None:
+            self._client = client
+
+        def exists(self, *names):
+            nonlocal armed
+            found = self._client.exists(*names)
+            if armed and found:
+                armed = False
+                self._client.delete(*names)  # the window's TTL runs out this very moment
+            return found
+
+        def __getattr__(self, name):
+            return getattr(self._client, name)
+
+    monkeypatch.setattr(redis_cache._cache, "get_client", lambda *a, **k: ExpiresNow(client_of(*a, **k)))
+    ratelimit.hit(key, window_s=1)  # the unlucky event
+    monkeypatch.undo()
+    time.sleep(1.3)  # past any window of one second
+    assert ratelimit.hit(key, window_s=1) == 1, "the count outlived its window: it has no expiry"
+
+
+def test_on_redis_a_count_left_without_an_expiry_gets_one(redis_cache):
+    key = f"stuck-{uuid.uuid4().hex}"
+    stored = redis_cache.make_and_validate_key(f"e31:limit:{key}")
+    client = redis_cache._cache.get_client(stored, write=True)
+    try:
+        client.set(stored, 40)  # a count an earlier limiter left with no expiry
+        assert ratelimit.hit(key, window_s=60) == 41
+        assert 0 < client.ttl(stored) <= 60
+    finally:
+        client.delete(stored)
