@@ -19,9 +19,10 @@ class UsernameOrEmailBackend(ModelBackend):
 
 
 def stored_username(typed: str) -> str:
-    """The username of the one account ``typed`` names: the exact username first, then one that
-    differs only by case, then one account's e-mail address. Two candidates name nobody (never a guess
-    between accounts), and the name is returned as typed, so it matches no account."""
+    """The username of the one account ``typed`` names: the exact username first, then the one that
+    differs only by case (never two: ``accounts.usernames``), then one account's e-mail address. Two
+    accounts sharing the address name nobody (never a guess between accounts), and the name is returned
+    as typed, so it matches no account."""
     users = get_user_model()._default_manager
     if users.filter(username=typed).exists():
         return typed

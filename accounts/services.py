@@ -5,6 +5,7 @@ import secrets
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils.text import slugify
 
@@ -53,15 +54,16 @@ def create_team(*, name: str, share: float = 1.0) -> Team:
 
 
 def create_invited_account(*, email: str, password: str, first_name: str = ""):
-    """A new account whose username is the invited address, or None if another account took that username
-    first. Two links for one new address (two teams', or a team's and a design partner's) redeemed at the same
-    moment both find the address free; the second insert then meets the first's unique username."""
+    """A new account whose username is the invited address, or None if another account took that username, in
+    any case, first. Two links for one new address (two teams', or a team's and a design partner's) redeemed at
+    the same moment both find the address free; the second then meets the first's name (``accounts.usernames``):
+    the check before the insert, or the unique index if both passed it."""
     try:
         with transaction.atomic():  # a savepoint: the caller's transaction lives on to refuse cleanly
             return get_user_model().objects.create_user(
                 username=email, email=email, password=password, first_name=first_name
             )
-    except IntegrityError:
+    except (IntegrityError, ValidationError):
         return None
 
 
@@ -82,13 +84,16 @@ def ensure_demo_accounts(*, password: str = "") -> dict[str, str]:
     team = Team.objects.filter(slug="demo").first()
     new_team = team is None
     team = team or create_team(name="demo")
-    operator, made = User.objects.get_or_create(username="operator", defaults={"is_staff": True})
+    # In any case: an operator who renamed "operator" to "Operator" keeps it, and no second one appears.
+    operator, made = User.objects.get_or_create(
+        username__iexact="operator", defaults={"username": "operator", "is_staff": True}
+    )
     if made:
         created["operator"] = password or secrets.token_urlsafe(9)
         operator.set_password(created["operator"])
         operator.is_superuser = True
         operator.save()
-    demo, new_demo = User.objects.get_or_create(username="demo")
+    demo, new_demo = User.objects.get_or_create(username__iexact="demo", defaults={"username": "demo"})
     if new_demo:
         created["demo"] = password or secrets.token_urlsafe(9)
         demo.set_password(created["demo"])

@@ -37,16 +37,6 @@ def test_a_wrong_password_is_refused_whatever_the_name_typed(client, member):
     assert "_auth_user_id" not in client.session
 
 
-def test_two_accounts_differing_only_by_case_are_told_apart_by_the_exact_name_and_never_guessed(client):
-    # Made by hand: the console's own paths (invitations, the admin's form) refuse such a pair.
-    upper, lower = UserFactory(username="Sam"), UserFactory(username="sam")
-    assert _sign_in(client, "Sam").status_code == 302 and client.session["_auth_user_id"] == str(upper.id)
-    client.logout()
-    assert _sign_in(client, "sam").status_code == 302 and client.session["_auth_user_id"] == str(lower.id)
-    client.logout()
-    assert _sign_in(client, "SAM").status_code == 200  # which of the two? neither
-
-
 def test_an_e_mail_address_shared_by_two_accounts_signs_in_neither(client):
     UserFactory(username="kim", email="lab@example.com")
     UserFactory(username="lee", email="lab@example.com")

@@ -1,0 +1,31 @@
+"""One account per name: two usernames never differ only by letter case or surrounding spaces.
+
+"Alice" beside "alice" (or "Bob@x.org" beside "bob@x.org") would let one person pass for another on a team's
+members list, an invitation or an audit row. The database holds it: a unique index on lower(trim(username))
+(migration 0005). ``refuse_twin`` runs before every save of a user (the console's writers, ``createsuperuser``,
+a shell) and says so in words, so a refusal reads as one and not as an IntegrityError; the index still decides
+between two saves racing past the check. The admin's add form refuses such a name itself (Django's
+UserCreationForm); its change form does not, so a rename there is stopped here, as an error page.
+"""
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.db.models import Value
+from django.db.models.functions import Lower, Trim
+
+TAKEN = "an account with this name already exists"
+
+
+def taken(username: str, *, exclude_id: int | None = None) -> bool:
+    """Whether another account's username is this one but for case and surrounding spaces. The index's own
+    expression, so the check and the index agree on every letter, on PostgreSQL and SQLite alike."""
+    users = get_user_model()._default_manager.annotate(name_key=Lower(Trim("username")))
+    return users.filter(name_key=Lower(Trim(Value(username)))).exclude(id=exclude_id).exists()
+
+
+def refuse_twin(sender, instance, raw: bool = False, update_fields=None, **kwargs) -> None:
+    """pre_save of the user model: a new or renamed account may not take another's name in another case."""
+    if raw or (update_fields is not None and "username" not in update_fields):
+        return  # a fixture, or a save that leaves the name alone (sign-in's last_login)
+    if taken(instance.get_username(), exclude_id=instance.pk):
+        raise ValidationError(TAKEN, code="unique")
