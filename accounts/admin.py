@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from accounts import members, services
+from accounts import members, services, usernames
 from accounts.models import ApiToken, Membership, Team
 
 # Set on the operator's team page (share, egress) and the budget page, each audited.
@@ -100,6 +100,13 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
 
 class UserChangeForm(auth_admin.UserAdmin.form):
+    def clean_username(self) -> str:
+        """No rename onto another account's name in another case (``accounts.usernames``), said on the form."""
+        name = self.cleaned_data["username"]
+        if usernames.taken(name, exclude_id=self.instance.pk):
+            raise ValidationError(usernames.TAKEN, code="unique")
+        return name
+
     def clean_is_active(self) -> bool:
         """A team keeps an admin who can sign in: the last one is not deactivated (``members._keep_an_admin``)."""
         active = self.cleaned_data["is_active"]

@@ -13,6 +13,7 @@ from datetime import timedelta
 
 from axes.backends import AxesStandaloneBackend
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
@@ -34,9 +35,14 @@ class LockoutBackend(AxesStandaloneBackend):
 
 def username(request: HttpRequest, credentials: dict | None) -> str:
     """The account as counted: named by its username in any case or by its e-mail address (both sign in,
-    ``accounts.backends``), one count; a name that is no account's, whatever its case or spaces."""
+    ``accounts.backends``), one count under its own username, which ``axes_reset_username`` takes as the
+    account spells it (no two differ only by case: ``accounts.usernames``); a name that is no account's,
+    one count whatever its case or spaces."""
     name = str((credentials or {}).get("username") or request.POST.get("username", "")).strip()
-    return stored_username(name).lower()[:150]
+    stored = stored_username(name)
+    if get_user_model()._default_manager.filter(username=stored).exists():
+        return stored[:150]
+    return name.lower()[:150]
 
 
 def failure_limit(request: HttpRequest, credentials: dict | None) -> int:

@@ -5,7 +5,7 @@ members list, an invitation or an audit row. The database holds it: a unique ind
 (migration 0005). ``refuse_twin`` runs before every save of a user (the console's writers, ``createsuperuser``,
 a shell) and says so in words, so a refusal reads as one and not as an IntegrityError; the index still decides
 between two saves racing past the check. The admin's add form refuses such a name itself (Django's
-UserCreationForm); its change form does not, so a rename there is stopped here, as an error page.
+UserCreationForm), its change form with ``taken`` (``accounts.admin``).
 """
 
 from django.contrib.auth import get_user_model

@@ -210,3 +210,17 @@ def test_the_admin_still_saves_an_accounts_other_fields(admin_client, team, team
     assert admin_client.post(reverse("admin:auth_user_change", args=[team_admin.id]), form).status_code == 302
     team_admin.refresh_from_db()
     assert team_admin.first_name == "Adele" and team_admin.is_active
+
+
+def test_the_admin_refuses_a_rename_onto_another_accounts_name_in_another_case_in_words(
+    admin_client, member, team_admin
+):
+    """alice exists; renaming adele to "ALICE " in the admin was stopped only by the save's own check: an error page."""
+    form = _user_form(team_admin, username="ALICE ")
+    response = admin_client.post(reverse("admin:auth_user_change", args=[team_admin.id]), form)
+    assert (
+        response.status_code == 200
+        and "an account with this name already exists" in response.content.decode()
+    )
+    team_admin.refresh_from_db()
+    assert team_admin.username == "adele"

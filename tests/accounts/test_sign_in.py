@@ -2,6 +2,7 @@
 
 import pytest
 from django.contrib.auth.forms import UserCreationForm
+from django.core.management import call_command
 from django.urls import reverse
 
 from tests.conftest import PASSWORD
@@ -53,3 +54,22 @@ def test_the_lockout_counts_failures_whatever_the_case_typed(client, member, set
     _sign_in(client, "alice", "wrong")
     _sign_in(client, "ALICE", "wrong")
     assert _sign_in(client, "Alice").status_code == 429
+
+
+def test_an_operator_clears_the_lock_of_an_account_named_with_capitals_by_its_name(client, settings):
+    """`manage.py axes_reset_username Olga` (the README's remedy) found nothing when the lockout counted the
+    account as 'olga': the lock stayed. An account is counted under its own username, as typed in any case."""
+    settings.E31_LOGIN_FAILURE_LIMIT = 3
+    UserFactory(username="Olga", is_staff=True)
+    for typed in ("Olga", "olga", "OLGA"):
+        _sign_in(client, typed, "wrong")
+    assert _sign_in(client, "olga").status_code == 429
+    call_command("axes_reset_username", "Olga")
+    assert _sign_in(client, "olga").status_code == 302
+
+
+def test_a_name_that_is_no_accounts_is_counted_once_whatever_its_case(client, settings):
+    settings.E31_LOGIN_FAILURE_LIMIT = 2
+    _sign_in(client, "Nobody", "wrong")
+    _sign_in(client, "NOBODY", "wrong")
+    assert _sign_in(client, "nobody", "wrong").status_code == 429
