@@ -8,11 +8,19 @@ atomic within a filesystem), and the binding tables are replaced the same way un
 A reader claims a message by renaming it into the processing folder (one reader wins), deletes it
 once read, and moves a file it cannot decode aside with a log line instead of dying: the database
 is the truth, so the reconciler re-drives whatever such a message would have rung for.
+
+A message published with an expiration (beat's periodic passes expire after their own period) carries
+its deadline in its file name, and once past it the file is deleted, unread, by the next reader's scan
+or by a publisher's sweep (at most every ``SWEEP_EVERY_S``), as RabbitMQ drops a message past its TTL.
+So while no worker reads (the control worker down) the folder holds the passes still due, not every
+pass beat has published since, and a worker that comes back is handed none of them to replay.
 """
 
 import fcntl
 import logging
 import os
+import re
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +35,18 @@ from kombu.utils.objects import cached_property
 log = logging.getLogger(__name__)
 
 UNREADABLE_SUFFIX = ".unreadable"
+SWEEP_EVERY_S = 10.0
+_DEADLINE = re.compile(r"_expires(\d+)$")  # in a file name's stem: wall-clock milliseconds
+
+
+def _expired(name: str, now_ms: int) -> bool:
+    """Whether the message file ``name`` is past the deadline it was published with (most have none)."""
+    deadline = _DEADLINE.search(name.partition(".")[0])
+    return deadline is not None and int(deadline[1]) <= now_ms
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def write_atomically(folder: str | Path, name: str, data: bytes) -> None:
@@ -51,16 +71,45 @@ def _ignoring_missing() -> Iterator[None]:
 
 
 class Channel(filesystem.Channel):
+    _swept_at = 0.0  # monotonic time of this channel's last sweep as a publisher
+
     def _put(self, queue: str, payload: dict, **kwargs) -> None:
-        name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+        name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}{self._deadline(payload)}.{queue}.msg"
         try:
             write_atomically(self.data_folder_out, name, dumps(payload).encode())
         except OSError as exc:
             raise filesystem.ChannelError(f"Cannot add {name!r} to {self.data_folder_out}") from exc
+        if monotonic() - self._swept_at >= SWEEP_EVERY_S:  # no reader may be there to do it
+            self._swept_at = monotonic()
+            self._drop_expired(os.listdir(self.data_folder_out), folder=self.data_folder_out)
+
+    @staticmethod
+    def _deadline(payload: dict) -> str:
+        """The file name's mark of the message's deadline: its AMQP expiration (milliseconds from now)."""
+        try:
+            expiration = float(payload["properties"]["expiration"])
+        except (KeyError, TypeError, ValueError):
+            return ""
+        return f"_expires{_now_ms() + round(expiration)}"
+
+    def _drop_expired(self, names: list[str], *, folder: str) -> list[str]:
+        """Deletes the message files past their deadline, unread; returns the other names."""
+        now_ms, kept, dropped = _now_ms(), [], 0
+        for name in names:
+            if _expired(name, now_ms):
+                with _ignoring_missing():  # a reader claimed it first: the worker discards it
+                    os.unlink(os.path.join(folder, name))
+                    dropped += 1
+            else:
+                kept.append(name)
+        if dropped:
+            log.debug("dropped %d expired broker message(s) from %s", dropped, folder)
+        return kept
 
     def _get(self, queue: str) -> dict:
         wanted = f"{queue}.msg"
-        for name in sorted(os.listdir(self.data_folder_in)):
+        names = self._drop_expired(os.listdir(self.data_folder_in), folder=self.data_folder_in)
+        for name in sorted(names):
             if name.partition(".")[2] != wanted:
                 continue  # another queue's message, or a hidden file still being written
             claimed = os.path.join(self.processed_folder, name)

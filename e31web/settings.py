@@ -475,23 +475,28 @@ LOGGING = {
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
 
+
 # --- Beat: the periodic safety nets. Every state lives in the database; these only re-drive it.
+def _every(task: str, period_s: float) -> dict:
+    """A pass that expires after its own period: by then the next one is on its way, so one no worker took
+    (the control worker down) is dropped by the broker instead of piling up and being replayed."""
+    return {"task": task, "schedule": period_s, "options": {"expires": period_s}}
+
+
 CELERY_BEAT_SCHEDULE = {
-    "reap-silent-nodes": {"task": "jobs.tasks.reap_silent_nodes", "schedule": max(1.0, E31_HEARTBEAT_S)},
-    "reconcile-stuck-jobs": {"task": "jobs.tasks.reconcile", "schedule": E31_RECONCILE_EVERY_S},
-    "sweep-staging-cache": {"task": "jobs.tasks.sweep_cache", "schedule": 600.0},
-    "prune-gpu-minutes": {"task": "jobs.tasks.prune_gpu_minutes", "schedule": 3600.0},
-    "scheduler-safety-pass": {"task": "jobs.tasks.run_safety_pass", "schedule": E31_SCHEDULER_TICK_S},
-    "accrue-meter-hourly": {
-        "task": "metering.tasks.accrue_meter",
-        "schedule": env.float("E31_ACCRUE_EVERY_S", default=300.0),
-    },
+    "reap-silent-nodes": _every("jobs.tasks.reap_silent_nodes", max(1.0, E31_HEARTBEAT_S)),
+    "reconcile-stuck-jobs": _every("jobs.tasks.reconcile", E31_RECONCILE_EVERY_S),
+    "sweep-staging-cache": _every("jobs.tasks.sweep_cache", 600.0),
+    "prune-gpu-minutes": _every("jobs.tasks.prune_gpu_minutes", 3600.0),
+    "scheduler-safety-pass": _every("jobs.tasks.run_safety_pass", E31_SCHEDULER_TICK_S),
+    "accrue-meter-hourly": _every(
+        "metering.tasks.accrue_meter", env.float("E31_ACCRUE_EVERY_S", default=300.0)
+    ),
     # The operator dashboard: beat's own sign of life, a utilisation sample per minute, the ledger check.
-    "operations-beat-heartbeat": {"task": "operations.tasks.beat_heartbeat", "schedule": 15.0},
-    "operations-utilisation-sample": {"task": "operations.tasks.sample_utilisation", "schedule": 60.0},
-    "notifications-send-due": {"task": "notifications.tasks.send_due_notifications", "schedule": 5.0},
-    "operations-ledger-check": {
-        "task": "operations.tasks.check_ledger",
-        "schedule": env.float("E31_LEDGER_CHECK_EVERY_S", default=600.0),
-    },
+    "operations-beat-heartbeat": _every("operations.tasks.beat_heartbeat", 15.0),
+    "operations-utilisation-sample": _every("operations.tasks.sample_utilisation", 60.0),
+    "notifications-send-due": _every("notifications.tasks.send_due_notifications", 5.0),
+    "operations-ledger-check": _every(
+        "operations.tasks.check_ledger", env.float("E31_LEDGER_CHECK_EVERY_S", default=600.0)
+    ),
 }

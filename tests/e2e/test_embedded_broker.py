@@ -1,4 +1,5 @@
-"""The embedded broker hands no reader a half-written message, and a bad file kills no worker (issue 15)."""
+"""The embedded broker hands no reader a half-written message, and a bad file kills no worker (issue 15);
+a message past its expiration is deleted, not delivered, so the store stays bounded with no worker."""
 
 import json
 import os
@@ -8,8 +9,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from queue import Empty
 
 import pytest
+from celery import Celery
+from celery.beat import Scheduler
+from django.conf import settings
 from kombu import Connection, Queue
 from kombu.transport import virtual
 
@@ -67,6 +72,67 @@ def test_delivered_messages_leave_nothing_behind(tmp_path):
             message.ack()
     assert sorted(got) == list(range(50))
     assert os.listdir(tmp_path / "in") == [] and os.listdir(tmp_path / "processed") == []
+
+
+def test_a_message_past_its_expiration_is_deleted_rather_than_delivered(tmp_path):
+    with connection(tmp_path) as conn:
+        queue = conn.SimpleQueue(QUEUE)
+        queue.put({"n": "stale"}, expiration=0.05)
+        queue.put({"n": "due"}, expiration=60)
+        queue.put({"n": "kept"})  # no expiration: kept however long no reader comes
+        time.sleep(0.1)
+        got = []
+        for _ in range(2):
+            message = queue.get(timeout=2)
+            got.append(message.payload["n"])
+            message.ack()
+        with pytest.raises(Empty):
+            queue.get(timeout=0.2)
+    assert sorted(got) == ["due", "kept"]  # published the same millisecond: in either order
+    assert os.listdir(tmp_path / "in") == [] and os.listdir(tmp_path / "processed") == []
+
+
+def test_a_publisher_sweeps_expired_messages_while_no_reader_comes(tmp_path, monkeypatch):
+    monkeypatch.setattr(broker, "SWEEP_EVERY_S", 0.0)
+    with connection(tmp_path) as conn:
+        producer = conn.SimpleQueue(QUEUE)
+        for n in range(20):  # beat's passes, no worker to take them
+            producer.put({"n": n}, expiration=0.05)
+        time.sleep(0.1)
+        producer.put({"n": "last"}, expiration=60)
+    assert len(os.listdir(tmp_path / "in")) == 1
+
+
+def test_periodic_passes_published_while_no_worker_consumes_expire(tmp_path):
+    """Beat keeps publishing its safety nets (reaper and notifications every 5 s, beat heartbeat every 15 s,
+    the scheduler pass, …) whether or not a control worker consumes them. Under `make run` a worker that
+    cannot start (restarted every 30 s, forever) would leave beat filling var/broker/in with tens of
+    thousands of files a day, every poll of every queue listing and sorting the whole folder, and a worker
+    back from the outage replaying every stale pass in order, ahead of the job dispatches published after
+    them. So each pass beat publishes expires (after its own period): the broker drops it, and a worker
+    back from an outage would discard it."""
+    for sub in ("in", "processed", "control"):
+        (tmp_path / sub).mkdir()
+    app = Celery("beat-expiry", set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    app.conf.broker_url = "filesystem://"
+    app.conf.broker_transport = "e31web.broker:Transport"
+    app.conf.broker_transport_options = {
+        "data_folder_in": str(tmp_path / "in"), "data_folder_out": str(tmp_path / "in"),
+        "processed_folder": str(tmp_path / "processed"), "control_folder": str(tmp_path / "control"),
+    }  # fmt: skip
+    scheduler = Scheduler(app, lazy=True)
+    scheduler.setup_schedule()
+    with app.producer_or_acquire() as producer:
+        for entry in scheduler.schedule.values():
+            scheduler.apply_async(entry, producer=producer, advance=False)
+    published = {}
+    for path in (tmp_path / "in").iterdir():
+        headers = json.loads(path.read_bytes())["headers"]
+        published[headers["task"]] = headers.get("expires")
+    assert set(published) == {e["task"] for e in settings.CELERY_BEAT_SCHEDULE.values()}
+    never_expire = sorted(task for task, expires in published.items() if not expires)
+    assert never_expire == [], f"published by beat with no expiry: {never_expire}"
 
 
 def test_readers_racing_writers_see_every_message_whole_and_once(tmp_path):
