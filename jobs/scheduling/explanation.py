@@ -118,6 +118,37 @@ class _Profile:
         return self.times[min(bisect_left(self.peak, g), len(self.times) - 1)]  # peak never falls
 
 
+class _ModelIdle:
+    """Idle GPUs of one model's nodes over time if nothing new starts (as ``_Profile`` counts the pool's): a
+    blocked job that names the model starts no sooner than enough of them are idle at once."""
+
+    def __init__(self, p: Pass, kind: _Kind) -> None:
+        self.now = p.now
+        ours = kind.capacity
+        deltas: list[tuple[float, int]] = []
+        for r in p.releases():
+            k = sum(len(ix) for n, ix in r.gpus_by_node.items() if n in ours)
+            if k:
+                deltas.append((max(r.expected_end, p.now), k))
+        for end, counts in p.local_events:  # this pass's starts and holds
+            k = sum(c for n, c in counts.items() if n in ours)
+            if k:
+                deltas.append((max(end, p.now), k))
+        deltas.sort()
+        self.level = kind.total_gpus - sum(k for _, k in deltas)
+        self.deltas = deltas
+
+    def when_idle(self, g: int) -> float:
+        level = self.level
+        if level >= g:
+            return self.now
+        for t, k in self.deltas:
+            level += k
+            if level >= g:
+                return t
+        return self.now  # never that many idle: the pool-wide estimate stands
+
+
 class Explainer:
     """Estimates and reasons for a pass; subclassed by the default policy to name fair share."""
 
@@ -153,10 +184,14 @@ class Explainer:
         return out
 
     def _never(self, p: Pass, job: PendingJob) -> Estimate:
-        """Why the pool can never place ``job``: its disk, memory or CPUs are judged on the nodes of its shape
-        (its GPU model's where it names one), its GPUs on the whole pool (``placement`` says when its model's
-        nodes are too few)."""
+        """Why the pool can never place ``job``: its GPU model where that is why (``_model_never``), else its disk,
+        memory or CPUs, judged on the nodes of its shape (its GPU model's where it names one), or its GPUs, judged on
+        the whole pool."""
         g, s = job.min_gpus or job.gpus, p.kind(job)
+        if s is not p:
+            told = _model_never(p, job, g, s)
+            if told is not None:
+                return told
         if not p.capacity:
             reason = "no node in the pool is taking jobs now (all draining, drained or down)"
             return Estimate(job.job_id, None, "no_nodes", reason)
@@ -237,21 +272,21 @@ class Explainer:
     ) -> Estimate:
         """``work_ahead``: GPU-seconds the pool works through first (for a backlog job, every other job's)."""
         at = max(profile.when_done(work_ahead), profile.when_idle(job.min_gpus or job.gpus), p.now)
+        s = p.kind(job)
         if job.ready_at is not None and job.ready_at > p.now:
-            at = max(at, job.ready_at)
-            reason = (
-                f"waiting for its data to finish staging (ETA {format_utc(job.ready_at, now=p.now)}); "
-                f"expected to start about {format_utc(at, now=p.now)}"
+            at, when = _expected(p, s, job, max(at, job.ready_at), ends)
+            eta = format_utc(job.ready_at, now=p.now)
+            return Estimate(
+                job.job_id, at, "staging", f"waiting for its data to finish staging (ETA {eta}); {when}"
             )
-            return Estimate(job.job_id, at, "staging", reason)
-        size = _describe_job(job, p.kind(job).node_gpus)
+        size = _describe_job(job, s.node_gpus)
         no_room = p.held_back_by_room(job)
         if no_room:  # idle GPUs do not start it: memory and CPUs free only as jobs on its nodes end
             frees = ends.room_frees(job)
             if frees is None:
                 return _no_room_unknown(job, size)
             at = max(at, frees)
-        when = f"expected to start about {format_utc(at, now=p.now)}"
+        at, when = _expected(p, s, job, at, ends)
         if job.preemptible:
             reason = f"backlog job: runs on GPUs nobody else wants, after every other waiting job; {when}"
             return Estimate(job.job_id, at, "backlog", reason)
@@ -274,6 +309,17 @@ class Explainer:
         return ""
 
 
+def _expected(p: Pass, s: Pass | _Kind, job: PendingJob, at: float, ends: _Ends) -> tuple[float, str]:
+    """When a blocked job is expected to start, and the clause saying so: ``at``, or later where the GPU model it
+    asked for (its shape ``s``) has too few GPUs idle until then."""
+    if s is not p:
+        idle_at = ends.model_idle(s, job.min_gpus or job.gpus)
+        if idle_at > at:
+            busy = f"the {s.model} GPUs it asked for are busy until then"
+            return idle_at, f"expected to start about {format_utc(idle_at, now=p.now)} ({busy})"
+    return at, f"expected to start about {format_utc(at, now=p.now)}"
+
+
 class _Ends:
     """When what holds GPUs, memory and CPUs now lets go of them: running jobs (backlog ones too) and this
     pass's starts, by expected end. Built on first use: most passes hold no job back by memory, and
@@ -284,6 +330,7 @@ class _Ends:
         self._events: list[tuple[float, str, int]] | None = None
         self._first: list[tuple[float, str]] | None = None
         self._room: dict[tuple[int, float | None, float | None, str | None], float | None] = {}
+        self._models: dict[str, _ModelIdle] = {}
 
     def events(self) -> list[tuple[float, str, int]]:
         """(end, node, GPUs) on schedulable nodes, ends after now only, in time order."""
@@ -362,6 +409,14 @@ class _Ends:
                 if wholes >= wholes_needed:
                     return t
         return None
+
+    def model_idle(self, kind: _Kind, g: int) -> float:
+        """When ``g`` GPUs of the nodes of ``kind`` (a GPU model a job asked for) are first idle at once if nothing
+        new starts; now when they never are."""
+        idle = self._models.get(kind.model)
+        if idle is None:
+            idle = self._models[kind.model] = _ModelIdle(self.p, kind)
+        return idle.when_idle(g)
 
 
 def _could_hold(p: Pass, job: PendingJob, g: int) -> Callable[[str], bool]:
@@ -478,6 +533,34 @@ def _space_never(p: Pass, job: PendingJob) -> Estimate:
         "submitted again declaring less output"
     )
     return Estimate(job.job_id, None, "space_too_large", reason)
+
+
+def _model_never(p: Pass, job: PendingJob, g: int, kind: _Kind) -> Estimate | None:
+    """Why a job that names a GPU model cannot be placed, when its model is why: no node of it takes work now, or
+    too few to hold it (the pool as a whole could); None when its model's nodes are not what keeps it off (its
+    disk, memory or CPUs, or its size)."""
+    if kind.capacity and (p.ever_fits(g, kind) or not p.ever_fits(g)):
+        return None
+    model = kind.model
+    has = (
+        f"no node with {model} GPUs is taking jobs now"
+        if not kind.capacity
+        else f"nodes with {model} GPUs taking jobs now have {kind.total_gpus} of them, "
+        f"on {_count(len(kind.capacity), 'node')} of up to {kind.node_gpus}"
+    )
+    asks = f"asks for {_count(g, f'{model} GPU')}: {has}"
+    paused_nodes, paused_gpus = kind.paused
+    if paused_nodes and g <= kind.total_gpus + paused_gpus:
+        reason = (
+            f"{asks}, while {paused_nodes} with them {'is' if paused_nodes == 1 else 'are'} draining or drained; "
+            f"it waits until an operator resumes {'it' if paused_nodes == 1 else 'them'}"
+        )
+        return Estimate(job.job_id, None, "drained_capacity", reason)
+    reason = (
+        f"{asks}; it waits until enough nodes with that model are up (submitted again without a model, it could "
+        "run on any node)"
+    )
+    return Estimate(job.job_id, None, "gpu_model", reason)
 
 
 def _room_never(p: Pass, job: PendingJob, g: int, s: Pass | _Kind) -> Estimate:

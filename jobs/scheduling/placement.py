@@ -12,9 +12,9 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Any
 
 from jobs.scheduling import explanation
-from jobs.scheduling.explanation import format_utc
 from jobs.scheduling.types import (
     HOUR_S,
     Estimate,
@@ -34,15 +34,11 @@ from jobs.scheduling.types import (
 
 INF = math.inf
 
-_job_id = attrgetter("job_id")
-_preemptible = attrgetter("preemptible")
 _cached = attrgetter("cached_datasets")
-_hours = attrgetter("hours")
 _gpus = attrgetter("gpus")
 _name = attrgetter("name")
 _schedulable = attrgetter("schedulable")
 _disk = attrgetter("disk")
-_min_gpus = attrgetter("min_gpus")
 _gpu_model = attrgetter("gpu_model")
 
 
@@ -218,17 +214,24 @@ def _pool_shape(nodes: Sequence[NodeView]) -> _Shape:
     capacity = {n.name: n.gpus for n in nodes if n.schedulable}
     sizes = list(capacity.values())
     largest = max(sizes, default=0)
+    big_nodes, second_gpus = _wide_shape(sizes, largest)
     shape = _Shape(
         capacity=capacity,
         all_schedulable=len(capacity) == len(nodes),
         node_gpus=largest,
-        big_nodes=sizes.count(largest),
-        second_gpus=max((g for g in set(sizes) if g < largest), default=0),
+        big_nodes=big_nodes,
+        second_gpus=second_gpus,
         total_gpus=sum(sizes),
         paused=(len(nodes) - len(capacity), sum(n.gpus for n in nodes) - sum(sizes)),
     )
     _SHAPE_MEMO[:] = [(key, shape)]
     return shape
+
+
+def _wide_shape(sizes: list[int], largest: int) -> tuple[int, int]:
+    """What a job wider than one node is placed by: how many nodes have the ``largest`` size, and the largest
+    size below it (0 if none)."""
+    return sizes.count(largest), max((k for k in sizes if k < largest), default=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,15 +254,15 @@ class _Kind:
         capacity = {n: k for n, k in p.capacity.items() if n in ours}
         span = {n: k for n, k in capacity.items() if n not in p.no_span} if p.no_span else capacity
         largest = max(capacity.values(), default=0)
-        sizes = list(span.values())
+        big_nodes, second_gpus = _wide_shape(list(span.values()), largest)
         paused = [p.node_sizes[n] for n in ours if n not in capacity]
         return _Kind(
             model=model,
             capacity=capacity,
             span_capacity=span,
             node_gpus=largest,
-            big_nodes=sizes.count(largest),
-            second_gpus=max((k for k in sizes if k < largest), default=0),
+            big_nodes=big_nodes,
+            second_gpus=second_gpus,
             total_gpus=sum(capacity.values()),
             paused=(len(paused), sum(paused)),
         )
@@ -391,14 +394,11 @@ class Pass:
         self.cache_nodes = state.cache_nodes
         self.no_span = state.no_span
         # Nodes that may hold a part of a job spanning nodes: every node, unless some cannot isolate such parts.
+        # A job spanning nodes is placed on these only: their shape is the one that counts for it.
         self.span_capacity = self.capacity
-        if (
-            self.no_span
-        ):  # a job spanning nodes is placed on these only: their shape is the one that counts for it
+        if self.no_span:
             self.span_capacity = {n: k for n, k in self.capacity.items() if n not in self.no_span}
-            sizes = list(self.span_capacity.values())
-            self.big_nodes = sizes.count(self.node_gpus)
-            self.second_gpus = max((k for k in sizes if k < self.node_gpus), default=0)
+            self.big_nodes, self.second_gpus = _wide_shape(list(self.span_capacity.values()), self.node_gpus)
         self.short = state.index.copy()
         self.long = state.index.copy()
         self.room = _Room(nodes) if state.offers else None
@@ -758,9 +758,6 @@ class Pass:
         return out
 
 
-_expected_end = attrgetter("expected_end")
-
-
 def _releases_of(r: RunningView, memo: ReleaseMemo) -> list[tuple[float, str, int]]:
     """A running job's release events, from ``memo`` when it holds this very view.
 
@@ -973,9 +970,8 @@ class _Sweep:
         whole, rest = divmod(g, size)
 
         def fit() -> dict[str, int] | None:
-            if (
-                size == pool_size
-            ):  # the pool's whole nodes, of its model: in the order the pool's walk keeps them
+            # Its model's nodes as large as the pool's: the pool's whole nodes, in the order the pool's walk keeps them.
+            if size == pool_size:
                 wholes = {n: None for n in pool_wholes if n in cap}
             else:
                 wholes = {n: None for n, a in avail.items() if a >= size and cap.get(n, 0) == size}
@@ -1058,28 +1054,6 @@ class Outcome:
     blocked: list[PendingJob]  # in priority order: neither started, held, nor impossible
 
 
-def schedule(
-    *,
-    now: float,
-    nodes: Sequence[NodeView],
-    running: Sequence[RunningView],
-    order: Sequence[PendingJob],
-    config: PolicyConfig,
-    starved: frozenset[int] = frozenset(),
-    backfill: bool = True,
-    explainer: explanation.Explainer | None = None,
-    memo: ReleaseMemo | None = None,
-) -> Plan:
-    """Run one pass over ``order`` (highest priority first); the engine under every policy.
-
-    ``backfill=False`` is strict first-come-first-served: stop at the first job that cannot start.
-    """
-    return run(
-        now=now, nodes=nodes, running=running, order=order, config=config, starved=starved, backfill=backfill,
-        explainer=explainer, memo=memo,
-    )[0]  # fmt: skip
-
-
 def run(
     *,
     now: float,
@@ -1092,7 +1066,11 @@ def run(
     explainer: explanation.Explainer | None = None,
     memo: ReleaseMemo | None = None,
 ) -> tuple[Plan, Afterwards]:
-    """``schedule``, and what can still estimate jobs the pass left out, from the state it ended in."""
+    """Run one pass over ``order`` (highest priority first); the engine under every policy. Returns its plan, and
+    what can still estimate jobs the pass left out, from the state it ended in.
+
+    ``backfill=False`` is strict first-come-first-served: stop at the first job that cannot start.
+    """
     p = Pass(now=now, nodes=nodes, running=running, memo=memo)
     if any(map(_gpu_model, order)):  # C-level: a pass where no job names a model checks none
         p.use_models()
@@ -1106,17 +1084,19 @@ def run(
         for h in p.held
     ]
     explainer = explainer or explanation.Explainer()
-    estimates: dict[int, Estimate] = {}
-    if config.explain:
-        estimates = _explain(p, explainer, order, outcome)
     plan = Plan(
         starts=p.starts,
         preemptions=list(p.preempted),
         reservations=reservations,
-        estimates=estimates,
+        estimates=explainer.estimates(p, order, outcome) if config.explain else {},
         priority={},
     )
     return plan, Afterwards(p, explainer)
+
+
+def schedule(**pass_args: Any) -> Plan:
+    """``run``'s plan alone (the same keyword arguments), for a policy that estimates nothing after the pass."""
+    return run(**pass_args)[0]
 
 
 class Afterwards:
@@ -1135,105 +1115,7 @@ class Afterwards:
             p.use_models()
         outcome = Outcome(started={}, held={}, never=set(), blocked=[])
         outcome.blocked.extend(_rest(p, jobs, outcome.never))
-        return _explain(p, self._explainer, jobs, outcome)
-
-
-def _explain(
-    p: Pass, explainer: explanation.Explainer, order: Sequence[PendingJob], outcome: Outcome
-) -> dict[int, Estimate]:
-    """The explainer's estimates, and for a job its GPU model keeps off every node, a reason naming the model."""
-    estimates = explainer.estimates(p, order, outcome)
-    if p.kinds is None:
-        return estimates
-    idle: dict[str, _ModelIdle] = {}
-    for job in order:
-        jid = job.job_id
-        if not job.gpu_model or jid in outcome.started or jid in outcome.held:
-            continue
-        if jid in outcome.never:
-            estimates[jid] = _model_never(p, job, estimates[jid])
-            continue
-        kind = p.model_kind(job.gpu_model)
-        if kind.model not in idle:
-            idle[kind.model] = _ModelIdle(p, kind)
-        estimates[jid] = idle[kind.model].later(estimates[jid], job)
-    return estimates
-
-
-class _ModelIdle:
-    """Idle GPUs of one model's nodes over time if nothing new starts (as the explainer counts the pool's): a
-    blocked job that names the model starts no sooner than enough of them are idle at once."""
-
-    def __init__(self, p: Pass, kind: _Kind) -> None:
-        self.now, self.model = p.now, kind.model
-        ours = kind.capacity
-        deltas: list[tuple[float, int]] = []
-        for r in p.releases():
-            k = sum(len(ix) for n, ix in r.gpus_by_node.items() if n in ours)
-            if k:
-                deltas.append((max(r.expected_end, p.now), k))
-        for end, counts in p.local_events:  # this pass's starts and holds
-            k = sum(c for n, c in counts.items() if n in ours)
-            if k:
-                deltas.append((max(end, p.now), k))
-        deltas.sort()
-        self.level = kind.total_gpus - sum(k for _, k in deltas)
-        self.deltas = deltas
-
-    def when_idle(self, g: int) -> float:
-        level = self.level
-        if level >= g:
-            return self.now
-        for t, k in self.deltas:
-            level += k
-            if level >= g:
-                return t
-        return self.now  # never that many idle: the pass's estimate stands
-
-    def later(self, said: Estimate, job: PendingJob) -> Estimate:
-        """``said``, moved to when the job's model has its GPUs idle where that is later, its reason saying so."""
-        if said.start_at is None:
-            return said
-        at = self.when_idle(job.min_gpus or job.gpus)
-        if at <= said.start_at:
-            return said
-        old, new = format_utc(said.start_at, now=self.now), format_utc(at, now=self.now)
-        busy = f"the {self.model} GPUs it asked for are busy until then"
-        if f"about {old}" in said.reason:
-            reason = said.reason.replace(f"about {old}", f"about {new} ({busy})", 1)
-        else:
-            reason = f"{said.reason}; {busy}: expected to start about {new}"
-        return Estimate(said.job_id, at, said.reason_code, reason)
-
-
-def _model_never(p: Pass, job: PendingJob, said: Estimate) -> Estimate:
-    """Why a job that names a GPU model cannot be placed, when its model is why: no node of it takes work
-    now, or too few to hold it (the pool as a whole could); else what the explainer said (judged on its model's
-    nodes: its disk, memory or CPUs, or its size)."""
-    kind = p.model_kind(job.gpu_model)
-    g = job.min_gpus or job.gpus
-    if kind.capacity and (p.ever_fits(g, kind) or not p.ever_fits(g)):
-        return said  # its model's nodes are not what keeps it off (its disk, memory or CPUs, or its size)
-    model = job.gpu_model
-    has = (
-        f"no node with {model} GPUs is taking jobs now"
-        if not kind.capacity
-        else f"nodes with {model} GPUs taking jobs now have {kind.total_gpus} of them, "
-        f"on {len(kind.capacity)} node{'s' if len(kind.capacity) != 1 else ''} of up to {kind.node_gpus}"
-    )
-    paused_nodes, paused_gpus = kind.paused
-    if paused_nodes and g <= kind.total_gpus + paused_gpus:
-        them = "it" if paused_nodes == 1 else "them"
-        reason = (
-            f"asks for {g} {model} GPU{'s' if g != 1 else ''}: {has}, while {paused_nodes} with them "
-            f"{'is' if paused_nodes == 1 else 'are'} draining or drained; it waits until an operator resumes {them}"
-        )
-        return Estimate(job.job_id, None, "drained_capacity", reason)
-    reason = (
-        f"asks for {g} {model} GPU{'s' if g != 1 else ''}: {has}; it waits until enough nodes with that model "
-        "are up (submitted again without a model, it could run on any node)"
-    )
-    return Estimate(job.job_id, None, "gpu_model", reason)
+        return self._explainer.estimates(p, jobs, outcome)
 
 
 def _place_all(
