@@ -6,7 +6,8 @@ Per (username, client address), so nobody can lock an operator out from elsewher
 behind a shared address does not lock out its colleagues. The failures are rows in the database
 (axes' AccessAttempt), so every web process sees the same count; operators can read them in the
 admin and clear one with ``manage.py axes_reset_username NAME``. The address is the client's,
-not the load balancer's (``common.clients``). Axes is wired up in settings (``AXES_*``).
+not the load balancer's, and an IPv6 client's is its network (``common.clients.client_network``: one /64
+is one client). Axes is wired up in settings (``AXES_*``).
 """
 
 from datetime import timedelta

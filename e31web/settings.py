@@ -477,10 +477,16 @@ LOGGING = {
 
 
 # --- Beat: the periodic safety nets. Every state lives in the database; these only re-drive it.
+# A pass lives at least this long: the worker judges expiry by its own clock, so a pass a few seconds old (a
+# worker busy a moment, a clock a little ahead of beat's on another host) still runs.
+BEAT_PASS_MIN_LIFE_S = 60.0
+
+
 def _every(task: str, period_s: float) -> dict:
-    """A pass that expires after its own period: by then the next one is on its way, so one no worker took
-    (the control worker down) is dropped by the broker instead of piling up and being replayed."""
-    return {"task": task, "schedule": period_s, "options": {"expires": period_s}}
+    """A pass that expires after its own period (at least ``BEAT_PASS_MIN_LIFE_S``): by then the next one is on
+    its way, so one no worker took (the control worker down) is dropped by the broker instead of piling up and
+    being replayed."""
+    return {"task": task, "schedule": period_s, "options": {"expires": max(period_s, BEAT_PASS_MIN_LIFE_S)}}
 
 
 CELERY_BEAT_SCHEDULE = {

@@ -109,7 +109,7 @@ def test_periodic_passes_published_while_no_worker_consumes_expire(tmp_path):
     cannot start (restarted every 30 s, forever) would leave beat filling var/broker/in with tens of
     thousands of files a day, every poll of every queue listing and sorting the whole folder, and a worker
     back from the outage replaying every stale pass in order, ahead of the job dispatches published after
-    them. So each pass beat publishes expires (after its own period): the broker drops it, and a worker
+    them. So each pass beat publishes expires (after its own period, a minute at least): the broker drops it, and a worker
     back from an outage would discard it."""
     for sub in ("in", "processed", "control"):
         (tmp_path / sub).mkdir()

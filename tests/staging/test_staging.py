@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from jobs import image_staging, services, sharing, snapshot, staging, transfers
-from jobs.models import DataInput, DatasetCacheEntry, ImageCacheEntry, Job
+from jobs.models import DataInput, DatasetCacheEntry, ImageCacheEntry, ImagePull, Job
 from jobs.transfers import destinations, sources
 from tests.factories import NodeFactory
 from tests.staging.conftest import file_uri, make_job, write
@@ -366,6 +366,7 @@ def test_image_pulls_and_data_copies_share_the_transfer_slots(roots, team, setti
         "team_id": team.id,
         "reference": "registry.test/a@sha256:" + "1" * 64,
         "digest": "sha256:" + "1" * 64,
+        "pull": ImagePull.objects.create(job=make_job(team, state="staging", name="pull"), reference="a"),
     }
     outcome, pulling = image_staging._try_claim(key="i" * 64, token="t1", now=now, **args)
     assert outcome == image_staging.FILL
