@@ -7,7 +7,10 @@ row before it closes the meter, so the order everywhere is: job rows (by id), th
 (by team). A transaction that releases several jobs must take all their job rows first and the
 teams' locks after (``jobs.rental.lock_for_release``): had it taken one team's lock while still
 waiting for another job's row, a single RELEASE holding that row and waiting for that lock would
-close a cycle. Advisory locks are re-entrant, so taking them again later in the transaction is free.
+close a cycle. A RENT takes its job's row, its nodes' rows, then its team's lock (so that a budget weighed
+meanwhile counts the job once), as a node's loss takes the node's row, its jobs' rows, then their teams' locks;
+nothing takes a node's row after a team's lock. Advisory locks are re-entrant, so taking them again later in
+the transaction is free.
 """
 
 from collections.abc import Iterable, Iterator

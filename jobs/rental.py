@@ -43,6 +43,10 @@ def rent_job(
             nodes = _lock_takers(gpus_by_node, now)
             if len(nodes) != len(gpus_by_node) or not _all_present(nodes, gpus_by_node):
                 return False
+            # After the nodes' rows, as a node's loss takes its node, then its jobs, then their teams' locks: a
+            # budget weighed meanwhile (which holds the team's lock over its reads) counts this job once, as queued
+            # or as held, never in neither.
+            lock_team_ledgers([job.team_id])
             attempt = job.attempt + 1
             now = _rent_time(job, nodes, gpus_by_node, now)
             allocations = [
