@@ -149,3 +149,49 @@ def test_a_hangup_stops_the_web_server_with_the_console(tmp_path):
         except ProcessLookupError:
             pass
         console.wait()
+
+
+NOHUP_CONSOLE = textwrap.dedent("""
+    import os, sys
+    import django
+    django.setup()
+    from operations import supervisor
+    from operations.management.commands import run_console
+    child = [sys.executable, "-c",
+             "import os, time; open(os.environ['PID_FILE'], 'w').write(str(os.getpid())); time.sleep(120)"]
+    console = supervisor.Supervisor({"web": child}, env=dict(os.environ), report=lambda children: None)
+    run_console._supervise(console)
+""")
+
+
+def _as_nohup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup(1) does before it runs the command
+
+
+@pytest.mark.timeout(60)
+def test_a_console_started_under_nohup_outlives_the_hangup(tmp_path):
+    """`nohup make run &` asks the console to outlive the terminal: nohup leaves SIGHUP ignored, and the console
+    (like make and sh) keeps it so, rather than stopping itself and its children when the shell hangs up."""
+    pid_file = tmp_path / "child.pid"
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "E31_TEST_DB_NAME")}
+    env |= {"DJANGO_SETTINGS_MODULE": "e31web.settings", "E31_STATE_DIR": str(tmp_path / "var"),
+            "CELERY_BROKER_URL": "filesystem://", "PID_FILE": str(pid_file)}  # fmt: skip
+    console = subprocess.Popen(
+        [sys.executable, "-c", NOHUP_CONSOLE], cwd=ROOT, env=env, start_new_session=True, preexec_fn=_as_nohup,
+        stdout=open(tmp_path / "console.log", "wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        os.killpg(console.pid, signal.SIGHUP)  # the login shell hangs up on the job
+        time.sleep(2.0)
+        assert console.poll() is None, "the console started under nohup stopped on the hangup"
+        assert _alive(child), "the console's child did not outlive the hangup nohup asked it to ignore"
+    finally:
+        try:
+            os.killpg(console.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        console.wait()

@@ -134,7 +134,9 @@ def _supervise(console: supervisor.Supervisor) -> None:
         stopping = True
 
     for signum in STOP_SIGNALS:  # before the first child starts, so no stop can find them unwatched
-        signal.signal(signum, stop)
+        # One the console was started ignoring stays ignored (`nohup make run &`: outlive the terminal).
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, stop)
     try:
         console.start_all()
         while not stopping:
