@@ -37,14 +37,23 @@ def draft_declaration(raw: dict, *, team, limits: declaration.Limits) -> declara
     size not given yet counted as none. Raises DeclarationInvalid with what submitting would refuse in the rest,
     in its words: the request, the data, the prerequisites (one that is not the team's job too) and the array."""
     output = raw.get("output") or {}
-    destination = (
-        "" if declaration.default_destination(limits.output_roots, limits.team) else output.get("uri")
-    )
+    destination = _stood_in_destination(output.get("uri"), limits)
     spec = declaration.validate(
         {**raw, **STOOD_IN, "output": {"uri": destination, "bytes": output.get("bytes") or 0}}, limits=limits
     )
     dependencies.check_prerequisites(team=team, after_ok=spec.after_ok, after_any=spec.after_any)
     return spec
+
+
+def _stood_in_destination(typed: object, limits: declaration.Limits) -> object:
+    """A destination the estimate (which does not read it) can validate: the team's default folder (empty: taken
+    as it), else an object under its first S3 prefix; the one typed only where the pool delivers nowhere, so the
+    preview says what submitting would say of any destination."""
+    if declaration.default_destination(limits.output_roots, limits.team):
+        return ""
+    if limits.s3_roots and limits.team is not None:
+        return declaration.s3_team_prefixes(limits.s3_roots, limits.team)[0] + "draft"
+    return typed
 
 
 def draft_job(spec: declaration.Declaration, *, team, now: datetime) -> types.PendingJob:

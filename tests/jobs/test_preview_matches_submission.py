@@ -226,3 +226,16 @@ def test_a_draft_the_free_gpus_can_hold_is_still_previewed_as_starting_now(membe
     assert "GPUs are free: it would start" in line, line
     job = _submitted_and_planned(member_client, fields)
     assert job.state == "rented"
+
+
+def test_a_draft_without_its_destination_yet_is_estimated_on_a_pool_with_s3_outputs_only(
+    member_client, team, settings
+):
+    """The preview stands in for the destination, which it does not read; on a pool that delivers to S3 alone
+    (no output root, so no default folder) it refused a draft whose destination was not typed yet."""
+    settings.E31_OUTPUT_ROOTS = []
+    settings.E31_S3_ROOTS = ["s3://results"]
+    NodeFactory(name="gpu-01")
+    preview = _preview(member_client, {"request.gpus": "1", "request.hours": "1"})
+    assert "Destination URI" not in preview, preview
+    assert "Estimated start if submitted now" in preview, preview
