@@ -101,7 +101,8 @@ def _held_micros(*, team: Team, start: datetime, now: datetime) -> tuple[int, in
 
     Run: this month's share of what accrual has not closed yet; the rest is in the ledger. Still to come:
     from now to the job's limit, which runs from the attempt's first start (``jobs.rental``), from now for
-    an attempt not started yet, up to the month's end.
+    an attempt not started yet, up to the month's end; none for a part whose process has exited (it is
+    being sealed and released).
     """
     last_end = (
         MeterEntry.objects.filter(allocation=OuterRef("pk"))
@@ -117,14 +118,15 @@ def _held_micros(*, team: Team, start: datetime, now: datetime) -> tuple[int, in
     held = (
         Allocation.objects.filter(job__team=team, released_at__isnull=True)
         .annotate(last_end=Subquery(last_end), first_start=Subquery(first_start))
-        .values_list("rented_at", "last_end", "first_start", "job__hours", "gpu_indices")
+        .values_list("rented_at", "last_end", "first_start", "finished_at", "job__hours", "gpu_indices")
     )
     month_end = next_month(start)
     run = to_come = 0
-    for rented_at, last_end, started, hours, indices in held:
+    for rented_at, last_end, started, finished, hours, indices in held:
         run += len(indices) * max(0, micros(now - max(last_end or rented_at, start)))
-        limit = (started or now) + timedelta(hours=hours)
-        to_come += len(indices) * max(0, micros(min(limit, month_end) - now))
+        if finished is None:
+            limit = (started or now) + timedelta(hours=hours)
+            to_come += len(indices) * max(0, micros(min(limit, month_end) - now))
     return run, to_come
 
 

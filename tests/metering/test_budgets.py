@@ -144,3 +144,12 @@ def test_what_a_running_job_may_still_use_stops_at_the_months_end(team, node):
 def test_a_job_past_its_limit_commits_nothing_more(team, node):
     _long_running(team, node, gpus=2, hours=1.0, started=NOW - timedelta(hours=3))
     assert selectors.projection(team=team, extra_gpu_hours=0.0, now=NOW).committed_gpu_hours == 0.0
+
+
+def test_a_part_whose_process_has_exited_commits_nothing_more_while_it_is_released(team, node):
+    """Its process ended an hour into 20 h; until its part is sealed and released it still holds its GPUs (metered
+    as run), but it will use none of the 19 h left: a submission meanwhile is not refused for them."""
+    _long_running(team, node, gpus=4, hours=20.0, started=NOW - timedelta(hours=1))
+    type(node).objects.get(id=node.id).allocations.update(finished_at=NOW - timedelta(minutes=1))
+    p = selectors.projection(team=team, extra_gpu_hours=0.0, now=NOW)
+    assert p.committed_gpu_hours == 0.0 and p.running_gpu_hours == pytest.approx(4.0)
