@@ -368,7 +368,9 @@ def test_a_database_restart_while_a_part_is_prepared_does_not_fail_the_job(rente
         return load(*args, **kwargs)
 
     monkeypatch.setattr(agent, "_load_part", restarting)
-    monkeypatch.setattr(limits, "bound_space", lambda root, job: True)  # no loop mount left behind by a success
+    monkeypatch.setattr(
+        limits, "bound_space", lambda root, job: True
+    )  # no loop mount left behind by a success
     _run(rented)
     assert refusals, "the part was never read"
     assert (rented.state, rented.end_reason) == ("released", "succeeded"), rented.end_detail
