@@ -61,22 +61,18 @@ def check_prerequisites(*, team, after_ok: Iterable[int], after_any: Iterable[in
 def waits_of(*, team, after_ok: Iterable[int], after_any: Iterable[int]) -> tuple[tuple[int, str], ...]:
     """What a job declaring these prerequisites would wait for if submitted now, as ``unmet`` says of a stored one
     (the submit form's preview); ids that are not the team's jobs are ``check_prerequisites``' to refuse."""
-    named = [*((p, Dependency.AFTER_OK) for p in after_ok), *((p, Dependency.AFTER_ANY) for p in after_any)]
+    named = _pairs(after_ok, after_any)
     if not named:
         return ()
     rows = Job.objects.filter(team=team, id__in=[p for p, _ in named]).values("id", *_FACTS)
     found = _standing({row.pop("id"): row for row in rows})
-    waits = {
-        (found[p][0], "succeed" if kind == Dependency.AFTER_OK else "end")
-        for p, kind in named
-        if p in found and _outcome(kind, found[p][1]) != lifecycle.MET
-    }
+    waits = {wait for p, kind in named if p in found and (wait := _waiting(*found[p], kind))}
     return tuple(sorted(waits))
 
 
 def record(*, job_ids: Iterable[int], after_ok: Iterable[int], after_any: Iterable[int]) -> None:
     """The dependency rows of newly submitted jobs (an array's tasks share their declaration's)."""
-    pairs = [*((p, Dependency.AFTER_OK) for p in after_ok), *((p, Dependency.AFTER_ANY) for p in after_any)]
+    pairs = _pairs(after_ok, after_any)
     Dependency.objects.bulk_create(
         Dependency(job_id=job_id, prerequisite_id=p, kind=kind) for job_id in job_ids for p, kind in pairs
     )
@@ -127,11 +123,21 @@ def unmet(job_ids: Iterable[int]) -> dict[int, tuple[tuple[int, str], ...]]:
     """Per waiting job, the prerequisites it still waits for: (id, "succeed") or (id, "end")."""
     out: dict[int, list[tuple[int, str]]] = {}
     for job_id, prerequisite, kind, row in _edges(Dependency.objects.filter(job_id__in=list(job_ids))):
-        if _outcome(kind, row) != lifecycle.MET:
-            out.setdefault(job_id, []).append(
-                (prerequisite, "succeed" if kind == Dependency.AFTER_OK else "end")
-            )
+        if wait := _waiting(prerequisite, row, kind):
+            out.setdefault(job_id, []).append(wait)
     return {job_id: tuple(waits) for job_id, waits in out.items()}
+
+
+def _pairs(after_ok: Iterable[int], after_any: Iterable[int]) -> list[tuple[int, str]]:
+    """(prerequisite, kind) of each job a declaration names."""
+    return [*((p, Dependency.AFTER_OK) for p in after_ok), *((p, Dependency.AFTER_ANY) for p in after_any)]
+
+
+def _waiting(prerequisite: int, row: dict, kind: str) -> tuple[int, str] | None:
+    """(prerequisite, "succeed" or "end") while its outcome is not met yet; None once it is."""
+    if _outcome(kind, row) == lifecycle.MET:
+        return None
+    return prerequisite, "succeed" if kind == Dependency.AFTER_OK else "end"
 
 
 def note_replacement(*, copy_id: int, actor: str, now: datetime) -> list[int]:
