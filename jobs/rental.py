@@ -16,9 +16,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Min, Q, Subquery
 
 from common.ledger_locks import lock_team_ledgers
-from jobs import dispatch, selectors, signals
+from jobs import dispatch, selectors, signals, units
 from jobs.lifecycle import HOLDS_COMPUTE, PREEMPTED, REQUEUED, RETRIED, EndReason, State
 from jobs.models import Allocation, GpuHold, Job, JobEvent, Node, OutputFile, TeamUsage
+from jobs.scheduling.types import gpus_held
 from jobs.transitions import transition
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ def rent_job(
             # budget weighed meanwhile (which holds the team's lock over its reads) counts this job once, as queued
             # or as held, never in neither.
             lock_team_ledgers([job.team_id])
+            gpus_by_node, reason = _within_budget(job, gpus_by_node, reason, now)
             attempt = job.attempt + 1
             now = _rent_time(job, nodes, gpus_by_node, now)
             allocations = [
@@ -63,6 +65,43 @@ def rent_job(
     for allocation in allocations:
         dispatch.run_part(allocation.id, allocation.node.name)
     return True
+
+
+def _within_budget(
+    job: Job, gpus_by_node: dict[str, tuple[int, ...]], reason: str, now: datetime
+) -> tuple[dict[str, tuple[int, ...]], str]:
+    """The placement, trimmed to what the team's enforced budget leaves when it is wider than the job asked (an
+    elastic start on idle GPUs): the submission weighed only the requested GPUs x hours. Called under the
+    team's ledger lock, so the hours it finds left are not spent meanwhile."""
+    extra = gpus_held(gpus_by_node) - job.gpus
+    if extra <= 0:
+        return gpus_by_node, reason
+    check = signals.check_budget(team=job.team, gpu_hours=extra * job.hours, now=now)
+    if check is None or not check.refused or check.left_gpu_hours is None:
+        return gpus_by_node, reason
+    room = max(check.left_gpu_hours + extra * job.hours, 0.0)
+    more = min(extra - 1, int(room / job.hours + 1e-9))  # refused at ``extra``, so fewer fit
+    trimmed = _trimmed(gpus_by_node, job.gpus + more)
+    where = ", ".join(units.gpus_on(node, indices) for node, indices in trimmed.items())
+    limit = (
+        f"{job.team.slug}'s enforced monthly budget leaves room for {more} more GPU{'s' if more != 1 else ''}"
+    )
+    return trimmed, (
+        f"placed on {where} (elastic: {job.gpus + more} GPUs for {job.gpus} requested, up to {job.max_gpus}; "
+        f"no wider: {limit} over the job's {job.hours:g} h)"
+    )
+
+
+def _trimmed(gpus_by_node: dict[str, tuple[int, ...]], keep: int) -> dict[str, tuple[int, ...]]:
+    """``keep`` of the placement's GPUs: taken off the node holding most, highest index first; every node keeps
+    one, as widening adds GPUs on the start's own nodes only."""
+    held = {node: sorted(indices) for node, indices in gpus_by_node.items()}
+    while sum(map(len, held.values())) > keep:
+        fullest = max(held, key=lambda node: len(held[node]))
+        if len(held[fullest]) == 1:
+            break
+        held[fullest].pop()
+    return {node: tuple(indices) for node, indices in held.items()}
 
 
 def _lock_takers(gpus_by_node: dict[str, tuple[int, ...]], now: datetime) -> dict[str, Node]:

@@ -33,6 +33,11 @@ class BudgetCheck(Protocol):
     def would_exceed(self) -> bool: ...  # over the budget, enforced or not
 
     @property
+    def left_gpu_hours(
+        self,
+    ) -> float | None: ...  # the budget less everything counted, this ask too; None: none
+
+    @property
     def message(self) -> str: ...  # the sentence the team reads
 
 

@@ -52,6 +52,11 @@ class Projection:
         )
 
     @property
+    def left_gpu_hours(self) -> float | None:
+        """What the budget leaves once all of this is counted (negative past it); None without a budget."""
+        return None if self.budget_gpu_hours is None else self.budget_gpu_hours - self.total_gpu_hours
+
+    @property
     def refused(self) -> bool:
         """Over an enforced budget: the caller refuses the job. Over an unenforced one it only warns."""
         return self.would_exceed and self.enforced
