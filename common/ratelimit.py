@@ -73,7 +73,9 @@ def _hit_table(key: str, *, window_s: int, now: float) -> int:
 def _hit_redis(shared: RedisCache, key: str, *, window_s: int) -> int:
     key = shared.make_and_validate_key(key)
     client = shared._cache.get_client(key, write=True)
-    return int(client.eval(_COUNT, 1, key, int(window_s)))
+    # EVALSHA: the server keeps the script after its first use, so each event sends its digest, not its text
+    # (registering only works the digest out; the text goes again only if the server has lost it).
+    return int(client.register_script(_COUNT)(keys=[key], args=[int(window_s)]))
 
 
 def _hit_cache(key: str, *, window_s: int) -> int:

@@ -12,6 +12,7 @@ import time_machine
 from django.core.cache import caches
 from django.db import connection
 from django.utils import timezone
+from redis.commands.core import Script
 
 from common import ratelimit
 
@@ -112,3 +113,33 @@ def test_on_redis_a_count_left_without_an_expiry_gets_one(redis_cache):
         assert 0 < client.ttl(stored) <= 60
     finally:
         client.delete(stored)
+
+
+def test_on_redis_the_counting_script_travels_once_then_by_its_digest(redis_cache, monkeypatch):
+    """EVAL sends the script's text with every event; EVALSHA sends its SHA-1 (the text only when the
+    server has lost it, as after a restart or a SCRIPT FLUSH)."""
+    key = f"digest-{uuid.uuid4().hex}"
+    client_of = redis_cache._cache.get_client
+    sent: list[str] = []
+
+    class Recording:
+        def __init__(self, client) -> None:
+            self._client = client
+
+        def register_script(self, script):
+            return Script(self, script)
+
+        def __getattr__(self, name):
+            if name in ("eval", "evalsha", "script_load"):
+                sent.append(name)
+            return getattr(self._client, name)
+
+    monkeypatch.setattr(redis_cache._cache, "get_client", lambda *a, **k: Recording(client_of(*a, **k)))
+    try:
+        client_of(write=True).script_flush()
+        counts = [ratelimit.hit(key, window_s=60) for _ in range(3)]
+    finally:
+        client_of(write=True).delete(redis_cache.make_and_validate_key(f"e31:limit:{key}"))
+    assert counts == [1, 2, 3]
+    assert "eval" not in sent
+    assert sent == ["evalsha", "script_load", "evalsha", "evalsha", "evalsha"]
