@@ -67,7 +67,7 @@ def draft_job(spec: declaration.Declaration, *, team, now: datetime) -> types.Pe
     )  # fmt: skip
 
 
-def draft_options(*, draft: types.PendingJob, now: datetime) -> list[Option]:
+def draft_options(*, draft: types.PendingJob, team, now: datetime) -> list[Option]:
     """The draft as declared, then the variations that could start it sooner."""
     view = snapshot.take(now=now)
     learned = selectors.learned_run_times([draft.team])[draft.team]
@@ -82,10 +82,10 @@ def draft_options(*, draft: types.PendingJob, now: datetime) -> list[Option]:
         )
         if not draft.min_gpus:
             variants.append((f"elastic, {half}-{gpus} GPUs", replace(draft, min_gpus=half, max_gpus=None)))
-    return [_estimate(view, label, job, now, learned) for label, job in variants]
+    return [_estimate(view, label, job, team, now, learned) for label, job in variants]
 
 
-def _estimate(view, label: str, job: types.PendingJob, now: datetime, learned) -> Option:
+def _estimate(view, label: str, job: types.PendingJob, team, now: datetime, learned) -> Option:
     planned = replace(job, hours=learned.predict_hours(job.hours))
     plan = policy.plan(
         now=now.timestamp(), nodes=view.nodes, running=view.running, pending=[*view.pending, planned],
@@ -95,13 +95,25 @@ def _estimate(view, label: str, job: types.PendingJob, now: datetime, learned) -
     started = [s for s in plan.starts if s.job_id == DRAFT_ID]
     declared = (label, job.gpus, job.hours, job.min_gpus)
     if started:
-        held = types.gpus_held(started[0].gpus_by_node)
-        wider = f" with {held} GPUs (elastic, up to {job.max_gpus})" if held > job.gpus else ""
+        wider = _wider(job, types.gpus_held(started[0].gpus_by_node), team=team, now=now)
         return Option(*declared, now, f"GPUs are free: it would start{wider} as soon as its data is staged")
     if estimate is None:
         return Option(*declared, None, "no estimate")
     start = None if estimate.start_at is None else datetime.fromtimestamp(estimate.start_at, now.tzinfo)
     return Option(*declared, start, estimate.reason)
+
+
+def _wider(job: types.PendingJob, held: int, *, team, now: datetime) -> str:
+    """How much wider than requested an elastic draft would start, as far as an enforced budget lets it."""
+    if held <= job.gpus:
+        return ""
+    extra = held - job.gpus
+    more = selectors.budget_room_for_more_gpus(
+        team=team, gpus=job.gpus, extra=extra, hours=job.hours, now=now, queued=False
+    )
+    if more == extra:
+        return f" with {held} GPUs (elastic, up to {job.max_gpus})"
+    return f" with {job.gpus + more} GPUs (elastic, up to {job.max_gpus}; the team's enforced budget has room for no more)"
 
 
 def what_checkpointing_buys(*, declared: bool) -> str:

@@ -76,11 +76,11 @@ def _within_budget(
     extra = gpus_held(gpus_by_node) - job.gpus
     if extra <= 0:
         return gpus_by_node, reason
-    check = signals.check_budget(team=job.team, gpu_hours=extra * job.hours, now=now)
-    if check is None or not check.refused or check.left_gpu_hours is None:
+    more = selectors.budget_room_for_more_gpus(
+        team=job.team, gpus=job.gpus, extra=extra, hours=job.hours, now=now, queued=True
+    )
+    if more == extra:
         return gpus_by_node, reason
-    room = max(check.left_gpu_hours + extra * job.hours, 0.0)
-    more = min(extra - 1, int(room / job.hours + 1e-9))  # refused at ``extra``, so fewer fit
     trimmed = _trimmed(gpus_by_node, job.gpus + more)
     where = ", ".join(units.gpus_on(node, indices) for node, indices in trimmed.items())
     limit = (

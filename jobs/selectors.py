@@ -15,7 +15,7 @@ from django.db.models import Count, F, Max, OuterRef, Prefetch, Q, QuerySet, Sub
 
 from accounts import scoping
 from accounts.models import Team
-from jobs import declaration, sharing
+from jobs import declaration, sharing, signals
 from jobs.lifecycle import AFTER_ANY, AFTER_OK, ALIVE, BEFORE_RENT, RAN_TO_ITS_END, TERMINAL, State
 from jobs.models import (
     Allocation,
@@ -468,3 +468,17 @@ def _gpu_use(virtual: bool, row: dict | None) -> GpuUse:
         utilisation_max=row["peak"], memory_used_max_bytes=row["memory_peak"], power_avg_w=power,
         temperature_max_c=row["hottest"],
     )  # fmt: skip
+
+
+def budget_room_for_more_gpus(
+    *, team: Team, gpus: int, extra: int, hours: float, now: datetime, queued: bool
+) -> int:
+    """How many of ``extra`` GPUs past the ``gpus`` a job requested its team's enforced monthly budget leaves room
+    for over its ``hours``: the submission weighed only the request. ``queued``: the job is counted already (at
+    RENT, under the team's ledger lock); else it is a draft, counted with them."""
+    asked = (extra if queued else gpus + extra) * hours
+    check = signals.check_budget(team=team, gpu_hours=asked, now=now)
+    if check is None or not check.refused or check.left_gpu_hours is None:
+        return extra
+    room = check.left_gpu_hours + extra * hours  # what was left before the extra GPUs
+    return max(0, min(extra - 1, int(room / hours + 1e-9)))  # refused at ``extra``: fewer fit

@@ -355,7 +355,9 @@ def estimate(request: HttpRequest) -> HttpResponse:
     now = context["now"]
     tasks = len(spec.array.indices) if spec.array else 1  # an array weighs every task, as submitting it does
     context |= {
-        "options": estimates.draft_options(draft=estimates.draft_job(spec, team=team, now=now), now=now),
+        "options": estimates.draft_options(
+            draft=estimates.draft_job(spec, team=team, now=now), team=team, now=now
+        ),
         "checkpointing": estimates.what_checkpointing_buys(declared=spec.checkpoint is not None),
         "tasks": tasks,
         "budget": signals.check_budget(team=team, gpu_hours=spec.gpus * spec.hours * tasks, now=now),

@@ -1,5 +1,6 @@
 """Slightly more: an elastic job may declare max_gpus and start wider when GPUs would otherwise idle."""
 
+from decimal import Decimal
 from types import SimpleNamespace
 
 import pytest
@@ -69,3 +70,14 @@ def test_the_form_says_a_draft_would_start_wider_on_idle_gpus(pool, member_clien
     fields = {"request.gpus": "2", "request.hours": "1", "request.max_gpus": "6"}
     html = member_client.post(reverse("jobs:estimate"), fields).content.decode()
     assert "it would start with 4 GPUs (elastic, up to 6)" in html
+
+
+def test_the_form_says_how_far_an_enforced_budget_lets_a_draft_start_wider(team, pool, member_client):
+    team.monthly_budget_gpu_hours, team.budget_enforced = Decimal("3"), True  # 2 x 1 h, and room for 1 more
+    team.save()
+    fields = {"request.gpus": "2", "request.hours": "1", "request.max_gpus": "6"}
+    html = member_client.post(reverse("jobs:estimate"), fields).content.decode()
+    assert (
+        "it would start with 3 GPUs (elastic, up to 6; the team&#x27;s enforced budget has room for no more)"
+        in html
+    )
