@@ -4,13 +4,21 @@ A team's members change on its members page (``accounts.members``: audited, the 
 in), its share and egress on the operator's team page and its budget on the budget page (audited); a token is
 its user's, stored as its digest, and revoked for good. Edits here would skip those rules and leave no audit
 entry, so the admin shows these fields and links the pages that change them.
+
+What the admin does write that operators must answer for is audited in the save's own transaction, through
+``accounts.services``: a team's new name, an account's rights (operator, superuser, groups, admin permissions)
+and a group's permissions, and each sign-in lockout deleted (axes' access attempts).
 """
 
+from axes import admin as axes_admin
+from axes.models import AccessAttempt
 from django.contrib import admin
 from django.contrib.auth import admin as auth_admin
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db import transaction
+from django.db.models import Model, QuerySet
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -54,6 +62,13 @@ class TeamAdmin(admin.ModelAdmin):
 
     def get_prepopulated_fields(self, request, obj=None):
         return {} if obj is not None else self.prepopulated_fields
+
+    def save_model(self, request, obj: Team, form, change: bool) -> None:
+        if not change:
+            super().save_model(request, obj, form, change)
+            return
+        # A team's name is the one field its page changes (get_readonly_fields): renamed through the audited writer.
+        services.rename_team(team_id=obj.pk, name=obj.name, actor=request.user, now=timezone.now())
 
     # Deleting a team would take its members, secrets and open invitations with it, unaudited, and free its
     # slug, and so its folders, for the next team given that name.
@@ -130,12 +145,69 @@ class UserChangeForm(auth_admin.UserAdmin.form):
         return active
 
 
+class AuditedRightsAdmin(admin.ModelAdmin):
+    """Each save or delete that changes what an account or a group may do is told to the audit log, with the
+    rights as stored before and after (``accounts.services.user_rights``), in the save's transaction."""
+
+    rights_kind = ""
+    no_rights: dict = {}
+
+    def rights(self, obj: Model) -> dict:
+        raise NotImplementedError
+
+    def rights_name(self, obj: Model) -> str:
+        return str(obj)
+
+    def save_model(self, request, obj, form, change: bool) -> None:
+        # Read before the save: the form has already set the new flags on ``obj``; its groups and permissions are
+        # saved after it (save_related), where the rights after are read.
+        form.rights_before = self.rights(obj) if change else self.no_rights
+        super().save_model(request, obj, form, change)
+
+    def save_related(self, request, form, formsets, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        after = self.rights(form.instance)
+        self._announce(request, self.rights_name(form.instance), form.rights_before, after)
+
+    def delete_model(self, request, obj) -> None:
+        before, name = self.rights(obj), self.rights_name(obj)
+        super().delete_model(request, obj)
+        if before != self.no_rights:
+            self._announce(request, name, before, {})
+
+    @transaction.atomic  # unlike the delete page, the delete action runs in no transaction of its own
+    def delete_queryset(self, request, queryset: QuerySet) -> None:
+        held = [(self.rights_name(obj), self.rights(obj)) for obj in queryset]
+        super().delete_queryset(request, queryset)
+        for name, before in held:
+            if before != self.no_rights:
+                self._announce(request, name, before, {})
+
+    def _announce(self, request, name: str, before: dict, after: dict) -> None:
+        services.announce_rights(
+            kind=self.rights_kind,
+            name=name,
+            before=before,
+            after=after,
+            actor=request.user,
+            now=timezone.now(),
+        )
+
+
 admin.site.unregister(get_user_model())
 
 
 @admin.register(get_user_model())
-class UserAdmin(auth_admin.UserAdmin):
+class UserAdmin(AuditedRightsAdmin, auth_admin.UserAdmin):
     form = UserChangeForm
+    rights_kind = "user"
+    no_rights = services.NO_RIGHTS
+
+    def rights(self, obj) -> dict:
+        return services.user_rights(user_id=obj.pk)
+
+    def rights_name(self, obj) -> str:
+        return obj.get_username()
 
     # Deleting an account would remove its memberships unaudited, and maybe a team's last admin: it leaves its
     # teams on their members pages first.
@@ -150,3 +222,35 @@ class UserAdmin(auth_admin.UserAdmin):
                 )
             )
         return deleted, counts, perms_needed, protected
+
+
+admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class GroupAdmin(AuditedRightsAdmin, auth_admin.GroupAdmin):
+    """A group's permissions are every one of its accounts' rights: their changes are audited as an account's."""
+
+    rights_kind = "group"
+    no_rights = services.NO_GROUP_RIGHTS
+
+    def rights(self, obj) -> dict:
+        return services.group_rights(group_id=obj.pk)
+
+
+class AccessAttemptAdmin(axes_admin.AccessAttemptAdmin):
+    """Deleting an access attempt lifts its (username, address)'s lockout: through the writer, audited."""
+
+    def delete_model(self, request, obj: AccessAttempt) -> None:
+        attempts = AccessAttempt.objects.filter(id=obj.id)
+        services.clear_lockouts(attempts=attempts, actor=request.user, now=timezone.now())
+
+    def delete_queryset(self, request, queryset: QuerySet[AccessAttempt]) -> None:
+        services.clear_lockouts(attempts=queryset, actor=request.user, now=timezone.now())
+
+
+# Axes registers its pages when its admin module is first imported (above, before the admin's autodiscovery
+# reaches axes, which comes after accounts in INSTALLED_APPS), and only with AXES_ENABLE_ADMIN.
+if admin.site.is_registered(AccessAttempt):
+    admin.site.unregister(AccessAttempt)
+    admin.site.register(AccessAttempt, AccessAttemptAdmin)

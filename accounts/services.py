@@ -1,14 +1,23 @@
-"""Writers for teams, memberships and API tokens."""
+"""Writers for teams, memberships, API tokens, operator rights and sign-in lockouts.
+
+A team's rename, a change of what an account or group may do beyond its teams, and a lockout cleared are each
+signalled (``accounts.signals``) inside their transaction, for the operators' audit log.
+"""
 
 import hashlib
 import secrets
 from datetime import datetime
 
+from axes.models import AccessAttempt
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
 from django.utils.text import slugify
 
+from accounts import signals
 from accounts.models import ApiToken, Membership, Team
 
 TOKEN_PREFIX = "e31_"
@@ -53,6 +62,100 @@ def create_team(*, name: str, share: float = 1.0) -> Team:
     return Team.objects.create(name=name, slug=slugify(name) or "team", share=share)
 
 
+@transaction.atomic
+def rename_team(*, team_id: int, name: str, actor, now: datetime) -> bool:
+    """Gives a team another name, audited; its slug, and so its folders and prefixes, stay. False if it had it."""
+    team = Team.objects.select_for_update().get(id=team_id)
+    if team.name == name:
+        return False
+    before = {"name": team.name}
+    team.name = name
+    team.save(update_fields=["name"])
+    signals.team_renamed.send(
+        sender=Team, team=team, before=before, after={"name": name}, actor=actor, now=now
+    )
+    return True
+
+
+# What an account or a group holds before it is given anything beyond its teams.
+NO_RIGHTS = {"is_staff": False, "is_superuser": False, "groups": [], "permissions": []}
+NO_GROUP_RIGHTS = {"permissions": []}
+
+
+def user_rights(*, user_id: int) -> dict:
+    """What an account may do beyond its teams, as stored: operate (``is_staff``), change anything in the admin
+    (``is_superuser``), and the admin permissions of its groups and its own. Its row stays locked until the
+    caller's transaction ends, so two changes of one account's rights are audited one after the other."""
+    return _rights(get_user_model()._default_manager.select_for_update().get(pk=user_id))
+
+
+def _rights(user) -> dict:
+    return {
+        "is_staff": user.is_staff,
+        "is_superuser": user.is_superuser,
+        "groups": sorted(user.groups.values_list("name", flat=True)),
+        "permissions": _permission_names(user.user_permissions.all()),
+    }
+
+
+def group_rights(*, group_id: int) -> dict:
+    """The admin permissions a group gives each of its accounts, as stored; its row locked as ``user_rights``."""
+    group = Group.objects.select_for_update().get(pk=group_id)
+    return {"permissions": _permission_names(group.permissions.all())}
+
+
+def _permission_names(permissions: QuerySet[Permission]) -> list[str]:
+    pairs = permissions.values_list("content_type__app_label", "codename")
+    return sorted(f"{app}.{codename}" for app, codename in pairs)
+
+
+def announce_rights(*, kind: str, name: str, before: dict, after: dict, actor, now: datetime) -> bool:
+    """Tells the audit log that an account's (``kind`` "user") or a group's rights changed, in the caller's
+    transaction; ``after`` is {} for one deleted. False, and nothing told, if they did not change."""
+    if before == after:
+        return False
+    sender = get_user_model() if kind == "user" else Group
+    signals.rights_changed.send(
+        sender=sender, kind=kind, name=name, before=before, after=after, actor=actor, now=now
+    )
+    return True
+
+
+@transaction.atomic
+def set_operator(
+    *, user_id: int, operator: bool, superuser: bool | None = None, actor, now: datetime
+) -> bool:
+    """Makes an account an operator (``is_staff``), a superuser too if ``superuser`` (kept as it is if None), or
+    neither when not ``operator``, audited; False if it had those rights already."""
+    user = get_user_model()._default_manager.select_for_update().get(pk=user_id)
+    before = _rights(user)
+    user.is_staff = operator
+    user.is_superuser = operator and (user.is_superuser if superuser is None else superuser)
+    after = _rights(user)
+    if after == before:
+        return False
+    user.save(update_fields=["is_staff", "is_superuser"])
+    return announce_rights(
+        kind="user", name=user.get_username(), before=before, after=after, actor=actor, now=now
+    )
+
+
+@transaction.atomic
+def clear_lockouts(*, attempts: QuerySet[AccessAttempt], actor, now: datetime) -> int:
+    """Removes these counts of failed sign-ins (axes' rows, one per username and client address), lifting their
+    lockouts; each one removed is told to the audit log. The number removed."""
+    rows = list(
+        attempts.select_for_update().values_list("id", "username", "ip_address", "failures_since_start")
+    )
+    AccessAttempt.objects.filter(id__in=[row[0] for row in rows]).delete()
+    for _, username, address, failures in rows:
+        before = {"ip_address": address, "failures": failures}
+        signals.lockout_cleared.send(
+            sender=AccessAttempt, username=username or "", before=before, actor=actor, now=now
+        )
+    return len(rows)
+
+
 def create_invited_account(*, email: str, password: str, first_name: str = ""):
     """A new account whose username is the invited address, or None if another account took that username, in
     any case, first. Two links for one new address (two teams', or a team's and a design partner's) redeemed at
@@ -77,7 +180,8 @@ def add_member(*, team: Team, user, role: str = Membership.Role.MEMBER) -> Membe
 def ensure_demo_accounts(*, password: str = "") -> dict[str, str]:
     """Creates the demo operator and team member if missing; returns {username: password} of new ones.
 
-    Each new user gets a password of its own unless ``password`` (E31_DEMO_PASSWORD) names one for both.
+    Each new user gets a password of its own unless ``password`` (E31_DEMO_PASSWORD) names one for both. A new
+    operator's rights are audited, granted by "system".
     """
     User = get_user_model()
     created: dict[str, str] = {}
@@ -93,6 +197,15 @@ def ensure_demo_accounts(*, password: str = "") -> dict[str, str]:
         operator.set_password(created["operator"])
         operator.is_superuser = True
         operator.save()
+        after = user_rights(user_id=operator.id)
+        announce_rights(
+            kind="user",
+            name=operator.get_username(),
+            before=NO_RIGHTS,
+            after=after,
+            actor="system",
+            now=timezone.now(),
+        )
     demo, new_demo = User.objects.get_or_create(username__iexact="demo", defaults={"username": "demo"})
     if new_demo:
         created["demo"] = password or secrets.token_urlsafe(9)

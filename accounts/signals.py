@@ -1,6 +1,6 @@
 """What accounts tells other apps without importing them.
 
-Operations listens (its receiver is connected in ``OperationsConfig.ready``): it imports accounts, so
+Operations listens (its receivers are connected in ``OperationsConfig.ready``): it imports accounts, so
 accounts cannot import it back to write the audit log, and the arrows point one way.
 """
 
@@ -11,3 +11,19 @@ from django.dispatch import Signal
 # "team.member-role", "team.member-remove"), ``before``, ``after``, ``actor`` and ``now``. A receiver's error
 # rolls the change back: the audit log holds exactly the membership changes that took effect.
 membership_changed = Signal()
+
+# Sent inside the transaction that changes what an account, or a group of accounts, may do beyond its teams:
+# ``kind`` ("user" or "group"), its ``name``, ``before`` and ``after`` (``accounts.services.user_rights`` or
+# ``group_rights``; ``after`` is {} when the account or group was deleted), ``actor`` and ``now``. An account is
+# an operator while ``is_staff`` (``common.operators``); is_superuser, groups and admin permissions say what it
+# may change in the admin. A receiver's error rolls the change back.
+rights_changed = Signal()
+
+# Sent inside the transaction that renames a team (``accounts.services.rename_team``), with ``team`` (its slug
+# unchanged), ``before`` and ``after`` ({"name"}), ``actor`` and ``now``.
+team_renamed = Signal()
+
+# Sent inside the transaction that removes a sign-in lockout's count (``accounts.services.clear_lockouts``), once
+# for each (username, client address) cleared, with ``username``, ``before`` ({"ip_address", "failures"}),
+# ``actor`` and ``now``.
+lockout_cleared = Signal()

@@ -6,8 +6,8 @@ class OperationsConfig(AppConfig):
     verbose_name = "The operator dashboard"
 
     def ready(self) -> None:
-        # Metering signals a budget change, accounts a membership change, without importing operations: the
-        # apps' arrows point one way.
+        # Metering signals a budget change, accounts a membership change, a team's rename, a change of rights and a
+        # lockout cleared, without importing operations: the apps' arrows point one way.
         from accounts import signals as accounts_signals
         from metering import signals
         from operations import receivers
@@ -15,4 +15,13 @@ class OperationsConfig(AppConfig):
         signals.budget_set.connect(receivers.audit_budget, dispatch_uid="operations.audit-budget")
         accounts_signals.membership_changed.connect(
             receivers.audit_membership, dispatch_uid="operations.audit-membership"
+        )
+        accounts_signals.rights_changed.connect(
+            receivers.audit_rights, dispatch_uid="operations.audit-rights"
+        )
+        accounts_signals.team_renamed.connect(
+            receivers.audit_team_rename, dispatch_uid="operations.audit-team-rename"
+        )
+        accounts_signals.lockout_cleared.connect(
+            receivers.audit_unlock, dispatch_uid="operations.audit-unlock"
         )

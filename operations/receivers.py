@@ -1,6 +1,7 @@
-"""What operations does when metering speaks (connected in ``OperationsConfig.ready``).
+"""What operations does when metering or accounts speaks (connected in ``OperationsConfig.ready``).
 
-Metering sends its signals without importing operations; these receivers are the other end.
+Metering and accounts send their signals without importing operations; these receivers are the other end, each
+writing its audit entry in the transaction of the change it was told about.
 """
 
 from datetime import datetime
@@ -18,3 +19,26 @@ def audit_membership(
     sender, *, team, action: str, before: dict, after: dict, actor, now: datetime, **_
 ) -> None:
     audit.record(actor=actor, action=action, target=f"team:{team.slug}", before=before, after=after, now=now)
+
+
+def audit_rights(
+    sender, *, kind: str, name: str, before: dict, after: dict, actor, now: datetime, **_
+) -> None:
+    """An account made an operator or superuser, given admin permissions or a group, or their loss ("user"); a
+    group's permissions changed ("group"). ``after`` is {} for one deleted."""
+    audit.record(
+        actor=actor, action=f"{kind}.rights", target=f"{kind}:{name}", before=before, after=after, now=now
+    )
+
+
+def audit_team_rename(sender, *, team, before: dict, after: dict, actor, now: datetime, **_) -> None:
+    audit.record(
+        actor=actor, action="team.rename", target=f"team:{team.slug}", before=before, after=after, now=now
+    )
+
+
+def audit_unlock(sender, *, username: str, before: dict, actor, now: datetime, **_) -> None:
+    """One (username, client address)'s count of failed sign-ins removed: its lockout, if any, lifted."""
+    audit.record(
+        actor=actor, action="user.unlock", target=f"user:{username}", before=before, after={}, now=now
+    )

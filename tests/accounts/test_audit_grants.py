@@ -1,0 +1,268 @@
+"""Who made whom an operator, renamed a team or unlocked an account: each leaves its audit entry.
+
+An operator is an account with ``is_staff`` (``common.operators``); ``is_superuser``, groups and admin permissions
+say what else it may do in the admin. Every path that changes them (the admin's user and group pages, the
+``set_operator`` command, the demo operator of ``make run``) is audited in the change's own transaction, as a
+team's rename in the admin and the removal of a sign-in lockout (the admin, ``axes_reset_*``) are.
+"""
+
+from datetime import UTC
+from io import StringIO
+
+import pytest
+from axes.models import AccessAttempt
+from django.contrib.auth.models import Group, Permission
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.urls import reverse
+
+from accounts.models import Team
+from operations import audit
+from operations.models import AuditEntry
+from tests.conftest import PASSWORD
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+NO_RIGHTS = {"is_staff": False, "is_superuser": False, "groups": [], "permissions": []}
+
+
+def _user_form(user, **changes) -> dict:
+    """The account's change form as the admin posts it, with its rights as they are unless ``changes`` says."""
+    joined = user.date_joined.astimezone(UTC)
+    form = {"username": user.get_username(), "first_name": user.first_name, "email": user.email,
+            "date_joined_0": joined.strftime("%Y-%m-%d"), "date_joined_1": joined.strftime("%H:%M:%S"),
+            "last_login_0": "", "last_login_1": "", "is_active": "on",
+            "groups": list(user.groups.values_list("id", flat=True)),
+            "user_permissions": list(user.user_permissions.values_list("id", flat=True))}  # fmt: skip
+    form |= {flag: "on" for flag in ("is_staff", "is_superuser") if getattr(user, flag)}
+    for flag, value in changes.items():
+        if value is None:
+            form.pop(flag, None)
+        else:
+            form[flag] = value
+    return form
+
+
+def _change_user(client, user, **changes):
+    return client.post(reverse("admin:auth_user_change", args=[user.id]), _user_form(user, **changes))
+
+
+def _entries(action: str) -> list[tuple[str, str, dict, dict]]:
+    rows = AuditEntry.objects.filter(action=action).order_by("id")
+    return list(rows.values_list("actor", "target", "before", "after"))
+
+
+# --------------------------------------------------------------------------- operator rights
+
+
+def test_making_an_account_an_operator_in_the_admin_leaves_an_audit_entry(admin_client, member):
+    assert _change_user(admin_client, member, is_staff="on").status_code == 302
+    member.refresh_from_db()
+    assert member.is_staff
+    assert _entries("user.rights") == [("admin", "user:alice", NO_RIGHTS, NO_RIGHTS | {"is_staff": True})]
+    entry = AuditEntry.objects.get(action="user.rights")
+    assert entry.actor_user_id == type(member).objects.get(username="admin").id and entry.at is not None
+
+
+def test_taking_an_operators_rights_back_in_the_admin_leaves_an_audit_entry(admin_client, operator):
+    assert _change_user(admin_client, operator, is_staff=None).status_code == 302
+    operator.refresh_from_db()
+    assert not operator.is_staff
+    assert _entries("user.rights") == [("admin", "user:olga", NO_RIGHTS | {"is_staff": True}, NO_RIGHTS)]
+
+
+def test_making_an_operator_a_superuser_in_the_admin_leaves_an_audit_entry(admin_client, operator):
+    _change_user(admin_client, operator, is_superuser="on")
+    before = NO_RIGHTS | {"is_staff": True}
+    assert _entries("user.rights") == [("admin", "user:olga", before, before | {"is_superuser": True})]
+
+
+def test_giving_an_operator_admin_permissions_or_a_group_in_the_admin_leaves_an_audit_entry(
+    admin_client, operator
+):
+    group = Group.objects.create(name="support")
+    permission = Permission.objects.get(content_type__app_label="auth", codename="change_user")
+    _change_user(admin_client, operator, groups=[group.id], user_permissions=[permission.id])
+    before = NO_RIGHTS | {"is_staff": True}
+    after = before | {"groups": ["support"], "permissions": ["auth.change_user"]}
+    assert _entries("user.rights") == [("admin", "user:olga", before, after)]
+
+
+def test_saving_an_account_with_its_rights_unchanged_leaves_no_audit_entry(admin_client, operator):
+    assert _change_user(admin_client, operator, first_name="Olga").status_code == 302
+    operator.refresh_from_db()
+    assert operator.first_name == "Olga" and not AuditEntry.objects.exists()
+
+
+def test_a_grant_whose_audit_entry_fails_does_not_take_effect(admin_client, member, monkeypatch):
+    def broken(**_):
+        raise RuntimeError("the audit log is unavailable")
+
+    monkeypatch.setattr(audit, "record", broken)
+    with pytest.raises(RuntimeError):
+        _change_user(admin_client, member, is_staff="on")
+    member.refresh_from_db()
+    assert not member.is_staff
+
+
+@pytest.mark.parametrize("how", ["delete page", "delete action"])
+def test_deleting_an_operators_account_in_the_admin_leaves_an_audit_entry(admin_client, operator, how):
+    if how == "delete page":
+        admin_client.post(reverse("admin:auth_user_delete", args=[operator.id]), {"post": "yes"})
+    else:
+        form = {"action": "delete_selected", "_selected_action": [operator.id], "post": "yes"}
+        admin_client.post(reverse("admin:auth_user_changelist"), form)
+    assert not type(operator).objects.filter(id=operator.id).exists()
+    assert _entries("user.rights") == [("admin", "user:olga", NO_RIGHTS | {"is_staff": True}, {})]
+
+
+def test_deleting_an_account_with_no_rights_leaves_no_audit_entry(admin_client):
+    loner = UserFactory(username="loner")
+    admin_client.post(reverse("admin:auth_user_delete", args=[loner.id]), {"post": "yes"})
+    assert not type(loner).objects.filter(id=loner.id).exists() and not AuditEntry.objects.exists()
+
+
+def test_changing_a_groups_permissions_in_the_admin_leaves_an_audit_entry(admin_client, operator):
+    group = Group.objects.create(name="support")
+    operator.groups.add(group)
+    permission = Permission.objects.get(content_type__app_label="auth", codename="change_user")
+    url = reverse("admin:auth_group_change", args=[group.id])
+    assert admin_client.post(url, {"name": "support", "permissions": [permission.id]}).status_code == 302
+    assert _entries("group.rights") == [
+        ("admin", "group:support", {"permissions": []}, {"permissions": ["auth.change_user"]})
+    ]
+
+
+def test_deleting_a_group_with_permissions_in_the_admin_leaves_an_audit_entry(admin_client):
+    group = Group.objects.create(name="support")
+    group.permissions.add(Permission.objects.get(content_type__app_label="auth", codename="change_user"))
+    admin_client.post(reverse("admin:auth_group_delete", args=[group.id]), {"post": "yes"})
+    assert not Group.objects.filter(id=group.id).exists()
+    assert _entries("group.rights") == [("admin", "group:support", {"permissions": ["auth.change_user"]}, {})]
+
+
+def test_the_set_operator_command_grants_and_takes_back_operator_rights_audited(member):
+    call_command("set_operator", "Alice", stdout=StringIO())
+    call_command("set_operator", "alice", "--superuser", stdout=StringIO())
+    call_command("set_operator", "alice", "--revoke", stdout=StringIO())
+    member.refresh_from_db()
+    assert not member.is_staff and not member.is_superuser
+    staff, superuser = NO_RIGHTS | {"is_staff": True}, NO_RIGHTS | {"is_staff": True, "is_superuser": True}
+    changes = [(target, before, after) for _, target, before, after in _entries("user.rights")]
+    assert changes == [
+        ("user:alice", NO_RIGHTS, staff),
+        ("user:alice", staff, superuser),
+        ("user:alice", superuser, NO_RIGHTS),
+    ]
+    assert all("manage.py set_operator" in actor for actor, *_ in _entries("user.rights"))
+
+
+def test_the_set_operator_command_changing_nothing_leaves_no_audit_entry(operator):
+    out = StringIO()
+    call_command("set_operator", "olga", stdout=out)
+    assert "already" in out.getvalue() and not AuditEntry.objects.exists()
+
+
+def test_the_set_operator_command_refuses_an_unknown_account(db):
+    with pytest.raises(CommandError, match="no account"):
+        call_command("set_operator", "nobody", stdout=StringIO())
+    assert not AuditEntry.objects.exists()
+
+
+def test_the_demo_operator_made_on_the_consoles_first_start_leaves_an_audit_entry(settings):
+    settings.E31_DEMO_PASSWORD = ""
+    call_command("ensure_demo_accounts", stdout=StringIO())
+    call_command("ensure_demo_accounts", stdout=StringIO())  # a restart grants nothing
+    after = NO_RIGHTS | {"is_staff": True, "is_superuser": True}
+    assert _entries("user.rights") == [("system", "user:operator", NO_RIGHTS, after)]
+
+
+# --------------------------------------------------------------------------- team names
+
+
+def _team_form(team: Team, **fields) -> dict:
+    form = {"name": team.name, "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0"}
+    return form | {"memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000"} | fields
+
+
+def test_renaming_a_team_in_the_admin_leaves_an_audit_entry_and_keeps_its_slug(admin_client, team):
+    url = reverse("admin:accounts_team_change", args=[team.id])
+    assert admin_client.post(url, _team_form(team, name="Vision Lab", slug="vision-lab")).status_code == 302
+    team.refresh_from_db()
+    assert (team.name, team.slug) == ("Vision Lab", "vision")
+    assert _entries("team.rename") == [("admin", "team:vision", {"name": "vision"}, {"name": "Vision Lab"})]
+
+
+def test_saving_a_team_under_its_own_name_leaves_no_audit_entry(admin_client, team):
+    url = reverse("admin:accounts_team_change", args=[team.id])
+    assert admin_client.post(url, _team_form(team)).status_code == 302
+    assert not AuditEntry.objects.exists()
+
+
+# --------------------------------------------------------------------------- sign-in lockouts
+
+
+@pytest.fixture
+def locked_out(client, member, settings):
+    """alice, locked out from one address after two failed sign-ins."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    member.set_password(PASSWORD)
+    member.save()
+    settings.E31_LOGIN_FAILURE_LIMIT = 2
+    for _ in range(2):
+        _sign_in(client, "wrong")
+    assert _sign_in(client).status_code == 429
+    return AccessAttempt.objects.get(username="alice")
+
+
+def _sign_in(client, password: str = PASSWORD):
+    return client.post(
+        reverse("accounts:login"), {"username": "alice", "password": password}, REMOTE_ADDR="203.0.113.7"
+    )
+
+
+UNLOCKED = ("admin", "user:alice", {"ip_address": "203.0.113.7", "failures": 2}, {})
+
+
+@pytest.mark.parametrize("how", ["delete page", "delete action"])
+def test_unlocking_an_account_in_the_admin_leaves_an_audit_entry(admin_client, client, locked_out, how):
+    if how == "delete page":
+        url = reverse("admin:axes_accessattempt_delete", args=[locked_out.id])
+        assert admin_client.post(url, {"post": "yes"}).status_code == 302
+    else:
+        form = {"action": "delete_selected", "_selected_action": [locked_out.id], "post": "yes"}
+        assert admin_client.post(reverse("admin:axes_accessattempt_changelist"), form).status_code == 302
+    assert not AccessAttempt.objects.exists()
+    assert _entries("user.unlock") == [UNLOCKED]
+    assert _sign_in(client).status_code == 302
+
+
+@pytest.mark.parametrize(
+    "command", [("axes_reset_username", "alice"), ("axes_reset_ip", "203.0.113.7"),
+                ("axes_reset_ip_username", "203.0.113.7", "alice"), ("axes_reset",)],
+)  # fmt: skip
+def test_unlocking_an_account_with_an_axes_command_leaves_an_audit_entry(client, locked_out, command):
+    out = StringIO()
+    call_command(*command, stdout=out)
+    assert "1 attempts removed" in out.getvalue() and not AccessAttempt.objects.exists()
+    [(actor, *change)] = _entries("user.unlock")
+    assert f"manage.py {command[0]}" in actor and tuple(change) == UNLOCKED[1:]
+    assert _sign_in(client).status_code == 302
+
+
+def test_an_axes_command_that_finds_no_lock_leaves_no_audit_entry(db):
+    out = StringIO()
+    call_command("axes_reset_username", "alice", stdout=out)
+    assert "No attempts found" in out.getvalue() and not AuditEntry.objects.exists()
+
+
+def test_the_admin_pages_whose_saves_and_deletes_are_audited_still_open(admin_client, operator, locked_out):
+    group = Group.objects.create(name="support")
+    for url in (
+        reverse("admin:auth_user_change", args=[operator.id]),
+        reverse("admin:auth_group_change", args=[group.id]),
+        reverse("admin:axes_accessattempt_changelist"),
+        reverse("admin:axes_accessattempt_change", args=[locked_out.id]),
+        reverse("admin:axes_accessattempt_delete", args=[locked_out.id]),
+    ):
+        assert admin_client.get(url).status_code == 200, url
