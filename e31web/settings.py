@@ -102,7 +102,6 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "common.nul.RefuseNulMiddleware",
     "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -111,6 +110,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "common.private.PrivateResponsesMiddleware",
+    # Inside the headers' middleware, so its 400 carries them like any page.
+    "common.nul.RefuseNulMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "common.denials.DenialLogMiddleware",
     # Innermost, so its 429 for a locked-out sign-in passes out through the denial log.
@@ -405,6 +407,9 @@ E31_WEBHOOK_BACKOFF_S = env.float("E31_WEBHOOK_BACKOFF_S", default=10.0)  # doub
 E31_WEBHOOK_TIMEOUT_S = env.float("E31_WEBHOOK_TIMEOUT_S", default=10.0)
 # The console's address as its users reach it, for the links in e-mails.
 E31_CONSOLE_URL = env.str("E31_CONSOLE_URL", default="http://127.0.0.1:8000")
+if PRODUCTION and not env.str("E31_CONSOLE_URL", default="").startswith("https://"):
+    # Every e-mailed link starts with it, single-use invitations that make accounts among them.
+    raise ImproperlyConfigured("E31_CONSOLE_URL must be the console's https:// address in production")
 if min(E31_STAGE_CONCURRENCY, E31_DELIVERY_CONCURRENCY) < 1 or E31_STAGE_CACHE_BYTES < 0:
     raise ImproperlyConfigured(
         "E31_STAGE_CONCURRENCY and E31_DELIVERY_CONCURRENCY are at least 1; E31_STAGE_CACHE_BYTES is not negative"

@@ -21,3 +21,10 @@ def test_a_nul_anywhere_a_user_can_put_one_is_a_400(member_client, member_token,
     answers["form post"] = client.post(reverse("accounts:delete-secret", args=[team.slug]), {"name": "A\x00"})
     assert {name: r.status_code for name, r in answers.items()} == dict.fromkeys(answers, 400)
     assert answers["api path"].json()["detail"].startswith("A request cannot carry a NUL")
+
+
+def test_a_request_refused_for_a_nul_carries_the_headers_every_page_does(member_client):
+    response = member_client.get("/jobs/?q=%00")
+    assert response.status_code == 400
+    assert response["X-Frame-Options"] == "DENY"
+    assert "frame-ancestors 'none'" in response["Content-Security-Policy"]
