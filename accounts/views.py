@@ -14,7 +14,7 @@ from django.views.decorators.http import require_POST
 
 from accounts import emails, forms, members, scoping, selectors, services, team_secrets
 from accounts.models import ApiToken, Team, TeamSecret
-from common import ratelimit
+from common import links, ratelimit
 
 
 @login_required
@@ -159,7 +159,7 @@ def _invite(request: HttpRequest, team: Team, form: forms.InviteForm) -> HttpRes
 
 
 def _tell_added(request: HttpRequest, team: Team, user, by: str) -> None:
-    link = request.build_absolute_uri(reverse("accounts:members", args=[team.slug]))
+    link = links.in_email(reverse("accounts:members", args=[team.slug]))
     try:
         emails.added_to_team(user=user, team=team, by=by, link=link)
     except (SMTPException, OSError):
@@ -171,7 +171,7 @@ def _tell_added(request: HttpRequest, team: Team, user, by: str) -> None:
 
 def _send_invitation(request: HttpRequest, team: Team, invited: members.Invited, by: str) -> None:
     invitation = invited.invitation
-    link = request.build_absolute_uri(reverse("invite", args=[invited.token]))
+    link = links.in_email(reverse("invite", args=[invited.token]))
     try:
         emails.team_invitation(
             email=invitation.email, team=team, by=by, link=link, expires_at=invitation.expires_at

@@ -8,6 +8,7 @@ place of its one integer argument, and each link formats the id into that.
 
 import functools
 
+from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.urls import get_script_prefix, get_urlconf, reverse
@@ -43,3 +44,12 @@ def _forget_on_new_urlconf(*, setting: str, **kwargs) -> None:
     if setting == "ROOT_URLCONF":
         _constant.cache_clear()
         _pattern.cache_clear()
+
+
+def in_email(path: str) -> str:
+    """An absolute link for an e-mail: the console's address as its users reach it (``E31_CONSOLE_URL``, which
+    holds any prefix the console is served under) and ``path`` after the script prefix. Never the Host or scheme a
+    request came with: behind a proxy that may be plain HTTP on an internal name, and a link that creates an
+    account must not travel that way."""
+    inside = path.removeprefix(get_script_prefix()).lstrip("/")
+    return f"{settings.E31_CONSOLE_URL.rstrip('/')}/{inside}"

@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts import selectors as accounts_selectors
+from common import links
 from common.operators import operator_only
 from common.ratelimit import limit_posts
 from public import emails, forms, selectors, services
@@ -336,7 +337,7 @@ def partners_accept(request: HttpRequest, application_id: int) -> HttpResponse:
     except IntegrityError:  # another accept created a team of that name a moment ago
         messages.error(request, "A team with this name was just created: choose another name.")
         return redirect("partners-application", application_id=application.id)
-    link = request.build_absolute_uri(reverse("invite", args=[token]))
+    link = links.in_email(reverse("invite", args=[token]))
     _send_invitation(request, application, link)
     return redirect("partners-application", application_id=application.id)
 
@@ -350,7 +351,7 @@ def partners_reinvite(request: HttpRequest, application_id: int) -> HttpResponse
     except services.IntakeError as exc:
         messages.error(request, str(exc))
         return redirect("partners-application", application_id=application.id)
-    link = request.build_absolute_uri(reverse("invite", args=[token]))
+    link = links.in_email(reverse("invite", args=[token]))
     try:
         emails.invitation(application=application, link=link, expires_at=application.invitation.expires_at)
     except (SMTPException, OSError):

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 import time_machine
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.models import Session
 from django.core import mail
@@ -26,7 +27,7 @@ from tests.pages.factories import ApplicationFactory
 
 pytestmark = pytest.mark.django_db
 PASSWORD = "a long and unusual passphrase 31"
-LINK = re.compile(r"http://testserver(/invite/[^/\s]+/)")
+LINK = re.compile(re.escape(settings.E31_CONSOLE_URL) + r"(/invite/[^/\s]+/)")
 FORM_KEY = re.compile(r'name="invitation" value="([^"]*)"')
 MEMBERS = reverse("accounts:members", args=["vision"])
 
@@ -650,3 +651,17 @@ def _pending_invitation(team, by, *, digest: str = "a" * 64) -> TeamInvitation:
         created_at=now,
         expires_at=now + timedelta(days=7),
     )
+
+
+def test_invitation_and_welcome_links_start_with_the_consoles_address_not_the_requests_host(
+    admin_client, settings
+):
+    """Behind a proxy the admin's request may come in as plain HTTP on an internal host name: the single-use link
+    that creates an account must not go out as http://10.0.0.5/invite/..."""
+    settings.E31_CONSOLE_URL = "https://console.e31.example"
+    settings.ALLOWED_HOSTS = ["console.e31.example", "10.0.0.5"]
+    admin_client.post(MEMBERS, {"email": "newcomer@example.org"}, HTTP_HOST="10.0.0.5")
+    assert "https://console.e31.example/invite/" in mail.outbox[-1].body
+    UserFactory(username="olga", email="olga@example.org")
+    admin_client.post(MEMBERS, {"email": "olga@example.org"}, HTTP_HOST="10.0.0.5")
+    assert "https://console.e31.example/accounts/teams/vision/members/" in mail.outbox[-1].body

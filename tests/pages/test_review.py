@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 import time_machine
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core import mail
 from django.test import Client
@@ -17,10 +18,10 @@ from accounts import selectors as accounts_selectors
 from accounts.models import Membership, Team
 from public import selectors, services
 from public.models import Application, Invitation
-from tests.pages.factories import ApplicationFactory, WaitlistEntryFactory
+from tests.pages.factories import ApplicationFactory, WaitlistEntryFactory, application_post
 
 PASSWORD = "a long and unusual passphrase 31"
-LINK = re.compile(r"http://testserver(/invite/[^/\s]+/)")
+LINK = re.compile(re.escape(settings.E31_CONSOLE_URL) + r"(/invite/[^/\s]+/)")
 FORM_KEY = re.compile(r'name="invitation" value="([^"]*)"')
 
 
@@ -386,3 +387,58 @@ def test_an_invited_contact_signs_in_with_the_address_as_they_typed_it(operator_
     _set_password(Client(), _accept(operator_client, application))
     response = Client().post(reverse("accounts:login"), {"username": "Eve@Example.com", "password": PASSWORD})
     assert response.status_code == 302 and response["Location"] == "/jobs/"
+
+
+LURE = "Bob. Your E31 account is suspended: verify at https://e31-verify.example/login now"
+
+
+@pytest.mark.django_db
+def test_a_decline_repeats_nothing_the_applicant_typed_to_an_address_nobody_proved(
+    client, operator_client, operator
+):
+    """The form's address is never verified: whatever the applicant typed as names would reach anyone, in E31's
+    own e-mail, once an operator declined the obvious spam. Only the operator's note is repeated."""
+    services.set_intake_open(is_open=True, by=operator.username, now=timezone.now())
+    posted = client.post(
+        reverse("partners"),
+        application_post(contact_name=LURE[:120], team_name="IT Security Desk", email="victim@example.org"),
+    )
+    assert posted.status_code == 302, posted.content[:500]
+    application = Application.objects.get(email="victim@example.org")
+    mail.outbox.clear()
+    operator_client.post(
+        reverse("partners-decline", args=[application.id]), {"note": "Not a fit for the preview."}
+    )
+    (message,) = mail.outbox
+    assert message.to == ["victim@example.org"]
+    assert "Not a fit for the preview." in message.body
+    assert "e31-verify.example" not in message.body and "IT Security Desk" not in message.body
+
+
+@pytest.mark.django_db
+def test_an_invitation_names_the_team_the_operator_created_not_what_the_applicant_typed(operator_client):
+    application = ApplicationFactory(contact_name=LURE[:120], team_name="IT Security Desk")
+    operator_client.post(reverse("partners-accept", args=[application.id]), {"team_name": "Footage Lab"})
+    body = mail.outbox[-1].body
+    assert '"Footage Lab"' in body
+    assert "e31-verify.example" not in body and "IT Security Desk" not in body
+
+
+@pytest.mark.django_db
+def test_invitation_links_start_with_the_consoles_address_not_the_requests_host(
+    operator_client, application, settings
+):
+    """Behind a proxy the request may come in as plain HTTP on an internal host name: the single-use link that
+    creates an account must not go out as http://10.0.0.5/invite/..."""
+    settings.E31_CONSOLE_URL = "https://console.e31.example"
+    settings.ALLOWED_HOSTS = ["console.e31.example", "10.0.0.5"]
+    operator_client.post(
+        reverse("partners-accept", args=[application.id]),
+        {"team_name": application.team_name},
+        HTTP_HOST="10.0.0.5",
+    )
+    assert "https://console.e31.example/invite/" in mail.outbox[-1].body
+    mail.outbox.clear()
+    Invitation.objects.update(expires_at=timezone.now() - timedelta(minutes=1))
+    operator_client.post(reverse("partners-reinvite", args=[application.id]), HTTP_HOST="10.0.0.5")
+    assert "https://console.e31.example/invite/" in mail.outbox[-1].body

@@ -50,6 +50,7 @@ def production_env(tmp_path) -> dict[str, str]:
         "SECRET_KEY_FILE": str(key_file), "DATABASE_URL_FILE": str(db_file),
         "E31_SECRETS_KEYS_FILE": str(secrets_keys),
         "E31_ALLOWED_HOSTS": "console.e31.example,testserver", "E31_STATE_DIR": str(tmp_path / "state"),
+        "E31_CONSOLE_URL": "https://console.e31.example",
     }  # fmt: skip
 
 
@@ -90,3 +91,14 @@ def test_production_refuses_to_start_without_a_key_of_its_own_for_team_secrets(p
     production_env.pop("E31_SECRETS_KEYS_FILE")
     done = _run(production_env, "manage.py", "check")
     assert done.returncode != 0 and "E31_SECRETS_KEYS" in done.stderr
+
+
+@pytest.mark.parametrize("url", [None, "http://console.e31.example"])
+def test_production_refuses_to_start_without_the_consoles_https_address_for_e_mailed_links(
+    production_env, url
+):
+    production_env.pop("E31_CONSOLE_URL")
+    if url:
+        production_env["E31_CONSOLE_URL"] = url
+    done = _run(production_env, "manage.py", "check")
+    assert done.returncode != 0 and "E31_CONSOLE_URL must be the console's https:// address" in done.stderr
