@@ -147,10 +147,18 @@ class UserChangeForm(auth_admin.UserAdmin.form):
 
 class AuditedRightsAdmin(admin.ModelAdmin):
     """Each save or delete that changes what an account or a group may do is told to the audit log, with the
-    rights as stored before and after (``accounts.services.user_rights``), in the save's transaction."""
+    rights as stored before and after (``accounts.services.user_rights``), in the save's transaction.
+
+    Only a superuser grants admin rights (``superuser_fields``): an operator trusted with changing accounts or
+    groups would otherwise give them to itself, a superuser's flag or every permission included."""
 
     rights_kind = ""
     no_rights: dict = {}
+    superuser_fields: tuple[str, ...] = ()
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields if request.user.is_superuser else fields + self.superuser_fields
 
     def rights(self, obj: Model) -> dict:
         raise NotImplementedError
@@ -202,6 +210,7 @@ class UserAdmin(AuditedRightsAdmin, auth_admin.UserAdmin):
     form = UserChangeForm
     rights_kind = "user"
     no_rights = services.NO_RIGHTS
+    superuser_fields = ("is_superuser", "groups", "user_permissions")
 
     def rights(self, obj) -> dict:
         return services.user_rights(user_id=obj.pk)
@@ -233,6 +242,7 @@ class GroupAdmin(AuditedRightsAdmin, auth_admin.GroupAdmin):
 
     rights_kind = "group"
     no_rights = services.NO_GROUP_RIGHTS
+    superuser_fields = ("permissions",)
 
     def rights(self, obj) -> dict:
         return services.group_rights(group_id=obj.pk)

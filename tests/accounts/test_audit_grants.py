@@ -266,3 +266,38 @@ def test_the_admin_pages_whose_saves_and_deletes_are_audited_still_open(admin_cl
         reverse("admin:axes_accessattempt_delete", args=[locked_out.id]),
     ):
         assert admin_client.get(url).status_code == 200, url
+
+
+# --------------------------------------------------------------------------- no escalation by a delegated operator
+
+
+@pytest.fixture
+def delegate(operator, client):
+    """An operator trusted to manage accounts and groups in the admin, not a superuser."""
+    operator.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_user", "change_user", "view_group", "change_group"])
+    )
+    client.force_login(operator)
+    return client
+
+
+def test_an_operator_who_may_change_accounts_cannot_make_anyone_a_superuser_or_give_permissions(
+    delegate, operator, member
+):
+    everything = list(Permission.objects.values_list("id", flat=True))
+    _change_user(delegate, operator, is_superuser="on", user_permissions=everything)
+    _change_user(delegate, member, is_superuser="on", user_permissions=everything)
+    for account in (operator, member):
+        account.refresh_from_db()
+        assert not account.is_superuser
+        assert account.user_permissions.count() <= 4
+
+
+def test_an_operator_who_may_change_groups_cannot_add_permissions_to_a_group(delegate, operator):
+    group = Group.objects.create(name="helpers")
+    operator.groups.add(group)
+    everything = list(Permission.objects.values_list("id", flat=True))
+    delegate.post(
+        reverse("admin:auth_group_change", args=[group.id]), {"name": "helpers", "permissions": everything}
+    )
+    assert group.permissions.count() == 0
