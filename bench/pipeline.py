@@ -57,6 +57,8 @@ def start_pool(tmp: Path) -> LivePool:
     settings.E31_OUTPUT_ROOTS = [tmp.resolve()]
     pool = LivePool(tag="bench", env=env, nodes=["bench-1", "bench-2"])
     celery = [sys.executable, "-m", "celery", "-A", "e31web"]
+    pool.start("stager", [*celery, "worker", "-Q", "control-bench.staging", "--pool", "threads", "-c", "5", "-n", "staging-bench@%h",
+                          "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "WARNING"])  # fmt: skip
     pool.start("worker", [*celery, "worker", "-Q", "control-bench", "--pool", "threads", "-c", "4", "-n", "control-bench@%h",
                           "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "WARNING"])  # fmt: skip
     pool.start("beat", [*celery, "beat", "--schedule", str(state / "beat")])

@@ -50,7 +50,7 @@ def send_after_commit(task_name: str, args: tuple, *, queue: str) -> None:
 
 
 def stage_job(job_id: int) -> None:
-    send_after_commit(STAGE_JOB, (job_id,), queue=control_queue())
+    send_after_commit(STAGE_JOB, (job_id,), queue=staging_queue())
 
 
 def request_scheduler_pass() -> None:
@@ -85,6 +85,13 @@ def deliver_part(allocation_id: int, node_name: str) -> None:
 
 def control_queue() -> str:
     return settings.CELERY_TASK_DEFAULT_QUEUE
+
+
+def staging_queue() -> str:
+    """Where data inputs are copied and images pulled, by workers of their own: a stage holds its thread for its
+    whole copy (and while it waits for a transfer slot), and on the control queue four of them would stop the
+    reaper, the reconciler, the scheduler's passes and the meter for as long as they last."""
+    return f"{control_queue()}.staging"
 
 
 def node_queue(node_name: str) -> str:

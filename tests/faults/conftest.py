@@ -81,8 +81,9 @@ def py(code: str) -> list[str]:
 def start_worker(pool: LivePool) -> None:
     """The control worker, started as the live pool starts it (after a SIGKILL, under the same name)."""
     tag, queue = pool.tag, pool.env["E31_CONTROL_QUEUE"]
+    queues = f"{queue},{queue}.staging"  # the control and staging queues, served apart in deployments
     pool.start("worker", [
-        sys.executable, "-m", "celery", "-A", "e31web", "worker", "-Q", queue, "--pool", "threads", "-c", "4",
+        sys.executable, "-m", "celery", "-A", "e31web", "worker", "-Q", queues, "--pool", "threads", "-c", "4",
         "-n", f"control-{tag}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
     ])  # fmt: skip
 

@@ -43,7 +43,7 @@ def test_tasks_are_sent_by_name_to_their_queue_once_the_transaction_commits(
         dispatch.deliver_part(9, "gpu-02")
         assert sent == []  # nothing leaves before the commit
     assert sent == [
-        (dispatch.STAGE_JOB, {"args": (7,), "queue": settings.CELERY_TASK_DEFAULT_QUEUE}),
+        (dispatch.STAGE_JOB, {"args": (7,), "queue": f"{settings.CELERY_TASK_DEFAULT_QUEUE}.staging"}),
         (dispatch.RUN_PART, {"args": (8,), "queue": "node.gpu-01"}),
         (dispatch.DELIVER_PART, {"args": (9,), "queue": "node.gpu-02"}),
     ]

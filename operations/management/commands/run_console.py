@@ -20,7 +20,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 from django.utils import timezone
 
-from jobs import sandbox
+from jobs import dispatch, sandbox
 from operations import services, supervisor
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,12 @@ class Command(BaseCommand):
         commands = {
             "web": [sys.executable, "-m", "gunicorn", "e31web.wsgi", "--bind", f"127.0.0.1:{port}",
                     "--workers", "2", "--threads", "4", "--access-logfile", "-"],
-            "worker": [*celery, "worker", "--queues", "control", "--pool", "threads", "--concurrency", "4",
-                       "--hostname", "control@%h", "--loglevel", "INFO"],
+            "worker": [*celery, "worker", "--queues", dispatch.control_queue(), "--pool", "threads",
+                       "--concurrency", "4", "--hostname", "control@%h", "--loglevel", "INFO"],
+            # Copies and pulls apart from the control plane: one thread per transfer slot, one for a stage waiting.
+            "stager": [*celery, "worker", "--queues", dispatch.staging_queue(), "--pool", "threads",
+                       "--concurrency", str(settings.E31_STAGE_CONCURRENCY + 1), "--hostname", "staging@%h",
+                       "--loglevel", "INFO"],
             "beat": [*celery, "beat", "--schedule", beat_file, "--loglevel", "INFO"],
         }  # fmt: skip
         for i in range(1, nodes + 1):
