@@ -7,7 +7,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from jobs import agent, delivery, gpu_usage, nodes, reconciler, scheduler, staging
+from jobs import agent, delivery_threads, gpu_usage, nodes, reconciler, scheduler, staging
 
 # Set by the node_agent command: how this agent runs jobs ("bubblewrap" or "none"), as whom, and its
 # GPUs' UUIDs by device index.
@@ -38,7 +38,7 @@ def run_part(allocation_id: int) -> None:
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def deliver_part(allocation_id: int) -> None:
-    delivery.deliver_part(allocation_id=allocation_id, now=timezone.now())
+    delivery_threads.deliver(allocation_id)  # on threads of its own: the worker's are for the GPUs' parts
 
 
 @shared_task
