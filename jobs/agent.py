@@ -672,6 +672,11 @@ class Watcher(threading.Thread):
             self.reason = self.reason or latest
             if not latest:
                 _keep_up(self.part, self.capture, seen=seen, until=tick + CHECK_EVERY_S)
+            elif seen and latest != "released":
+                # Stopping (a checkpoint's grace lasts up to an hour), the process still holds its GPUs: silent,
+                # it would be released as lost under a job still saving its checkpoint. Once its allocation is
+                # released or its attempt replaced, it must not speak for the job any more.
+                rental.note_worker_alive(job_id=self.part.job.id, now=clock.now())
             return True
         except (DatabaseError, InterfaceError):
             _forget_broken_connection()

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from jobs import agent, reconciler, rental, sandbox, services
 from jobs.lifecycle import EndReason, State
-from jobs.models import Allocation, GpuHold
+from jobs.models import Allocation, GpuHold, Job
 from tests.factories import JobFactory, MembershipFactory, NodeFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the agent's thread reads what the test wrote
@@ -27,17 +27,24 @@ IGNORES_USR1 = (
 )
 
 
-def _preempted_part(team, *, grace_s: int):
-    """A pausable job running for an hour (its meter on), its preemption just asked for; its part as loaded."""
+def _running_part(team, *, grace_s: int):
+    """A pausable job running for an hour (its meter on), last reported alive as it started, as every job is
+    (staging, then its agent's checks, beat ``worker_seen_at``); its part as loaded."""
     node = NodeFactory(name="gpu-grace", gpus=1)
-    job = JobFactory(team=team, preemptible=True, checkpoint_signal="USR1", checkpoint_grace_s=grace_s,
-                     checkpoint_bytes=10**6)  # fmt: skip
     began = timezone.now() - timedelta(hours=1)
+    job = JobFactory(team=team, preemptible=True, checkpoint_signal="USR1", checkpoint_grace_s=grace_s,
+                     checkpoint_bytes=10**6, hours=4, worker_seen_at=began)  # fmt: skip
     assert rental.rent_job(job_id=job.id, gpus_by_node={node.name: (0,)}, now=began)
     allocation = Allocation.objects.get(job=job)
     assert rental.start_allocation(allocation_id=allocation.id, now=began)
-    assert rental.request_preemption(job_id=job.id, now=timezone.now())
     return job, allocation, agent._load_part(allocation.id, sandbox.UNSANDBOXED, None)
+
+
+def _preempted_part(team, *, grace_s: int):
+    """As ``_running_part``, its preemption just asked for."""
+    job, allocation, part = _running_part(team, grace_s=grace_s)
+    assert rental.request_preemption(job_id=job.id, now=timezone.now())
+    return job, allocation, part
 
 
 class _Supervised:
@@ -86,6 +93,47 @@ def test_the_reconciler_does_not_release_a_job_saving_its_checkpoint(team, setti
     finally:
         supervised.end()
     assert supervised.result == [("preempted", -signal.SIGKILL)]  # the whole grace, then the kill
+
+
+def test_a_job_preempted_while_it_runs_is_reported_alive_through_its_checkpoint_grace(
+    team, settings, monkeypatch, tmp_path
+):
+    """A pausable job preempted for a reservation, saving its checkpoint within its declared grace (120 s by
+    default, up to an hour), was no longer reported alive from the moment the preemption was asked for: the
+    reconciler released it as ``node_lost`` after 60 s, its GPUs handed to the reserved job while its process still
+    wrote its checkpoint, the checkpoint cut short and the attempt counted as lost (after E31_MAX_ATTEMPTS such
+    preemptions the job ended node_lost instead of resuming). Compressed: the reconciler gives up after 2 s, the
+    grace is 6 s."""
+    settings.E31_RECONCILE_AFTER_S = 2
+    monkeypatch.setattr(agent, "SEEN_EVERY_S", 0.5)
+    job, allocation, part = _running_part(team, grace_s=6)
+    supervised = _Supervised(part, tmp_path)
+    try:
+        time.sleep(1.0)  # the job runs; its agent reports it alive
+        assert Job.objects.get(id=job.id).worker_seen_at > timezone.now() - timedelta(seconds=2)
+        assert rental.request_preemption(job_id=job.id, now=timezone.now())  # a reservation needs the GPU
+        asked = timezone.now()
+        time.sleep(4)  # past the reconciler's 2 s, inside the 6 s grace
+        assert supervised.proc.poll() is None  # still saving, on its GPU
+        assert Job.objects.get(id=job.id).worker_seen_at > asked + timedelta(
+            seconds=2
+        )  # still reported alive
+        findings = reconciler.reconcile(now=timezone.now())
+        allocation.refresh_from_db()
+        job.refresh_from_db()
+        assert job.id not in findings.abandoned
+        assert allocation.released_at is None, (
+            f"released under a process still saving its checkpoint: {job.state} {job.end_reason} "
+            f"lost_attempts={job.lost_attempts} {job.end_detail!r}"
+        )
+        assert GpuHold.objects.filter(allocation=allocation, active=True).exists()
+        assert job.state == State.RUNNING and job.lost_attempts == 0
+    finally:
+        supervised.end()
+    assert supervised.result == [("preempted", -signal.SIGKILL)]  # the whole grace, then the kill
+    agent._after_exit(part, None, "preempted", supervised.result[0][1])
+    job.refresh_from_db()
+    assert (job.state, job.lost_attempts) == (State.QUEUED, 0)  # paused, to resume: not lost
 
 
 def test_a_cancel_during_the_checkpoint_grace_ends_it_within_the_kill_grace(team, settings, tmp_path):
