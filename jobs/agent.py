@@ -119,6 +119,11 @@ CHECK_EVERY_S = 1.0
 SHIP_PIECE_BYTES = 256 * 1024
 SHIP_WAIT_S = 5.0  # what a part's last shipment waits for one under way before it is released without it
 SEEN_EVERY_S = 5.0
+# The longest a part's clean-up after its exit is reported alive on a timer (sync and fstrim of an attempt space
+# sized for up to E31_MAX_OUTPUT_BYTES, its output tree given back file by file): past it, a clean-up is taken for
+# hung (a disk that no longer answers), and the reconciler releases the part as it would a silent agent's, rather
+# than leave its GPUs held and metered for ever.
+AFTER_EXIT_BEATS_S = 3600.0
 MAX_PATH = 1024  # an output file's path, as the manifest row holds it
 # Stopped by its agent: its node was cut off from the database too long to be sure its GPUs are still its own.
 FENCED = "fenced"
@@ -256,6 +261,23 @@ def run_part(
         _with_database(lambda: _release_unprepared(allocation_id, detail))
         return
     dirs = _with_checkpoint(part, sandbox.attempt_dirs(part.allocation))
+    # From the process's exit until the exit is recorded, the clean-up (the output tree given back to the agent,
+    # the checkpoint settled, the attempt space flushed) can take minutes with no watcher left to say so.
+    after_exit = AfterExitBeats(part)
+    try:
+        _run_to_the_end(part, dirs, mode, uids, after_exit)
+    finally:
+        after_exit.stop()
+
+
+def _run_to_the_end(
+    part: Part,
+    dirs: sandbox.AttemptDirs,
+    mode: str,
+    uids: sandbox.UidRange | None,
+    after_exit: "AfterExitBeats",
+) -> None:
+    allocation_id = part.allocation.id
     uid, ran = None, False
     # How a part that never reached its exit ends: run once its attempt has settled, since a job released or
     # requeued can be placed again at once, on this node too, and must not find this attempt still tidying up.
@@ -270,7 +292,7 @@ def run_part(
         with LOCAL_GPUS.using(
             part.allocation.node.name, part.allocation.gpu_indices, allocation_id, wait_s=_gpu_wait_s()
         ):
-            outcome, exit_code = _confined_run(part, dirs, mode, uid, secrets)
+            outcome, exit_code = _confined_run(part, dirs, mode, uid, secrets, after_exit.start)
         ran = True
     except team_secrets.SecretsUnavailable as exc:  # names only, never a value
         ending = functools.partial(_release_failed, part, f"secrets: {exc}")
@@ -303,7 +325,7 @@ def run_part(
         _with_database(lambda: rental.note_checkpoint(job_id=part.job.id, attempt=part.allocation.attempt,
                                                       held_bytes=kept.bytes, note=kept.note, now=clock.now()))  # fmt: skip
     try:
-        _with_database(lambda: _after_exit(part, dirs, outcome, exit_code))
+        _with_database(lambda: _after_exit(part, dirs, outcome, exit_code, recorded=after_exit.stop))
     except Exception as exc:  # between the exit and the seal: without this the attempt would hold its GPUs
         log.exception("allocation %s: the agent failed after the job's exit", allocation_id)
         detail = _agent_fault("the node agent failed sealing the outputs", exc, allocation_id)
@@ -421,9 +443,15 @@ def _bound_or_refuse(part: Part, dirs: sandbox.AttemptDirs) -> None:
 
 
 def _confined_run(
-    part: Part, dirs: sandbox.AttemptDirs, mode: str, uid: int, secrets: dict[str, str]
+    part: Part,
+    dirs: sandbox.AttemptDirs,
+    mode: str,
+    uid: int,
+    secrets: dict[str, str],
+    exited: Callable[[], None] = lambda: None,
 ) -> tuple[str, int | None]:
-    """The part under its own uid, with its GPUs only, in its own network; then its files are the agent's."""
+    """The part under its own uid, with its GPUs only, in its own network; then its files are the agent's.
+    ``exited`` is called once its process is gone, before the clean-up."""
     sandboxed = mode == sandbox.BUBBLEWRAP
     gpus = devices.gpu_nodes(settings.E31_DEVICE_ROOT, part.allocation.gpu_indices) if sandboxed else ()
     # Whatever fails from here (a checkpoint space the disk cannot hold too), nothing of it stays behind: each
@@ -452,7 +480,7 @@ def _confined_run(
             cgroup_procs=(*group.procs_files(), *([str(device_procs)] if device_procs else [])),
             libraries=devices.driver_libraries() if gpus else (),
         )  # fmt: skip
-        return _run_bounded(part, dirs, mode, confinement, group, secrets)
+        return _run_bounded(part, dirs, mode, confinement, group, secrets, exited)
 
 
 def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | None) -> Part:
@@ -534,19 +562,21 @@ def _platform_networks() -> list[str]:
 
 
 def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: sandbox.Confinement,
-                 group: cgroups.AttemptGroup, secrets: dict[str, str]) -> tuple[str, int | None]:  # fmt: skip
+                 group: cgroups.AttemptGroup, secrets: dict[str, str],
+                 exited: Callable[[], None] = lambda: None) -> tuple[str, int | None]:  # fmt: skip
     image = _image(part)
     env = _job_env(part, sandbox.seen_inside(dirs, image), image, confinement.libraries)
     try:
         proc = _launch(part, dirs, mode, confinement, env, secrets, image)
     except OSError as exc:  # unsandboxed and the program does not exist
+        exited()
         (dirs.root / "job.log").write_text(f"could not start {part.job.argv[0]!r}: {exc}\n")
         _store_tail(part, f"could not start {part.job.argv[0]!r}: {exc}")
         _ship_log(part, 0, f"could not start {part.job.argv[0]!r}: {exc}\n".encode())
         return EndReason.FAILED, 127
     capture = LogCapture(proc.stdout, dirs.root / "job.log", settings.E31_LOG_CAP_BYTES, secrets)
     capture.start()
-    stop, code = _supervise(part, proc, capture, mode)
+    stop, code = _supervise(part, proc, capture, mode, exited)
     capture.join(timeout=5)
     _with_database(lambda: _store_tail(part, capture.text()))
     # A late check of the watcher still shipping (its query swallowed by the network) must not hold the release up.
@@ -565,9 +595,16 @@ def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: 
     return (EndReason.OUT_OF_MEMORY if group.oom_kills() else EndReason.FAILED), code
 
 
-def _supervise(part: Part, proc: subprocess.Popen, capture: LogCapture, mode: str) -> tuple[str, int]:
+def _supervise(
+    part: Part,
+    proc: subprocess.Popen,
+    capture: LogCapture,
+    mode: str,
+    exited: Callable[[], None] = lambda: None,
+) -> tuple[str, int]:
     """Watches the part's process to its end, or stops it early; (why it was stopped or '', its exit code).
-    The watcher's checks go on until the process is gone, through a checkpoint's grace too."""
+    The watcher's checks go on until the process is gone, through a checkpoint's grace too; then ``exited`` is
+    called, which reports the part alive through the clean-up that follows."""
     watcher = Watcher(part, capture)
     watcher.start()
     try:
@@ -576,6 +613,7 @@ def _supervise(part: Part, proc: subprocess.Popen, capture: LogCapture, mode: st
         code = _stop(proc, stop, part, mode, cut_short=watcher.hurried) if stop else sandbox.reap(proc)
     finally:
         watcher.finish()
+        exited()
     return stop, code
 
 
@@ -716,6 +754,60 @@ class Watcher(threading.Thread):
             self.connection.dec_thread_sharing()
 
 
+class AfterExitBeats:
+    """The part's sign of life, every SEEN_EVERY_S on a thread (and a connection) of its own, from its process's
+    exit (``start``, called as the watcher finishes) until the exit is recorded (``stop``): the steps between
+    (the output tree given back to the agent, the checkpoint settled, the attempt space synced and trimmed) write
+    nothing, and a job that exited 0 must not be released as lost because they took over E31_RECONCILE_AFTER_S.
+    Nothing is said once the part's allocation is released or its attempt replaced, nor after AFTER_EXIT_BEATS_S."""
+
+    def __init__(self, part: Part) -> None:
+        self.part = part
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        with self.lock:
+            if self.thread is not None or self.done.is_set():
+                return
+            self.thread = threading.Thread(target=self._beat, name="part-after-exit", daemon=True)
+            self.thread.start()
+
+    def stop(self) -> None:
+        """Idempotent; a beat under way (a slow database) is not waited for long: it changes nothing once the
+        exit is recorded, the part's job having moved on."""
+        with self.lock:
+            self.done.set()
+            thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2 * CHECK_EVERY_S)
+
+    def _beat(self) -> None:
+        until = time.monotonic() + AFTER_EXIT_BEATS_S
+        try:
+            while not self.done.wait(SEEN_EVERY_S) and time.monotonic() < until:
+                try:
+                    self._once()
+                except (DatabaseError, InterfaceError):
+                    _forget_broken_connection()
+                except Exception:
+                    log.exception(
+                        "allocation %s: a sign of life after its exit failed", self.part.allocation.id
+                    )
+            if not self.done.is_set():
+                log.error(
+                    "allocation %s: still cleaning up %.0f s after its exit; no longer reported alive",
+                    self.part.allocation.id, AFTER_EXIT_BEATS_S,
+                )  # fmt: skip
+        finally:
+            connections.close_all()  # this thread's own
+
+    def _once(self) -> None:
+        if rental.stop_reason(allocation_id=self.part.allocation.id, now=clock.now()) != "released":
+            rental.note_worker_alive(job_id=self.part.job.id, now=clock.now())
+
+
 def fence_after_s() -> float:
     """How long a part runs on with its node cut off from the database. The platform declares the node lost
     ``E31_NODE_TIMEOUT_S`` after its last heartbeat, which may precede the last check by a beat; a check that
@@ -764,7 +856,16 @@ def _paused(part: Part) -> str:
     return f"yielded its GPUs to a reserved job; paused with a checkpoint of {format_size(held)}"
 
 
-def _after_exit(part: Part, dirs: sandbox.AttemptDirs, outcome: str, exit_code: int | None) -> None:
+def _after_exit(
+    part: Part,
+    dirs: sandbox.AttemptDirs,
+    outcome: str,
+    exit_code: int | None,
+    *,
+    recorded: Callable[[], None] = lambda: None,
+) -> None:
+    """Records how the part's process ended; ``recorded`` is called once it is, before the seal (which says it is
+    alive as it goes)."""
     now = clock.now()
     if outcome == "released":
         return  # the node was declared down or the attempt replaced: RELEASE already happened
@@ -789,6 +890,7 @@ def _after_exit(part: Part, dirs: sandbox.AttemptDirs, outcome: str, exit_code: 
         allocation_id=part.allocation.id, exit_code=exit_code, outcome=outcome, now=now
     ):
         return  # the attempt ended early: nothing of it is sealed
+    recorded()
     # Hashing a large output takes minutes: the agent says it is alive meanwhile, as while the job ran, or
     # the reconciler would take it for silent and end a run that succeeded as lost.
     alive = _every(SEEN_EVERY_S, lambda: rental.note_worker_alive(job_id=part.job.id, now=clock.now()))

@@ -1,0 +1,127 @@
+"""A part's agent says it is alive from its process's exit until the exit is recorded: the clean-up between (the
+output tree given back to the agent, the attempt space synced and trimmed) writes nothing else, and the reconciler
+releases as lost any running job it hears nothing of for E31_RECONCILE_AFTER_S. Nor does a part speak for its job
+once its own allocation is released."""
+
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs import agent, attempt_space, limits, reconciler, rental, sandbox
+from jobs.lifecycle import EndReason, State
+from jobs.models import Allocation, Job
+from tests.factories import JobFactory, NodeFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the agent's threads read what the test wrote
+
+
+@pytest.fixture
+def compressed(settings, tmp_path, monkeypatch):
+    """The reconciler gives up on a job silent for 2 s (60 s by default); the agent beats every 0.5 s (5 s)."""
+    settings.E31_AGENT_ROOT = tmp_path / "agents"
+    settings.E31_RECONCILE_AFTER_S = 2
+    monkeypatch.setattr(agent, "SEEN_EVERY_S", 0.5)
+    monkeypatch.setattr(limits, "bound_space", lambda root, job: False)  # no loop mount in these tests
+
+
+def _rented(team, argv: list[str]) -> tuple[Job, Allocation]:
+    """A job staged ten minutes ago (staging last beat it then), rented on a node."""
+    node = NodeFactory(name="gpu-01", limits="none")
+    job = JobFactory(team=team, argv=argv, worker_seen_at=timezone.now() - timedelta(minutes=10))
+    assert rental.rent_job(job_id=job.id, gpus_by_node={node.name: (0,)}, now=timezone.now())
+    return job, Allocation.objects.get(job=job)
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        pytest.param((sandbox, "reown"), id="its-output-tree-given-back-to-the-agent"),
+        pytest.param((attempt_space, "give_back_unused"), id="its-attempt-space-synced-and-trimmed"),
+    ],
+)
+def test_a_run_that_succeeded_is_not_released_as_lost_while_its_agent_cleans_up_after_it(
+    team, compressed, monkeypatch, step
+):
+    """A job ran to a clean exit 0 after writing a large output; giving its tree back to the agent (a chown per
+    file) or flushing its attempt space to disk (``sync`` then ``fstrim`` over an image sized for up to 1 TiB of
+    output) took over a minute, and its agent recorded nothing meanwhile: the reconciler released it as
+    ``node_lost``, its outputs never sealed nor delivered (or ran it again from scratch when it allowed requeue).
+    Here that step takes 4 s, twice the compressed 2 s after which the reconciler gives up."""
+    module, name = step
+    job, allocation = _rented(team, [sys.executable, "-c", "print('done')"])
+    real = getattr(module, name)
+    found: list = []
+
+    def slow(root) -> None:
+        real(root)
+        time.sleep(4)
+        found.append(reconciler.reconcile(now=timezone.now()))
+
+    monkeypatch.setattr(module, name, slow)
+    agent.run_part(allocation_id=allocation.id, mode=sandbox.UNSANDBOXED, uids=None)
+
+    job.refresh_from_db()
+    assert found, "the step never ran: the test did not exercise the clean-up"
+    assert job.id not in found[0].abandoned, (
+        f"released as lost while its agent cleaned up after an exit 0: {job.end_reason} {job.end_detail!r}"
+    )
+    assert (job.state, job.end_reason, job.lost_attempts) == (State.RELEASED, EndReason.SUCCEEDED, 0)
+
+
+def test_the_beats_after_the_exit_stop_once_it_is_recorded(team, compressed):
+    """Once the exit is recorded (the seal says it is alive as it goes, by its progress) no timer goes on
+    speaking for the job: a seal that hangs on a disk that no longer answers is left to the reconciler."""
+    job, allocation = _rented(team, [sys.executable, "-c", "pass"])
+    assert rental.start_allocation(allocation_id=allocation.id, now=timezone.now())
+    beats = agent.AfterExitBeats(agent._load_part(allocation.id, sandbox.UNSANDBOXED, None))
+    beats.start()
+    time.sleep(1.2)
+    beaten = Job.objects.get(id=job.id).worker_seen_at
+    assert beaten > timezone.now() - timedelta(seconds=1)  # beating while the clean-up lasts
+    beats.stop()
+    assert not beats.thread.is_alive()
+    time.sleep(1.2)
+    assert Job.objects.get(id=job.id).worker_seen_at == beaten
+    beats.start()  # a late start (a redelivered hook) does not start them again
+    assert not beats.thread.is_alive()
+
+
+def test_a_part_released_under_its_clean_up_does_not_speak_for_its_job(team, compressed):
+    """A part whose node was declared lost while it cleaned up (its GPUs freed, its job requeued and maybe placed
+    again) must not keep its job's next attempt looking alive."""
+    job, allocation = _rented(team, [sys.executable, "-c", "pass"])
+    assert rental.start_allocation(allocation_id=allocation.id, now=timezone.now())
+    part = agent._load_part(allocation.id, sandbox.UNSANDBOXED, None)
+    assert rental.release_part(
+        allocation_id=allocation.id, end_reason=EndReason.NODE_LOST, now=timezone.now(), actor="reaper"
+    )
+    before = Job.objects.get(id=job.id).worker_seen_at
+    beats = agent.AfterExitBeats(part)
+    beats.start()
+    try:
+        time.sleep(1.2)
+    finally:
+        beats.stop()
+    assert Job.objects.get(id=job.id).worker_seen_at == before
+
+
+def test_a_watcher_does_not_speak_for_a_job_once_its_part_is_released(team, compressed):
+    """The watcher reports a part alive through every stop (a checkpoint's grace included), but not once its
+    allocation is released: its job may already run again elsewhere."""
+    job, allocation = _rented(team, [sys.executable, "-c", "pass"])
+    assert rental.start_allocation(allocation_id=allocation.id, now=timezone.now())
+    part = agent._load_part(allocation.id, sandbox.UNSANDBOXED, None)
+    assert rental.release_part(
+        allocation_id=allocation.id, end_reason=EndReason.NODE_LOST, now=timezone.now(), actor="reaper"
+    )
+    before = Job.objects.get(id=job.id).worker_seen_at
+    watcher = agent.Watcher(part, None)  # its checks, run here rather than on its thread
+    try:
+        assert watcher._check(time.monotonic(), seen=True)
+        assert watcher.reason == "released"
+    finally:
+        watcher.connection.dec_thread_sharing()
+    assert Job.objects.get(id=job.id).worker_seen_at == before
