@@ -32,7 +32,9 @@ def node_queue():
             conn.default_channel.client.delete(key)
 
 
-def test_a_part_rented_on_a_node_starts_while_the_nodes_earlier_outputs_are_delivered(monkeypatch, node_queue):
+def test_a_part_rented_on_a_node_starts_while_the_nodes_earlier_outputs_are_delivered(
+    monkeypatch, node_queue
+):
     app, release = celery.current_app, threading.Event()
     delivering, started = [], []
 
@@ -43,8 +45,15 @@ def test_a_part_rented_on_a_node_starts_while_the_nodes_earlier_outputs_are_deli
     monkeypatch.setattr(delivery, "deliver_part", large_delivery)
     monkeypatch.setattr(agent, "run_part", lambda *, allocation_id, **_: started.append(allocation_id))
     try:
-        with start_worker(app, pool="threads", concurrency=1 + 2, perform_ping_check=False, queues=[node_queue],
-                          without_heartbeat=True, shutdown_timeout=30):  # fmt: skip  (as node_agent starts it)
+        with start_worker(
+            app,
+            pool="threads",
+            concurrency=1 + 2,
+            perform_ping_check=False,
+            queues=[node_queue],
+            without_heartbeat=True,
+            shutdown_timeout=30,
+        ):  # fmt: skip  (as node_agent starts it)
             for allocation_id in (101, 102, 103, 104):  # four earlier jobs' outputs, rung at their RELEASE
                 app.send_task(dispatch.DELIVER_PART, args=(allocation_id,), queue=node_queue)
             deadline = time.monotonic() + 20
@@ -65,7 +74,9 @@ def test_a_part_rented_on_a_node_starts_while_the_nodes_earlier_outputs_are_deli
         release.set()
 
 
-def test_a_part_rung_again_while_its_delivery_is_queued_or_running_is_not_delivered_twice_at_once(monkeypatch):
+def test_a_part_rung_again_while_its_delivery_is_queued_or_running_is_not_delivered_twice_at_once(
+    monkeypatch,
+):
     """The reconciler rings an undelivered part every pass, for as long as its copy lasts."""
     release, calls = threading.Event(), []
 
