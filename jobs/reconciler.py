@@ -7,11 +7,14 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import Exists, F, OuterRef, Q
 
-from jobs import delivery, dispatch, rental
+from jobs import delivery, dispatch, nodes, rental
 from jobs.lifecycle import REQUEUED, EndReason, State
 from jobs.models import Allocation, Dependency, Job
 
 log = logging.getLogger(__name__)
+# How many E31_RECONCILE_AFTER_S a rented part may wait for its node's agent to take its start message (rung
+# again each time) before its GPUs are freed and its job goes back to the queue.
+START_WAIT_PERIODS = 5
 
 
 @dataclass
@@ -20,6 +23,7 @@ class Findings:
 
     restaged: list[int] = field(default_factory=list)
     restarted: list[int] = field(default_factory=list)
+    unstarted_released: list[int] = field(default_factory=list)  # parts whose node never took their start
     abandoned: list[int] = field(default_factory=list)
     redelivered: list[int] = field(default_factory=list)
     delivered: list[int] = field(default_factory=list)  # jobs whose every part was delivered, now marked so
@@ -29,6 +33,7 @@ class Findings:
         found = (
             self.restaged,
             self.restarted,
+            self.unstarted_released,
             self.abandoned,
             self.redelivered,
             self.delivered,
@@ -41,7 +46,7 @@ def reconcile(*, now: datetime) -> Findings:
     stale = now - timedelta(seconds=settings.E31_RECONCILE_AFTER_S)
     findings = Findings()
     _restage(stale, findings)
-    _restart_unstarted(stale, findings)
+    _restart_unstarted(stale, now, findings)
     _abandon_silent(stale, now, findings)
     findings.undeliverable = delivery.fail_stranded(now=now)
     _redeliver(stale, findings)
@@ -62,27 +67,53 @@ def _restage(stale: datetime, findings: Findings) -> None:
         findings.restaged.append(job_id)
 
 
-def _restart_unstarted(stale: datetime, findings: Findings) -> None:
-    """RENTED but never started: the run message was lost; a duplicate is harmless (the start is a claim)."""
+def _restart_unstarted(stale: datetime, now: datetime, findings: Findings) -> None:
+    """RENTED but never started: the run message was lost; a duplicate is harmless (the start is a claim).
+
+    Not for ever: a node whose agent beats but takes none of its messages (its consumer cut off from the broker,
+    or its threads all taken) would hold the part's GPUs, metered with nothing running, with no end (the job's
+    time limit runs from its first start). Past START_WAIT_PERIODS x E31_RECONCILE_AFTER_S the part is released,
+    its job goes back to the queue without spending an attempt, and the node takes no new work for a while
+    (E31_NO_ROOM_HOLD_S), so the job is not handed straight back to it."""
+    waited_s = START_WAIT_PERIODS * settings.E31_RECONCILE_AFTER_S
+    given_up = now - timedelta(seconds=waited_s)
     rows = Allocation.objects.filter(released_at__isnull=True, started_at__isnull=True, rented_at__lt=stale)
-    for allocation_id, node in rows.values_list("id", "node__name")[:500]:
-        dispatch.run_part(allocation_id, node)
-        findings.restarted.append(allocation_id)
+    rows = rows.values_list("id", "node_id", "node__name", "rented_at")
+    for allocation_id, node_id, node, rented_at in rows[:500]:
+        if rented_at >= given_up:
+            dispatch.run_part(allocation_id, node)
+            findings.restarted.append(allocation_id)
+            continue
+        detail = (
+            f"not started: {node}'s agent took no start message in {waited_s:g} s, its GPUs held with nothing "
+            "running; freed, and the job goes back to the queue without spending an attempt"
+        )
+        if rental.release_unstarted(allocation_id=allocation_id, now=now, detail=detail):
+            nodes.hold_for_room(node_id=node_id, now=now)
+            findings.unstarted_released.append(allocation_id)
 
 
 def _abandon_silent(stale: datetime, now: datetime, findings: Findings) -> None:
-    """Running or sealing with no word from its agent although the node still beats: release it."""
+    """Running or sealing with no word from its agent although the node still beats: release it.
+
+    Not while a part of its attempt has not started: the quiet is that part's start, still queued on its node or
+    lost (``_restart_unstarted`` rings it again, and gives up on it in time), not an agent lost. The silence is
+    read again on the job's locked row: an agent that reports (a beat, its part's exit) meanwhile is not
+    overruled."""
+    unstarted = Allocation.objects.filter(
+        job=OuterRef("pk"), attempt=OuterRef("attempt"), started_at__isnull=True, released_at__isnull=True
+    )
     silent = Job.objects.filter(
         state__in=(State.RUNNING, State.OUTPUT), worker_seen_at__lt=stale, state_changed_at__lt=stale
-    )
+    ).exclude(Exists(unstarted))
     for job in silent[:100]:
         requeue = rental.requeues_after_loss(job)
-        rental.release_job(
+        if rental.release_job(
             job_id=job.id, end_reason=EndReason.NODE_LOST, now=now, actor="reconciler",
             detail="its node agent stopped reporting on it", requeue_as=REQUEUED if requeue else "",
-            attempt=job.attempt,
-        )  # fmt: skip
-        findings.abandoned.append(job.id)
+            attempt=job.attempt, silent_before=stale,
+        ):  # fmt: skip
+            findings.abandoned.append(job.id)
 
 
 def _redeliver(stale: datetime, findings: Findings) -> None:

@@ -28,8 +28,12 @@ NO_ROOM = "no_room"  # a part's disk could not hold its space: the job goes back
 GPU_BUSY = (
     "gpu_busy"  # a part's GPU was still used by a stopping process on its node: back to the queue, always
 )
+# A part whose node's agent never took its start message (the reconciler gave up ringing): back to the queue, always.
+NOT_STARTED = "not_started"
 # What ends an attempt early, before its output, in the order one beats another when its parts report several.
-EARLY_ENDS = (EndReason.NODE_LOST, NO_ROOM, GPU_BUSY, EndReason.FAILED, PREEMPTED, EndReason.CANCELLED)
+EARLY_ENDS = (
+    EndReason.NODE_LOST, NO_ROOM, GPU_BUSY, NOT_STARTED, EndReason.FAILED, PREEMPTED, EndReason.CANCELLED,
+)  # fmt: skip
 
 
 def rent_job(
@@ -194,7 +198,7 @@ def finish_allocation(
         job = Job.objects.select_for_update().get(id=allocation.job_id)
         if job.attempt != allocation.attempt:
             return False
-        if _attempt_parts(job).filter(released_at__isnull=False).exists():
+        if _attempt_parts(job).filter(released_at__isnull=False).exclude(_STOPPED_UNSTARTED).exists():
             release_part(
                 allocation_id=allocation_id,
                 end_reason=outcome,
@@ -203,6 +207,8 @@ def finish_allocation(
                 exit_code=exit_code,
             )
             return False
+        if outcome != EndReason.SUCCEEDED:
+            _stop_unstarted(job, now=now)
         if _attempt_parts(job).filter(finished_at__isnull=True).exists():
             return True
         transition(
@@ -211,6 +217,31 @@ def finish_allocation(
         )  # fmt: skip
         _release_when_sealed(job.id, now=now, actor=agent_actor(allocation.node.name))
         return True
+
+
+# A part stopped before it started, as another part of its attempt had exited failing: finished with nothing to
+# seal or deliver, not an early end of the attempt.
+_STOPPED_UNSTARTED = Q(started_at__isnull=True, finished_at__isnull=False, end_reason=STOPPED)
+
+
+def _stop_unstarted(job: Job, *, now: datetime) -> None:
+    """A part exited failing, so the attempt cannot succeed: its parts that have not started yet (their start
+    message still queued on their nodes, or lost and rung again) would be stopped at once if they did
+    (``stop_reason``). They are stopped now instead, their GPUs freed and meters closed, as ``release_part`` frees
+    a part that is not running; and counted finished, with nothing to seal, so the attempt ends as its parts
+    that ran decide: failed, with the failing part's exit code, and their outputs sealed and delivered. Without
+    it the failed part's GPUs stayed held with nothing running until the reconciler took the quiet job for lost."""
+    unstarted = list(
+        _attempt_parts(job).filter(started_at__isnull=True, released_at__isnull=True).select_related("job")
+    )
+    if not unstarted:
+        return
+    Allocation.objects.filter(id__in=[p.id for p in unstarted]).update(
+        finished_at=now, sealed_at=now, end_reason=STOPPED
+    )
+    for part in unstarted:
+        part.end_reason = STOPPED
+    _release_parts(unstarted, now=now, end_reason=STOPPED)
 
 
 def seal_allocation(*, allocation_id: int, manifest: list[dict], now: datetime, refused: str = "") -> None:
@@ -299,7 +330,7 @@ def _attempt_outcome(parts) -> tuple[EndReason, int | None]:
 def release_job(
     *, job_id: int, end_reason: EndReason, now: datetime, actor: str, exit_code: int | None = None,
     detail: str = "", deliver: bool = False, requeue_as: str = "", last_heartbeat: datetime | None = None,
-    attempt: int | None = None,
+    attempt: int | None = None, silent_before: datetime | None = None,
 ) -> bool:  # fmt: skip
     """RELEASE: frees every GPU of the attempt and closes its meter at ``now``; then requeues or ends.
 
@@ -309,10 +340,14 @@ def release_job(
     the queue for a new attempt instead of ending it; but a job whose team asked to cancel it ends
     cancelled, whatever stopped it first: it never runs again. ``attempt``: only while the job is
     still on it (an agent of an attempt that was replaced, or a reaper that read the job before
-    taking its lock, must not end the attempt that replaced it).
+    taking its lock, must not end the attempt that replaced it). ``silent_before``: only while neither its
+    agent nor a move of the job was heard of since (the reconciler read it silent before taking the lock, and an
+    agent that reported its exit or a beat meanwhile must not be overruled).
     """
     with transaction.atomic():
         rows = Job.objects.select_for_update().filter(id=job_id, state__in=HOLDS_COMPUTE)
+        if silent_before is not None:
+            rows = rows.filter(worker_seen_at__lt=silent_before, state_changed_at__lt=silent_before)
         job = (rows if attempt is None else rows.filter(attempt=attempt)).first()
         if job is None:
             return False
@@ -388,6 +423,21 @@ def release_part(
         return True
 
 
+def release_unstarted(*, allocation_id: int, now: datetime, detail: str) -> bool:
+    """A part whose node's agent never took its start message (the reconciler rang it again and again): its GPUs,
+    held with nothing running, are freed and its meter closed, and its job goes back to the queue without spending
+    an attempt (``NOT_STARTED``); its other parts are told to stop, as for any early end. The job's time limit
+    runs from its first start, so without this nothing would ever end it. False if it started meanwhile (the
+    start and this release take the job's row first), or was released already."""
+    with transaction.atomic():
+        _lock_job_of(allocation_id)
+        if not Allocation.objects.filter(id=allocation_id, started_at__isnull=True).exists():
+            return False
+        return release_part(
+            allocation_id=allocation_id, end_reason=NOT_STARTED, now=now, actor="reconciler", detail=detail
+        )
+
+
 def _not_running(part: Allocation) -> bool:
     return part.started_at is None or part.finished_at is not None
 
@@ -411,9 +461,10 @@ def _early_end(job: Job, reason: str, exit_code: int | None, detail: str) -> dic
         EndReason.NODE_LOST: REQUEUED if requeues_after_loss(job) else "",
         NO_ROOM: REQUEUED if has_attempts_left(job) else "",
         GPU_BUSY: RETRIED,  # the platform's overlap, not the job's: it spends none of its attempts
+        NOT_STARTED: RETRIED,  # nor its node's agent, deaf to its start: none either
         PREEMPTED: PREEMPTED,
     }.get(reason, "")
-    end_reason = EndReason.FAILED if reason in (NO_ROOM, GPU_BUSY) else reason
+    end_reason = EndReason.FAILED if reason in (NO_ROOM, GPU_BUSY, NOT_STARTED) else reason
     end_reason, requeue_as, detail = _cancel_wins(job, end_reason, requeue_as, detail)
     return {"end_reason": end_reason, "requeue_as": requeue_as, "detail": detail, "exit_code": exit_code}
 
@@ -438,7 +489,10 @@ def _move_released(
         )  # fmt: skip
     dispatch.request_scheduler_pass()
     if deliver and not requeue_as and moved and job.outputs_pending():
-        for part in Allocation.objects.filter(job=job, attempt=job.attempt).select_related("node"):
+        parts = Allocation.objects.filter(job=job, attempt=job.attempt)
+        # A part stopped before it started wrote nothing: delivered as it is (its node is not asked for it).
+        parts.filter(started_at__isnull=True, delivered_at__isnull=True).update(delivered_at=now)
+        for part in parts.filter(started_at__isnull=False).select_related("node"):
             dispatch.deliver_part(part.id, part.node.name)
     return moved
 
