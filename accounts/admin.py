@@ -212,6 +212,14 @@ class UserAdmin(AuditedRightsAdmin, auth_admin.UserAdmin):
     no_rights = services.NO_RIGHTS
     superuser_fields = ("is_superuser", "groups", "user_permissions")
 
+    # A superuser's account is changed (its password included) and deleted by superusers only: an operator who may
+    # change accounts would otherwise take one over and hold its rights.
+    def has_change_permission(self, request, obj=None) -> bool:
+        return super().has_change_permission(request, obj) and not _above(request, obj)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return super().has_delete_permission(request, obj) and not _above(request, obj)
+
     def rights(self, obj) -> dict:
         return services.user_rights(user_id=obj.pk)
 
@@ -231,6 +239,11 @@ class UserAdmin(AuditedRightsAdmin, auth_admin.UserAdmin):
                 )
             )
         return deleted, counts, perms_needed, protected
+
+
+def _above(request, account) -> bool:
+    """Whether ``account`` is a superuser and the one asking is not."""
+    return account is not None and account.is_superuser and not request.user.is_superuser
 
 
 admin.site.unregister(Group)

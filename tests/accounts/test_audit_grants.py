@@ -301,3 +301,37 @@ def test_an_operator_who_may_change_groups_cannot_add_permissions_to_a_group(del
         reverse("admin:auth_group_change", args=[group.id]), {"name": "helpers", "permissions": everything}
     )
     assert group.permissions.count() == 0
+
+
+def test_an_operator_who_may_change_accounts_cannot_take_a_superusers_account(delegate, operator):
+    """Its password set, its operator rights or its name changed, or the account deleted: each would hand the
+    delegate a superuser's rights, by another door than the read-only flags."""
+    root = UserFactory(username="root", is_staff=True, is_superuser=True)
+    root.set_password("the superuser's own secret 1")
+    root.save()
+    new = "chosen by the delegate 7x!Q"
+    answered = delegate.post(
+        reverse("admin:auth_user_password_change", args=[root.id]),
+        {"password1": new, "password2": new, "usable_password": "true"},
+    )
+    assert answered.status_code == 403
+    assert _change_user(delegate, root, is_staff=None, username="rooted").status_code == 403
+    assert (
+        delegate.post(reverse("admin:auth_user_delete", args=[root.id]), {"post": "yes"}).status_code == 403
+    )
+    root.refresh_from_db()
+    assert root.check_password("the superuser's own secret 1")
+    assert (root.username, root.is_staff) == ("root", True)
+
+
+def test_an_operator_who_may_delete_accounts_cannot_delete_a_superuser_with_the_delete_action(
+    operator, client
+):
+    operator.user_permissions.add(*Permission.objects.filter(codename__in=["view_user", "delete_user"]))
+    client.force_login(operator)
+    root = UserFactory(username="root", is_staff=True, is_superuser=True)
+    client.post(
+        reverse("admin:auth_user_changelist"),
+        {"action": "delete_selected", "_selected_action": [root.id], "post": "yes"},
+    )
+    assert type(root).objects.filter(id=root.id).exists()
