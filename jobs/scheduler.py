@@ -111,9 +111,15 @@ def run_requested_passes(*, clock: Callable[[], datetime], limit: int = 20) -> i
 
 
 def run_safety_pass(*, now: datetime) -> None:
-    """Beat's timer: a pass whether or not one was requested (a doorbell may be lost), then drains settle."""
-    dispatch.claim_requested_pass()
-    run_pass(now=now)
+    """Beat's timer: a pass whether or not one was requested (a doorbell may be lost), then drains settle.
+
+    It answers the requests made before it only once it holds the lock: cleared with a pass running elsewhere,
+    a request made during that pass would find its doorbell's task with nothing to do, and wait for the next tick.
+    """
+    with pass_lock() as held:
+        if held:
+            dispatch.claim_requested_pass()
+            _pass(now=now)
     nodes.settle_drains(now=now)
 
 

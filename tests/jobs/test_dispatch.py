@@ -10,7 +10,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from jobs import dispatch, scheduler
+from jobs import dispatch, nodes, scheduler
 from jobs.models import SchedulerState
 
 
@@ -112,4 +112,16 @@ def test_a_request_is_asked_again_when_a_pass_elsewhere_outlasts_the_wait(monkey
     dispatch.request_scheduler_pass()
     with _pass_elsewhere():
         assert scheduler.run_requested_passes(clock=lambda: datetime(2026, 12, 1, 9, 0, tzinfo=UTC)) == 0
+    assert SchedulerState.objects.get().pass_requested
+
+
+@pytest.mark.django_db
+def test_a_safety_pass_that_finds_a_pass_running_elsewhere_leaves_the_request_to_its_doorbell(monkeypatch):
+    """It cleared the flag and then ran nothing: the doorbell's task, coming next, found no request and the
+    submission made during the other pass waited for the next safety pass (up to 30 s)."""
+    monkeypatch.setattr(scheduler, "_pass", lambda *, now: pytest.fail("ran a pass without the lock"))
+    monkeypatch.setattr(nodes, "settle_drains", lambda *, now: None)
+    dispatch.request_scheduler_pass()  # a submission while the pass elsewhere runs
+    with _pass_elsewhere():
+        scheduler.run_safety_pass(now=datetime(2026, 12, 1, 9, 0, tzinfo=UTC))
     assert SchedulerState.objects.get().pass_requested
