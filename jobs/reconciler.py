@@ -45,13 +45,27 @@ class Findings:
 def reconcile(*, now: datetime) -> Findings:
     stale = now - timedelta(seconds=settings.E31_RECONCILE_AFTER_S)
     findings = Findings()
-    _restage(stale, findings)
-    _restart_unstarted(stale, now, findings)
-    _abandon_silent(stale, now, findings)
-    findings.undeliverable = delivery.fail_stranded(now=now)
-    _redeliver(stale, findings)
-    findings.delivered = delivery.finish_delivered_jobs()
-    dispatch.request_scheduler_pass()
+
+    def fail_stranded() -> None:
+        findings.undeliverable = delivery.fail_stranded(now=now)
+
+    def finish_delivered() -> None:
+        findings.delivered = delivery.finish_delivered_jobs()
+
+    steps = (
+        lambda: _restage(stale, findings),
+        lambda: _restart_unstarted(stale, now, findings),
+        lambda: _abandon_silent(stale, now, findings),
+        fail_stranded,
+        lambda: _redeliver(stale, findings),
+        finish_delivered,
+        dispatch.request_scheduler_pass,
+    )
+    for step in steps:
+        try:
+            step()
+        except Exception:  # one row a step cannot handle must not stop the other steps, run after run
+            log.exception("a reconciler step failed; the others go on, and it is tried again next run")
     if findings.total():
         log.warning("reconciler re-drove %s", findings)
     return findings

@@ -204,3 +204,19 @@ def test_a_job_waiting_for_its_other_parts_start_is_not_taken_for_silent(pool, t
     rental.seal_allocation(allocation_id=rank1.id, manifest=[], now=t0 + timedelta(seconds=99))
     job.refresh_from_db()
     assert (job.state, job.end_reason, job.exit_code) == (State.RELEASED, EndReason.SUCCEEDED, 0)
+
+
+def test_a_step_of_the_reconciler_that_fails_does_not_keep_the_others_from_running(monkeypatch, caplog):
+    """A job it cannot restage (a bad row, a broken source) stopped every later step of every run: no stuck start
+    re-sent, no silent job released, no delivery re-driven, no pass asked for."""
+    ran = []
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a row this step cannot handle")
+
+    monkeypatch.setattr(reconciler, "_restage", broken)
+    monkeypatch.setattr(reconciler, "_redeliver", lambda *args: ran.append("redeliver"))
+    monkeypatch.setattr(reconciler.dispatch, "request_scheduler_pass", lambda: ran.append("pass"))
+    reconciler.reconcile(now=timezone.now())
+    assert ran == ["redeliver", "pass"]
+    assert "a row this step cannot handle" in caplog.text
