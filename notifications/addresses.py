@@ -8,6 +8,8 @@ nodes' addresses and whatever E31_WEBHOOK_DENY lists: refused even inside an all
 
 import ipaddress
 import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -48,16 +50,35 @@ def check_url(url: str) -> tuple[str, int]:
     return parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 
-def checked_addresses(host: str, port: int) -> list[str]:
-    """Every address ``host`` has, if each one may receive a webhook on ``port``."""
+# Lookups with a deadline run here: a resolver's own timeouts (several servers, several tries each) would hold a
+# send past its lease, and the event would be sent again meanwhile. One left behind ends on its own.
+_LOOKUPS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="webhook-lookup")
+
+
+def _lookup(host: str, port: int | None, deadline: float | None) -> list:
+    """``getaddrinfo`` for a stream socket, given up at ``deadline`` (a ``time.monotonic()``), if any."""
+    if deadline is None:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    lookup = _LOOKUPS.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return lookup.result(timeout=max(deadline - time.monotonic(), 0.0))
+    except TimeoutError:
+        raise Unresolved(
+            f"{host}: the name did not resolve within {settings.E31_WEBHOOK_TIMEOUT_S:g} s"
+        ) from None
+
+
+def checked_addresses(host: str, port: int, *, deadline: float | None = None) -> list[str]:
+    """Every address ``host`` has, if each one may receive a webhook on ``port``; the lookups (the platform's
+    names too) given up at ``deadline``."""
+    try:
+        infos = _lookup(host, port, deadline)
     except socket.gaierror as exc:
         raise Unresolved(f"{host}: the name did not resolve ({exc.strerror or exc})") from exc
     except UnicodeError as exc:  # a label too long or empty: no resolver will ever take it
         raise Refused(f"{host}: not a host name") from exc
     addresses = list(dict.fromkeys(info[4][0] for info in infos))
-    platform = platform_endpoints()
+    platform = platform_endpoints(deadline=deadline)
     for address in addresses:
         why = refusal(address, port, platform)
         if why:
@@ -79,20 +100,20 @@ def refusal(address: str, port: int, platform: tuple[set, list]) -> str:
     return "a loopback, link-local or private address, refused (an operator may allow a network)"
 
 
-def platform_endpoints() -> tuple[set, list]:
+def platform_endpoints(*, deadline: float | None = None) -> tuple[set, list]:
     """(address, port) of the services this console uses, and the networks of jobs and nodes."""
     endpoints = set()
     for url in (_database_url(), settings.CELERY_BROKER_URL, _cache_url()):
         parts = urlsplit(url or "")
         port = parts.port or DEFAULT_PORTS.get(parts.scheme)
         if parts.hostname and port:
-            endpoints |= {(ip, port) for ip in _resolved(parts.hostname, port)}
+            endpoints |= {(ip, port) for ip in _resolved(parts.hostname, port, deadline)}
     networks = [ipaddress.ip_network(settings.E31_JOB_SUBNET), *settings.E31_WEBHOOK_DENY]
     for address in Node.objects.exclude(address="").values_list("address", flat=True):
         try:
             networks.append(ipaddress.ip_network(pinned.unwrapped(address)))
         except ValueError:
-            networks += [ipaddress.ip_network(ip) for ip in _resolved(address, 0)]
+            networks += [ipaddress.ip_network(ip) for ip in _resolved(address, 0, deadline)]
     return endpoints, networks
 
 
@@ -106,11 +127,8 @@ def _cache_url() -> str:
     return location if isinstance(location, str) and "://" in location else ""
 
 
-def _resolved(host: str, port: int) -> list:
+def _resolved(host: str, port: int, deadline: float | None) -> list:
     try:
-        return [
-            pinned.unwrapped(info[4][0])
-            for info in socket.getaddrinfo(host, port or None, type=socket.SOCK_STREAM)
-        ]
+        return [pinned.unwrapped(info[4][0]) for info in _lookup(host, port or None, deadline)]
     except (socket.gaierror, UnicodeError):
         return []

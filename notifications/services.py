@@ -170,10 +170,12 @@ def _send(delivery: WebhookDelivery, *, now: datetime) -> tuple[int | None, str,
         body=body,
     )
     began = time.monotonic()
+    # One deadline for the whole try, the names' lookups included: the lease allows a try twice as long.
+    deadline = began + settings.E31_WEBHOOK_TIMEOUT_S
     try:
         host, port = addresses.check_url(delivery.webhook.url)
-        checked = addresses.checked_addresses(host, port)
-        status, text = _post(delivery.webhook.url, checked, port, headers, body)
+        checked = addresses.checked_addresses(host, port, deadline=deadline)
+        status, text = _post(delivery.webhook.url, checked, port, headers, body, deadline=deadline)
     except addresses.Unresolved as exc:  # like a refused connection: tried again with backoff
         status, text = None, f"no answer: {exc}"
     except addresses.Refused as exc:
@@ -183,12 +185,14 @@ def _send(delivery: WebhookDelivery, *, now: datetime) -> tuple[int | None, str,
     return status, text, False, int((time.monotonic() - began) * 1000)
 
 
-def _post(url: str, checked: list[str], port: int, headers: dict, body: bytes) -> tuple[int, str]:
+def _post(
+    url: str, checked: list[str], port: int, headers: dict, body: bytes, *, deadline: float
+) -> tuple[int, str]:
     # A deadline on the whole try, not only on each read: a receiver that trickles its answer would
     # otherwise hold it past the delivery's lease, and beat would send the event again meanwhile.
-    timeout = settings.E31_WEBHOOK_TIMEOUT_S
+    timeout = max(deadline - time.monotonic(), 0.001)
     conn, target = pinned.connection(
-        urlsplit(url), port, addresses=checked, timeout=timeout, deadline=time.monotonic() + timeout
+        urlsplit(url), port, addresses=checked, timeout=timeout, deadline=deadline
     )
     try:
         conn.request("POST", target, body=body, headers={**headers, "User-Agent": "e31-webhooks"})

@@ -2,6 +2,7 @@
 
 import json
 import socket
+import time
 from datetime import timedelta
 
 import pytest
@@ -282,3 +283,27 @@ def test_which_moves_a_team_hears_of(target, reason, event):
     from jobs.lifecycle import notice_for
 
     assert notice_for(target, reason) == event
+
+
+def test_a_try_whose_name_resolves_slowly_ends_within_its_deadline(
+    team, receiver, loopback_allowed, settings, monkeypatch
+):
+    """The deadline covered the connection and the answer, not the name's lookup: a resolver that takes its
+    time (timeouts on several servers) could hold a try past its lease, and beat sent the event again meanwhile
+    - the same event twice to the team's receiver."""
+    settings.E31_WEBHOOK_TIMEOUT_S = 0.5
+    lookup = socket.getaddrinfo
+
+    def slow_resolver(*args, **kwargs):
+        time.sleep(3)
+        return lookup(*args, **kwargs)
+
+    monkeypatch.setattr(addresses.socket, "getaddrinfo", slow_resolver)
+    hook(team, receiver.url)
+    end(JobFactory(team=team, state="running"))
+    delivery = WebhookDelivery.objects.get()
+    began = time.monotonic()
+    assert notify.deliver_webhook(delivery_id=delivery.id, now=timezone.now()) == "pending"
+    assert time.monotonic() - began < 2.0
+    assert receiver.requests == []
+    assert "did not resolve within 0.5 s" in WebhookAttempt.objects.get().response
