@@ -23,7 +23,7 @@ _pending: set[int] = set()  # parts queued or being delivered by this process
 _executor: ThreadPoolExecutor | None = None
 
 
-def deliver(allocation_id: int) -> bool:
+def deliver_part(allocation_id: int) -> bool:
     """Delivers the part's outputs on a delivery thread; False if this process has it queued or running already."""
     global _executor
     with _lock:

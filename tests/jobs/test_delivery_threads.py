@@ -86,12 +86,12 @@ def test_a_part_rung_again_while_its_delivery_is_queued_or_running_is_not_delive
 
     monkeypatch.setattr(delivery, "deliver_part", slow_delivery)
     try:
-        assert delivery_threads.deliver(7)
+        assert delivery_threads.deliver_part(7)
         deadline = time.monotonic() + 10
         while not calls and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not delivery_threads.deliver(7)  # running: the ring is dropped
-        assert delivery_threads.deliver(8)
+        assert not delivery_threads.deliver_part(7)  # running: the ring is dropped
+        assert delivery_threads.deliver_part(8)
     finally:
         release.set()
     deadline = time.monotonic() + 10
