@@ -38,7 +38,8 @@ def run_part(allocation_id: int) -> None:
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def deliver_part(allocation_id: int) -> None:
-    delivery_threads.deliver_part(allocation_id)  # on threads of its own: the worker's are for the GPUs' parts
+    # On threads of its own: the worker's are for the GPUs' parts.
+    delivery_threads.deliver_part(allocation_id)
 
 
 @shared_task
