@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 
 from jobs import delivery, dispatch, nodes, rental
 from jobs.lifecycle import REQUEUED, EndReason, State
@@ -71,12 +71,45 @@ def reconcile(*, now: datetime) -> Findings:
     return findings
 
 
-def _restage(stale: datetime, findings: Findings) -> None:
+# What each step finds, also read (without acting) by the operators' health page.
+
+
+def to_restage(stale: datetime) -> QuerySet[Job]:
+    """Submitted or staging jobs no worker has been heard on since ``stale``."""
     submitted = Q(state=State.SUBMITTED, state_changed_at__lt=stale)
     staging = Q(state=State.STAGING) & (Q(worker_seen_at__lt=stale) | Q(worker_seen_at__isnull=True))
     # A submitted job with prerequisites is not stale: every scheduler pass stages it once they are met.
     submitted &= ~Exists(Dependency.objects.filter(job=OuterRef("pk")))
-    for job_id in Job.objects.filter(submitted | staging).values_list("id", flat=True)[:500]:
+    return Job.objects.filter(submitted | staging)
+
+
+def unstarted(stale: datetime) -> QuerySet[Allocation]:
+    """Parts rented before ``stale`` whose process never started."""
+    return Allocation.objects.filter(released_at__isnull=True, started_at__isnull=True, rented_at__lt=stale)
+
+
+def silent(stale: datetime) -> QuerySet[Job]:
+    """Running or sealing jobs no agent has reported on since ``stale``, every part of their attempt started."""
+    waiting_for_a_start = Allocation.objects.filter(
+        job=OuterRef("pk"), attempt=OuterRef("attempt"), started_at__isnull=True, released_at__isnull=True
+    )
+    return Job.objects.filter(
+        state__in=(State.RUNNING, State.OUTPUT), worker_seen_at__lt=stale, state_changed_at__lt=stale
+    ).exclude(Exists(waiting_for_a_start))
+
+
+def undelivered(stale: datetime) -> QuerySet[Allocation]:
+    """Parts of the attempt each delivering job delivers, released before ``stale`` and not delivered yet."""
+    return Allocation.objects.filter(
+        job__delivery_state="delivering",
+        attempt=F("job__attempt"),
+        delivered_at__isnull=True,
+        released_at__lt=stale,
+    )
+
+
+def _restage(stale: datetime, findings: Findings) -> None:
+    for job_id in to_restage(stale).values_list("id", flat=True)[:500]:
         dispatch.stage_job(job_id)
         findings.restaged.append(job_id)
 
@@ -91,8 +124,7 @@ def _restart_unstarted(stale: datetime, now: datetime, findings: Findings) -> No
     (E31_NO_ROOM_HOLD_S), so the job is not handed straight back to it."""
     waited_s = START_WAIT_PERIODS * settings.E31_RECONCILE_AFTER_S
     given_up = now - timedelta(seconds=waited_s)
-    rows = Allocation.objects.filter(released_at__isnull=True, started_at__isnull=True, rented_at__lt=stale)
-    rows = rows.values_list("id", "node_id", "node__name", "rented_at")
+    rows = unstarted(stale).values_list("id", "node_id", "node__name", "rented_at")
     for allocation_id, node_id, node, rented_at in rows[:500]:
         if rented_at >= given_up:
             dispatch.run_part(allocation_id, node)
@@ -114,13 +146,7 @@ def _abandon_silent(stale: datetime, now: datetime, findings: Findings) -> None:
     lost (``_restart_unstarted`` rings it again, and gives up on it in time), not an agent lost. The silence is
     read again on the job's locked row: an agent that reports (a beat, its part's exit) meanwhile is not
     overruled."""
-    unstarted = Allocation.objects.filter(
-        job=OuterRef("pk"), attempt=OuterRef("attempt"), started_at__isnull=True, released_at__isnull=True
-    )
-    silent = Job.objects.filter(
-        state__in=(State.RUNNING, State.OUTPUT), worker_seen_at__lt=stale, state_changed_at__lt=stale
-    ).exclude(Exists(unstarted))
-    for job in silent[:100]:
+    for job in silent(stale)[:100]:
         requeue = rental.requeues_after_loss(job)
         if rental.release_job(
             job_id=job.id, end_reason=EndReason.NODE_LOST, now=now, actor="reconciler",
@@ -132,12 +158,7 @@ def _abandon_silent(stale: datetime, now: datetime, findings: Findings) -> None:
 
 def _redeliver(stale: datetime, findings: Findings) -> None:
     """Rings again the undelivered parts of the attempt each delivering job is delivering (not earlier ones)."""
-    rows = Allocation.objects.filter(
-        job__delivery_state="delivering",
-        attempt=F("job__attempt"),
-        delivered_at__isnull=True,
-        released_at__lt=stale,
-    ).values_list("id", "node__name")
+    rows = undelivered(stale).values_list("id", "node__name")
     for allocation_id, node in rows[:200]:
         dispatch.deliver_part(allocation_id, node)
         findings.redelivered.append(allocation_id)

@@ -13,8 +13,8 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Q
 
-from jobs.lifecycle import State
-from jobs.models import Allocation, Job, Node
+from jobs import reconciler as reconciler_queries
+from jobs.models import Node
 from jobs.reconciler import Findings
 from operations import supervisor
 from operations.models import HealthProbe
@@ -126,25 +126,18 @@ def beat(probe: HealthProbe | None, *, now: datetime) -> Check:
 
 
 def stuck(*, now: datetime) -> Findings:
-    """What the reconciler would re-drive now: the same queries as jobs.reconciler, read-only."""
+    """What the reconciler would re-drive now: its own queries (``jobs.reconciler``), read-only."""
     stale = now - timedelta(seconds=settings.E31_RECONCILE_AFTER_S)
-    submitted = Q(state=State.SUBMITTED, state_changed_at__lt=stale)
-    staging = Q(state=State.STAGING) & (Q(worker_seen_at__lt=stale) | Q(worker_seen_at__isnull=True))
-    unstarted = Allocation.objects.filter(
-        released_at__isnull=True, started_at__isnull=True, rented_at__lt=stale
-    )
-    silent = Job.objects.filter(
-        state__in=(State.RUNNING, State.OUTPUT), worker_seen_at__lt=stale, state_changed_at__lt=stale
-    )
-    undelivered = Allocation.objects.filter(
-        job__delivery_state="delivering", delivered_at__isnull=True, released_at__lt=stale
-    )
     return Findings(
-        restaged=list(Job.objects.filter(submitted | staging).values_list("id", flat=True)[: SHOWN_IDS + 1]),
-        restarted=list(unstarted.values_list("id", flat=True)[: SHOWN_IDS + 1]),
-        abandoned=list(silent.values_list("id", flat=True)[: SHOWN_IDS + 1]),
-        redelivered=list(undelivered.values_list("id", flat=True)[: SHOWN_IDS + 1]),
+        restaged=_shown(reconciler_queries.to_restage(stale)),
+        restarted=_shown(reconciler_queries.unstarted(stale)),
+        abandoned=_shown(reconciler_queries.silent(stale)),
+        redelivered=_shown(reconciler_queries.undelivered(stale)),
     )
+
+
+def _shown(rows) -> list[int]:
+    return list(rows.values_list("id", flat=True)[: SHOWN_IDS + 1])
 
 
 def reconciler(*, now: datetime) -> Check:

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from e31web.celery import app
 from jobs.lifecycle import State
-from jobs.models import Allocation, Job, Node
+from jobs.models import Allocation, Dependency, Job, Node
 from operations import health, services
 from operations.models import AuditEntry
 from tests.factories import JobFactory, NodeFactory
@@ -130,3 +130,20 @@ def test_check_now_runs_the_ledger_check_and_records_who_asked(operator_client):
 def test_the_health_checks_are_a_self_polling_fragment(operator_client):
     fragment = operator_client.get(HEALTH, **HTMX).content.decode()
     assert fragment.lstrip().startswith('<section id="health-checks"') and 'hx-trigger="every 5s"' in fragment
+
+
+def test_the_reconcilers_findings_list_only_what_the_reconciler_would_act_on(team, pool, now):
+    """A job waiting for its prerequisite, or a spanning job waiting for its other part's start, is not stuck:
+    the page showed them red ("stuck before staging", "agent stopped reporting") while nothing was wrong."""
+    stale = now - timedelta(minutes=10)
+    first = JobFactory(team=team, state=State.RUNNING, state_changed_at=now, worker_seen_at=now)
+    waiting = JobFactory(team=team, state=State.SUBMITTED, submitted_at=stale, state_changed_at=stale)
+    Dependency.objects.create(job=waiting, prerequisite=first, kind=Dependency.AFTER_OK)
+    spanning = JobFactory(
+        team=team, state=State.RUNNING, state_changed_at=stale, worker_seen_at=stale, attempt=1
+    )
+    a, b = pool[0], pool[1]
+    Allocation.objects.create(job=spanning, attempt=1, node=a, rank=0, gpu_indices=[0], rented_at=stale,
+                              started_at=stale)  # fmt: skip
+    Allocation.objects.create(job=spanning, attempt=1, node=b, rank=1, gpu_indices=[0], rented_at=now)
+    assert checks(now)["reconciler"].ok, checks(now)["reconciler"].detail
