@@ -86,7 +86,7 @@ def _within_budget(
     if more == extra:
         return gpus_by_node, reason
     trimmed = _trimmed(gpus_by_node, job.gpus + more)
-    where = ", ".join(units.gpus_on(node, indices) for node, indices in trimmed.items())
+    where = units.placement(trimmed)
     limit = (
         f"{job.team.slug}'s enforced monthly budget leaves room for {more} more GPU{'s' if more != 1 else ''}"
     )

@@ -126,7 +126,7 @@ def run_safety_pass(*, now: datetime) -> None:
 def _start_reason(start, view) -> str:
     held = types.gpus_held(start.gpus_by_node)
     wanted = view.requested_gpus.get(start.job_id, held)
-    where = ", ".join(units.gpus_on(node, ix) for node, ix in start.gpus_by_node.items())
+    where = units.placement(start.gpus_by_node)
     if held > wanted:
         return f"placed on {where} (elastic: {held} GPUs for {wanted} requested, on GPUs nothing else waited for)"
     return f"placed on {where}" + (f" (elastic: {held} of {wanted} GPUs)" if held < wanted else "")

@@ -19,6 +19,11 @@ def gpus_on(node: str, indices) -> str:
     return f"{node} (GPU{'' if len(indices) == 1 else 's'} {', '.join(map(str, indices))})"
 
 
+def placement(gpus_by_node: dict[str, tuple[int, ...]]) -> str:
+    """A start's GPUs node by node, as its RENT line names them: 'gpu-01 (GPUs 0, 1), gpu-02 (GPU 0)'."""
+    return ", ".join(gpus_on(node, indices) for node, indices in gpus_by_node.items())
+
+
 def parse_size(value: object) -> int:
     """An exact byte count from an int or a string with an optional unit; ValueError otherwise."""
     if isinstance(value, bool):
