@@ -53,12 +53,6 @@ def parse_hop(text: str) -> Address | None:
     return getattr(address, "ipv4_mapped", None) or address
 
 
-def client_address(request: HttpRequest) -> str | None:
-    """The client's address as text, or None when the request carries none (a Unix-socket peer)."""
-    address = _client(request)
-    return None if address is None else str(address)
-
-
 def client_network(request: HttpRequest) -> str | None:
     """The client as the limits count it: its IPv4 address, or for IPv6 the first address of its network of
     ``E31_IPV6_CLIENT_PREFIX`` bits (2001:db8:1:2::7 is 2001:db8:1:2:: at /64). Still an address, so axes

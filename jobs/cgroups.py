@@ -124,12 +124,6 @@ class AttemptGroup:
         filename = "memory.events" if memory.version == 2 else "memory.oom_control"
         return _counter(_read(self.dirs["memory"] / filename), "oom_kill")
 
-    def pids_refused(self) -> int:
-        """How many forks the pids limit refused (``pids.events`` max)."""
-        if "pids" not in self.dirs:
-            return 0
-        return _counter(_read(self.dirs["pids"] / "pids.events"), "max")
-
     def remove(self, *, timeout_s: float = 5.0) -> None:
         """KILLs whatever of the attempt is still alive (even what left its session) and removes the groups."""
         deadline = time.monotonic() + timeout_s

@@ -22,11 +22,6 @@ def now() -> datetime:
     return timezone.now() + _correction
 
 
-def correction() -> timedelta:
-    """How far the database's time is ahead of this machine's, as last measured."""
-    return _correction
-
-
 def synchronise() -> timedelta:
     """Measures the database's time against this machine's, halfway through the round trip, and keeps the
     difference; returns it. SQLite (the embedded console) has no clock of its own: its agents run beside it."""

@@ -169,9 +169,6 @@ class JobForm:
         if len(self.rows) < MAX_FORM_INPUTS:
             self.rows.append(_blank_row())
 
-    def error_for_row(self, index: int, part: str) -> str:
-        return self.errors.get(f"data[{index}].{part}", "")
-
 
 _SCALARS = (
     "name", "work.argv", "work.env", "work.image", "work.secrets", "work.workdir",

@@ -107,15 +107,6 @@ def is_terminal(state: State | str) -> bool:
     return State(state) in TERMINAL
 
 
-def can_cancel(state: State | str) -> bool:
-    return State(state) in ALIVE
-
-
-def end_state_for_cancel(state: State | str) -> State:
-    """Cancelling before RENT ends the job unmetered; after it, the compute must be released."""
-    return State.ENDED if State(state) in BEFORE_RENT else State.RELEASED
-
-
 # What a dependent job needs of its prerequisite: to have succeeded, or only to have ended.
 AFTER_OK, AFTER_ANY = "after_ok", "after_any"
 MET, WAITING, FAILED = "met", "waiting", "failed"

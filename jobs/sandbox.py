@@ -256,12 +256,6 @@ def _span(base: int, count: int) -> str:
     return f"{base}-{base + count - 1}"
 
 
-def available_mode(*, probe_uid: int) -> str:
-    """'bubblewrap' when bwrap runs here as a job would (under ``probe_uid`` when the agent is root),
-    else '' (the caller decides whether unsandboxed is allowed)."""
-    return "" if refusal(probe_uid=probe_uid) else BUBBLEWRAP
-
-
 def refusal(*, probe_uid: int) -> str:
     """Why jobs cannot be sandboxed here ('' when bubblewrap, with the syscall filter, runs a probe as a job)."""
     bwrap = shutil.which("bwrap")

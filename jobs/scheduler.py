@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.db import connection, transaction
 
@@ -130,7 +130,3 @@ def _start_reason(start, view) -> str:
     if held > wanted:
         return f"placed on {where} (elastic: {held} GPUs for {wanted} requested, on GPUs nothing else waited for)"
     return f"placed on {where}" + (f" (elastic: {held} of {wanted} GPUs)" if held < wanted else "")
-
-
-def as_datetime(ts: float | None) -> datetime | None:
-    return None if ts is None else datetime.fromtimestamp(ts, UTC)

@@ -94,10 +94,6 @@ class MeterEntry(AppendOnlyModel):
         """The exact held seconds per GPU, as a decimal string with six places."""
         return format_seconds(self.microseconds)
 
-    @property
-    def gpu_microseconds(self) -> int:
-        return self.gpus * self.microseconds
-
 
 def format_seconds(micros: int) -> str:
     sign = "-" if micros < 0 else ""

@@ -67,10 +67,6 @@ class UtilisationSample(models.Model):
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M} {self.busy_gpus}/{self.total_gpus} busy"
 
-    @property
-    def other_idle_gpus(self) -> int:
-        return max(0, self.total_gpus - self.busy_gpus - self.reserved_gpus - self.idle_while_waiting_gpus)
-
 
 class TeamBusySample(models.Model):
     """GPUs one team held in one sampled minute (teams holding none get no row)."""

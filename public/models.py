@@ -23,9 +23,6 @@ class ProblemQuerySet(models.QuerySet):
     def open(self) -> "ProblemQuerySet":
         return self.filter(status=Problem.Status.OPEN)
 
-    def solved(self) -> "ProblemQuerySet":
-        return self.filter(status=Problem.Status.SOLVED)
-
 
 class Problem(models.Model):
     """One item of the public list of unsolved problems. Written only by public.services."""

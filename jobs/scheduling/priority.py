@@ -25,11 +25,6 @@ from jobs.scheduling.types import (
 )
 
 
-def decay_usage(*, usage: float, elapsed_s: float, half_life_s: float) -> float:
-    """Usage ``elapsed_s`` later: it halves every ``half_life_s``; never negative elapsed."""
-    return usage * 2.0 ** (-max(elapsed_s, 0.0) / half_life_s)
-
-
 def fairshare_factors(
     *, teams: Iterable[str], usage: Mapping[str, float], shares: Mapping[str, float]
 ) -> dict[str, float]:

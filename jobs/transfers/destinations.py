@@ -298,13 +298,3 @@ def _back_off(delay: float, done: int, progress: transfers.Progress) -> None:
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) < 200 else text[:200] + "…"
-
-
-def sha256_of(path: Path) -> str:
-    """One pass over a local file, in large blocks."""
-    digest = hashlib.sha256()
-    buf = memoryview(bytearray(transfers.BUFFER))
-    with open(path, "rb", buffering=0) as handle:
-        while n := handle.readinto(buf):
-            digest.update(buf[:n])
-    return digest.hexdigest()

@@ -11,7 +11,6 @@ from django.test import RequestFactory
 from django.urls import reverse
 
 from common import clients
-from common.clients import client_address
 from tests.conftest import PASSWORD
 from tests.factories import UserFactory
 
@@ -29,7 +28,7 @@ def _request(peer: str, forwarded: str | None = None):
 
 def test_without_trusted_proxies_the_header_is_ignored_and_the_peer_is_the_client(settings):
     settings.E31_TRUSTED_PROXIES = []
-    assert client_address(_request(LB, "198.51.100.9")) == LB
+    assert clients.client_network(_request(LB, "198.51.100.9")) == LB
 
 
 @pytest.mark.parametrize(
@@ -50,17 +49,18 @@ def test_without_trusted_proxies_the_header_is_ignored_and_the_peer_is_the_clien
 )
 def test_behind_trusted_proxies_the_rightmost_hop_that_is_not_ours_is_the_client(settings, forwarded, client):
     settings.E31_TRUSTED_PROXIES = [LB, "10.0.0.0/29"]
-    assert client_address(_request(LB, forwarded)) == client
+    settings.E31_IPV6_CLIENT_PREFIX = 128  # an IPv6 client as its whole address
+    assert clients.client_network(_request(LB, forwarded)) == client
 
 
 def test_a_client_that_reaches_the_console_directly_cannot_claim_another_address(settings):
     settings.E31_TRUSTED_PROXIES = [LB]
-    assert client_address(_request("192.0.2.50", "198.51.100.9")) == "192.0.2.50"
+    assert clients.client_network(_request("192.0.2.50", "198.51.100.9")) == "192.0.2.50"
 
 
 def test_a_request_without_any_address_has_none(settings):
     settings.E31_TRUSTED_PROXIES = []
-    assert client_address(_request("")) is None
+    assert clients.client_network(_request("")) is None
 
 
 @pytest.fixture
@@ -76,13 +76,13 @@ def test_a_trusted_proxy_seen_through_a_dual_stack_socket_is_still_trusted(setti
     taken for the client and every client would share its address."""
     settings.E31_TRUSTED_PROXIES = [LB]
     request = RequestFactory().get("/", REMOTE_ADDR=f"::ffff:{LB}", HTTP_X_FORWARDED_FOR=OPERATOR_HOME)
-    assert client_address(request) == OPERATOR_HOME
+    assert clients.client_network(request) == OPERATOR_HOME
 
 
 @pytest.mark.parametrize("peer", [LB, f"::ffff:{LB}"])
 def test_a_proxy_listed_in_its_dual_stack_form_is_trusted_whichever_way_it_connects(settings, peer):
     settings.E31_TRUSTED_PROXIES = [f"::ffff:{LB}"]
-    assert client_address(_request(peer, f"::ffff:{OPERATOR_HOME}")) == OPERATOR_HOME
+    assert clients.client_network(_request(peer, f"::ffff:{OPERATOR_HOME}")) == OPERATOR_HOME
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jobs.lifecycle import (
-    BEFORE_RENT,
     ENDED_REASONS,
     HOLDS_COMPUTE,
     PREEMPTED,
@@ -17,7 +16,6 @@ from jobs.lifecycle import (
     IllegalTransition,
     State,
     check_transition,
-    end_state_for_cancel,
 )  # fmt: skip
 
 ALL_REASONS = [*map(str, EndReason), REQUEUED, PREEMPTED, "", "because"]
@@ -56,11 +54,6 @@ def test_any_walk_that_reached_rent_can_only_end_released_and_never_leaves_a_ter
         state = target
         if state is State.ENDED:
             assert not rented, "a job that held compute must end RELEASED, so its meter stops"
-
-
-def test_cancelling_before_rent_ends_unmetered_and_after_rent_releases():
-    assert {end_state_for_cancel(s) for s in BEFORE_RENT} == {State.ENDED}
-    assert {end_state_for_cancel(s) for s in HOLDS_COMPUTE} == {State.RELEASED}
 
 
 def test_an_illegal_transition_raises():

@@ -88,7 +88,6 @@ def test_an_agent_corrects_its_clock_by_the_databases(skewed_node, skew_h):
         seconds=2
     )  # its own clock
     assert abs(clock.now() - _database_now()) < timedelta(seconds=2)  # what it dates its reports with
-    assert abs(clock.correction() + timedelta(hours=skew_h)) < timedelta(seconds=2)
 
 
 @pytest.mark.parametrize("skew_h", [3, -3], ids=["node_clock_ahead", "node_clock_behind"])

@@ -283,11 +283,11 @@ def test_a_bubblewrap_without_disable_userns_still_sandboxes_and_one_with_it_use
     assert sandbox.disables_userns() and flags() == ["bwrap", "--unshare-user", "--disable-userns"]
     monkeypatch.setattr(sandbox, "disables_userns", lambda: False)
     assert flags() == ["bwrap", "--unshare-user", "--unshare-pid"]
-    assert sandbox.available_mode(probe_uid=JOB_UID) == sandbox.BUBBLEWRAP
+    assert sandbox.refusal(probe_uid=JOB_UID) == ""
 
 
 @ROOT_AND_BWRAP
 def test_a_launcher_that_cannot_give_a_job_its_keyring_is_no_usable_sandbox(monkeypatch):
-    """On an architecture whose keyctl number is unknown the probe says so (''), instead of a traceback at start."""
+    """On an architecture whose keyctl number is unknown the probe says so (a refusal), instead of a traceback at start."""
     monkeypatch.setattr(sandbox, "SYS_KEYCTL", {})
-    assert sandbox.available_mode(probe_uid=JOB_UID) == ""
+    assert sandbox.refusal(probe_uid=JOB_UID) != ""

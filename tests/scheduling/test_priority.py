@@ -9,17 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobs.scheduling.policy import plan
-from jobs.scheduling.priority import decay_usage, fairshare_factors, rank, remember_terms, starvation_bound
+from jobs.scheduling.priority import fairshare_factors, rank, remember_terms, starvation_bound
 from jobs.scheduling.types import NodeView, PendingJob, PendingList, PolicyConfig, RunningView
 
 NOW = 5_000_000.0
 DAY = 86400.0
-
-
-def test_usage_halves_every_half_life():
-    assert decay_usage(usage=800.0, elapsed_s=7 * DAY, half_life_s=7 * DAY) == pytest.approx(400.0)
-    assert decay_usage(usage=800.0, elapsed_s=21 * DAY, half_life_s=7 * DAY) == pytest.approx(100.0)
-    assert decay_usage(usage=800.0, elapsed_s=0.0, half_life_s=7 * DAY) == 800.0
 
 
 def test_fair_share_factor_falls_as_usage_rises_against_equal_shares():
@@ -40,9 +34,9 @@ def _queue(teams):
 
 
 def test_fair_share_orders_teams_as_their_decayed_usage_says():
-    # Usage as the caller decays it: "old" used more GPU-hours, but long ago.
+    # Usage as the caller decays it: "old" used more GPU-hours, but long ago (four 7-day half-lives).
     usage = {
-        "old": decay_usage(usage=9000 * 3600, elapsed_s=28 * DAY, half_life_s=7 * DAY),
+        "old": 9000 * 3600 / 2**4,
         "recent": 1000 * 3600,
         "idle": 0.0,
     }
