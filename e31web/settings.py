@@ -267,6 +267,11 @@ if not re.fullmatch(r"[1-9][0-9]*/[smhd][a-z]*", E31_API_RATE):
 # Public forms (waitlist, design-partner application): at most LIMIT posts per client per window.
 E31_PUBLIC_FORM_LIMIT = env.int("E31_PUBLIC_FORM_LIMIT", default=5)
 E31_PUBLIC_FORM_WINDOW_S = env.int("E31_PUBLIC_FORM_WINDOW_S", default=600)
+# A team admin sends at most LIMIT invitations per window (accounts.views); an invitation link, a team's or a
+# design partner's, lasts TTL seconds (accounts.members, public.services).
+E31_TEAM_INVITE_LIMIT = env.int("E31_TEAM_INVITE_LIMIT", default=20)
+E31_TEAM_INVITE_WINDOW_S = env.int("E31_TEAM_INVITE_WINDOW_S", default=3600)
+E31_INVITATION_TTL_S = env.int("E31_INVITATION_TTL_S", default=7 * 86400)
 
 # --- Email: the console backend in development.
 EMAIL_BACKEND = env.str("E31_EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
