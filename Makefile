@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 UV := python3 -m uv
 
-.PHONY: run test lint format bench-pipeline
+.PHONY: run test lint format
 
 $(VENV)/.synced: pyproject.toml uv.lock
 	@python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet --disable-pip-version-check uv
