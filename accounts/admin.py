@@ -212,8 +212,9 @@ class UserAdmin(AuditedRightsAdmin, auth_admin.UserAdmin):
     no_rights = services.NO_RIGHTS
     superuser_fields = ("is_superuser", "groups", "user_permissions")
 
-    # A superuser's account is changed (its password included) and deleted by superusers only: an operator who may
-    # change accounts would otherwise take one over and hold its rights.
+    # An operator's account (a superuser's included) is changed and deleted by superusers only, or by its own
+    # operator: one who may change accounts would otherwise set a peer's password or name and hold its rights. The
+    # password page of an account (user_change_password) asks this too, so it answers 403 alike.
     def has_change_permission(self, request, obj=None) -> bool:
         return super().has_change_permission(request, obj) and not _above(request, obj)
 
@@ -242,8 +243,10 @@ class UserAdmin(AuditedRightsAdmin, auth_admin.UserAdmin):
 
 
 def _above(request, account) -> bool:
-    """Whether ``account`` is a superuser and the one asking is not."""
-    return account is not None and account.is_superuser and not request.user.is_superuser
+    """Whether ``account`` is another operator's (a superuser's included) and the one asking is no superuser."""
+    if account is None or request.user.is_superuser or account.pk == request.user.pk:
+        return False
+    return account.is_staff or account.is_superuser
 
 
 admin.site.unregister(Group)

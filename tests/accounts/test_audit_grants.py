@@ -4,6 +4,7 @@ An operator is an account with ``is_staff`` (``common.operators``); ``is_superus
 say what else it may do in the admin. Every path that changes them (the admin's user and group pages, the
 ``set_operator`` command, the demo operator of ``make run``) is audited in the change's own transaction, as a
 team's rename in the admin and the removal of a sign-in lockout (the admin, ``axes_reset_*``) are.
+A delegated operator who may change accounts changes no other operator's.
 """
 
 from datetime import UTC
@@ -335,3 +336,85 @@ def test_an_operator_who_may_delete_accounts_cannot_delete_a_superuser_with_the_
         {"action": "delete_selected", "_selected_action": [root.id], "post": "yes"},
     )
     assert type(root).objects.filter(id=root.id).exists()
+
+
+@pytest.fixture
+def peer(db):
+    """Another operator, not a superuser: the delegate's peer."""
+    peer = UserFactory(username="petra", is_staff=True)
+    peer.set_password("the peer's own secret 3")
+    peer.save()
+    return peer
+
+
+def test_an_operator_who_may_change_accounts_cannot_take_another_operators_account(delegate, peer):
+    """Its password set on the admin's password page, or its name changed, would hand the delegate a peer's
+    operator rights, and the peer's own delegations with them."""
+    new = "chosen by the delegate 7x!Q"
+    password_page = reverse("admin:auth_user_password_change", args=[peer.id])
+    assert delegate.get(password_page).status_code == 403
+    answered = delegate.post(password_page, {"password1": new, "password2": new, "usable_password": "true"})
+    assert answered.status_code == 403
+    assert _change_user(delegate, peer, username="taken").status_code == 403
+    peer.refresh_from_db()
+    assert peer.check_password("the peer's own secret 3")
+    assert peer.username == "petra"
+
+
+def test_an_operator_who_may_delete_accounts_cannot_delete_another_operator(operator, peer, client):
+    operator.user_permissions.add(*Permission.objects.filter(codename__in=["view_user", "delete_user"]))
+    client.force_login(operator)
+    assert client.post(reverse("admin:auth_user_delete", args=[peer.id]), {"post": "yes"}).status_code == 403
+    client.post(
+        reverse("admin:auth_user_changelist"),
+        {"action": "delete_selected", "_selected_action": [peer.id], "post": "yes"},
+    )
+    assert type(peer).objects.filter(id=peer.id).exists()
+
+
+def test_an_operator_who_may_change_accounts_still_changes_a_members_account_and_its_own(
+    delegate, operator, member
+):
+    new = "set by the delegate 5k!W"
+    answered = delegate.post(
+        reverse("admin:auth_user_password_change", args=[member.id]),
+        {"password1": new, "password2": new, "usable_password": "true"},
+    )
+    assert answered.status_code == 302
+    assert _change_user(delegate, operator, first_name="Olga").status_code == 302
+    mine = "the delegate's own 9m!R"
+    answered = delegate.post(
+        reverse("admin:auth_user_password_change", args=[operator.id]),
+        {"password1": mine, "password2": mine, "usable_password": "true"},
+    )
+    assert answered.status_code == 302
+    member.refresh_from_db()
+    operator.refresh_from_db()
+    assert member.check_password(new) and operator.check_password(mine) and operator.first_name == "Olga"
+
+
+def test_an_operator_still_changes_its_own_password_on_the_admins_own_page(operator, client):
+    operator.set_password(PASSWORD)
+    operator.save()
+    client.force_login(operator)
+    new = "the operator's new one 4t!Z"
+    answered = client.post(
+        reverse("admin:password_change"),
+        {"old_password": PASSWORD, "new_password1": new, "new_password2": new},
+    )
+    assert answered.status_code == 302
+    operator.refresh_from_db()
+    assert operator.check_password(new)
+
+
+def test_a_superuser_still_changes_and_deletes_an_operators_account(admin_client, peer):
+    new = "set by the superuser 2p!V"
+    answered = admin_client.post(
+        reverse("admin:auth_user_password_change", args=[peer.id]),
+        {"password1": new, "password2": new, "usable_password": "true"},
+    )
+    assert answered.status_code == 302
+    peer.refresh_from_db()
+    assert peer.check_password(new)
+    admin_client.post(reverse("admin:auth_user_delete", args=[peer.id]), {"post": "yes"})
+    assert not type(peer).objects.filter(id=peer.id).exists()
