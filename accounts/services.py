@@ -121,6 +121,15 @@ def announce_rights(*, kind: str, name: str, before: dict, after: dict, actor, n
     return True
 
 
+def announce_new_account(*, user_id: int, actor, now: datetime) -> bool:
+    """Tells the audit log what a new account may do beyond its teams (``NO_RIGHTS`` before), in the caller's
+    transaction; False, and nothing told, if nothing."""
+    user = get_user_model()._default_manager.select_for_update().get(pk=user_id)
+    return announce_rights(
+        kind="user", name=user.get_username(), before=NO_RIGHTS, after=_rights(user), actor=actor, now=now
+    )
+
+
 @transaction.atomic
 def set_operator(
     *, user_id: int, operator: bool, superuser: bool | None = None, actor, now: datetime
@@ -197,15 +206,7 @@ def ensure_demo_accounts(*, password: str = "") -> dict[str, str]:
         operator.set_password(created["operator"])
         operator.is_superuser = True
         operator.save()
-        after = user_rights(user_id=operator.id)
-        announce_rights(
-            kind="user",
-            name=operator.get_username(),
-            before=NO_RIGHTS,
-            after=after,
-            actor="system",
-            now=timezone.now(),
-        )
+        announce_new_account(user_id=operator.id, actor="system", now=timezone.now())
     demo, new_demo = User.objects.get_or_create(username__iexact="demo", defaults={"username": "demo"})
     if new_demo:
         created["demo"] = password or secrets.token_urlsafe(9)

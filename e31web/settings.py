@@ -80,6 +80,9 @@ CSRF_TRUSTED_ORIGINS = env.list("E31_CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
     "django.contrib.admin",
+    # Before auth: its createsuperuser (audited) replaces auth's, as its axes_reset* commands replace axes'. It
+    # has no templates or static files to shadow auth's.
+    "accounts",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -89,7 +92,6 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "ninja",  # serves the API docs' Swagger UI from our own static files (CSP allows no CDN)
-    "accounts",
     "jobs",
     "metering",
     "operations",

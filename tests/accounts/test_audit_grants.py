@@ -2,16 +2,19 @@
 
 An operator is an account with ``is_staff`` (``common.operators``); ``is_superuser``, groups and admin permissions
 say what else it may do in the admin. Every path that changes them (the admin's user and group pages, the
-``set_operator`` command, the demo operator of ``make run``) is audited in the change's own transaction, as a
-team's rename in the admin and the removal of a sign-in lockout (the admin, ``axes_reset_*``) are.
+``set_operator`` and ``createsuperuser`` commands, the demo operator of ``make run``) is audited in the change's
+own transaction, as a team's rename in the admin and the removal of a sign-in lockout (the admin,
+``axes_reset_*``) are.
 A delegated operator who may change accounts changes no other operator's.
 """
 
+import getpass
 from datetime import UTC
 from io import StringIO
 
 import pytest
 from axes.models import AccessAttempt
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -176,6 +179,43 @@ def test_the_demo_operator_made_on_the_consoles_first_start_leaves_an_audit_entr
     call_command("ensure_demo_accounts", stdout=StringIO())  # a restart grants nothing
     after = NO_RIGHTS | {"is_staff": True, "is_superuser": True}
     assert _entries("user.rights") == [("system", "user:operator", NO_RIGHTS, after)]
+
+
+def test_the_createsuperuser_command_leaves_an_audit_entry(monkeypatch):
+    monkeypatch.setenv("DJANGO_SUPERUSER_PASSWORD", "the first superuser's 8j!N")
+    out = StringIO()
+    call_command("createsuperuser", interactive=False, username="root", email="root@example.org", stdout=out)
+    assert "Superuser created successfully." in out.getvalue()
+    after = NO_RIGHTS | {"is_staff": True, "is_superuser": True}
+    [(actor, target, before, rights)] = _entries("user.rights")
+    assert (target, before, rights) == ("user:root", NO_RIGHTS, after)
+    assert "manage.py createsuperuser" in actor
+
+
+def test_the_createsuperuser_command_asked_at_a_terminal_leaves_an_audit_entry(monkeypatch):
+    answers = iter(["Root", "root@example.org"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(answers))
+    monkeypatch.setattr(getpass, "getpass", lambda prompt="": "the first superuser's 8j!N")
+    terminal = StringIO()
+    terminal.isatty = lambda: True
+    call_command("createsuperuser", stdin=terminal, stdout=StringIO(), stderr=StringIO())
+    [(actor, target, _, rights)] = _entries("user.rights")
+    assert (target, rights["is_superuser"], rights["is_staff"]) == ("user:Root", True, True)
+    assert "manage.py createsuperuser" in actor
+
+
+def test_createsuperuser_makes_no_superuser_whose_audit_entry_fails(monkeypatch):
+    monkeypatch.setenv("DJANGO_SUPERUSER_PASSWORD", "the first superuser's 8j!N")
+
+    def refuse(**kwargs):
+        raise RuntimeError("the audit log is down")
+
+    monkeypatch.setattr(audit, "record", refuse)
+    with pytest.raises(RuntimeError):
+        call_command(
+            "createsuperuser", interactive=False, username="root", email="r@x.org", stdout=StringIO()
+        )
+    assert not get_user_model().objects.filter(username="root").exists()
 
 
 # --------------------------------------------------------------------------- team names
