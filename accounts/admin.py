@@ -150,7 +150,8 @@ class AuditedRightsAdmin(admin.ModelAdmin):
     rights as stored before and after (``accounts.services.user_rights``), in the save's transaction.
 
     Only a superuser grants admin rights (``superuser_fields``): an operator trusted with changing accounts or
-    groups would otherwise give them to itself, a superuser's flag or every permission included."""
+    groups would otherwise give them to itself or to an account it controls, the operator's flag, a superuser's or
+    every permission included."""
 
     rights_kind = ""
     no_rights: dict = {}
@@ -210,7 +211,8 @@ class UserAdmin(AuditedRightsAdmin, auth_admin.UserAdmin):
     form = UserChangeForm
     rights_kind = "user"
     no_rights = services.NO_RIGHTS
-    superuser_fields = ("is_superuser", "groups", "user_permissions")
+    # Operator rights too: a delegate could otherwise set a member's password, then make that account an operator.
+    superuser_fields = ("is_staff", "is_superuser", "groups", "user_permissions")
 
     # An operator's account (a superuser's included) is changed and deleted by superusers only, or by its own
     # operator: one who may change accounts would otherwise set a peer's password or name and hold its rights. The

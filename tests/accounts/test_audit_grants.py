@@ -334,6 +334,13 @@ def test_an_operator_who_may_change_accounts_cannot_make_anyone_a_superuser_or_g
         assert account.user_permissions.count() <= 4
 
 
+def test_an_operator_who_may_change_accounts_cannot_make_a_member_an_operator(delegate, member):
+    """Otherwise it sets a member's password, then makes that account an operator: a second one of its own."""
+    _change_user(delegate, member, is_staff="on")
+    member.refresh_from_db()
+    assert not member.is_staff and not AuditEntry.objects.exists()
+
+
 def test_an_operator_who_may_change_groups_cannot_add_permissions_to_a_group(delegate, operator):
     group = Group.objects.create(name="helpers")
     operator.groups.add(group)
