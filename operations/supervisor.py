@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ class Child:
     command: list[str]
     process: subprocess.Popen | None = None
     started_at: float = 0.0
+    # The wall-clock start: the health page reads a report long after it was made.
+    started_on: datetime | None = None
     restarts: int = 0
     exits_in_a_row: int = 0
     restart_at: float | None = None
@@ -58,9 +61,10 @@ class Supervisor:
 
     def __init__(self, commands: dict[str, list[str]], *, env: dict[str, str],
                  report: Callable[[list[Child]], None], clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], datetime] = lambda: datetime.now(UTC),
                  pass_fds: tuple[int, ...] = ()) -> None:  # fmt: skip
         self.children = [Child(name, command) for name, command in commands.items()]
-        self.env, self.report, self.clock = env, report, clock
+        self.env, self.report, self.clock, self.wall = env, report, clock, wall
         self.pass_fds = pass_fds  # descriptors every child holds open too (the state folder's lock)
 
     def start_all(self) -> None:
@@ -103,7 +107,7 @@ class Supervisor:
         except OSError as exc:  # raised here, it would end the supervisor and orphan the other children
             self._down(child, now, why=f"could not start: {exc}", stable=False)
             return
-        child.started_at, child.restart_at = now, None
+        child.started_at, child.started_on, child.restart_at = now, self.wall(), None
         level = logging.WARNING if child.restarts else logging.INFO
         log.log(level, "%s started (pid %d)", child.name, child.process.pid)
 
@@ -131,7 +135,8 @@ def summary(children: list[Child], now: float) -> tuple[bool, str]:
     lines = [f"{head}; {restarts} restart{'' if restarts == 1 else 's'} since the console started"]
     for child in children:
         if child.up:
-            state = f"up {now - child.started_at:.0f} s (pid {child.process.pid})"
+            # Since when, not for how long: the health page shows this report minutes after it was made.
+            state = f"up since {child.started_on:%Y-%m-%d %H:%M:%S} UTC (pid {child.process.pid})"
         else:
             state = f"down, restarting in {max(0.0, (child.restart_at or now) - now):.0f} s"
         exits = f"; exits: {', '.join(child.history)}" if child.history else ""

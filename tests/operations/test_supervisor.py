@@ -2,6 +2,7 @@
 
 import signal
 import sys
+from datetime import UTC, datetime
 
 import pytest
 from django.urls import reverse
@@ -91,7 +92,27 @@ def test_each_exit_and_restart_is_reported_for_the_health_page(console, clock, r
     clock.now += 1
     console.tick()
     ok, detail = supervisor.summary(reports[-1], clock.now)
-    assert "flaky: up 0 s" in detail and "restarted 1 time; exits: exited with code 3 after 0 s" in detail
+    assert "flaky: up since " in detail and "restarted 1 time; exits: exited with code 3 after 0 s" in detail
+
+
+def test_the_health_page_says_since_when_each_child_is_up_not_a_duration_frozen_when_it_was_reported(
+    clock, reports
+):
+    """The console reports its children when one starts or exits, and the health page reads that report
+    minutes later: "up 0 s" would still be shown then. It says since when instead, in UTC."""
+    started = datetime(2026, 12, 5, 21, 51, 26, tzinfo=UTC)
+    console = supervisor.Supervisor(
+        {"steady": SLEEPS}, env={}, report=reports.append, clock=clock, wall=lambda: started
+    )
+    console.start_all()
+    try:
+        clock.now += 300
+        ok, detail = supervisor.summary(reports[-1], clock.now)
+    finally:
+        console.stop_all()
+    assert (
+        ok and f"steady: up since 2026-12-05 21:51:26 UTC (pid {console.children[0].process.pid})" in detail
+    )
 
 
 def test_a_child_that_cannot_be_started_again_neither_kills_the_console_nor_orphans_the_others(
