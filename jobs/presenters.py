@@ -144,7 +144,8 @@ def timeline(job: Job, events, *, now: datetime) -> list[Step]:
         if start is None:
             status = "todo" if job.is_alive else "never"
         else:
-            status = "current" if state == job.state else "done"
+            # A released job is over: its last step is done, not in progress.
+            status = "current" if state == job.state and job.is_alive else "done"
         took = ((end or now) - start) if start and state != State.RELEASED else None
         steps.append(
             Step(paused(job) or label if state == State.QUEUED else label, state, start, took, status)

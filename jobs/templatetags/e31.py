@@ -1,8 +1,10 @@
 """Small display filters shared by the console's templates."""
 
+import shlex
 from datetime import datetime, timedelta
 
 from django import template
+from django.template.defaultfilters import floatformat
 from django.utils import dateformat, timezone
 from django.utils.html import format_html
 
@@ -31,6 +33,33 @@ def duration(value: timedelta | float | None) -> str:
         return f"{minutes} min {secs:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+@register.filter
+def hours_duration(hours: float | None) -> str:
+    """A run time in hours: "2 h", "1.5 h" from an hour up; under an hour as a duration ("6 min 00 s",
+    "36.0 s"), so a learned run of seconds is never "0.0 h"."""
+    if hours is None:
+        return "—"
+    if hours >= 1:
+        return f"{floatformat(hours, -1)} h"
+    return duration(float(hours) * 3600)
+
+
+@register.filter
+def shell_words(argv: list[str]) -> str:
+    """The command as a shell would read it: an argument with a space, a quote or a line break is quoted,
+    so the reader sees where each one begins and ends (the job itself never runs through a shell). One
+    holding single quotes but nothing a shell expands in double quotes is double-quoted: ``"print('hi')"``
+    reads better than ``'print('"'"'hi'"'"')'``."""
+    return " ".join(_shell_word(arg) for arg in argv or [])
+
+
+def _shell_word(arg: str) -> str:
+    quoted = shlex.quote(arg)
+    if quoted == arg or "'" not in arg or any(c in arg for c in '"$`\\!'):
+        return quoted
+    return f'"{arg}"'
 
 
 @register.filter

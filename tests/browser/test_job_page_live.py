@@ -1,6 +1,7 @@
 """The job page in a real browser tells the truth live: everything on it that can change changes
 without a reload, and it stops asking once the job has ended and its outputs are delivered."""
 
+import json
 import re
 import time
 
@@ -103,3 +104,40 @@ def test_a_meter_table_the_reader_opened_stays_open_while_the_page_polls(
     page.wait_for_timeout(300)  # the swap settles
     assert Job.objects.get(id=job_id).is_alive, "the job ended before a poll could be watched"
     expect(page.locator(f"#job-{job_id}-meter details").first).to_have_attribute("open", "")
+
+
+AT_THE_END = "(log) => log.scrollTop + log.clientHeight >= log.scrollHeight - 2"
+
+
+def test_the_log_shows_its_latest_lines_and_a_reader_who_scrolled_up_stays_there_while_it_polls(
+    live_pool, member, open_page, settings
+):
+    """The log's last lines fill a box a dozen lines high: it opens at its end, where the latest line is,
+    and each poll keeps it there; a reader who scrolled up to read an earlier line is not thrown back."""
+    page = open_page()
+    sign_in(page, "alice")
+    page.goto("/jobs/new/")
+    page.locator("input[name='name']").fill("chatty")
+    program = "import time\nfor i in range(200): print(f'step {i}', flush=True)\ntime.sleep(20)"
+    page.locator("textarea[name='work.argv']").fill(f'["/usr/bin/python3", "-c", {json.dumps(program)}]')
+    page.locator("input[name='output.uri']").fill(f"file://{settings.E31_OUTPUT_ROOTS[0] / 'vision'}/chatty")
+    page.locator("input[name='output.bytes']").fill("1 KB")
+    page.get_by_role("button", name="Submit the job").click()
+    page.wait_for_url(re.compile(r"/jobs/\d+/$"))
+    job_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+    log = page.locator(f"#job-{job_id}-log")
+    expect(log).to_contain_text("step 199", timeout=60_000)
+    page.reload()  # a fresh page opens at the end too, not only a swapped one
+    expect(log).to_contain_text("step 199")
+    assert log.evaluate(AT_THE_END), "the log box opened at its oldest lines"
+    with page.expect_response(re.compile(r"/live/")):
+        pass
+    page.wait_for_timeout(300)
+    assert log.evaluate(AT_THE_END), "a poll scrolled the log away from its latest lines"
+
+    log.evaluate("(log) => { log.scrollTop = 40; }")
+    with page.expect_response(re.compile(r"/live/")):
+        pass
+    page.wait_for_timeout(300)
+    assert Job.objects.get(id=job_id).is_alive, "the job ended before a poll could be watched"
+    assert page.locator(f"#job-{job_id}-log").evaluate("(log) => log.scrollTop") == 40

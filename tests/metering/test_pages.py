@@ -202,7 +202,7 @@ def test_the_job_meter_tag_shows_when_and_why_the_meter_stopped_and_the_last_hea
     )
     assert f'id="job-{allocation.job_id}-meter"' in html
     assert "2024-05-20 10:30:00.000000 UTC" in html  # started (RENT)
-    assert "2024-05-20 12:30:00.000000 UTC" in html and "node_lost" in html  # stopped, and why
+    assert "2024-05-20 12:30:00.000000 UTC" in html and "node lost" in html  # stopped, and why (in words)
     assert "2024-05-20 12:29:29.000000 UTC" in html and "31.0 s before the node was declared down" in html
     assert "4.000 GPU-hours" in html and "Credit the gap" not in html  # members cannot adjust
     operator = UserFactory(username="olga", is_staff=True)
