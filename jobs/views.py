@@ -17,7 +17,7 @@ from common import paging
 from common.operators import operator_only
 from jobs import declaration, estimates, logs, presenters, selectors, services, signals, syscalls, units
 from jobs.forms import JobForm, JobListFilterForm, bound_fields, field_label
-from jobs.lifecycle import BEFORE_RENT
+from jobs.lifecycle import ALIVE, BEFORE_RENT
 from jobs.models import Job, JobArray
 
 # Not str.isdigit: "²" is a digit to it and int("²") raises. Nine at most: int() refuses 4,300 digits, and
@@ -271,6 +271,8 @@ def _array_shown(request: HttpRequest, filters: selectors.JobFilters) -> JobArra
     array = scoping.visible_to(request.user, JobArray.objects.all()).filter(id=filters.array).first()
     if array is not None:
         array.task_states = selectors.array_states([array.id]).get(array.id, {})
+        # "Cancel every live task" is offered only while one lives.
+        array.live_tasks = sum(n for state, n in array.task_states.items() if state in ALIVE)
     return array
 
 

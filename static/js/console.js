@@ -32,19 +32,26 @@
     });
   }
 
-  // A table wider than its box scrolls in it; keyboard users reach that box with Tab.
+  // A table (or a chart, on a phone) wider than its box scrolls in it; keyboard users reach that box with Tab.
   function markScrollingTables() {
-    document.querySelectorAll("table.table").forEach(function (table) {
+    document.querySelectorAll("table.table, .chart-scroll").forEach(function (table) {
       if (table.scrollWidth > table.clientWidth + 1) table.setAttribute("tabindex", "0");
       else table.removeAttribute("tabindex");
     });
+  }
+
+  // A time chart too wide for a phone opens at its right end: the latest minutes, not the oldest.
+  function showLatest() {
+    document.querySelectorAll(".chart-scroll.at-end").forEach(function (box) { box.scrollLeft = box.scrollWidth; });
   }
 
   document.addEventListener("DOMContentLoaded", function () {
     setUpMenu();
     setUpCopyButtons();
     markScrollingTables();
+    showLatest();
     window.addEventListener("resize", markScrollingTables);
     document.body.addEventListener("htmx:afterSettle", markScrollingTables);
+    document.body.addEventListener("htmx:afterSettle", showLatest);
   });
 })();
