@@ -51,6 +51,12 @@ def _change_user(client, user, **changes):
     return client.post(reverse("admin:auth_user_change", args=[user.id]), _user_form(user, **changes))
 
 
+def _set_password(client, user, password: str):
+    """The admin's password page of ``user``, posted."""
+    form = {"password1": password, "password2": password, "usable_password": "true"}
+    return client.post(reverse("admin:auth_user_password_change", args=[user.id]), form)
+
+
 def _entries(action: str) -> list[tuple[str, str, dict, dict]]:
     rows = AuditEntry.objects.filter(action=action).order_by("id")
     return list(rows.values_list("actor", "target", "before", "after"))
@@ -358,10 +364,7 @@ def test_an_operator_who_may_change_accounts_cannot_take_a_superusers_account(de
     root.set_password("the superuser's own secret 1")
     root.save()
     new = "chosen by the delegate 7x!Q"
-    answered = delegate.post(
-        reverse("admin:auth_user_password_change", args=[root.id]),
-        {"password1": new, "password2": new, "usable_password": "true"},
-    )
+    answered = _set_password(delegate, root, new)
     assert answered.status_code == 403
     assert _change_user(delegate, root, is_staff=None, username="rooted").status_code == 403
     assert (
@@ -423,17 +426,11 @@ def test_an_operator_who_may_change_accounts_still_changes_a_members_account_and
     delegate, operator, member
 ):
     new = "set by the delegate 5k!W"
-    answered = delegate.post(
-        reverse("admin:auth_user_password_change", args=[member.id]),
-        {"password1": new, "password2": new, "usable_password": "true"},
-    )
+    answered = _set_password(delegate, member, new)
     assert answered.status_code == 302
     assert _change_user(delegate, operator, first_name="Olga").status_code == 302
     mine = "the delegate's own 9m!R"
-    answered = delegate.post(
-        reverse("admin:auth_user_password_change", args=[operator.id]),
-        {"password1": mine, "password2": mine, "usable_password": "true"},
-    )
+    answered = _set_password(delegate, operator, mine)
     assert answered.status_code == 302
     member.refresh_from_db()
     operator.refresh_from_db()
@@ -456,10 +453,7 @@ def test_an_operator_still_changes_its_own_password_on_the_admins_own_page(opera
 
 def test_a_superuser_still_changes_and_deletes_an_operators_account(admin_client, peer):
     new = "set by the superuser 2p!V"
-    answered = admin_client.post(
-        reverse("admin:auth_user_password_change", args=[peer.id]),
-        {"password1": new, "password2": new, "usable_password": "true"},
-    )
+    answered = _set_password(admin_client, peer, new)
     assert answered.status_code == 302
     peer.refresh_from_db()
     assert peer.check_password(new)
