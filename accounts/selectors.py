@@ -47,6 +47,14 @@ def team_members(team: Team) -> QuerySet[Membership]:
     return Membership.objects.filter(team=team).select_related("user").order_by("user__username")
 
 
+def sole_admin(team: Team) -> int | None:
+    """The user id of the team's only admin who can sign in (``members`` refuses to demote or remove them), or None
+    when there are several (or none)."""
+    admins = Membership.objects.filter(team=team, role=Membership.Role.ADMIN, user__is_active=True)
+    ids = list(admins.values_list("user_id", flat=True)[:2])
+    return ids[0] if len(ids) == 1 else None
+
+
 def open_invitations(team: Team) -> QuerySet[TeamInvitation]:
     """The team's unused invitations, expired ones included (an admin renews or cancels them), soonest first."""
     return TeamInvitation.objects.filter(team=team, used_at__isnull=True).select_related("invited_by")

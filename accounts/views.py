@@ -251,6 +251,7 @@ def _members_page(
         "teams": Team.objects.filter(memberships__user=request.user).order_by("name"),
         "rows": selectors.team_members(team),
         "is_admin": is_admin,
+        "sole_admin": selectors.sole_admin(team) if is_admin else None,
         "invitations": selectors.open_invitations(team) if is_admin else [],
         "form": form or forms.InviteForm(),
         "error": error,

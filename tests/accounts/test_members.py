@@ -475,6 +475,21 @@ def test_the_last_admin_can_be_neither_demoted_nor_removed(admin_client, team, t
     assert roles(team) == {"abe": "admin", "alice": "member"}
 
 
+def test_the_page_offers_the_only_admin_no_change_it_would_refuse_and_says_why(
+    admin_client, team, team_admin
+):
+    """The team's only admin is offered no "Make member" or "Remove" (each would answer 409): the page says why."""
+    MembershipFactory(team=team, user=UserFactory(username="abe", is_active=False), role="admin")
+    page = admin_client.get(MEMBERS).content.decode()
+    demote = reverse("accounts:member-role", args=["vision", team_admin.id])
+    remove = reverse("accounts:member-remove", args=["vision", team_admin.id])
+    assert demote not in page and remove not in page
+    assert "the team's only admin who can sign in: make another member an admin first" in page
+    MembershipFactory(team=team, user=UserFactory(username="ada"), role="admin")
+    page = admin_client.get(MEMBERS).content.decode()
+    assert demote in page and remove in page and "only admin" not in page
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_demotions_at_once_leave_the_team_one_admin(team, operator):
     """Each sees the other admin before it changes anything; the team's lock makes the second see the first."""
