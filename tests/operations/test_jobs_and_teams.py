@@ -11,7 +11,7 @@ from accounts.models import Team
 from jobs import scheduler
 from jobs import services as jobs_services
 from jobs.lifecycle import EndReason, State
-from jobs.models import DataInput, Dependency, Job
+from jobs.models import DataInput, Dependency, Job, JobArray
 from operations import services
 from operations.models import AuditEntry
 from tests.factories import JobFactory, MembershipFactory, UserFactory
@@ -51,6 +51,15 @@ def test_the_jobs_list_filters_by_team_state_end_reason_node_and_date(
     assert "on-gpu-02" not in listed(since="2024-01-05", until="2024-01-05")
     assert "on-gpu-02" in listed(since="not-a-date")  # a malformed filter is ignored
     assert f'id="job-{on_node.id}-row"' in listed(until="2999-02-31")
+
+
+def test_the_jobs_list_names_an_array_tasks_index_and_its_array(operator_client, team):
+    """Every task of an array bears the array's name: without its index the rows cannot be told apart."""
+    array = JobArray.objects.create(team=team, name="sweep", spec="0-3", size=4, max_running=None, first_index=0,
+                                    submitted_at=datetime(2024, 1, 5, 12, tzinfo=UTC))  # fmt: skip
+    task = JobFactory(team=team, name="sweep", array=array, array_index=2)
+    page = operator_client.get(JOBS).content.decode()
+    assert f"task 2 of array {array.id}" in page and f"/jobs/{task.id}/" in page
 
 
 @pytest.mark.parametrize(
