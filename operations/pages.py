@@ -29,7 +29,7 @@ LIST_FIELDS = (
     "id", "name", "team__name", "team__slug", "state", "end_reason", "gpus", "min_gpus", "hours",
     "submitted_at", "state_changed_at", "cancel_requested_at", "attempt", "requeue", "exit_code",
     "checkpoint_signal", "checkpoint_held_bytes",  # a pausable job between attempts reads "paused"
-    "lost_attempts",
+    "lost_attempts", "array", "array_index",  # an array task names its index
 )  # fmt: skip
 QUEUE_FIELDS = (
     *LIST_FIELDS,
