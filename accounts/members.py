@@ -216,8 +216,8 @@ def _membership(*, team: Team, user_id: int) -> Membership:
 
 def _keep_an_admin(membership: Membership, change: str) -> None:
     # A deactivated admin cannot sign in: counting them would leave a team nobody can manage.
-    others = Membership.objects.filter(team_id=membership.team_id, role=ADMIN, user__is_active=True)
-    if membership.role == ADMIN and not others.exclude(id=membership.id).exists():
+    others = selectors.admins_who_sign_in(membership.team_id).exclude(id=membership.id)
+    if membership.role == ADMIN and not others.exists():
         raise MembershipRefused(
             f"{membership.user.get_username()} is the team's only admin who can sign in and cannot be "
             f"{change}: make another member an admin first"

@@ -47,11 +47,15 @@ def team_members(team: Team) -> QuerySet[Membership]:
     return Membership.objects.filter(team=team).select_related("user").order_by("user__username")
 
 
+def admins_who_sign_in(team_id: int) -> QuerySet[Membership]:
+    """The team's admins whose accounts can sign in: a deactivated admin manages nothing, so never counts as one."""
+    return Membership.objects.filter(team_id=team_id, role=Membership.Role.ADMIN, user__is_active=True)
+
+
 def sole_admin(team: Team) -> int | None:
     """The user id of the team's only admin who can sign in (``members`` refuses to demote or remove them), or None
     when there are several (or none)."""
-    admins = Membership.objects.filter(team=team, role=Membership.Role.ADMIN, user__is_active=True)
-    ids = list(admins.values_list("user_id", flat=True)[:2])
+    ids = list(admins_who_sign_in(team.id).values_list("user_id", flat=True)[:2])
     return ids[0] if len(ids) == 1 else None
 
 
