@@ -374,6 +374,9 @@ def _print_log(session: client.Api, job_id: int, *, follow: bool, attempt: int =
             f"/jobs/{job_id}/log", attempt=attempt or None, rank=rank, offset=offset,
             wait=LOG_WAIT_S if follow else 0, timeout_s=LOG_WAIT_S + 30,
         )  # fmt: skip
+        if chunk.get("removed"):  # retention removed it: say so on stderr, not an empty log on stdout
+            err.print(chunk["removed"])
+            return
         sys.stdout.write(chunk["text"])
         sys.stdout.flush()
         moved = chunk["next_offset"] != offset

@@ -412,6 +412,10 @@ E31_WEBHOOK_DENY = _networks("E31_WEBHOOK_DENY")
 E31_WEBHOOK_ATTEMPTS = env.int("E31_WEBHOOK_ATTEMPTS", default=6)
 E31_WEBHOOK_BACKOFF_S = env.float("E31_WEBHOOK_BACKOFF_S", default=10.0)  # doubles after each failed try
 E31_WEBHOOK_TIMEOUT_S = env.float("E31_WEBHOOK_TIMEOUT_S", default=10.0)
+# A delivered (or given up) webhook event and its tries are kept this many days, then removed.
+E31_WEBHOOK_KEEP_DAYS = env.int("E31_WEBHOOK_KEEP_DAYS", default=30)
+if E31_WEBHOOK_KEEP_DAYS < 1:
+    raise ImproperlyConfigured("E31_WEBHOOK_KEEP_DAYS is at least 1")
 # The console's address as its users reach it, for the links in e-mails.
 E31_CONSOLE_URL = env.str("E31_CONSOLE_URL", default="http://127.0.0.1:8000")
 if PRODUCTION and not env.str("E31_CONSOLE_URL", default="").startswith("https://"):
@@ -425,6 +429,10 @@ E31_MAX_ATTEMPTS = env.int("E31_MAX_ATTEMPTS", default=3)
 # After a node's disk could not hold an attempt's space, the scheduler places nothing there for this long.
 E31_NO_ROOM_HOLD_S = env.float("E31_NO_ROOM_HOLD_S", default=300.0)
 E31_LOG_CAP_BYTES = env.int("E31_LOG_CAP_BYTES", default=10 * 1024 * 1024)
+# A job's log is kept this many days after the job ends, then removed (its events and ledger rows stay).
+E31_LOG_KEEP_DAYS = env.int("E31_LOG_KEEP_DAYS", default=90)
+if E31_LOG_KEEP_DAYS < 1:
+    raise ImproperlyConfigured("E31_LOG_KEEP_DAYS is at least 1")
 # Log followers (GET /api/v1/jobs/{id}/log?wait=) that may wait at once per web process; keep it under
 # gunicorn's threads, so pages always have threads left. The others are told to retry in 2 s.
 E31_LOG_WAITERS_PER_PROCESS = env.int("E31_LOG_WAITERS_PER_PROCESS", default=2)
@@ -506,6 +514,11 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-stuck-jobs": _every("jobs.tasks.reconcile", E31_RECONCILE_EVERY_S),
     "sweep-staging-cache": _every("jobs.tasks.sweep_cache", 600.0),
     "prune-gpu-minutes": _every("jobs.tasks.prune_gpu_minutes", 3600.0),
+    # Housekeeping: what grows with use is bounded (the ledger, the audit log and job events are kept).
+    "prune-job-logs": _every("jobs.tasks.prune_logs", 3600.0),
+    "clear-expired-sessions": _every("operations.tasks.clear_expired_sessions", 3600.0),
+    "prune-webhook-deliveries": _every("operations.tasks.prune_webhook_deliveries", 3600.0),
+    "forget-submission-keys": _every("operations.tasks.forget_submission_keys", 3600.0),
     "scheduler-safety-pass": _every("jobs.tasks.run_safety_pass", E31_SCHEDULER_TICK_S),
     "accrue-meter-hourly": _every(
         "metering.tasks.accrue_meter", env.float("E31_ACCRUE_EVERY_S", default=300.0)

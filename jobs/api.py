@@ -280,6 +280,11 @@ class LogOut(Schema):
     text: str
     complete: bool = Field(..., description="Nothing more will be written to this part's log.")
     retry_after_s: float = Field(0, description="Set when the console is busy with other followers.")
+    removed: str = Field(
+        "",
+        description="Empty while the log is kept. Set once retention removed it (E31_LOG_KEEP_DAYS after the "
+        "job ended): the sentence saying when, to show in its place; `text` is then empty and `complete` true.",
+    )
 
 
 @router.get(
@@ -288,7 +293,8 @@ class LogOut(Schema):
     summary="A job's log from an offset, with long-polling",
     description="The whole log of an attempt's part (rank), up to E31_LOG_CAP_BYTES, a megabyte per answer. "
     "With `wait`, the answer waits up to that many seconds (at most 20) for new text: follow a log by "
-    "asking again from `next_offset` until `complete`.",
+    "asking again from `next_offset` until `complete`. A log is kept E31_LOG_KEEP_DAYS after the job ends; "
+    "then `removed` says so.",
 )
 def job_log(
     request: HttpRequest,

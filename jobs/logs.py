@@ -2,14 +2,19 @@
 
 Offsets are bytes of the part's log (attempt, rank). Reads hand back text that ends on a whole UTF-8
 character, so a follower that resumes at ``next_offset`` never sees a character cut in two.
+
+Logs are kept E31_LOG_KEEP_DAYS after their job ends, then removed (``prune_logs``): the job keeps its
+events and ledger rows, and ``removed_note`` is what every reader shows in the log's place.
 """
 
 import codecs
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Length
 
@@ -61,6 +66,7 @@ class LogSlice:
     next_offset: int
     text: str
     complete: bool  # nothing more will ever be appended at or after next_offset
+    removed: str = ""  # set when retention removed the log: the sentence shown in its place
 
 
 class NoSuchLog(LookupError):
@@ -72,6 +78,11 @@ def read_log(job: Job, *, attempt: int, rank: int, offset: int) -> LogSlice:
     attempt = attempt or job.attempt
     parts = Allocation.objects.filter(job_id=job.id, attempt=attempt).count()
     _check_exists(job, attempt=attempt, rank=rank, parts=parts)
+    if job.log_removed_at is not None:
+        return LogSlice(
+            attempt=attempt, rank=rank, ranks=max(parts, 1), latest_attempt=job.attempt, offset=offset,
+            next_offset=offset, text="", complete=True, removed=removed_note(job),
+        )  # fmt: skip
     data = _bytes_from(job.id, attempt, rank, offset)
     # A read that filled READ_BYTES may have stopped short of the stored end; only a shorter one reached it.
     at_end = _part_finished(job, attempt, rank) and len(data) < READ_BYTES
@@ -80,6 +91,17 @@ def read_log(job: Job, *, attempt: int, rank: int, offset: int) -> LogSlice:
         attempt=attempt, rank=rank, ranks=max(parts, 1), latest_attempt=job.attempt, offset=offset,
         next_offset=offset + used, text=text, complete=at_end,
     )  # fmt: skip
+
+
+def removed_note(job: Job) -> str:
+    """The sentence a page, the API and the CLI show for a log retention removed; "" while it is kept."""
+    if job.log_removed_at is None:
+        return ""
+    days = (job.log_removed_at - job.state_changed_at).days
+    return (
+        f"The log was removed on {job.log_removed_at:%Y-%m-%d}, {days} days after the job ended: "
+        f"the console keeps job logs {settings.E31_LOG_KEEP_DAYS} days."
+    )
 
 
 def _check_exists(job: Job, *, attempt: int, rank: int, parts: int) -> None:
@@ -154,3 +176,29 @@ def follow_log(job: Job, *, attempt: int, rank: int, offset: int, wait_s: float)
     finally:
         _WAITERS.release()
     return piece, 0.0
+
+
+# Jobs per transaction: each may hold E31_LOG_CAP_BYTES per part and attempt, so a batch stays a short delete.
+PRUNE_JOBS = 100
+
+
+def prune_logs(*, now: datetime, keep_days: int, batch: int = PRUNE_JOBS) -> int:
+    """Removes the logs of jobs that ended more than ``keep_days`` before ``now`` (how many jobs); a job
+    whose outputs are still being delivered keeps its log, which delivery copies beside them."""
+    cutoff, pruned = now - timedelta(days=keep_days), 0
+    while removed := _prune_batch(cutoff=cutoff, now=now, batch=batch):
+        pruned += removed
+    return pruned
+
+
+@transaction.atomic
+def _prune_batch(*, cutoff: datetime, now: datetime, batch: int) -> int:
+    # Locked (and skipped by a concurrent pruner): each log is removed, and its job marked, once.
+    due = Job.objects.filter(state__in=TERMINAL, state_changed_at__lt=cutoff, log_removed_at__isnull=True)
+    due = due.exclude(delivery_state="delivering").order_by("state_changed_at", "id")
+    ids = list(due.select_for_update(skip_locked=True).values_list("id", flat=True)[:batch])
+    if not ids:
+        return 0
+    LogChunk.objects.filter(job_id__in=ids).delete()
+    # The page's tail is part of the log; the job row itself (a record) stays.
+    return Job.objects.filter(id__in=ids, log_removed_at__isnull=True).update(log_removed_at=now, log_tail="")

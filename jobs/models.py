@@ -102,6 +102,8 @@ class Job(models.Model):
     priority = models.FloatField(null=True, blank=True)
     priority_detail = models.JSONField(default=dict, blank=True)
     log_tail = models.TextField(blank=True)
+    # When retention removed its log (E31_LOG_KEEP_DAYS after it ended): pages say so instead of showing none.
+    log_removed_at = models.DateTimeField(null=True, blank=True)
     # The job this one was cloned from (a re-run); always a job of the same team.
     rerun_of = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="reruns"
@@ -132,6 +134,13 @@ class Job(models.Model):
                 models.F("id").desc(),
                 name="job_team_ran_to_its_end",
                 condition=Q(state=State.RELEASED, end_reason__in=RAN_TO_ITS_END),
+            ),
+            # The ended jobs whose log is still kept, by end: the hourly pruner reads only these, never the
+            # years of jobs whose logs are gone already.
+            models.Index(
+                fields=["state_changed_at"],
+                name="job_log_kept",
+                condition=Q(state__in=[State.RELEASED, State.ENDED], log_removed_at__isnull=True),
             ),
         ]
         constraints = [

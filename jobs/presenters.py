@@ -5,7 +5,7 @@ from datetime import datetime, timedelta
 
 from django.core.paginator import Paginator
 
-from jobs import selectors
+from jobs import logs, selectors
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, STEPS, EndReason, State
 from jobs.models import Dependency, Job
 from jobs.units import format_size
@@ -73,6 +73,7 @@ def job_page(job: Job, *, now: datetime, files_page: str | None = None) -> dict:
         "allocations": allocations,
         "steps": timeline(job, events, now=now),
         "never_ran": never_ran(job, events),
+        "log_removed": logs.removed_note(job),
         "gpu_seconds": held_gpu_seconds(allocations, now=now),
         "live": job.is_alive or job.delivery_state == "delivering",
         "output_files": output_files(job, files_page),

@@ -7,7 +7,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from jobs import agent, delivery_threads, gpu_usage, nodes, reconciler, scheduler, staging
+from jobs import agent, delivery_threads, gpu_usage, logs, nodes, reconciler, scheduler, staging
 
 # Set by the node_agent command: how this agent runs jobs ("bubblewrap" or "none"), as whom, and its
 # GPUs' UUIDs by device index.
@@ -56,6 +56,12 @@ def reconcile() -> None:
 def prune_gpu_minutes() -> None:
     """Per-minute GPU detail is kept E31_GPU_MINUTES_KEEP_DAYS; each allocation keeps its summary."""
     gpu_usage.prune_gpu_minutes(now=timezone.now(), keep_days=settings.E31_GPU_MINUTES_KEEP_DAYS)
+
+
+@shared_task
+def prune_logs() -> None:
+    """Job logs are kept E31_LOG_KEEP_DAYS after their job ends; the job, its events and its ledger stay."""
+    logs.prune_logs(now=timezone.now(), keep_days=settings.E31_LOG_KEEP_DAYS)
 
 
 @shared_task

@@ -226,13 +226,15 @@ def job_output(request: HttpRequest, job_id: int) -> HttpResponse:
 
 
 @login_required
-def job_log(request: HttpRequest, job_id: int) -> StreamingHttpResponse:
-    """The whole log of one attempt's part, as a download (up to E31_LOG_CAP_BYTES)."""
+def job_log(request: HttpRequest, job_id: int) -> HttpResponse | StreamingHttpResponse:
+    """The whole log of one attempt's part, as a download (up to E31_LOG_CAP_BYTES); 410 once it was removed."""
     job = scoping.get_visible_or_404(request.user, Job.objects.all(), id=job_id)
     attempt, rank = request.GET.get("attempt", ""), request.GET.get("rank", "0")
     if not (DIGITS.fullmatch(attempt) or attempt == "") or not DIGITS.fullmatch(rank):
         raise Http404("No such log")
     attempt_no = int(attempt or job.attempt)
+    if job.log_removed_at is not None:  # an empty file would read as a job that printed nothing
+        return HttpResponse(logs.removed_note(job), status=410, content_type="text/plain; charset=utf-8")
     response = StreamingHttpResponse(
         logs.log_bytes(job, attempt=attempt_no, rank=int(rank)), content_type="text/plain; charset=utf-8"
     )

@@ -1,5 +1,6 @@
 """The notification pages: a member's e-mail choices, and a team's webhooks with every delivery."""
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -56,6 +57,7 @@ def webhooks(request: HttpRequest, team_slug: str) -> HttpResponse:
     context.update(
         hooks=selectors.team_webhooks(team),
         can_manage=scoping.is_team_admin(request.user, team),
+        keep_days=settings.E31_WEBHOOK_KEEP_DAYS,
         page=paging.CappedPaginator(selectors.team_deliveries(team), PAGE_SIZE).get_page(
             request.GET.get("page")
         ),

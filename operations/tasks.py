@@ -1,9 +1,10 @@
-"""Beat's periodic edges for the dashboard: each calls one service with the current time."""
+"""Beat's periodic edges for the dashboard and the housekeeping: each calls one writer with the current time."""
 
 from celery import shared_task
+from django.conf import settings
 from django.utils import timezone
 
-from operations import services
+from operations import housekeeping, services
 
 
 @shared_task
@@ -19,3 +20,18 @@ def sample_utilisation() -> None:
 @shared_task
 def check_ledger() -> None:
     services.check_ledger(now=timezone.now())
+
+
+@shared_task
+def clear_expired_sessions() -> None:
+    housekeeping.clear_expired_sessions(now=timezone.now())
+
+
+@shared_task
+def prune_webhook_deliveries() -> None:
+    housekeeping.prune_webhook_deliveries(now=timezone.now(), keep_days=settings.E31_WEBHOOK_KEEP_DAYS)
+
+
+@shared_task
+def forget_submission_keys() -> None:
+    housekeeping.forget_submission_keys(now=timezone.now())
