@@ -41,8 +41,11 @@ app = typer.Typer(help=__doc__.split("\n\n")[0], no_args_is_help=True, add_compl
                   pretty_exceptions_show_locals=False,  # a traceback must never print the token
                   epilog="Exit codes: " + __doc__.split("Exit codes a script can rely on (``e31 --help`` lists them too):")[1])  # fmt: skip
 # No markup: job names, argv and the console's messages are printed as they are, never as rich tags.
-out = Console(highlight=False, markup=False)
-err = Console(stderr=True, highlight=False, markup=False)
+# Piped into grep, awk or a file, a record stays on one line: with no terminal rich would lay everything out 80
+# columns wide and fold long names and command lines, splitting a row from its id.
+_PIPED_WIDTH = 100_000
+out = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else _PIPED_WIDTH)
+err = Console(stderr=True, highlight=False, markup=False, width=None if sys.stderr.isatty() else _PIPED_WIDTH)
 
 EXIT_API, EXIT_AUTH, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_INVALID, EXIT_UNREACHABLE = 1, 3, 4, 5, 6, 7
 # A 429 still answered after the client's retries says nothing of the job: it exits as an unreachable
