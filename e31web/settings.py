@@ -485,6 +485,11 @@ except ValueError as _exc:
 E31_DEMO_PASSWORD = env.str("E31_DEMO_PASSWORD", default="")
 # A rate card is display-only and unset by default: no money appears anywhere without it.
 E31_RATE_PER_GPU_HOUR = env.str("E31_RATE_PER_GPU_HOUR", default="")
+# /metrics (operations/metrics.py): the bearer token Prometheus sends. Unset, the endpoint answers 404 to everyone.
+# Long enough not to be guessed: it guards pool data on an endpoint open to the network.
+E31_METRICS_TOKEN = _env_or_file("E31_METRICS_TOKEN") or ""
+if E31_METRICS_TOKEN and len(E31_METRICS_TOKEN) < 16:
+    raise ImproperlyConfigured("E31_METRICS_TOKEN (or E31_METRICS_TOKEN_FILE) is 16 characters or more")
 
 LOGGING = {
     "version": 1,

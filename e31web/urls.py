@@ -3,11 +3,13 @@ from django.urls import include, path
 
 from common import errors, health
 from e31web.api import api
+from operations import metrics
 from public import views as public_views
 
 urlpatterns = [
     path("", public_views.home, name="home"),
     path("healthz", health.healthz, name="healthz"),
+    path("metrics", metrics.metrics_view, name="metrics"),  # Prometheus: the token or an operator
     # The public pages (unsolved problems, design partners), invitations and their operator pages.
     path("", include("public.urls")),
     path("accounts/", include("accounts.urls")),

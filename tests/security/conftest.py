@@ -64,7 +64,8 @@ def _released_job(team: Team, node: Node) -> tuple[Job, Allocation]:
 
 
 @pytest.fixture
-def world(team, other_team, member, outsider, team_admin, operator) -> World:
+def world(team, other_team, member, outsider, team_admin, operator, settings) -> World:
+    settings.E31_METRICS_TOKEN = "matrix-metrics-token-0123456789"  # without one /metrics is off for everyone
     node = NodeFactory(name="gpu-auth")
     job, allocation = _released_job(team, node)
     users = {

@@ -23,6 +23,7 @@ class Policy(Enum):
     SIGNED_IN = "any signed-in user"
     TEAM_A = "team A's members, its admin and operators; 404 for team B"
     STAFF = "operators only; for other signed-in users the page does not exist (404)"
+    METRICS = "operators, and a scraper sending E31_METRICS_TOKEN; 404 for everyone else, visitors too"
     ADMIN_SITE = "Django admin: staff only, everybody else sent to its sign-in"
 
 
@@ -42,6 +43,8 @@ class Case:
     def expected(self, visitor: str, *, api: bool) -> frozenset[int] | str:
         if self.policy is Policy.PUBLIC or (visitor != "anonymous" and self.policy is Policy.SIGNED_IN):
             return self.ok
+        if self.policy is Policy.METRICS:  # a scraper has no sign-in page to be sent to
+            return self.ok if visitor == "operator" else REFUSED
         if visitor == "anonymous":
             return frozenset({401}) if api else LOGIN
         if self.policy is Policy.TEAM_A:
@@ -64,6 +67,8 @@ RANGE = "start=2020-01-01&end=2030-12-31"
 EXPECTATIONS: dict[str, list[Case]] = {
     "home": [C(P)],
     "healthz": [C(P)],
+    # Prometheus' endpoint: the world configures a token, as it is off (404 for all) without one.
+    "metrics": [C(Policy.METRICS)],
     "unsolved": [C(P)],
     "unsolved-feed": [C(P)],
     "problem-new": [C(ST)],
