@@ -16,6 +16,9 @@ log = logging.getLogger(__name__)
 GPU_FIELDS = ("uuid", "model", "memory_bytes", "driver_version", "cuda_version", "virtual")
 LIVE_STATES = (Node.NodeState.UP, Node.NodeState.DRAINING, Node.NodeState.DRAINED)
 LIMITS_CHARS = Node._meta.get_field("limits").max_length
+# drained_by of a node whose agent found the database's schema changed under it (no username holds ": ").
+UPGRADE_DRAIN = "its agent: "
+DRAINED_BY_CHARS = Node._meta.get_field("drained_by").max_length
 
 
 @transaction.atomic
@@ -210,6 +213,30 @@ def _operator_marks(*, target: str, actor: str) -> dict[str, str]:
     if target == Node.NodeState.DOWN:
         return {"held_down_by": actor}
     return {"held_down_by": "", "drained_by": actor if target == Node.NodeState.DRAINING else ""}
+
+
+def drain_for_upgrade(*, name: str, reason: str, now: datetime) -> bool:
+    """UP -> DRAINING: the agent's code and the database's schema disagree, so it takes no new work, and its
+    running jobs finish. An operator's drain or mark-down is left as it is; False when the node was not up."""
+    moved = Node.objects.filter(name=name, state=Node.NodeState.UP).update(
+        state=Node.NodeState.DRAINING,
+        state_changed_at=now,
+        drained_by=(UPGRADE_DRAIN + reason)[:DRAINED_BY_CHARS],
+    )
+    return bool(moved)
+
+
+def resume_upgraded_node(*, name: str, now: datetime) -> bool:
+    """DRAINING/DRAINED -> UP for a node drained by its own agent for an upgrade, once an agent whose code
+    matches the schema registered it; a node an operator drained stays drained."""
+    moved = Node.objects.filter(
+        name=name,
+        state__in=(Node.NodeState.DRAINING, Node.NodeState.DRAINED),
+        drained_by__startswith=UPGRADE_DRAIN,
+    ).update(state=Node.NodeState.UP, state_changed_at=now, drained_by="")
+    if moved:
+        dispatch.request_scheduler_pass()
+    return bool(moved)
 
 
 def settle_drains(*, now: datetime) -> None:

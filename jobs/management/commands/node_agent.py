@@ -12,8 +12,9 @@ from dataclasses import asdict
 import celery
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
+from common import schema
 from jobs import (
     agent,
     clock,
@@ -29,7 +30,9 @@ from jobs import (
     units,
 )
 
-AGENT_VERSION = "1.0"
+# How often a running agent looks at the database's migrations: one query of a ~100-row table (~0.3 ms), so a
+# thousand nodes add some 17 small queries a second at this pace.
+SCHEMA_LOOK_S = 60
 UNSENT_MINUTES = 10_000  # GPU-minute summaries kept for a database that is away (hours of a full node)
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,10 @@ class Command(BaseCommand):
     ):  # fmt: skip
         if not name.replace("-", "").replace("_", "").isalnum():
             raise CommandError("--name is letters, digits, - and _")
+        # First of all, before it sweeps, claims or registers anything: old code must not act on a new schema.
+        if reason := schema.check(connection):
+            raise CommandError(f"node {name} not started: {reason}")
+        seen = schema.applied(connection)
         found, source = _find_gpus(cap=gpu_cap, virtual_gpus=virtual_gpus, gpu_model=gpu_model)
         try:
             tasks.AGENT["uids"] = sandbox.UidRange(uid_base, uid_count)
@@ -104,11 +111,11 @@ class Command(BaseCommand):
         refusal = network.refusal() if mode == sandbox.BUBBLEWRAP else "it runs jobs unsandboxed"
         bounds = _limits(name)
         register = {"name": name, "address": address or socket.getfqdn(), **_gpu_fields(found, source),
-                    "agent_version": AGENT_VERSION, "sandbox": mode, "memory_bytes": limits.node_memory(memory),
+                    "agent_version": schema.code().version, "sandbox": mode, "memory_bytes": limits.node_memory(memory),
                     "cpus": limits.node_cpus(cpus), "limits": bounds, "multi_node_refusal": refusal,
                     "disk_bytes": limits.disk_size(sandbox.agent_root(name) / "jobs", bounds)}  # fmt: skip
         clock.synchronise()  # what it reports is dated by the database's time, not this node's clock
-        nodes.register_node(now=clock.now(), **register)
+        _register(register)
         if limits.DISK_BOUNDED in register["limits"]:
             if shortfall := limits.disk_shortfall(sandbox.agent_root(name) / "jobs", len(found)):
                 self.stdout.write(f"node {name}: {shortfall}")
@@ -120,6 +127,7 @@ class Command(BaseCommand):
             self.stdout.write(f"node {name} takes one-node jobs only: {refusal}")
         threading.Thread(target=_heartbeat, args=(register,), daemon=True, name="heartbeat").start()
         threading.Thread(target=_sweep, args=(name,), daemon=True, name="attempt-sweep").start()
+        threading.Thread(target=_watch_schema, args=(name, seen), daemon=True, name="schema-watch").start()
         if source != gpus.VIRTUAL:  # virtual GPUs never change and have nothing to measure
             # Threads of their own: nvidia-smi can take seconds (or hang to its timeout), and a late
             # heartbeat gets a node declared down; a slow rescan must not thin out the samples either.
@@ -218,6 +226,41 @@ def _check_the_view(name: str) -> None:
     for path in (jobs_dir, settings.E31_STAGING_ROOT, settings.E31_CHECKPOINT_ROOT):
         if refused := sandbox.traversal_refusal(path):
             raise CommandError(refused)
+
+
+def _register(register: dict) -> None:
+    """Registers the node at the agent's start; this code matches the schema (it was checked), so a node that an
+    agent on older code drained for the upgrade takes work again."""
+    nodes.register_node(now=clock.now(), **register)
+    nodes.resume_upgraded_node(name=register["name"], now=clock.now())
+
+
+def _watch_schema(name: str, seen: frozenset, stop: threading.Event | None = None) -> None:
+    """Every SCHEMA_LOOK_S, a look at the database's migrations (see _look_at_schema)."""
+    stop = stop or threading.Event()
+    while not stop.wait(SCHEMA_LOOK_S):
+        try:
+            close_old_connections()
+            seen = _look_at_schema(name, seen)
+        except Exception:  # the database is restarting: the next look will get through
+            log.warning("node %s: schema not checked", name, exc_info=True)
+            close_old_connections()
+
+
+def _look_at_schema(name: str, seen: frozenset) -> frozenset:
+    """The migrations applied now: unchanged since ``seen``, that is all (one query). Changed, and this code no
+    longer matches them: the node takes no new work, its running jobs go on to their end, and the pool page says
+    why; an agent restarted on the upgraded checkout brings it back. Returns what the next look compares with:
+    ``seen`` while they disagree, so each look drains it again if an operator resumed it meanwhile."""
+    applied = schema.applied(connection)
+    if applied == seen:
+        return seen
+    reason = schema.disagreement(schema.code(), applied)
+    if not reason:
+        return applied
+    if nodes.drain_for_upgrade(name=name, reason=reason, now=clock.now()):
+        log.warning("node %s takes no new work: %s", name, reason)
+    return seen
 
 
 def _heartbeat(register: dict, stop: threading.Event | None = None) -> None:
