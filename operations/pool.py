@@ -17,7 +17,8 @@ from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
 from accounts.models import Team
-from jobs import limits, sandbox, units
+from common import schema
+from jobs import limits, nodes, sandbox, units
 from jobs.models import Allocation, GpuHold, Node, NodeGpu
 from operations import charts, selectors, utilisation
 
@@ -83,6 +84,10 @@ class PoolPage:
     reserved_gpus: int
     stale_nodes: int
     unsandboxed_nodes: int
+    code_version: (
+        str  # this console's (its migrations'): a node whose agent registered another runs other code
+    )
+    other_code_nodes: int  # live nodes whose agent runs other code
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,7 @@ class _Context:
     gpus: dict[int, list[GpuInfo]]  # node id -> its registered GPUs by index (none: 0..gpus-1, unlisted)
     action_href: str
     now: datetime
+    version: str  # this console's code version
 
 
 def pool_page(*, now: datetime, state: str = "") -> PoolPage:
@@ -112,6 +118,7 @@ def pool_page(*, now: datetime, state: str = "") -> PoolPage:
             "NODE/ACTION", "{}/{}"
         ),
         now=now,
+        version=schema.code().version,
     )
     shown = [n for n in nodes if not state or n.state == state]
     live = [n for n in nodes if n.state != Node.NodeState.DOWN]
@@ -127,6 +134,8 @@ def pool_page(*, now: datetime, state: str = "") -> PoolPage:
         reserved_gpus=sum(1 for key in ctx.reserved if key[0] in live_names and key not in held_names),
         stale_nodes=sum(1 for n in nodes if _stale(n, now)),
         unsandboxed_nodes=sum(1 for n in live if n.sandbox == "none"),
+        code_version=ctx.version,
+        other_code_nodes=sum(1 for n in live if n.agent_version != ctx.version),
     )
 
 
@@ -212,9 +221,9 @@ def _row(node: NodeInfo, ctx: _Context) -> str:
         f'<tr id="node-{node.id}-row"><td><strong>{name}</strong><br>'
         f'<small class="muted">{node.gpus} &times; {escape(node.gpu_model or "GPU")}{_offered(node)}</small>'
         f"{_gpu_line(node, ctx)}</td>"
-        f'<td><span class="badge node-{state}">{state}</span>{_no_room(node, ctx.now)}</td>'
+        f'<td><span class="badge node-{state}">{state}</span>{_no_room(node, ctx.now)}{_upgrade(node)}</td>'
         f'<td><div class="gpu-grid" role="group" aria-label="{busy} of {node.gpus} GPUs busy">{cells}</div></td>'
-        f"{heartbeat_td}<td>{escape(node.agent_version or '—')}</td><td>{_sandbox(node)}</td>"
+        f"{heartbeat_td}{_version(node, ctx)}<td>{_sandbox(node)}</td>"
         f'<td class="actions">{_actions(node, ctx)}</td></tr>'
     )
 
@@ -226,6 +235,24 @@ def _no_room(node: NodeInfo, now: datetime) -> str:
         '<br><strong class="badge loud">NO ROOM</strong> <small>its disk could not hold an attempt\'s space, or a '
         "GPU was still in use by a process that would not stop (the agent's log says which): "
         f"no new work until {node.no_room_until:%H:%M} UTC</small>"
+    )
+
+
+def _upgrade(node: NodeInfo) -> str:
+    """Its agent found the database's schema no longer matches its code: no new work until it is upgraded."""
+    if not node.drained_by.startswith(nodes.UPGRADE_DRAIN):
+        return ""
+    why = node.drained_by.removeprefix(nodes.UPGRADE_DRAIN)
+    return f'<br><strong class="badge loud">UPGRADE</strong> <small class="bad">{escape(why)}</small>'
+
+
+def _version(node: NodeInfo, ctx: _Context) -> str:
+    """The agent's code version; one other than the console's is marked (it predates or follows an upgrade)."""
+    if node.agent_version == ctx.version:
+        return f"<td>{escape(node.agent_version)}</td>"
+    return (
+        f'<td class="bad">{escape(node.agent_version or "—")}<br><strong class="badge loud">OTHER CODE</strong> '
+        f"<small>the console runs {escape(ctx.version)}</small></td>"
     )
 
 
