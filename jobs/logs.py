@@ -94,14 +94,19 @@ def read_log(job: Job, *, attempt: int, rank: int, offset: int) -> LogSlice:
 
 
 def removed_note(job: Job) -> str:
-    """The sentence a page, the API and the CLI show for a log retention removed; "" while it is kept."""
-    if job.log_removed_at is None:
+    """The sentence a page, the API and the CLI show for a log retention removed; "" while it is kept, and for a
+    job that never ran (it had no log to lose; the pruner marks it all the same, so its index forgets it)."""
+    if job.log_removed_at is None or job.attempt == 0:
         return ""
     days = (job.log_removed_at - job.state_changed_at).days
     return (
-        f"The log was removed on {job.log_removed_at:%Y-%m-%d}, {days} days after the job ended: "
-        f"the console keeps job logs {settings.E31_LOG_KEEP_DAYS} days."
+        f"The log was removed on {job.log_removed_at:%Y-%m-%d}, {_days(days)} after the job ended: "
+        f"the console keeps job logs {_days(settings.E31_LOG_KEEP_DAYS)}."
     )
+
+
+def _days(n: int) -> str:
+    return f"{n} day" if n == 1 else f"{n} days"
 
 
 def _check_exists(job: Job, *, attempt: int, rank: int, parts: int) -> None:
@@ -193,10 +198,11 @@ def prune_logs(*, now: datetime, keep_days: int, batch: int = PRUNE_JOBS) -> int
 
 @transaction.atomic
 def _prune_batch(*, cutoff: datetime, now: datetime, batch: int) -> int:
-    # Locked (and skipped by a concurrent pruner): each log is removed, and its job marked, once.
+    # Locked (and skipped by a concurrent pruner): each log is removed, and its job marked, once. NO KEY: a row
+    # naming the job (a re-run, a webhook delivery) may still be inserted while the batch's logs are deleted.
     due = Job.objects.filter(state__in=TERMINAL, state_changed_at__lt=cutoff, log_removed_at__isnull=True)
     due = due.exclude(delivery_state="delivering").order_by("state_changed_at", "id")
-    ids = list(due.select_for_update(skip_locked=True).values_list("id", flat=True)[:batch])
+    ids = list(due.select_for_update(skip_locked=True, no_key=True).values_list("id", flat=True)[:batch])
     if not ids:
         return 0
     LogChunk.objects.filter(job_id__in=ids).delete()

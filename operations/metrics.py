@@ -31,7 +31,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from common import denials
 from jobs import selectors as jobs_selectors
-from jobs.lifecycle import State
+from jobs.lifecycle import ALIVE, State
 from jobs.models import Allocation, GpuHold, Job, Node, NodeGpu, OutputTransfer, SchedulerState
 from metering import services as metering
 from metering.models import MeterEntry
@@ -65,11 +65,13 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
 
 
 def job_families(now: datetime) -> Iterator[Metric]:
-    """One grouped read over the (state, state_changed_at) index: counts, and when the oldest queued job queued."""
-    rows = Job.objects.order_by().values("state").annotate(n=Count("id"), since=Min("state_changed_at"))
+    """One grouped read over the (state, state_changed_at) index: counts, and when the oldest queued job queued.
+    Live states only: the ended jobs are the history, which only grows, and counting them would read it all."""
+    live = Job.objects.filter(state__in=ALIVE).order_by()
+    rows = live.values("state").annotate(n=Count("id"), since=Min("state_changed_at"))
     by_state = {r["state"]: r for r in rows}
-    jobs = GaugeMetricFamily("e31_jobs", "Jobs in each lifecycle state.", labels=["state"])
-    for state in State:
+    jobs = GaugeMetricFamily("e31_jobs", "Jobs in each live lifecycle state.", labels=["state"])
+    for state in (s for s in State if s in ALIVE):
         jobs.add_metric([state.value], by_state.get(state.value, {}).get("n", 0))
     yield jobs
     queued_since = by_state.get(State.QUEUED.value, {}).get("since")

@@ -7,10 +7,12 @@ events and its ledger rows (records, kept for ever).
 import os
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from django.db import OperationalError, connection, connections, transaction
 from django.urls import reverse
 
 from jobs import logs, tasks
@@ -134,6 +136,51 @@ def test_e31_logs_prints_that_the_log_was_removed(monkeypatch, member_token, old
     code, stdout, stderr = e31(monkeypatch, member_token, "logs", str(old.id), "--follow")
     assert code == 0 and stdout == ""
     assert REMOVED in " ".join(stderr.split())  # the terminal may wrap the sentence
+
+
+def test_a_job_that_never_ran_is_not_said_to_have_lost_a_log(
+    monkeypatch, member_client, member_token, team, member
+):
+    """A job cancelled in the queue never had a log, but once pruned the API and `e31 logs` said "The log was
+    removed … 91 days after the job ended"."""
+    ended = NOW - timedelta(days=91)
+    job = JobFactory(team=team, submitted_by=member, state="ended", end_reason="cancelled", attempt=0,
+                     submitted_at=ended - timedelta(hours=1), state_changed_at=ended)  # fmt: skip
+    assert logs.prune_logs(now=NOW, keep_days=90) == 1  # marked, so the pruner's index forgets it
+    answer = member_client.get(
+        f"/api/v1/jobs/{job.id}/log", HTTP_AUTHORIZATION=f"Bearer {member_token}"
+    ).json()
+    assert answer["removed"] == "" and answer["text"] == "" and answer["complete"] is True
+    code, _, stderr = e31(monkeypatch, member_token, "logs", str(job.id))
+    assert code == 0 and "removed" not in stderr, stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rerun_of_a_job_whose_log_is_being_removed_is_not_held_up(team, member):
+    """The pruner locked its batch FOR UPDATE, which also blocks every insert naming one of those jobs (a re-run's
+    rerun_of, a webhook delivery) until the batch's logs, up to 10 MB a part, were deleted."""
+    old = _job_with_log(team, member, state="released", ended=NOW - timedelta(days=91), text=b"old epoch\n")
+    outcome = []
+
+    def rerun() -> None:
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL lock_timeout = '2s'")
+                JobFactory(team=team, submitted_by=member, rerun_of=old)
+            outcome.append("inserted")
+        except OperationalError as exc:
+            outcome.append(str(exc).splitlines()[0])
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():  # the batch's transaction still open: its row locks held
+        assert logs._prune_batch(cutoff=NOW - timedelta(days=90), now=NOW, batch=10) == 1
+        thread = threading.Thread(target=rerun)
+        thread.start()
+        thread.join()
+    assert outcome == ["inserted"]
+    assert Job.objects.filter(rerun_of=old).count() == 1
 
 
 def test_beat_removes_the_logs_past_the_days_the_setting_keeps(old, recent, settings, time_machine):

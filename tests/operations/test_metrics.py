@@ -174,11 +174,12 @@ def _scrape_at_now():
 # --------------------------------------------------------------------------- values
 
 
-def test_jobs_are_counted_by_every_state_and_the_oldest_queued_wait_is_read(metrics_on, known_pool):
+def test_jobs_are_counted_by_every_live_state_and_the_oldest_queued_wait_is_read(metrics_on, known_pool):
     values = _scrape_at_now()
-    expected = {"submitted": 1, "staging": 1, "queued": 2, "rented": 0, "running": 2, "output": 0,
-                "released": 2, "ended": 1}  # fmt: skip
+    expected = {"submitted": 1, "staging": 1, "queued": 2, "rented": 0, "running": 2, "output": 0}
     assert {s: values[("e31_jobs", (("state", s),))] for s in expected} == expected
+    # Ended jobs are the history, which only grows: counting them would read every job at every scrape.
+    assert not {s for (name, labels) in values if name == "e31_jobs" for _, s in labels} - set(expected)
     # Since it entered the queue, not since its submission 4000 s ago: staging is no wait for GPUs.
     assert values[("e31_queue_oldest_wait_seconds", ())] == 300
 
@@ -278,6 +279,16 @@ def test_a_scrape_runs_a_fixed_number_of_queries_whatever_the_pools_size(metrics
         large = _queries(client)
     assert Node.objects.count() == 25
     assert small == large <= 13
+
+
+def test_a_scrape_counts_only_the_live_jobs_never_the_history(metrics_on, team):
+    """Every scrape grouped the whole jobs table by state: 63 ms of database time at 200,000 jobs, growing with
+    a history that retention never shrinks. Only live states are read, a range of the (state, …) index."""
+    with CaptureQueriesContext(connection) as queries:
+        assert _scrape(Client()).status_code == 200
+    on_jobs = [q["sql"] for q in queries if 'FROM "jobs_job"' in q["sql"]]
+    assert on_jobs and all('"jobs_job"."state" IN (' in sql for sql in on_jobs), on_jobs
+    assert all(f"'{state}'" not in sql for sql in on_jobs for state in ("released", "ended")), on_jobs
 
 
 # --------------------------------------------------------------------------- who may read it
