@@ -1,6 +1,8 @@
 """A node agent runs only the code the database's schema was migrated for: it will not start against another,
 and one that finds the schema changed under it takes no new work while its running jobs finish."""
 
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -154,3 +156,29 @@ def test_the_agent_registers_the_version_of_its_code_not_a_constant(settings, tm
         _start("gpu-07")
     assert registered["agent_version"] == schema.code().version
     assert len(registered["agent_version"]) == 12 and registered["agent_version"] != "1.0"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_agents_watch_drains_its_node_soon_after_a_newer_checkout_migrates(now, monkeypatch):
+    """The thread the agent starts: the migrations change under it, and within its next look the node drains."""
+    monkeypatch.setattr(node_agent, "SCHEMA_LOOK_S", 0.05)
+    _register("gpu-07", now)
+    stop, seen = threading.Event(), schema.applied(connection)  # what the agent saw when it started
+
+    def watch() -> None:
+        try:
+            node_agent._watch_schema("gpu-07", seen, stop)
+        finally:
+            connection.close()  # this thread's own connection
+
+    thread = threading.Thread(target=watch)
+    with database_newer():
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10
+            while Node.objects.get(name="gpu-07").state == Node.NodeState.UP and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            thread.join(timeout=5)
+    assert Node.objects.get(name="gpu-07").state == Node.NodeState.DRAINING
