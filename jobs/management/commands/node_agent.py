@@ -30,8 +30,8 @@ from jobs import (
     units,
 )
 
-# How often a running agent looks at the database's migrations: one query of a ~100-row table (~0.3 ms), so a
-# thousand nodes add some 17 small queries a second at this pace.
+# How often a running agent looks at the database's migrations: one query of an ~80-row table (0.4 ms measured
+# on the test database, the comparison 0.05 ms more), so a thousand nodes add some 17 small queries a second.
 SCHEMA_LOOK_S = 60
 UNSENT_MINUTES = 10_000  # GPU-minute summaries kept for a database that is away (hours of a full node)
 log = logging.getLogger(__name__)
