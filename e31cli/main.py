@@ -8,7 +8,7 @@ Exit codes a script can rely on (``e31 --help`` lists them too):
   1 the console answered with an error not listed below
   2 the command line was wrong
   3 not logged in, or the token was refused
-  4 no such job (or not your team's)
+  4 no such job (or not your team's); ``e31 logs``: its log was removed by retention
   5 conflict: nothing to cancel, or an Idempotency-Key reused for another job file
   6 the job file is not valid (each error names its field)
   7 the console could not be reached, or still throttled the token (429) after the retries
@@ -258,7 +258,8 @@ def logs(
     rank: Annotated[int, typer.Option(help="Node rank of a multi-node job.")] = 0,
 ) -> None:
     """Print a job's log (the whole of it, up to the console's cap)."""
-    _print_log(api(), job_id, follow=follow, attempt=attempt, rank=rank)
+    if not _print_log(api(), job_id, follow=follow, attempt=attempt, rank=rank):
+        raise typer.Exit(EXIT_NOT_FOUND)  # a script must not take a removed log for an empty one
 
 
 @app.command()
@@ -368,9 +369,9 @@ def queue(team: Annotated[str, typer.Option(help="Team slug.")] = "") -> None:
     out.print(table if waiting else "No waiting jobs.")
 
 
-def _print_log(session: client.Api, job_id: int, *, follow: bool, attempt: int = 0, rank: int = 0) -> None:
+def _print_log(session: client.Api, job_id: int, *, follow: bool, attempt: int = 0, rank: int = 0) -> bool:
     """Reads from offset 0 to the end: without ``follow`` until a read brings nothing new (the log so
-    far), with it until the console says the attempt's log is complete."""
+    far), with it until the console says the attempt's log is complete. False if retention removed it."""
     offset = 0
     while True:
         chunk = session.get(
@@ -379,13 +380,13 @@ def _print_log(session: client.Api, job_id: int, *, follow: bool, attempt: int =
         )  # fmt: skip
         if chunk.get("removed"):  # retention removed it: say so on stderr, not an empty log on stdout
             err.print(chunk["removed"])
-            return
+            return False
         sys.stdout.write(chunk["text"])
         sys.stdout.flush()
         moved = chunk["next_offset"] != offset
         offset, attempt = chunk["next_offset"], chunk["attempt"]
         if chunk["complete"] or not (follow or moved):
-            return
+            return True
         if chunk.get("retry_after_s"):  # the console is busy with other followers: ask again later
             time.sleep(chunk["retry_after_s"])
 

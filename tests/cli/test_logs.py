@@ -1,13 +1,14 @@
 """`e31 logs`: the whole log, however many reads it takes, with or without --follow."""
 
 import time
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
 from e31cli import main
 from jobs import logs
-from jobs.models import Allocation
+from jobs.models import Allocation, Job
 from tests.cli.inprocess import e31
 from tests.factories import JobFactory, NodeFactory
 
@@ -43,6 +44,21 @@ def test_e31_logs_without_follow_prints_the_whole_log_so_far_past_the_first_read
     code, stdout, stderr = e31(monkeypatch, member_token, "logs", str(job.id))
     assert code == 0, stderr
     assert stdout.encode() == LONG_LOG
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("follow", [[], ["--follow"]], ids=["whole", "follow"])
+def test_e31_logs_of_a_log_removed_by_retention_says_so_and_exits_as_not_found(
+    monkeypatch, team, member, member_token, follow
+):
+    """A script reading the log must not take the removal note for an empty log (exit 0)."""
+    job = job_with_long_log(team, member, finished=True)
+    ended = timezone.now() - timedelta(days=2)
+    Job.objects.filter(id=job.id).update(state="released", end_reason="succeeded", state_changed_at=ended)
+    assert logs.prune_logs(now=timezone.now(), keep_days=1) == 1
+    code, stdout, stderr = e31(monkeypatch, member_token, "logs", str(job.id), *follow)
+    assert code == main.EXIT_NOT_FOUND
+    assert stdout == "" and "The log was removed on" in stderr
 
 
 class BusyConsole:
