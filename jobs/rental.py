@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Min, Q, Subquery
 
+from common import schema
 from common.ledger_locks import lock_team_ledgers
 from jobs import dispatch, selectors, signals, units
 from jobs.lifecycle import HOLDS_COMPUTE, PREEMPTED, REQUEUED, RETRIED, EndReason, State
@@ -111,9 +112,11 @@ def _trimmed(gpus_by_node: dict[str, tuple[int, ...]], keep: int) -> dict[str, t
 def _lock_takers(gpus_by_node: dict[str, tuple[int, ...]], now: datetime) -> dict[str, Node]:
     """The placement's nodes that still take its parts, locked as a GPU-set change locks them: the pass read the
     pool before, and a node may since have lost a GPU, or been held for its disk by its agent (a space refused
-    there would waste the attempt). A node whose agent cannot isolate a part of a job spanning nodes takes only
-    single-node jobs."""
-    up = Node.objects.select_for_update().filter(name__in=gpus_by_node, state=Node.NodeState.UP)
+    there would waste the attempt), or its agent restarted on other code. A node whose agent cannot isolate a
+    part of a job spanning nodes takes only single-node jobs."""
+    up = Node.objects.select_for_update().filter(
+        name__in=gpus_by_node, state=Node.NodeState.UP, agent_version=schema.code().version
+    )
     up = up.exclude(no_room_until__gt=now)
     if len(gpus_by_node) > 1:
         up = up.filter(multi_node_refusal="")

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db.models.functions import Coalesce
 
 from accounts.models import Team
+from common import schema
 from jobs import dependencies, limits, selectors
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, State
 from jobs.models import Allocation, DataInput, GpuHold, ImagePull, Job, Node, TeamUsage
@@ -68,24 +69,28 @@ def _as_predicted(r: types.RunningView, learned: prediction.Learned, now: dateti
 
 def _nodes(now: datetime, pool_cached: frozenset[str] = frozenset()) -> list[types.NodeView]:
     """``pool_cached``: the waiting jobs' datasets in the pool-wide staging cache, which every node reads.
-    A node takes work when up, and not while its disk has just failed to hold an attempt's space."""
+    A node takes work when up, its agent runs this process's code (during an upgrade, until the agent is
+    restarted on the same checkout, it would run a job with rows shaped for the other schema), and not while
+    its disk has just failed to hold an attempt's space."""
     held: dict[int, set[int]] = defaultdict(set)
     for node_id, index in GpuHold.objects.filter(active=True).values_list("node_id", "gpu_index"):
         held[node_id].add(index)
     nodes = list(
         Node.objects.exclude(state=Node.NodeState.DOWN).only(
             "id", "name", "gpus", "state", "memory_bytes", "cpus", "multi_node_refusal", "no_room_until",
-            "disk_free_bytes", "disk_free_at", "disk_bytes", "gpu_model",
+            "disk_free_bytes", "disk_free_at", "disk_bytes", "gpu_model", "agent_version",
         )
     )  # fmt: skip
     used = _held_by_parts({node.id: node for node in nodes})
     present = selectors.present_gpus({node.id: node.gpus for node in nodes})
+    version = schema.code().version
     return [
         types.NodeView(
             name=node.name,
             gpus=node.gpus,
             free=tuple(i for i in present[node.id] if i not in held[node.id]),
             schedulable=node.state == Node.NodeState.UP
+            and node.agent_version == version
             and not (node.no_room_until and node.no_room_until > now),
             cached_datasets=pool_cached,
             memory=node.memory_bytes,

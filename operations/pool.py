@@ -247,12 +247,13 @@ def _upgrade(node: NodeInfo) -> str:
 
 
 def _version(node: NodeInfo, ctx: _Context) -> str:
-    """The agent's code version; one other than the console's is marked (it predates or follows an upgrade)."""
+    """The agent's code version; one other than the console's is marked (it predates or follows an upgrade, and
+    the scheduler places nothing on its node)."""
     if node.agent_version == ctx.version:
         return f"<td>{escape(node.agent_version)}</td>"
     return (
         f'<td class="bad">{escape(node.agent_version or "—")}<br><strong class="badge loud">OTHER CODE</strong> '
-        f"<small>the console runs {escape(ctx.version)}</small></td>"
+        f"<small>the console runs {escape(ctx.version)}: no work placed here</small></td>"
     )
 
 

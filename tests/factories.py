@@ -5,6 +5,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from accounts.models import Membership, Team
+from common import schema
 from jobs.models import Job, Node
 
 
@@ -43,6 +44,7 @@ class NodeFactory(factory.django.DjangoModelFactory):
     gpu_model = "virtual"
     state = Node.NodeState.UP
     sandbox = "bubblewrap"
+    agent_version = factory.LazyFunction(lambda: schema.code().version)  # this code's: the scheduler uses it
     registered_at = factory.LazyFunction(timezone.now)
     state_changed_at = factory.LazyFunction(timezone.now)
     last_heartbeat = factory.LazyFunction(timezone.now)

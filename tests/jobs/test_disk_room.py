@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from common import schema
 from jobs import limits, nodes, rental, scheduler, snapshot
 from jobs.management.commands import node_agent
 from jobs.models import Node
@@ -37,7 +38,7 @@ def test_an_agent_registering_again_measures_its_disk_anew():
         gpus=4,
         gpu_model="virtual",
         address="h",
-        agent_version="1",
+        agent_version=schema.code().version,
         sandbox="bubblewrap",
         now=now,
     )
@@ -125,7 +126,7 @@ def test_an_agent_registers_what_its_disk_holds_in_all_and_a_larger_space_is_tol
         "gpus": 8,
         "gpu_model": "virtual",
         "address": "h",
-        "agent_version": "1",
+        "agent_version": schema.code().version,
         "sandbox": "bubblewrap",
     }
     nodes.register_node(name="gpu-01", now=now, disk_bytes=100 * GB, **fields)  # first in node order

@@ -7,6 +7,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from common import schema
 from jobs import gpus, nodes, rental, scheduler
 from jobs.models import Allocation, GpuHold, Job, Node, NodeGpu
 from tests.factories import JobFactory
@@ -21,7 +22,7 @@ def _gpu(index: int) -> dict:
 
 def _register(name: str, indices) -> Node:
     return nodes.register_node(
-        name=name, gpus=len(indices), gpu_model="NVIDIA H100 80GB HBM3", address="127.0.0.1", agent_version="t",
+        name=name, gpus=len(indices), gpu_model="NVIDIA H100 80GB HBM3", address="127.0.0.1", agent_version=schema.code().version,
         sandbox="bubblewrap", now=timezone.now(), gpu_list=[_gpu(i) for i in indices], gpu_source="nvml",
     )  # fmt: skip
 
@@ -87,7 +88,7 @@ def test_a_gpu_back_on_the_bus_is_offered_again():
 def test_the_pool_page_labels_virtual_gpus_and_shows_a_missing_gpu_and_each_gpus_live_utilisation(
     operator_client,
 ):
-    local = nodes.register_node(name="local-v", gpus=2, gpu_model="virtual", address="127.0.0.1", agent_version="t",
+    local = nodes.register_node(name="local-v", gpus=2, gpu_model="virtual", address="127.0.0.1", agent_version=schema.code().version,
                         sandbox="none", now=timezone.now(), gpu_list=[asdict(g) for g in gpus.virtual(2)],
                         gpu_source="virtual")  # fmt: skip
     node = _register("gpu-a", [0, 1, 2])

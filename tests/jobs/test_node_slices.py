@@ -7,6 +7,7 @@ from django.db import IntegrityError
 from django.urls import reverse
 from django.utils import timezone
 
+from common import schema
 from jobs import nodes, rental, scheduler
 from jobs.models import Node
 from tests.factories import JobFactory, NodeFactory
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.django_db
 
 
 def _register(name):
-    return nodes.register_node(name=name, gpus=4, gpu_model="virtual", address="127.0.0.1", agent_version="t",
+    return nodes.register_node(name=name, gpus=4, gpu_model="virtual", address="127.0.0.1", agent_version=schema.code().version,
                                sandbox="bubblewrap", now=timezone.now())  # fmt: skip
 
 

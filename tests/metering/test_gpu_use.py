@@ -7,6 +7,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from common import schema
 from jobs import gpu_usage, gpus, nodes, selectors, tasks
 from jobs.models import GpuMinute, GpuUseSummary, Node, NodeGpu
 from tests.metering.conftest import release, rent
@@ -22,7 +23,7 @@ def _node(name: str, source: str) -> Node:
         for i in range(4)
     ]  # fmt: skip
     return nodes.register_node(
-        name=name, gpus=4, gpu_model=found[0].model, address="127.0.0.1", agent_version="t", sandbox="bubblewrap",
+        name=name, gpus=4, gpu_model=found[0].model, address="127.0.0.1", agent_version=schema.code().version, sandbox="bubblewrap",
         now=T0, gpu_list=[asdict(g) for g in found], gpu_source=source,
     )  # fmt: skip
 

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
+from common import schema
 from jobs import nodes
 from jobs.models import Node
 from tests.operations.conftest import running_job
@@ -25,7 +26,13 @@ def _said(response) -> str:
 
 def _register(name: str, now) -> Node:
     return nodes.register_node(
-        name=name, gpus=4, gpu_model="", address="", agent_version="t", sandbox="bubblewrap", now=now
+        name=name,
+        gpus=4,
+        gpu_model="",
+        address="",
+        agent_version=schema.code().version,
+        sandbox="bubblewrap",
+        now=now,
     )
 
 

@@ -24,7 +24,8 @@ def test_a_node_running_other_code_than_the_console_is_marked_and_counted(operat
     old = NodeFactory(name="gpu-old", agent_version="1.0")
     page = operator_client.get(POOL).content.decode()
     assert f"console code <code>{schema.code().version}</code>" in page
-    assert "1 node runs other code" in page.replace("<strong>", "").replace("</strong>", "")
+    said = page.replace('<strong class="bad">', "").replace("</strong>", "")
+    assert "1 node runs other code: the scheduler places no work there until its agent is restarted" in said
     assert schema.code().version in _row(page, same) and "OTHER CODE" not in _row(page, same)
     assert "1.0" in _row(page, old) and "OTHER CODE" in _row(page, old)
 
