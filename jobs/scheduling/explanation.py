@@ -193,7 +193,7 @@ class Explainer:
             if told is not None:
                 return told
         if not p.capacity:
-            reason = "no node in the pool is taking jobs now (all draining, drained or down)"
+            reason = "no node in the pool is taking jobs now (all draining, drained, down or mid-upgrade)"
             return Estimate(job.job_id, None, "no_nodes", reason)
         if job.space > p.largest_disk and p.ever_fits(g, s):
             return _space_never(p, job)

@@ -38,6 +38,10 @@ def test_a_job_waits_while_every_node_runs_other_code():
     scheduler.run_pass(now=now)
     job.refresh_from_db()
     assert job.state == "queued" and not job.allocations.exists()
+    assert (
+        job.pending_reason
+        == "no node in the pool is taking jobs now (all draining, drained, down or mid-upgrade)"
+    )
 
 
 def test_a_node_that_registers_other_code_after_the_pass_read_the_pool_is_not_rented(monkeypatch):
