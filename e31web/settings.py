@@ -253,7 +253,7 @@ try:
     [ipaddress.ip_network(entry, strict=False) for entry in E31_TRUSTED_PROXIES]
 except ValueError as exc:
     raise ImproperlyConfigured(f"E31_TRUSTED_PROXIES: {exc}") from exc
-# The limits (sign-in lockout, public forms, the API) count an IPv6 client by its network of this many
+# The limits (sign-in lockout, public forms, the API, wrong /metrics tokens) count an IPv6 client by its network of this many
 # leading bits: one home line or VM is given a whole /64, and each of its addresses would count afresh.
 E31_IPV6_CLIENT_PREFIX = env.int("E31_IPV6_CLIENT_PREFIX", default=64)
 if not 32 <= E31_IPV6_CLIENT_PREFIX <= 128:
@@ -269,6 +269,12 @@ if not re.fullmatch(r"[1-9][0-9]*/[smhd][a-z]*", E31_API_RATE):
 # Public forms (waitlist, design-partner application): at most LIMIT posts per client per window.
 E31_PUBLIC_FORM_LIMIT = env.int("E31_PUBLIC_FORM_LIMIT", default=5)
 E31_PUBLIC_FORM_WINDOW_S = env.int("E31_PUBLIC_FORM_WINDOW_S", default=600)
+# /metrics: after LIMIT wrong bearer tokens from one client address in a clock-aligned window, that address gets
+# 429 until the window ends (operations.metrics).
+E31_METRICS_FAILURE_LIMIT = env.int("E31_METRICS_FAILURE_LIMIT", default=10)
+E31_METRICS_FAILURE_WINDOW_S = env.int("E31_METRICS_FAILURE_WINDOW_S", default=600)
+if E31_METRICS_FAILURE_LIMIT < 1 or E31_METRICS_FAILURE_WINDOW_S < 1:
+    raise ImproperlyConfigured("E31_METRICS_FAILURE_LIMIT and E31_METRICS_FAILURE_WINDOW_S are at least 1")
 # A team admin sends at most LIMIT invitations per window (accounts.views); an invitation link, a team's or a
 # design partner's, lasts TTL seconds (accounts.members, public.services).
 E31_TEAM_INVITE_LIMIT = env.int("E31_TEAM_INVITE_LIMIT", default=20)

@@ -3,17 +3,21 @@
 The console runs several gunicorn workers and Celery processes, so an in-process counter would say
 something different in each: every value here is computed from the database when Prometheus asks, by a
 collector registered on a registry of its own for that scrape (never the library's global one). A scrape
-runs a fixed number of queries (13) whatever the size of the pool, the queue or the history, through the
-pages' own reads where they exist. Labels stay bounded: per state, per node, per probe; never per job or
-team, and no text a team wrote. prometheus_client writes the exposition format, its escaping and its
-content type (the OpenMetrics text when a scraper asks for it).
+runs a fixed number of queries (13, and one to check the token's address) whatever the size of the pool,
+the queue or the history, through the pages' own reads where they exist. Labels stay bounded: per state,
+per node, per probe; never per job or team, and no text a team wrote. prometheus_client writes the
+exposition format, its escaping and its content type (the OpenMetrics text when a scraper asks for it).
 
 Who may read it: a scraper sending ``Authorization: Bearer <E31_METRICS_TOKEN>``, and signed-in operators
 in the browser. Everyone else gets 404, like the other operator pages, and so does everyone while no token
-is configured (the endpoint is off). A scraper needs no cookie and no CSRF token: it only GETs.
+is configured (the endpoint is off). A scraper needs no cookie and no CSRF token: it only GETs. A client
+address that has sent E31_METRICS_FAILURE_LIMIT wrong tokens in a clock-aligned window of
+E31_METRICS_FAILURE_WINDOW_S gets 429 for every token it sends until the window ends, the right one too.
 """
 
 import hmac
+import math
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -21,6 +25,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse
@@ -29,7 +34,7 @@ from django.views.decorators.http import require_safe
 from prometheus_client import CollectorRegistry, exposition
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from common import denials
+from common import clients, denials, ratelimit
 from jobs import selectors as jobs_selectors
 from jobs.lifecycle import ALIVE, State
 from jobs.models import Allocation, GpuHold, Job, Node, NodeGpu, OutputTransfer, SchedulerState
@@ -297,12 +302,37 @@ def render(*, now: datetime, accept: str) -> tuple[bytes, str]:
     return encode(registry), content_type
 
 
+def _failure_window(request: HttpRequest) -> tuple[str, int]:
+    """The key of this client address's wrong tokens in the current clock-aligned window, and its seconds left."""
+    period, now = settings.E31_METRICS_FAILURE_WINDOW_S, time.time()
+    address = clients.client_network(request) or "unknown"
+    return f"metrics-token-failed:{address}:{int(now // period)}", math.ceil(period - now % period)
+
+
+def _refused_for_s(request: HttpRequest) -> int:
+    """Seconds this address stays refused for its wrong tokens; 0 when it is not, or sends no token."""
+    if not settings.E31_METRICS_TOKEN or "Authorization" not in request.headers:
+        return 0
+    key, left = _failure_window(request)
+    return left if cache.get(f"e31:refused:{key}") else 0
+
+
+def _count_wrong_token(request: HttpRequest) -> None:
+    """Only wrong tokens count: a scraper with the right one never adds to its address's count."""
+    key, left = _failure_window(request)
+    if ratelimit.hit(key, window_s=left) >= settings.E31_METRICS_FAILURE_LIMIT:
+        # A flag in the shared cache, read before any comparison (the limiter only counts up): past the limit
+        # the right token is refused as well, so a guesser cannot tell a hit from a miss.
+        cache.set(f"e31:refused:{key}", True, timeout=left)
+
+
 def _token_matches(request: HttpRequest, header: str, expected: str) -> bool:
     scheme, _, token = header.partition(" ")
     # On bytes: constant time whatever the two hold, and no TypeError for a header that is not ASCII.
     ok = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), expected.encode())
     if not ok:
         denials.record(request, status=404, reason="not the metrics token")
+        _count_wrong_token(request)
     return ok
 
 
@@ -327,8 +357,19 @@ def _metrics(request: HttpRequest) -> HttpResponse:
     return HttpResponse(body, content_type=content_type)
 
 
+def _too_many_wrong_tokens(request: HttpRequest, retry_after_s: int) -> HttpResponse:
+    denials.record(request, status=429, reason="too many wrong metrics tokens from this address")
+    response = HttpResponse(
+        "Too many wrong tokens from this address.\n", status=429, content_type="text/plain"
+    )
+    response["Retry-After"] = str(retry_after_s)
+    return response
+
+
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """GET /metrics. Access first, so a refused visitor gets the same 404 whatever the method."""
+    """GET /metrics. Access first, so a refused visitor gets the same answer whatever the method."""
+    if retry_after_s := _refused_for_s(request):
+        return _too_many_wrong_tokens(request, retry_after_s)
     if not may_read(request):
         raise Http404("No such page")
     return _metrics(request)

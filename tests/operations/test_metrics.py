@@ -278,7 +278,7 @@ def test_a_scrape_runs_a_fixed_number_of_queries_whatever_the_pools_size(metrics
             build_pool(team, prefix=f"x{i}-")
         large = _queries(client)
     assert Node.objects.count() == 25
-    assert small == large <= 13
+    assert small == large <= 14  # 13 reads of the pool, and whether the scraper's address is refused
 
 
 def test_a_scrape_counts_only_the_live_jobs_never_the_history(metrics_on, team):
@@ -322,6 +322,58 @@ def test_a_wrong_token_is_logged_as_a_denial(metrics_on, db, caplog):
     caplog.set_level(logging.WARNING, logger="e31.denials")
     assert _scrape(token="wrong-token-0123456789abcdef").status_code == 404
     assert any(r.name == "e31.denials" and r.status == 404 and r.path == URL for r in caplog.records)
+
+
+# --------------------------------------------------------------------------- guessing the token
+
+WRONG = "wrong-token-0123456789abcdef"
+GUESSER, SCRAPER = "203.0.113.7", "198.51.100.9"
+
+
+@pytest.fixture
+def limit_of_3(metrics_on, settings):
+    settings.E31_METRICS_FAILURE_LIMIT, settings.E31_METRICS_FAILURE_WINDOW_S = 3, 600
+    with time_machine.travel(NOW + timedelta(seconds=10), tick=False):  # 590 s left in the window
+        yield
+
+
+def _from(address: str, token: str | None):
+    return _scrape(token=token, REMOTE_ADDR=address)
+
+
+def test_an_address_past_its_wrong_tokens_gets_429_until_the_window_ends(limit_of_3, caplog):
+    caplog.set_level(logging.WARNING, logger="e31.denials")
+    assert [_from(GUESSER, WRONG).status_code for _ in range(3)] == [404, 404, 404]
+    refused = _from(GUESSER, WRONG)
+    assert refused.status_code == 429 and refused["Retry-After"] == "590"
+    assert any(r.name == "e31.denials" and r.status == 429 and r.path == URL for r in caplog.records)
+    with time_machine.travel(NOW + timedelta(seconds=600), tick=False):
+        assert _from(GUESSER, WRONG).status_code == 404
+
+
+def test_past_the_limit_the_right_token_from_that_address_is_refused_too(limit_of_3):
+    """Else a guesser would still tell a hit (200) from a miss (429) at full speed."""
+    for _ in range(3):
+        _from(GUESSER, WRONG)
+    assert _from(GUESSER, TOKEN).status_code == 429
+
+
+def test_the_right_token_from_another_address_is_served_while_a_guesser_is_refused(limit_of_3):
+    for _ in range(4):
+        _from(GUESSER, WRONG)
+    assert _from(SCRAPER, TOKEN).status_code == 200
+    assert _from(SCRAPER, WRONG).status_code == 404  # the scraper's address has its own count
+
+
+def test_the_right_token_is_never_counted_as_a_failure(limit_of_3):
+    assert all(_from(SCRAPER, TOKEN).status_code == 200 for _ in range(5))
+    assert [_from(SCRAPER, WRONG).status_code for _ in range(3)] == [404, 404, 404]
+
+
+def test_a_guessers_address_may_still_open_the_page_in_an_operators_session(limit_of_3, operator_client):
+    for _ in range(4):
+        _from(GUESSER, WRONG)
+    assert operator_client.get(URL, REMOTE_ADDR=GUESSER).status_code == 200
 
 
 def test_a_members_api_token_is_not_the_metrics_token(metrics_on, member_token):
@@ -377,3 +429,9 @@ def test_a_short_token_is_refused_at_start():
     done = _setting(E31_METRICS_TOKEN="short")
     assert done.returncode != 0
     assert "E31_METRICS_TOKEN" in done.stderr
+
+
+def test_a_failure_window_of_zero_seconds_is_refused_at_start():
+    done = _setting(E31_METRICS_FAILURE_WINDOW_S="0")
+    assert done.returncode != 0
+    assert "E31_METRICS_FAILURE_WINDOW_S" in done.stderr

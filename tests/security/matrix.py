@@ -23,7 +23,10 @@ class Policy(Enum):
     SIGNED_IN = "any signed-in user"
     TEAM_A = "team A's members, its admin and operators; 404 for team B"
     STAFF = "operators only; for other signed-in users the page does not exist (404)"
-    METRICS = "operators, and a scraper sending E31_METRICS_TOKEN; 404 for everyone else, visitors too"
+    METRICS = (
+        "operators, and a scraper sending E31_METRICS_TOKEN; 404 for everyone else, visitors too "
+        "(429 for an address past E31_METRICS_FAILURE_LIMIT wrong tokens: tests/operations/test_metrics.py)"
+    )
     ADMIN_SITE = "Django admin: staff only, everybody else sent to its sign-in"
 
 
