@@ -86,3 +86,10 @@ def disagreement(code: Code, applied: frozenset[Key]) -> str:
 def _names(keys: list[Key]) -> str:
     shown = ", ".join(f"{app}.{name}" for app, name in keys[:SHOWN])
     return shown + (f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else "")
+
+
+def refuse_to_start(what: str, connection) -> None:
+    """Exits with one line naming ``what`` (web, worker, beat) and why, when this code and the database disagree.
+    An exit, not an exception: Celery logs a signal receiver's exception and goes on starting."""
+    if reason := check(connection):
+        raise SystemExit(f"{what} not started: {reason}")

@@ -14,18 +14,13 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+# A worker or beat whose code and the database's migrations disagree does not start: its tasks would read and
+# write rows shaped for another schema.
 @signals.worker_init.connect
 def refuse_a_worker_on_another_schema(**kwargs) -> None:
-    _refuse_another_schema("worker")
+    schema.refuse_to_start("worker", connection)
 
 
 @signals.beat_init.connect
 def refuse_beat_on_another_schema(**kwargs) -> None:
-    _refuse_another_schema("beat")
-
-
-def _refuse_another_schema(what: str) -> None:
-    """A worker or beat whose code and the database's migrations disagree does not start: its tasks would read and
-    write rows shaped for another schema. An exit, not an exception: Celery logs a receiver's exception and goes on."""
-    if reason := schema.check(connection):
-        raise SystemExit(f"{what} not started: {reason}")
+    schema.refuse_to_start("beat", connection)
