@@ -9,15 +9,10 @@ on the new code.
 import pytest
 from django.utils import timezone
 
-from common import schema
 from jobs import rental, scheduler, snapshot
 from tests.factories import JobFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
-
-
-def test_the_factorys_nodes_run_this_code():
-    assert NodeFactory().agent_version == schema.code().version
 
 
 def test_a_node_whose_agent_runs_other_code_takes_no_work():
