@@ -86,8 +86,18 @@ def test_a_job_process_that_outlived_its_agent_is_killed_and_another_agents_job_
 
 
 def test_an_unprivileged_agent_sweeps_nothing(monkeypatch):
-    monkeypatch.setattr(leftovers.os, "geteuid", lambda: 1000)
-    assert leftovers.sweep(node_name="gpu-01", uids=OWN_UIDS) == []
+    node = NodeFactory(name=f"sweep-{uuid.uuid4().hex[:6]}")
+    key, job = _left_by_a_killed_agent(node), _sleep_as(OWN_UIDS.base)
+    try:
+        monkeypatch.setattr(leftovers.os, "geteuid", lambda: 1000)
+        assert leftovers.sweep(node_name=node.name, uids=OWN_UIDS) == []
+        assert _host_objects(key) == {"network", "devices"}
+        assert job.poll() is None
+    finally:
+        job.kill()
+        job.wait()
+        network.unwire_key(key)
+        devices.remove_left(key)
 
 
 def test_a_machine_without_ip_or_nft_has_nothing_wired_and_its_agent_still_starts(monkeypatch, tmp_path):
