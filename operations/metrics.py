@@ -42,7 +42,7 @@ from metering import services as metering
 from metering.models import MeterEntry
 from metering.periods import HOUR, floor_hour
 from notifications.models import WebhookAttempt, WebhookDelivery
-from operations import utilisation
+from operations import pool, utilisation
 from operations.models import HealthProbe
 
 GPU_STATES = ("held", "reserved", "idle", "drained", "offline", "missing")
@@ -91,14 +91,15 @@ def job_families(now: datetime) -> Iterator[Metric]:
 
 
 def gpu_state(node: NodeRow, index: int, *, held: set, reserved: set) -> str:
-    """One offered GPU's state, in the pool page's order: held wins, then the node's state, then a reservation."""
-    if (node.id, index) in held:
-        return "held"
-    if node.state == Node.NodeState.DOWN:
-        return "offline"
-    if node.state in DRAINING:
-        return "drained"
-    return "reserved" if (node.name, index) in reserved else "idle"
+    """One offered GPU's state, by the pool page's rule (``pool.gpu_state``); the page draws a draining node's
+    unheld GPUs free or reserved beside the node's badge, a metric has no badge: they count as drained."""
+    state = pool.gpu_state(
+        present=True,
+        held=(node.id, index) in held,
+        node_state=node.state,
+        reserved=(node.name, index) in reserved,
+    )
+    return "drained" if state in ("reserved", "idle") and node.state in DRAINING else state
 
 
 def _reserved() -> set[tuple[str, int]]:

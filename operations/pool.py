@@ -342,16 +342,31 @@ def _about(gpu: GpuInfo | None, now: datetime) -> str:
     return escape(text)
 
 
+def gpu_state(*, present: bool, held: bool, node_state: str, reserved: bool) -> str:
+    """One GPU's state: missing (its agent no longer finds it), else held, else offline (its node is down),
+    else reserved for a waiting job, else idle. The page's cells and /metrics' e31_node_gpus both read it."""
+    if not present:
+        return "missing"
+    if held:
+        return "held"  # before the node's state: a job holds it until its allocation is released
+    if node_state == Node.NodeState.DOWN:
+        return "offline"
+    return "reserved" if reserved else "idle"
+
+
 def _cell(node: NodeInfo, index: int, ctx: _Context, gpu: GpuInfo | None = None) -> str:
     about = _about(gpu, ctx.now)
-    if gpu is not None and not gpu.present:
+    state = gpu_state(
+        present=gpu is None or gpu.present, held=(node.id, index) in ctx.held, node_state=node.state,
+        reserved=(node.name, index) in ctx.reserved,
+    )  # fmt: skip
+    if state == "missing":
         return f'<span class="gpu off" title="GPU {index} · missing{about}"></span>'
-    held = ctx.held.get((node.id, index))
-    if held is not None:
-        return held.replace(f'title="GPU {index} ', f'title="GPU {index}{about} ', 1)
-    if node.state == Node.NodeState.DOWN:
+    if state == "held":
+        return ctx.held[(node.id, index)].replace(f'title="GPU {index} ', f'title="GPU {index}{about} ', 1)
+    if state == "offline":
         return f'<span class="gpu off" title="GPU {index} · node down"></span>'
-    reserved = ctx.reserved.get((node.name, index))
-    if reserved:
+    if state == "reserved":
+        reserved = ctx.reserved[(node.name, index)]
         return f'<span class="gpu reserved" title="GPU {index}{about} · {escape(reserved)}"></span>'
     return f'<span class="gpu free" title="GPU {index}{about} · free"></span>'
