@@ -4,9 +4,24 @@ import pytest
 from django.test import Client
 
 from accounts import services as accounts
+from tests import machine
 from tests.factories import MembershipFactory, NodeFactory, TeamFactory, UserFactory
 
 PASSWORD = "correct horse battery"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "needs(lacking): what of the machine a test needs; see tests/machine.py"
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test needing what this machine lacks is skipped, or failed under E31_REQUIRE_ALL=1, before its fixtures."""
+    for mark in item.iter_markers("needs"):
+        if mark.args[0]:
+            machine.missing(mark.args[0])
 
 
 @pytest.fixture

@@ -1,18 +1,13 @@
 """Running a command as a job in the real sandbox, with no agent or database: for the tests of what a job can reach."""
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
-
 from jobs import sandbox, syscalls
+from tests import machine
 
-ROOT_AND_BWRAP = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("bwrap"),
-    reason="needs root and bubblewrap (as the CI machines have)",
-)
+ROOT_AND_BWRAP = machine.needs(root=True, bwrap=True)
 
 
 def allow_all() -> bytes:

@@ -11,15 +11,11 @@ from django.utils import timezone
 
 from jobs import devices, leftovers, network, sandbox
 from jobs.models import Allocation
+from tests import machine
 from tests.factories import JobFactory, NodeFactory
 
-pytestmark = [
-    pytest.mark.django_db,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not devices.DEVICES_CGROUP.is_dir(),
-        reason="needs root and the v1 devices hierarchy (as the CI machines have)",
-    ),
-]
+pytestmark = [pytest.mark.django_db, machine.needs(root=True)]
+DEVICES_CGROUP = machine.needs(devices_cgroup=True)  # the parts left behind hold a devices group
 OWN_UIDS, OTHER_UIDS = sandbox.UidRange(3_910_000, 8), sandbox.UidRange(3_910_008, 8)
 
 
@@ -61,6 +57,7 @@ def _sleep_as(uid: int) -> subprocess.Popen:
     return subprocess.Popen(["sleep", "60"], user=uid, group=uid)
 
 
+@DEVICES_CGROUP
 def test_an_agent_starting_removes_its_nodes_leftover_parts_and_leaves_another_nodes(two_nodes):
     own, keys = two_nodes
     assert _host_objects(keys["own"]) == _host_objects(keys["other"]) == {"network", "devices"}
@@ -85,6 +82,7 @@ def test_a_job_process_that_outlived_its_agent_is_killed_and_another_agents_job_
         other_job.wait()
 
 
+@DEVICES_CGROUP
 def test_an_unprivileged_agent_sweeps_nothing(monkeypatch):
     node = NodeFactory(name=f"sweep-{uuid.uuid4().hex[:6]}")
     key, job = _left_by_a_killed_agent(node), _sleep_as(OWN_UIDS.base)

@@ -19,12 +19,10 @@ from pathlib import Path
 import pytest
 
 from jobs import devices, network, sandbox
+from tests import machine
 from tests.jobs.sandboxed import ROOT_AND_BWRAP, run_job
 
-ROOT_WITH_BWRAP = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("bwrap") or not devices.DEVICES_CGROUP.is_dir(),
-    reason="needs root, bubblewrap and the v1 devices hierarchy (as the CI machines have)",
-)
+ROOT_BWRAP_AND_DEVICES_CGROUP = machine.needs(root=True, bwrap=True, devices_cgroup=True)
 FAKE_GPUS = {"nvidia0": (10, 229), "nvidia1": (10, 200), "nvidiactl": (1, 3), "nvidia-uvm": (1, 5)}
 JOB_UID = 398765
 
@@ -137,7 +135,7 @@ print(json.dumps({'uid': os.getuid(), 'dev': sorted(os.listdir('/dev')), 'opened
 """
 
 
-@ROOT_WITH_BWRAP
+@ROOT_BWRAP_AND_DEVICES_CGROUP
 def test_the_devices_cgroup_refuses_a_gpu_not_allocated_even_when_the_job_can_see_its_node(fake_device_root):
     """Both fake GPUs are bound in, as if a node had leaked in; the group allows nvidia0 alone: EPERM."""
     state = Path(tempfile.mkdtemp(prefix="e31-sandbox-"))
@@ -176,7 +174,7 @@ def test_the_devices_cgroup_refuses_a_gpu_not_allocated_even_when_the_job_can_se
     }
 
 
-@ROOT_WITH_BWRAP
+@ROOT_AND_BWRAP
 def test_a_job_sees_exactly_its_gpus_and_cannot_make_another(fake_device_root):
     state = Path(tempfile.mkdtemp(prefix="e31-sandbox-"))
     state.chmod(0o711)
@@ -187,9 +185,9 @@ def test_a_job_sees_exactly_its_gpus_and_cannot_make_another(fake_device_root):
     try:
         dirs = attempt(state)
         allocated = devices.gpu_nodes(fake_device_root, [1])
-        procs = devices.constrain(f"u{os.getpid()}", allocated)
+        procs = devices.constrain(f"u{os.getpid()}", allocated)  # None without the v1 devices hierarchy
         confinement = sandbox.Confinement(
-            uid=JOB_UID, gid=JOB_UID, devices=allocated, cgroup_procs=(str(procs),)
+            uid=JOB_UID, gid=JOB_UID, devices=allocated, cgroup_procs=(str(procs),) if procs else ()
         )
         argv = ["/usr/bin/python3", "-c", probe, "/dev/nvidia0", "/dev/nvidia1"]
         cmd = sandbox.command(argv=argv, env={"PATH": "/usr/bin"}, dirs=dirs, workdir="", mode=sandbox.BUBBLEWRAP,

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from jobs.scheduling import traces
+from tests import machine
 
 SWF_SAMPLE = """\
 ; MaxNodes: 4
@@ -75,7 +76,7 @@ def test_itp_overestimate_scales_the_declared_limit():
 RICC = Path(__file__).resolve().parents[3] / "shared/traces/ricc-2010/RICC-2010-2-may-jun.swf.gz"
 
 
-@pytest.mark.skipif(not RICC.exists(), reason="shared traces not mounted")
+@machine.needs(paths=[RICC])
 def test_the_real_ricc_trace_has_95276_jobs_less_the_skipped():
     trace = traces.read_trace(RICC)
     assert len(trace.jobs) + trace.skipped == 95_276
