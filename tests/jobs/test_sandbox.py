@@ -288,4 +288,7 @@ def test_a_bubblewrap_without_disable_userns_still_sandboxes_and_one_with_it_use
 def test_a_launcher_that_cannot_give_a_job_its_keyring_is_no_usable_sandbox(monkeypatch):
     """On an architecture whose keyctl number is unknown the probe says so (a refusal), instead of a traceback at start."""
     monkeypatch.setattr(sandbox, "SYS_KEYCTL", {})
-    assert sandbox.refusal(probe_uid=JOB_UID) != ""
+    # subprocess reports an exception in preexec_fn with its own sentence, not the exception's
+    assert sandbox.refusal(probe_uid=JOB_UID) == (
+        f"the launcher cannot start a job here as uid {JOB_UID}: Exception occurred in preexec_fn."
+    )
