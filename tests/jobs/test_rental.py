@@ -21,10 +21,10 @@ pytestmark = pytest.mark.django_db
 def test_the_database_refuses_a_gpu_in_two_active_allocations(pool):
     a, b = JobFactory(), JobFactory()
     assert rental.rent_job(job_id=a.id, gpus_by_node={"gpu-01": (0, 1)}, now=timezone.now())
-    with pytest.raises(IntegrityError), transaction.atomic():
-        allocation = Allocation.objects.create(
-            job=b, attempt=1, node=pool[0], gpu_indices=[1], rented_at=timezone.now()
-        )
+    allocation = Allocation.objects.create(
+        job=b, attempt=1, node=pool[0], gpu_indices=[1], rented_at=timezone.now()
+    )
+    with pytest.raises(IntegrityError, match="gpu_held_at_most_once"), transaction.atomic():
         GpuHold.objects.create(allocation=allocation, node=pool[0], gpu_index=1)
 
 
