@@ -50,8 +50,8 @@ cleanup() {
 trap cleanup EXIT
 
 "$PY" manage.py migrate --verbosity 0
-# One worker for the control and staging queues (a deployment runs a staging worker of its own).
-"$PY" -m celery -A e31web worker -Q control,control.staging --pool threads -c 4 -n bench-control@%h --without-gossip \
+# One worker for the control, staging and notification queues (a deployment runs a worker for each).
+"$PY" -m celery -A e31web worker -Q control,control.staging,control.notify --pool threads -c 4 -n bench-control@%h --without-gossip \
   --without-mingle --without-heartbeat --loglevel WARNING >"$STATE/worker.log" 2>&1 &
 pids+=($!)
 "$PY" -m celery -A e31web beat --schedule "$STATE/beat" --loglevel WARNING >"$STATE/beat.log" 2>&1 &

@@ -94,5 +94,12 @@ def staging_queue() -> str:
     return f"{control_queue()}.staging"
 
 
+def notify_queue() -> str:
+    """Where webhooks and e-mails go out, by workers of their own: a try may wait E31_WEBHOOK_TIMEOUT_S on a
+    team's receiver, and on the control queue one team's receiver that never answers would hold every control
+    thread, and with them everyone's scheduler passes, the reaper and the meter."""
+    return f"{control_queue()}.notify"
+
+
 def node_queue(node_name: str) -> str:
     return f"node.{node_name}"

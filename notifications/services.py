@@ -144,7 +144,7 @@ def _payload(job: Job, event: str, *, now: datetime, detail: str) -> dict:
 
 
 def _ring(task: str, object_id: int) -> None:
-    dispatch.send_after_commit(task, (object_id,), queue=dispatch.control_queue())
+    dispatch.send_after_commit(task, (object_id,), queue=dispatch.notify_queue())
 
 
 def deliver_webhook(*, delivery_id: int, now: datetime) -> str:

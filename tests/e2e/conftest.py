@@ -188,9 +188,9 @@ def live_pool(request, transactional_db, settings, tmp_path):
     settings.E31_SECRETS_KEYS = [env["E31_SECRETS_KEYS"]]
     pool = LivePool(tag=tag, env=env, nodes=[f"e2e-{tag}-1", f"e2e-{tag}-2"])
     celery = [sys.executable, "-m", "celery", "-A", "e31web"]
-    # One worker for the control and staging queues, which deployments serve apart (dispatch.staging_queue):
-    # a process fewer for each test.
-    queues = f"{env['E31_CONTROL_QUEUE']},{env['E31_CONTROL_QUEUE']}.staging"
+    # One worker for the control, staging and notification queues, which deployments serve apart
+    # (dispatch.staging_queue, dispatch.notify_queue): two processes fewer for each test.
+    queues = ",".join(f"{env['E31_CONTROL_QUEUE']}{tail}" for tail in ("", ".staging", ".notify"))
     pool.start("worker", [*celery, "worker", "-Q", queues, "--pool", "threads", "-c", "4",
                           "-n", f"control-{tag}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat"])  # fmt: skip
     pool.start("beat", [*celery, "beat", "--schedule", str(state / "beat-schedule")])

@@ -15,6 +15,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from accounts.models import Membership
+from jobs import dispatch
 from operations.management.commands import run_console
 from tests.e2e.embedded import state_dir_job_uids_can_pass
 
@@ -87,6 +88,37 @@ def test_a_second_console_on_the_same_state_folder_is_refused(settings, monkeypa
         shutil.rmtree(base)
     assert len(started) == 1, "a second console started its own web, worker, beat and node agents"
     assert outcome["second"].startswith("refused")
+
+
+@pytest.mark.django_db
+def test_the_console_serves_every_queue_the_product_rings_on_each_by_a_worker_of_its_own(
+    settings, monkeypatch
+):
+    """Control, staging and notifications each have their own worker: a long copy or a webhook receiver that
+    never answers holds none of the control worker's threads."""
+    base = state_dir_job_uids_can_pass("queues")
+    settings.STATE_DIR = base / "var"
+    settings.STATE_DIR.mkdir()
+    started: list[dict] = []
+
+    class FakeSupervisor:
+        def __init__(self, commands, *, env, report, pass_fds=()):
+            started.append(commands)
+
+        def start_all(self):
+            pass
+
+    monkeypatch.setattr(run_console.supervisor, "Supervisor", FakeSupervisor)
+    monkeypatch.setattr(run_console, "_supervise", lambda console: None)
+    monkeypatch.setattr(run_console.sandbox, "refusal", lambda **_: "")
+    try:
+        call_command("run_console", "--port", "0", stdout=StringIO())
+    finally:
+        shutil.rmtree(base)
+    served = [argv[argv.index("--queues") + 1] for argv in started[0].values() if "--queues" in argv]
+    assert sorted(served) == sorted(
+        [dispatch.control_queue(), dispatch.staging_queue(), dispatch.notify_queue()]
+    )
 
 
 ROOT = Path(__file__).resolve().parents[2]

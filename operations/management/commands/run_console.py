@@ -1,4 +1,5 @@
-"""`make run`: migrates, creates the demo accounts, and starts web, worker, beat and a local pool.
+"""`make run`: migrates, creates the demo accounts, and starts web, the control, staging and notification
+workers, beat and a local pool.
 
 The console supervises its children (operations.supervisor): one that exits is restarted after a
 growing pause, and only Ctrl-C, TERM or a hangup (the terminal closed) stops them all.
@@ -28,8 +29,8 @@ log = logging.getLogger(__name__)
 
 class Command(BaseCommand):
     help = (
-        "Runs the whole console locally: web, control worker, beat and virtual GPU nodes; restarts any that "
-        "exits. Ctrl-C stops all."
+        "Runs the whole console locally: web, control, staging and notification workers, beat and virtual GPU "
+        "nodes; restarts any that exits. Ctrl-C stops all."
     )
 
     def add_arguments(self, parser):
@@ -67,6 +68,9 @@ class Command(BaseCommand):
             "stager": [*celery, "worker", "--queues", dispatch.staging_queue(), "--pool", "threads",
                        "--concurrency", str(settings.E31_STAGE_CONCURRENCY + 1), "--hostname", "staging@%h",
                        "--loglevel", "INFO"],
+            # Webhooks and e-mails apart from the control plane too: a receiver that never answers holds a thread.
+            "notifier": [*celery, "worker", "--queues", dispatch.notify_queue(), "--pool", "threads",
+                         "--concurrency", "4", "--hostname", "notify@%h", "--loglevel", "INFO"],
             "beat": [*celery, "beat", "--schedule", beat_file, "--loglevel", "INFO"],
         }  # fmt: skip
         for i in range(1, nodes + 1):
