@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from jobs.scheduling import baselines, policy, simulate
 from jobs.scheduling.traces import TraceJob
-from jobs.scheduling.types import PolicyConfig
 
 
 def _jobs(rows):
@@ -149,7 +148,19 @@ def test_the_command_line_prints_the_json_summary_last(tmp_path, capsys):
 
 
 def test_the_replay_uses_decisions_only():
-    assert simulate.REPLAY_CONFIG == PolicyConfig(explain=False)
+    """Every pass the replay runs is told explain=False, and hands back no sentences or priorities."""
+    configs, plans = [], []
+
+    def planned(**kwargs):
+        configs.append(kwargs["config"])
+        return policy.plan(**kwargs)
+
+    outcomes = simulate.replay(
+        ONE_NODE, nodes=1, gpus_per_node=4, policy=planned, on_plan=lambda now, plan: plans.append(plan)
+    )
+    assert len(configs) == len(plans) >= 3 and not any(config.explain for config in configs)
+    assert [(plan.estimates, plan.priority) for plan in plans] == [({}, {})] * len(plans)
+    assert sum(len(plan.starts) for plan in plans) == len(outcomes) == len(ONE_NODE)
 
 
 @st.composite
