@@ -714,7 +714,9 @@ class Watcher(threading.Thread):
                 # Stopping (a checkpoint's grace lasts up to an hour), the process still holds its GPUs: silent,
                 # it would be released as lost under a job still saving its checkpoint. Once its allocation is
                 # released or its attempt replaced, it must not speak for the job any more.
-                rental.note_worker_alive(job_id=self.part.job.id, now=clock.now())
+                rental.note_worker_alive(
+                    job_id=self.part.job.id, attempt=self.part.allocation.attempt, now=clock.now()
+                )
             return True
         except (DatabaseError, InterfaceError):
             _forget_broken_connection()
@@ -805,7 +807,9 @@ class AfterExitBeats:
 
     def _once(self) -> None:
         if rental.stop_reason(allocation_id=self.part.allocation.id, now=clock.now()) != "released":
-            rental.note_worker_alive(job_id=self.part.job.id, now=clock.now())
+            rental.note_worker_alive(
+                job_id=self.part.job.id, attempt=self.part.allocation.attempt, now=clock.now()
+            )
 
 
 def fence_after_s() -> float:
@@ -826,7 +830,7 @@ def _keep_up(part: Part, capture: LogCapture, *, seen: bool, until: float) -> No
         if time.monotonic() >= until:
             break
     if seen:
-        rental.note_worker_alive(job_id=part.job.id, now=clock.now())
+        rental.note_worker_alive(job_id=part.job.id, attempt=part.allocation.attempt, now=clock.now())
 
 
 def _forget_broken_connection() -> None:
@@ -893,7 +897,12 @@ def _after_exit(
     recorded()
     # Hashing a large output takes minutes: the agent says it is alive meanwhile, as while the job ran, or
     # the reconciler would take it for silent and end a run that succeeded as lost.
-    alive = _every(SEEN_EVERY_S, lambda: rental.note_worker_alive(job_id=part.job.id, now=clock.now()))
+    alive = _every(
+        SEEN_EVERY_S,
+        lambda: rental.note_worker_alive(
+            job_id=part.job.id, attempt=part.allocation.attempt, now=clock.now()
+        ),
+    )
     sealed = seal(
         dirs.output, prefix=f"rank{part.rank}/" if part.num_nodes > 1 else "",
         declared_bytes=part.job.output_bytes, max_files=settings.E31_MAX_OUTPUT_FILES, alive=alive,

@@ -627,5 +627,7 @@ def store_log_tail(*, job_id: int, attempt: int, text: str) -> None:
     Job.objects.filter(id=job_id, attempt=attempt).update(log_tail=text.replace("\x00", "\ufffd"))
 
 
-def note_worker_alive(*, job_id: int, now: datetime) -> None:
-    Job.objects.filter(id=job_id).update(worker_seen_at=now)
+def note_worker_alive(*, job_id: int, attempt: int, now: datetime) -> None:
+    """The agent of ``attempt`` is alive; an attempt that was replaced since its agent last looked says nothing,
+    or it would keep a silent agent of the new attempt from being found by the reconciler."""
+    Job.objects.filter(id=job_id, attempt=attempt).update(worker_seen_at=now)

@@ -111,6 +111,6 @@ def test_a_run_reported_by_an_agent_whose_clock_is_off_is_metered_for_the_time_i
     held = allocation.released_at - allocation.rented_at
     assert timedelta(minutes=10) <= held < timedelta(minutes=10, seconds=30), held
     assert Job.objects.get(id=job.id).state == State.RELEASED
-    rental.note_worker_alive(job_id=job.id, now=clock.now())
+    rental.note_worker_alive(job_id=job.id, attempt=allocation.attempt, now=clock.now())
     seen = Job.objects.values_list("worker_seen_at", flat=True).get(id=job.id)
     assert abs(seen - rented - timedelta(minutes=10)) < timedelta(seconds=30)

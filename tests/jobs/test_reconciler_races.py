@@ -82,7 +82,9 @@ def test_a_spanning_job_whose_other_part_never_starts_is_stopped_and_retried(poo
     rank0, rank1 = Allocation.objects.filter(job=job).order_by("rank")
     assert rental.start_allocation(allocation_id=rank0.id, now=rented + timedelta(seconds=1))
     gave_up = rented + timedelta(minutes=5, seconds=15)
-    rental.note_worker_alive(job_id=job.id, now=gave_up)  # rank 0's agent beats all along
+    rental.note_worker_alive(
+        job_id=job.id, attempt=rank0.attempt, now=gave_up
+    )  # rank 0's agent beats all along
     findings = reconciler.reconcile(now=gave_up)
     rank1.refresh_from_db()
     assert (rank1.released_at, rank1.end_reason) == (gave_up, "not_started")
@@ -122,7 +124,7 @@ def test_a_job_whose_agent_reports_its_exit_while_the_reconciler_works_is_not_re
         assert rental.finish_allocation(
             allocation_id=part.id, exit_code=0, outcome=EndReason.SUCCEEDED, now=timezone.now()
         )
-        rental.note_worker_alive(job_id=other.id, now=timezone.now())
+        rental.note_worker_alive(job_id=other.id, attempt=part.attempt, now=timezone.now())
         reported.append(other.id)
 
     signals.allocation_released.connect(the_other_agent_reports_its_exit, dispatch_uid="reconciler-race")
@@ -153,7 +155,7 @@ def test_a_spanning_job_whose_started_part_failed_ends_failed_with_its_exit_code
     assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,), "gpu-02": (0,)}, now=t0)
     rank0, rank1 = Allocation.objects.filter(job=job).order_by("rank")
     assert rental.start_allocation(allocation_id=rank0.id, now=t0 + timedelta(seconds=1))
-    rental.note_worker_alive(job_id=job.id, now=t0 + timedelta(seconds=1))
+    rental.note_worker_alive(job_id=job.id, attempt=rank0.attempt, now=t0 + timedelta(seconds=1))
     failed_at = t0 + timedelta(seconds=3)
     assert rental.finish_allocation(
         allocation_id=rank0.id, exit_code=3, outcome=EndReason.FAILED, now=failed_at
@@ -187,7 +189,7 @@ def test_a_job_waiting_for_its_other_parts_start_is_not_taken_for_silent(pool, t
     assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,), "gpu-02": (0,)}, now=t0)
     rank0, rank1 = Allocation.objects.filter(job=job).order_by("rank")
     assert rental.start_allocation(allocation_id=rank0.id, now=t0 + timedelta(seconds=1))
-    rental.note_worker_alive(job_id=job.id, now=t0 + timedelta(seconds=5))
+    rental.note_worker_alive(job_id=job.id, attempt=rank0.attempt, now=t0 + timedelta(seconds=5))
     assert rental.finish_allocation(
         allocation_id=rank0.id, exit_code=0, outcome=EndReason.SUCCEEDED, now=t0 + timedelta(seconds=5)
     )

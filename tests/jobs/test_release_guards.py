@@ -110,7 +110,9 @@ def test_a_run_that_succeeded_is_not_taken_for_lost_while_its_agent_seals_a_larg
     began = timezone.now() - timedelta(minutes=10)
     allocation = _running(job, at=began)
     exited = began + timedelta(seconds=62)
-    rental.note_worker_alive(job_id=job.id, now=exited - timedelta(seconds=2))  # the run's last beat
+    rental.note_worker_alive(
+        job_id=job.id, attempt=allocation.attempt, now=exited - timedelta(seconds=2)
+    )  # the run's last beat
     clock = SimpleNamespace(elapsed=0.0, reconciled=False)
     at = lambda: exited + timedelta(seconds=clock.elapsed)  # noqa: E731
     monkeypatch.setattr(agent.time, "monotonic", lambda: clock.elapsed)
@@ -236,3 +238,22 @@ def test_the_reconciler_ends_an_attempt_whose_other_part_never_reports(pool, tea
     reconciler.reconcile(now=timezone.now())
     job.refresh_from_db()
     assert (job.state, job.end_reason) == (State.RELEASED, EndReason.NODE_LOST) and not _holds(rank0)
+
+
+def test_an_attempt_that_was_replaced_no_longer_speaks_for_the_job(pool):
+    """Attempt 1's agent checks its allocation (not released yet), the job is requeued and attempt 2 placed,
+    then the old agent's sign of life lands: it must not keep attempt 2 looking alive, or the reconciler would
+    never find attempt 2's silent agent."""
+    job = JobFactory(requeue=True)
+    first = _running(job, at=timezone.now() - timedelta(minutes=10))
+    assert rental.release_job(job_id=job.id, end_reason=EndReason.NODE_LOST, now=timezone.now(), actor="test",
+                              requeue_as=REQUEUED)  # fmt: skip
+    job.refresh_from_db()
+    assert job.state == State.QUEUED
+    _running(job, node="gpu-02", at=timezone.now())
+    silent_since = timezone.now() - timedelta(minutes=5)
+    Job.objects.filter(id=job.id).update(worker_seen_at=silent_since)
+    rental.note_worker_alive(job_id=job.id, attempt=first.attempt, now=timezone.now())
+    assert Job.objects.get(id=job.id).worker_seen_at == silent_since
+    rental.note_worker_alive(job_id=job.id, attempt=first.attempt + 1, now=timezone.now())
+    assert Job.objects.get(id=job.id).worker_seen_at > silent_since
