@@ -296,6 +296,7 @@ def test_a_live_link_is_never_written_to_a_log_when_the_form_is_refused(operator
     assert _set_password(Client(enforce_csrf_checks=True), path).status_code == 403
     assert Invitation.objects.get().used_at is None
     assert [r.name for r in caplog.records if token in r.getMessage()] == []
+    assert any("/invite/set-password/" in r.getMessage() for r in caplog.records)  # the refusals were logged
 
 
 @pytest.mark.django_db
