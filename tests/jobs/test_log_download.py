@@ -15,9 +15,15 @@ def test_a_digit_that_is_not_ascii_is_no_such_log(query, team, member_client):
     assert response.status_code == 404
 
 
-def test_a_removed_row_index_that_is_not_ascii_leaves_the_form_whole(team, member_client):
-    response = member_client.post(reverse("jobs:new"), {"action": "remove-input-²", "team": team.id})
+@pytest.mark.parametrize("index", ["²", "\u0663"])  # int() refuses the first and reads the second as 3
+def test_a_removed_row_index_that_is_not_ascii_leaves_the_form_whole(index, team, member_client):
+    rows = {f"data[{i}].name": name for i, name in enumerate("abcd")}
+    response = member_client.post(
+        reverse("jobs:new"), {**rows, "action": f"remove-input-{index}", "team": team.id}
+    )
     assert response.status_code == 200
+    assert [row["name"] for row in response.context["form"].rows] == ["a", "b", "c", "d"]
+    assert all(f'value="{name}"' in response.content.decode() for name in "abcd")
 
 
 @pytest.mark.parametrize("query", [{"attempt": "9" * 5000}, {"rank": "9" * 5000}, {"rank": "9" * 10}])

@@ -99,7 +99,7 @@ def test_a_correction_is_a_new_adjustment_row_with_reason_and_author(entry):
 
 
 def test_an_adjustment_without_a_reason_or_by_a_member_is_refused(entry, member):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="an adjustment needs a reason and a non-zero amount"):
         services.adjust_meter(
             allocation_id=entry.allocation_id, microseconds=5, reason=" ", author=member, now=T0
         )
@@ -111,7 +111,9 @@ def test_an_adjustment_without_a_reason_or_by_a_member_is_refused(entry, member)
 
 def test_a_credit_larger_than_the_metered_time_is_refused(entry):
     operator = UserFactory(username="ops", is_staff=True)
-    with pytest.raises(ValueError):
+    with pytest.raises(
+        ValueError, match="this credit is larger than the GPU-time the allocation was metered"
+    ):
         services.adjust_meter(
             allocation_id=entry.allocation_id, microseconds=-3 * 3_600_000_000, reason="too much",
             author=operator, now=T0,

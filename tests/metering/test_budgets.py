@@ -103,7 +103,7 @@ def test_setting_a_teams_budget_is_recorded_in_the_audit_log(operator_client, te
 
 def test_a_budget_refused_as_negative_leaves_no_audit_entry(team, operator):
     """An operator's negative budget is refused: nothing changes, so nothing is audited."""
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a budget cannot be negative"):
         services.set_budget(
             team_id=team.id, gpu_hours=Decimal("-1"), enforced=True, operator=operator, now=NOW
         )
