@@ -73,6 +73,7 @@ def test_the_job_page_changes_everything_live_and_stops_polling_once_final_and_d
 
     time.sleep(2.5)  # one poll may have been in flight when the last fragment came back
     seen = len(polls)
+    assert seen > 0, "the page never polled its live fragment: its stopping would prove nothing"
     time.sleep(5)  # the page polled every 2 s while the job was alive
     assert len(polls) == seen, "the page kept polling a job that has ended and delivered its outputs"
 
