@@ -130,8 +130,12 @@ def assert_settled(job_ids) -> None:
 
 @contextmanager
 def attempts_watched(every: float = 0.05) -> Iterator[list[str]]:
-    """Samples the live rows while a fault runs: no job may ever hold two unreleased attempts."""
+    """Samples the live rows while a fault runs: no job may ever hold two unreleased attempts.
+
+    On leaving, the watcher must have run throughout: stopped when told, died of nothing, and answered at
+    least one sample a second of the span watched (it tries twenty; a database restarting skips a few)."""
     seen: list[str] = []
+    samples, failures = [0], []
     stop = threading.Event()
 
     def sample() -> None:
@@ -145,11 +149,15 @@ def attempts_watched(every: float = 0.05) -> Iterator[list[str]]:
                     seen.extend(
                         f"job {r['job_id']} held {r['n']} attempts at {time.time():.2f}" for r in doubled
                     )
+                    samples[0] += 1
                 except DatabaseError:  # the database restarting under a fault: sample again next time
                     connection.close()
+        except Exception as exc:  # kept for the test: a watcher that died watched nothing
+            failures.append(exc)
         finally:
             connection.close()  # a thread's connection left open would block the test database's flush
 
+    began = time.monotonic()
     thread = threading.Thread(target=sample, name="attempt-watcher", daemon=True)
     thread.start()
     try:
@@ -157,3 +165,7 @@ def attempts_watched(every: float = 0.05) -> Iterator[list[str]]:
     finally:
         stop.set()
         thread.join(timeout=10)
+    span = time.monotonic() - began
+    assert not thread.is_alive(), "the attempt watcher did not stop within 10 s"
+    assert failures == [], f"the attempt watcher died: {failures[0]!r}"
+    assert samples[0] >= span, f"the attempt watcher answered {samples[0]} samples in {span:.1f} s"
