@@ -164,7 +164,8 @@ def main() -> None:
         result = {name: time_page(client, url, args.requests) for name, url in pages.items()}
         log(json.dumps(result, indent=1))
         summary = {
-            "nodes": NODES, "jobs": JOBS, "samples": 1440, "requests": args.requests,
+            "nodes": Node.objects.count(), "jobs": Job.objects.count(),
+            "samples": UtilisationSample.objects.count(), "requests": args.requests,
             **{f"{name}_{k}": v for name, r in result.items() for k, v in r.items() if k != "bytes"},
             "goal_p95_ms": 150, "db": connection.vendor, "load_s": round(load_s, 1),
         }  # fmt: skip
