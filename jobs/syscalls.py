@@ -33,9 +33,11 @@ DENIED = {
         "quotactl_fd", "iopl", "ioperm", "open_by_handle_at", "lookup_dcookie", "vhangup", "uselib", "nfsservctl",
     ),
 }  # fmt: skip
-# Answered as if this kernel lacked them, so that programs fall back: io_uring to epoll and threads, and
-# clone3 (whose flags sit in memory a filter cannot read) to clone, whose flags it can.
-ABSENT = ("io_uring_setup", "io_uring_enter", "io_uring_register", "clone3")
+# Answered as if this kernel lacked them, so that programs fall back: io_uring to epoll and threads, clone3
+# (whose flags sit in memory a filter cannot read) to clone, whose flags it can, and libaio's io_setup to plain
+# reads and writes. io_setup draws on fs.aio-max-nr, one count for the whole node: a job took all 65536 of it,
+# and every other job's io_setup, root's too, got EAGAIN. (The rest of the AIO calls need the context it makes.)
+ABSENT = ("io_uring_setup", "io_uring_enter", "io_uring_register", "clone3", "io_setup")
 # Socket families a network namespace does not contain, refused as moby's profile does: AF_ALG, the kernel's
 # crypto API (page-cache writes into the shared /usr through its bugs), and AF_VSOCK, which reaches the
 # hypervisor's (and the node's) services around the job's namespace and egress rules. socket's family is its

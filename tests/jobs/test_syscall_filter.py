@@ -75,6 +75,14 @@ def test_a_job_cannot_reach_io_uring_bpf_perf_userfaultfd_fanotify_keyrings_or_n
 
 
 @ROOT_AND_BWRAP
+def test_a_job_cannot_take_the_nodes_aio_contexts():
+    """io_setup draws on fs.aio-max-nr, one count for the whole node (65536 here): a job that asked for all of it
+    left every other job, and root, with EAGAIN. It answers 'not implemented', so libaio falls back to plain I/O;
+    one context is asked for here, so that a failing run takes almost nothing from the node."""
+    assert _probe({"io_setup": [1, "params"]}) == {"io_setup": "ENOSYS"}  # params: a zeroed aio_context_t
+
+
+@ROOT_AND_BWRAP
 def test_a_job_cannot_open_a_vsock_around_its_network_namespace():
     """This VM has virtio-vsock: a job opened one (a way to the hypervisor's services that no netns contains)."""
     assert run_job(JOB_UID, ["/usr/bin/python3", "-c", VSOCK]) == "Operation not permitted"
