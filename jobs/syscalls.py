@@ -38,11 +38,18 @@ DENIED = {
 # reads and writes. io_setup draws on fs.aio-max-nr, one count for the whole node: a job took all 65536 of it,
 # and every other job's io_setup, root's too, got EAGAIN. (The rest of the AIO calls need the context it makes.)
 ABSENT = ("io_uring_setup", "io_uring_enter", "io_uring_register", "clone3", "io_setup")
-# Socket families a network namespace does not contain, refused as moby's profile does: AF_ALG, the kernel's
-# crypto API (page-cache writes into the shared /usr through its bugs), and AF_VSOCK, which reaches the
-# hypervisor's (and the node's) services around the job's namespace and egress rules. socket's family is its
-# first argument; the multiplexed socketcall of 32-bit ABIs is out of reach (other ABIs are killed).
+# The socket families a job may open (socket's and socketpair's first argument; the multiplexed socketcall of
+# 32-bit ABIs is out of reach, other ABIs being killed). Any other answers EAFNOSUPPORT before the kernel sees
+# it, as if it were not built: on a distribution kernel, asking for AF_RDS, AF_TIPC, AF_CAN and the like loads
+# their rarely used modules, behind a long run of privilege escalations, for every tenant on the node.
+SOCKET_ALLOWED = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
+# Of the rest, these two answer EPERM, refused as moby's profile does: AF_ALG, the kernel's crypto API (page-cache
+# writes into the shared /usr through its bugs), and AF_VSOCK, which reaches the hypervisor's (and the node's)
+# services around the job's namespace and egress rules.
 SOCKET_FAMILIES = {"AF_ALG": 38, "AF_VSOCK": 40}
+# Families below this are answered one by one; this and all above (AF_MAX is 46 on 6.x kernels, and a value with
+# bits set above the int the kernel reads) by one comparison: libseccomp takes one comparison per argument a rule.
+SOCKET_FAMILIES_LISTED = max(SOCKET_FAMILIES.values()) + 1
 # A user namespace would give the job every capability inside it (bubblewrap's --disable-userns closes this
 # where it has the flag, 0.8 and later; the filter closes it on older ones too).
 CLONE_NEWUSER = 0x10000000
@@ -91,13 +98,22 @@ def rules():
             program.add_rule(refuse, number(name))
     for name in ABSENT:
         program.add_rule(absent, number(name))
-    for family in SOCKET_FAMILIES.values():
-        program.add_rule(refuse, "socket", seccomp.Arg(0, seccomp.EQ, family))
+    _socket_rules(program, refuse=refuse, unsupported=seccomp.ERRNO(errno.EAFNOSUPPORT))
     # clone's flags come first, except on s390x, whose clone takes the new stack first.
     clone_flags = 1 if os.uname().machine == "s390x" else 0
     for name, flags in (("unshare", 0), ("clone", clone_flags)):
         program.add_rule(refuse, name, seccomp.Arg(flags, seccomp.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER))
     return program
+
+
+def _socket_rules(program, *, refuse, unsupported) -> None:
+    seccomp = _binding()
+    refused = set(SOCKET_FAMILIES.values())
+    for name in ("socket", "socketpair"):
+        for family in set(range(SOCKET_FAMILIES_LISTED)) - set(SOCKET_ALLOWED.values()):
+            answer = refuse if family in refused else unsupported
+            program.add_rule(answer, name, seccomp.Arg(0, seccomp.EQ, family))
+        program.add_rule(unsupported, name, seccomp.Arg(0, seccomp.GE, SOCKET_FAMILIES_LISTED))
 
 
 def filter_fd() -> int:
