@@ -1,6 +1,7 @@
 """Whole logs in the database: appended by the agent, read from an offset, followed with a bounded wait."""
 
 import io
+import os
 import threading
 import time
 
@@ -92,6 +93,25 @@ def test_the_agent_ships_everything_it_writes_and_notes_the_cap(tmp_path):
     assert len(sent) == 1 and sent[0][0] == 0
     assert sent[0][1] == (tmp_path / "job.log").read_bytes()
     assert sent[0][1].startswith(b"x" * 4096) and b"[log capped at 4096 bytes" in sent[0][1]
+
+
+def test_past_the_cap_the_agent_reads_a_jobs_output_no_faster_than_its_pace(tmp_path, monkeypatch):
+    """A job writing to stdout at full speed kept its agent reading, masking and keeping the tail of 1.4 GB/s
+    after its log was capped: 6.5 s of the agent's CPU in 10 s, taken from every other team's parts on the node.
+    Past the cap the agent reads at POST_CAP_BYTES_PER_S, and the full pipe holds the job's writes back."""
+    monkeypatch.setattr(agent, "POST_CAP_BYTES_PER_S", 1 << 20)
+    read_fd, write_fd = os.pipe()
+    capture = agent.LogCapture(os.fdopen(read_fd, "rb"), tmp_path / "job.log", cap=4096)
+    capture.start()
+    began = time.monotonic()
+    with os.fdopen(write_fd, "wb") as job_stdout:
+        for _ in range(32):  # 2 MiB past the cap
+            job_stdout.write(b"x" * 65536)
+    capture.join(timeout=30)
+    took = time.monotonic() - began
+    assert not capture.is_alive() and capture.capped
+    assert took >= 1.5, f"2 MiB past the cap read in {took:.2f} s"
+    assert capture.text().endswith("x" * 100)  # the tail still shows the latest output
 
 
 def test_a_last_shipment_does_not_wait_for_ever_behind_one_the_network_swallowed(tmp_path):
