@@ -46,6 +46,14 @@ CLONE_NEWNET = 0x40000000
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 271, "s390x": 280}
 KEYCTL_JOIN_SESSION_KEYRING = 1
 NETNS_DIR = Path("/run/netns")
+# Open files per process of a job, soft and hard alike: it inherited the agent's (20000 on one node, a million
+# under systemd's LimitNOFILE=infinity), and 20 processes holding 20,000 eventfds each took 401,187 files of that
+# node's fs.file-max, after which every process on it but root's got ENFILE. This bounds a process, and the
+# attempt's pids group bounds its processes, but the product (4096 x 65536 with the default E31_ATTEMPT_PIDS,
+# 2**28) is far above a kernel-default fs.file-max (a tenth of memory in KiB: 2,466,239 on a 24 GiB node), so it
+# alone does not keep one job from the node's count: a node raises fs.file-max past every attempt's product (or to
+# systemd's LONG_MAX), and then what each file costs is kernel memory, charged to the attempt's memory group.
+JOB_OPEN_FILES = 65536
 
 # The node as a job sees it, in this one place: what is not listed here does not exist inside.
 VIEW = {
@@ -516,6 +524,7 @@ def _enter(confinement: Confinement) -> None:
         with open(NETNS_DIR / confinement.netns) as handle:
             if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), f"cannot join network namespace {confinement.netns}")
+    _bound_open_files()
     if os.geteuid() == 0:
         os.setgroups([])
         os.setresgid(confinement.gid, confinement.gid, confinement.gid)
@@ -524,6 +533,14 @@ def _enter(confinement: Confinement) -> None:
     # After the uid change, which clears it: die with the agent, and never dump core into a directory.
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _bound_open_files() -> None:
+    """JOB_OPEN_FILES, or the agent's own hard limit where that is lower: raising it takes CAP_SYS_RESOURCE,
+    which an agent in a container may lack (and a lower one bounds the job as well)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    limit = JOB_OPEN_FILES if hard == resource.RLIM_INFINITY else min(JOB_OPEN_FILES, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
 
 def _own_session_keyring(libc: ctypes.CDLL) -> None:

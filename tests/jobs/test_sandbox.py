@@ -11,6 +11,7 @@ import ctypes
 import json
 import multiprocessing
 import os
+import resource
 import shutil
 import stat
 import tempfile
@@ -292,3 +293,33 @@ def test_a_launcher_that_cannot_give_a_job_its_keyring_is_no_usable_sandbox(monk
     assert sandbox.refusal(probe_uid=JOB_UID) == (
         f"the launcher cannot start a job here as uid {JOB_UID}: Exception occurred in preexec_fn."
     )
+
+
+# Opens /dev/null until the kernel refuses: the limit a job runs under, the refusal, the last descriptor it got.
+OPEN_UNTIL_REFUSED = """
+import errno, json, os, resource
+limits, last = resource.getrlimit(resource.RLIMIT_NOFILE), -1
+try:
+    while True:
+        last = os.open('/dev/null', os.O_RDONLY)
+except OSError as exc:
+    refused = errno.errorcode[exc.errno]
+print(json.dumps([list(limits), refused, last]))
+"""
+
+
+@ROOT_AND_BWRAP
+def test_a_jobs_processes_each_hold_a_bounded_number_of_open_files(monkeypatch):
+    """A job inherited the agent's open-files limit (20000 here): 20 of its processes held 401,187 files of the
+    node's fs.file-max, and every process on the node that was not root got ENFILE. Each now stops at
+    JOB_OPEN_FILES, or at the agent's own hard limit where that is lower (this root lacks CAP_SYS_RESOURCE to
+    raise its 20000): a lower JOB_OPEN_FILES shows the job gets it, soft and hard."""
+    job = ["/usr/bin/python3", "-c", OPEN_UNTIL_REFUSED]
+    monkeypatch.setattr(sandbox, "JOB_OPEN_FILES", 4096)  # read in the launcher's fork: the job gets it
+    assert json.loads(run_job(JOB_UID, job)) == [[4096, 4096], "EMFILE", 4095]
+    monkeypatch.undo()
+    agents = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    expected = (
+        sandbox.JOB_OPEN_FILES if agents == resource.RLIM_INFINITY else min(sandbox.JOB_OPEN_FILES, agents)
+    )
+    assert json.loads(run_job(JOB_UID, job)) == [[expected, expected], "EMFILE", expected - 1]
