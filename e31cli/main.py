@@ -369,6 +369,19 @@ def queue(team: Annotated[str, typer.Option(help="Team slug.")] = "") -> None:
     out.print(table if waiting else "No waiting jobs.")
 
 
+# A job's log on a terminal: its colours (SGR), tabs, newlines and carriage returns (progress bars) as written;
+# any other control character (a clipboard write, a new window title, a reset, a backspace) shown as U+FFFD.
+_COLOUR_OR_CONTROL = re.compile(r"(\x1b\[[0-9;:]*m)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def _stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _for_terminal(text: str) -> str:
+    return _COLOUR_OR_CONTROL.sub(lambda m: m.group(1) or "\ufffd", text)
+
+
 def _print_log(session: client.Api, job_id: int, *, follow: bool, attempt: int = 0, rank: int = 0) -> bool:
     """Reads from offset 0 to the end: without ``follow`` until a read brings nothing new (the log so
     far), with it until the console says the attempt's log is complete. False if retention removed it."""
@@ -381,7 +394,8 @@ def _print_log(session: client.Api, job_id: int, *, follow: bool, attempt: int =
         if chunk.get("removed"):  # retention removed it: say so on stderr, not an empty log on stdout
             err.print(chunk["removed"])
             return False
-        sys.stdout.write(chunk["text"])
+        # Piped, the log as the job wrote it; on a terminal, nothing the job wrote drives the terminal.
+        sys.stdout.write(_for_terminal(chunk["text"]) if _stdout_is_terminal() else chunk["text"])
         sys.stdout.flush()
         moved = chunk["next_offset"] != offset
         offset, attempt = chunk["next_offset"], chunk["attempt"]

@@ -80,3 +80,35 @@ def test_a_follower_told_the_console_is_busy_waits_as_asked_before_asking_again(
     main._print_log(BusyConsole(busy=50), 1, follow=True)
     assert capsys.readouterr().out == "ok\n"
     assert slept == [2.0] * 50  # not 51 requests in a burst at a console short of threads
+
+
+HOSTILE = "ok \x1b[1;32mgreen\x1b[0m\tstep 1\rstep 2\n\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b]0;title\x07\x9b31m\x1bc\x08end\n"
+
+
+@pytest.mark.django_db
+def test_e31_logs_on_a_terminal_keeps_colours_and_refuses_the_job_any_other_control(
+    monkeypatch, team, member, member_token
+):
+    """A job's log is the job's text: printed raw on a terminal, a job could write to the follower's clipboard
+    (OSC 52), retitle the window, reset the terminal or erase what came before. Colours, tabs and carriage
+    returns (progress bars) stay; every other control character is shown as U+FFFD."""
+    job = JobFactory(team=team, submitted_by=member, state="running", attempt=1)
+    Allocation.objects.create(job=job, attempt=1, node=NodeFactory(), gpu_indices=[0], rented_at=timezone.now(),
+                              finished_at=timezone.now())  # fmt: skip
+    logs.append_log(job_id=job.id, attempt=1, rank=0, offset=0, data=HOSTILE.encode())
+    monkeypatch.setattr(main, "_stdout_is_terminal", lambda: True)
+    code, stdout, stderr = e31(monkeypatch, member_token, "logs", str(job.id))
+    assert code == 0, stderr
+    assert stdout == (
+        "ok \x1b[1;32mgreen\x1b[0m\tstep 1\rstep 2\n\ufffd]52;c;ZWNobyBwd25lZA==\ufffd\ufffd]0;title\ufffd\ufffd31m\ufffdc\ufffdend\n"
+    )
+
+
+@pytest.mark.django_db
+def test_e31_logs_piped_prints_the_log_as_the_job_wrote_it(monkeypatch, team, member, member_token):
+    job = JobFactory(team=team, submitted_by=member, state="running", attempt=1)
+    Allocation.objects.create(job=job, attempt=1, node=NodeFactory(), gpu_indices=[0], rented_at=timezone.now(),
+                              finished_at=timezone.now())  # fmt: skip
+    logs.append_log(job_id=job.id, attempt=1, rank=0, offset=0, data=HOSTILE.encode())
+    code, stdout, _ = e31(monkeypatch, member_token, "logs", str(job.id))
+    assert code == 0 and stdout == HOSTILE
