@@ -18,9 +18,10 @@ from pathlib import Path
 from jobs import cgroups
 
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
-# What bubblewrap's minimal /dev holds: null, zero, full, random, urandom, tty, ptmx and the ptys.
-STANDARD_DEVICES = ("c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm", "c 5:0 rwm", "c 5:2 rwm",
-                    "c 136:* rwm")  # fmt: skip
+# What bubblewrap's minimal /dev holds: null, zero, full, random, urandom and tty. Not ptmx (5:2) nor the ptys
+# (136:*): every devpts draws on the node's one kernel.pty.max, and a job has no terminal (the sandbox covers its
+# /dev/pts, on cgroup v2 nodes too; here a pty node that reached it anyway opens to EPERM).
+STANDARD_DEVICES = ("c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm", "c 5:0 rwm")
 DEVICES_CGROUP = Path("/sys/fs/cgroup/devices")
 DRIVER_LIBRARIES = re.compile(r"^\s*(libcuda[^ ]*|libnvidia-ml[^ ]*) .*=> (\S+)$")
 DRIVER_DIRS = (Path("/usr/local/nvidia/lib64"),)

@@ -378,6 +378,10 @@ def command(
         "/etc/group",
     ]
     cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # bubblewrap's /dev holds a devpts of its own, but every devpts draws on the node's one kernel.pty.max (a job
+    # took 3,071 terminals and another's openpty() failed), and it takes no max= we could give it. A job has no
+    # terminal: an empty read-only folder covers it, which a job cannot unmount, on any cgroup version.
+    cmd += ["--tmpfs", "/dev/pts", "--remount-ro", "/dev/pts"]
     for device in confinement.devices:
         cmd += ["--dev-bind", str(device), f"/dev/{device.name}"]
     for library in confinement.libraries:

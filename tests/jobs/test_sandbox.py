@@ -57,7 +57,7 @@ def test_the_command_binds_the_allow_list_never_the_host_root(tmp_path):
     assert ("--ro-bind", "/usr", "/usr") in pairs
     assert ("--ro-bind", str(dirs.root / "passwd"), "/etc/passwd") in pairs
     assert ("--bind", str(dirs.root), str(dirs.root)) not in pairs  # job.log stays the agent's
-    assert plain[plain.index("--remount-ro") + 1] == "/"  # no file of its own under / or /etc
+    assert ("--remount-ro", "/", "--clearenv") in pairs  # no file of its own under / or /etc
     wired = sandbox.command(argv=["true"], env={}, dirs=dirs, workdir="", mode=sandbox.BUBBLEWRAP,
                             confinement=sandbox.Confinement(uid=JOB_UID, gid=JOB_UID, netns="e31-x"))  # fmt: skip
     assert "--unshare-net" not in wired  # the process joined the agent's namespace before bubblewrap
@@ -323,3 +323,49 @@ def test_a_jobs_processes_each_hold_a_bounded_number_of_open_files(monkeypatch):
         sandbox.JOB_OPEN_FILES if agents == resource.RLIM_INFINITY else min(sandbox.JOB_OPEN_FILES, agents)
     )
     assert json.loads(run_job(JOB_UID, job)) == [[expected, expected], "EMFILE", expected - 1]
+
+
+@ROOT_AND_BWRAP
+def test_a_job_has_no_pseudo_terminals_to_take_from_the_node():
+    """Every sandbox's devpts draws on the node's one kernel.pty.max: a job opened 3,071 terminals and another
+    job's openpty() then failed. A job has no terminal: its /dev/pts is empty and read-only, on any cgroup version."""
+    probe = (
+        "import os\ntry:\n    os.openpty(); print('opened')\nexcept OSError as exc:\n    print(os.strerror(exc.errno))\n"
+        "print(os.listdir('/dev/pts'))"
+    )
+    assert run_job(JOB_UID, ["/usr/bin/python3", "-c", probe]).splitlines() == [
+        "No such file or directory",
+        "[]",
+    ]
+
+
+@ROOT_BWRAP_AND_DEVICES_CGROUP
+def test_the_devices_cgroup_refuses_pseudo_terminals_even_through_a_node_the_job_can_see(fake_device_root):
+    """Where the v1 devices hierarchy exists, a terminal multiplexer (5:2) or terminal (136:*) node that reached
+    the job anyway opens to EPERM: the group no longer allows them."""
+    for name, (major, minor) in {"leaked-ptmx": (5, 2), "leaked-pts0": (136, 0)}.items():
+        os.mknod(fake_device_root / name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        (fake_device_root / name).chmod(0o666)
+    state = Path(tempfile.mkdtemp(prefix="e31-sandbox-"))
+    state.chmod(0o711)
+    try:
+        dirs = attempt(state)
+        leaked = (fake_device_root / "leaked-ptmx", fake_device_root / "leaked-pts0")
+        procs = devices.constrain(f"p{os.getpid()}", ())
+        confinement = sandbox.Confinement(
+            uid=JOB_UID, gid=JOB_UID, devices=leaked, cgroup_procs=(str(procs),)
+        )
+        argv = ["/usr/bin/python3", "-c", OPEN_EACH, "/dev/leaked-ptmx", "/dev/leaked-pts0", "/dev/null"]
+        cmd = sandbox.command(argv=argv, env={"PATH": "/usr/bin"}, dirs=dirs, workdir="", mode=sandbox.BUBBLEWRAP,
+                              confinement=confinement)  # fmt: skip
+        proc = sandbox.launch(cmd, env={}, cwd=dirs.work, mode=sandbox.BUBBLEWRAP, confinement=confinement)
+        out, _ = proc.communicate(timeout=60)
+        seen = json.loads(out.decode().strip().splitlines()[-1])
+    finally:
+        devices.release(f"p{os.getpid()}")
+        shutil.rmtree(state)
+    assert seen["opened"] == {
+        "/dev/leaked-ptmx": "Operation not permitted",
+        "/dev/leaked-pts0": "Operation not permitted",
+        "/dev/null": "opened",
+    }
