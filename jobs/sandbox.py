@@ -46,6 +46,9 @@ CLONE_NEWNET = 0x40000000
 SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 271, "s390x": 280}
 KEYCTL_JOIN_SESSION_KEYRING = 1
 NETNS_DIR = Path("/run/netns")
+# Bubblewrap's own environment. It is the job's process 1, running as the job's uid, so the job reads it in
+# /proc/1/environ: nothing of the agent's (its PATH showed /root/.pyenv/...). The job's own is --setenv's.
+BUBBLEWRAP_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 # Open files per process of a job, soft and hard alike: it inherited the agent's (20000 on one node, a million
 # under systemd's LimitNOFILE=infinity), and 20 processes holding 20,000 eventfds each took 401,187 files of that
 # node's fs.file-max, after which every process on it but root's got ENFILE. This bounds a process, and the
@@ -281,6 +284,7 @@ def refusal(*, probe_uid: int) -> str:
              "/usr/bin/true"],
             capture_output=True,
             timeout=20,
+            env=BUBBLEWRAP_ENV,
             pass_fds=(program,),
             preexec_fn=lambda: _enter(Confinement(uid=probe_uid, gid=probe_uid)),
         )  # fmt: skip
@@ -492,11 +496,12 @@ def launch(
         return _popen(cmd, env=env, cwd=cwd, confinement=confinement, pass_fds=pass_fds)
     if cmd[0] != "bwrap":
         raise ValueError("a sandboxed job's command is bubblewrap's (sandbox.command)")
+    bwrap = shutil.which(cmd[0]) or cmd[0]  # found on the agent's PATH, which bubblewrap itself does not get
     program = syscalls.filter_fd()
     try:
         return _popen(
-            [cmd[0], "--seccomp", str(program), *cmd[1:]],
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            [bwrap, "--seccomp", str(program), *cmd[1:]],
+            env=BUBBLEWRAP_ENV,
             cwd=cwd,
             confinement=confinement,
             pass_fds=(*pass_fds, program),

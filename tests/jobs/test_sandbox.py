@@ -369,3 +369,15 @@ def test_the_devices_cgroup_refuses_pseudo_terminals_even_through_a_node_the_job
         "/dev/leaked-pts0": "Operation not permitted",
         "/dev/null": "opened",
     }
+
+
+@ROOT_AND_BWRAP
+def test_a_job_reads_nothing_of_the_agents_environment_in_bubblewraps(monkeypatch):
+    """Bubblewrap is the job's process 1, running as the job's uid: its environment was the agent's PATH (a
+    /root/.pyenv/... here). It gets a fixed PATH and nothing else; the job's own environment is what it was given."""
+    monkeypatch.setenv("PATH", f"/e31-agent-only/bin:{os.environ['PATH']}")
+    monkeypatch.setenv("E31_AGENT_ONLY", "agent-secret")
+    probe = "import os; print(open('/proc/1/environ').read().split('\\0')); print(os.environ['PATH'])"
+    seen_by_init, own_path = run_job(JOB_UID, ["/usr/bin/python3", "-c", probe]).splitlines()
+    assert seen_by_init == str(["PATH=/usr/sbin:/usr/bin:/sbin:/bin", ""])
+    assert own_path == "/usr/bin:/bin"  # what run_job gives the job
