@@ -384,8 +384,8 @@ def command(
     cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     # bubblewrap's /dev holds a devpts of its own, but every devpts draws on the node's one kernel.pty.max (a job
     # took 3,071 terminals and another's openpty() failed), and it takes no max= we could give it. A job has no
-    # terminal: an empty read-only folder covers it, which a job cannot unmount, on any cgroup version.
-    cmd += ["--tmpfs", "/dev/pts", "--remount-ro", "/dev/pts"]
+    # terminal: an empty folder covers it (read-only below), which a job cannot unmount, on any cgroup version.
+    cmd += ["--tmpfs", "/dev/pts"]
     for device in confinement.devices:
         cmd += ["--dev-bind", str(device), f"/dev/{device.name}"]
     for library in confinement.libraries:
@@ -400,6 +400,7 @@ def command(
     if dirs.checkpoint and inside.checkpoint:
         cmd += ["--bind", str(dirs.checkpoint), str(inside.checkpoint)]
     cmd += ["--remount-ro", "/"]  # the root that holds the view's mount points: nothing new under / or /etc
+    cmd += ["--remount-ro", "/dev/pts"]
     cmd.append("--clearenv")
     for key, value in env.items():
         cmd += ["--setenv", key, value]

@@ -57,7 +57,7 @@ def test_the_command_binds_the_allow_list_never_the_host_root(tmp_path):
     assert ("--ro-bind", "/usr", "/usr") in pairs
     assert ("--ro-bind", str(dirs.root / "passwd"), "/etc/passwd") in pairs
     assert ("--bind", str(dirs.root), str(dirs.root)) not in pairs  # job.log stays the agent's
-    assert ("--remount-ro", "/", "--clearenv") in pairs  # no file of its own under / or /etc
+    assert plain[plain.index("--remount-ro") + 1] == "/"  # no file of its own under / or /etc
     wired = sandbox.command(argv=["true"], env={}, dirs=dirs, workdir="", mode=sandbox.BUBBLEWRAP,
                             confinement=sandbox.Confinement(uid=JOB_UID, gid=JOB_UID, netns="e31-x"))  # fmt: skip
     assert "--unshare-net" not in wired  # the process joined the agent's namespace before bubblewrap
