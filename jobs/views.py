@@ -15,7 +15,18 @@ from django.views.decorators.http import require_http_methods, require_POST
 from accounts import scoping
 from common import paging
 from common.operators import operator_only
-from jobs import declaration, estimates, logs, presenters, selectors, services, signals, syscalls, units
+from jobs import (
+    declaration,
+    estimates,
+    logs,
+    presenters,
+    sandbox,
+    selectors,
+    services,
+    signals,
+    syscalls,
+    units,
+)
 from jobs.forms import JobForm, JobListFilterForm, bound_fields, field_label
 from jobs.lifecycle import ALIVE, BEFORE_RENT
 from jobs.models import Job, JobArray
@@ -187,6 +198,7 @@ def _render_form(
         "rerun_of": rerun_of,
         "refused_calls": syscalls.DENIED,
         "refused_families": list(syscalls.SOCKET_FAMILIES),
+        "open_files": sandbox.JOB_OPEN_FILES,
         "scratch": units.format_size(settings.E31_SCRATCH_BYTES),
     }
     template = "jobs/new.html#job-form" if request.htmx else "jobs/new.html"
