@@ -36,6 +36,17 @@ NEVER_REACHED = (
 )  # fmt: skip
 
 
+# Every flow through a part's link takes an entry in the node's one connection-tracking table (nf_conntrack_max,
+# 262,144 on a default node), shared with every other part, the agent and the console: a full table drops new
+# connections node-wide. A part's entries stay under TRACKED + NEW_PER_SECOND * CLOSED_SECONDS + NEW_BURST = 1,262,
+# so 64 parts (the most a node's /24 serves) hold under a third of a default table, 8 parts under 4 %.
+TRACKED = 512  # flows open at once (TCP until closed, UDP, ICMP): a download from hundreds of hosts fits
+NEW_PER_SECOND = 50  # new flows, DNS queries included: a job fetching from many hosts is paced, a sweep is
+NEW_BURST = 250  # opened at once before the pace applies (a pip install's first lookups and connections)
+# A closed TCP flow's entry (TIME_WAIT, CLOSE) lasts this long, not conntrack's 120 s: TRACKED no longer counts it.
+CLOSED_SECONDS = 10
+
+
 class NetworkError(Exception):
     pass
 
@@ -218,18 +229,29 @@ def _ruleset(net: PartNetwork) -> str:
     out = f"iifname {link} ip saddr {net.address}"
     return f"""
 table inet {net.table} {{
+    ct timeout closing {{
+        protocol tcp; l3proto ip
+        policy = {{ time_wait: {CLOSED_SECONDS}, close: {CLOSED_SECONDS} }}
+    }}
     chain input {{
         type filter hook input priority 0; policy accept;
         iifname {link} drop
     }}
     chain forward {{
         type filter hook forward priority 0; policy accept;
+        iifname {link} ct state new jump tracked
         {out} ip daddr {{ {others} }} accept
         {_egress_rules(net, out) if net.egress else ""}
         iifname {link} drop
+        oifname {link} ip saddr {{ {others} }} ip daddr {net.address} ct state new jump tracked
         oifname {link} ip saddr {{ {others} }} ip daddr {net.address} accept
         {f"oifname {link} ip daddr {net.address} ct state established,related accept" if net.egress else ""}
         oifname {link} drop
+    }}
+    chain tracked {{
+        limit rate over {NEW_PER_SECOND}/second burst {NEW_BURST} packets drop
+        ct count over {TRACKED} drop
+        ct timeout set "closing"
     }}
     {_masquerade(net) if net.egress else ""}
 }}
