@@ -8,9 +8,13 @@ broker, the agent), no other job, no other network. The node forwards only for t
 
 A part whose team an operator allowed egress gets the same wiring plus a way out: the node
 masquerades its traffic to the internet, and only there. Everything a job must never reach stays
-dropped first: the node itself (the input hook), the platform's own addresses, and every private,
+dropped first: the node itself (the input hook), the platform's own addresses, the node's connected
+networks and gateways (its traffic goes through a gateway, never to it), and every private,
 loopback, link-local, CGNAT, multicast or reserved range (``NEVER_REACHED``); the one exception is
 DNS (port 53) to the node's own resolvers, so names resolve. IPv6 stays off in the namespace.
+
+Every part, with egress or not, takes a bounded share of the node's connection-tracking table: new
+flows through its link paced, open ones capped, closed TCP ones gone in seconds (``TRACKED``).
 
 Addresses need no coordination at run time: each node owns a /24 of ``E31_JOB_SUBNET`` (its network
 slot, the lowest free one given at its first registration and unique in the database), and each part a
@@ -19,6 +23,7 @@ GPU is held twice). The operator routes each node's /24 to that node.
 """
 
 import ipaddress
+import json
 import os
 import re
 import subprocess
@@ -102,15 +107,17 @@ def part_addresses(subnet: str, slot: int | None, gpu_indices: Sequence[int]) ->
 
 def plan(*, subnet: str, key: str, slot: int | None, gpu_indices: Sequence[int],
          peers: Sequence[tuple[int | None, Sequence[int]]], egress: bool = False,
-         platform: Sequence[str] = (), resolvers: Sequence[str] = ()) -> PartNetwork:  # fmt: skip
+         platform: Sequence[str] = (), resolvers: Sequence[str] = (), node: Sequence[str] | None = None) -> PartNetwork:  # fmt: skip
     """The part's network named by ``key`` (ten characters); ``peers``: (network slot, GPU indices) of every part.
 
     With ``egress``, ``platform`` lists the console's, database's, brokers', caches', registries' and nodes' own networks,
-    dropped like the private ranges even where they are public addresses.
+    and ``node`` this node's connected networks and gateways (``node_networks()`` when not given), all dropped like the
+    private ranges even where they are public addresses.
     """
     host, own = part_addresses(subnet, slot, gpu_indices)
     addresses = tuple(part_addresses(subnet, peer, gpus)[1] for peer, gpus in peers)
-    networks = [ipaddress.ip_network(n, strict=False) for n in (*NEVER_REACHED, subnet, *platform)]
+    local = (node_networks() if node is None else node) if egress else ()
+    networks = [ipaddress.ip_network(n, strict=False) for n in (*NEVER_REACHED, subnet, *platform, *local)]
     deny = tuple(str(n) for n in ipaddress.collapse_addresses(n for n in networks if n.version == 4))
     return PartNetwork(**_names(key), host_address=host, address=own,
                        peers=addresses, egress=egress, deny=deny, resolvers=tuple(resolvers), subnet=subnet)  # fmt: skip
@@ -132,6 +139,27 @@ def node_resolvers(resolv_conf: str = "/etc/resolv.conf") -> tuple[str, ...]:
             if not address.is_loopback:
                 found.append(str(address))
     return tuple(found)
+
+
+def node_networks(addresses: list[dict] | None = None, routes: list[dict] | None = None) -> tuple[str, ...]:
+    """The node's connected IPv4 networks and the routers its routes go through (``ip -4 -json addr`` and
+    ``ip -4 -json route show table all``, read when not given): a job's traffic goes through a gateway, never to it."""
+    addresses = _ip_json(["-4", "-json", "addr"]) if addresses is None else addresses
+    routes = _ip_json(["-4", "-json", "route", "show", "table", "all"]) if routes is None else routes
+    found = []
+    for info in (info for link in addresses for info in link.get("addr_info", ())):
+        if info.get("family", "inet") == "inet" and info.get("prefixlen"):  # never a /0: that is everything
+            found.append(ipaddress.IPv4Interface(f"{info['local']}/{info['prefixlen']}").network)
+    hops = [hop for route in routes for hop in (route, *route.get("nexthops", ()))]
+    found += [ipaddress.IPv4Network(hop["gateway"]) for hop in hops if hop.get("gateway")]
+    return tuple(str(n) for n in ipaddress.collapse_addresses(found))
+
+
+def _ip_json(args: list[str]) -> list[dict]:
+    try:
+        return json.loads(_quietly(["ip", *args]) or "[]")
+    except ValueError:
+        return []
 
 
 def describe(net: "PartNetwork | None", *, sandboxed: bool) -> str:

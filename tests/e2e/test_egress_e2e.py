@@ -1,9 +1,10 @@
 """Egress per team on real agents: offline by default; allowed, the internet only.
 
 No outside address is reachable from this machine, so "the internet" is a network namespace the
-test wires to the node through a veth of its own, holding a public-looking address (198.51.100.7,
-TEST-NET-2) with a listener, and private addresses (10.x, 172.16.x) behind the same link: a job must
-reach the first and never the others, the node's own address or the console.
+test wires to the node through a veth of its own, the node's gateway (a public-looking network of
+the node's, TEST-NET-3) holding a public-looking address behind it (198.51.100.7, TEST-NET-2) with a
+listener, and private addresses (10.x, 172.16.x): a job must reach the first through the gateway and
+never the gateway, the others, the node's own address or the console.
 """
 
 import http.server
@@ -27,6 +28,8 @@ from tests.factories import MembershipFactory, TeamFactory, UserFactory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 INTERNET, PRIVATE, PRIVATE_172 = "198.51.100.7", "10.213.77.7", "172.31.77.7"
+# The node's end of its uplink and its gateway to the internet: the node's own public network, never reached.
+UPLINK, GATEWAY = "203.0.113.233", "203.0.113.234"
 
 PROBE = """
 import json, socket, sys
@@ -81,23 +84,23 @@ def sh(*cmd: str) -> None:
 
 @pytest.fixture
 def the_internet():
-    """A namespace standing for the internet, routed through the node like an uplink with forwarding on."""
+    """A namespace standing for the internet behind the node's gateway, on an uplink with forwarding on."""
     tag = uuid.uuid4().hex[:6]
     ns, host_link = f"e31inet-{tag}", f"e31i{tag}"
     sh("ip", "netns", "add", ns)
     try:
         sh("ip", "link", "add", host_link, "type", "veth", "peer", "name", "uplink", "netns", ns)
-        sh("ip", "addr", "add", "198.51.100.1/24", "dev", host_link)
+        sh("ip", "addr", "add", f"{UPLINK}/29", "dev", host_link)
         sh("ip", "link", "set", host_link, "up")
         with open(f"/proc/sys/net/ipv4/conf/{host_link}/forwarding", "w") as handle:
             handle.write("1")  # replies come back in on the uplink: the operator enables forwarding there
-        for address in (f"{INTERNET}/24", f"{PRIVATE}/32", f"{PRIVATE_172}/32"):
+        for address in (f"{GATEWAY}/29", f"{INTERNET}/32", f"{PRIVATE}/32", f"{PRIVATE_172}/32"):
             sh("ip", "-n", ns, "addr", "add", address, "dev", "uplink")
         sh("ip", "-n", ns, "link", "set", "uplink", "up")
         sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "-n", ns, "route", "add", "default", "via", "198.51.100.1")
-        for private in (PRIVATE, PRIVATE_172):  # the node routes them there, as a private network would be
-            sh("ip", "route", "add", f"{private}/32", "via", INTERNET)
+        sh("ip", "-n", ns, "route", "add", "default", "via", UPLINK)
+        for address in (INTERNET, PRIVATE, PRIVATE_172):  # the node routes them through its gateway
+            sh("ip", "route", "add", f"{address}/32", "via", GATEWAY)
         server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SERVER])
         try:
             probe = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", READY], timeout=30)
@@ -106,8 +109,8 @@ def the_internet():
         finally:
             server.kill()
     finally:
-        for private in (PRIVATE, PRIVATE_172):
-            subprocess.run(["ip", "route", "del", f"{private}/32"], capture_output=True)
+        for address in (INTERNET, PRIVATE, PRIVATE_172):
+            subprocess.run(["ip", "route", "del", f"{address}/32"], capture_output=True)
         subprocess.run(["ip", "link", "del", host_link], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
@@ -130,6 +133,7 @@ def test_jobs_are_offline_by_default_and_an_allowed_team_reaches_the_internet_on
     threading.Thread(target=console.serve_forever, daemon=True).start()
     port = console.server_address[1]
     targets = [("internet", INTERNET, 8080), ("private 10/8", PRIVATE, 8080), ("private 172.16/12", PRIVATE_172, 8080),
+               ("the node's gateway", GATEWAY, 8080),
                ("console on loopback", "127.0.0.1", port), ("postgresql", "127.0.0.1", 5432)]  # fmt: skip
     targets += [(f"node address {ip}", ip, port) for ip in node_addresses()]
     try:
