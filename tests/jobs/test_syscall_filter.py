@@ -239,5 +239,7 @@ def test_the_submit_form_says_where_a_job_runs_and_which_calls_it_is_refused(mem
         assert ", ".join(names) in section
     assert "AF_ALG and AF_VSOCK" in section and "<code>io_uring</code>" in section
     assert "<code>io_setup</code> answer <em>not implemented</em>" in section
-    assert "other than Unix, IPv4, IPv6 and netlink ones answer <em>Address family not supported</em>" in section
+    assert (
+        "other than Unix, IPv4, IPv6 and netlink ones answer <em>Address family not supported</em>" in section
+    )
     assert f"at most {sandbox.JOB_OPEN_FILES} open files" in section and "no terminal" in section
