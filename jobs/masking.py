@@ -20,6 +20,7 @@ class SecretMask:
         values = {value.encode(): f"[secret {name}]".encode() for name, value in secrets.items() if value}
         self._names = values
         self._values = sorted(values, key=len, reverse=True)
+        self._periods = {value: _period(value) for value in self._values}
         self._hold = max(map(len, self._values), default=1) - 1
         self._pending = b""
         # How many leading bytes of ``_pending`` an occurrence already masked (its label written) still covers.
@@ -67,11 +68,34 @@ class SecretMask:
     def _occurrences(self, data: bytes, cut: int) -> Iterator[tuple[int, int, bytes]]:
         """(start, -length, value) of every occurrence starting before ``cut``, overlapping ones too, by start;
         of the values starting at one byte the longest first (a value that contains another is masked whole)."""
-        return heapq.merge(*(_starts(data, value, cut) for value in self._values))
+        return heapq.merge(*(_starts(data, value, self._periods[value], cut) for value in self._values))
 
 
-def _starts(data: bytes, value: bytes, cut: int) -> Iterator[tuple[int, int, bytes]]:
-    start = data.find(value, 0, cut + len(value) - 1)
+def _starts(data: bytes, value: bytes, period: int, cut: int) -> Iterator[tuple[int, int, bytes]]:
+    """Where ``value`` starts in ``data`` before ``cut``. Two occurrences closer than the value's length make it
+    repeat with their distance, so none starts less than ``period`` after another; and where it repeats, the
+    next one starts exactly one period on if the period's bytes after this one follow: comparing those alone,
+    not the whole value again, keeps a job printing its own repeating secret from costing the output times the value."""
+    end = cut + len(value) - 1  # an occurrence must lie within data[:end]
+    follows = value[len(value) - period :]
+    start = data.find(value, 0, end)
     while start != -1:
         yield start, -len(value), value
-        start = data.find(value, start + 1, cut + len(value) - 1)
+        if period < len(value) and data.startswith(follows, start + len(value), end):
+            start += period
+        else:
+            start = data.find(value, start + period, end)
+
+
+def _period(value: bytes) -> int:
+    """The smallest p with value[i] == value[i + p] wherever both exist (the length for a value that never
+    repeats within itself): the length less its longest proper prefix that is also a suffix (KMP's table)."""
+    border = [0] * len(value)
+    k = 0
+    for i in range(1, len(value)):
+        while k and value[i] != value[k]:
+            k = border[k - 1]
+        if value[i] == value[k]:
+            k += 1
+        border[i] = k
+    return len(value) - border[-1]
