@@ -101,5 +101,14 @@ def notify_queue() -> str:
     return f"{control_queue()}.notify"
 
 
+def queue_depth(queue: str) -> int:
+    """Messages waiting on ``queue`` (0 where the broker has no such queue yet or cannot be asked)."""
+    try:
+        with celery.current_app.connection_for_read() as conn:
+            return conn.default_channel.queue_declare(queue=queue, passive=True).message_count
+    except Exception:  # no such queue, or the broker is down: nothing known to wait
+        return 0
+
+
 def node_queue(node_name: str) -> str:
     return f"node.{node_name}"

@@ -8,6 +8,7 @@ re-sends anything due: a lost message delays an event, never loses it.
 
 import http.client
 import json
+import logging
 import secrets
 import ssl
 import time
@@ -34,6 +35,7 @@ from notifications.models import (
     WebhookDelivery,
 )
 
+log = logging.getLogger(__name__)
 DELIVER_WEBHOOK = "notifications.tasks.deliver_webhook"
 SEND_JOB_EMAIL = "notifications.tasks.send_job_email"
 MIN_SECRET, MAX_SECRET = 16, 200
@@ -266,8 +268,21 @@ def _owed_emails(now: datetime) -> QuerySet[JobEmail]:
     return JobEmail.objects.filter(unclaimed, due_at__isnull=False, sent_at__isnull=True)
 
 
+# Past this many waiting on the notification queue the sweep rings for nothing: no notification worker is taking
+# them (a deployment upgraded without one), and ringing every 5 s for every delivery due would grow the queue
+# until the broker's memory ran out. What is due stays due in the database and is rung once a worker drains it.
+NOTIFY_BACKLOG = 2000
+
+
 def send_due_notifications(*, now: datetime) -> int:
     """Beat's sweep: rings again for every delivery due and every e-mail owed a while."""
+    waiting = dispatch.queue_depth(dispatch.notify_queue())
+    if waiting >= NOTIFY_BACKLOG:
+        log.warning(
+            "%d notifications wait on the queue and none is taken: is a notification worker running "
+            "(celery -A e31web worker -Q %s)? None rung again until it drains", waiting, dispatch.notify_queue(),
+        )  # fmt: skip
+        return 0
     due = list(
         WebhookDelivery.objects.filter(state=WebhookDelivery.PENDING, next_attempt_at__lte=now)
         .order_by("next_attempt_at")

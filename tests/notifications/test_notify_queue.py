@@ -65,3 +65,36 @@ def test_a_dead_node_is_still_reaped_while_four_webhooks_hang(settings, monkeypa
                 conn.default_channel.queue_delete(queue)
                 for key in client.keys(f"*{queue}*"):
                     client.delete(key)
+
+
+def test_the_sweep_stops_ringing_while_no_worker_takes_the_notifications(settings, monkeypatch, team, caplog):
+    """A deployment upgraded without a notification worker: every 5 s beat's sweep rang again for every delivery
+    due, and the unconsumed queue grew by up to 200 messages a second until the broker's memory ran out. Past
+    NOTIFY_BACKLOG waiting, the sweep rings for nothing and says why."""
+    if not django_settings.CELERY_BROKER_URL.startswith("redis://"):
+        pytest.fail("needs the Redis broker (CELERY_BROKER_URL=redis://…; make test sets it)")
+    app = celery.current_app
+    control = settings.CELERY_TASK_DEFAULT_QUEUE = f"control-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setattr(notify, "NOTIFY_BACKLOG", 3)
+    hook = Webhook.objects.create(
+        team=team, url="https://hooks.example/e31", secret="x" * 20, created_at=timezone.now()
+    )
+    for i in range(2):
+        WebhookDelivery.objects.create(
+            webhook=hook, event_key=f"k{i}", event="ended", job=JobFactory(team=team), payload={},
+            next_attempt_at=timezone.now(), created_at=timezone.now(),
+        )  # fmt: skip
+    try:
+        assert notify.send_due_notifications(now=timezone.now()) == 2  # 2 waiting
+        assert (
+            notify.send_due_notifications(now=timezone.now()) == 2
+        )  # 4 waiting: past the backlog from now on
+        assert notify.send_due_notifications(now=timezone.now()) == 0
+        assert dispatch.queue_depth(dispatch.notify_queue()) == 4
+        assert (
+            "4 notifications wait on the queue" in caplog.text
+            and "-Q " + dispatch.notify_queue() in caplog.text
+        )
+    finally:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(f"{control}.notify")
