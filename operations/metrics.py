@@ -3,7 +3,7 @@
 The console runs several gunicorn workers and Celery processes, so an in-process counter would say
 something different in each: every value here is computed from the database when Prometheus asks, by a
 collector registered on a registry of its own for that scrape (never the library's global one). A scrape
-runs a fixed number of queries (13, and one to check the token's address) whatever the size of the pool,
+runs a fixed number of queries (13) whatever the size of the pool,
 the queue or the history, through the pages' own reads where they exist. Labels stay bounded: per state,
 per node, per probe; never per job or team, and no text a team wrote. prometheus_client writes the
 exposition format, its escaping and its content type (the OpenMetrics text when a scraper asks for it).
@@ -12,7 +12,8 @@ Who may read it: a scraper sending ``Authorization: Bearer <E31_METRICS_TOKEN>``
 in the browser. Everyone else gets 404, like the other operator pages, and so does everyone while no token
 is configured (the endpoint is off). A scraper needs no cookie and no CSRF token: it only GETs. A client
 address that has sent E31_METRICS_FAILURE_LIMIT wrong tokens in a clock-aligned window of
-E31_METRICS_FAILURE_WINDOW_S gets 429 for every token it sends until the window ends, the right one too.
+E31_METRICS_FAILURE_WINDOW_S gets 429 for every further wrong token until the window ends; the right token
+is always served, so nobody sharing the scraper's address can keep the monitoring dark.
 """
 
 import hmac
@@ -311,9 +312,7 @@ def _failure_window(request: HttpRequest) -> tuple[str, int]:
 
 
 def _refused_for_s(request: HttpRequest) -> int:
-    """Seconds this address stays refused for its wrong tokens; 0 when it is not, or sends no token."""
-    if not settings.E31_METRICS_TOKEN or "Authorization" not in request.headers:
-        return 0
+    """Seconds this address stays refused for its wrong tokens; 0 when it is not."""
     key, left = _failure_window(request)
     return left if cache.get(f"e31:refused:{key}") else 0
 
@@ -322,29 +321,20 @@ def _count_wrong_token(request: HttpRequest) -> None:
     """Only wrong tokens count: a scraper with the right one never adds to its address's count."""
     key, left = _failure_window(request)
     if ratelimit.hit(key, window_s=left) >= settings.E31_METRICS_FAILURE_LIMIT:
-        # A flag in the shared cache, read before any comparison (the limiter only counts up): past the limit
-        # the right token is refused as well, so a guesser cannot tell a hit from a miss.
+        # A flag in the shared cache (the limiter only counts up): past the limit a wrong token gets 429.
         cache.set(f"e31:refused:{key}", True, timeout=left)
 
 
-def _token_matches(request: HttpRequest, header: str, expected: str) -> bool:
+def _token_matches(header: str, expected: str) -> bool:
     scheme, _, token = header.partition(" ")
     # On bytes: constant time whatever the two hold, and no TypeError for a header that is not ASCII.
-    ok = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), expected.encode())
-    if not ok:
-        denials.record(request, status=404, reason="not the metrics token")
-        _count_wrong_token(request)
-    return ok
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), expected.encode())
 
 
 def may_read(request: HttpRequest) -> bool:
-    """The metrics token when an Authorization header is sent, else an operator's session; nobody when off."""
-    expected = settings.E31_METRICS_TOKEN
-    if not expected:
+    """An operator's session when no Authorization header is sent; nobody when off. A token is checked first."""
+    if not settings.E31_METRICS_TOKEN:
         return False
-    header = request.headers.get("Authorization")
-    if header is not None:
-        return _token_matches(request, header, expected)
     if request.user.is_staff:
         return True
     if request.user.is_authenticated:
@@ -368,9 +358,21 @@ def _too_many_wrong_tokens(request: HttpRequest, retry_after_s: int) -> HttpResp
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """GET /metrics. Access first, so a refused visitor gets the same answer whatever the method."""
-    if retry_after_s := _refused_for_s(request):
-        return _too_many_wrong_tokens(request, retry_after_s)
+    """GET /metrics. Access first, so a refused visitor gets the same answer whatever the method.
+
+    The token is compared before anything else, and the right one is always served: a flag on the address
+    would let anyone sharing the scraper's address (NAT, an untrusted proxy) keep the monitoring dark with a
+    few wrong tokens each window, while hiding a hit of a token this long protects little. A wrong token
+    counts towards its address's limit, and past it gets 429 instead of 404."""
+    expected, header = settings.E31_METRICS_TOKEN, request.headers.get("Authorization")
+    if expected and header is not None:
+        if _token_matches(header, expected):
+            return _metrics(request)
+        if retry_after_s := _refused_for_s(request):
+            return _too_many_wrong_tokens(request, retry_after_s)
+        denials.record(request, status=404, reason="not the metrics token")
+        _count_wrong_token(request)
+        raise Http404("No such page")
     if not may_read(request):
         raise Http404("No such page")
     return _metrics(request)
