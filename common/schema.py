@@ -10,9 +10,11 @@ updated under a running process must not make its old code look new. The databas
 """
 
 import hashlib
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 
+from django.db import OperationalError
 from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.recorder import MigrationRecorder
 
@@ -88,8 +90,26 @@ def _names(keys: list[Key]) -> str:
     return shown + (f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else "")
 
 
+# After a reboot a web process or a worker may start before PostgreSQL takes connections: its check waits this
+# long for the database, asking again at this pace, before it gives up.
+DATABASE_WAIT_S = 60.0
+DATABASE_RETRY_S = 2.0
+
+
 def refuse_to_start(what: str, connection) -> None:
-    """Exits with one line naming ``what`` (web, worker, beat) and why, when this code and the database disagree.
-    An exit, not an exception: Celery logs a signal receiver's exception and goes on starting."""
-    if reason := check(connection):
+    """Exits with one line naming ``what`` (web, worker, beat) and why, when this code and the database disagree,
+    or when the database has not answered for DATABASE_WAIT_S. An exit, not an exception: Celery logs a signal
+    receiver's exception and goes on starting."""
+    if reason := _check_when_up(connection):
         raise SystemExit(f"{what} not started: {reason}")
+
+
+def _check_when_up(connection) -> str:
+    give_up = time.monotonic() + DATABASE_WAIT_S
+    while True:
+        try:
+            return check(connection)
+        except OperationalError as exc:
+            if time.monotonic() >= give_up:
+                return f"the database does not answer: {str(exc).strip()}"
+            time.sleep(DATABASE_RETRY_S)

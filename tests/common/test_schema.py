@@ -2,7 +2,7 @@
 side is behind and what to do."""
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.db.migrations.executor import MigrationExecutor
 
 from common import schema
@@ -103,3 +103,35 @@ def test_a_migration_not_yet_applied_is_found_as_django_plans_it():
 def test_the_look_at_the_database_is_one_query(django_assert_num_queries):
     with django_assert_num_queries(1):
         assert ("jobs", "0001_initial") in schema.applied(connection)
+
+
+def test_a_process_starting_before_its_database_waits_for_it_a_while(monkeypatch):
+    """After a reboot gunicorn or a worker may start before PostgreSQL takes connections: the check waits for it
+    (``DATABASE_WAIT_S``) instead of exiting on the first refused connection with a traceback."""
+    answers = [OperationalError("connection refused"), OperationalError("connection refused"), ""]
+
+    def check(connection):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(schema, "check", check)
+    monkeypatch.setattr(schema, "DATABASE_RETRY_S", 0.01)
+    schema.refuse_to_start("web", connection=None)
+    assert answers == []
+
+
+def test_a_database_that_never_answers_stops_the_start_with_one_line(monkeypatch):
+    def check(connection):
+        raise OperationalError('connection to server at "127.0.0.1", port 5432 failed: Connection refused')
+
+    monkeypatch.setattr(schema, "check", check)
+    monkeypatch.setattr(schema, "DATABASE_RETRY_S", 0.01)
+    monkeypatch.setattr(schema, "DATABASE_WAIT_S", 0.05)
+    with pytest.raises(SystemExit) as stopped:
+        schema.refuse_to_start("web", connection=None)
+    assert str(stopped.value) == (
+        'web not started: the database does not answer: connection to server at "127.0.0.1", port 5432 failed: '
+        "Connection refused"
+    )
