@@ -37,6 +37,7 @@ from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 from django.urls import reverse  # noqa: E402
 
 from accounts.models import Team  # noqa: E402
+from common import schema  # noqa: E402
 from jobs.models import Allocation, GpuHold, Job, Node  # noqa: E402
 from operations import utilisation  # noqa: E402
 from operations.models import TeamBusySample, UtilisationSample  # noqa: E402
@@ -71,7 +72,7 @@ def waiting(i: int, teams: list[Team]) -> Job:
 def create_pool() -> None:
     teams = Team.objects.bulk_create(Team(name=f"team-{i:02d}", slug=f"team-{i:02d}") for i in range(TEAMS))
     nodes = Node.objects.bulk_create(
-        Node(name=f"gpu-{i:04d}", gpus=GPUS, gpu_model="h100", agent_version="1.4.2", last_heartbeat=NOW,
+        Node(name=f"gpu-{i:04d}", gpus=GPUS, gpu_model="h100", agent_version=schema.code().version, last_heartbeat=NOW,
              sandbox="none" if i % 100 == 0 else "bubblewrap", registered_at=NOW, state_changed_at=NOW)
         for i in range(NODES)
     )  # fmt: skip

@@ -63,6 +63,7 @@ from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
 from accounts import services as accounts  # noqa: E402
 from accounts.models import Membership, Team  # noqa: E402
+from common import schema  # noqa: E402
 from jobs.models import Allocation, Job, Node  # noqa: E402
 from metering.models import MeterEntry  # noqa: E402
 from metering.periods import hour_slices, micros  # noqa: E402
@@ -168,9 +169,10 @@ def load(rng: random.Random) -> None:
     """Loads the data, a member of team-00 and an operator."""
     teams = Team.objects.bulk_create(Team(name=f"team-{i:02d}", slug=f"team-{i:02d}") for i in range(TEAMS))
     nodes = Node.objects.bulk_create(
-        Node(name=f"gpu-{i:03d}", gpus=8, registered_at=NOW, state_changed_at=NOW, last_heartbeat=NOW)
+        Node(name=f"gpu-{i:03d}", gpus=8, registered_at=NOW, state_changed_at=NOW, last_heartbeat=NOW,
+             agent_version=schema.code().version)  # a pool on the console's code: no OTHER CODE on the page
         for i in range(NODES)
-    )
+    )  # fmt: skip
     spans = _spans(rng, JOBS - WAITING)
     jobs = _jobs(teams, spans, rng)
     allocations = Allocation.objects.bulk_create(
