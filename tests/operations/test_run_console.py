@@ -129,8 +129,10 @@ CONSOLE = textwrap.dedent("""
     django.setup()
     from operations import supervisor
     from operations.management.commands import run_console
-    web = [sys.executable, "-m", "gunicorn", "--chdir", sys.argv[1], "app:app", "--bind", "127.0.0.1:0",
-           "--workers", "1", "--pid", sys.argv[1] + "/gunicorn.pid"]
+    # -c: an empty config of its own; gunicorn would else read the checkout's gunicorn.conf.py (it starts in the
+    # console's folder), whose on_starting hook checks a database this toy app has not got.
+    web = [sys.executable, "-m", "gunicorn", "-c", sys.argv[1] + "/gunicorn.conf.py", "--chdir", sys.argv[1],
+           "app:app", "--bind", "127.0.0.1:0", "--workers", "1", "--pid", sys.argv[1] + "/gunicorn.pid"]
     console = supervisor.Supervisor({"web": web}, env=dict(os.environ), report=lambda children: None)
     console.start_all()
     print("started", flush=True)
@@ -155,6 +157,7 @@ def test_a_hangup_stops_the_web_server_with_the_console(tmp_path):
     (tmp_path / "app.py").write_text(
         "def app(environ, start_response):\n    start_response('200 OK', [])\n    return [b'ok']\n"
     )
+    (tmp_path / "gunicorn.conf.py").write_text("")
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "E31_TEST_DB_NAME")}
     env |= {"DJANGO_SETTINGS_MODULE": "e31web.settings", "E31_STATE_DIR": str(tmp_path / "var"),
             "CELERY_BROKER_URL": "filesystem://", "PYTHONUNBUFFERED": "1"}  # fmt: skip
@@ -162,13 +165,20 @@ def test_a_hangup_stops_the_web_server_with_the_console(tmp_path):
         [sys.executable, "-c", CONSOLE, str(tmp_path)], cwd=ROOT, env=env, start_new_session=True,
         stdout=open(tmp_path / "console.log", "wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
-    pid_file = tmp_path / "gunicorn.pid"
+    pid_file, log = tmp_path / "gunicorn.pid", tmp_path / "console.log"
     try:
         deadline = time.monotonic() + 30
-        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+        while (
+            b"Listening at" not in log.read_bytes() and console.poll() is None and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
+        # gunicorn logs it once its signal handlers are in: the master is up, and HUP to it means "reload"
+        assert b"Listening at" in log.read_bytes(), f"gunicorn never started:\n{log.read_text()}"
         master = int(pid_file.read_text())
-        time.sleep(1.0)  # gunicorn has installed its signal handlers
+        assert _alive(master) and console.poll() is None, (
+            f"gunicorn or the console stopped:\n{log.read_text()}"
+        )
+        time.sleep(0.5)  # its worker has booted
         os.killpg(console.pid, signal.SIGHUP)  # the terminal hangs up on the whole job
         console.wait(timeout=20)
         deadline = time.monotonic() + 8
