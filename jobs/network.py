@@ -13,8 +13,9 @@ networks and gateways (its traffic goes through a gateway, never to it), and eve
 loopback, link-local, CGNAT, multicast or reserved range (``NEVER_REACHED``); the one exception is
 DNS (port 53) to the node's own resolvers, so names resolve. IPv6 stays off in the namespace.
 
-Every part, with egress or not, takes a bounded share of the node's connection-tracking table: new
-flows through its link paced, open ones capped, closed TCP ones gone in seconds (``TRACKED``).
+Every part, with egress or not, takes a bounded share of the node's connection-tracking table for its flows
+to anything but its own job's parts: new ones paced, open ones capped, closed TCP ones gone in seconds
+(``TRACKED``). Flows between its job's parts are neither: a collective's full mesh opens one or more per rank pair.
 
 Addresses need no coordination at run time: each node owns a /24 of ``E31_JOB_SUBNET`` (its network
 slot, the lowest free one given at its first registration and unique in the database), and each part a
@@ -44,7 +45,9 @@ NEVER_REACHED = (
 # Every flow through a part's link takes an entry in the node's one connection-tracking table (nf_conntrack_max,
 # 262,144 on a default node), shared with every other part, the agent and the console: a full table drops new
 # connections node-wide. A part's entries stay under TRACKED + NEW_PER_SECOND * CLOSED_SECONDS + NEW_BURST = 1,262,
-# so 64 parts (the most a node's /24 serves) hold under a third of a default table, 8 parts under 4 %.
+# so 64 parts (the most a node's /24 serves) hold under a third of a default table, 8 parts under 4 %. Flows between
+# a job's own parts are accepted before these limits and not counted in that bound: a collective needs many at once
+# (Gloo's full mesh of 128 ranks on 16 parts, ~960 a part; NCCL's socket transport, several per peer).
 TRACKED = 512  # flows open at once (TCP until closed, UDP, ICMP): a download from hundreds of hosts fits
 NEW_PER_SECOND = 50  # new flows, DNS queries included: a job fetching from many hosts is paced, a sweep is
 NEW_BURST = 250  # opened at once before the pace applies (a pip install's first lookups and connections)
@@ -267,11 +270,10 @@ table inet {net.table} {{
     }}
     chain forward {{
         type filter hook forward priority 0; policy accept;
-        iifname {link} ct state new jump tracked
         {out} ip daddr {{ {others} }} accept
+        iifname {link} ct state new jump tracked
         {_egress_rules(net, out) if net.egress else ""}
         iifname {link} drop
-        oifname {link} ip saddr {{ {others} }} ip daddr {net.address} ct state new jump tracked
         oifname {link} ip saddr {{ {others} }} ip daddr {net.address} accept
         {f"oifname {link} ip daddr {net.address} ct state established,related accept" if net.egress else ""}
         oifname {link} drop

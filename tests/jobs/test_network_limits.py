@@ -1,7 +1,9 @@
 """A wired part cannot fill the node's connection-tracking table: its new flows are paced, its open flows capped,
-and its closed TCP flows leave the table in seconds. Real namespaces and nftables (as root): "the internet" is a
+and its closed TCP flows leave the table in seconds; its flows to its own job's other parts are neither, so a job
+spanning nodes connects every rank to every other. Real namespaces and nftables (as root): "the internet" is a
 namespace routed through a router on a link of the node's own, as an uplink is, with a server at a public address."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -25,7 +27,7 @@ s.bind(("0.0.0.0", {PORT})); s.listen(4096); print("ready", flush=True)
 held = []
 while True:
     c, _ = s.accept(); c.sendall(b"x")
-    held.append(c) if c.getsockname()[0] == "{OUTSIDE}" and len(held) < 4096 and HOLD else c.close()
+    held.append(c) if c.getsockname()[0] == HOLD and len(held) < 4096 else c.close()
 """
 CLIENT = """
 import json, socket, sys, time
@@ -70,18 +72,25 @@ def outside(request) -> Iterator[None]:
         sh(
             "ip", "route", "add", f"{OUTSIDE}/32", "via", ROUTER
         )  # the internet lies behind the node's gateway
-        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", f"HOLD = {hold}\n{SERVER}"],
-                                  stdout=subprocess.PIPE, text=True)  # fmt: skip
-        try:
-            assert server.stdout.readline().strip() == "ready"
+        with serving(ns, OUTSIDE if hold else None):
             yield
-        finally:
-            server.kill()
-            server.wait()
     finally:
         subprocess.run(["ip", "route", "del", f"{OUTSIDE}/32"], capture_output=True)
         subprocess.run(["ip", "link", "del", link], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@contextlib.contextmanager
+def serving(namespace: str, hold: str | None) -> Iterator[None]:
+    """The server on PORT in ``namespace``, keeping open the connections made to ``hold``."""
+    server = subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-c", f"HOLD = {hold!r}\n{SERVER}"],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        yield
+    finally:
+        server.kill()
+        server.wait()
 
 
 @pytest.fixture
@@ -165,3 +174,41 @@ for port in range(1024, 21024):
         ["ip", "netns", "exec", part.namespace, sys.executable, "-c", sweep], check=True, timeout=60
     )
     assert tracked(part) <= network.TRACKED
+
+
+@pytest.fixture
+def peers(outside) -> Iterator[tuple[network.PartNetwork, network.PartNetwork]]:
+    """Two wired parts of one job with egress, a server holding connections in the second; on GPUs of their own, so
+    their flows' entries (a peer's closed ones stay 120 s) are never counted as ``part``'s."""
+    tag = uuid.uuid4().hex[:4]
+    job = [(217, [59]), (217, [60])]
+    nets = [
+        network.plan(
+            subnet="100.64.0.0/10", key=f"tstpe{n}{tag}", slot=217, gpu_indices=gpus, peers=job, egress=True
+        )
+        for n, (_, gpus) in enumerate(job)
+    ]
+    try:
+        for net in nets:
+            network.wire(net)
+        with serving(nets[1].namespace, nets[1].address):
+            yield nets[0], nets[1]
+    finally:
+        for net in nets:
+            network.unwire(net)
+
+
+def test_a_part_opens_more_flows_at_once_to_its_own_jobs_parts_than_its_share_allows_outside(peers):
+    """Reproduction: Gloo's full mesh of 128 ranks on 16 parts needs ~960 connections a part; half never connected,
+    its parts' flows to each other paced and capped as though they went to the internet."""
+    part, peer = peers
+    count = network.TRACKED + 40  # opened at once: past NEW_BURST, and held: past TRACKED
+    ok, seconds, job = connect(part, peer.address, count, hold=True, timeout=0.2)
+    try:
+        # its share of the outside is untouched by them
+        outside_ok, _, outside_job = connect(part, OUTSIDE, 3, timeout=3)
+        outside_job.communicate("")
+    finally:
+        job.communicate("")
+    assert ok == count, (ok, seconds)
+    assert outside_ok == 3
