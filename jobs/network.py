@@ -146,7 +146,8 @@ def node_resolvers(resolv_conf: str = "/etc/resolv.conf") -> tuple[str, ...]:
 
 def node_networks(addresses: list[dict] | None = None, routes: list[dict] | None = None) -> tuple[str, ...]:
     """The node's connected IPv4 networks and the routers its routes go through (``ip -4 -json addr`` and
-    ``ip -4 -json route show table all``, read when not given): a job's traffic goes through a gateway, never to it."""
+    ``ip -4 -json route show table all``, read when not given; ``NetworkError`` when they cannot be): a job's traffic
+    goes through a gateway, never to it."""
     addresses = _ip_json(["-4", "-json", "addr"]) if addresses is None else addresses
     routes = _ip_json(["-4", "-json", "route", "show", "table", "all"]) if routes is None else routes
     found = []
@@ -159,10 +160,21 @@ def node_networks(addresses: list[dict] | None = None, routes: list[dict] | None
 
 
 def _ip_json(args: list[str]) -> list[dict]:
+    """What ``ip`` prints; a failure raises, never reads as none: the part would reach the node's own networks."""
+    cmd = " ".join(["ip", *args])
     try:
-        return json.loads(_quietly(["ip", *args]) or "[]")
-    except ValueError:
-        return []
+        done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NetworkError(f"{cmd}: {exc}") from exc
+    if done.returncode != 0:
+        raise NetworkError(f"{cmd}: exit status {done.returncode}: {done.stderr.strip()[:300]}")
+    try:
+        listed = json.loads(done.stdout)
+    except ValueError as exc:
+        raise NetworkError(f"{cmd}: unparsable output: {exc}") from exc
+    if not isinstance(listed, list):
+        raise NetworkError(f"{cmd}: unexpected output: {done.stdout.strip()[:300]}")
+    return listed
 
 
 def describe(net: "PartNetwork | None", *, sandboxed: bool) -> str:

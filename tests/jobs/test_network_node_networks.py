@@ -2,6 +2,9 @@
 through, even where they are public addresses, while its traffic still leaves through those routers."""
 
 import ipaddress
+import subprocess
+
+import pytest
 
 from jobs import network
 from tests import machine
@@ -60,3 +63,24 @@ def test_a_wired_part_reaches_the_outside_through_the_gateway_but_not_the_gatewa
         job.communicate("")
         reached[host] = ok
     assert reached == {limits.OUTSIDE: 1, limits.ROUTER: 0, limits.NEIGHBOUR: 0}
+
+
+@pytest.mark.parametrize(
+    "failing",
+    [
+        subprocess.CompletedProcess(
+            [], 1, stdout="", stderr="Cannot open netlink socket: Operation not permitted"
+        ),
+        subprocess.CompletedProcess([], 0, stdout="[{not json", stderr=""),
+    ],
+    ids=["exit-status", "unparsable"],
+)
+def test_a_part_with_egress_is_refused_when_the_nodes_networks_cannot_be_read(monkeypatch, failing):
+    """Reproduction: a failing ``ip`` read as no networks at all, and the part reached the node's own again."""
+    monkeypatch.setattr(network.subprocess, "run", lambda cmd, **kwargs: failing)
+    with pytest.raises(network.NetworkError, match="ip -4 -json addr"):
+        network.node_networks()
+    with pytest.raises(network.NetworkError):
+        network.plan(
+            subnet="100.64.0.0/10", key="abcdefghij", slot=3, gpu_indices=[0], peers=[(3, [0])], egress=True
+        )
