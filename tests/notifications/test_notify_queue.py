@@ -37,14 +37,7 @@ def test_a_dead_node_is_still_reaped_while_four_webhooks_hang(settings, monkeypa
 
     monkeypatch.setattr(notify, "deliver_webhook", hung_receiver)
     monkeypatch.setattr(nodes, "reap_silent_nodes", lambda *, now: reaped.append(time.monotonic()))
-    hook = Webhook.objects.create(
-        team=team, url="https://hooks.example/e31", secret="x" * 20, created_at=timezone.now()
-    )
-    for i in range(4):
-        WebhookDelivery.objects.create(
-            webhook=hook, event_key=f"k{i}", event="ended", job=JobFactory(team=team), payload={},
-            next_attempt_at=timezone.now(), created_at=timezone.now(),
-        )  # fmt: skip
+    _deliveries_due(team, 4)
     beat = django_settings.CELERY_BEAT_SCHEDULE["reap-silent-nodes"]
     try:
         with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, queues=[control],
@@ -76,14 +69,7 @@ def test_the_sweep_stops_ringing_while_no_worker_takes_the_notifications(setting
     app = celery.current_app
     control = settings.CELERY_TASK_DEFAULT_QUEUE = f"control-{uuid.uuid4().hex[:8]}"
     monkeypatch.setattr(notify, "NOTIFY_BACKLOG", 3)
-    hook = Webhook.objects.create(
-        team=team, url="https://hooks.example/e31", secret="x" * 20, created_at=timezone.now()
-    )
-    for i in range(2):
-        WebhookDelivery.objects.create(
-            webhook=hook, event_key=f"k{i}", event="ended", job=JobFactory(team=team), payload={},
-            next_attempt_at=timezone.now(), created_at=timezone.now(),
-        )  # fmt: skip
+    _deliveries_due(team, 2)
     try:
         assert notify.send_due_notifications(now=timezone.now()) == 2  # 2 waiting
         assert (
@@ -98,3 +84,15 @@ def test_the_sweep_stops_ringing_while_no_worker_takes_the_notifications(setting
     finally:
         with app.connection_for_write() as conn:
             conn.default_channel.queue_delete(f"{control}.notify")
+
+
+def _deliveries_due(team, count: int) -> None:
+    """``count`` webhook deliveries of ``team``, due now."""
+    hook = Webhook.objects.create(
+        team=team, url="https://hooks.example/e31", secret="x" * 20, created_at=timezone.now()
+    )
+    for i in range(count):
+        WebhookDelivery.objects.create(
+            webhook=hook, event_key=f"k{i}", event="ended", job=JobFactory(team=team), payload={},
+            next_attempt_at=timezone.now(), created_at=timezone.now(),
+        )  # fmt: skip
