@@ -5,6 +5,7 @@ team whose receiver accepts connections and never answers held all four with fou
 scheduler passes, the reaper, the reconciler and the meter waited behind it.
 """
 
+import logging
 import threading
 import time
 import uuid
@@ -70,6 +71,10 @@ def test_the_sweep_stops_ringing_while_no_worker_takes_the_notifications(setting
     control = settings.CELERY_TASK_DEFAULT_QUEUE = f"control-{uuid.uuid4().hex[:8]}"
     monkeypatch.setattr(notify, "NOTIFY_BACKLOG", 3)
     _deliveries_due(team, 2)
+    # Heard whatever logging a worker started earlier in the run left set up (it may disable existing loggers).
+    caplog.set_level(logging.WARNING, logger=notify.log.name)
+    monkeypatch.setattr(notify.log, "disabled", False)
+    notify.log.addHandler(caplog.handler)
     try:
         assert notify.send_due_notifications(now=timezone.now()) == 2  # 2 waiting
         assert (
@@ -82,6 +87,7 @@ def test_the_sweep_stops_ringing_while_no_worker_takes_the_notifications(setting
             and "-Q " + dispatch.notify_queue() in caplog.text
         )
     finally:
+        notify.log.removeHandler(caplog.handler)
         with app.connection_for_write() as conn:
             conn.default_channel.queue_delete(f"{control}.notify")
 
