@@ -158,11 +158,7 @@ def test_the_devices_cgroup_refuses_a_gpu_not_allocated_even_when_the_job_can_se
             "/dev/nvidiactl",
             "/dev/null",
         ]
-        cmd = sandbox.command(argv=argv, env={"PATH": "/usr/bin"}, dirs=dirs, workdir="", mode=sandbox.BUBBLEWRAP,
-                              confinement=confinement)  # fmt: skip
-        proc = sandbox.launch(cmd, env={}, cwd=dirs.work, mode=sandbox.BUBBLEWRAP, confinement=confinement)
-        out, _ = proc.communicate(timeout=60)
-        seen = json.loads(out.decode().strip().splitlines()[-1])
+        seen = _last_json_line(argv, dirs, confinement)
     finally:
         devices.release(f"t{os.getpid()}")
         shutil.rmtree(state)
@@ -356,11 +352,7 @@ def test_the_devices_cgroup_refuses_pseudo_terminals_even_through_a_node_the_job
             uid=JOB_UID, gid=JOB_UID, devices=leaked, cgroup_procs=(str(procs),)
         )
         argv = ["/usr/bin/python3", "-c", OPEN_EACH, "/dev/leaked-ptmx", "/dev/leaked-pts0", "/dev/null"]
-        cmd = sandbox.command(argv=argv, env={"PATH": "/usr/bin"}, dirs=dirs, workdir="", mode=sandbox.BUBBLEWRAP,
-                              confinement=confinement)  # fmt: skip
-        proc = sandbox.launch(cmd, env={}, cwd=dirs.work, mode=sandbox.BUBBLEWRAP, confinement=confinement)
-        out, _ = proc.communicate(timeout=60)
-        seen = json.loads(out.decode().strip().splitlines()[-1])
+        seen = _last_json_line(argv, dirs, confinement)
     finally:
         devices.release(f"p{os.getpid()}")
         shutil.rmtree(state)
@@ -381,3 +373,12 @@ def test_a_job_reads_nothing_of_the_agents_environment_in_bubblewraps(monkeypatc
     seen_by_init, own_path = run_job(JOB_UID, ["/usr/bin/python3", "-c", probe]).splitlines()
     assert seen_by_init == str(["PATH=/usr/sbin:/usr/bin:/sbin:/bin", ""])
     assert own_path == "/usr/bin:/bin"  # what run_job gives the job
+
+
+def _last_json_line(argv: list[str], dirs, confinement) -> dict:
+    """What ``argv``, run in the sandbox with ``confinement``, printed as JSON on its last line."""
+    cmd = sandbox.command(argv=argv, env={"PATH": "/usr/bin"}, dirs=dirs, workdir="", mode=sandbox.BUBBLEWRAP,
+                          confinement=confinement)  # fmt: skip
+    proc = sandbox.launch(cmd, env={}, cwd=dirs.work, mode=sandbox.BUBBLEWRAP, confinement=confinement)
+    out, _ = proc.communicate(timeout=60)
+    return json.loads(out.decode().strip().splitlines()[-1])
