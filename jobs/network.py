@@ -46,8 +46,9 @@ NEVER_REACHED = (
 # 262,144 on a default node), shared with every other part, the agent and the console: a full table drops new
 # connections node-wide. A part's entries stay under TRACKED + NEW_PER_SECOND * CLOSED_SECONDS + NEW_BURST = 1,262,
 # so 64 parts (the most a node's /24 serves) hold under a third of a default table, 8 parts under 4 %. Flows between
-# a job's own parts are accepted before these limits and not counted in that bound: a collective needs many at once
-# (Gloo's full mesh of 128 ranks on 16 parts, ~960 a part; NCCL's socket transport, several per peer).
+# a job's own parts take no entry at all (``notrack``): a collective needs many at once (Gloo's full mesh of 128 ranks
+# on 16 parts, ~960 a part; NCCL's socket transport, several per peer), and the filter passes them by their addresses
+# alone, both ways, so no state is needed; tracked, they were the one way left for a job to fill the table.
 TRACKED = 512  # flows open at once (TCP until closed, UDP, ICMP): a download from hundreds of hosts fits
 NEW_PER_SECOND = 50  # new flows, DNS queries included: a job fetching from many hosts is paced, a sweep is
 NEW_BURST = 250  # opened at once before the pace applies (a pip install's first lookups and connections)
@@ -275,6 +276,11 @@ table inet {net.table} {{
     ct timeout closing {{
         protocol tcp; l3proto ip
         policy = {{ time_wait: {CLOSED_SECONDS}, close: {CLOSED_SECONDS} }}
+    }}
+    chain untracked {{
+        type filter hook prerouting priority raw; policy accept;
+        {out} ip daddr {{ {others} }} notrack
+        ip saddr {{ {others} }} ip daddr {net.address} notrack
     }}
     chain input {{
         type filter hook input priority 0; policy accept;

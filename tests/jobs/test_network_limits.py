@@ -1,7 +1,8 @@
 """A wired part cannot fill the node's connection-tracking table: its new flows are paced, its open flows capped,
 and its closed TCP flows leave the table in seconds; its flows to its own job's other parts are neither, so a job
-spanning nodes connects every rank to every other. Real namespaces and nftables (as root): "the internet" is a
-namespace routed through a router on a link of the node's own, as an uplink is, with a server at a public address."""
+spanning nodes connects every rank to every other, and they take no entry of the table at all. Real namespaces and
+nftables (as root): "the internet" is a namespace routed through a router on a link of the node's own, as an uplink
+is, with a server at a public address."""
 
 import contextlib
 import json
@@ -176,12 +177,12 @@ for port in range(1024, 21024):
     assert tracked(part) <= network.TRACKED
 
 
-@pytest.fixture
-def peers(outside) -> Iterator[tuple[network.PartNetwork, network.PartNetwork]]:
-    """Two wired parts of one job with egress, a server holding connections in the second; on GPUs of their own, so
-    their flows' entries (a peer's closed ones stay 120 s) are never counted as ``part``'s."""
+@pytest.fixture(params=[(59, 60)])
+def peers(request, outside) -> Iterator[tuple[network.PartNetwork, network.PartNetwork]]:
+    """Two wired parts of one job with egress, a server holding connections in the second; on GPUs of their own
+    (``request.param``), so entries of their flows that an earlier test left are never counted as another's."""
     tag = uuid.uuid4().hex[:4]
-    job = [(217, [59]), (217, [60])]
+    job = [(217, [gpu]) for gpu in request.param]
     nets = [
         network.plan(
             subnet="100.64.0.0/10", key=f"tstpe{n}{tag}", slot=217, gpu_indices=gpus, peers=job, egress=True
@@ -212,3 +213,28 @@ def test_a_part_opens_more_flows_at_once_to_its_own_jobs_parts_than_its_share_al
         job.communicate("")
     assert ok == count, (ok, seconds)
     assert outside_ok == 3
+
+
+def peer_entries(part: network.PartNetwork) -> int:
+    """The node's connection-tracking entries of flows between ``part`` and its job's other parts, either way."""
+    others = [f"dst={peer} " for peer in part.peers if peer != part.address]
+    with open("/proc/net/nf_conntrack") as table:
+        return sum(f"src={part.address} " in line and any(o in line for o in others) for line in table)
+
+
+@pytest.mark.parametrize("peers", [(56, 57)], indirect=True)
+def test_flows_between_a_jobs_parts_take_no_entries_of_the_nodes_table(peers):
+    """Reproduction: a job's two parts opened and closed 3,000 connections to each other in a few seconds and left
+    3,000 entries in the node's one table for 120 s each; a few such jobs fill it, and then every other team's new
+    connections on the node are dropped."""
+    part, peer = peers
+    left = peer_entries(part)  # an earlier run's, leaving the table (closed ones stay 120 s when tracked)
+    closed_ok, _, closed_job = connect(part, peer.address, 3000, timeout=1)
+    closed_job.communicate("")
+    held_ok, _, held_job = connect(part, peer.address, network.TRACKED + 40, hold=True, timeout=1)
+    try:
+        entries = peer_entries(part)
+    finally:
+        held_job.communicate("")
+    assert (closed_ok, held_ok) == (3000, network.TRACKED + 40)
+    assert entries <= left, (entries, left)
