@@ -44,8 +44,49 @@ app = typer.Typer(help=__doc__.split("\n\n")[0], no_args_is_help=True, add_compl
 # Piped into grep, awk or a file, a record stays on one line: with no terminal rich would lay everything out 80
 # columns wide and fold long names and command lines, splitting a row from its id.
 _PIPED_WIDTH = 100_000
-out = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else _PIPED_WIDTH)
-err = Console(stderr=True, highlight=False, markup=False, width=None if sys.stderr.isatty() else _PIPED_WIDTH)
+# What the console's API sends on a terminal, a job's log as a teammate's command line or the names a job gave its
+# output files: its colours (SGR), tabs, newlines and carriage returns (progress bars) as written; any other control
+# character (a hyperlink, a clipboard write, a new window title, a cleared screen, a backspace) shown as U+FFFD.
+_COLOUR_OR_CONTROL = re.compile(r"(\x1b\[[0-9;:]*m)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def _for_terminal(text: str) -> str:
+    return _COLOUR_OR_CONTROL.sub(lambda m: m.group(1) or "\ufffd", text)
+
+
+def _stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+class _Screen(Console):
+    """rich's console, printing every string as ``_for_terminal`` shows it while it writes to a terminal; piped, the
+    text goes as it is, like a piped log."""
+
+    def __init__(self, on_terminal, **options) -> None:
+        super().__init__(highlight=False, markup=False, **options)
+        self._on_terminal = on_terminal
+
+    def print(self, *objects, **options) -> None:
+        if self._on_terminal():
+            objects = tuple(_for_terminal(o) if isinstance(o, str) else o for o in objects)
+        super().print(*objects, **options)
+
+
+class _ScreenTable(Table):
+    """A table of stdout whose cells are shown as ``_Screen`` shows a string."""
+
+    def add_row(self, *cells, **options) -> None:
+        if _stdout_is_terminal():
+            cells = tuple(_for_terminal(c) if isinstance(c, str) else c for c in cells)
+        super().add_row(*cells, **options)
+
+
+out = _Screen(lambda: _stdout_is_terminal(), width=None if sys.stdout.isatty() else _PIPED_WIDTH)
+err = _Screen(lambda: _stderr_is_terminal(), stderr=True, width=None if sys.stderr.isatty() else _PIPED_WIDTH)
 
 EXIT_API, EXIT_AUTH, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_INVALID, EXIT_UNREACHABLE = 1, 3, 4, 5, 6, 7
 # A 429 still answered after the client's retries says nothing of the job: it exits as an unreachable
@@ -369,19 +410,6 @@ def queue(team: Annotated[str, typer.Option(help="Team slug.")] = "") -> None:
     out.print(table if waiting else "No waiting jobs.")
 
 
-# A job's log on a terminal: its colours (SGR), tabs, newlines and carriage returns (progress bars) as written;
-# any other control character (a clipboard write, a new window title, a reset, a backspace) shown as U+FFFD.
-_COLOUR_OR_CONTROL = re.compile(r"(\x1b\[[0-9;:]*m)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-
-
-def _stdout_is_terminal() -> bool:
-    return sys.stdout.isatty()
-
-
-def _for_terminal(text: str) -> str:
-    return _COLOUR_OR_CONTROL.sub(lambda m: m.group(1) or "\ufffd", text)
-
-
 def _print_log(session: client.Api, job_id: int, *, follow: bool, attempt: int = 0, rank: int = 0) -> bool:
     """Reads from offset 0 to the end: without ``follow`` until a read brings nothing new (the log so
     far), with it until the console says the attempt's log is complete. False if retention removed it."""
@@ -521,7 +549,7 @@ def _states(states: dict[str, int]) -> str:
 
 
 def _table(*columns: str) -> Table:
-    table = Table(box=None, pad_edge=False, header_style="bold")
+    table = _ScreenTable(box=None, pad_edge=False, header_style="bold")
     for column in columns:
         table.add_column(column, overflow="fold")
     return table

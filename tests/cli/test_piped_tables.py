@@ -1,8 +1,11 @@
 """`e31` piped into another program writes one line per record, whatever the record's length."""
 
 import pytest
+from typer.testing import CliRunner
 
+from e31cli import main
 from tests.cli.inprocess import e31
+from tests.cli.test_outputs_download import FakeApi
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -26,3 +29,34 @@ def test_a_long_command_line_stays_on_its_line_when_show_is_piped(monkeypatch, t
     code, out, err = e31(monkeypatch, member_token, "show", str(job.id))
     assert code == 0, err
     assert f"  argv: python train.py --config {'c' * 200}" in out.splitlines(), out
+
+
+ESCAPES = "\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\ \x1b[2J\x1b[H \x1b]52;c;cHduZWQ=\x07 \x1b[1mbold\x1b[0m"
+SHOWN = "\ufffd]8;;https://evil.example/\ufffd\\click\ufffd]8;;\ufffd\\ \ufffd[2J\ufffd[H \ufffd]52;c;cHduZWQ=\ufffd \x1b[1mbold\x1b[0m"
+
+
+def test_on_a_terminal_a_teammates_command_line_never_drives_the_terminal(monkeypatch, team, member_token):
+    """A teammate's job ran `python -c` with escape sequences in its arguments; `e31 show` printed them as they
+    were: a hidden hyperlink, a cleared screen, a clipboard write. Colours stay, as in `e31 logs`."""
+    job = JobFactory(team=team, name="train", argv=["python", "-c", ESCAPES])
+    monkeypatch.setattr(main, "_stdout_is_terminal", lambda: True)
+    code, out, err = e31(monkeypatch, member_token, "show", str(job.id))
+    assert code == 0, err
+    assert f"  argv: python -c {SHOWN}" in out.splitlines(), repr(out)
+
+
+def test_on_a_terminal_the_names_a_job_gave_its_output_files_never_drive_the_terminal(monkeypatch, tmp_path):
+    """A job names its output files: `e31 outputs` printed a name with escape sequences as it was, in the table on
+    stdout and in the download's progress on stderr."""
+    fake = FakeApi([f"{ESCAPES}.txt"])
+    monkeypatch.setattr(main, "api", lambda: fake)
+    monkeypatch.setattr(main, "_stdout_is_terminal", lambda: True)
+    monkeypatch.setattr(main, "_stderr_is_terminal", lambda: True)
+    listed = CliRunner().invoke(main.app, ["outputs", "7"])
+    fetched = CliRunner().invoke(main.app, ["outputs", "7", "--download", str(tmp_path)])
+    assert listed.exit_code == fetched.exit_code == 0, (listed.output, fetched.output)
+    assert f"{SHOWN}.txt" in listed.stdout and f"{SHOWN}.txt: 1 bytes" in fetched.stderr, (
+        listed.stdout,
+        fetched.stderr,
+    )
+    assert (tmp_path / f"{ESCAPES}.txt").read_text() == "x"  # the file keeps the name the job gave it
