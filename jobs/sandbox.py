@@ -54,9 +54,10 @@ BUBBLEWRAP_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 # node's fs.file-max, after which every process on it but root's got ENFILE. This bounds a process, and the
 # attempt's pids group bounds its processes, but the product (4096 x 65536 with the default E31_ATTEMPT_PIDS,
 # 2**28) is far above a kernel-default fs.file-max (a tenth of memory in KiB: 2,466,239 on a 24 GiB node), so it
-# alone does not keep one job from the node's count: a node raises fs.file-max past every attempt's product (or to
-# systemd's LONG_MAX), and then what each file costs is kernel memory, charged to the attempt's memory group.
+# alone does not keep one job from the node's count: the agent raises fs.file-max past every attempt's product at
+# start (``raise_file_max``), and then what each file costs is kernel memory, charged to the attempt's memory group.
 JOB_OPEN_FILES = 65536
+FILE_MAX = Path("/proc/sys/fs/file-max")
 
 # The node as a job sees it, in this one place: what is not listed here does not exist inside.
 VIEW = {
@@ -546,11 +547,38 @@ def _enter(confinement: Confinement) -> None:
 
 
 def _bound_open_files() -> None:
+    limit = job_open_files()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
+def job_open_files() -> int:
     """JOB_OPEN_FILES, or the agent's own hard limit where that is lower: raising it takes CAP_SYS_RESOURCE,
     which an agent in a container may lack (and a lower one bounds the job as well)."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    limit = JOB_OPEN_FILES if hard == resource.RLIM_INFINITY else min(JOB_OPEN_FILES, hard)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    return JOB_OPEN_FILES if hard == resource.RLIM_INFINITY else min(JOB_OPEN_FILES, hard)
+
+
+def raise_file_max(*, attempts: int, path: Path = FILE_MAX) -> str:
+    """Raises the node's one count of open files (fs.file-max) past what ``attempts`` jobs may hold at once, and
+    says what it did ('' when it was high enough already).
+
+    On a kernel default, one job took every file of the node and the others' processes got ENFILE (root's alone are
+    let past it). Above the jobs' product, a file costs kernel memory, charged to the attempt's memory group, so
+    each job stops at its own memory limit instead: a 64 MiB group flooding eventfds was killed at its limit,
+    55 MiB of it kernel memory, with the node's count untouched by anyone else's.
+    """
+    needed = job_open_files() * settings.E31_ATTEMPT_PIDS * max(1, attempts)
+    current = int(path.read_text())
+    if current >= needed:
+        return ""
+    try:
+        path.write_text(f"{needed}\n")
+    except OSError as exc:
+        return (
+            f"fs.file-max is {current:,}, below the {needed:,} files its {attempts} attempts may hold, so one job "
+            f"can take every open file of the node; raise it (sysctl -w fs.file-max={needed}): {exc.strerror}"
+        )
+    return f"raised fs.file-max from {current:,} to {needed:,}, past what its {attempts} attempts may hold"
 
 
 def _own_session_keyring(libc: ctypes.CDLL) -> None:

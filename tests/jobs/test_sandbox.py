@@ -321,6 +321,44 @@ def test_a_jobs_processes_each_hold_a_bounded_number_of_open_files(monkeypatch):
     assert json.loads(run_job(JOB_UID, job)) == [[expected, expected], "EMFILE", expected - 1]
 
 
+def test_the_agent_raises_the_nodes_file_count_past_what_its_jobs_may_hold(settings, tmp_path):
+    """A node kept the kernel's default fs.file-max (2,466,255 here): each job process may hold 65,536 files and a
+    job E31_ATTEMPT_PIDS processes, so one job could take every file of the node and other teams' processes got
+    ENFILE. The agent raises it at start past its attempts' product; a file then costs the job's own memory."""
+    settings.E31_ATTEMPT_PIDS = 64
+    file_max = tmp_path / "file-max"
+    file_max.write_text("2466255\n")
+    needed = sandbox.job_open_files() * 64 * 8
+    assert sandbox.raise_file_max(attempts=8, path=file_max) == (
+        f"raised fs.file-max from 2,466,255 to {needed:,}, past what its 8 attempts may hold"
+    )
+    assert int(file_max.read_text()) == needed
+    assert sandbox.raise_file_max(attempts=8, path=file_max) == ""  # high enough: left as it is
+    file_max.write_text(str(2**63 - 1))  # systemd's
+    assert sandbox.raise_file_max(attempts=8, path=file_max) == "" and file_max.read_text() == str(2**63 - 1)
+
+
+def test_an_agent_that_cannot_raise_the_nodes_file_count_says_so_and_how(settings):
+    settings.E31_ATTEMPT_PIDS = 64
+    # A count of the kernel's (65,536) that nobody may write, root neither.
+    read_only = Path("/proc/sys/kernel/ngroups_max")
+    needed = sandbox.job_open_files() * 64
+    said = sandbox.raise_file_max(attempts=1, path=read_only)
+    assert said.startswith(f"fs.file-max is 65,536, below the {needed:,} files its 1 attempts may hold"), said
+    assert f"sysctl -w fs.file-max={needed}" in said
+
+
+@machine.needs(root=True)
+def test_the_agent_raises_the_real_fs_file_max():
+    before = int(sandbox.FILE_MAX.read_text())
+    attempts = before // (sandbox.job_open_files() * 4096) + 1  # just past today's value, whatever it is
+    try:
+        said = sandbox.raise_file_max(attempts=attempts)
+        assert int(sandbox.FILE_MAX.read_text()) == sandbox.job_open_files() * 4096 * attempts > before, said
+    finally:
+        sandbox.FILE_MAX.write_text(f"{before}\n")
+
+
 @ROOT_AND_BWRAP
 def test_a_job_has_no_pseudo_terminals_to_take_from_the_node():
     """Every sandbox's devpts draws on the node's one kernel.pty.max: a job opened 3,071 terminals and another
