@@ -14,9 +14,10 @@ from datetime import datetime
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from accounts.models import Team, TeamSecret
+from accounts.models import Membership, Team, TeamSecret
 
 # The same rule as a declared environment variable's name (jobs.declaration), kept here so that
 # accounts imports nothing of jobs: a secret is a variable the job receives.
@@ -32,6 +33,11 @@ class SecretInvalid(ValueError):
 
 class SecretsUnavailable(RuntimeError):
     """A secret the job declared cannot be handed over (deleted since intake, or the key does not open it)."""
+
+
+class SubmitterGone(SecretsUnavailable):
+    """Whoever submitted the job may no longer act for its team (removed from it, or the account deactivated):
+    the job gets none of the team's secrets, and its attempt does not start."""
 
 
 def keys() -> list[str]:
@@ -101,6 +107,33 @@ def delete_secret(*, team: Team, name: str) -> bool:
 
 def names(team: Team) -> list[str]:
     return list(TeamSecret.objects.filter(team=team).values_list("name", flat=True))
+
+
+def check_submitter(*, team_id: int, user_id: int | None) -> None:
+    """Raises SubmitterGone unless the job's submitter may still act for the team: an active member of it, or an
+    active operator (``is_staff``: an operator re-runs a team's job as themselves, ``operations.services``).
+
+    Read at each attempt's start, not at submission: a member removed, or an account deactivated, after queueing
+    jobs must not have them start later with the secrets (perhaps rotated since) of a team no longer theirs.
+    A job with no submitter passes: its account was deleted (deleting an account cancels its jobs that hold no
+    GPUs yet, ``jobs.membership``) or the platform made it itself (benchmarks, tests), and nobody's membership
+    can lapse. Here rather than in ``accounts.selectors``: it guards the one reader of the secrets, beside it.
+    """
+    if user_id is None:
+        return
+    user = (
+        get_user_model()
+        ._default_manager.filter(pk=user_id)
+        .values("username", "is_active", "is_staff")
+        .first()
+    )
+    if user is None:  # deleted between the job's read and this one
+        raise SubmitterGone("the account that submitted it was deleted")
+    if not user["is_active"]:
+        raise SubmitterGone(f"the account {user['username']} is deactivated")
+    if not user["is_staff"] and not Membership.objects.filter(team_id=team_id, user_id=user_id).exists():
+        team = Team.objects.filter(id=team_id).values_list("name", flat=True).first()
+        raise SubmitterGone(f"{user['username']} is no longer a member of team {team}")
 
 
 def values_for_attempt(*, team_id: int, declared: list[str]) -> dict[str, str]:

@@ -290,16 +290,17 @@ def _run_to_the_end(
     ending = None
     try:  # everything after the start is inside: whatever fails, the GPUs are released
         _bound_or_refuse(part, dirs)  # created mounted: the job's files live in its bounded space
-        # Decrypted only now, for the attempt this agent has just started, and held in memory only.
-        secrets = _with_database(
-            lambda: team_secrets.values_for_attempt(team_id=part.job.team_id, declared=part.job.secrets)
-        )
+        secrets = _with_database(lambda: _secrets_for(part.job))
         uid = uids.take(allocation_id) if uids and os.geteuid() == 0 else os.getuid()
         with LOCAL_GPUS.using(
             part.allocation.node.name, part.allocation.gpu_indices, allocation_id, wait_s=_gpu_wait_s()
         ):
             outcome, exit_code = _confined_run(part, dirs, mode, uid, secrets, after_exit.start)
         ran = True
+    except team_secrets.SubmitterGone as exc:  # a kind of SecretsUnavailable, told in its own words
+        ending = functools.partial(
+            _release_failed, part, f"not started, handed none of the team's secrets: {exc}"
+        )
     except team_secrets.SecretsUnavailable as exc:  # names only, never a value
         ending = functools.partial(_release_failed, part, f"secrets: {exc}")
     except GpusStillStopping as exc:
@@ -338,6 +339,17 @@ def _run_to_the_end(
         _with_database(lambda: _release_failed(part, detail))
     if dirs.checkpoint:
         _with_database(lambda: remove_ended_checkpoints(job_ids=[part.job.id]))
+
+
+def _secrets_for(job: Job) -> dict[str, str]:
+    """The team's secrets the job declared, decrypted only now, for the attempt this agent has just started, and
+    held in memory only; SubmitterGone when whoever submitted it may no longer act for the team.
+
+    Checked for every attempt, secrets declared or not: the job runs on the team's GPUs, budget, data and outputs
+    too. Removing a member cancels its jobs that hold no GPUs yet; this catches the rest: one placed while the
+    removal committed, one requeued after it, and every job of an account deactivated since it was queued."""
+    team_secrets.check_submitter(team_id=job.team_id, user_id=job.submitted_by_id)
+    return team_secrets.values_for_attempt(team_id=job.team_id, declared=job.secrets)
 
 
 def _agent_fault(what: str, exc: BaseException, allocation_id: int) -> str:

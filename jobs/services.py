@@ -158,15 +158,38 @@ def cancel_array(*, array_id: int, user, now: datetime) -> int:
 
 
 @transaction.atomic
-def cancel_job(*, job_id: int, user, now: datetime) -> bool:
-    """Cancels a live job. Before RENT it ends unmetered; after, the node agent stops it and releases."""
+def cancel_unstarted_jobs(
+    *, submitted_by_id: int, team_id: int | None, why: str, actor, now: datetime
+) -> int:
+    """Cancels an account's jobs (in one team, or in every team when ``team_id`` is None) that hold no GPUs yet,
+    each as ``cancel_job`` would, ``why`` its end detail; returns how many. Its jobs past RENT keep running.
+
+    Called inside a change of the team's members, which holds the team's row (or an account's deletion): a job row
+    another transaction holds (the scheduler renting it at this moment, staging moving it) is skipped, not waited
+    for, as that transaction may wait for the team's row in turn (a row it inserts refers to the team). A job skipped so, once placed, gets no secrets at its start (the node
+    agent checks its submitter again) and ends there, released with the reason.
+    """
+    waiting = Job.objects.filter(submitted_by_id=submitted_by_id, state__in=BEFORE_RENT)
+    if team_id is not None:
+        waiting = waiting.filter(team_id=team_id)
+    job_ids = list(waiting.select_for_update(skip_locked=True).order_by("id").values_list("id", flat=True))
+    return sum(cancel_job(job_id=job_id, user=actor, now=now, why=why) for job_id in job_ids)
+
+
+@transaction.atomic
+def cancel_job(*, job_id: int, user, now: datetime, why: str = "") -> bool:
+    """Cancels a live job. Before RENT it ends unmetered; after, the node agent stops it and releases.
+    ``why``: what else the team reads of the cancel, when not asked for on its own (a member removed)."""
     job = Job.objects.select_for_update().filter(id=job_id).first()
     if job is None or not job.is_alive:
         return False
     if job.state in BEFORE_RENT:
+        said = f"cancelled by {_actor(user)}" + (f": {why}" if why else "")
+        # The job page and the API show it beside "cancelled"; a plain cancel leaves the detail as it was.
+        detail = {"end_detail": why[:500]} if why else {}
         ended = transition(
             job_id=job_id, source=job.state, target=State.ENDED, now=now, actor=_actor(user),
-            end_reason=EndReason.CANCELLED, reason=f"cancelled by {_actor(user)}", pending_reason="",
+            end_reason=EndReason.CANCELLED, reason=said, pending_reason="", **detail,
         )  # fmt: skip
         if ended:
             dispatch.request_scheduler_pass()

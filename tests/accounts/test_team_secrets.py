@@ -221,3 +221,21 @@ def test_a_value_holding_a_lone_surrogate_is_refused_with_422(client, team, admi
     )
     assert response.status_code == 422 and "surrogate" in response.json()["detail"]
     assert not TeamSecret.objects.exists()
+
+
+def test_only_a_submitter_who_may_still_act_for_the_team_passes_the_check_at_start(
+    team, member, outsider, operator
+):
+    """An active member, an active operator (who re-runs a team's job as themselves) and a job with no submitter
+    pass; a member of another team only, or a deactivated account, is refused, and the reason names why."""
+    for user_id in (member.id, operator.id, None):
+        team_secrets.check_submitter(team_id=team.id, user_id=user_id)
+    with pytest.raises(team_secrets.SubmitterGone, match=r"^bob is no longer a member of team vision$"):
+        team_secrets.check_submitter(team_id=team.id, user_id=outsider.id)
+    for user in (member, operator):
+        user.is_active = False
+        user.save()
+        with pytest.raises(
+            team_secrets.SubmitterGone, match=rf"^the account {user.username} is deactivated$"
+        ):
+            team_secrets.check_submitter(team_id=team.id, user_id=user.id)
