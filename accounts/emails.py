@@ -19,15 +19,3 @@ def team_invitation(*, email: str, team: Team, by: str, link: str, expires_at: d
         template="accounts/email/team_invitation.txt",
         context={"team": team, "by": by, "link": link, "expires_at": expires_at},
     )
-
-
-def added_to_team(*, user, team: Team, by: str, link: str) -> None:
-    """Tells an account it was added; an account without an address is told nothing (it has no inbox here)."""
-    if not user.email:
-        return
-    _send(
-        to=user.email,
-        subject=f"E31 Network: {by} added you to team {team.name}",
-        template="accounts/email/added_to_team.txt",
-        context={"team": team, "by": by, "user": user, "link": link},
-    )

@@ -1,5 +1,7 @@
 """Writers for a team's members and its open invitations: the only code that adds, invites, changes or removes.
 ``claim_invitation`` spends a design partner's link too (``public.services``): both kinds are claimed alike.
+An invitation never makes an existing account a member by itself: whoever is signed in as that account accepts
+its link (``accept_team_invitation``), which went to the address, so the account joins only by its owner's consent.
 
 Each change of a team takes the team's row lock first, so changes to one team run one after another: the
 checks that the actor is still one of its admins and that the team keeps an admin read what the change before
@@ -37,8 +39,8 @@ class InvitationRefused(Exception):
 
 @dataclass(frozen=True)
 class Invited:
-    """What inviting an address did: ``added`` its account, ``invited`` it by link (``token`` shown once), or
-    nothing, the account being a ``member`` already."""
+    """What inviting an address did: ``invited`` it by link (``token`` shown once), or nothing, the account it
+    names being a ``member`` already."""
 
     outcome: str
     user: Any = None
@@ -48,14 +50,13 @@ class Invited:
 
 @transaction.atomic
 def invite_member(*, team: Team, email: str, actor, now: datetime) -> Invited:
-    """Adds the account the address names to the team as a member at once, or else sends the address a
-    single-use link (inviting it again renews its one open link: the old one stops working)."""
+    """Sends the address a single-use link to join the team, whether or not an account goes by it: nobody is
+    made a member without their consent (inviting it again renews its one open link: the old one stops working)."""
     _lock_as_admin(team=team, actor=actor)
     email = email.strip().lower()
-    # The admin is told "added" or "invited", so they learn that the address has an account somewhere on the
-    # network: they would see it on the members list a moment later anyway, as the brief asks for an account to
-    # join at once. They learn nothing more: not which teams it is in, nor whether it is active, and probing
-    # many addresses this way is bounded by the per-admin invitation limit (accounts.views).
+    # The admin is told "invited" whether or not the address has an account (the account's owner joins by
+    # confirming, signed in, on the link's page), so the page does not tell who has an account. Only an
+    # address that is already a member here is said to be one: the members list shows it anyway.
     user = selectors.account_for_address(email)
     if user is None and selectors.address_taken(email):
         # Accounts share the address, so it names none of them, and a link would be refused when used.
@@ -63,15 +64,9 @@ def invite_member(*, team: Team, email: str, actor, now: datetime) -> Invited:
             f"{email} is the address of more than one account, so it cannot be invited: nothing was sent. "
             "Ask an operator to add the person you mean."
         )
-    if user is None:
-        return _invite_by_link(team=team, email=email, actor=actor, now=now)
-    if Membership.objects.filter(team=team, user=user).exists():
+    if user is not None and selectors.is_member(team, user):
         return Invited(outcome="member", user=user)
-    Membership.objects.create(team=team, user=user, role=MEMBER)
-    _changed(
-        team, "team.member-add", {}, {"member": user.get_username(), "role": MEMBER}, actor=actor, now=now
-    )
-    return Invited(outcome="added", user=user)
+    return _invite_by_link(team=team, email=email, actor=actor, now=now)
 
 
 def _invite_by_link(*, team: Team, email: str, actor, now: datetime) -> Invited:
@@ -173,20 +168,61 @@ def redeem_team_invitation(*, digest: str, password: str, now: datetime) -> Any:
 
 
 @transaction.atomic
+def accept_team_invitation(*, digest: str, user, now: datetime) -> Membership:
+    """Uses a team invitation whose address names an existing account once: that account, and only it (signed
+    in, confirming), becomes a member, while whoever sent the link is still an admin of the team who can sign in.
+    """
+    invitation = selectors.usable_team_invitation(digest=digest, now=now)
+    if invitation is None:
+        raise InvitationRefused("this invitation link is not valid")
+    # The team's lock, as every change of its members takes: the membership and the sender read below are what
+    # the change before committed (a confirmation racing a removal of the sender, say, waits and then sees it).
+    Team.objects.select_for_update().filter(id=invitation.team_id).values_list("id", flat=True).get()
+    _check_joining(invitation, user)
+    _spend(invitation, now=now)
+    TeamInvitation.objects.filter(id=invitation.id).update(user=user)
+    membership = Membership.objects.create(team=invitation.team, user=user, role=MEMBER)
+    by = invitation.invited_by.get_username()  # there is one: it vouches
+    after = {"member": user.get_username(), "role": MEMBER, "invited_by": by}
+    _changed(invitation.team, "team.member-join", {}, after, actor=user, now=now)
+    return membership
+
+
+def _check_joining(invitation: TeamInvitation, user) -> None:
+    if not selectors.inviter_vouches(invitation):
+        raise InvitationRefused(selectors.INVITER_GONE)
+    account = selectors.account_for_address(invitation.email)
+    if account is None or account.pk != user.pk:
+        raise InvitationRefused(selectors.wrong_account_reason(invitation, user))
+    if not account.is_active:
+        raise InvitationRefused("this account is deactivated and cannot join a team: ask an operator")
+    # Said, and the link left unspent: a spent link records the account it made a member (the admin's cancel
+    # says so), and this one made nobody one. The admin sees the member on the list and cancels the link.
+    if selectors.is_member(invitation.team, user):
+        raise InvitationRefused(f"you are already a member of team {invitation.team.name}")
+
+
+def _spend(invitation: InvitationLink, *, now: datetime) -> None:
+    # The claim is the conditional UPDATE: of two redemptions racing (or a redemption and a cancel), one wins.
+    # It matches the digest too: inviting the address again (or sending the link again) renews this row, and the
+    # old token stops working even if it was read a moment before the renewal.
+    claimed = (
+        type(invitation)
+        .objects.filter(id=invitation.id, digest=invitation.digest, used_at__isnull=True, expires_at__gt=now)
+        .update(used_at=now)
+    )
+    if not claimed:
+        raise InvitationRefused("this invitation link has just been used, renewed or cancelled")
+
+
+@transaction.atomic
 def claim_invitation(
     *, invitation: InvitationLink, password: str, now: datetime, first_name: str = ""
 ) -> Any:
     """Spends an open invitation link, a team admin's or a design partner's (``public.services``), and makes
-    the account it names, for the caller to add to the team. Refused if an account goes by the address."""
-    # The claim is the conditional UPDATE: of two redemptions racing (or a redemption and a cancel), one wins.
-    # It matches the digest too: inviting the address again (or sending the link again) renews this row, and the
-    # old token stops working even if it was read a moment before the renewal.
-    links = type(invitation).objects
-    claimed = links.filter(
-        id=invitation.id, digest=invitation.digest, used_at__isnull=True, expires_at__gt=now
-    ).update(used_at=now)
-    if not claimed:
-        raise InvitationRefused("this invitation link has just been used, renewed or cancelled")
+    the account it names, for the caller to add to the team. Refused if an account goes by the address (an
+    account joins a team by ``accept_team_invitation``, signed in as itself)."""
+    _spend(invitation, now=now)
     # Never hand an existing account to whoever holds a link. None from the writer: another link for the address
     # made its account a moment ago. Raising undoes the claim, so the link still shows the reason.
     user = None
@@ -196,7 +232,7 @@ def claim_invitation(
         )
     if user is None:
         raise InvitationRefused(selectors.address_taken_reason(invitation))
-    links.filter(id=invitation.id).update(user=user)
+    type(invitation).objects.filter(id=invitation.id).update(user=user)
     return user
 
 

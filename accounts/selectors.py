@@ -1,5 +1,5 @@
-"""Reads for accounts: why an API token was refused; a team's members and open invitations, and whether an
-invitation link can still make an account."""
+"""Reads for accounts: why an API token was refused; a team's members and open invitations, whether an
+invitation link can still make an account, and which existing account a team's link invites."""
 
 from datetime import datetime
 
@@ -10,9 +10,15 @@ from accounts import backends, scoping, services
 from accounts.models import ApiToken, InvitationLink, Membership, Team, TeamInvitation
 
 NEW_TOKEN = "create a new one on the API tokens page"
-# An invitation never hands an existing account to whoever holds its link: whoever adds people to the team adds
-# that account instead (the team's admin; for a design partner's new team, which has none yet, an operator).
-ADDRESS_TAKEN = "an account with this email already exists: sign in, and ask {whom}"
+# An invitation never hands an existing account to whoever holds its link. A design partner's (its new team's
+# first admin) is refused: an operator adds that account instead. A team's is accepted by that account, signed in.
+ADDRESS_TAKEN = "an account with this email already exists: sign in, and ask an operator"
+ACCOUNT_JOINS = (
+    "an account with this email already exists: open the link again, and join the team signed in as it"
+)
+SHARED_ADDRESS = (
+    "more than one account goes by this email address, so the link names none of them: ask an operator"
+)
 # A team's link speaks for the admin who sent it (accounts.members cancels it when they are demoted or removed).
 INVITER_GONE = (
     "whoever sent this link is no longer an admin of the team who can sign in: "
@@ -99,8 +105,30 @@ def usable_team_invitation(*, digest: str, now: datetime) -> TeamInvitation | No
 
 def address_taken_reason(invitation: InvitationLink) -> str:
     """Why an invitation makes no account once an account goes by its address, in words for the person invited."""
-    whom = "an operator" if invitation.role == Membership.Role.ADMIN else "your team admin"
-    return ADDRESS_TAKEN.format(whom=whom)
+    if invitation.role == Membership.Role.ADMIN:
+        return ADDRESS_TAKEN
+    return ACCOUNT_JOINS if account_for_address(invitation.email) else SHARED_ADDRESS
+
+
+def invited_account(invitation: InvitationLink):
+    """The existing account a team's link invites, to join signed in as it; None for an address with no account
+    (the link makes one) and for a design partner's link (never an existing account's)."""
+    if not isinstance(invitation, TeamInvitation):
+        return None
+    return account_for_address(invitation.email)
+
+
+def wrong_account_reason(invitation: InvitationLink, user) -> str:
+    """Why someone signed in as another account than the one a team's link invites cannot use it."""
+    return (
+        f"this invitation is for the account {invitation.email}, and you are signed in as "
+        f"{user.get_username()}: sign out, open the link again, and sign in as {invitation.email}"
+    )
+
+
+def is_member(team: Team, user) -> bool:
+    """Whether the account is in the team (an operator who is not counts as not: they join as anyone does)."""
+    return Membership.objects.filter(team=team, user=user).exists()
 
 
 def inviter_vouches(invitation: TeamInvitation) -> bool:

@@ -97,7 +97,7 @@ def delete_secret(request: HttpRequest, team_slug: str) -> HttpResponse:
 # --- Team members ---------------------------------------------------------------------------------
 
 # Per admin, over all their teams: each invitation sends an e-mail to an address the admin typed, so the page
-# must not become a way to mail strangers (or to probe which addresses have accounts) at volume.
+# must not become a way to mail strangers at volume.
 INVITE_LIMIT, INVITE_WINDOW_S = 20, 3600
 
 
@@ -148,25 +148,11 @@ def _invite(request: HttpRequest, team: Team, form: forms.InviteForm) -> HttpRes
         return _members_page(request, team, error=str(exc), status=403)
     except members.MembershipRefused as exc:
         return _members_page(request, team, form=form, error=str(exc), status=409)
-    by = request.user.get_username()
     if invited.outcome == "member":
         messages.info(request, f"{invited.user.get_username()} is already a member of {team.name}.")
-    elif invited.outcome == "added":
-        _tell_added(request, team, invited.user, by)
     else:
-        _send_invitation(request, team, invited, by)
+        _send_invitation(request, team, invited, request.user.get_username())
     return redirect("accounts:members", team_slug=team.slug)
-
-
-def _tell_added(request: HttpRequest, team: Team, user, by: str) -> None:
-    link = links.in_email(reverse("accounts:members", args=[team.slug]))
-    try:
-        emails.added_to_team(user=user, team=team, by=by, link=link)
-    except (SMTPException, OSError):
-        pass  # the membership stands; the e-mail was only a courtesy
-    messages.success(
-        request, f"{user.get_username()} had an account and was added to {team.name} as a member."
-    )
 
 
 def _send_invitation(request: HttpRequest, team: Team, invited: members.Invited, by: str) -> None:

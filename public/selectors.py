@@ -52,10 +52,11 @@ def invitation_for_link(*, digest: str, now: datetime) -> Invitation | TeamInvit
 
 
 def why_link_unusable(invitation: Invitation | TeamInvitation) -> str:
-    """Why an open invitation still can make no account, or '' if it can: an account took its address after it
-    was sent, or (a team's link) whoever sent it is no admin of the team now. Redeeming it is refused for that
-    reason, in these words, so the page says so before the form."""
-    if has_account(invitation.email):
+    """Why an open invitation can do nothing now, or '' if it can: a design partner's once an account took its
+    address, a team's once its address names more than one account (an address that names one account is that
+    account's to accept, signed in: ``accounts.selectors.invited_account``), or whose sender is no admin of the
+    team now. Redeeming it is refused for that reason, in these words, so the page says so before any form."""
+    if has_account(invitation.email) and accounts_selectors.invited_account(invitation) is None:
         return accounts_selectors.address_taken_reason(invitation)
     if isinstance(invitation, TeamInvitation) and not accounts_selectors.inviter_vouches(invitation):
         return accounts_selectors.INVITER_GONE

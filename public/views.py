@@ -5,6 +5,7 @@ import logging
 import shlex
 from pathlib import PurePath
 from smtplib import SMTPException
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth import login
@@ -17,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
+from accounts import members
 from accounts import selectors as accounts_selectors
 from common import links
 from common.operators import operator_only
@@ -445,6 +447,8 @@ def invite(request: HttpRequest, token: str) -> HttpResponse:
     if reason := selectors.why_link_unusable(invitation):
         return _refused(request, reason)  # before the form: no password is asked for in vain
     context = {"invitation": invitation, "form_key": _form_key(invitation)}
+    if (account := accounts_selectors.invited_account(invitation)) is not None:
+        return _join(request, account, digest=digest, context=context)
     if request.method == "GET":
         form = forms.SetPasswordForm(email=invitation.email)
         return render(request, "pages/invite.html", {**context, "form": form})
@@ -475,3 +479,37 @@ def _redeem(request: HttpRequest, invitation, *, digest: str, password: str) -> 
     else:
         messages.success(request, f"Welcome. You are a member of team “{invitation.team.name}”.")
     return redirect("jobs:list")
+
+
+def _join(request: HttpRequest, account, *, digest: str, context: dict) -> HttpResponse:
+    """A team's link for an address that has an account: that account joins, signed in, by pressing Join."""
+    if (page := _join_page(request, account, context)) is not None:
+        return page
+    invitation = context["invitation"]
+    try:
+        members.accept_team_invitation(digest=digest, user=request.user, now=timezone.now())
+    except members.InvitationRefused as exc:
+        return _refused(request, str(exc))
+    request.session.pop(LINK_SESSION_KEY, None)
+    messages.success(request, f"You joined team “{invitation.team.name}” as a member.")
+    return redirect("accounts:members", team_slug=invitation.team.slug)
+
+
+def _join_page(request: HttpRequest, account, context: dict) -> HttpResponse | None:
+    """The page for anything but that account pressing Join; None when it did. Nothing is changed here: a POST
+    that is not the Join (a password form filled in before an account took the address, say) gets 409 and the
+    page as it now reads, and anyone signed in as another account 403."""
+    posted = request.method == "POST"
+    status = 409 if posted else 200
+    if not request.user.is_authenticated:
+        # The link stays in the session through sign-in (a signed-out session keeps its data), so `next` is enough.
+        sign_in = f"{reverse('accounts:login')}?{urlencode({'next': request.path}, safe='/')}"
+        return render(request, "pages/invite.html", {**context, "sign_in": sign_in}, status=status)
+    if request.user.pk != account.pk:
+        reason = accounts_selectors.wrong_account_reason(context["invitation"], request.user)
+        return render(request, "pages/invite.html", {**context, "wrong_account": reason}, status=403)
+    if accounts_selectors.is_member(context["invitation"].team, account):
+        return render(request, "pages/invite.html", {**context, "already_member": True}, status=status)
+    if not posted or "join" not in request.POST:
+        return render(request, "pages/invite.html", {**context, "confirm": True}, status=status)
+    return None
