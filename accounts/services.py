@@ -21,6 +21,14 @@ from accounts import signals
 from accounts.models import ApiToken, Membership, Team
 
 TOKEN_PREFIX = "e31_"
+# Live API tokens one account may hold. Each token has its own E31_API_RATE (a laptop's loop must not starve the
+# CI's token), so without a bound a user multiplied their rate by making tokens; with it, one user may send at most
+# this many times the rate.
+ACTIVE_TOKENS = 10
+
+
+class TooManyTokens(Exception):
+    pass
 
 
 def digest_token(token: str) -> str:
@@ -29,7 +37,14 @@ def digest_token(token: str) -> str:
 
 @transaction.atomic
 def create_api_token(*, user, label: str) -> tuple[ApiToken, str]:
-    """Returns the stored row and the plain token, which is never stored and never shown again."""
+    """Returns the stored row and the plain token, which is never stored and never shown again. Refused past
+    ACTIVE_TOKENS live tokens; the user's row is locked first, so two creations at once cannot both pass."""
+    get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True).get()
+    if ApiToken.objects.filter(user=user, revoked_at__isnull=True).count() >= ACTIVE_TOKENS:
+        raise TooManyTokens(
+            f"you have {ACTIVE_TOKENS} active tokens, the most one account may hold: revoke one you no longer use, "
+            "then create the new one"
+        )
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     row = ApiToken.objects.create(
         user=user, label=label[:80] or "token", prefix=token[:10], digest=digest_token(token)

@@ -19,12 +19,16 @@ from common import links, ratelimit
 
 @login_required
 def tokens(request: HttpRequest) -> HttpResponse:
-    new_token = None
+    new_token, refused = None, ""
     if request.method == "POST":
         label = request.POST.get("label", "").strip()[:80] or "token"
-        _, new_token = services.create_api_token(user=request.user, label=label)
+        try:
+            _, new_token = services.create_api_token(user=request.user, label=label)
+        except services.TooManyTokens as exc:
+            refused = f"No token was created: {exc}."
     rows = ApiToken.objects.filter(user=request.user)
-    return render(request, "accounts/tokens.html", {"tokens": rows, "new_token": new_token})
+    context = {"tokens": rows, "new_token": new_token, "refused": refused}
+    return render(request, "accounts/tokens.html", context, status=409 if refused else 200)
 
 
 @login_required

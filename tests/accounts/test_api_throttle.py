@@ -62,3 +62,13 @@ def test_bad_tokens_count_per_address_and_past_the_rate_get_429_with_retry_after
     assert refused.status_code == 429
     assert abs(int(refused["Retry-After"]) - (86400 - time.time() % 86400)) <= 2
     assert client.get(JOBS, **_bearer(member)).status_code == 200  # a good token is counted on its own
+
+
+def test_a_user_cannot_multiply_their_rate_by_making_tokens(client, member):
+    """Each token has its own count, and tokens were free to make: five tokens at "2/d" sent ten requests, all
+    answered 200. A user holds at most ACTIVE_TOKENS live tokens, so what one user may send is bounded."""
+    tokens = [_bearer(member, f"t{n}") for n in range(services.ACTIVE_TOKENS)]
+    with pytest.raises(services.TooManyTokens, match=f"{services.ACTIVE_TOKENS} active tokens"):
+        services.create_api_token(user=member, label="one more")
+    answered = [client.get(JOBS, **token).status_code for token in tokens for _ in range(4)]
+    assert answered.count(200) == 3 * services.ACTIVE_TOKENS and answered.count(429) == services.ACTIVE_TOKENS

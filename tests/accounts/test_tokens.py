@@ -6,8 +6,9 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
+from django.utils import timezone
 
-from accounts import selectors
+from accounts import selectors, services
 from accounts.models import ApiToken
 
 pytestmark = pytest.mark.django_db
@@ -70,3 +71,23 @@ def test_the_login_page_signs_a_member_in(client, member):
         reverse("accounts:login"), {"username": "alice", "password": "correct horse battery"}
     )
     assert response.status_code == 302 and response["Location"] == reverse("jobs:list")
+
+
+def test_a_revoked_token_makes_room_for_a_new_one_and_the_command_says_why_it_refuses(member):
+    rows = [services.create_api_token(user=member, label=f"t{n}")[0] for n in range(services.ACTIVE_TOKENS)]
+    with pytest.raises(CommandError, match="revoke one"):
+        call_command("create_api_token", "alice", stdout=StringIO())
+    assert services.revoke_api_token(token_id=rows[0].id, user=member, now=timezone.now())
+    out = StringIO()
+    call_command("create_api_token", "alice", stdout=out)
+    assert out.getvalue().startswith("e31_")
+    assert ApiToken.objects.filter(user=member, revoked_at__isnull=True).count() == services.ACTIVE_TOKENS
+
+
+def test_the_tokens_page_says_why_it_made_no_token_past_the_limit(member_client, member):
+    for n in range(services.ACTIVE_TOKENS):
+        services.create_api_token(user=member, label=f"t{n}")
+    page = member_client.post(reverse("accounts:tokens"), {"label": "one more"})
+    assert page.status_code == 409 and page.context["new_token"] is None
+    assert f"No token was created: you have {services.ACTIVE_TOKENS} active tokens" in page.content.decode()
+    assert ApiToken.objects.filter(user=member).count() == services.ACTIVE_TOKENS

@@ -15,5 +15,8 @@ class Command(BaseCommand):
         user = get_user_model().objects.filter(username=username, is_active=True).first()
         if user is None:
             raise CommandError(f"no active user named {username!r}")
-        _, token = services.create_api_token(user=user, label=label)
+        try:
+            _, token = services.create_api_token(user=user, label=label)
+        except services.TooManyTokens as exc:
+            raise CommandError(f"{username}: {exc}") from exc
         self.stdout.write(token)
