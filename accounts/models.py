@@ -106,9 +106,10 @@ class InvitationLink(models.Model):
 
 
 class TeamInvitation(InvitationLink):
-    """A team admin's single-use link for an address with no account: whoever opens it sets a password and
-    joins the team as a member, under the address (lowercased) as username. Only the token's SHA-256 is
-    kept. Written only by ``accounts.members``; the design-partner invitation (``public.Invitation``) is the
+    """A team admin's single-use link to an address. For an address with no account, whoever opens it sets a
+    password and joins the team as a member, under the address (lowercased) as username; for one with an account,
+    only that account, signed in, joins by it: an admin never adds an account without its consent. Only the
+    token's SHA-256 is kept. Written only by ``accounts.members``; the design-partner invitation (``public.Invitation``) is the
     operators' own, for a team's first admin."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")

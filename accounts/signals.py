@@ -7,9 +7,10 @@ accounts cannot import it back to write the audit log, and the arrows point one 
 from django.dispatch import Signal
 
 # Sent inside the transaction that changes a team's members or open invitations (``accounts.members``), with
-# ``team``, ``action`` ("team.member-add", "team.member-invite", "team.invitation-cancel", "team.member-join",
-# "team.member-role", "team.member-remove"), ``before``, ``after``, ``actor`` and ``now``. A receiver's error
-# rolls the change back: the audit log holds exactly the membership changes that took effect.
+# ``team``, ``action`` ("team.member-invite", "team.invitation-cancel", "team.member-join", "team.member-role",
+# "team.member-remove"; older audit entries also hold "team.member-add", from when an invited account was added
+# without its consent), ``before``, ``after``, ``actor`` and ``now``. A receiver's error rolls the change back:
+# the audit log holds exactly the membership changes that took effect.
 membership_changed = Signal()
 
 # Sent inside the transaction that changes what an account, or a group of accounts, may do beyond its teams:
