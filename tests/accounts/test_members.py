@@ -1,6 +1,7 @@
 """Team members: any member reads the list, a team admin invites by e-mail, changes roles and removes; the
 team never loses its last admin, and another team's page does not exist for a non-member."""
 
+import functools
 import logging
 import re
 import threading
@@ -415,6 +416,31 @@ def test_a_link_renewed_between_its_check_and_its_claim_no_longer_works(team, te
     assert not get_user_model().objects.filter(username="carol@example.com").exists()
 
 
+def at_once(*calls) -> list[str]:
+    """Runs each call in a thread and transaction of its own, all at once; what each came to: "joined",
+    "refused", or the name of the error that escaped (the database error a race test guards against)."""
+    outcomes = []
+
+    def run(call):
+        try:
+            with transaction.atomic():
+                call()
+            outcomes.append("joined")
+        except members.InvitationRefused:
+            outcomes.append("refused")
+        except Exception as exc:
+            outcomes.append(type(exc).__name__)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_teams_links_for_one_address_redeemed_at_once_refuse_one_cleanly(
     team, other_team, operator, monkeypatch
@@ -428,31 +454,20 @@ def test_two_teams_links_for_one_address_redeemed_at_once_refuse_one_cleanly(
         )
         for t in (team, other_team)
     ]
-    barrier, outcomes, real = threading.Barrier(2), [], selectors.address_taken
+    barrier, real = threading.Barrier(2), selectors.address_taken
 
     def taken_then_wait(email):
         result = real(email)
         barrier.wait(timeout=5)  # both have found the address free before either makes the account
         return result
 
-    def redeem(digest):
-        try:
-            with transaction.atomic():
-                members.redeem_team_invitation(digest=digest, password=PASSWORD, now=timezone.now())
-            outcomes.append("joined")
-        except members.InvitationRefused:
-            outcomes.append("refused")
-        except Exception as exc:  # the database error this guards against: recorded, so the test says which
-            outcomes.append(type(exc).__name__)
-        finally:
-            connection.close()
-
     monkeypatch.setattr(selectors, "address_taken", taken_then_wait)
-    threads = [threading.Thread(target=redeem, args=(d,)) for d in digests]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcomes = at_once(
+        *(
+            functools.partial(members.redeem_team_invitation, digest=d, password=PASSWORD, now=timezone.now())
+            for d in digests
+        )
+    )
     assert sorted(outcomes) == ["joined", "refused"]
     assert get_user_model().objects.filter(username="carol@example.com").count() == 1
     assert TeamInvitation.objects.filter(used_at__isnull=True).count() == 1  # the refused link was not spent
@@ -618,32 +633,18 @@ def test_two_confirmations_of_one_link_at_once_make_one_membership(team, team_ad
     outsider.save()
     invited = members.invite_member(team=team, email="bob@example.com", actor=team_admin, now=timezone.now())
     digest = selectors.link_digest(invited.token)
-    barrier, outcomes, read = threading.Barrier(2), [], selectors.usable_team_invitation
+    barrier, read = threading.Barrier(2), selectors.usable_team_invitation
 
     def read_then_wait(**kwargs):
         found = read(**kwargs)
         barrier.wait(timeout=5)  # both have found the link open before either claims it
         return found
 
-    def confirm():
-        try:
-            with transaction.atomic():
-                members.accept_team_invitation(digest=digest, user=outsider, now=timezone.now())
-            outcomes.append("joined")
-        except members.InvitationRefused:
-            outcomes.append("refused")
-        except Exception as exc:  # the database error this guards against: recorded, so the test says which
-            outcomes.append(type(exc).__name__)
-        finally:
-            connection.close()
-
     monkeypatch.setattr(selectors, "usable_team_invitation", read_then_wait)
-    threads = [threading.Thread(target=confirm) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(outcomes) == ["joined", "refused"]
+    confirm = functools.partial(
+        members.accept_team_invitation, digest=digest, user=outsider, now=timezone.now()
+    )
+    assert sorted(at_once(confirm, confirm)) == ["joined", "refused"]
     assert Membership.objects.filter(team=team, user=outsider).count() == 1
     assert AuditEntry.objects.filter(action="team.member-join").count() == 1
 
