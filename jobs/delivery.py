@@ -8,14 +8,18 @@ hashed as it lands and renamed into place only when its sha256 matches the manif
 read back and hashed. Transient errors are retried with backoff; progress (bytes and files done) is kept on an
 OutputTransfer row whose lease lets a re-driven task take over from a silent one, never run beside a live one.
 The part's whole log follows its files, beside the attempt's folder (``<job id>-<attempt>.log``).
+
+A member may write in the team's output folder (a shared mount) and swap a folder for a link at any moment: every
+name under the team's folder is reached from a folder held open, never through a link (jobs/beneath.py), and each
+file is renamed between held folders, so what a check saw is what is written to.
 """
 
 import contextlib
 import hashlib
 import os
-import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -24,7 +28,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Exists, F, Max, OuterRef, Q
 
-from jobs import cache_fill, clock, declaration, dispatch, logs, sandbox, sharing, signals, transfers
+from jobs import beneath, cache_fill, clock, declaration, dispatch, logs, sandbox, sharing, signals, transfers
 from jobs.models import Allocation, Job, Node, OutputFile, OutputTransfer
 from jobs.transfers import destinations, sources
 
@@ -164,11 +168,14 @@ def _deliver(output_uri: str, team: str, files: list[tuple[dict, Path]], watch: 
             _deliver_s3(source, _s3_url(output_uri, team, key=entry["path"]), entry, watch)
             _note_delivered(watch, entry, count, len(files))
         return
-    root = _file_destination(output_uri, team)
-    with _part_folder(root, rank) as parts:
-        for count, (entry, source) in enumerate(files, start=1):
-            _deliver_file(source, _safe_target(root, entry["path"]), parts / str(count), entry, watch)
-            _note_delivered(watch, entry, count, len(files))
+    with _file_destination(output_uri, team) as (beside, name):
+        with (
+            beneath.closing(beneath.open_dir(beside, [name], create=True)) as root,
+            _part_folder(beside, name, rank) as parts,
+        ):
+            for count, (entry, source) in enumerate(files, start=1):
+                _deliver_file(source, (root, entry["path"]), (parts, str(count)), entry, watch)
+                _note_delivered(watch, entry, count, len(files))
 
 
 def _note_delivered(watch: _Watch, entry: dict, count: int, total: int) -> None:
@@ -178,24 +185,44 @@ def _note_delivered(watch: _Watch, entry: dict, count: int, total: int) -> None:
 
 
 @contextlib.contextmanager
-def _part_folder(root: Path, rank: int):
+def _part_folder(beside: int, root: str, rank: int) -> Iterator[int]:
     """Where the part's files are written before each is renamed into place: beside the attempt's folder, not
-    in it, so no temporary name is, or replaces, one of the job's own files. Removed once the part is through,
-    unless a re-driven task took the part over (it writes there now)."""
-    folder = root.with_name(f".{root.name}.rank{rank}.e31part")
-    if folder.is_symlink():
-        folder.unlink()  # a link planted under this name is removed, never followed
-    folder.mkdir(mode=0o700, exist_ok=True)
-    if Path(os.path.realpath(folder)) != folder:  # ``root`` is real: anything else is a link swapped in
-        raise DeliveryFailed("the folder for files in transit leads elsewhere")
+    in it, so no temporary name is, or replaces, one of the job's own files. Held open while the part is
+    delivered (renamed away and a link put in its place, it is still the folder written to). Removed once the
+    part is through, unless a re-driven task took the part over (it writes there now)."""
+    name = f".{root}.rank{rank}.e31part"
+    fd = _open_part_folder(beside, name)
+    keep = False
     try:
-        yield folder
+        yield fd
     except transfers.TransferStopped:
+        keep = True
         raise
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        if not keep:
+            _remove_part_folder(beside, name, fd)
+        os.close(fd)
+
+
+def _remove_part_folder(beside: int, name: str, fd: int) -> None:
+    """Emptied through the held folder, then removed by name: rmdir never follows a link, and nothing here opens
+    whatever may stand under that name now (a FIFO would hold the task, and its node's delivery slot)."""
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(fd):
+            with contextlib.suppress(OSError):
+                os.unlink(entry, dir_fd=fd)
+        os.rmdir(name, dir_fd=beside)
+
+
+def _open_part_folder(beside: int, name: str) -> int:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=beside)
+    try:
+        return beneath.open_dir(beside, [name])
+    except beneath.NotBeneath:
+        os.unlink(name, dir_fd=beside)  # a link planted under this name is removed, never followed
+        os.mkdir(name, 0o700, dir_fd=beside)
+        return beneath.open_dir(beside, [name])
 
 
 def log_uri(job: Job, rank: int, ranks: int) -> str:
@@ -214,28 +241,34 @@ def _deliver_log(allocation: Allocation, job: Job) -> None:
             for chunk in chunks:
                 dst.write(chunk)
         return
-    # The attempt's folder, resolved and checked under the team's prefix; the log goes beside it.
-    folder = _file_destination(job.delivery_uri, job.team.slug)
-    target = folder.parent / uri.rsplit("/", 1)[-1]
-    part = target.with_name(f".{target.name}.e31part")
-    part.unlink(missing_ok=True)  # a link planted under this name is removed, never followed
-    with os.fdopen(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as dst:
-        for chunk in chunks:
-            dst.write(chunk)
-    os.replace(part, target)
+    # Beside the attempt's folder, in the folder that holds it, held open from the team's prefix down.
+    with _file_destination(job.delivery_uri, job.team.slug) as (beside, _):
+        target = uri.rsplit("/", 1)[-1]
+        part = f".{target}.e31part"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(part, dir_fd=beside)  # a link planted under this name is removed, never followed
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(part, flags, 0o644, dir_fd=beside), "wb") as dst:
+            for chunk in chunks:
+                dst.write(chunk)
+        os.replace(part, target, src_dir_fd=beside, dst_dir_fd=beside)
 
 
-def _file_destination(uri: str, team: str) -> Path:
-    """The attempt's folder, created under the team's prefix of an output root, and checked again once made."""
+@contextlib.contextmanager
+def _file_destination(uri: str, team: str) -> Iterator[tuple[int, str]]:
+    """The folder that holds the attempt's folder, made under the team's prefix of an output root and held open,
+    with the attempt folder's name in it: everything delivered is reached from there."""
     prefixes = declaration.team_prefixes(settings.E31_OUTPUT_ROOTS, team)
     folder = declaration.resolve_under_roots(unquote(urlsplit(uri).path), prefixes)
-    if folder is None:
+    if folder is None or folder in prefixes:
         raise DeliveryFailed("the destination is not under the team's folder of an output root")
-    folder.mkdir(parents=True, exist_ok=True)
-    real = declaration.resolve_under_roots(str(folder), prefixes)
-    if real is None:
-        raise DeliveryFailed("the destination's folder leads outside the team's folder")
-    return real
+    try:
+        # Resolved by name just now: made and opened again from the prefix, a link put on the way since refused.
+        beside = beneath.open_under(folder.parent, prefixes, create=True)
+    except beneath.NotBeneath as exc:
+        raise DeliveryFailed("the destination's folder leads outside the team's folder") from exc
+    with beneath.closing(beside):
+        yield beside, folder.name
 
 
 def _s3_url(uri: str, team: str, *, key: str | None = None) -> str:
@@ -250,31 +283,46 @@ def _s3_url(uri: str, team: str, *, key: str | None = None) -> str:
         raise DeliveryFailed(str(exc)) from exc
 
 
-def _safe_target(root: Path, rel: str) -> Path:
-    """The file's place under the destination; a planted link in between cannot lead it elsewhere."""
-    target = root / rel
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if not Path(os.path.realpath(target.parent)).is_relative_to(root):
-        raise DeliveryFailed(f"{rel}: its folder at the destination leads outside it")
-    return target
+@contextlib.contextmanager
+def _safe_target(root: int, rel: str) -> Iterator[tuple[int, str]]:
+    """The file's folder under the attempt's (``root``), made and held open, and its name there: a link planted on
+    the way, or swapped in at any time before, fails the delivery rather than lead it elsewhere."""
+    try:
+        *folders, name = beneath.names(rel)
+        folder = beneath.open_dir(root, folders, create=True)
+    except beneath.NotBeneath as exc:
+        raise DeliveryFailed(f"{rel}: its folder at the destination leads outside it") from exc
+    with beneath.closing(folder):
+        yield folder, name
 
 
-def _deliver_file(source: Path, target: Path, part: Path, entry: dict, watch: _Watch) -> None:
-    """Lands the file at ``part``, hashed as it is written, and renames it in only when it matches."""
+def _deliver_file(
+    source: Path, target: tuple[int, str], part: tuple[int, str], entry: dict, watch: _Watch
+) -> None:
+    """Lands the file in the part's folder, hashed as it is written, and renames it in only when it matches.
+    ``target`` is the attempt's folder held open and the file's path in it; ``part``, the part's folder and the
+    file's name there."""
+    root, rel = target
+    parts, name = part
+    with _safe_target(root, rel):
+        pass  # its folders made, and checked, before a copy that may take hours
     for attempt in range(settings.E31_TRANSFER_RETRIES + 1):
         local = sources.LocalSource(source)
         try:
             copied = destinations.copy(
-                local, part, limit=entry["bytes"], want_sha256=True, progress=watch,
+                local, beneath.path_in(parts, name), limit=entry["bytes"], want_sha256=True, progress=watch,
                 retries=settings.E31_TRANSFER_RETRIES, backoff_s=settings.E31_TRANSFER_BACKOFF_S,
             )  # fmt: skip
         finally:
             local.close()
         if copied.bytes == entry["bytes"] and copied.sha256 == entry["sha256"]:
-            os.replace(part, target)
+            # Walked again now, not as it was before the copy: a link swapped in meanwhile fails the delivery.
+            with _safe_target(root, rel) as (folder, final):
+                os.replace(name, final, src_dir_fd=parts, dst_dir_fd=folder)
             return
         _note_retry(watch, attempt, f"{entry['path']}: the copy's checksum differs from the manifest")
-    part.unlink(missing_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=parts)
     raise DeliveryFailed(f"{entry['path']}: checksum differs at the destination")
 
 

@@ -7,7 +7,6 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
@@ -15,7 +14,7 @@ from django.db.models import Count, F, Max, OuterRef, Prefetch, Q, QuerySet, Sub
 
 from accounts import scoping
 from accounts.models import Team
-from jobs import declaration, sharing, signals
+from jobs import beneath, declaration, sharing, signals
 from jobs.lifecycle import AFTER_ANY, AFTER_OK, ALIVE, BEFORE_RENT, RAN_TO_ITS_END, TERMINAL, State
 from jobs.models import (
     Allocation,
@@ -219,7 +218,8 @@ def open_delivered_output(job: Job, path: str):
     """A file the job's current attempt sealed, read back from that attempt's delivery folder.
 
     Only a path of the attempt's manifest is read, and a file:// folder only under the team's own
-    prefix of an output root: a link planted at the destination leads nowhere else.
+    prefix of an output root, and below that prefix no link is followed, not even one swapped in while the
+    path is opened: a link planted at the destination leads nowhere else.
     """
     if not OutputFile.objects.filter(job_id=job.id, attempt=job.attempt, path=path).exists():
         raise OutputUnavailable(f"{path[:200]!r} is not one of job {job.id}'s outputs")
@@ -236,12 +236,23 @@ def open_delivered_output(job: Job, path: str):
         except declaration.OutsideTeamPrefix as exc:
             raise OutputUnavailable(str(exc)) from exc
         return sources.filesystem_for(folder).open(key, "rb")
-    prefixes = declaration.team_prefixes(settings.E31_OUTPUT_ROOTS, job.team.slug)
+    try:
+        fd = _open_delivered_file(folder, path, team=job.team.slug)
+    except OSError as exc:
+        # Gone, a link or a FIFO swapped in, a folder renamed mid-walk: not there (404), never a 500.
+        raise OutputUnavailable(f"{path[:200]!r} is no longer at the destination") from exc
+    return os.fdopen(fd, "rb")
+
+
+def _open_delivered_file(folder: str, path: str, *, team: str) -> int:
+    """The file opened beneath the attempt's folder, itself opened from the team's prefix, one name at a time
+    without following a link: a folder swapped for a link after a check by name would be read through."""
+    prefixes = declaration.team_prefixes(settings.E31_OUTPUT_ROOTS, team)
     root = declaration.resolve_under_roots(unquote(urlsplit(folder).path), prefixes)
-    target = Path(os.path.realpath(root / path)) if root else None
-    if target is None or not target.is_relative_to(root) or not target.is_file():
-        raise OutputUnavailable(f"{path[:200]!r} is no longer at the destination")
-    return target.open("rb")
+    if root is None:
+        raise FileNotFoundError(folder)
+    with beneath.closing(beneath.open_under(root, prefixes)) as root_fd:
+        return beneath.open_regular(root_fd, path)
 
 
 def attempt_gpus(allocation: Allocation) -> int:
