@@ -975,6 +975,8 @@ def seal(
             total += path.stat().st_size
     except RecursionError:  # os.walk recurses once per level
         return Sealed([], "nests its folders too deep to be sealed (about a thousand levels)")
+    except OSError as exc:  # a file left out would be a file undelivered, uncounted against output.bytes
+        return Sealed([], f"a folder under its outputs could not be read ({exc.strerror})")
     if total > declared_bytes:
         return Sealed([], f"wrote {total:,} bytes, declared {declared_bytes:,} (output.bytes)")
     too_long = next((p for p in found if len(prefix + p.relative_to(output_dir).as_posix()) > MAX_PATH), None)
@@ -997,8 +999,9 @@ def _is_text(name: str) -> bool:
 
 
 def _regular_files(root: Path):
-    """Regular files under ``root``, never following links (a link to a host file is not an output)."""
-    for folder, _, names in os.walk(root):
+    """Regular files under ``root``, never following links (a link to a host file is not an output). A folder that
+    cannot be listed raises (OSError): os.walk would leave it out silently, past PATH_MAX say."""
+    for folder, _, names in os.walk(root, onerror=trees.raise_it):
         for name in names:
             path = Path(folder) / name
             if stat.S_ISREG(path.lstat().st_mode):

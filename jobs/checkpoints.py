@@ -82,9 +82,10 @@ def _drop_lost_and_found(path: Path) -> None:
 
 
 def held_bytes(path: Path) -> int:
-    """Bytes in regular files under ``path``, never following links."""
+    """Bytes in regular files under ``path``, never following links. A folder that cannot be listed raises
+    (OSError): os.walk would leave it out silently, and a job hid gigabytes past PATH_MAX that way."""
     total = 0
-    for folder, _, names in os.walk(path):
+    for folder, _, names in os.walk(path, onerror=trees.raise_it):
         for name in names:
             info = (Path(folder) / name).lstat()
             total += info.st_size if stat.S_ISREG(info.st_mode) else 0
@@ -120,7 +121,15 @@ def settle(job_id: int, *, limit: int) -> Kept:
 
 def _measure(path: Path, limit: int) -> Kept:
     sandbox.reown(path)
-    size = held_bytes(path)
+    try:
+        size = held_bytes(path)
+    except OSError as exc:  # what cannot be measured cannot be held to its bound
+        empty(path)
+        return Kept(
+            0,
+            f"its checkpoint held a folder that could not be read ({exc.strerror}) and was removed: the next "
+            "attempt starts from scratch",
+        )
     if size <= limit:
         return Kept(size)
     empty(path)

@@ -1,4 +1,4 @@
-"""Removing a tree that a job or an image made, however deep it nests."""
+"""Walking and removing a tree that a job or an image made, however deep it nests."""
 
 import logging
 import os
@@ -26,3 +26,9 @@ def remove_tree(*paths: Path) -> list[Path]:
     if left:
         log.warning("could not remove %s: %s", ", ".join(map(str, left)), done.stderr.strip()[:500])
     return left
+
+
+def raise_it(error: OSError) -> None:
+    """``os.walk``'s ``onerror`` for a tree a job made: a folder it cannot list (past PATH_MAX, say, which a job
+    reaches by descriptors) is an error, never silently left out of what is measured or sealed."""
+    raise error

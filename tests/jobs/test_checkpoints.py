@@ -311,3 +311,16 @@ def test_a_checkpoint_rm_could_not_remove_is_not_reported_removed_and_never_stop
     assert kept.bytes == 0 and "could not be handed on (unreadable)" in kept.note
     monkeypatch.undo()
     assert ended.id in agent.remove_ended_checkpoints() and not path.exists()
+
+
+def test_a_checkpoint_hidden_past_the_longest_path_is_counted_and_removed_whole(ckpt_root):
+    """Reproduction: a job kept 5 GiB seventeen folders of 250 characters down and 100 bytes at the top, under a
+    checkpoint.bytes of 1 MB; the walk by path counted 100 bytes and the whole was handed on, past its bound."""
+    from tests.jobs.test_hostile_output import hide_past_the_longest_path
+
+    path = checkpoints.prepare(51, owner=os.getuid(), limit=MB)
+    (path / "step").write_bytes(b"x" * 100)
+    hide_past_the_longest_path(path, size=5 << 30)
+    kept = checkpoints.settle(51, limit=MB)
+    assert kept.bytes == 0 and "could not be read" in kept.note, kept
+    assert not os.path.ismount(path)

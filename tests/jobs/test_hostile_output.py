@@ -107,3 +107,31 @@ def test_an_output_nested_past_what_a_walk_recurses_is_refused_not_raised():
     finally:
         trees.remove_tree(root)
     assert sealed == agent.Sealed([], "nests its folders too deep to be sealed (about a thousand levels)")
+
+
+def hide_past_the_longest_path(root: Path, *, size: int) -> None:
+    """A file of ``size`` bytes (sparse) seventeen folders of 250 characters down: its path is longer than PATH_MAX
+    (4,096), so a walk by path cannot list the folders it lies in. A job makes it relative to a descriptor."""
+    folder = os.open(root, os.O_RDONLY)
+    try:
+        for _ in range(17):
+            os.mkdir("x" * 250, dir_fd=folder)
+            deeper = os.open("x" * 250, os.O_RDONLY, dir_fd=folder)
+            os.close(folder)
+            folder = deeper
+        hidden = os.open("hidden.bin", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=folder)
+        os.truncate(hidden, size)
+        os.close(hidden)
+    finally:
+        os.close(folder)
+
+
+def test_an_output_hidden_past_the_longest_path_is_refused_not_left_out(tmp_path):
+    """Reproduction: 5 GiB seventeen folders of 250 characters down, and 100 bytes at the top; the seal listed only
+    the 100 bytes (os.walk leaves out, silently, a folder it cannot list), under a declaration of 1,000."""
+    output = tmp_path / "output"
+    output.mkdir()
+    (output / "small").write_bytes(b"x" * 100)
+    hide_past_the_longest_path(output, size=5 << 30)
+    sealed = agent.seal(output, declared_bytes=1000, max_files=10)
+    assert sealed.files == [] and "could not be read" in sealed.refused, sealed
