@@ -31,6 +31,7 @@ PERMANENT = (
     "manifest unknown", "name unknown", "not found", "unauthorized", "denied", "authentication required",
     "no such host", "invalid reference", "blob unknown", "digest invalid", "does not match",
 )  # fmt: skip
+NOT_A_MANIFEST = "the registry's manifest is not a valid image manifest"
 RUN_CONFIG = ("Env", "Entrypoint", "Cmd", "WorkingDir")
 ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 
@@ -56,21 +57,51 @@ def resolve(ref: imageref.Reference, *, access: Access) -> Resolved:
     target = ref.pinned(ref.digest) if ref.digest else str(ref)
     raw = _inspect(target, access, "--raw")
     digest = ref.digest or "sha256:" + hashlib.sha256(raw).hexdigest()
-    manifest = json.loads(raw)
+    manifest = _manifest(raw)
     if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
         instance = _platform_instance(manifest, ref)
-        manifest = json.loads(_inspect(ref.pinned(instance), access, "--raw"))
-    size = manifest.get("config", {}).get("size", 0) + sum(
-        layer.get("size", 0) for layer in manifest.get("layers", [])
-    )
-    return Resolved(digest=digest, bytes=size)
+        manifest = _manifest(_inspect(ref.pinned(instance), access, "--raw"))
+    return Resolved(digest=digest, bytes=_pull_bytes(manifest))
+
+
+@contextmanager
+def _well_formed(what: str) -> Iterator[None]:
+    """A registry's document of another shape than the spec's (not JSON, a list, a missing digest) fails the
+    staging saying so: a bare ValueError or KeyError would escape the stager, and the reconciler would send
+    the job back to staging every stale period, for ever."""
+    try:
+        yield
+    except (ValueError, LookupError, AttributeError, TypeError) as exc:
+        raise transfers.TransferFailed(what) from exc
+
+
+def _manifest(raw: bytes) -> dict:
+    with _well_formed(NOT_A_MANIFEST):
+        manifest = json.loads(raw)
+        if not isinstance(manifest, dict):
+            raise TypeError("a manifest is a JSON object")
+    return manifest
+
+
+def _pull_bytes(manifest: dict) -> int:
+    """The config's and the layers' declared sizes: whole numbers, none below 0 (a negative one would
+    hide a layer's bytes from the room a pull is checked against)."""
+    with _well_formed(NOT_A_MANIFEST):
+        sizes = [manifest.get("config", {}).get("size", 0)]
+        sizes += [layer.get("size", 0) for layer in manifest.get("layers", [])]
+        if not all(type(size) is int and size >= 0 for size in sizes):
+            raise ValueError("a size is a whole number of bytes")
+    return sum(sizes)
 
 
 def _platform_instance(index: dict, ref: imageref.Reference) -> str:
-    for entry in index.get("manifests", []):
-        wanted = entry.get("platform", {})
-        if wanted.get("os") == "linux" and wanted.get("architecture") == ARCH:
-            return entry["digest"]
+    with _well_formed(NOT_A_MANIFEST):
+        for entry in index.get("manifests", []):
+            wanted = entry.get("platform", {})
+            if wanted.get("os") == "linux" and wanted.get("architecture") == ARCH:
+                if not isinstance(entry["digest"], str):
+                    raise TypeError("a digest is a string")
+                return entry["digest"]
     raise transfers.TransferFailed(f"{ref} has no image for linux/{ARCH}")
 
 
@@ -178,10 +209,22 @@ def _tame(rootfs: Path) -> None:
 
 def image_config(layout: Path) -> dict:
     """Env, Entrypoint, Cmd and WorkingDir as the pulled image declares them, read from the layout."""
-    index = json.loads((layout / "index.json").read_text())
-    manifest = json.loads(_blob(layout, index["manifests"][0]["digest"]))
-    config = json.loads(_blob(layout, manifest["config"]["digest"])).get("config") or {}
-    return {key: config[key] for key in RUN_CONFIG if config.get(key)}
+    with _well_formed("the image's configuration is not valid"):
+        index = json.loads((layout / "index.json").read_text())
+        manifest = json.loads(_blob(layout, index["manifests"][0]["digest"]))
+        config = json.loads(_blob(layout, manifest["config"]["digest"])).get("config") or {}
+        run = {key: config[key] for key in RUN_CONFIG if config.get(key)}
+        if not all(_is_run_value(key, value) for key, value in run.items()):
+            raise TypeError("Env, Entrypoint and Cmd are lists of strings, WorkingDir a string")
+    return run
+
+
+def _is_run_value(key: str, value) -> bool:
+    """What the sandbox takes them for: the node would otherwise run a job with, say, each character of a
+    string ``Env`` as a variable."""
+    if key == "WorkingDir":
+        return isinstance(value, str)
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
 def _blob(layout: Path, digest: str) -> bytes:
