@@ -341,6 +341,16 @@ def _run_to_the_end(
         _with_database(lambda: remove_ended_checkpoints(job_ids=[part.job.id]))
 
 
+def _give_back(root: Path) -> None:
+    """The attempt's files the agent's, for the seal. A tree nested past what the walk recurses (about a thousand
+    levels) is given back as far as it goes: its processes are gone by now, so the rest can change no more, and the
+    seal, which walks as deep, refuses it as the job's own outcome ("nests its folders too deep")."""
+    try:
+        sandbox.reown(root)
+    except RecursionError:
+        log.info("%s nests its folders past what a walk recurses: the seal refuses it", root)
+
+
 def _secrets_for(job: Job) -> dict[str, str]:
     """The team's secrets the job declared, decrypted only now, for the attempt this agent has just started, and
     held in memory only; SubmitterGone when whoever submitted it may no longer act for the team.
@@ -476,7 +486,7 @@ def _confined_run(
     # step's undoing is registered before the step, and they all run, in reverse, even when one of them fails.
     with contextlib.ExitStack() as cleanup:
         # Last: sealing and delivery read files no job process can change any more.
-        cleanup.callback(sandbox.reown, dirs.root)
+        cleanup.callback(_give_back, dirs.root)
         cleanup.callback(devices.release, part.key)
         device_procs = devices.constrain(part.key, gpus) if sandboxed else None
         dirs.create(owner=uid)

@@ -135,3 +135,27 @@ def test_an_output_hidden_past_the_longest_path_is_refused_not_left_out(tmp_path
     hide_past_the_longest_path(output, size=5 << 30)
     sealed = agent.seal(output, declared_bytes=1000, max_files=10)
     assert sealed.files == [] and "could not be read" in sealed.refused, sealed
+
+
+NEST_1500_FOLDERS = (
+    "import os; fd = os.open(os.environ['E31_OUTPUT_DIR'], os.O_RDONLY)\n"
+    "for _ in range(1500):\n"
+    "    os.mkdir('d', dir_fd=fd); inner = os.open('d', os.O_RDONLY, dir_fd=fd); os.close(fd); fd = inner\n"
+    "os.close(os.open('leaf', os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))\n"
+)
+
+
+def test_an_output_nested_past_what_a_walk_recurses_ends_as_the_jobs_outcome_not_the_agents_failure(
+    rented, settings
+):
+    """Reproduction: a job nested 1,500 folders in its output and exited 0; giving its files back to the agent
+    raised RecursionError after the job, so the attempt ended as "the node agent failed", with a traceback in the
+    agent's log, as though the node were at fault."""
+    job = rented(argv=[sys.executable, "-c", NEST_1500_FOLDERS], output_bytes=100)
+    try:
+        _run(job)
+    finally:
+        trees.remove_tree(settings.E31_AGENT_ROOT)  # before pytest's own clean-up, which recurses
+    assert (job.state, job.end_reason) == ("released", "output_failed"), job.end_detail
+    assert "nests its folders too deep" in job.end_detail
+    assert not GpuHold.objects.filter(active=True).exists()
