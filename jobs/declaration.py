@@ -3,7 +3,7 @@
 The browser form, the TOML job file and the API all turn their input into the same plain
 mapping and call ``validate``; every error names its field path (``data[1].uri``) so each
 channel can show it where the user typed it. Nothing here touches the database: the pool's
-limits and the allowed roots are passed in.
+limits and the allowed roots are passed in (the staging cache's size, where none is, read from the settings).
 """
 
 import difflib
@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
+
+from django.conf import settings
 
 from jobs import imageref
 from jobs.scheduling.types import serves
@@ -77,6 +79,9 @@ class Limits:
     gpu_models: frozenset[str] | None = None
     # (GPUs, memory bytes, CPUs) each node not down offers jobs, 0 where it does not say (empty: not checked).
     nodes: Sequence[tuple[int, int, float]] = ()
+    # E31_STAGE_CACHE_BYTES: every input is staged into the pool's one cache, so no input, nor a job's inputs
+    # together, may be larger than it (None: the configured value now).
+    stage_cache_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -542,7 +547,24 @@ def _inputs(value: Any, limits: Limits, errs: _Collector) -> list[DataInput]:
             errs.add(f"data[{i}].sha256", "a sha256 is 64 hexadecimal characters")
             sha = ""
         inputs.append(DataInput(name=str(name), uri=uri, bytes=size, sha256=sha.lower()))
+    _check_cache_room(inputs, limits, errs)
     return inputs
+
+
+def _check_cache_room(inputs: list[DataInput], limits: Limits, errs: _Collector) -> None:
+    """Every input lands in the pool's one staging cache, and a job holds all of its inputs there until it is
+    released: an input, or a job's inputs together, larger than the cache could only fill the disk other teams'
+    jobs stage into. Staging holds each fill to the room left (``staging.claim_slot``); this says it at submit."""
+    capacity = (
+        settings.E31_STAGE_CACHE_BYTES if limits.stage_cache_bytes is None else limits.stage_cache_bytes
+    )
+    limit = f"{format_size(capacity)} ({capacity:,} bytes), the size of this pool's staging cache (E31_STAGE_CACHE_BYTES)"
+    for i, item in enumerate(inputs):
+        if item.bytes > capacity:
+            errs.add(f"data[{i}].bytes", f"an input is at most {limit}")
+    total = sum(item.bytes for item in inputs)
+    if total > capacity and all(item.bytes <= capacity for item in inputs):
+        errs.add("data", f"a job's inputs together are at most {limit}; these are {total:,} bytes")
 
 
 def _check_own_files(inputs: list[DataInput], limits: Limits, errs: _Collector) -> None:

@@ -23,11 +23,12 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from jobs import cache_fill, declaration, dependencies, dispatch, image_staging, selectors, sharing, transfers
 from jobs.lifecycle import EndReason, State
-from jobs.models import DataInput, DatasetCacheEntry, Job
+from jobs.models import DataInput, DatasetCacheEntry, ImageCacheEntry, Job
 from jobs.transfers import destinations, sources
 from jobs.transitions import transition
 
@@ -269,7 +270,7 @@ def _fill(entry: DatasetCacheEntry, token: str, source, data_input: DataInput, w
     watch.entry_id, watch.token = entry.id, token  # waits and progress keep the claim fresh
     part = cache_dir() / f"{entry.key}.{token}.part"
     try:
-        _acquire_slot(data_input, watch)
+        _acquire_slot(data_input, watch, entry)
         watch.began = time.monotonic()
         sweep_cache(now=timezone.now())  # the claimed entry's row already counts this fill's bytes
         cache_dir().mkdir(parents=True, exist_ok=True)
@@ -345,21 +346,85 @@ def _fail(data_input: DataInput, message: str) -> None:
 # --------------------------------------------------------------------------- transfer slots
 
 
-def _acquire_slot(data_input: DataInput, watch: _Watch) -> None:
-    while not claim_slot(data_input_id=data_input.id, now=timezone.now()):
+class NoRoom(transfers.TransferFailed):
+    """The staging cache cannot take this fill without going past E31_STAGE_CACHE_BYTES."""
+
+
+def _acquire_slot(data_input: DataInput, watch: _Watch, entry: DatasetCacheEntry | None = None) -> None:
+    """A transfer slot, and room in the cache for ``entry``'s bytes: a fill with no room left ends the job's
+    staging (NoRoom, a TransferFailed) once a sweep has removed what no live job pins."""
+    swept = False
+    while True:
+        try:
+            if claim_slot(data_input_id=data_input.id, now=timezone.now(), entry=entry):
+                return
+        except NoRoom:
+            if swept:
+                raise
+            sweep_cache(now=timezone.now())  # unpinned entries make way: then look once more
+            swept = True
+            continue
         watch.wait(cache_fill.slot_wait_reason())
+        swept = False  # what the cache holds may have changed while this input waited
 
 
-def claim_slot(*, data_input_id: int, now: datetime) -> bool:
-    """Marks the input staging only while a transfer slot is free (image pulls hold them too)."""
+def claim_slot(*, data_input_id: int, now: datetime, entry: DatasetCacheEntry | None = None) -> bool:
+    """Marks the input staging only while a transfer slot is free (image pulls hold them too), and while the
+    cache has room for ``entry``, the cache entry the input fills, if given (else NoRoom).
+
+    The room is checked under the slot lock in the same transaction as the slot is taken, so two fills
+    cannot each count the room the other is about to take: what holds a slot has passed this check.
+
+    No room ends the staging rather than waiting for room, as a slot waits: what takes the room is inputs
+    of jobs not yet released, which hold it until they have run (hours, not a copy's minutes). A stager
+    waiting that long would hold one of the pool's few staging workers (E31_STAGE_CONCURRENCY + 1), so a
+    team's jobs waiting for room would stall every other job's staging, cache hits included; and two jobs
+    each holding some inputs staged and waiting for room for the rest would wait for each other for ever.
+    The job ends staging_failed with how full the cache is, before it held any GPUs, and can be submitted
+    again."""
     with transaction.atomic():
         cache_fill.lock_slots()
         if not cache_fill.slot_free(now, except_input=data_input_id):
             return False
+        if entry is not None:
+            _check_room(entry, now)
         return bool(
             DataInput.objects.filter(id=data_input_id).update(
                 stage_state="staging", bytes_done=0, rate_bytes_s=0, stage_started_at=now, stage_detail=""
             )
+        )
+
+
+def _check_room(entry: DatasetCacheEntry, now: datetime) -> None:
+    """NoRoom unless ``entry`` fits beside what the cache holds (ready entries, datasets and images alike) and
+    what is being copied into it now (fills holding a transfer slot, image pulls), all at their declared bytes.
+    Fills still waiting for a slot do not count: each is checked as it takes one."""
+    capacity = settings.E31_STAGE_CACHE_BYTES
+    if entry.bytes > capacity:
+        raise NoRoom(
+            f"{entry.bytes:,} bytes is more than the pool's whole staging cache holds "
+            f"({capacity:,} bytes, E31_STAGE_CACHE_BYTES)"
+        )
+    copying = DatasetCacheEntry.objects.filter(
+        state=FILLING, filling_input__stage_state="staging", filling_input__job__state=State.STAGING,
+        filling_input__job__worker_seen_at__gte=cache_fill.stale_before(now),
+    ).exclude(id=entry.id)  # fmt: skip
+    held = sum(
+        rows.aggregate(total=Sum("bytes"))["total"] or 0
+        for rows in (
+            DatasetCacheEntry.objects.filter(state=READY),
+            copying,
+            ImageCacheEntry.objects.filter(state=ImageCacheEntry.READY),
+            ImageCacheEntry.objects.filter(
+                state=ImageCacheEntry.FILLING, updated_at__gte=cache_fill.stale_before(now)
+            ),
+        )
+    )
+    if held + entry.bytes > capacity:
+        raise NoRoom(
+            f"no room in the staging cache: {held:,} of its {capacity:,} bytes (E31_STAGE_CACHE_BYTES) are held "
+            f"by the inputs of jobs not yet released and copies in progress, and this input needs "
+            f"{entry.bytes:,}; submit the job again once some of them have finished"
         )
 
 

@@ -215,7 +215,8 @@ def test_the_form_refuses_a_job_id_too_long_for_a_number_as_no_job_id(good, pool
     assert Job.objects.count() == 0
 
 
-def test_the_form_accepts_sizes_with_units(good, pool, member_client):
+def test_the_form_accepts_sizes_with_units(good, pool, member_client, settings):
+    settings.E31_STAGE_CACHE_BYTES = 2 * 10**12  # a staging cache that holds it: no input is larger
     remote = _with(
         good, "data.0.uri", "https://data.example.com/corpus.bin"
     )  # a local file is checked for size
