@@ -370,6 +370,13 @@ E31_ASSUMED_STAGE_RATE = env.float("E31_ASSUMED_STAGE_RATE", default=200e6)
 # this many bytes, and any unpinned entry once unused for the retention period.
 E31_STAGE_CACHE_BYTES = env.int("E31_STAGE_CACHE_BYTES", default=200 * 10**9)
 E31_STAGE_RETENTION_S = env.float("E31_STAGE_RETENTION_S", default=7 * 86400.0)
+# An image's unpacked root may hold at most this many times its compressed layers' bytes, and its whole entry no
+# more than the cache's room: unpacking stops past either. Real images unpack to 2-4 times their layers; gzip lets
+# a layer of zeros unpack to 1000 times (zstd to far more), so an image of a few MB could otherwise take the
+# cache, and the disk agent roots and checkpoints share with it. 10 leaves room for text-heavy images.
+E31_IMAGE_UNPACK_RATIO = env.int("E31_IMAGE_UNPACK_RATIO", default=10)
+if E31_IMAGE_UNPACK_RATIO < 1:
+    raise ImproperlyConfigured("E31_IMAGE_UNPACK_RATIO is a whole number of at least 1")
 # Inputs copied at once across the pool, and deliveries at once per node.
 E31_STAGE_CONCURRENCY = env.int("E31_STAGE_CONCURRENCY", default=4)
 E31_DELIVERY_CONCURRENCY = env.int("E31_DELIVERY_CONCURRENCY", default=2)

@@ -15,12 +15,14 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from accounts import team_secrets
 from jobs import cache_fill, imageref, selectors, transfers, trees
-from jobs.models import ImageCacheEntry, ImagePull, Job
+from jobs.models import DatasetCacheEntry, ImageCacheEntry, ImagePull, Job
 from jobs.transfers import registry, sources
+from jobs.units import format_size
 
 FILLING, READY = ImageCacheEntry.FILLING, ImageCacheEntry.READY
 HIT, FILL, WAIT, SLOT = "hit", "fill", "wait", "slot"
@@ -137,7 +139,8 @@ def _stage_digest(
     token = uuid.uuid4().hex
     while True:
         outcome, entry = _try_claim(key=key, team_id=team_id, reference=ref.pinned(resolved.digest),
-                                    digest=resolved.digest, token=token, now=timezone.now(), pull=pull)  # fmt: skip
+                                    digest=resolved.digest, compressed=resolved.bytes, token=token,
+                                    now=timezone.now(), pull=pull)  # fmt: skip
         if outcome == HIT:
             _mark(pull, entry, "cached", resolved.bytes, "served from the pool cache: 0 bytes moved")
             return
@@ -162,10 +165,15 @@ def _stage_digest(
 
 @transaction.atomic
 def _try_claim(
-    *, key: str, team_id: int, reference: str, digest: str, token: str, now: datetime, pull: ImagePull
-):
+    *, key: str, team_id: int, reference: str, digest: str, token: str, now: datetime, pull: ImagePull,
+    compressed: int = 0,
+):  # fmt: skip
     """HIT (pinned for this pull), WAIT (another is filling it), FILL (this pull fills it, holding a
-    transfer slot) or SLOT (it must be pulled, but every transfer slot is taken)."""
+    transfer slot) or SLOT (it must be pulled, but every transfer slot is taken).
+
+    A FILL's entry counts at its cap (``_cap``; ``compressed``, what the pull moves, is 0 where the manifest
+    declares no sizes) until it is ready, as a data fill counts at its declared bytes: the room data fills are
+    checked against (``staging.claim_slot``) then leaves the image's."""
     entry = ImageCacheEntry.objects.select_for_update().filter(key=key).first()
     if entry is not None and entry.state == READY and rootfs(key).is_dir():
         ImageCacheEntry.objects.filter(id=entry.id).update(hits=entry.hits + 1, last_used_at=now)
@@ -179,17 +187,71 @@ def _try_claim(
     cache_fill.lock_slots()
     if not cache_fill.slot_free(now):
         return SLOT, None
+    cap = _cap(compressed, room=_room(now, key=key))
     if entry is None:
         try:
             with transaction.atomic():
                 return FILL, ImageCacheEntry.objects.create(
-                    key=key, team_id=team_id, reference=reference, digest=digest, state=FILLING, filler=token,
-                    created_at=now, updated_at=now, last_used_at=now,
+                    key=key, team_id=team_id, reference=reference, digest=digest, state=FILLING,
+                    filler=token, bytes=cap, created_at=now, updated_at=now, last_used_at=now,
                 )  # fmt: skip
         except IntegrityError:
             return WAIT, None  # another stager created it a moment ago
-    ImageCacheEntry.objects.filter(id=entry.id).update(state=FILLING, filler=token, updated_at=now)
+    ImageCacheEntry.objects.filter(id=entry.id).update(state=FILLING, filler=token, bytes=cap, updated_at=now)
+    entry.bytes = cap
     return FILL, entry
+
+
+def _room(now: datetime, *, key: str) -> int:
+    """The cache's bytes no sweep can free for this image: E31_STAGE_CACHE_BYTES less the ready entries a live job
+    pins and the fills in progress, datasets and images alike. Unpinned entries count as room, as a sweep evicts
+    them to make it (the cache may then hold more than its capacity until it runs). Call it under ``lock_slots``:
+    two fills then cannot each count the room the other is about to take."""
+    fresh = cache_fill.stale_before(now)
+    pinned_data = DatasetCacheEntry.objects.filter(state=READY, inputs__job__state__in=selectors.ALIVE_STATES)
+    held = (
+        DatasetCacheEntry.objects.filter(id__in=pinned_data.values("id")),
+        DatasetCacheEntry.objects.filter(state=FILLING, updated_at__gte=fresh),
+        ImageCacheEntry.objects.filter(id__in=_pinned().values("id")),
+        ImageCacheEntry.objects.filter(state=FILLING, updated_at__gte=fresh).exclude(key=key),
+    )
+    return settings.E31_STAGE_CACHE_BYTES - sum(rows.aggregate(n=Sum("bytes"))["n"] or 0 for rows in held)
+
+
+def _cap(compressed: int, *, room: int) -> int:
+    """The most the image's entry (its layout and its unpacked root) may hold: the cache's room, and no more
+    than E31_IMAGE_UNPACK_RATIO times its compressed layers unpacked beside them. TransferFailed, before any layer
+    moves, when the layers alone are more than the room. A manifest declaring no sizes (Docker's old schema 1)
+    is capped by the room until its pull shows its size (``_unpack_cap``)."""
+    if compressed > room:
+        raise transfers.TransferFailed(
+            f"the image's layers are {format_size(compressed)} compressed, more than the {_room_text(room)}"
+        )
+    return min(room, (1 + settings.E31_IMAGE_UNPACK_RATIO) * compressed) if compressed else room
+
+
+def _room_text(room: int) -> str:
+    capacity = settings.E31_STAGE_CACHE_BYTES
+    return (
+        f"{format_size(max(room, 0))} left in the staging cache ({format_size(capacity)}, E31_STAGE_CACHE_BYTES) "
+        "beside the inputs and images of jobs not yet released and the copies in progress"
+    )
+
+
+def _unpack_cap(entry: ImageCacheEntry, declared: int, layout: Path) -> registry.Cap:
+    """What the unpacked image may hold, and why: E31_IMAGE_UNPACK_RATIO times what its pull wrote, or, where
+    the room was the lower bound when it was claimed, the entry's cap less that."""
+    ratio = settings.E31_IMAGE_UNPACK_RATIO
+    pulled = registry.tree_bytes(layout)
+    by_ratio = registry.Cap(
+        ratio * pulled, f"{ratio} times the {format_size(pulled)} pulled (E31_IMAGE_UNPACK_RATIO)"
+    )
+    by_room = registry.Cap(
+        entry.bytes - pulled,
+        f"which with the {format_size(pulled)} pulled is more than the {_room_text(entry.bytes)}",
+    )
+    room_bound = not declared or entry.bytes < (1 + ratio) * declared
+    return by_room if room_bound and by_room.bytes < by_ratio.bytes else by_ratio
 
 
 def _fill(
@@ -213,7 +275,8 @@ def _fill(
         )
         beat.still_going()  # the steps below report no progress: keep the claim (and its slot) fresh
         beat.update_row(stage_detail=UNPACKING)
-        registry.unpack(part / "oci", part / "bundle", beat=beat.still_going)
+        cap = _unpack_cap(entry, resolved.bytes, part / "oci")
+        registry.unpack(part / "oci", part / "bundle", beat=beat.still_going, cap=cap)
         beat.still_going()
         config = registry.image_config(part / "oci")
         _open_to_jobs(part)
@@ -288,6 +351,10 @@ class _Beat(cache_fill.FillWatch):
 def unpinned():
     """Ready images no live job (not yet released or ended) runs."""
     return ImageCacheEntry.objects.filter(state=READY).exclude(pulls__job__state__in=selectors.ALIVE_STATES)
+
+
+def _pinned():
+    return ImageCacheEntry.objects.filter(state=READY, pulls__job__state__in=selectors.ALIVE_STATES)
 
 
 @transaction.atomic

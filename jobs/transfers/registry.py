@@ -14,12 +14,14 @@ import platform
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobs import imageref, transfers
+from jobs.units import format_size
 
 LAYOUT_TAG = "image"
 INDEX_TYPES = (
@@ -33,6 +35,12 @@ PERMANENT = (
 )  # fmt: skip
 NOT_A_MANIFEST = "the registry's manifest is not a valid image manifest"
 RUN_CONFIG = ("Env", "Entrypoint", "Cmd", "WorkingDir")
+# An unpacking image is measured this often: umoci writes 100-150 MB a second here, so it gets ~15 MB past its
+# cap. Measuring lstat()s every file (~0.8 s for 100,000 here): the next measure then waits this many times as
+# long as the last one took, so at most a tenth of the unpack goes to it however many files the image holds;
+# an image of many files is measured less often (100,000: every ~8 s), and may get that much further.
+MEASURE_EVERY_S = 0.1
+MEASURE_SPACING = 9
 ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 
 
@@ -44,6 +52,14 @@ class Access:
     username: str = ""
     password: str = field(default="", repr=False)
     timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Cap:
+    """The most an unpacked image may hold, and what sets that (the failure names it)."""
+
+    bytes: int
+    why: str
 
 
 @dataclass(frozen=True)
@@ -157,13 +173,15 @@ def _follow(
     _wait_beating(proc, beat)
 
 
-def _wait_beating(proc: subprocess.Popen, beat: Callable[[], None]) -> None:
-    """Waits for ``proc``, calling ``beat`` every PROGRESS_EVERY_S it still runs; whatever ``beat``
-    raises (a cancel, a lost claim) kills the process first."""
+def _wait_beating(
+    proc: subprocess.Popen, beat: Callable[[], None], *, every_s: float = transfers.PROGRESS_EVERY_S
+) -> None:
+    """Waits for ``proc``, calling ``beat`` every ``every_s`` it still runs; whatever ``beat``
+    raises (a cancel, a lost claim, a cap) kills the process first."""
     try:
         while True:
             try:
-                proc.wait(timeout=transfers.PROGRESS_EVERY_S)  # returns the moment the process is done
+                proc.wait(timeout=every_s)  # returns the moment the process is done
                 return
             except subprocess.TimeoutExpired:
                 beat()
@@ -173,25 +191,61 @@ def _wait_beating(proc: subprocess.Popen, beat: Callable[[], None]) -> None:
         raise
 
 
-def unpack(layout: Path, bundle: Path, *, beat: Callable[[], None]) -> None:
-    """The layout's image as a root filesystem at ``bundle/rootfs``.
+def unpack(layout: Path, bundle: Path, *, beat: Callable[[], None], cap: Cap) -> None:
+    """The layout's image as a root filesystem at ``bundle/rootfs``, stopped (TransferFailed) past ``cap``.
 
     ``--rootless`` even as root: files keep their owner (the stager) but not the image's, and no
     device node is made. umoci still restores the modes, so a setuid file or a world-writable folder
     of the image would be one on the node: ``_tame`` clears those bits before anything can use them.
     umoci reports no progress and a many-gigabyte image unpacks for minutes: ``beat`` is called
-    while it runs (the stager's proof of life), and stops it by raising.
+    while it runs (the stager's proof of life), and stops it by raising. A layer of a few KB may unpack
+    to gigabytes (zeros compress a thousandfold): the bundle is measured while umoci writes it, and umoci
+    killed once it holds more than ``cap``; what it wrote is the caller's to remove.
     """
+    limit, beaten = _GrowthLimit(bundle, cap), time.monotonic()
+
+    def beat_and_measure() -> None:
+        nonlocal beaten
+        if time.monotonic() - beaten >= transfers.PROGRESS_EVERY_S:
+            beat()
+            beaten = time.monotonic()
+        limit.check()
+
     with tempfile.TemporaryFile() as err:  # a file, not a pipe, as for skopeo
         proc = subprocess.Popen(
             ["umoci", "unpack", "--rootless", "--image", f"{layout}:{LAYOUT_TAG}", str(bundle)],
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
-        _wait_beating(proc, beat)
+        _wait_beating(proc, beat_and_measure, every_s=MEASURE_EVERY_S)
         if proc.returncode:
             raise transfers.TransferFailed(f"unpacking failed: {_last_line(_read_back(err))}")
+    limit.check(whole=True)  # what umoci wrote after the last measure
     _tame(bundle / "rootfs")
+
+
+class _GrowthLimit:
+    """The bundle's bytes as umoci writes them, against the image's cap.
+
+    Measured as the cache counts the entry once ready (``tree_bytes``: each file's size), so what the cap lets
+    through is what the cache holds. ``shutil.disk_usage`` would be cheaper, but it sees the whole filesystem:
+    every other fill, the agents' roots and checkpoints that share the disk, and a sweep's removals, so it can
+    neither tell this image's growth nor bound it. What umoci writes between two walks is the overshoot.
+    """
+
+    def __init__(self, root: Path, cap: Cap) -> None:
+        self.root, self.cap, self.next_at = root, cap, 0.0
+
+    def check(self, *, whole: bool = False) -> None:
+        began = time.monotonic()
+        if began < self.next_at and not whole:
+            return
+        size = _tree_bytes(self.root)
+        self.next_at = time.monotonic() + MEASURE_SPACING * (time.monotonic() - began)
+        if size > self.cap.bytes:
+            raise transfers.TransferFailed(
+                f"the image unpacks to more than {format_size(self.cap.bytes)}, {self.cap.why}: unpacking stopped"
+            )
 
 
 UNSAFE_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_IWOTH

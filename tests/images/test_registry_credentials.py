@@ -15,6 +15,7 @@ from jobs import image_staging, imageref, transfers
 from jobs.transfers import registry
 
 PASSWORD = "s3cret-never-in-ps"
+UNCAPPED = registry.Cap(2**62, "no cap")
 
 
 def test_the_login_goes_in_a_private_auth_file_and_never_on_the_command_line(monkeypatch):
@@ -95,7 +96,7 @@ def test_an_unpacked_image_keeps_no_setuid_file_and_no_world_writable_folder(mon
         'root="$5/rootfs"\nmkdir -p "$root/bin" "$root/tmp"\nprintf "\\177ELF" > "$root/bin/su"\n'
         'chmod 6755 "$root/bin/su"\nchmod 1777 "$root/tmp"\nln -s /bin/su "$root/bin/sh"\n',
     )  # fmt: skip
-    registry.unpack(tmp_path / "layout", bundle, beat=lambda: None)
+    registry.unpack(tmp_path / "layout", bundle, beat=lambda: None, cap=UNCAPPED)
     assert oct((bundle / "rootfs" / "bin" / "su").stat().st_mode & 0o7777) == oct(0o755)
     assert oct((bundle / "rootfs" / "tmp").stat().st_mode & 0o7777) == oct(0o1775)
     assert (bundle / "rootfs" / "bin" / "sh").is_symlink()
@@ -110,7 +111,7 @@ def test_a_failed_unpack_says_umocis_last_word_and_a_long_one_beats_meanwhile(mo
     with pytest.raises(
         transfers.TransferFailed, match=r"^unpacking failed: umoci: layer sha256:ab is corrupt$"
     ):
-        registry.unpack(tmp_path / "layout", tmp_path / "bundle", beat=lambda: beats.append(1))
+        registry.unpack(tmp_path / "layout", tmp_path / "bundle", beat=lambda: beats.append(1), cap=UNCAPPED)
     assert len(beats) >= 2  # every PROGRESS_EVERY_S (0.5 s) of the 1.2 s it ran
 
 
