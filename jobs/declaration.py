@@ -82,6 +82,9 @@ class Limits:
     # E31_STAGE_CACHE_BYTES: every input is staged into the pool's one cache, so no input, nor a job's inputs
     # together, may be larger than it (None: the configured value now).
     stage_cache_bytes: int | None = None
+    # Shared folders the team's own folders are, lie in or hold, not shared with it (``sharing.withheld``):
+    # its own folder does not make them readable.
+    withheld: Sequence[Path] = ()
 
 
 @dataclass(frozen=True)
@@ -576,8 +579,8 @@ def _check_own_files(inputs: list[DataInput], limits: Limits, errs: _Collector) 
     for i, item in enumerate(inputs):
         parts = urlsplit(item.uri)
         path = resolve_under_roots(unquote(parts.path), own) if parts.scheme == "file" else None
-        if path is None:
-            continue
+        if path is None or resolve_under_roots(str(path), limits.withheld) is not None:
+            continue  # not the team's own (a withheld folder's files are not stat'ed for it either)
         try:
             found = path.stat()
         except FileNotFoundError:
@@ -711,7 +714,18 @@ def _check_team_prefix(
         return
     if limits.team is None or parts.scheme != "file":
         return  # the team is not chosen yet (the form says so), or not a file
-    if resolve_under_roots(unquote(parts.path), [*team_prefixes(roots, limits.team), *shared]) is None:
+    withheld = limits.withheld if path.startswith("data") else ()  # shares are of data, not destinations
+    own = [
+        folder
+        for folder in team_prefixes(roots, limits.team)
+        if resolve_under_roots(str(folder), withheld) is None
+    ]
+    real = resolve_under_roots(unquote(parts.path), [*own, *shared])
+    if real is not None and resolve_under_roots(str(real), shared) is None:
+        if resolve_under_roots(str(real), withheld) is not None:
+            errs.add(path, "in a folder an operator shared with other teams, not with yours")
+            return
+    if real is None:
         where = " or ".join(f"{root}/{limits.team}/" for root in roots)
         extra = " or a folder an operator shared with your team" if path.startswith("data") else ""
         errs.add(path, f"not under your team's folder: a file URI lies under {where}{extra}")

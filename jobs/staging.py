@@ -17,6 +17,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -64,11 +65,11 @@ def stage_job(*, job_id: int, now: datetime) -> bool:
                 job_id=job_id
             )  # first: a missing image ends the job before any data moves
         slug, output_uri = Job.objects.values_list("team__slug", "output_uri").get(id=job_id)
-        roots = sharing.readable_roots(slug)
+        roots, withheld = sharing.readable_roots(slug), sharing.withheld(slug)
         s3_prefixes = sharing.s3_prefixes(slug)
         _check_s3_destination(output_uri, s3_prefixes)
         for data_input in DataInput.objects.filter(job_id=job_id).select_related("job"):
-            _stage_input(data_input, roots, s3_prefixes)
+            _stage_input(data_input, roots, s3_prefixes, withheld)
     except (StagingStopped, image_staging.ImageStopped):
         remove_staged(job_id)  # cancelled: its partial files go with it
         DataInput.objects.filter(job_id=job_id, stage_state__in=("staging", "waiting")).update(
@@ -132,9 +133,12 @@ class _Watch(cache_fill.FillWatch):
     stopped_error = StagingStopped
 
 
-def _stage_input(data_input: DataInput, roots: list[Path], s3_prefixes: list[str]) -> None:
+def _stage_input(
+    data_input: DataInput, roots: list[Path], s3_prefixes: list[str], withheld: Sequence[Path] = ()
+) -> None:
     """``roots`` and ``s3_prefixes``: where the job's team may read file:// and s3:// sources, checked
-    again here as the source is opened (the operator's roots may have changed since intake)."""
+    again here as the source is opened (the operator's roots may have changed since intake); ``withheld``:
+    shared folders within its roots it may not read (``sharing.withheld``)."""
     if _already_in_place(data_input):
         return  # a re-driven stager after a takeover: this input was finished before
     source = None
@@ -143,7 +147,7 @@ def _stage_input(data_input: DataInput, roots: list[Path], s3_prefixes: list[str
             data_input.uri, roots=roots, s3_prefixes=s3_prefixes, allow_private=settings.E31_ALLOW_PRIVATE_SOURCES,
             allow_hardlinks=settings.E31_ALLOW_HARDLINKED_SOURCES, timeout=settings.E31_TRANSFER_TIMEOUT_S,
         )  # fmt: skip
-        _stage_from(source, data_input)
+        _stage_from(source, data_input, withheld)
     except transfers.TransferFailed as exc:
         _fail(data_input, str(exc))
     finally:
@@ -160,9 +164,10 @@ def _already_in_place(data_input: DataInput) -> bool:
     )
 
 
-def _stage_from(source, data_input: DataInput) -> None:
+def _stage_from(source, data_input: DataInput, withheld: Sequence[Path] = ()) -> None:
     watch = _Watch(data_input)
     info = _probe(source, watch)
+    _check_not_withheld(source, withheld)
     if info.size is not None and info.size != data_input.bytes:
         _fail(data_input, f"the source has {info.size} bytes, {data_input.bytes} were declared")
     key = cache_key(
@@ -199,6 +204,23 @@ def _probe(source, watch: _Watch) -> transfers.SourceInfo:
             if not watch.job_alive():
                 raise StagingStopped() from exc
     raise AssertionError("unreachable")
+
+
+def _check_not_withheld(source, withheld: Sequence[Path]) -> None:
+    """A file opened (probed) under the team's own folder but in a folder shared with other teams only is
+    refused: the kernel's name for the open file is checked, so a link swapped in after any path check
+    cannot reach it."""
+    opened = getattr(source, "_file", None) if isinstance(source, sources.FileSource) else None
+    if opened is None or not withheld:
+        return
+    try:
+        real = Path(os.readlink(f"/proc/self/fd/{opened.fileno()}"))
+    except OSError:  # no /proc: the path as it resolves now
+        real = Path(os.path.realpath(source.path))
+    if any(real == folder or real.is_relative_to(folder) for folder in withheld):
+        raise transfers.TransferFailed(
+            "the file lies in a folder an operator shared with other teams, not with this one"
+        )
 
 
 def cache_key(*, team_id: int, uri: str, size: int, validator: str, sha256: str) -> str:
