@@ -15,7 +15,7 @@ from django.db.models import Count, F, Max, OuterRef, Prefetch, Q, QuerySet, Sub
 from accounts import scoping
 from accounts.models import Team
 from jobs import beneath, declaration, sharing, signals
-from jobs.lifecycle import AFTER_ANY, AFTER_OK, ALIVE, BEFORE_RENT, RAN_TO_ITS_END, TERMINAL, State
+from jobs.lifecycle import AFTER_ANY, AFTER_OK, ALIVE, BEFORE_RENT, TERMINAL, State
 from jobs.models import (
     Allocation,
     DataInput,
@@ -269,23 +269,27 @@ def learned_run_times(team_names) -> dict[str, prediction.Learned]:
 
 def _learned(team_id: int | None) -> prediction.Learned:
     history = [
-        prediction.Finished(run_s=(finished - started).total_seconds(), declared_hours=hours)
-        for started, finished, hours in reversed(finished_runs(team_id))
+        prediction.Finished(
+            run_s=(finished - started).total_seconds(), declared_hours=hours, end_reason=reason
+        )
+        for started, finished, hours, reason in reversed(finished_runs(team_id))
     ]
     return prediction.learn(history, min_jobs=settings.E31_PREDICTION_MIN_JOBS)
 
 
 def finished_runs(team_id: int | None) -> QuerySet:
-    """(started, finished, declared hours) of the team's last jobs released after running to their end, newest
-    release first: read from the index that holds them (by the team's id, not its name, or the planner walks
-    every team's releases)."""
+    """(started, finished, declared hours, end reason) of the team's last jobs released after a run that tells a
+    run time (``prediction.TEACHES``: succeeded, or stopped at its limit; never one that failed, was cancelled or
+    lost its node, which a team could end within seconds at will), newest release first: read from the index of
+    the jobs that ran to their end, which holds them (by the team's id, not its name, or the planner walks every
+    team's releases)."""
     return (
         Allocation.objects.filter(
-            job__team_id=team_id, job__state=State.RELEASED, job__end_reason__in=RAN_TO_ITS_END,
+            job__team_id=team_id, job__state=State.RELEASED, job__end_reason__in=prediction.TEACHES,
             attempt=F("job__attempt"), rank=0, started_at__isnull=False, finished_at__isnull=False,
         )
         .order_by("-job__state_changed_at", "-job_id")
-        .values_list("started_at", "finished_at", "job__hours")[: prediction.WINDOW]
+        .values_list("started_at", "finished_at", "job__hours", "job__end_reason")[: prediction.WINDOW]
     )  # fmt: skip
 
 

@@ -41,13 +41,14 @@ def take(*, now: datetime) -> PoolView:
     """One consistent read of nodes, holds, running allocations, the queue and usage.
 
     Pending and running jobs are planned with their team's learned run times (never past their
-    declared limit, which the node agent enforces as the deadline)."""
+    declared limit, which the node agent enforces as the deadline); pending jobs are ranked by their
+    declared hours (``prediction.planned``)."""
     pending, running = _pending(now), _running()
     learned = selectors.learned_run_times([j.team for j in [*pending, *running]])
     return PoolView(
         nodes=_nodes(now, frozenset().union(*(p.datasets for p in pending))),
         running=[_as_predicted(r, learned[r.team], now) for r in running],
-        pending=[replace(p, hours=learned[p.team].predict_hours(p.hours)) for p in pending],
+        pending=[prediction.planned(p, learned[p.team]) for p in pending],
         usage=_usage(now),
         shares=dict(Team.objects.values_list("name", "share")),
         config=config(),

@@ -12,7 +12,10 @@ the scheduler learns the ratio actual run time / declared hours and plans with
   stays the kill deadline;
 - cold start: under ``min_jobs`` finished jobs the prediction is the declaration;
 - a running job that outruns its prediction has it extended at once (doubled until it lies past
-  what the job has run, never past its limit).
+  what the job has run, never past its limit);
+- for backfill and estimated starts only: a job is ranked by its declared hours (``planned`` keeps them
+  as ``limit_hours``), or a team that taught the scheduler short run times would jump the queue;
+- only runs that tell a run time teach (``TEACHES``).
 
 Pure standard library; the live scheduler and the trace replay use the same functions.
 """
@@ -20,7 +23,9 @@ Pure standard library; the live scheduler and the trace replay use the same func
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from jobs.scheduling.types import PendingJob, ranked_hours
 
 HOUR_S = 3600.0
 MIN_JOBS = 5
@@ -28,13 +33,27 @@ WINDOW = 50  # the most recent finished jobs a ratio is learned from
 HALF_LIFE_JOBS = 10.0
 FLOOR_S = 60.0  # no prediction below a minute: start-up alone takes that
 
+# The end reasons (``jobs.lifecycle.EndReason``) whose run time teaches a team's prediction. A job that
+# succeeded ran as long as its work took; one stopped at its limit (timed_out) needed at least all of it, and
+# can only raise the ratio (to 1). The others tell nothing of how long the work takes, and a team chooses them
+# at will: a job that fails, or is stopped at its memory limit, within seconds (five ``false`` jobs declared
+# 168 h would plan every 168 h job of the team as a minute), one cancelled, one whose node was lost or whose
+# outputs failed. The gap left: a team running ``true`` jobs declared long, which succeed within seconds, still
+# lowers its own predictions. As ranking reads the declared hours, that buys no place in the queue, only
+# backfill: a long job may start in a gap before another team's reservation, planned as short. The extension
+# below bounds the plan (once the job outruns its prediction, the reservation is planned after it, each pass),
+# not the job: started, it runs to its limit. Weighting each run by its GPU-seconds, or ignoring runs under a
+# minute, would only raise what the trick costs, and would change what honest teams of short jobs are told.
+TEACHES = ("succeeded", "timed_out")
+
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """One finished job of a team: how long it ran and what it had declared."""
+    """One finished job of a team: how long it ran, what it had declared and how it ended."""
 
     run_s: float
     declared_hours: float
+    end_reason: str = "succeeded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +74,12 @@ class Learned:
         if self.ratio is None:
             return (
                 f"planned with the declared hours: your team has {self.jobs} finished job"
-                f"{'' if self.jobs == 1 else 's'}, a prediction needs {self.min_jobs}"
+                f"{'' if self.jobs == 1 else 's'} that succeeded or reached {'its' if self.jobs == 1 else 'their'} "
+                f"limit, a prediction needs {self.min_jobs}"
             )
         return (
             f"your team's jobs use {100 * self.ratio:.0f} % of their declared hours "
-            f"(last {self.jobs} finished jobs)"
+            f"(last {self.jobs} finished jobs that succeeded or reached their limit)"
         )
 
 
@@ -73,8 +93,10 @@ def learn(
     window: int = WINDOW,
     half_life_jobs: float = HALF_LIFE_JOBS,
 ) -> Learned:
-    """The team's ratio from ``history`` (oldest first): the recency-weighted median over the window."""
-    recent = history[-window:] if window else history
+    """The team's ratio from ``history`` (oldest first): the recency-weighted median over the window of the
+    runs that teach (``TEACHES``)."""
+    teaching = [f for f in history if f.end_reason in TEACHES]
+    recent = teaching[-window:] if window else teaching
     if len(recent) < max(min_jobs, 1):
         return Learned(ratio=None, jobs=len(recent), min_jobs=min_jobs)
     last = len(recent) - 1
@@ -96,6 +118,12 @@ def _weighted_median(pairs: Sequence[tuple[float, float]]) -> float:
         if seen >= half:
             return value
     return pairs[-1][0]
+
+
+def planned(job: PendingJob, learned: Learned) -> PendingJob:
+    """``job`` as the scheduler plans it: with its team's predicted run time, ranked by its declared hours."""
+    declared = ranked_hours(job)
+    return replace(job, hours=learned.predict_hours(declared), limit_hours=declared)
 
 
 def planned_end(learned: Learned, *, started_at: float, limit_s: float, now: float) -> float:

@@ -21,6 +21,7 @@ from jobs.scheduling.types import (
     PendingList,
     PolicyConfig,
     RunningView,
+    ranked_hours,
     teams_present,
 )
 
@@ -131,8 +132,10 @@ def _keys(
         per_est = config.slowdown_weight / HOUR_S
         age_per_s, length_w, floor = config.age_weight / DAY_S, config.length_weight, MIN_ESTIMATE_H
         keys = [
-            # max(h, floor) written out; wait / estimate is (now - submitted) * slow
-            job.submitted_at * (age_per_s + (slow := per_est / (h if (h := job.hours) > floor else floor)))
+            # max(h, floor) written out; wait / estimate is (now - submitted) * slow. h is ``ranked_hours``
+            # written out: the declared limit (never 0) where ``hours`` is a learned prediction
+            job.submitted_at
+            * (age_per_s + (slow := per_est / (h if (h := job.limit_hours or job.hours) > floor else floor)))
             - (length_w * _cached_length_factor(h) + now * slow)
             - fs_term[job.team]
             for job in pending
@@ -152,9 +155,10 @@ def _keys(
 def remember_terms(job: PendingJob, config: PolicyConfig) -> None:
     """Work out ``job``'s priority terms for ``config`` once and keep them on the job (see ``_keys``):
     for a keeper whose queued jobs stay the same objects while they wait, as it queues each."""
-    slow = config.slowdown_weight / HOUR_S / max(job.hours, MIN_ESTIMATE_H)
+    hours = ranked_hours(job)
+    slow = config.slowdown_weight / HOUR_S / max(hours, MIN_ESTIMATE_H)
     a = job.submitted_at * (config.age_weight / DAY_S + slow)
-    length = config.length_weight * _cached_length_factor(job.hours)
+    length = config.length_weight * _cached_length_factor(hours)
     object.__setattr__(job, "rank_terms", (config, a, length, slow, job.team))  # a memo on a frozen job
 
 
@@ -187,9 +191,9 @@ def _components(
     from declared hours), named as the operator queue page reads it."""
     fairshare = config.fairshare_weight * fs
     age = config.age_weight * max(now - job.submitted_at, 0.0) / DAY_S
-    size = config.length_weight * length_factor(job.hours)
+    size = config.length_weight * length_factor(ranked_hours(job))
     wait = max(now - job.submitted_at, 0.0)
-    slowdown = config.slowdown_weight * wait / HOUR_S / max(job.hours, MIN_ESTIMATE_H)
+    slowdown = config.slowdown_weight * wait / HOUR_S / max(ranked_hours(job), MIN_ESTIMATE_H)
     return {
         "fairshare": fairshare,
         "age": age,

@@ -8,8 +8,9 @@ Event-driven with a simulated clock: at each distinct submit or finish time (wit
 and some GPU idle or preemptible - otherwise no policy could start anything) the policy's
 ``plan()`` runs once (the same function the live scheduler calls; ``explain=False``, so it skips
 the sentences but decides the same) and its starts and preemptions are applied. Jobs run for their
-trace run time; the policy knows their declared hours, or with ``--estimates learned`` their
-team's learned prediction (``jobs.scheduling.prediction``), or with ``exact`` the run time itself. Team usage is metered exactly
+trace run time; the policy knows their declared hours, or with ``--estimates learned`` their team's learned
+prediction (``jobs.scheduling.prediction``; for backfill and estimated starts: it ranks them by their declared
+hours, as live), or with ``exact`` the run time itself (as if declared). Team usage is metered exactly
 (decayed GPU-seconds, updated at each start and finish). Policies: ``default`` (the policy),
 ``easy-nodes`` (EASY on the policy's own node-aware engine: the fair comparison on the same pool),
 and the textbook flat-pool references of ``jobs.scheduling.baselines``: ``easy``, ``sjf-easy``,
@@ -78,7 +79,9 @@ class Declarations:
 
     ``estimates``: the run time the policy plans with - the declared hours (today), the team's
     learned ratio x declared hours (``jobs.scheduling.prediction``, from ``min_jobs`` of the team's
-    jobs finished earlier in the replay), or the true run time (an oracle, the bound).
+    jobs finished earlier in the replay), or the true run time (an oracle, the bound). A learned
+    prediction plans backfill and estimated starts only: the job is ranked by its declared hours, as
+    live; an exact run time stands for a declaration (a team declaring what its jobs take), ranked by too.
     The shares pick jobs stably (a BLAKE2b hash of the job id, one salt per switch): ``checkpoint_share``
     of them checkpoint every ``checkpoint_interval_s`` (0: continuously) and are preemptible; a
     preempted one loses the work since its last checkpoint and takes ``restore_s`` to resume.
@@ -380,7 +383,7 @@ class _Replay:
         return self.extensions[0][0] if self.extensions else math.inf
 
     def planned_hours(self, j: TraceJob) -> float:
-        """The run time the policy is told: declared, learned for the team, or the true one."""
+        """The run time the policy plans with: declared, learned for the team, or the true one."""
         estimates = self.declarations.estimates
         if estimates == "exact":
             return min(j.run_s / HOUR_S, j.declared_hours)
@@ -417,6 +420,8 @@ class _Replay:
             min_gpus=j.min_gpus,
             max_gpus=j.max_gpus,
             preemptible=j.preemptible if preemptible is None else preemptible,
+            # a learned prediction never ranks the job: its declaration does (``types.ranked_hours``)
+            limit_hours=j.declared_hours if self.declarations.estimates == "learned" else None,
         )
         priority.remember_terms(
             job, self.config

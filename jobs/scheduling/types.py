@@ -65,7 +65,9 @@ class RunningView:
 @dataclass(frozen=True, slots=True)
 class PendingJob:
     """A queued (or still staging) job; ``hours`` is the run time the scheduler plans with: the declared
-    limit, or its team's learned prediction (``prediction``), never more than the limit."""
+    limit, or its team's learned prediction (``prediction``), never more than the limit. ``limit_hours`` is
+    the declared limit when ``hours`` is a prediction (None: ``hours`` is the declaration): what the job is
+    ranked by (``ranked_hours``), since a team's learned run times are for backfill and estimated starts only."""
 
     job_id: int
     team: str
@@ -90,11 +92,18 @@ class PendingJob:
     # Waiting for prerequisites, it stages only once they end: how long its staging is planned to take then
     # (0: not known, or nothing to stage).
     stage_s: float = 0.0
+    limit_hours: float | None = None
     # A memo, not part of the job: its priority terms that do not change while it waits, for one config,
     # (config, A, L, slow, team), written once by ``priority`` (``jobs.scheduling.priority.remember_terms``).
     rank_terms: tuple[object, float, float, float, str] = field(
         default=(None, 0.0, 0.0, 0.0, ""), init=False, repr=False, compare=False
     )
+
+
+def ranked_hours(job: PendingJob) -> float:
+    """The hours a job is ranked by: its declared limit, never its team's learned prediction, or a team could
+    raise its priority by teaching the scheduler short run times."""
+    return job.hours if job.limit_hours is None else job.limit_hours
 
 
 def serves(node_model: str, asked: str) -> bool:

@@ -90,14 +90,20 @@ def test_the_job_page_says_what_was_predicted_and_why(team, node, member_client)
     queued = JobFactory(team=team, hours=5)
     html = member_client.get(reverse("jobs:detail", args=[queued.id])).content.decode()
     assert "Planned run time:</strong> 2 h of its 5 h limit" in html
-    assert "your team&#x27;s jobs use 40 % of their declared hours (last 6 finished jobs)" in html
+    assert (
+        "your team&#x27;s jobs use 40 % of their declared hours (last 6 finished jobs that succeeded or reached their limit)"
+        in html
+    )
 
 
 def test_the_job_page_says_a_cold_start_uses_the_declaration(team, node, member_client):
     queued = JobFactory(team=team, hours=5)
     html = member_client.get(reverse("jobs:detail", args=[queued.id])).content.decode()
     assert "Planned run time:</strong> 5 h of its 5 h limit" in html
-    assert "planned with the declared hours: your team has 0 finished jobs" in html
+    assert (
+        "planned with the declared hours: your team has 0 finished jobs that succeeded or reached their limit"
+        in html
+    )
 
 
 def test_the_form_says_what_the_draft_would_be_planned_with(team, node, member_client):

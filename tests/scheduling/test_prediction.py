@@ -40,7 +40,10 @@ def test_a_team_that_uses_two_fifths_of_its_hours_is_predicted_two_fifths():
     history = [Finished(run_s=0.4 * 3600 * 10, declared_hours=10)] * 6
     learned = prediction.learn(history, min_jobs=5)
     assert math.isclose(learned.predict_hours(5), 2.0)
-    assert learned.reason() == "your team's jobs use 40 % of their declared hours (last 6 finished jobs)"
+    assert (
+        learned.reason()
+        == "your team's jobs use 40 % of their declared hours (last 6 finished jobs that succeeded or reached their limit)"
+    )
 
 
 def test_one_outlier_does_not_move_the_ratio():

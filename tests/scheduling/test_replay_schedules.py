@@ -43,7 +43,8 @@ RECORDED = {
     ("plain", "easy"): "ff5830a74f3ed3af",
     ("plain", "sjf-easy"): "f683e243c6b4a804",
     ("plain", "fcfs"): "746d5dd74f42d155",
-    ("declared", "default"): "a3a169d22f721a09",
+    # learned estimates: the policy ranks by the declared hours, plans backfill with the learned ones
+    ("declared", "default"): "6b4dcf57f049b513",
     ("declared", "easy-nodes"): "c600923cb07770ef",
     ("declared", "easy"): "4997ebd5c0356c54",
     ("declared", "sjf-easy"): "c261017aabdff7d7",
