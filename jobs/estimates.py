@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from django.template.defaultfilters import pluralize
 
 from jobs import declaration, dependencies, selectors, services, snapshot
-from jobs.scheduling import policy, types
+from jobs.scheduling import policy, prediction, types
 
 DRAFT_ID = -1
 
@@ -86,7 +86,7 @@ def draft_options(*, draft: types.PendingJob, team, now: datetime) -> list[Optio
 
 
 def _estimate(view, label: str, job: types.PendingJob, team, now: datetime, learned) -> Option:
-    planned = replace(job, hours=learned.predict_hours(job.hours))
+    planned = prediction.planned(job, learned)  # as the pass plans it: ranked by its declared hours
     plan = policy.plan(
         now=now.timestamp(), nodes=view.nodes, running=view.running, pending=[*view.pending, planned],
         usage=view.usage, shares=view.shares, config=view.config,

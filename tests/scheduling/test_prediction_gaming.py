@@ -145,3 +145,21 @@ def test_the_snapshot_plans_with_the_prediction_and_ranks_with_the_declaration(t
     queued = JobFactory(team=team, hours=5)
     (pending,) = [p for p in snapshot.take(now=timezone.now()).pending if p.job_id == queued.id]
     assert math.isclose(pending.hours, 2.0) and pending.limit_hours == 5
+
+
+@pytest.mark.django_db
+def test_the_submit_forms_estimate_plans_the_draft_as_the_pass_does(team, monkeypatch):
+    """The form's estimated start ranked the draft by its prediction (a team whose jobs used 40 % of their hours
+    saw its 10 h draft ranked as a 4 h one) while the pass ranks it by its declaration: the start it promised was
+    one the pass would not give."""
+    from jobs import estimates
+
+    node = NodeFactory(name="n1", gpus=8)
+    _released(team, node=node, end_reason="succeeded", run_s=4 * HOUR, hours=10.0, count=6, ago_h=48)
+    draft = types.PendingJob(job_id=estimates.DRAFT_ID, team=team.name, gpus=1, hours=10.0, submitted_at=NOW)
+    seen, plan = [], policy.plan
+    monkeypatch.setattr(policy, "plan", lambda **kw: seen.append(kw["pending"][-1]) or plan(**kw))
+    estimates.draft_options(draft=draft, team=team, now=timezone.now())
+    learned = selectors.learned_run_times([team.name])[team.name]
+    assert seen[0] == prediction.planned(draft, learned)
+    assert (seen[0].hours, seen[0].limit_hours) == (pytest.approx(4.0), 10.0)
