@@ -71,15 +71,16 @@ def submit_job(
     """Stores a validated declaration as a submitted job (an array: one job per index, its first task
     returned) and rings for staging after commit.
 
-    A job that would take its team past an enforced monthly budget is refused like any invalid
-    field; past a budget that only warns, it is stored and ``job.budget_note`` says so. A re-run
-    links to its source, which must be a job of the same team.
+    A job that would take its team past E31_MAX_WAITING_PER_TEAM waiting tasks, or past an enforced monthly
+    budget, is refused like any invalid field; past a budget that only warns, it is stored and
+    ``job.budget_note`` says so. A re-run links to its source, which must be a job of the same team.
     """
     if rerun_of is not None and rerun_of.team_id != team.id:
         raise declaration.DeclarationInvalid([("rerun_of", "a re-run belongs to its source job's team")])
     tasks = len(spec.array.indices) if spec.array else 1
-    if team.budget_enforced:  # two submissions at once each weigh the budget after the other's job is stored
-        Team.objects.select_for_update(no_key=True).filter(id=team.id).first()
+    # Two submissions at once each weigh the waiting cap and the budget after the other's jobs are stored.
+    Team.objects.select_for_update(no_key=True).filter(id=team.id).first()
+    _check_waiting_cap(team=team, tasks=tasks)
     budget = signals.check_budget(team=team, gpu_hours=spec.gpus * spec.hours * tasks, now=now)
     if budget and budget.refused:
         raise declaration.DeclarationInvalid([("request.hours", budget.message)])
@@ -122,6 +123,22 @@ def submit_job(
             sender=Job, job_id=first.id, event="budget_warning", attempt=0, now=now, detail=first.budget_note
         )
     return first
+
+
+def _check_waiting_cap(*, team, tasks: int) -> None:
+    """Refuses tasks that would take the team past E31_MAX_WAITING_PER_TEAM waiting (submitted, staging or queued):
+    every scheduler pass reads, plans and writes each waiting job under the one pass lock, so one team's flood
+    would hold back every start in the pool. Called with the team's row locked."""
+    cap = settings.E31_MAX_WAITING_PER_TEAM
+    waiting = Job.objects.filter(team=team, state__in=BEFORE_RENT).count()
+    if waiting + tasks > cap:
+        adds = f"this submission adds {tasks} task{'s' if tasks != 1 else ''}"
+        raise declaration.DeclarationInvalid([(
+            "team",
+            f"{team.name} has {waiting} task{'s' if waiting != 1 else ''} waiting (submitted, staging or queued) and "
+            f"{adds}: a team may have at most {cap} waiting at once (E31_MAX_WAITING_PER_TEAM). Wait for some to "
+            "start, cancel some you no longer need, or ask an operator to raise the limit.",
+        )])  # fmt: skip
 
 
 def _array(*, team, spec: declaration.Declaration, now: datetime, rerun_of: Job | None) -> JobArray | None:

@@ -1,0 +1,160 @@
+"""A team may have at most E31_MAX_WAITING_PER_TEAM tasks waiting (submitted, staging or queued): every scheduler
+pass reads and plans each waiting job, under the one pass lock, so one team's flood would slow every start."""
+
+import sys
+import threading
+
+import pytest
+import requests
+import tomli_w
+from django.db import connection
+from django.utils import timezone
+
+from e31cli import main
+from jobs import declaration, dependencies, dispatch, services
+from jobs.models import Job
+from tests.cli.inprocess import BASE, DjangoAdapter
+from tests.factories import JobFactory
+from tests.jobs.intake_channels import error_fields, submit_api, submit_form
+
+
+@pytest.fixture
+def good(roots):
+    _, out_root = roots
+    return {
+        "name": "train",
+        "work": {"argv": ["python3", "train.py"]},
+        "request": {"gpus": 1, "hours": 1.0},
+        "output": {"uri": f"file://{out_root}/train", "bytes": 100},
+    }
+
+
+def _waiting(team, *states):
+    for state in states:
+        JobFactory(team=team, state=state)
+
+
+@pytest.mark.django_db
+def test_a_job_that_would_pass_the_cap_is_refused_in_the_form_and_the_api(
+    good, pool, team, member_client, member_token, settings
+):
+    """Vision has 3 jobs waiting, one in each waiting state, against a cap of 3: a fourth is refused, the answer
+    naming the cap, how many wait, and what to do."""
+    settings.E31_MAX_WAITING_PER_TEAM = 3
+    _waiting(team, "submitted", "staging", "queued")
+    for response in (submit_form(member_client, good), submit_api(member_client, good, member_token)):
+        assert response.status_code == 422
+        assert "team" in error_fields(response)
+        text = response.content.decode()
+        assert "E31_MAX_WAITING_PER_TEAM" in text and "at most 3" in text and "3 tasks waiting" in text
+        assert "cancel" in text and "operator" in text
+    assert Job.objects.filter(team=team).count() == 3
+
+
+@pytest.mark.django_db
+def test_the_last_slot_is_taken_and_the_next_job_refused(good, pool, team, member, settings):
+    settings.E31_MAX_WAITING_PER_TEAM = 2
+    _waiting(team, "queued")
+    spec = declaration.validate(good, limits=services.pool_limits(team=team))
+    services.submit_job(team=team, user=member, spec=spec, now=timezone.now())
+    with pytest.raises(declaration.DeclarationInvalid, match="at most 2"):
+        services.submit_job(team=team, user=member, spec=spec, now=timezone.now())
+    assert Job.objects.filter(team=team).count() == 2
+
+
+@pytest.mark.django_db
+def test_an_array_counts_every_task(good, pool, team, member, member_client, member_token, settings):
+    """Cap 5, 2 waiting: an array of 4 tasks would make 6 and is refused whole; one of 3 fills the cap."""
+    settings.E31_MAX_WAITING_PER_TEAM = 5
+    _waiting(team, "queued", "submitted")
+    response = submit_api(member_client, {**good, "array": "0-3"}, member_token)
+    assert response.status_code == 422, response.content
+    assert "adds 4" in response.content.decode()
+    assert Job.objects.filter(team=team).count() == 2
+    response = submit_api(member_client, {**good, "array": "0-2"}, member_token)
+    assert response.status_code == 201, response.content
+    assert Job.objects.filter(team=team, state__in=("submitted", "staging", "queued")).count() == 5
+
+
+@pytest.mark.django_db
+def test_only_waiting_jobs_count(good, pool, team, other_team, member, settings):
+    """Jobs holding GPUs, ended ones, and other teams' waiting jobs leave the team's slots free."""
+    settings.E31_MAX_WAITING_PER_TEAM = 2
+    _waiting(team, "rented", "running", "output", "released", "ended", "queued")
+    _waiting(other_team, "queued", "queued", "queued")
+    spec = declaration.validate(good, limits=services.pool_limits(team=team))
+    services.submit_job(team=team, user=member, spec=spec, now=timezone.now())
+    assert Job.objects.filter(team=team, state="submitted").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_submissions_cannot_both_take_the_last_slot(
+    good, pool, team, member, settings, monkeypatch
+):
+    """One slot left; two members submit at the same moment: one is accepted, the other refused. Each count is
+    held open until the other has counted too (a barrier); serialised on the team's row, the first waits there in
+    vain and the second counts after the first job is stored."""
+    monkeypatch.setattr(dispatch, "send_after_commit", lambda *a, **k: None)  # no broker traffic
+    settings.E31_MAX_WAITING_PER_TEAM = 2
+    _waiting(team, "queued")
+    spec = declaration.validate(good, limits=services.pool_limits(team=team))
+    barrier, original = threading.Barrier(2), dependencies.check_prerequisites
+
+    def check_prerequisites(
+        **kwargs,
+    ):  # called by submit_job after the cap is weighed, before the job is stored
+        try:
+            barrier.wait(timeout=3)
+        except threading.BrokenBarrierError:
+            pass
+        return original(**kwargs)
+
+    monkeypatch.setattr(dependencies, "check_prerequisites", check_prerequisites)
+    outcomes: list[str] = []
+
+    def submit() -> None:
+        try:
+            services.submit_job(team=team, user=member, spec=spec, now=timezone.now())
+            outcomes.append("accepted")
+        except declaration.DeclarationInvalid:
+            outcomes.append("refused")
+        except BaseException as exc:  # reported by the assertion below
+            outcomes.append(f"error: {exc!r}")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=submit) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    waiting = Job.objects.filter(team=team, state__in=("submitted", "staging", "queued")).count()
+    assert sorted(outcomes) == ["accepted", "refused"], (outcomes, f"{waiting} waiting against 2")
+    assert waiting == 2
+
+
+@pytest.mark.django_db
+def test_e31_submit_says_why_and_exits_as_an_api_error(
+    good, pool, team, member_token, settings, tmp_path, monkeypatch, capsys
+):
+    """`e31 submit` (the installed entry point) prints the API's refusal in one line and exits as a 422 does."""
+    settings.E31_MAX_WAITING_PER_TEAM = 1
+    _waiting(team, "queued")
+    job_file = tmp_path / "train.toml"
+    job_file.write_text(tomli_w.dumps(good))
+    monkeypatch.setenv("E31_URL", BASE)
+    monkeypatch.setenv("E31_TOKEN", member_token)
+    original = requests.Session.__init__
+
+    def with_adapter(self, *a, **kw):
+        original(self, *a, **kw)
+        self.mount(BASE, DjangoAdapter())
+
+    monkeypatch.setattr(requests.Session, "__init__", with_adapter)
+    monkeypatch.setattr(sys, "argv", ["e31", "submit", str(job_file)])
+    with pytest.raises(SystemExit) as exit_:
+        main.run()
+    err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert exit_.value.code == main.STATUS_EXITS.get(422, main.EXIT_API)
+    assert "Error 422" in err and "E31_MAX_WAITING_PER_TEAM" in err and "1 task waiting" in err, err
+    assert Job.objects.filter(team=team).count() == 1
