@@ -21,7 +21,8 @@ from jobs.transitions import transition
 
 def pool_limits(*, team=None) -> declaration.Limits:
     """What a declaration is checked against: the GPUs, memory, CPUs and GPU models of every node not down, the
-    configured roots, and for a chosen team its prefix of each root and the dataset folders shared with it."""
+    configured roots, and for a chosen team its prefix of each root, the dataset folders shared with it and those
+    its own folders hold but are shared with other teams only."""
     live = Node.objects.exclude(state=Node.NodeState.DOWN)
     pool = live.aggregate(gpus=Sum("gpus"), memory=Sum("memory_bytes"), cpus=Sum("cpus"))
     return declaration.Limits(
@@ -34,6 +35,7 @@ def pool_limits(*, team=None) -> declaration.Limits:
         output_roots=settings.E31_OUTPUT_ROOTS,
         team=team.slug if team is not None else None,
         shared=sharing.shared_with(team.slug) if team is not None else (),
+        withheld=sharing.withheld(team.slug) if team is not None else (),
         max_array=settings.E31_MAX_ARRAY,
         max_checkpoint_bytes=settings.E31_MAX_CHECKPOINT_BYTES,
         secrets=frozenset(team_secrets.names(team)) if team is not None else None,

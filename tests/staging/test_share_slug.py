@@ -2,12 +2,13 @@
 folder's name, or whose folder holds a shared folder, reads that folder only if it was shared with it."""
 
 import os
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
 
 from accounts import services as accounts
-from jobs import declaration, sharing, staging
+from jobs import declaration, services, sharing, staging
 from jobs.models import Job
 from tests.staging.conftest import file_uri, make_job, write
 
@@ -100,3 +101,24 @@ def test_the_declaration_refuses_a_withheld_folder_when_told_of_it(roots):
     with pytest.raises(declaration.DeclarationInvalid) as refused:
         declaration.validate(raw, limits=declaration.Limits(**limits, withheld=[shared]))
     assert [field for field, _ in refused.value.errors] == ["data[0].uri"]
+
+
+def test_submitting_a_file_in_a_withheld_folder_is_refused_at_submit(roots, team):
+    """It was refused only at staging: the submission was accepted, and the declaration's file check told the
+    newcomer whether a file there existed and how large it was."""
+    shared = roots.data_root / "imagenet" / "train"
+    write(shared / "x.bin", b"licensed" * 10)
+    share(shared, "vision")
+    newcomer = accounts.create_team(name="ImageNet")
+    limits = services.pool_limits(team=newcomer)
+    assert [Path(p) for p in limits.withheld] == [shared]
+    raw = {
+        "name": "t", "work": {"argv": ["/usr/bin/true"]}, "data": [{"name": "t", "uri": file_uri(shared / "x.bin"), "bytes": 1}],
+        "request": {"gpus": 1, "hours": 1.0}, "output": {"uri": f"file://{roots.output_root}/imagenet/r", "bytes": 10},
+    }  # fmt: skip
+    with pytest.raises(declaration.DeclarationInvalid) as refused:
+        declaration.validate(raw, limits=limits)
+    assert (
+        "data[0].uri",
+        "in a folder an operator shared with other teams, not with yours",
+    ) in refused.value.errors
