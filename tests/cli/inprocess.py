@@ -42,8 +42,8 @@ class DjangoAdapter(requests.adapters.BaseAdapter):
         pass
 
 
-def e31(monkeypatch, token: str, *args: str):
-    """(exit code, stdout, stderr) of ``e31 ARGS`` with E31_URL/E31_TOKEN set."""
+def use_console(monkeypatch, token: str) -> None:
+    """E31_URL/E31_TOKEN set, and every requests session the CLI opens answered by the console in this process."""
     monkeypatch.setenv("E31_URL", BASE)
     monkeypatch.setenv("E31_TOKEN", token)
     original = requests.Session.__init__
@@ -53,6 +53,11 @@ def e31(monkeypatch, token: str, *args: str):
         self.mount(BASE, DjangoAdapter())
 
     monkeypatch.setattr(requests.Session, "__init__", with_adapter)
+
+
+def e31(monkeypatch, token: str, *args: str):
+    """(exit code, stdout, stderr) of ``e31 ARGS`` with E31_URL/E31_TOKEN set."""
+    use_console(monkeypatch, token)
     result = CliRunner().invoke(main.app, list(args))
     code = result.exit_code
     if isinstance(result.exception, client.ApiError):  # what main.run() turns into an exit code

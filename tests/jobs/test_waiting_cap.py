@@ -2,20 +2,18 @@
 pass reads and plans each waiting job, under the one pass lock, so one team's flood would slow every start."""
 
 import sys
-import threading
 
 import pytest
-import requests
 import tomli_w
-from django.db import connection
 from django.utils import timezone
 
 from e31cli import main
 from jobs import declaration, dependencies, dispatch, services
 from jobs.models import Job
-from tests.cli.inprocess import BASE, DjangoAdapter
+from tests.cli.inprocess import use_console
 from tests.factories import JobFactory
 from tests.jobs.intake_channels import error_fields, submit_api, submit_form
+from tests.submissions import submit_twice_at_once
 
 
 @pytest.fixture
@@ -98,36 +96,10 @@ def test_two_concurrent_submissions_cannot_both_take_the_last_slot(
     settings.E31_MAX_WAITING_PER_TEAM = 2
     _waiting(team, "queued")
     spec = declaration.validate(good, limits=services.pool_limits(team=team))
-    barrier, original = threading.Barrier(2), dependencies.check_prerequisites
-
-    def check_prerequisites(
-        **kwargs,
-    ):  # called by submit_job after the cap is weighed, before the job is stored
-        try:
-            barrier.wait(timeout=3)
-        except threading.BrokenBarrierError:
-            pass
-        return original(**kwargs)
-
-    monkeypatch.setattr(dependencies, "check_prerequisites", check_prerequisites)
-    outcomes: list[str] = []
-
-    def submit() -> None:
-        try:
-            services.submit_job(team=team, user=member, spec=spec, now=timezone.now())
-            outcomes.append("accepted")
-        except declaration.DeclarationInvalid:
-            outcomes.append("refused")
-        except BaseException as exc:  # reported by the assertion below
-            outcomes.append(f"error: {exc!r}")
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=submit) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    # check_prerequisites: called by submit_job after the cap is weighed, before the job is stored
+    outcomes = submit_twice_at_once(
+        monkeypatch, team=team, user=member, spec=spec, held_at=(dependencies, "check_prerequisites")
+    )
     waiting = Job.objects.filter(team=team, state__in=("submitted", "staging", "queued")).count()
     assert sorted(outcomes) == ["accepted", "refused"], (outcomes, f"{waiting} waiting against 2")
     assert waiting == 2
@@ -142,15 +114,7 @@ def test_e31_submit_says_why_and_exits_as_an_api_error(
     _waiting(team, "queued")
     job_file = tmp_path / "train.toml"
     job_file.write_text(tomli_w.dumps(good))
-    monkeypatch.setenv("E31_URL", BASE)
-    monkeypatch.setenv("E31_TOKEN", member_token)
-    original = requests.Session.__init__
-
-    def with_adapter(self, *a, **kw):
-        original(self, *a, **kw)
-        self.mount(BASE, DjangoAdapter())
-
-    monkeypatch.setattr(requests.Session, "__init__", with_adapter)
+    use_console(monkeypatch, member_token)
     monkeypatch.setattr(sys, "argv", ["e31", "submit", str(job_file)])
     with pytest.raises(SystemExit) as exit_:
         main.run()

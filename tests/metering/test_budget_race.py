@@ -13,6 +13,7 @@ from jobs.models import Job
 from metering import selectors
 from metering import services as metering
 from tests.factories import JobFactory, NodeFactory
+from tests.submissions import submit_twice_at_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,38 +37,10 @@ def test_two_concurrent_submissions_cannot_both_pass_an_enforced_budget(
     }
     spec = declaration.validate(raw, limits=services.pool_limits(team=team))
 
-    # Both projections are read before either job commits (the window of two concurrent requests);
-    # serialised, the first waits here in vain (timeout) and the second reads after the first job is stored.
-    barrier = threading.Barrier(2)
-    original = selectors.projection
-
-    def projection(**kwargs):
-        answer = original(**kwargs)
-        try:
-            barrier.wait(timeout=3)
-        except threading.BrokenBarrierError:
-            pass
-        return answer
-
-    monkeypatch.setattr(selectors, "projection", projection)
-    outcomes: list[str] = []
-
-    def submit() -> None:
-        try:
-            services.submit_job(team=team, user=member, spec=spec, now=timezone.now())
-            outcomes.append("accepted")
-        except declaration.DeclarationInvalid:
-            outcomes.append("refused")
-        except BaseException as exc:  # reported by the assertion below
-            outcomes.append(f"error: {exc!r}")
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=submit) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    # Both projections are read before either job commits (the window of two concurrent requests).
+    outcomes = submit_twice_at_once(
+        monkeypatch, team=team, user=member, spec=spec, held_at=(selectors, "projection")
+    )
     queued = Job.objects.filter(team=team).count()
     assert sorted(outcomes) == ["accepted", "refused"], (
         outcomes,
