@@ -15,7 +15,6 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
 from django.utils import timezone
 
 from accounts import team_secrets
@@ -215,7 +214,7 @@ def _room(now: datetime, *, key: str) -> int:
         ImageCacheEntry.objects.filter(id__in=_pinned().values("id")),
         ImageCacheEntry.objects.filter(state=FILLING, updated_at__gte=fresh).exclude(key=key),
     )
-    return settings.E31_STAGE_CACHE_BYTES - sum(rows.aggregate(n=Sum("bytes"))["n"] or 0 for rows in held)
+    return settings.E31_STAGE_CACHE_BYTES - selectors.total_bytes(*held)
 
 
 def _cap(compressed: int, *, room: int) -> int:

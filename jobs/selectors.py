@@ -95,16 +95,20 @@ def deliveries_in_flight() -> QuerySet:
 # --------------------------------------------------------------------------- the staging cache
 
 
+def total_bytes(*entries: QuerySet) -> int:
+    """The bytes of every row of ``entries`` (cache entries, datasets or images), summed in the database."""
+    return sum(rows.aggregate(total=Sum("bytes"))["total"] or 0 for rows in entries)
+
+
 def cache_bytes() -> int:
     """Datasets and images in the staging cache: one capacity holds both."""
-    datasets = DatasetCacheEntry.objects.aggregate(total=Sum("bytes"))["total"] or 0
-    return datasets + (ImageCacheEntry.objects.aggregate(total=Sum("bytes"))["total"] or 0)
+    return total_bytes(DatasetCacheEntry.objects.all(), ImageCacheEntry.objects.all())
 
 
 def cache_summary() -> dict:
     """The configured policy and what the cache holds now, for the transfers and job pages."""
     pinned_ids = DatasetCacheEntry.objects.filter(inputs__job__state__in=ALIVE_STATES).values("id")
-    pinned = DatasetCacheEntry.objects.filter(id__in=pinned_ids).aggregate(n=Sum("bytes"))["n"] or 0
+    pinned = total_bytes(DatasetCacheEntry.objects.filter(id__in=pinned_ids))
     return {
         "capacity_bytes": settings.E31_STAGE_CACHE_BYTES,
         "retention_s": settings.E31_STAGE_RETENTION_S,

@@ -24,7 +24,6 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
 from django.utils import timezone
 
 from jobs import cache_fill, declaration, dependencies, dispatch, image_staging, selectors, sharing, transfers
@@ -431,16 +430,13 @@ def _check_room(entry: DatasetCacheEntry, now: datetime) -> None:
         state=FILLING, filling_input__stage_state="staging", filling_input__job__state=State.STAGING,
         filling_input__job__worker_seen_at__gte=cache_fill.stale_before(now),
     ).exclude(id=entry.id)  # fmt: skip
-    held = sum(
-        rows.aggregate(total=Sum("bytes"))["total"] or 0
-        for rows in (
-            DatasetCacheEntry.objects.filter(state=READY),
-            copying,
-            ImageCacheEntry.objects.filter(state=ImageCacheEntry.READY),
-            ImageCacheEntry.objects.filter(
-                state=ImageCacheEntry.FILLING, updated_at__gte=cache_fill.stale_before(now)
-            ),
-        )
+    held = selectors.total_bytes(
+        DatasetCacheEntry.objects.filter(state=READY),
+        copying,
+        ImageCacheEntry.objects.filter(state=ImageCacheEntry.READY),
+        ImageCacheEntry.objects.filter(
+            state=ImageCacheEntry.FILLING, updated_at__gte=cache_fill.stale_before(now)
+        ),
     )
     if held + entry.bytes > capacity:
         raise NoRoom(
