@@ -7,6 +7,7 @@ the checkout. tests/conftest.py reads the mark before the test's fixtures are se
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,21 @@ def missing(what: str) -> None:
     if os.environ.get(FLAG) == "1":
         pytest.fail(f"{FLAG}=1 but this machine lacks {what}")
     pytest.skip(f"this machine lacks {what} (set {FLAG}=1 to make this a failure)")
+
+
+def clear_leftovers(*prefixes: str, routes: tuple[str, ...] = ()) -> None:
+    """Removes the network namespaces and nftables tables whose names start with one of ``prefixes``, and
+    ``routes``, that a run killed mid-test left on this machine (their veths go with their namespaces). Left, a stale
+    uplink's network shadows the new one's, and the new stand-in for the internet is never reached."""
+
+    def listed(*cmd: str) -> list[str]:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.split()
+
+    for name in listed("ip", "netns", "list"):
+        if name.startswith(prefixes):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+    for name in listed("nft", "list", "tables"):
+        if name.startswith(prefixes):
+            subprocess.run(["nft", "delete", "table", "inet", name], capture_output=True, timeout=20)
+    for route in routes:
+        subprocess.run(["ip", "route", "del", route], capture_output=True, timeout=20)

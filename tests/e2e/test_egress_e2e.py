@@ -21,6 +21,7 @@ from django.utils import timezone
 from jobs import network
 from jobs.models import Job
 from operations import services as operations
+from tests import machine
 from tests.e2e.conftest import wait_for_state
 from tests.e2e.test_confinement_e2e import node_addresses
 from tests.e2e.test_lifecycle_e2e import py, submit
@@ -87,6 +88,10 @@ def the_internet():
     """A namespace standing for the internet behind the node's gateway, on an uplink with forwarding on."""
     tag = uuid.uuid4().hex[:6]
     ns, host_link = f"e31inet-{tag}", f"e31i{tag}"
+    # A run killed mid-test left its stand-in: its stale uplink would take the new one's traffic.
+    machine.clear_leftovers(
+        "e31inet-", routes=tuple(f"{address}/32" for address in (INTERNET, PRIVATE, PRIVATE_172))
+    )
     sh("ip", "netns", "add", ns)
     try:
         sh("ip", "link", "add", host_link, "type", "veth", "peer", "name", "uplink", "netns", ns)

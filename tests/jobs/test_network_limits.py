@@ -59,6 +59,8 @@ def outside(request) -> Iterator[None]:
     tag = uuid.uuid4().hex[:6]
     ns, link = f"e31t-out-{tag}", f"e31o{tag}"
     hold = getattr(request, "param", False)
+    # A run killed mid-test left its router, uplink and parts: the stale uplink would take OUTSIDE's traffic.
+    machine.clear_leftovers("e31t-out-", "e31-tst", "e31_tst", routes=(f"{OUTSIDE}/32",))
     sh("ip", "netns", "add", ns)
     try:
         sh("ip", "link", "add", link, "type", "veth", "peer", "name", "uplink", "netns", ns)
