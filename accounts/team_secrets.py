@@ -115,8 +115,8 @@ def check_submitter(*, team_id: int, user_id: int | None) -> None:
 
     Read at each attempt's start, not at submission: a member removed, or an account deactivated, after queueing
     jobs must not have them start later with the secrets (perhaps rotated since) of a team no longer theirs.
-    A job with no submitter passes: its account was deleted (deleting an account cancels its jobs that hold no
-    GPUs yet, ``jobs.membership``) or the platform made it itself (benchmarks, tests), and nobody's membership
+    A job with no submitter passes: its account was deleted (deleting an account cancels its live jobs, running
+    ones too, ``jobs.membership``) or the platform made it itself (benchmarks, tests), and nobody's membership
     can lapse. Here rather than in ``accounts.selectors``: it guards the one reader of the secrets, beside it.
     """
     if user_id is None:

@@ -191,7 +191,21 @@ def cancel_unstarted_jobs(
     waiting = Job.objects.filter(submitted_by_id=submitted_by_id, state__in=BEFORE_RENT)
     if team_id is not None:
         waiting = waiting.filter(team_id=team_id)
-    job_ids = list(waiting.select_for_update(skip_locked=True).order_by("id").values_list("id", flat=True))
+    return _cancel_unlocked(waiting, why=why, actor=actor, now=now)
+
+
+@transaction.atomic
+def cancel_deleted_accounts_jobs(*, submitted_by_id: int, why: str, now: datetime) -> int:
+    """Cancels every live job of an account being deleted, in every team, running ones too (asked to stop, never
+    requeued after); returns how many. Nobody is left to answer for them, and a job requeued later (its node lost)
+    would start with no submitter, as a job the platform made itself, with the team's secrets. A job row another
+    transaction holds at this moment is skipped, as ``cancel_unstarted_jobs`` skips it."""
+    live = Job.objects.filter(submitted_by_id=submitted_by_id, state__in=ALIVE)
+    return _cancel_unlocked(live, why=why, actor=None, now=now)
+
+
+def _cancel_unlocked(jobs, *, why: str, actor, now: datetime) -> int:
+    job_ids = list(jobs.select_for_update(skip_locked=True).order_by("id").values_list("id", flat=True))
     return sum(cancel_job(job_id=job_id, user=actor, now=now, why=why) for job_id in job_ids)
 
 
@@ -225,7 +239,8 @@ def cancel_job(*, job_id: int, user, now: datetime, why: str = "") -> bool:
     if marked:
         JobEvent.objects.create(
             job_id=job_id, from_state=job.state, to_state=job.state, at=now,
-            reason=f"cancel requested by {_actor(user)}", actor=_actor(user), attempt=job.attempt,
+            reason=f"cancel requested by {_actor(user)}" + (f": {why}" if why else ""), actor=_actor(user),
+            attempt=job.attempt,
         )  # fmt: skip
         # The node agent watching this attempt polls the flag every second and stops the process group.
     return bool(marked)

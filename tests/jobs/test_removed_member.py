@@ -125,6 +125,21 @@ def test_deleting_an_account_cancels_its_jobs_that_have_not_started(team, mallor
     assert job.end_detail == "the account mallory was deleted"
 
 
+def test_deleting_an_account_stops_its_running_jobs_which_never_start_again(team, mallory):
+    """Reproduction: a deleted account's running job, requeued when its node was lost, started again with no
+    submitter, which the start's check lets through as a job the platform made, and got the team's secrets."""
+    node = NodeFactory(name="gpu-01")
+    job = JobFactory(team=team, submitted_by=mallory, secrets=["HF_TOKEN"], requeue=True)
+    assert rental.rent_job(job_id=job.id, gpus_by_node={node.name: (0,)}, now=timezone.now())
+    assert rental.start_allocation(allocation_id=job.allocations.get().id, now=timezone.now())
+    mallory.delete()
+    job.refresh_from_db()
+    assert job.cancel_requested_at is not None  # its agent stops the process and releases the GPUs
+    rental.lose_node_allocations(node=node, now=timezone.now(), detail="the node stopped answering")
+    job.refresh_from_db()
+    assert (job.state, job.end_reason) == (State.RELEASED, EndReason.CANCELLED)
+
+
 # --- At start: no secrets for a submitter who may no longer act for the team --------------------------------------
 
 
