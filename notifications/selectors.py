@@ -16,7 +16,7 @@ def email_choices(user) -> list[tuple[Team, str]]:
 
 
 def team_webhooks(team: Team) -> QuerySet[Webhook]:
-    return Webhook.objects.filter(team=team).order_by("id")
+    return Webhook.objects.filter(team=team).select_related("created_by").order_by("id")
 
 
 def team_deliveries(team: Team) -> QuerySet[WebhookDelivery]:

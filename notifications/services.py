@@ -25,7 +25,7 @@ from accounts.models import Team
 from common import pinned
 from jobs import dispatch
 from jobs.models import Job
-from notifications import addresses, signing
+from notifications import addresses, signals, signing
 from notifications.models import (
     EmailChoice,
     EmailPreference,
@@ -82,13 +82,42 @@ def add_webhook(*, team: Team, user, url: str, secret: str, now: datetime) -> We
     secret = secret or secrets.token_urlsafe(32)
     if not (MIN_SECRET <= len(secret) <= MAX_SECRET) or not secret.isascii() or not secret.isprintable():
         raise addresses.Refused(f"a secret is {MIN_SECRET} to {MAX_SECRET} printable ASCII characters")
-    return Webhook.objects.create(team=team, url=url, secret=secret, created_by=user, created_at=now)
+    webhook = Webhook.objects.create(team=team, url=url, secret=secret, created_by=user, created_at=now)
+    _changed(webhook, "team.webhook-add", actor=user, now=now)
+    return webhook
 
 
-def remove_webhook(*, webhook: Webhook, user) -> None:
+@transaction.atomic
+def remove_webhook(*, webhook: Webhook, user, now: datetime) -> None:
     if not scoping.is_team_admin(user, webhook.team):
         raise NotAllowed("only the team's admins manage its webhooks")
+    _delete(webhook, actor=user, now=now)
+
+
+@transaction.atomic
+def remove_webhooks_added_by(*, team: Team, user_id: int, actor, now: datetime) -> int:
+    """Removes the webhooks an admin added to the team, once they are no admin of it (removed, or made a member):
+    a webhook speaks for the admin who added it, as their invitations do, and would go on hearing every event of
+    the team's jobs. Returns how many."""
+    hooks = list(Webhook.objects.select_for_update().filter(team=team, created_by_id=user_id).order_by("id"))
+    for webhook in hooks:
+        _delete(webhook, actor=actor, now=now)
+    return len(hooks)
+
+
+def _delete(webhook: Webhook, *, actor, now: datetime) -> None:
+    _changed(webhook, "team.webhook-remove", actor=actor, now=now)
     webhook.delete()
+
+
+def _changed(webhook: Webhook, action: str, *, actor, now: datetime) -> None:
+    """Tells operations (the audit log) what was added or removed: the URL, and whose it was."""
+    added_by = webhook.created_by.get_username() if webhook.created_by_id else ""
+    said = {"url": webhook.url, "added_by": added_by}
+    before, after = ({}, said) if action == "team.webhook-add" else (said, {})
+    signals.webhook_changed.send(
+        sender=Webhook, team=webhook.team, action=action, before=before, after=after, actor=actor, now=now
+    )
 
 
 def record_job_event(*, job_id: int, event: str, attempt: int, now: datetime, detail: str = "") -> None:

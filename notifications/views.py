@@ -72,7 +72,7 @@ def remove_webhook(request: HttpRequest, team_slug: str, webhook_id: int) -> Htt
         request.user, Webhook.objects.select_related("team"), id=webhook_id, team__slug=team_slug
     )
     try:
-        services.remove_webhook(webhook=hook, user=request.user)
+        services.remove_webhook(webhook=hook, user=request.user, now=timezone.now())
         messages.success(request, "Webhook removed.")
     except services.NotAllowed as exc:
         messages.error(request, str(exc))

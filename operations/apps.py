@@ -10,11 +10,15 @@ class OperationsConfig(AppConfig):
         # lockout cleared, without importing operations: the apps' arrows point one way.
         from accounts import signals as accounts_signals
         from metering import signals
+        from notifications import signals as notifications_signals
         from operations import receivers
 
         signals.budget_set.connect(receivers.audit_budget, dispatch_uid="operations.audit-budget")
         accounts_signals.membership_changed.connect(
             receivers.audit_membership, dispatch_uid="operations.audit-membership"
+        )
+        notifications_signals.webhook_changed.connect(
+            receivers.audit_membership, dispatch_uid="operations.audit-webhook"
         )
         accounts_signals.rights_changed.connect(
             receivers.audit_rights, dispatch_uid="operations.audit-rights"

@@ -1,0 +1,77 @@
+"""A webhook speaks for the admin who added it: once they are no admin of the team (removed, or made a member), it
+is removed with them, audited, as their invitations are; every webhook added or removed is in the audit log, and the
+team's page says who added each."""
+
+import ipaddress
+
+import pytest
+from django.utils import timezone
+
+from accounts import members
+from notifications import services as notify
+from notifications.models import Webhook, WebhookDelivery
+from operations.models import AuditEntry
+from tests.factories import JobFactory, MembershipFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+URL = "http://10.2.3.4/hook"
+
+
+@pytest.fixture(autouse=True)
+def private_target_allowed(settings):
+    settings.E31_WEBHOOK_PRIVATE_NETWORKS = [ipaddress.ip_network("10.0.0.0/8")]
+
+
+@pytest.fixture
+def mallory(team):
+    return MembershipFactory(team=team, user=UserFactory(username="mallory"), role="admin").user
+
+
+def _add(team, user, url=URL) -> Webhook:
+    return notify.add_webhook(team=team, user=user, url=url, secret="", now=timezone.now())
+
+
+def test_a_removed_admins_webhooks_are_removed_with_them_and_hear_no_more_events(team, team_admin, mallory):
+    """Reproduction: mallory, an admin, added a webhook and was removed; every later event of the team's jobs was
+    still delivered to her URL (id, name, state, end reason, exit code, detail)."""
+    hers, kept = _add(team, mallory), _add(team, team_admin, "http://10.9.9.9/team")
+    assert members.remove_member(team=team, user_id=mallory.id, actor=team_admin, now=timezone.now())
+    assert list(Webhook.objects.values_list("id", flat=True)) == [kept.id]
+    job = JobFactory(team=team)
+    notify.record_job_event(job_id=job.id, event="ended", attempt=1, now=timezone.now())
+    assert [d.webhook_id for d in WebhookDelivery.objects.all()] == [kept.id]
+    entry = AuditEntry.objects.get(action="team.webhook-remove")
+    assert (entry.actor, entry.target) == ("adele", f"team:{team.slug}")
+    assert entry.before == {"url": hers.url, "added_by": "mallory"}
+
+
+def test_a_demoted_admins_webhooks_are_removed_and_a_members_role_change_to_admin_keeps_them(
+    team, team_admin, mallory
+):
+    _add(team, mallory)
+    assert members.change_role(
+        team=team, user_id=mallory.id, role="member", actor=team_admin, now=timezone.now()
+    )
+    assert not Webhook.objects.exists()
+    assert members.change_role(
+        team=team, user_id=mallory.id, role="admin", actor=team_admin, now=timezone.now()
+    )
+    theirs = _add(team, mallory)
+    assert list(Webhook.objects.all()) == [theirs]
+
+
+def test_adding_and_removing_a_webhook_is_audited(team, team_admin):
+    hook = _add(team, team_admin)
+    notify.remove_webhook(webhook=hook, user=team_admin, now=timezone.now())
+    entries = list(AuditEntry.objects.order_by("id").values_list("action", "actor", "before", "after"))
+    assert entries == [
+        ("team.webhook-add", "adele", {}, {"url": URL, "added_by": "adele"}),
+        ("team.webhook-remove", "adele", {"url": URL, "added_by": "adele"}, {}),
+    ]
+
+
+def test_the_webhooks_page_says_who_added_each(client, team, team_admin, mallory):
+    _add(team, mallory)
+    client.force_login(team_admin)
+    page = client.get(f"/notifications/webhooks/{team.slug}/").content.decode()
+    assert "added by mallory" in page
