@@ -61,6 +61,9 @@ def stage_image(*, job_id: int) -> None:
     beat = _Beat(pull)
     try:
         ref = imageref.parse(job.image)
+        # The pull uses the team's registry login: only for a job whose submitter may still act for the team,
+        # as the node agent checks again at the start.
+        team_secrets.check_submitter(team_id=job.team_id, user_id=job.submitted_by_id)
         access = registry_access(team_id=job.team_id, ref=ref)
         resolved = _retrying(lambda: registry.resolve(ref, access=access), beat)
         _record_digest(pull, resolved)

@@ -143,3 +143,29 @@ def test_a_registry_login_is_never_sent_to_a_look_alike_registry(monkeypatch, se
 )  # fmt: skip
 def test_no_two_registry_hosts_share_a_secret_name(hosts):
     assert len({team_secrets.registry_secret_name(host) for host in hosts}) == len(hosts)
+
+
+@pytest.mark.django_db
+def test_a_job_whose_submitter_may_no_longer_act_for_the_team_never_pulls_with_its_login(
+    monkeypatch, settings, team, team_admin, member
+):
+    """Reproduction: a queued job's submitter deactivated, its image was still pulled with the team's registry
+    login (its run was refused at start, but the login was used for it)."""
+    from jobs.models import ImagePull
+    from tests.factories import JobFactory
+
+    settings.E31_SECRETS_KEYS = [Fernet.generate_key().decode()]
+    settings.E31_POOL_REGISTRIES = ["registry.example.com"]
+    name = team_secrets.registry_secret_name("registry.example.com")
+    team_secrets.set_secret(
+        team=team, name=name, value=f"team-bot:{PASSWORD}", user=team_admin, now=timezone.now()
+    )
+    asked = []
+    monkeypatch.setattr(registry, "resolve", lambda ref, access: asked.append(access.username))
+    job = JobFactory(team=team, submitted_by=member, image="registry.example.com/team/app:1", state="staging")
+    member.is_active = False
+    member.save()
+    with pytest.raises(image_staging.ImageFailed, match=r"the account \w+ is deactivated"):
+        image_staging.stage_image(job_id=job.id)
+    assert asked == []
+    assert "deactivated" in ImagePull.objects.get(job=job).stage_detail
