@@ -79,6 +79,6 @@ def set_secret(request: HttpRequest, slug: str, name: str, payload: SecretIn):
 @router.delete("/teams/{slug}/secrets/{name}", response={204: None, **ERRORS}, summary="Delete a team secret")
 def delete_secret(request: HttpRequest, slug: str, name: str):
     team = _team(request, slug, write=True)
-    if not team_secrets.delete_secret(team=team, name=name):
+    if not team_secrets.delete_secret(team=team, name=name, user=request.user, now=timezone.now()):
         raise HttpError(404, "No such secret")
     return Status(204, None)

@@ -13,6 +13,11 @@ from django.dispatch import Signal
 # the audit log holds exactly the membership changes that took effect.
 membership_changed = Signal()
 
+# Sent inside the transaction that sets, replaces or deletes a team's secret (``accounts.team_secrets``), with
+# ``team``, ``action`` ("team.secret-set", "team.secret-replace", "team.secret-delete"), ``before`` and ``after``
+# ({"name"} or {}: a secret's value is never said), ``actor`` and ``now``. A receiver's error rolls it back.
+secret_changed = Signal()
+
 # Sent inside the transaction that changes what an account, or a group of accounts, may do beyond its teams:
 # ``kind`` ("user" or "group"), its ``name``, ``before`` and ``after`` (``accounts.services.user_rights`` or
 # ``group_rights``; ``after`` is {} when the account or group was deleted), ``actor`` and ``now``. An account is

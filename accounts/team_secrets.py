@@ -17,6 +17,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from accounts import signals
 from accounts.models import Membership, Team, TeamSecret
 
 # The same rule as a declared environment variable's name (jobs.declaration), kept here so that
@@ -92,6 +93,11 @@ def set_secret(*, team: Team, name: str, value: str, user, now: datetime) -> Tea
     if existing is None and TeamSecret.objects.filter(team=team).count() >= MAX_PER_TEAM:
         raise SecretInvalid(f"a team holds at most {MAX_PER_TEAM} secrets")
     token = _fernet().encrypt(value.encode()).decode()
+    said = {"name": name}
+    if existing is None:
+        _changed(team, "team.secret-set", {}, said, actor=user, now=now)
+    else:
+        _changed(team, "team.secret-replace", said, said, actor=user, now=now)
     row, _ = TeamSecret.objects.update_or_create(
         team=team, name=name, defaults={"token": token, "set_by": user, "updated_at": now},
         create_defaults={"token": token, "set_by": user, "updated_at": now, "created_at": now},
@@ -99,10 +105,19 @@ def set_secret(*, team: Team, name: str, value: str, user, now: datetime) -> Tea
     return row
 
 
-def delete_secret(*, team: Team, name: str) -> bool:
+@transaction.atomic
+def delete_secret(*, team: Team, name: str, user, now: datetime) -> bool:
     """Deletes a team's secret; False if it had none of that name. Jobs that declared it fail to start."""
     deleted, _ = TeamSecret.objects.filter(team=team, name=name).delete()
+    if deleted:
+        _changed(team, "team.secret-delete", {"name": name}, {}, actor=user, now=now)
     return bool(deleted)
+
+
+def _changed(team: Team, action: str, before: dict, after: dict, *, actor, now: datetime) -> None:
+    signals.secret_changed.send(
+        sender=TeamSecret, team=team, action=action, before=before, after=after, actor=actor, now=now
+    )
 
 
 def names(team: Team) -> list[str]:

@@ -93,7 +93,7 @@ def delete_secret(request: HttpRequest, team_slug: str) -> HttpResponse:
     name = request.POST.get("name", "")
     if not scoping.is_team_admin(request.user, team):
         messages.error(request, "Only a team admin deletes the team's secrets.")
-    elif team_secrets.delete_secret(team=team, name=name):
+    elif team_secrets.delete_secret(team=team, name=name, user=request.user, now=timezone.now()):
         messages.success(request, f"{team.name}: secret {name} deleted.")
     return redirect("accounts:secrets")
 

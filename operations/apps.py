@@ -15,10 +15,13 @@ class OperationsConfig(AppConfig):
 
         signals.budget_set.connect(receivers.audit_budget, dispatch_uid="operations.audit-budget")
         accounts_signals.membership_changed.connect(
-            receivers.audit_membership, dispatch_uid="operations.audit-membership"
+            receivers.audit_team_change, dispatch_uid="operations.audit-membership"
+        )
+        accounts_signals.secret_changed.connect(
+            receivers.audit_team_change, dispatch_uid="operations.audit-secret"
         )
         notifications_signals.webhook_changed.connect(
-            receivers.audit_membership, dispatch_uid="operations.audit-webhook"
+            receivers.audit_team_change, dispatch_uid="operations.audit-webhook"
         )
         accounts_signals.rights_changed.connect(
             receivers.audit_rights, dispatch_uid="operations.audit-rights"

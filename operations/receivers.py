@@ -15,9 +15,10 @@ def audit_budget(sender, *, team, before: dict, after: dict, operator, now: date
     )
 
 
-def audit_membership(
+def audit_team_change(
     sender, *, team, action: str, before: dict, after: dict, actor, now: datetime, **_
 ) -> None:
+    """A team's members, invitations, secrets (by name) or webhooks changed: ``action`` says which."""
     audit.record(actor=actor, action=action, target=f"team:{team.slug}", before=before, after=after, now=now)
 
 

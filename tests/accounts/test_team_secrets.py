@@ -194,7 +194,7 @@ def test_the_form_takes_secret_names(declaring, member_client):
 
 def test_a_secret_deleted_after_intake_is_named_when_the_attempt_starts(team, team_admin):
     team_secrets.set_secret(team=team, name="HF_TOKEN", value=VALUE, user=team_admin, now=timezone.now())
-    team_secrets.delete_secret(team=team, name="HF_TOKEN")
+    team_secrets.delete_secret(team=team, name="HF_TOKEN", user=team_admin, now=timezone.now())
     with pytest.raises(team_secrets.SecretsUnavailable, match="HF_TOKEN"):
         team_secrets.values_for_attempt(team_id=team.id, declared=["HF_TOKEN"])
 
@@ -239,3 +239,23 @@ def test_only_a_submitter_who_may_still_act_for_the_team_passes_the_check_at_sta
             team_secrets.SubmitterGone, match=rf"^the account {user.username} is deactivated$"
         ):
             team_secrets.check_submitter(team_id=team.id, user_id=user.id)
+
+
+def test_setting_replacing_and_deleting_a_secret_is_audited_by_name_never_by_value(client, team, admin_token):
+    """Reproduction: an admin's secret set, replaced and deleted left no audit entry (a delete left nothing at all)."""
+    from operations.models import AuditEntry
+
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {admin_token}"}
+    url = f"/api/v1/teams/{team.slug}/secrets/HF_TOKEN"
+    for value in (VALUE, VALUE + "-rotated"):
+        assert client.put(url, {"value": value}, content_type="application/json", **auth).status_code == 200
+    assert client.delete(url, **auth).status_code == 204
+    entries = list(
+        AuditEntry.objects.order_by("id").values_list("action", "actor", "target", "before", "after")
+    )
+    assert entries == [
+        ("team.secret-set", "adele", f"team:{team.slug}", {}, {"name": "HF_TOKEN"}),
+        ("team.secret-replace", "adele", f"team:{team.slug}", {"name": "HF_TOKEN"}, {"name": "HF_TOKEN"}),
+        ("team.secret-delete", "adele", f"team:{team.slug}", {"name": "HF_TOKEN"}, {}),
+    ]
+    assert VALUE not in json.dumps(list(AuditEntry.objects.values()), default=str)
