@@ -443,3 +443,21 @@ def test_invitation_links_start_with_the_consoles_address_not_the_requests_host(
     Invitation.objects.update(expires_at=timezone.now() - timedelta(minutes=1))
     operator_client.post(reverse("partners-reinvite", args=[application.id]), HTTP_HOST="10.0.0.5")
     assert "https://console.e31.example/invite/" in mail.outbox[-1].body
+
+
+@pytest.mark.django_db
+def test_an_accepted_team_and_its_contact_joining_as_admin_are_in_the_audit_log(
+    operator_client, operator, application
+):
+    """Reproduction: accepting an application created a team, and redeeming its link made the contact its admin, with
+    no audit entry for either, where every other join is in the operators' audit log."""
+    from operations.models import AuditEntry
+
+    _set_password(Client(), _accept(operator_client, application))
+    team = Team.objects.get(name=application.team_name)
+    entries = list(AuditEntry.objects.order_by("id").values_list("action", "actor", "target", "after"))
+    assert entries == [
+        ("team.create", operator.username, f"team:{team.slug}", {"name": team.name, "application": application.id}),
+        ("team.member-join", application.email, f"team:{team.slug}",
+         {"member": application.email, "role": "admin", "accepted_by": operator.username}),
+    ]  # fmt: skip
