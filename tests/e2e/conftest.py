@@ -108,7 +108,8 @@ def pytest_runtest_makereport(item, call):
     """A failing end-to-end test's report carries what the pool was doing: each process's last lines and
     every job's state and delivery, since the processes and their logs are gone once the test ends."""
     report = yield
-    pool = item.funcargs.get("live_pool") if report.when == "call" and report.failed else None
+    # A fixture that waits on the pool (a node to register) fails the setup: its report needs the logs as much.
+    pool = item.funcargs.get("live_pool") if report.when in ("setup", "call") and report.failed else None
     if isinstance(pool, LivePool):
         try:
             report.sections.extend(pool.tails(LOG_LINES_ON_FAILURE))
