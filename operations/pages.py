@@ -15,6 +15,7 @@ from django.db.models import Count, QuerySet, Sum
 from django.utils.dateparse import parse_date
 from django.utils.safestring import SafeString
 
+from accounts import team_secrets
 from accounts.models import Team
 from jobs import rental, units
 from jobs import selectors as jobs_selectors
@@ -276,6 +277,17 @@ def job_action_allowed(job: Job, action: str) -> bool:
     if action == "cancel":
         return job.is_alive and job.cancel_requested_at is None
     return job.state not in HOLDS_COMPUTE
+
+
+def submitter_gone(job: Job) -> str:
+    """Why the job's submitter may no longer act for its team ('' while they may), shown before a requeue: the copy
+    runs as the operator, who passes the start's check, so the team's secrets would reach code nobody in the
+    team vouches for now."""
+    try:
+        team_secrets.check_submitter(team_id=job.team_id, user_id=job.submitted_by_id)
+    except team_secrets.SubmitterGone as exc:
+        return str(exc)
+    return ""
 
 
 @dataclass(frozen=True)

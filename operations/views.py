@@ -142,6 +142,8 @@ def job_action(request: HttpRequest, job_id: int, action: str) -> HttpResponse:
         raise Http404("No such action")
     job = get_object_or_404(Job.objects.select_related("team"), id=job_id)
     context = {"job": job, "action": action, "allowed": pages.job_action_allowed(job, action)}
+    if action == "requeue":
+        context["submitter_gone"] = pages.submitter_gone(job)
     if request.method == "GET" or not context["allowed"]:
         return render(
             request, "operations/job_confirm.html", context, status=200 if context["allowed"] else 409

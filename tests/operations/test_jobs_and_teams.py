@@ -341,3 +341,19 @@ def test_a_team_member_who_is_also_staff_sees_every_team(team, other_team, clien
     staff_member = MembershipFactory(team=team, user=UserFactory(username="sam", is_staff=True)).user
     client.force_login(staff_member)
     assert client.get(reverse("operations:team", args=["audio"])).status_code == 200
+
+
+def test_the_requeue_page_warns_that_the_copy_runs_as_the_operator_and_names_a_submitter_gone(
+    operator_client, team, member
+):
+    """A requeue runs the declaration as the operator, with the team's secrets and budget: the page said nothing of
+    it, even where the job's submitter had since been removed from the team and nobody there vouches for the code."""
+    ended = {"state": State.RELEASED, "end_reason": EndReason.FAILED}
+    kept = JobFactory(team=team, submitted_by=member, secrets=["HF_TOKEN"], **ended)
+    page = operator_client.get(job_action(kept, "requeue")).content.decode()
+    assert "submitted as you" in page and "HF_TOKEN" in page
+    assert "may no longer act for the team" not in page
+    mallory = UserFactory(username="mallory")
+    gone = JobFactory(team=team, submitted_by=mallory, **ended)  # never a member, as one removed since
+    page = operator_client.get(job_action(gone, "requeue")).content.decode()
+    assert "mallory is no longer a member of team vision" in page and "may no longer act for the team" in page
