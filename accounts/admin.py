@@ -13,6 +13,7 @@ and a group's permissions, and each sign-in lockout deleted (axes' access attemp
 from axes import admin as axes_admin
 from axes.models import AccessAttempt
 from django.contrib import admin
+from django.contrib.admin.utils import unquote
 from django.contrib.auth import admin as auth_admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -226,6 +227,28 @@ class UserAdmin(AuditedRightsAdmin, auth_admin.UserAdmin):
     def rights(self, obj) -> dict:
         return services.user_rights(user_id=obj.pk)
 
+    def save_model(self, request, obj, form, change: bool) -> None:
+        # How the account signs in, as stored before the save (``obj`` already holds the form's values).
+        stored = type(obj)._default_manager.filter(pk=obj.pk).first() if change else None
+        super().save_model(request, obj, form, change)
+        if stored is not None:
+            services.announce_account(
+                name=obj.get_username(), before=services.sign_in_details(stored),
+                after=services.sign_in_details(obj), actor=request.user, now=timezone.now(),
+            )  # fmt: skip
+
+    @transaction.atomic  # the new password and its audit entry commit together
+    def user_change_password(self, request, id, form_url=""):
+        stored = self.get_object(request, unquote(id))
+        response = super().user_change_password(request, id, form_url)
+        if request.method == "POST" and response.status_code == 302 and stored is not None:
+            changed = type(stored)._default_manager.get(pk=stored.pk)
+            services.announce_account(
+                name=changed.get_username(), before={"password": _password_said(stored, "was set")},
+                after={"password": _password_said(changed, "set anew")}, actor=request.user, now=timezone.now(),
+            )  # fmt: skip
+        return response
+
     def rights_name(self, obj) -> str:
         return obj.get_username()
 
@@ -242,6 +265,11 @@ class UserAdmin(AuditedRightsAdmin, auth_admin.UserAdmin):
                 )
             )
         return deleted, counts, perms_needed, protected
+
+
+def _password_said(user, usable: str) -> str:
+    """Whether the account has a password to sign in with, in words: never its hash."""
+    return usable if user.has_usable_password() else "none (cannot sign in with one)"
 
 
 def _above(request, account) -> bool:

@@ -136,6 +136,25 @@ def announce_rights(*, kind: str, name: str, before: dict, after: dict, actor, n
     return True
 
 
+SIGN_IN_DETAILS = ("username", "email", "is_active")
+
+
+def sign_in_details(user) -> dict:
+    """What of an account says who signs in with it, as ``announce_account`` compares it."""
+    return {field: getattr(user, field) for field in SIGN_IN_DETAILS}
+
+
+def announce_account(*, name: str, before: dict, after: dict, actor, now: datetime) -> bool:
+    """Tells the audit log that how an account signs in changed (``sign_in_details``, or its password), in the
+    caller's transaction; False, and nothing told, if nothing did."""
+    if before == after:
+        return False
+    signals.account_changed.send(
+        sender=get_user_model(), name=name, before=before, after=after, actor=actor, now=now
+    )
+    return True
+
+
 def announce_new_account(*, user_id: int, actor, now: datetime) -> bool:
     """Tells the audit log what a new account may do beyond its teams (``NO_RIGHTS`` before), in the caller's
     transaction; False, and nothing told, if nothing."""

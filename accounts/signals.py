@@ -26,6 +26,12 @@ secret_changed = Signal()
 # may change in the admin. A receiver's error rolls the change back.
 rights_changed = Signal()
 
+# Sent inside the transaction that changes how an account signs in, in the admin (``accounts.admin``): its
+# username, e-mail (which signs it in too, and which team invitations go to) or active flag, or its password; with
+# ``name`` (the username after), ``before`` and ``after`` ({"username", "email", "is_active"}, or {"password"}
+# saying only whether one was set: never a hash), ``actor`` and ``now``. A receiver's error rolls it back.
+account_changed = Signal()
+
 # Sent inside the transaction that renames a team (``accounts.services.rename_team``), with ``team`` (its slug
 # unchanged), ``before`` and ``after`` ({"name"}), ``actor`` and ``now``.
 team_renamed = Signal()

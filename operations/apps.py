@@ -26,6 +26,9 @@ class OperationsConfig(AppConfig):
         accounts_signals.rights_changed.connect(
             receivers.audit_rights, dispatch_uid="operations.audit-rights"
         )
+        accounts_signals.account_changed.connect(
+            receivers.audit_account, dispatch_uid="operations.audit-account"
+        )
         accounts_signals.team_renamed.connect(
             receivers.audit_team_rename, dispatch_uid="operations.audit-team-rename"
         )

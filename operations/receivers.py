@@ -32,6 +32,13 @@ def audit_rights(
     )
 
 
+def audit_account(sender, *, name: str, before: dict, after: dict, actor, now: datetime, **_) -> None:
+    """How an account signs in changed in the admin: its name, e-mail or active flag, or its password."""
+    audit.record(
+        actor=actor, action="user.account", target=f"user:{name}", before=before, after=after, now=now
+    )
+
+
 def audit_team_rename(sender, *, team, before: dict, after: dict, actor, now: datetime, **_) -> None:
     audit.record(
         actor=actor, action="team.rename", target=f"team:{team.slug}", before=before, after=after, now=now

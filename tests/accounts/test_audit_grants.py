@@ -459,3 +459,31 @@ def test_a_superuser_still_changes_and_deletes_an_operators_account(admin_client
     assert peer.check_password(new)
     admin_client.post(reverse("admin:auth_user_delete", args=[peer.id]), {"post": "yes"})
     assert not type(peer).objects.filter(id=peer.id).exists()
+
+
+# --------------------------------------------------------------------------- sign-in details
+
+
+def test_an_accounts_address_name_active_flag_and_password_changed_in_the_admin_are_audited(
+    admin_client, member
+):
+    """Reproduction: an operator changed a member's e-mail (which signs them in, and which team invitations go to),
+    deactivated them and set their password in the admin, and the audit log held none of it."""
+    before = {"username": "alice", "email": member.email, "is_active": True}
+    assert _change_user(admin_client, member, email="mallory@elsewhere.example").status_code == 302
+    member.refresh_from_db()  # the next form posts the account as it is now
+    assert _change_user(admin_client, member, is_active=None).status_code == 302
+    assert _set_password(admin_client, member, "a brand new passphrase 77").status_code == 302
+    moved = before | {"email": "mallory@elsewhere.example"}
+    assert _entries("user.account") == [
+        ("admin", "user:alice", before, moved),
+        ("admin", "user:alice", moved, moved | {"is_active": False}),
+        ("admin", "user:alice", {"password": "was set"}, {"password": "set anew"}),
+    ]
+    assert "brand new" not in str(list(AuditEntry.objects.values()))
+    assert _entries("user.rights") == []  # an account's details are not its rights
+
+
+def test_a_save_that_changes_no_detail_leaves_no_account_entry(admin_client, member):
+    assert _change_user(admin_client, member).status_code == 302
+    assert _entries("user.account") == []
