@@ -174,6 +174,10 @@ def _settings(controller: str, version: int, limits: Limits, path: Path) -> list
         values = [("memory.limit_in_bytes", str(limits.memory_bytes))]
         if (path / "memory.memsw.limit_in_bytes").exists():
             values.append(("memory.memsw.limit_in_bytes", str(limits.memory_bytes)))
+        if (path / "memory.kmem.tcp.limit_in_bytes").exists():
+            # v1 charges socket buffers to the group only once this is set: unset, a job queued unread data on its
+            # sockets past its limit, in the node's one pool of TCP memory, until every socket there was refused.
+            values.append(("memory.kmem.tcp.limit_in_bytes", str(limits.memory_bytes)))
         return [*values, ("memory.swappiness", "0")]
     if controller == "memory":
         values = [("memory.max", str(limits.memory_bytes))]

@@ -58,6 +58,13 @@ BUBBLEWRAP_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 # start (``raise_file_max``), and then what each file costs is kernel memory, charged to the attempt's memory group.
 JOB_OPEN_FILES = 65536
 FILE_MAX = Path("/proc/sys/fs/file-max")
+# Every pid namespace draws on the node's one kernel.pid_max (32,768 by default): the agent raises it past its
+# attempts' E31_ATTEMPT_PIDS each, plus these for the node's own processes (``raise_pid_max``).
+PID_MAX = Path("/proc/sys/kernel/pid_max")
+NODE_PIDS = 32768
+# The node's one pool of socket buffer memory, in pages: "min pressure ceiling" (``raise_socket_memory``).
+SOCKET_MEMORY = (Path("/proc/sys/net/ipv4/tcp_mem"), Path("/proc/sys/net/ipv4/udp_mem"))
+MEMINFO = Path("/proc/meminfo")
 
 # The node as a job sees it, in this one place: what is not listed here does not exist inside.
 VIEW = {
@@ -543,7 +550,10 @@ def _enter(confinement: Confinement) -> None:
     _own_session_keyring(libc)
     # After the uid change, which clears it: die with the agent, and never dump core into a directory.
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # 1, not 0: where kernel.core_pattern pipes dumps to a program (apport, systemd-coredump), the kernel ignores
+    # a limit of 0 and runs that program as root, outside the job's groups, on the job's memory and environment;
+    # 1 is its own value for "no dump to a pipe", and below the smallest core file as well.
+    resource.setrlimit(resource.RLIMIT_CORE, (1, 1))
 
 
 def _bound_open_files() -> None:
@@ -568,6 +578,20 @@ def raise_file_max(*, attempts: int, path: Path = FILE_MAX) -> str:
     55 MiB of it kernel memory, with the node's count untouched by anyone else's.
     """
     needed = job_open_files() * settings.E31_ATTEMPT_PIDS * max(1, attempts)
+    return _raise_count(path, "fs.file-max", needed, unit="files", of=f"its {attempts} attempts may hold")
+
+
+def raise_pid_max(*, attempts: int, path: Path = PID_MAX) -> str:
+    """Raises the node's one count of pids (kernel.pid_max) past what ``attempts`` jobs may start at once, plus
+    NODE_PIDS for the node's own, and says what it did ('' when it was high enough already). On the kernel's
+    default, eight attempts of E31_ATTEMPT_PIDS took every pid of the node: the agent's own commands and every
+    other job got EAGAIN from fork."""
+    needed = settings.E31_ATTEMPT_PIDS * max(1, attempts) + NODE_PIDS
+    return _raise_count(path, "kernel.pid_max", needed, unit="pids", of=f"its {attempts} attempts may start")
+
+
+def _raise_count(path: Path, name: str, needed: int, *, unit: str, of: str) -> str:
+    """Raises one of the node's counts to ``needed`` ``unit`` (what ``of`` says), and says what it did."""
     current = int(path.read_text())
     if current >= needed:
         return ""
@@ -575,10 +599,36 @@ def raise_file_max(*, attempts: int, path: Path = FILE_MAX) -> str:
         path.write_text(f"{needed}\n")
     except OSError as exc:
         return (
-            f"fs.file-max is {current:,}, below the {needed:,} files its {attempts} attempts may hold, so one job "
-            f"can take every open file of the node; raise it (sysctl -w fs.file-max={needed}): {exc.strerror}"
+            f"{name} is {current:,}, below the {needed:,} {unit} {of}, so one job can take every one of the "
+            f"node's {unit}; raise it (sysctl -w {name}={needed}): {exc.strerror}"
         )
-    return f"raised fs.file-max from {current:,} to {needed:,}, past what its {attempts} attempts may hold"
+    return f"raised {name} from {current:,} to {needed:,}, past what {of}"
+
+
+def raise_socket_memory(*, paths: tuple[Path, ...] = SOCKET_MEMORY, meminfo: Path = MEMINFO) -> list[str]:
+    """Lifts the ceiling of the node's one pool of TCP and UDP buffer memory to the node's memory, keeping its
+    pressure thresholds, and says what it did (nothing where it was that high already).
+
+    By default the ceiling is about a tenth of memory, and a job whose own memory limit is above it (one GPU's share
+    of an eight-GPU node) could queue unread data on its sockets until every socket of the node was refused
+    memory: the agent's connections to the database and broker stalled, and the node was fenced. Each job's socket
+    buffers are charged to its own memory group (``cgroups``), so it stops at its own limit instead."""
+    total_kib = next(
+        int(line.split()[1]) for line in meminfo.read_text().splitlines() if line.startswith("MemTotal:")
+    )
+    pages = total_kib * 1024 // os.sysconf("SC_PAGE_SIZE")
+    said = []
+    for path in paths:
+        low, pressure, ceiling = (int(n) for n in path.read_text().split())
+        if ceiling >= pages:
+            continue
+        try:
+            path.write_text(f"{low} {pressure} {pages}\n")
+        except OSError as exc:
+            said.append(f"{path.name} ({ceiling:,} pages) cannot be raised to {pages:,}: {exc.strerror}")
+            continue
+        said.append(f"raised {path.name}'s ceiling from {ceiling:,} to {pages:,} pages, the node's memory")
+    return said
 
 
 def _own_session_keyring(libc: ctypes.CDLL) -> None:

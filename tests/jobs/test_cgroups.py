@@ -81,11 +81,13 @@ def test_v1_limits_bound_memory_without_swap_cpu_share_and_quota_and_processes(t
     for path in (root / "memory" / "e31" / "job-1",):
         path.mkdir(parents=True)
         (path / "memory.memsw.limit_in_bytes").write_text("")  # swap accounting is on
+        (path / "memory.kmem.tcp.limit_in_bytes").write_text("")  # and socket memory may be charged
     group = cgroups.AttemptGroup(found, prefix="e31", name="job-1")
     group.create(LIMITS)
     memory, cpu, pids = (root / c / "e31" / "job-1" for c in ("memory", "cpu", "pids"))
     assert (memory / "memory.limit_in_bytes").read_text() == "512000000"
     assert (memory / "memory.memsw.limit_in_bytes").read_text() == "512000000"
+    assert (memory / "memory.kmem.tcp.limit_in_bytes").read_text() == "512000000"
     assert (memory / "memory.swappiness").read_text() == "0"
     assert (cpu / "cpu.shares").read_text() == "2560"
     assert (cpu / "cpu.cfs_quota_us").read_text() == "250000"

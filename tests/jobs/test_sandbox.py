@@ -420,3 +420,54 @@ def _last_json_line(argv: list[str], dirs, confinement) -> dict:
     proc = sandbox.launch(cmd, env={}, cwd=dirs.work, mode=sandbox.BUBBLEWRAP, confinement=confinement)
     out, _ = proc.communicate(timeout=60)
     return json.loads(out.decode().strip().splitlines()[-1])
+
+
+CORE_LIMIT = """
+import json, resource
+soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+try:
+    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    raised = "raised"
+except (OSError, ValueError):
+    raised = "refused"
+print(json.dumps([soft, hard, raised]))
+"""
+
+
+@ROOT_AND_BWRAP
+def test_a_job_cannot_dump_core_even_where_the_node_pipes_core_dumps_to_a_program():
+    """A limit of 0 stops a core file, but where kernel.core_pattern pipes dumps to a program (apport,
+    systemd-coredump), the kernel ignores it and runs that program as root, outside the job's groups, once per
+    crash, reading the job's memory and environment (its secrets). 1 is the kernel's own value that aborts a dump to
+    a pipe, and, under the smallest core file, a dump to a file too; the job cannot raise its hard limit."""
+    assert json.loads(run_job(JOB_UID, ["/usr/bin/python3", "-c", CORE_LIMIT])) == [1, 1, "refused"]
+
+
+def test_the_agent_raises_the_nodes_pid_count_past_what_its_attempts_may_start(tmp_path, settings):
+    """A node kept the kernel's default kernel.pid_max, 32,768: eight attempts of E31_ATTEMPT_PIDS (4,096) could
+    take every pid of the node, and the agent's own commands (mount, nft, bwrap) and every other job got EAGAIN."""
+    settings.E31_ATTEMPT_PIDS = 4096
+    pid_max = tmp_path / "pid_max"
+    pid_max.write_text("32768\n")
+    needed = 4096 * 8 + sandbox.NODE_PIDS
+    assert sandbox.raise_pid_max(attempts=8, path=pid_max) == (
+        f"raised kernel.pid_max from 32,768 to {needed:,}, past what its 8 attempts may start"
+    )
+    assert sandbox.raise_pid_max(attempts=8, path=pid_max) == "" and int(pid_max.read_text()) == needed
+
+
+def test_the_agent_lifts_the_nodes_socket_memory_ceiling_to_its_memory(tmp_path):
+    """The node's one pool of TCP (and UDP) buffer memory, by default a tenth of memory: a job allowed more than that
+    (one GPU's share of an eight-GPU node) could queue unread data until every socket of the node was refused
+    memory, the agent's connections to the database and broker among them, and the node was fenced. Each job's
+    buffers are charged to its own memory group (``cgroups``): the pool's ceiling rises to the node's memory."""
+    tcp, udp, meminfo = tmp_path / "tcp_mem", tmp_path / "udp_mem", tmp_path / "meminfo"
+    tcp.write_text("287907\t383877\t575814\n")
+    udp.write_text("575814\t767755\t1151628\n")
+    meminfo.write_text("MemTotal:       24564556 kB\nMemFree:        1000 kB\n")
+    pages = 24564556 * 1024 // 4096
+    said = sandbox.raise_socket_memory(paths=(tcp, udp), meminfo=meminfo)
+    assert said == [f"raised {name}'s ceiling from {before:,} to {pages:,} pages, the node's memory"
+                    for name, before in (("tcp_mem", 575814), ("udp_mem", 1151628))]  # fmt: skip
+    assert tcp.read_text().split() == ["287907", "383877", str(pages)]  # its pressure thresholds kept
+    assert sandbox.raise_socket_memory(paths=(tcp, udp), meminfo=meminfo) == []

@@ -107,8 +107,11 @@ class Command(BaseCommand):
         tasks.AGENT["mode"] = mode
         if removed := leftovers.sweep(node_name=name, uids=tasks.AGENT["uids"]):
             self.stdout.write(f"node {name}: removed what an earlier agent left: {', '.join(removed)}")
-        if mode == sandbox.BUBBLEWRAP and (file_max := sandbox.raise_file_max(attempts=len(found))):
-            self.stdout.write(f"node {name}: {file_max}")
+        if mode == sandbox.BUBBLEWRAP:
+            raised = [sandbox.raise_file_max(attempts=len(found)), sandbox.raise_pid_max(attempts=len(found)),
+                      *sandbox.raise_socket_memory()]  # fmt: skip
+            for said in filter(None, raised):
+                self.stdout.write(f"node {name}: {said}")
         tasks.AGENT["gpu_uuids"] = _uuids(found)
         refusal = network.refusal() if mode == sandbox.BUBBLEWRAP else "it runs jobs unsandboxed"
         bounds = _limits(name)
