@@ -183,15 +183,16 @@ def cancel_unstarted_jobs(
     """Cancels an account's jobs (in one team, or in every team when ``team_id`` is None) that hold no GPUs yet,
     each as ``cancel_job`` would, ``why`` its end detail; returns how many. Its jobs past RENT keep running.
 
-    Called inside a change of the team's members, which holds the team's row (or an account's deletion): a job row
-    another transaction holds (the scheduler renting it at this moment, staging moving it) is skipped, not waited
-    for, as that transaction may wait for the team's row in turn (a row it inserts refers to the team). A job skipped so, once placed, gets no secrets at its start (the node
-    agent checks its submitter again) and ends there, released with the reason.
+    Called inside a change of the team's members, which holds the team's row: a job row another transaction holds
+    (the scheduler renting it at this moment, staging moving it) is skipped, not waited for, as that transaction
+    may wait for the team's row in turn (a row it inserts refers to the team). A job skipped so, once placed, gets
+    no secrets at its start (the node agent checks its submitter again) and ends there, released with the reason.
     """
     waiting = Job.objects.filter(submitted_by_id=submitted_by_id, state__in=BEFORE_RENT)
     if team_id is not None:
         waiting = waiting.filter(team_id=team_id)
-    return _cancel_unlocked(waiting, why=why, actor=actor, now=now)
+    job_ids = waiting.select_for_update(skip_locked=True).order_by("id").values_list("id", flat=True)
+    return _cancel_each(list(job_ids), why=why, actor=actor, now=now)
 
 
 @transaction.atomic
@@ -199,13 +200,14 @@ def cancel_deleted_accounts_jobs(*, submitted_by_id: int, why: str, now: datetim
     """Cancels every live job of an account being deleted, in every team, running ones too (asked to stop, never
     requeued after); returns how many. Nobody is left to answer for them, and a job requeued later (its node lost)
     would start with no submitter, as a job the platform made itself, with the team's secrets. A job row another
-    transaction holds at this moment is skipped, as ``cancel_unstarted_jobs`` skips it."""
+    transaction holds at this moment (the scheduler placing it) is waited for, not skipped: the deletion's own
+    setting of its submitter to NULL waits for that row anyway."""
     live = Job.objects.filter(submitted_by_id=submitted_by_id, state__in=ALIVE)
-    return _cancel_unlocked(live, why=why, actor=None, now=now)
+    job_ids = live.select_for_update().order_by("id").values_list("id", flat=True)
+    return _cancel_each(list(job_ids), why=why, actor=None, now=now)
 
 
-def _cancel_unlocked(jobs, *, why: str, actor, now: datetime) -> int:
-    job_ids = list(jobs.select_for_update(skip_locked=True).order_by("id").values_list("id", flat=True))
+def _cancel_each(job_ids: list[int], *, why: str, actor, now: datetime) -> int:
     return sum(cancel_job(job_id=job_id, user=actor, now=now, why=why) for job_id in job_ids)
 
 

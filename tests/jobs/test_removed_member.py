@@ -140,6 +140,35 @@ def test_deleting_an_account_stops_its_running_jobs_which_never_start_again(team
     assert (job.state, job.end_reason) == (State.RELEASED, EndReason.CANCELLED)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_deleting_an_account_waits_for_a_job_row_held_at_that_moment_and_cancels_it_too(team, mallory):
+    """A deletion that skipped a job row held elsewhere (the scheduler placing it) left that job live, and its
+    submitter then set NULL: it started later as a job the platform made. The deletion's own NULL-setting waits
+    for that row anyway, so the cancel waits for it too."""
+    held_job = JobFactory(team=team, submitted_by=mallory, state="queued")
+    held, done = threading.Event(), threading.Event()
+
+    def hold_the_row():
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().filter(id=held_job.id).get()
+                held.set()
+                done.wait(timeout=10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    try:
+        assert held.wait(timeout=5)
+        threading.Timer(0.5, done.set).start()  # the placing transaction commits half a second later
+        mallory.delete()
+    finally:
+        done.set()
+        holder.join()
+    assert _states(held_job) == [(State.ENDED, EndReason.CANCELLED)]
+
+
 # --- At start: no secrets for a submitter who may no longer act for the team --------------------------------------
 
 
