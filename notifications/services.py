@@ -111,9 +111,11 @@ def _delete(webhook: Webhook, *, actor, now: datetime) -> None:
 
 
 def _changed(webhook: Webhook, action: str, *, actor, now: datetime) -> None:
-    """Tells operations (the audit log) what was added or removed: the URL, and whose it was."""
+    """Tells operations (the audit log) what was added or removed: the webhook, its host, and whose it was. Never
+    its path or query, which often carry the receiver's own secret (a chat service's incoming-webhook token), and
+    the audit log keeps everything for ever."""
     added_by = webhook.created_by.get_username() if webhook.created_by_id else ""
-    said = {"url": webhook.url, "added_by": added_by}
+    said = {"webhook": webhook.id, "host": urlsplit(webhook.url).hostname or "", "added_by": added_by}
     before, after = ({}, said) if action == "team.webhook-add" else (said, {})
     signals.webhook_changed.send(
         sender=Webhook, team=webhook.team, action=action, before=before, after=after, actor=actor, now=now
