@@ -584,8 +584,8 @@ def raise_file_max(*, attempts: int, path: Path = FILE_MAX) -> str:
 def raise_pid_max(*, attempts: int, path: Path = PID_MAX) -> str:
     """Raises the node's one count of pids (kernel.pid_max) past what ``attempts`` jobs may start at once, plus
     NODE_PIDS for the node's own, and says what it did ('' when it was high enough already). On the kernel's
-    default, eight attempts of E31_ATTEMPT_PIDS took every pid of the node: the agent's own commands and every
-    other job got EAGAIN from fork."""
+    default, eight attempts of E31_ATTEMPT_PIDS (4,096 each) add up to every pid of the node, and then the agent's
+    own commands and every other job get EAGAIN from fork."""
     needed = settings.E31_ATTEMPT_PIDS * max(1, attempts) + NODE_PIDS
     return _raise_count(path, "kernel.pid_max", needed, unit="pids", of=f"its {attempts} attempts may start")
 
@@ -610,8 +610,9 @@ def raise_socket_memory(*, paths: tuple[Path, ...] = SOCKET_MEMORY, meminfo: Pat
     pressure thresholds, and says what it did (nothing where it was that high already).
 
     By default the ceiling is about a tenth of memory, and a job whose own memory limit is above it (one GPU's share
-    of an eight-GPU node) could queue unread data on its sockets until every socket of the node was refused
-    memory: the agent's connections to the database and broker stalled, and the node was fenced. Each job's socket
+    of an eight-GPU node) could queue unread data on its sockets until every socket of the node is refused
+    memory, the agent's connections to the database and broker among them (a 96 MiB job queued 239 MiB before
+    its group was charged for them, ``tests/jobs/test_socket_memory.py``). Each job's socket
     buffers are charged to its own memory group (``cgroups``), so it stops at its own limit instead."""
     total_kib = next(
         int(line.split()[1]) for line in meminfo.read_text().splitlines() if line.startswith("MemTotal:")
