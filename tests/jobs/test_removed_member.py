@@ -5,7 +5,9 @@ starts all the same (placed while the removal committed, or its submitter deacti
 secrets: its attempt ends released, with the reason, its GPUs free.
 """
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import pytest
 from cryptography.fernet import Fernet
@@ -35,6 +37,31 @@ def mallory(team):
 
 def _remove(team, user, admin) -> None:
     assert members.remove_member(team=team, user_id=user.id, actor=admin, now=timezone.now())
+
+
+@contextlib.contextmanager
+def _row_held(job: Job, *, for_s: float) -> Iterator[None]:
+    """Another transaction (the scheduler placing the job, say) holds the job's row for ``for_s`` seconds, or until
+    the block ends, whichever comes first."""
+    held, done = threading.Event(), threading.Event()
+
+    def hold_the_row():
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().filter(id=job.id).get()
+                held.set()
+                done.wait(timeout=for_s)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    try:
+        assert held.wait(timeout=5)
+        yield
+    finally:
+        done.set()
+        holder.join()
 
 
 def _states(*jobs) -> list[tuple[str, str]]:
@@ -87,25 +114,8 @@ def test_a_removal_does_not_wait_for_a_job_being_placed_at_that_moment(team, tea
     """The removal holds the team's row, and a transaction holding the job's row may wait for that row in turn (a row
     it inserts refers to the team): the job is skipped, for the start's check to end, never a deadlock."""
     placing, job = JobFactory(team=team, submitted_by=mallory), JobFactory(team=team, submitted_by=mallory)
-    held, done = threading.Event(), threading.Event()
-
-    def hold_the_row():
-        try:
-            with transaction.atomic():
-                Job.objects.select_for_update().filter(id=placing.id).get()
-                held.set()
-                done.wait(timeout=10)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold_the_row)
-    holder.start()
-    try:
-        assert held.wait(timeout=5)
+    with _row_held(placing, for_s=10):
         _remove(team, mallory, team_admin)
-    finally:
-        done.set()
-        holder.join()
     assert _states(placing, job) == [("queued", ""), (State.ENDED, EndReason.CANCELLED)]
 
 
@@ -146,26 +156,8 @@ def test_deleting_an_account_waits_for_a_job_row_held_at_that_moment_and_cancels
     submitter then set NULL: it started later as a job the platform made. The deletion's own NULL-setting waits
     for that row anyway, so the cancel waits for it too."""
     held_job = JobFactory(team=team, submitted_by=mallory, state="queued")
-    held, done = threading.Event(), threading.Event()
-
-    def hold_the_row():
-        try:
-            with transaction.atomic():
-                Job.objects.select_for_update().filter(id=held_job.id).get()
-                held.set()
-                done.wait(timeout=10)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold_the_row)
-    holder.start()
-    try:
-        assert held.wait(timeout=5)
-        threading.Timer(0.5, done.set).start()  # the placing transaction commits half a second later
+    with _row_held(held_job, for_s=0.5):  # the placing transaction commits half a second later
         mallory.delete()
-    finally:
-        done.set()
-        holder.join()
     assert _states(held_job) == [(State.ENDED, EndReason.CANCELLED)]
 
 
