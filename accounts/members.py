@@ -81,7 +81,7 @@ def _invite_by_link(*, team: Team, email: str, actor, now: datetime) -> Invited:
         team=team, email=email, used_at__isnull=True, defaults=fields
     )
     after = {"invited": email, "expires_at": invitation.expires_at.isoformat(), "renewed": not created}
-    _changed(team, "team.member-invite", {}, after, actor=actor, now=now)
+    announce_change(team, "team.member-invite", {}, after, actor=actor, now=now)
     return Invited(outcome="invited", invitation=invitation, token=token)
 
 
@@ -101,7 +101,7 @@ def cancel_invitation(*, team: Team, invitation_id: int, actor, now: datetime) -
     # was used in between.
     if email is None or not open_.delete()[0]:
         raise MembershipRefused(_why_not_cancelled(team=team, invitation_id=invitation_id))
-    _changed(team, "team.invitation-cancel", {"invited": email}, {}, actor=actor, now=now)
+    announce_change(team, "team.invitation-cancel", {"invited": email}, {}, actor=actor, now=now)
     return True
 
 
@@ -131,7 +131,7 @@ def change_role(*, team: Team, user_id: int, role: str, actor, now: datetime) ->
         _cancel_invitations_by(membership, team=team, actor=actor, now=now)
     Membership.objects.filter(id=membership.id).update(role=role)
     member = membership.user.get_username()
-    _changed(team, "team.member-role", {"member": member, "role": membership.role}, {"member": member, "role": role},
+    announce_change(team, "team.member-role", {"member": member, "role": membership.role}, {"member": member, "role": role},
              actor=actor, now=now)  # fmt: skip
     return True
 
@@ -146,7 +146,7 @@ def remove_member(*, team: Team, user_id: int, actor, now: datetime) -> bool:
     _cancel_invitations_by(membership, team=team, actor=actor, now=now)
     Membership.objects.filter(id=membership.id).delete()
     before = {"member": membership.user.get_username(), "role": membership.role}
-    _changed(team, "team.member-remove", before, {}, actor=actor, now=now)
+    announce_change(team, "team.member-remove", before, {}, actor=actor, now=now)
     return True
 
 
@@ -163,7 +163,7 @@ def redeem_team_invitation(*, digest: str, password: str, now: datetime) -> Any:
     Membership.objects.create(team=invitation.team, user=user, role=MEMBER)
     by = invitation.invited_by.get_username()  # there is one: it vouches
     after = {"member": user.get_username(), "role": MEMBER, "invited_by": by}
-    _changed(invitation.team, "team.member-join", {}, after, actor=user, now=now)
+    announce_change(invitation.team, "team.member-join", {}, after, actor=user, now=now)
     return user
 
 
@@ -184,7 +184,7 @@ def accept_team_invitation(*, digest: str, user, now: datetime) -> Membership:
     membership = Membership.objects.create(team=invitation.team, user=user, role=MEMBER)
     by = invitation.invited_by.get_username()  # there is one: it vouches
     after = {"member": user.get_username(), "role": MEMBER, "invited_by": by}
-    _changed(invitation.team, "team.member-join", {}, after, actor=user, now=now)
+    announce_change(invitation.team, "team.member-join", {}, after, actor=user, now=now)
     return membership
 
 
@@ -268,11 +268,13 @@ def _cancel_invitations_by(membership: Membership, *, team: Team, actor, now: da
     TeamInvitation.objects.filter(id__in=[id_ for id_, _ in rows]).delete()
     by = membership.user.get_username()
     for _, email in rows:
-        _changed(team, "team.invitation-cancel", {"invited": email, "invited_by": by}, {},
+        announce_change(team, "team.invitation-cancel", {"invited": email, "invited_by": by}, {},
                  actor=actor, now=now)  # fmt: skip
 
 
-def _changed(team: Team, action: str, before: dict, after: dict, *, actor, now: datetime) -> None:
+def announce_change(team: Team, action: str, before: dict, after: dict, *, actor, now: datetime) -> None:
+    """Tells the audit log (``signals.membership_changed``) of a change of the team's members or invitations, in the
+    caller's transaction."""
     signals.membership_changed.send(
         sender=Membership, team=team, action=action, before=before, after=after, actor=actor, now=now
     )

@@ -70,6 +70,12 @@ def open_invitations(team: Team) -> QuerySet[TeamInvitation]:
     return TeamInvitation.objects.filter(team=team, used_at__isnull=True).select_related("invited_by")
 
 
+def user_id_named(username: str) -> int | None:
+    """The id of the account with this username (as signals and the audit log name a member), or None."""
+    users = get_user_model()._default_manager
+    return users.filter(**{users.model.USERNAME_FIELD: username}).values_list("id", flat=True).first()
+
+
 def account_for_address(email: str):
     """The one account this address names, read as sign-in reads it (``backends.stored_username``): the
     username (an invited person's is their address), else the one account with that e-mail address. Two

@@ -12,9 +12,9 @@ Connected in ``JobsConfig.ready``: accounts signals the change and imports nothi
 
 from datetime import datetime
 
-from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from accounts import selectors
 from jobs import services
 
 MEMBER_REMOVED = "team.member-remove"
@@ -27,9 +27,7 @@ def cancel_removed_members_jobs(
     if action != MEMBER_REMOVED:
         return
     member = before["member"]
-    # The signal names the member as the audit log does, by username: a user's username is unique.
-    users = get_user_model()._default_manager
-    user_id = users.filter(**{users.model.USERNAME_FIELD: member}).values_list("id", flat=True).first()
+    user_id = selectors.user_id_named(member)  # the signal names the member as the audit log does
     if user_id is None:
         return
     services.cancel_unstarted_jobs(

@@ -2,9 +2,9 @@
 
 from datetime import datetime
 
-from django.contrib.auth import get_user_model
 from django.dispatch import receiver
 
+from accounts import selectors
 from accounts import signals as accounts_signals
 from jobs import signals
 from notifications import services
@@ -29,10 +29,6 @@ def remove_a_former_admins_webhooks(
         or after.get("role") == "admin"
     ):
         return
-    users = get_user_model()._default_manager
-    # The signal names the member as the audit log does, by username: a user's username is unique.
-    user_id = (
-        users.filter(**{users.model.USERNAME_FIELD: before["member"]}).values_list("id", flat=True).first()
-    )
+    user_id = selectors.user_id_named(before["member"])  # the signal names the member as the audit log does
     if user_id is not None:
         services.remove_webhooks_added_by(team=team, user_id=user_id, actor=actor, now=now)

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils.text import slugify
 
-from accounts import members, signals
+from accounts import members
 from accounts import services as accounts
 from accounts.models import Membership
 from public import selectors
@@ -257,7 +257,9 @@ def accept_application(
         raise IntakeError("this application has already been decided")
     team = accounts.create_team(name=team_name)
     Application.objects.filter(id=application_id).update(team=team)
-    _audited(team, "team.create", {"name": team.name, "application": application_id}, actor=by, now=now)
+    members.announce_change(
+        team, "team.create", {}, {"name": team.name, "application": application_id}, actor=by, now=now
+    )
     application = Application.objects.get(id=application_id)
     token = secrets.token_urlsafe(32)
     Invitation.objects.create(
@@ -315,12 +317,5 @@ def redeem_invitation(*, digest: str, password: str, now: datetime) -> Any:
         "role": Membership.Role.ADMIN,
         "accepted_by": invitation.application.decided_by,
     }
-    _audited(invitation.team, "team.member-join", joined, actor=user, now=now)
+    members.announce_change(invitation.team, "team.member-join", {}, joined, actor=user, now=now)
     return user
-
-
-def _audited(team, action: str, after: dict, *, actor, now: datetime) -> None:
-    """A team made from an application, and its contact joining it, go in the audit log as every other join does."""
-    signals.membership_changed.send(
-        sender=Membership, team=team, action=action, before={}, after=after, actor=actor, now=now
-    )
