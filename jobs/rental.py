@@ -194,7 +194,8 @@ def finish_allocation(
     part has nothing to seal: its attempt is ending early (another part was released), and so is this part."""
     with transaction.atomic():
         _lock_job_of(allocation_id)
-        Allocation.objects.filter(id=allocation_id, finished_at__isnull=True).update(
+        # A part already released (its node lost while its agent cleaned up) keeps the end it was released with.
+        Allocation.objects.filter(id=allocation_id, finished_at__isnull=True, released_at__isnull=True).update(
             finished_at=now, exit_code=exit_code, end_reason=outcome
         )
         allocation = Allocation.objects.select_related("node").get(id=allocation_id)

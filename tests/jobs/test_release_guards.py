@@ -227,6 +227,23 @@ def test_a_lost_node_frees_its_part_at_once_and_the_job_is_requeued_once_its_oth
     assert job.events.get(to_state=State.QUEUED).reason == f"{REQUEUED}: marked down by olga"
 
 
+def test_a_lost_parts_late_exit_report_does_not_overwrite_its_loss(pool, team):
+    """Rank 0 exited 0 and its agent was still cleaning up when its node was marked down: the exit it reports
+    afterwards must not turn the part's ``node_lost`` into ``succeeded``, which would leave the attempt no early
+    end to requeue for, and the job ending ``failed`` when rank 1 stops."""
+    job = JobFactory(team=team, gpus=2, requeue=True)
+    now = timezone.now()
+    rank0, rank1 = _spanning(job, at=now)
+    nodes.set_node_state(name="gpu-01", target="down", now=now + timedelta(seconds=5), actor="olga")
+
+    agent._after_exit(_part(rank0), None, EndReason.SUCCEEDED, 0)
+    rank0.refresh_from_db()
+    assert (rank0.end_reason, rank0.exit_code) == (EndReason.NODE_LOST, None)
+    agent._after_exit(_part(rank1), None, "sibling_failed", -15)
+    job.refresh_from_db()
+    assert (job.state, job.lost_attempts) == (State.QUEUED, 1)
+
+
 def test_the_reconciler_ends_an_attempt_whose_other_part_never_reports(pool, team):
     """Rank 1's agent failed; rank 0's agent never reports again: the attempt is not left holding rank 0's GPU."""
     job = JobFactory(team=team, gpus=2)
