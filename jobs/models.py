@@ -314,6 +314,9 @@ class Node(models.Model):
     # Where the agent found its GPUs: "nvml", "nvidia-smi", or "virtual" (made up by --virtual-gpus).
     gpu_source = models.CharField(max_length=20, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
+    # The machine whose agent serves the node (its machine-id): only its beats count, and another machine may take
+    # the name only once they stopped ("": registered before agents said it).
+    host_id = models.CharField(max_length=64, blank=True)
     # The operator who marked the node down: it stays down, whatever its agent says, until resumed.
     held_down_by = models.CharField(max_length=150, blank=True)
     # The operator who drained the node: if it goes silent meanwhile (a reboot for maintenance), it comes

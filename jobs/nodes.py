@@ -21,18 +21,25 @@ UPGRADE_DRAIN = "its agent: "
 DRAINED_BY_CHARS = Node._meta.get_field("drained_by").max_length
 
 
+class NodeNameTaken(Exception):
+    """Another machine's agent serves a node of this name and still beats."""
+
+
 @transaction.atomic
 def register_node(
     *, name: str, gpus: int, gpu_model: str, address: str, agent_version: str, sandbox: str, now: datetime,
     memory_bytes: int = 0, cpus: float = 0, limits: str = "", multi_node_refusal: str = "", disk_bytes: int = 0,
-    gpu_list: Sequence[Mapping] = (), gpu_source: str = "",
+    gpu_list: Sequence[Mapping] = (), gpu_source: str = "", host_id: str = "",
 ) -> Node:  # fmt: skip
     """An agent (re)starting: the node is up (or as an operator left it: drained, or held down), and any
     attempt it held before is lost with the old process.
 
     ``gpu_list``: each GPU the agent found (index, uuid, model, memory_bytes, driver_version,
-    cuda_version, virtual); a GPU registered before and absent now is kept as not present.
+    cuda_version, virtual); a GPU registered before and absent now is kept as not present. ``host_id``: the
+    machine the agent runs on; NodeNameTaken while another machine's agent serves the name and beats.
     """
+    if gpu_list and len(gpu_list) != gpus:
+        raise ValueError(f"{name} registers {gpus} GPUs but lists {len(gpu_list)}")
     offered = {"memory_bytes": memory_bytes, "cpus": cpus, "limits": limits[:LIMITS_CHARS],
                "multi_node_refusal": multi_node_refusal[:300], "gpu_source": gpu_source, "disk_bytes": disk_bytes}  # fmt: skip
     # last_heartbeat is the database's time, as in heartbeat(): the node's clock is not trusted
@@ -40,17 +47,19 @@ def register_node(
         name=name,
         defaults={
             "gpus": gpus, "gpu_model": gpu_model, "address": address, "agent_version": agent_version,
-            "sandbox": sandbox, "registered_at": now, "state_changed_at": now, "last_heartbeat": Now(), **offered,
+            "sandbox": sandbox, "registered_at": now, "state_changed_at": now, "last_heartbeat": Now(),
+            "host_id": host_id, **offered,
         },
     )  # fmt: skip
     if created:
         node.refresh_from_db(fields=["last_heartbeat"])  # it holds the Now() expression until read back
     else:
+        _check_name_free(node, host_id, now)
         rental.lose_node_allocations(node=node, now=now, detail=f"the agent on {name} restarted")
         state = _state_after_restart(node)
         Node.objects.filter(id=node.id).update(
             gpus=gpus, gpu_model=gpu_model, address=address, agent_version=agent_version, sandbox=sandbox,
-            last_heartbeat=Now(), registered_at=now, state=state, no_room_until=None, **offered,  # its disk is looked at anew
+            host_id=host_id, last_heartbeat=Now(), registered_at=now, state=state, no_room_until=None, **offered,  # its disk is looked at anew
             disk_free_bytes=None, disk_free_at=None,  # measured at its first beat, if this agent bounds spaces
             state_changed_at=now if state != node.state else node.state_changed_at,
         )  # fmt: skip
@@ -66,6 +75,21 @@ def register_node(
         node.multi_node_refusal = refused[:300]
     dispatch.request_scheduler_pass()
     return node
+
+
+def _check_name_free(node: Node, host_id: str, now: datetime) -> None:
+    """NodeNameTaken when another machine's agent beat for ``node`` within E31_NODE_TIMEOUT_S: a second machine
+    given the same name (a copied configuration) would otherwise take the node over, losing the first machine's
+    running jobs, and both would serve its queue. The same machine restarting its agent is a restart."""
+    if not (node.host_id and host_id and node.host_id != host_id and node.last_heartbeat):
+        return
+    silent_s = (now - node.last_heartbeat).total_seconds()
+    if silent_s < settings.E31_NODE_TIMEOUT_S:
+        raise NodeNameTaken(
+            f"node {node.name} is served by another machine ({node.address or node.host_id}), whose agent beat "
+            f"{max(silent_s, 0):.0f} s ago: stop that agent or give this one another --name; the name is free "
+            f"once that agent has been silent {settings.E31_NODE_TIMEOUT_S:.0f} s"
+        )
 
 
 def _state_after_restart(node: Node) -> str:
@@ -143,7 +167,7 @@ def hold_for_room(*, node_id: int, now: datetime) -> None:
     )
 
 
-def heartbeat(*, name: str, now: datetime, disk_free: int | None = None) -> bool:
+def heartbeat(*, name: str, now: datetime, disk_free: int | None = None, host_id: str = "") -> bool:
     """Records a sign of life, and what the node's disk can still give attempt spaces (None: not measured, and
     then not counted, rather than an old figure kept); False if the node was declared down meanwhile (the agent
     must re-register).
@@ -151,10 +175,13 @@ def heartbeat(*, name: str, now: datetime, disk_free: int | None = None) -> bool
     A node an operator marked down keeps beating without registering again: it stays down until resumed.
     The beat is stamped with the database's clock, not the agent's ``now``: a node's clock may lag (declared
     down while it beats) or run ahead (never seen silent), and the reaper compares on the platform's clock.
+    Only the beats of the machine that registered the node count: once another machine took the name over,
+    this one's are False, and its registering again is refused (NodeNameTaken).
     """
     beating = Q(state__in=LIVE_STATES) | Q(state=Node.NodeState.DOWN, held_down_by__gt="")
+    ours = Q(host_id=host_id) | Q(host_id="")
     measured = {"disk_free_bytes": disk_free, "disk_free_at": None if disk_free is None else now}
-    return bool(Node.objects.filter(beating, name=name).update(last_heartbeat=Now(), **measured))
+    return bool(Node.objects.filter(beating, ours, name=name).update(last_heartbeat=Now(), **measured))
 
 
 def reap_silent_nodes(*, now: datetime) -> list[str]:

@@ -110,7 +110,7 @@ def test_the_agent_measures_its_disk_at_every_beat_where_it_bounds_attempt_space
     )  # a beat that fails is retried for ever: not in this test
     give_up.start()
     try:
-        node_agent._heartbeat({"name": "gpu-01", "limits": label}, stop)
+        node_agent._heartbeat({"name": "gpu-01", "host_id": "machine-a", "limits": label}, stop)
     finally:
         give_up.cancel()
     if measured:

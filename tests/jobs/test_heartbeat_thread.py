@@ -1,6 +1,8 @@
 """The agent's heartbeat runs alone on its thread: slow clean-up never makes a live node look lost."""
 
 import itertools
+import os
+import signal
 import threading
 import time
 
@@ -19,7 +21,7 @@ def test_a_slow_sweep_of_old_attempts_never_delays_a_heartbeat(settings, monkeyp
     monkeypatch.setattr(agent, "remove_ended_checkpoints", lambda **_: [])
     stop = threading.Event()
     threads = [
-        threading.Thread(target=node_agent._heartbeat, args=({"name": "n1"}, stop)),
+        threading.Thread(target=node_agent._heartbeat, args=({"name": "n1", "host_id": "machine-a"}, stop)),
         threading.Thread(target=node_agent._sweep, args=("n1", stop)),
     ]
     for thread in threads:
@@ -30,3 +32,22 @@ def test_a_slow_sweep_of_old_attempts_never_delays_a_heartbeat(settings, monkeyp
         thread.join(timeout=5)
     gaps = [later - earlier for earlier, later in itertools.pairwise(beats)]
     assert sweeps and len(beats) >= 10 and max(gaps) < 0.5, (len(sweeps), len(beats), max(gaps, default=None))
+
+
+def test_an_agent_whose_node_another_machine_took_over_stops(settings, monkeypatch):
+    """Cut off long enough to be declared down, and the name registered by another machine meanwhile: the agent's
+    beats no longer count, its registering again is refused, and it stops rather than serve the node's queue."""
+    settings.E31_HEARTBEAT_S = 0.01
+    signalled = []
+
+    def taken(**_):
+        raise nodes.NodeNameTaken("node n1 is served by another machine")
+
+    monkeypatch.setattr(nodes, "heartbeat", lambda **_: False)
+    monkeypatch.setattr(nodes, "register_node", taken)
+    monkeypatch.setattr(node_agent.os, "kill", lambda pid, sig: signalled.append((pid, sig)))
+    beating = threading.Thread(target=node_agent._heartbeat, args=({"name": "n1", "host_id": "machine-a"},))
+    beating.start()
+    beating.join(timeout=5)
+
+    assert not beating.is_alive() and signalled == [(os.getpid(), signal.SIGTERM)]

@@ -4,10 +4,12 @@ import argparse
 import logging
 import math
 import os
+import signal
 import socket
 import threading
 from collections import Counter
 from dataclasses import asdict
+from pathlib import Path
 
 import celery
 from django.conf import settings
@@ -34,6 +36,7 @@ from jobs import (
 # on the test database, the comparison 0.05 ms more), so a thousand nodes add some 17 small queries a second.
 SCHEMA_LOOK_S = 60
 UNSENT_MINUTES = 10_000  # GPU-minute summaries kept for a database that is away (hours of a full node)
+MACHINE_IDS = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
 log = logging.getLogger(__name__)
 
 
@@ -115,12 +118,16 @@ class Command(BaseCommand):
         tasks.AGENT["gpu_uuids"] = _uuids(found)
         refusal = network.refusal() if mode == sandbox.BUBBLEWRAP else "it runs jobs unsandboxed"
         bounds = _limits(name)
-        register = {"name": name, "address": address or socket.getfqdn(), **_gpu_fields(found, source),
+        register = {"name": name, "address": address or socket.getfqdn(), "host_id": host_identity(),
+                    **_gpu_fields(found, source),
                     "agent_version": schema.code().version, "sandbox": mode, "memory_bytes": limits.node_memory(memory),
                     "cpus": limits.node_cpus(cpus), "limits": bounds, "multi_node_refusal": refusal,
                     "disk_bytes": limits.disk_size(sandbox.agent_root(name) / "jobs", bounds)}  # fmt: skip
         clock.synchronise()  # what it reports is dated by the database's time, not this node's clock
-        _register(register)
+        try:
+            _register(register)
+        except nodes.NodeNameTaken as exc:
+            raise CommandError(str(exc)) from exc
         if limits.DISK_BOUNDED in register["limits"]:
             if shortfall := limits.disk_shortfall(sandbox.agent_root(name) / "jobs", len(found)):
                 self.stdout.write(f"node {name}: {shortfall}")
@@ -171,6 +178,18 @@ def _gpu_fields(found: list[gpus.Gpu], source: str) -> dict:
     models = Counter(gpu.model for gpu in found)
     return {"gpus": len(found), "gpu_model": models.most_common(1)[0][0] if models else "",
             "gpu_list": [asdict(gpu) for gpu in found], "gpu_source": source}  # fmt: skip
+
+
+def host_identity(candidates: tuple[Path, ...] = MACHINE_IDS) -> str:
+    """The machine this agent runs on, as the pool tells one node's machine from another's: its machine-id
+    (systemd's, else D-Bus's), else its host name (a container without one has a name of its own)."""
+    for path in candidates:
+        try:
+            if machine_id := path.read_text().strip()[:64]:
+                return machine_id
+        except OSError:
+            continue
+    return f"host:{socket.gethostname()}"[:64]
 
 
 def _uuids(found: list[gpus.Gpu]) -> dict[int, str]:
@@ -281,9 +300,17 @@ def _heartbeat(register: dict, stop: threading.Event | None = None) -> None:
             disk_free = limits.disk_free(
                 sandbox.agent_root(register["name"]) / "jobs", register.get("limits", "")
             )
-            if not nodes.heartbeat(name=register["name"], now=clock.now(), disk_free=disk_free):
+            if not nodes.heartbeat(
+                name=register["name"], now=clock.now(), disk_free=disk_free, host_id=register["host_id"]
+            ):
                 nodes.register_node(now=clock.now(), **register)
             clock.synchronise()  # a node's clock drifts: the correction is measured again after every beat
+        except nodes.NodeNameTaken as exc:
+            # Declared down while cut off, and another machine serves the name now: this agent must not serve
+            # the node's queue beside it. Its running jobs were lost with the node; the worker stops warm.
+            log.error("node %s: this agent stops: %s", register["name"], exc)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         except Exception:  # the database is restarting: keep beating, the next one will get through
             close_old_connections()
 
