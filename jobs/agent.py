@@ -524,7 +524,8 @@ def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | Non
     first = siblings[0]
     held = sum(len(s.gpu_indices) for s in siblings)
     sandboxed = mode == sandbox.BUBBLEWRAP
-    egress, refused = _egress(allocation, sandboxed)
+    platform, refused = _egress(allocation, sandboxed)
+    egress = platform is not None
     # Only a job spanning nodes is told where its first part is: a one-node job is never handed a platform address.
     spanning = len(siblings) > 1
     if (not spanning and not egress) or not sandboxed:
@@ -537,7 +538,7 @@ def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | Non
     subnet = settings.E31_JOB_SUBNET
     wired = network.plan(subnet=subnet, key=key, slot=allocation.node.network_slot, gpu_indices=allocation.gpu_indices,
                          peers=[(s.node.network_slot, s.gpu_indices) for s in siblings], egress=egress,
-                         platform=_platform_networks() if egress else (), resolvers=network.node_resolvers())  # fmt: skip
+                         platform=platform or (), resolvers=network.node_resolvers())  # fmt: skip
     coordinator = (
         network.part_addresses(subnet, first.node.network_slot, first.gpu_indices)[1] if spanning else ""
     )
@@ -548,22 +549,32 @@ def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | Non
     )  # fmt: skip
 
 
-def _egress(allocation: Allocation, sandboxed: bool) -> tuple[bool, str]:
-    """(whether this part reaches the internet, why not though its team may): read as the attempt starts."""
+def _egress(allocation: Allocation, sandboxed: bool) -> tuple[list[str] | None, str]:
+    """(the platform's networks this part's internet access denies, or None where it has none; why none though
+    its team may): read as the attempt starts."""
     if not (sandboxed and allocation.job.team.egress_allowed):
-        return False, ""
+        return None, ""
     if allocation.node.multi_node_refusal:  # the node cannot wire a namespace of its own for a part
         return (
-            False,
+            None,
             f" (its team may reach the internet, but this node cannot wire it: {allocation.node.multi_node_refusal})",
         )
-    return True, ""
+    try:
+        return _platform_networks(), ""
+    except PlatformUnresolved as exc:
+        # Fails closed: a platform address missing from the deny list would be reachable for the whole run.
+        log.warning("part %s: no internet access wired: %s", allocation.id, exc)
+        return None, f" (its team may reach the internet, but it was not wired: {exc})"
+
+
+class PlatformUnresolved(OSError):
+    """A platform host did not resolve as a part started, so its address could not be denied."""
 
 
 def _platform_networks() -> list[str]:
     """The platform's own addresses a job with egress never reaches, even public ones: E31_EGRESS_DENY,
-    and where the database, every broker and cache location, the console, the pool's registries and
-    every node resolve to."""
+    and where the database (each host of a multi-host setting), every broker and cache location, the console,
+    the pool's registries and every node resolve to. PlatformUnresolved when one of them does not resolve."""
     cache = settings.CACHES["default"].get("LOCATION", "")
     urls = [
         *settings.CELERY_BROKER_URL.split(";"),  # kombu's failover list
@@ -576,16 +587,17 @@ def _platform_networks() -> list[str]:
         *Node.objects.exclude(address="").values_list("address", flat=True),
     ]
     hosts = {
-        settings.DATABASES["default"].get("HOST") or "",
+        *(settings.DATABASES["default"].get("HOST") or "").split(","),  # libpq's multi-host form
         *(urlsplit(url.strip()).hostname or "" for url in urls if "://" in url),
         *(urlsplit(f"//{address}").hostname or "" for address in addresses),
     }
     found = list(settings.E31_EGRESS_DENY)
-    for host in filter(None, hosts):
+    # A host starting with / is a Unix socket's folder (libpq's): the sandbox gives jobs no host sockets.
+    for host in sorted(h.strip() for h in hosts if h.strip() and not h.strip().startswith("/")):
         try:
             found += [f"{info[4][0]}/32" for info in socket.getaddrinfo(host, None, socket.AF_INET)]
-        except OSError:
-            continue
+        except OSError as exc:
+            raise PlatformUnresolved(f"the platform's host {host} did not resolve ({exc})") from exc
     return found
 
 

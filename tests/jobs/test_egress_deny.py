@@ -57,3 +57,45 @@ def test_a_one_node_job_is_not_told_its_nodes_platform_address(pool, team):
     env = agent._job_env(part, inside, None)
     assert "10.20.30.40" not in env.values()
     assert not {"E31_NODE_RANK", "E31_NUM_NODES", "E31_COORDINATOR"} & set(env)
+
+
+def _resolving_all_but(unresolved: str, monkeypatch) -> None:
+    def getaddrinfo(host, *args, **kwargs):
+        if host == unresolved:
+            raise agent.socket.gaierror(-3, "Temporary failure in name resolution")
+        return [(agent.socket.AF_INET, agent.socket.SOCK_STREAM, 6, "", ("203.0.113.20", 0))]
+
+    monkeypatch.setattr(agent.socket, "getaddrinfo", getaddrinfo)
+
+
+def test_a_platform_host_that_does_not_resolve_leaves_the_part_without_egress(
+    pool, team, settings, monkeypatch
+):
+    """Reproduction: the broker's name failing to resolve as a part started left its address off the deny list, and
+    the part was wired to the internet with the broker reachable for its whole run."""
+    settings.CELERY_BROKER_URL = "redis://:secret@broker.platform.example:6379/0"
+    _resolving_all_but("broker.platform.example", monkeypatch)
+    team.egress_allowed = True
+    team.save()
+    job = JobFactory(team=team, gpus=1)
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=timezone.now())
+
+    part = agent._load_part(Allocation.objects.get(job=job).id, sandbox.BUBBLEWRAP, None)
+
+    assert part.network is None
+    assert "broker.platform.example" in part.network_note and "not wired" in part.network_note
+
+
+def test_every_host_of_a_multi_host_database_setting_is_denied(settings):
+    db = settings.DATABASES["default"]
+    settings.DATABASES = {**settings.DATABASES, "default": {**db, "HOST": "203.0.113.21,203.0.113.22"}}
+    assert {"203.0.113.21/32", "203.0.113.22/32"} <= set(agent._platform_networks())
+
+
+def test_a_database_reached_on_a_unix_socket_needs_no_address_denied(settings):
+    db = settings.DATABASES["default"]
+    settings.DATABASES = {**settings.DATABASES, "default": {**db, "HOST": "/var/run/postgresql"}}
+    settings.E31_EGRESS_DENY = ["198.51.100.0/24"]
+    assert (
+        "198.51.100.0/24" in agent._platform_networks()
+    )  # a folder is not taken for a host that did not resolve
