@@ -255,10 +255,13 @@ def run_part(
     mode: str,
     uids: sandbox.UidRange | None,
     gpu_uuids: Mapping[int, str] | None = None,
+    node_name: str | None = None,
 ) -> None:
-    """Runs one allocation's process to its end, then finishes, seals and (last part) releases."""
-    if not rental.start_allocation(allocation_id=allocation_id, now=clock.now()):
-        return  # a duplicate delivery, or released before it could start
+    """Runs one allocation's process to its end, then finishes, seals and (last part) releases. ``node_name``: the
+    node this agent serves; an allocation of another node is not started here."""
+    if not rental.start_allocation(allocation_id=allocation_id, now=clock.now(), node_name=node_name):
+        # A duplicate delivery, released before it could start, or another node's part (a misrouted message).
+        return
     try:
         part = _with_database(lambda: _load_part(allocation_id, mode, gpu_uuids))
     except Exception as exc:  # nothing ran: the GPUs must not stay held (and metered) with no process

@@ -157,12 +157,14 @@ def note_network(*, allocation_id: int, network: str) -> None:
     Allocation.objects.filter(id=allocation_id).update(network=network[:300])
 
 
-def start_allocation(*, allocation_id: int, now: datetime) -> bool:
-    """Claims an allocation for its node agent; the first part to start moves the job to RUNNING."""
+def start_allocation(*, allocation_id: int, now: datetime, node_name: str | None = None) -> bool:
+    """Claims an allocation for its node agent (``node_name``: only if it is that node's); the first part to start
+    moves the job to RUNNING."""
     with transaction.atomic():
         _lock_job_of(allocation_id)
+        ours = Q(node__name=node_name) if node_name is not None else Q()
         claimed = Allocation.objects.filter(
-            id=allocation_id, started_at__isnull=True, released_at__isnull=True
+            ours, id=allocation_id, started_at__isnull=True, released_at__isnull=True
         ).update(started_at=now)
         if not claimed:
             return False
@@ -195,9 +197,9 @@ def finish_allocation(
     with transaction.atomic():
         _lock_job_of(allocation_id)
         # A part already released (its node lost while its agent cleaned up) keeps the end it was released with.
-        Allocation.objects.filter(id=allocation_id, finished_at__isnull=True, released_at__isnull=True).update(
-            finished_at=now, exit_code=exit_code, end_reason=outcome
-        )
+        Allocation.objects.filter(
+            id=allocation_id, finished_at__isnull=True, released_at__isnull=True
+        ).update(finished_at=now, exit_code=exit_code, end_reason=outcome)
         allocation = Allocation.objects.select_related("node").get(id=allocation_id)
         job = Job.objects.select_for_update().get(id=allocation.job_id)
         if job.attempt != allocation.attempt:

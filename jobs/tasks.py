@@ -11,7 +11,7 @@ from jobs import agent, delivery_threads, gpu_usage, logs, nodes, reconciler, sc
 
 # Set by the node_agent command: how this agent runs jobs ("bubblewrap" or "none"), as whom, and its
 # GPUs' UUIDs by device index.
-AGENT: dict = {"mode": "", "uids": None, "gpu_uuids": {}}
+AGENT: dict = {"mode": "", "uids": None, "gpu_uuids": {}, "node": None}
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
@@ -32,7 +32,11 @@ def run_safety_pass() -> None:
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def run_part(allocation_id: int) -> None:
     agent.run_part(
-        allocation_id=allocation_id, mode=AGENT["mode"], uids=AGENT["uids"], gpu_uuids=AGENT["gpu_uuids"]
+        allocation_id=allocation_id,
+        mode=AGENT["mode"],
+        uids=AGENT["uids"],
+        gpu_uuids=AGENT["gpu_uuids"],
+        node_name=AGENT["node"],
     )
 
 

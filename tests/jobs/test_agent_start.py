@@ -374,3 +374,14 @@ def test_a_database_restart_while_a_part_is_prepared_does_not_fail_the_job(rente
     _run(rented)
     assert refusals, "the part was never read"
     assert (rented.state, rented.end_reason) == ("released", "succeeded"), rented.end_detail
+
+
+def test_an_agent_never_starts_another_nodes_part(rented):
+    """A run message reaching the wrong node's agent (misrouted, or put on its queue by hand) would run another
+    node's part on this machine's GPUs, beside whatever this node placed there: it is not claimed here."""
+    allocation = rented.allocations.get()
+    agent.run_part(allocation_id=allocation.id, mode=sandbox.UNSANDBOXED, uids=None, node_name="gpu-02")
+
+    allocation.refresh_from_db()
+    rented.refresh_from_db()
+    assert allocation.started_at is None and rented.state == "rented"

@@ -107,7 +107,7 @@ class Command(BaseCommand):
         if why_not:
             self.stdout.write(f"node {name}: jobs run UNSANDBOXED, as allowed: {why_not}")
         mode = sandbox.UNSANDBOXED if why_not else sandbox.BUBBLEWRAP
-        tasks.AGENT["mode"] = mode
+        tasks.AGENT["mode"], tasks.AGENT["node"] = mode, name
         if removed := leftovers.sweep(node_name=name, uids=tasks.AGENT["uids"]):
             self.stdout.write(f"node {name}: removed what an earlier agent left: {', '.join(removed)}")
         if mode == sandbox.BUBBLEWRAP:
