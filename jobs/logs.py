@@ -109,6 +109,13 @@ def _days(n: int) -> str:
     return f"{n} day" if n == 1 else f"{n} days"
 
 
+def check_exists(job: Job, *, attempt: int, rank: int) -> None:
+    """NoSuchLog for an attempt or a rank ``job`` never had (``attempt`` 0: the latest)."""
+    attempt = attempt or job.attempt
+    parts = Allocation.objects.filter(job_id=job.id, attempt=attempt).count()
+    _check_exists(job, attempt=attempt, rank=rank, parts=parts)
+
+
 def _check_exists(job: Job, *, attempt: int, rank: int, parts: int) -> None:
     """Refuses a log that never was: it would read as empty and complete (and a follower of a running job's
     would wait for ever). Ranks are known once the attempt has its nodes: before (queued), any may be followed."""

@@ -245,6 +245,10 @@ def job_log(request: HttpRequest, job_id: int) -> HttpResponse | StreamingHttpRe
     if not (DIGITS.fullmatch(attempt) or attempt == "") or not DIGITS.fullmatch(rank):
         raise Http404("No such log")
     attempt_no = int(attempt or job.attempt)
+    try:  # an empty download would read as a job that printed nothing
+        logs.check_exists(job, attempt=attempt_no, rank=int(rank))
+    except logs.NoSuchLog as exc:
+        raise Http404(str(exc)) from exc
     if job.log_removed_at is not None:  # an empty file would read as a job that printed nothing
         return HttpResponse(logs.removed_note(job), status=410, content_type="text/plain; charset=utf-8")
     response = StreamingHttpResponse(

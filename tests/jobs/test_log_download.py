@@ -2,8 +2,10 @@
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
-from tests.factories import JobFactory
+from jobs.models import Allocation
+from tests.factories import JobFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -30,5 +32,17 @@ def test_a_removed_row_index_that_is_not_ascii_leaves_the_form_whole(index, team
 def test_an_attempt_or_rank_too_long_for_a_number_is_no_such_log(query, team, member_client):
     """int() refuses 4,300 digits or more, and no column holds ten: either is a 404, never a server error."""
     job = JobFactory(team=team, state="released", end_reason="succeeded", attempt=1)
+    response = member_client.get(reverse("jobs:log", args=[job.id]), query)
+    assert response.status_code == 404
+
+
+@pytest.mark.parametrize("query", [{"attempt": "999999999"}, {"rank": "999999999"}])
+def test_an_attempt_or_rank_that_never_was_is_no_such_log(query, team, member_client):
+    """The page's download answered an empty 200 where the API's log answers 404: an empty file reads as a job
+    that printed nothing."""
+    job = JobFactory(team=team, state="released", end_reason="succeeded", attempt=1)
+    Allocation.objects.create(
+        job=job, attempt=1, node=NodeFactory(), gpu_indices=[0], rented_at=timezone.now()
+    )
     response = member_client.get(reverse("jobs:log", args=[job.id]), query)
     assert response.status_code == 404
