@@ -1,10 +1,13 @@
 """A thin client of the console's /api/v1: errors become ApiError with the server's own explanation."""
 
+import ipaddress
+import os
 import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -57,8 +60,43 @@ class ApiError(Exception):
         return "\n".join(lines)
 
 
+class PlainHttpRefused(Exception):
+    """The console's address is plain http:// to another machine: the token would cross the network readable."""
+
+
+ALLOW_PLAIN_HTTP = "E31_ALLOW_PLAIN_HTTP"
+LOOPBACK_NAMES = {"localhost", "localhost."}
+
+
+def refuse_plain_http(url: str) -> None:
+    """Raises PlainHttpRefused for an http:// URL whose host is not this machine's loopback, unless the
+    environment opts out (a lab without TLS). Checked before any request, so the token is never sent."""
+    parts = urlsplit(url)
+    if (
+        parts.scheme != "http"
+        or _is_loopback(parts.hostname or "")
+        or os.environ.get(ALLOW_PLAIN_HTTP) == "1"
+    ):
+        return
+    raise PlainHttpRefused(
+        f"Refusing to send the API token in clear text to {url}: use the console's https:// address "
+        f"(plain http:// is accepted only on this machine: 127.0.0.1, ::1, localhost). "
+        f"In a lab without TLS, set {ALLOW_PLAIN_HTTP}=1 to allow it."
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: only "localhost" is known not to leave the machine
+        return False
+
+
 class Api:
     def __init__(self, login: config.Login, *, timeout_s: float = 30) -> None:
+        refuse_plain_http(login.url)
         self.base = f"{login.url}/api/v1"
         self.timeout_s = timeout_s
         self.session = requests.Session()

@@ -40,7 +40,22 @@ def current() -> Login:
     if login_file().exists():
         stored = json.loads(login_file().read_text())
     url = os.environ.get("E31_URL") or stored.get("url", "")
-    token = os.environ.get("E31_TOKEN") or stored.get("token", "")
+    # Stripped as `e31 login` strips what it stores: `echo` and secrets files end the token with a newline.
+    from_env = os.environ.get("E31_TOKEN", "").strip()
+    token = from_env or stored.get("token", "")
     if not url or not token:
         raise NotLoggedIn("Not logged in: run `e31 login URL` (or set E31_URL and E31_TOKEN).")
-    return Login(url=url.rstrip("/"), token=token)
+    source = "$E31_TOKEN" if from_env else str(login_file())
+    return Login(url=url.rstrip("/"), token=usable_token(token, source=source))
+
+
+def usable_token(token: str, *, source: str) -> str:
+    """The token without the whitespace around it; NotLoggedIn if what is left could not be sent in a header.
+    The message never repeats the token: it is a secret, and a newline in it would be one more header."""
+    token = token.strip()
+    if not (token.isascii() and token.isprintable()):
+        raise NotLoggedIn(
+            f"The API token in {source} holds a character no token has (a control character or non-ASCII): "
+            "copy it again from the console's API tokens page."
+        )
+    return token

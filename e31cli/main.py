@@ -6,7 +6,7 @@ its signature, and it brings rich for the tables; the API calls go through reque
 Exit codes a script can rely on (``e31 --help`` lists them too):
   0 done; with --wait, the job succeeded and its outputs were delivered (an array: every task)
   1 the console answered with an error not listed below
-  2 the command line was wrong
+  2 the command line was wrong, or the console is plain http:// on another machine (E31_ALLOW_PLAIN_HTTP=1 in a lab)
   3 not logged in, or the token was refused
   4 no such job (or not your team's); ``e31 logs``: its log was removed by retention
   5 conflict: nothing to cancel, or an Idempotency-Key reused for another job file
@@ -19,6 +19,7 @@ dependency_failed 67, any other failure 1. An array waits for every task and exi
 of its tasks' codes.
 """
 
+import hashlib
 import json
 import re
 import sys
@@ -50,8 +51,20 @@ _PIPED_WIDTH = 100_000
 _COLOUR_OR_CONTROL = re.compile(r"(\x1b\[[0-9;:]*m)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
+# json.dumps escapes C0 controls itself; with ensure_ascii=False (names in any alphabet stay readable) it writes DEL
+# and the C1 controls raw, and a terminal acts on U+009B/U+009D as on ESC [ / ESC ] (a cleared screen, a clipboard
+# write). As \u00XX they are inert and the JSON reads back the same.
+_RAW_IN_JSON = re.compile(r"[\x7f-\x9f]")
+
+
 def _for_terminal(text: str) -> str:
     return _COLOUR_OR_CONTROL.sub(lambda m: m.group(1) or "\ufffd", text)
+
+
+def _print_json(value: object, *, indent: int | None) -> None:
+    """The API's JSON on stdout, piped or not, with no control character in it raw."""
+    text = json.dumps(value, ensure_ascii=False, indent=indent)
+    sys.stdout.write(_RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n")
 
 
 def _stdout_is_terminal() -> bool:
@@ -89,6 +102,7 @@ out = _Screen(lambda: _stdout_is_terminal(), width=None if sys.stdout.isatty() e
 err = _Screen(lambda: _stderr_is_terminal(), stderr=True, width=None if sys.stderr.isatty() else _PIPED_WIDTH)
 
 EXIT_API, EXIT_AUTH, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_INVALID, EXIT_UNREACHABLE = 1, 3, 4, 5, 6, 7
+EXIT_USAGE = 2  # the code click gives a wrong command line
 # A 429 still answered after the client's retries says nothing of the job: it exits as an unreachable
 # console, never 1, which under --wait reads as "the job failed".
 STATUS_EXITS = {
@@ -111,12 +125,22 @@ def run() -> None:
     except config.NotLoggedIn as exc:
         err.print(str(exc), style="red")
         sys.exit(EXIT_AUTH)
+    except client.PlainHttpRefused as exc:
+        err.print(str(exc), style="red")
+        sys.exit(EXIT_USAGE)
     except client.ApiError as exc:
         err.print(f"Error {exc.status}: {exc}", style="red")
         sys.exit(STATUS_EXITS.get(exc.status, EXIT_API))
     except requests.Timeout as exc:
         err.print(f"The console did not answer in time: {exc}", style="red")
         sys.exit(EXIT_UNREACHABLE)
+    except requests.exceptions.InvalidHeader:
+        # Its message quotes the header's value, and that may be the token: never printed.
+        err.print(
+            "A request header holds a character HTTP cannot carry (check --key); nothing was sent.",
+            style="red",
+        )
+        sys.exit(EXIT_USAGE)
     except requests.RequestException as exc:
         err.print(f"Cannot reach the console: {exc}", style="red")
         sys.exit(EXIT_UNREACHABLE)
@@ -133,10 +157,11 @@ def login(
 ) -> None:
     """Store the console's address and an API token (from its API tokens page) for later commands."""
     url = url.rstrip("/")
+    client.refuse_plain_http(url)  # before a token is asked for, let alone sent
     if not token:
         err.print(f"Create a token at {url}/accounts/tokens/ and paste it here.")
         token = typer.prompt("API token", hide_input=True) if sys.stdin.isatty() else sys.stdin.readline()
-    login_ = config.Login(url=url, token=token.strip())
+    login_ = config.Login(url=url, token=config.usable_token(token, source="the token given"))
     client.Api(login_).get("/jobs", limit=1)  # refused tokens stop here, before anything is stored
     path = config.save(login_)
     out.print(f"Logged in to {url}; token stored in {path} (readable by you only).")
@@ -237,7 +262,7 @@ def list_jobs(
     )
     if as_json:
         for job in jobs:
-            out.print_json(json.dumps(job), indent=None)
+            _print_json(job, indent=None)
         return
     table = _table("ID", "NAME", "TASK", "STATE", "END", "EXIT", "GPUS", "HOURS", "SUBMITTED (UTC)")
     for job in jobs:
@@ -254,7 +279,7 @@ def show(
     """One job: its declaration, state, end and history."""
     job = api().get(f"/jobs/{job_id}")
     if as_json:
-        out.print_json(json.dumps(job))
+        _print_json(job, indent=2)
         return
     out.print(f"Job {job['id']} {job['name']} ({job['team']}): {job['state']}"
               + (f", {job['paused']}" if job.get("paused") else "")
@@ -346,6 +371,7 @@ def outputs(
     if download is None:
         out.print(table)
         return
+    not_saved = 0
     for item in files:
         parts = PurePosixPath(item["path"]).parts
         if (
@@ -355,8 +381,42 @@ def outputs(
             continue
         target = download.joinpath(*parts)
         target.parent.mkdir(parents=True, exist_ok=True)
-        size = session.download(f"/jobs/{job_id}/outputs/download", target, path=item["path"])
-        err.print(f"{item['path']}: {size} bytes")
+        if problem := _download_checked(session, job_id, item, target):
+            err.print(f"{item['path']}: not saved: {problem}", style="red")
+            not_saved += 1
+        else:
+            err.print(f"{item['path']}: {item['bytes']} bytes")
+    if not_saved:
+        raise typer.Exit(EXIT_API)
+
+
+def _download_checked(session: client.Api, job_id: int, item: dict, target: Path) -> str:
+    """Downloads one listed file under a temporary name beside ``target``, renamed to it only when its size and
+    sha256 are the listed ones: a cut transfer or another body (a proxy's page) never reads as the output.
+    "" once saved, else what differed."""
+    part = target.with_name(f".{target.name}.part")
+    try:
+        session.download(f"/jobs/{job_id}/outputs/download", part, path=item["path"])
+        problem = _differs_from_listed(part, item)
+        if not problem:
+            part.replace(target)
+        return problem
+    except (client.ApiError, requests.RequestException):
+        err.print(f"{item['path']}: not saved, the download failed", style="red")
+        raise
+    finally:
+        part.unlink(missing_ok=True)  # after the rename there is nothing left to remove
+
+
+def _differs_from_listed(path: Path, item: dict) -> str:
+    size = path.stat().st_size
+    if size != item["bytes"]:
+        return f"received {size} bytes, the console lists {item['bytes']}"
+    with path.open("rb") as handle:
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    if digest != item["sha256"]:
+        return f"received sha256 {digest}, the console lists {item['sha256']}"
+    return ""
 
 
 @app.command()

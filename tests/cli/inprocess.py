@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from e31cli import client, main
 
-BASE = "http://console.test"
+BASE = "https://console.test"
 
 
 class DjangoAdapter(requests.adapters.BaseAdapter):

@@ -1,7 +1,9 @@
-"""What `e31` (main.run, the installed entry point) says and exits with when the console's answer or the
-command line is wrong: one line and a documented exit code, never a traceback."""
+"""What `e31` (main.run, the installed entry point) says and exits with when the console's answer, the command
+line or the login (its address, its token) is wrong: one line and a documented exit code, never a traceback, and
+never the token."""
 
 import io
+import json
 import sys
 
 import pytest
@@ -13,7 +15,7 @@ from tests.cli.inprocess import e31
 
 def run_e31(monkeypatch, capsys, answer, *args: str) -> tuple[int, str]:
     """(exit code, stderr) of ``e31 ARGS`` whose every request is answered by ``answer``."""
-    monkeypatch.setenv("E31_URL", "http://console.test")
+    monkeypatch.setenv("E31_URL", "https://console.test")
     monkeypatch.setenv("E31_TOKEN", "e31_x")
     monkeypatch.setattr(requests.Session, "request", lambda self, method, url, **kw: answer(url))
     monkeypatch.setattr(sys, "argv", ["e31", *args])
@@ -63,3 +65,130 @@ def test_a_malformed_ledger_month_is_a_command_line_error(monkeypatch):
     code, stdout, stderr = e31(monkeypatch, "e31_x", "ledger", "--month", "2024-13")
     assert code == 2, (code, stdout, stderr)
     assert "'2024-13': use YYYY-MM" in stderr
+
+
+def answered_by_adapter(monkeypatch, status: int, body: dict) -> list[requests.PreparedRequest]:
+    """The requests the CLI sends, each answered ``status`` with ``body`` and none leaving this machine. The
+    adapter is replaced, not ``Session.request``: requests still checks the headers as it prepares them."""
+    sent: list[requests.PreparedRequest] = []
+
+    def send(self, request, **kwargs):
+        sent.append(request)
+        response = requests.Response()
+        response.status_code, response.url, response.request = status, request.url, request
+        response.headers["Content-Type"] = "application/json"
+        response.raw = io.BytesIO(json.dumps(body).encode())
+        return response
+
+    monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", send)
+    return sent
+
+
+def exit_of(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """(exit code, stderr) of ``e31 ARGS`` run as the installed command runs it, exceptions turned into codes."""
+    monkeypatch.setattr(sys, "argv", ["e31", *args])
+    with pytest.raises(SystemExit) as exit_:
+        main.run()
+    return exit_.value.code, capsys.readouterr().err
+
+
+NO_JOBS = {"items": [], "count": 0}
+
+
+@pytest.fixture
+def no_stored_login(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("E31_URL", raising=False)
+    monkeypatch.delenv("E31_TOKEN", raising=False)
+    monkeypatch.delenv("E31_ALLOW_PLAIN_HTTP", raising=False)
+    return tmp_path
+
+
+def test_login_to_a_plain_http_console_on_another_machine_is_refused_before_the_token_is_sent(
+    monkeypatch, capsys, no_stored_login
+):
+    """`e31 login http://console.example` sent the token in clear text over the network to check it."""
+    sent = answered_by_adapter(monkeypatch, 200, NO_JOBS)
+    code, stderr = exit_of(monkeypatch, capsys, "login", "http://console.example", "--token", "e31_x")
+    assert (code, sent) == (2, []), stderr
+    assert "https://" in stderr and "E31_ALLOW_PLAIN_HTTP=1" in stderr, stderr
+    assert not list(no_stored_login.rglob("login.json"))
+
+
+def test_a_plain_http_console_in_e31_url_on_another_machine_is_refused_before_anything_is_sent(
+    monkeypatch, capsys, no_stored_login
+):
+    sent = answered_by_adapter(monkeypatch, 200, NO_JOBS)
+    monkeypatch.setenv("E31_URL", "http://10.0.0.5")
+    monkeypatch.setenv("E31_TOKEN", "e31_x")
+    code, stderr = exit_of(monkeypatch, capsys, "ls")
+    assert (code, sent) == (2, []), stderr
+    assert "E31_ALLOW_PLAIN_HTTP=1" in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    "url, allow",
+    [
+        ("http://127.0.0.1:8000", ""),
+        ("http://127.4.5.6", ""),
+        ("http://[::1]:8000", ""),
+        ("http://localhost:8000", ""),
+        ("https://console.example", ""),
+        ("http://10.0.0.5", "1"),  # a lab that chose plain HTTP, and said so
+    ],
+)
+def test_a_console_on_this_machine_over_tls_or_allowed_plain_is_still_asked(
+    monkeypatch, capsys, no_stored_login, url, allow
+):
+    sent = answered_by_adapter(monkeypatch, 200, NO_JOBS)
+    monkeypatch.setenv("E31_URL", url)
+    monkeypatch.setenv("E31_TOKEN", "e31_x")
+    monkeypatch.setenv("E31_ALLOW_PLAIN_HTTP", allow)
+    code, stderr = exit_of(monkeypatch, capsys, "ls")
+    assert code == 0, stderr
+    assert [r.url.startswith(f"{url}/api/v1/jobs?") for r in sent] == [True], [r.url for r in sent]
+
+
+TOKEN = "e31_Zq7TokenNeverShown"
+
+
+@pytest.mark.parametrize("token", [f"{TOKEN}\n", f" {TOKEN}", f"{TOKEN}\r", f"{TOKEN}\n{TOKEN}"])
+def test_a_token_with_a_newline_or_space_is_never_printed_and_exits_as_not_logged_in(
+    monkeypatch, capsys, no_stored_login, token
+):
+    """A newline in $E31_TOKEN (from `echo` or a secrets file) made requests refuse the header with a message
+    holding the token, which the CLI printed as "Cannot reach the console: ..." and exited 7."""
+    sent = answered_by_adapter(
+        monkeypatch, 401, {"detail": "Invalid token."}
+    )  # what the console says of TOKEN
+    monkeypatch.setenv("E31_URL", "https://console.example")
+    monkeypatch.setenv("E31_TOKEN", token)
+    code, stderr = exit_of(monkeypatch, capsys, "ls")
+    assert TOKEN not in stderr
+    assert code == main.EXIT_AUTH, stderr
+    # Whitespace around the token is stripped, as `e31 login` strips it; one inside it is never sent.
+    assert {r.headers["Authorization"] for r in sent} <= {f"Bearer {TOKEN}"}
+
+
+def test_login_with_a_token_holding_a_newline_sends_nothing_and_never_prints_it(
+    monkeypatch, capsys, no_stored_login
+):
+    sent = answered_by_adapter(monkeypatch, 200, NO_JOBS)
+    code, stderr = exit_of(monkeypatch, capsys, "login", "https://console.example", "--token", f"{TOKEN}\nx")
+    assert (code, sent) == (main.EXIT_AUTH, []), stderr
+    assert TOKEN not in stderr
+    assert not list(no_stored_login.rglob("login.json"))
+
+
+def test_a_header_requests_refuses_is_never_quoted(monkeypatch, capsys, no_stored_login):
+    """requests' InvalidHeader quotes the header's value: "Cannot reach the console: {exc}" printed the token."""
+
+    def refuse(self, request, **kwargs):
+        raise requests.exceptions.InvalidHeader(f"Invalid return character in header value: 'Bearer {TOKEN}'")
+
+    monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", refuse)
+    monkeypatch.setenv("E31_URL", "https://console.example")
+    monkeypatch.setenv("E31_TOKEN", TOKEN)
+    code, stderr = exit_of(monkeypatch, capsys, "ls")
+    assert TOKEN not in stderr
+    assert code == main.EXIT_USAGE, stderr

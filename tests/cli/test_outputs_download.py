@@ -1,34 +1,77 @@
-"""`e31 outputs --download` writes only inside the folder it was given, whatever paths the server lists."""
+"""`e31 outputs --download` writes only inside the folder it was given, whatever paths the server lists, and
+only files whose size and sha256 are the ones listed."""
 
+import hashlib
+
+import requests
 from typer.testing import CliRunner
 
 from e31cli import main
 
 
 class FakeApi:
-    def __init__(self, paths):
-        self.paths = paths
+    """Lists ``paths``, each as the bytes of ``listed`` (b"x" by default), and serves ``served`` (the same
+    unless told), after which it fails with ``cut`` if given: a transfer the network broke."""
+
+    def __init__(self, paths, *, listed=b"x", served=None, cut=None):
+        self.paths, self.listed, self.cut = paths, listed, cut
+        self.served = listed if served is None else served
         self.fetched = []
 
     def get(self, path):
         return {"outputs": {"files": len(self.paths)}}
 
     def pages(self, path, limit):
-        return [{"path": p, "bytes": 1, "sha256": "0" * 64} for p in self.paths]
+        digest = hashlib.sha256(self.listed).hexdigest()
+        return [{"path": p, "bytes": len(self.listed), "sha256": digest} for p in self.paths]
 
     def download(self, url, target, *, path):
         self.fetched.append(path)
-        target.write_text("x")
-        return 1
+        target.write_bytes(self.served)
+        if self.cut:
+            raise self.cut
+        return len(self.served)
+
+
+def download(monkeypatch, fake, folder):
+    monkeypatch.setattr(main, "api", lambda: fake)
+    return CliRunner().invoke(main.app, ["outputs", "7", "--download", str(folder)])
+
+
+def files_under(folder):
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
 def test_paths_leaving_the_folder_are_skipped_and_the_rest_downloaded(monkeypatch, tmp_path):
     fake = FakeApi(["ok/a.txt", "/etc/cron.d/x", "../escape.txt", "ok/../../up.txt"])
-    monkeypatch.setattr(main, "api", lambda: fake)
-    folder = tmp_path / "out"
-    result = CliRunner().invoke(main.app, ["outputs", "7", "--download", str(folder)])
+    result = download(monkeypatch, fake, tmp_path / "out")
     assert result.exit_code == 0, result.output
     assert fake.fetched == ["ok/a.txt"]
-    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()] == [
-        "out/ok/a.txt"
-    ]
+    assert files_under(tmp_path) == ["out/ok/a.txt"]
+    assert (tmp_path / "out/ok/a.txt").read_bytes() == b"x"
+
+
+def test_a_file_whose_bytes_are_not_the_listed_ones_is_not_saved_and_the_command_fails(monkeypatch, tmp_path):
+    """What the console sent went straight under the file's name, checked against nothing: a proxy's error
+    page or another file's bytes read as the job's output."""
+    result = download(monkeypatch, FakeApi(["model.bin"], listed=b"weights", served=b"wrong!!"), tmp_path)
+    assert result.exit_code != 0, result.output
+    assert files_under(tmp_path) == []
+    assert "model.bin" in result.stderr and "sha256" in result.stderr, result.stderr
+
+
+def test_a_file_cut_short_is_not_saved_and_names_its_size(monkeypatch, tmp_path):
+    result = download(monkeypatch, FakeApi(["model.bin"], listed=b"weights", served=b"wei"), tmp_path)
+    assert result.exit_code != 0, result.output
+    assert files_under(tmp_path) == []
+    assert "model.bin" in result.stderr and "3 bytes" in result.stderr and "7" in result.stderr, result.stderr
+
+
+def test_a_transfer_the_network_broke_leaves_no_partial_file(monkeypatch, tmp_path):
+    cut = requests.ConnectionError("Connection broken: IncompleteRead")
+    result = download(
+        monkeypatch, FakeApi(["model.bin"], listed=b"weights", served=b"wei", cut=cut), tmp_path
+    )
+    assert result.exit_code != 0, result.output
+    assert files_under(tmp_path) == []
+    assert "model.bin" in result.stderr, result.stderr

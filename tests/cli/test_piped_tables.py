@@ -1,5 +1,7 @@
 """`e31` piped into another program writes one line per record, whatever the record's length."""
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -60,3 +62,23 @@ def test_on_a_terminal_the_names_a_job_gave_its_output_files_never_drive_the_ter
         fetched.stderr,
     )
     assert (tmp_path / f"{ESCAPES}.txt").read_text() == "x"  # the file keeps the name the job gave it
+
+
+# OSC 52 (a clipboard write) and CSI 2J (a cleared screen), each in its one-character C1 form.
+C1_ESCAPES = "\x9d52;c;cHduZWQ=\x9c\x9b2J"
+
+
+@pytest.mark.parametrize("command", ["ls", "show"])
+def test_json_output_writes_no_c1_control_and_reads_back_the_same(monkeypatch, team, member_token, command):
+    """`--json` went through rich's print_json, which writes U+0080-U+009F raw, past the filter of every other
+    output: a job name could write the reader's clipboard or clear the screen. Escaped as \\u00XX, the JSON
+    still reads back as the job's own text, and a name in another alphabet stays readable."""
+    name = f"Überprüfung {C1_ESCAPES}"
+    job = JobFactory(team=team, name=name, end_detail=C1_ESCAPES)
+    code, out, err = e31(
+        monkeypatch, member_token, command, *([str(job.id)] if command == "show" else []), "--json"
+    )
+    assert code == 0, err
+    assert not [c for c in out if "\x80" <= c <= "\x9f"], repr(out)
+    assert (json.loads(out)["name"], json.loads(out)["end_detail"]) == (name, C1_ESCAPES)
+    assert "Überprüfung" in out
