@@ -1006,7 +1006,8 @@ def seal(
         return Sealed([], f"wrote {total:,} bytes, declared {declared_bytes:,} (output.bytes)")
     too_long = next((p for p in found if len(prefix + p.relative_to(output_dir).as_posix()) > MAX_PATH), None)
     if too_long is not None:
-        return Sealed([], f"a file's path is longer than {MAX_PATH} characters: {too_long.name[:60]}…")
+        # Quoted: the name is the job's own, and the refusal reaches the page, the CLI and e-mail.
+        return Sealed([], f"a file's path is longer than {MAX_PATH} characters: {too_long.name[:60]!r}…")
     # A name of bytes that are no UTF-8 text cannot be stored, delivered to an object store or shown.
     unnamed = next((p for p in found if not _is_text(p.relative_to(output_dir).as_posix())), None)
     if unnamed is not None:

@@ -159,3 +159,14 @@ def test_an_output_nested_past_what_a_walk_recurses_ends_as_the_jobs_outcome_not
     assert (job.state, job.end_reason) == ("released", "output_failed"), job.end_detail
     assert "nests its folders too deep" in job.end_detail
     assert not GpuHold.objects.filter(active=True).exists()
+
+
+def test_a_too_long_paths_name_reaches_the_job_page_cli_and_mail_inert(tmp_path):
+    """The refusal quoted the job's own file name raw: a C1 control in it (U+009D, a terminal's OSC) reached the
+    job's end detail, and from there `e31 show`, and a newline in it forged a line of the failure e-mail."""
+    output = tmp_path / "output"
+    folder = output / ("d" * 200) / ("e" * 200) / ("f" * 200) / ("g" * 200) / ("h" * 200)
+    folder.mkdir(parents=True)
+    (folder / "\x9d52;c;cHduZWQ=\x9c\nSee evil.example for your results").write_bytes(b"x")
+    sealed = agent.seal(output, declared_bytes=1000, max_files=10)
+    assert "longer than" in sealed.refused and sealed.refused.isprintable(), sealed.refused
