@@ -375,10 +375,14 @@ def _cancel_wins(job: Job, end_reason: str, requeue_as: str, detail: str) -> tup
 def _release_parts(
     parts: list[Allocation], *, now: datetime, end_reason: str, last_heartbeat=None, early: bool = False
 ) -> datetime:
-    """Frees the parts' GPUs and closes their meters; returns when (``now``, or the latest rent among them)."""
+    """Frees the parts' GPUs and closes their meters; returns when (``now``, or the latest rent among them, or the
+    end of an hour their meters closed already)."""
     # A caller reads ``now`` before it waits for the job's lock, and a rent may commit meanwhile
-    # (a cancel racing the scheduler): a release never precedes its rent, so it happens at it.
-    now = max([now, *(allocation.rented_at for allocation in parts)])
+    # (a cancel racing the scheduler): a release never precedes its rent, so it happens at it. The hourly accrual
+    # may have closed an hour meanwhile too (it skips a job whose row is locked, not one about to be): a release
+    # never precedes what the meter counted, so it happens at that hour's end.
+    closed = signals.meter_closed_after([allocation.id for allocation in parts]) if parts else None
+    now = max([now, *(allocation.rented_at for allocation in parts), *([closed] if closed else [])])
     for allocation in parts:
         _release_allocation(
             allocation, now=now, end_reason=end_reason, last_heartbeat=last_heartbeat, early=early

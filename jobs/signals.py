@@ -14,6 +14,11 @@ from django.dispatch import Signal
 # ``released_at``. A receiver's error rolls the release back: freed GPUs never leave a meter open.
 allocation_released = Signal()
 
+# Sent inside the releasing transaction before allocations are released, with ``allocation_ids``. A receiver
+# answers the latest instant their meters have closed (an hour the accrual closed while the release was on its
+# way), or None: no release is dated before it, so the ledger holds exactly RELEASE - RENT.
+meter_closed_until = Signal()
+
 # Sent before a job is stored, and for the submit form's preview, with ``team``, ``gpu_hours``
 # (the job's GPUs x hours) and ``now``. A receiver answers a BudgetCheck, or None.
 budget_asked = Signal()
@@ -47,3 +52,9 @@ def check_budget(*, team, gpu_hours: float, now: datetime) -> BudgetCheck | None
         if answer is not None:
             return answer
     return None
+
+
+def meter_closed_after(allocation_ids: list[int]) -> datetime | None:
+    """The latest instant any installed app's meter has closed for these allocations (None: none closed)."""
+    answers = meter_closed_until.send(sender=BudgetCheck, allocation_ids=allocation_ids)
+    return max((answer for _receiver, answer in answers if answer is not None), default=None)

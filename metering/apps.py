@@ -15,6 +15,7 @@ class MeteringConfig(AppConfig):
 
         signals.allocation_released.connect(receivers.close_meter_at_release, dispatch_uid="metering.close")
         signals.budget_asked.connect(receivers.answer_budget, dispatch_uid="metering.budget")
+        signals.meter_closed_until.connect(receivers.meter_closed_until, dispatch_uid="metering.closed")
         checks.register(
             metering_checks.receivers_connected
         )  # fail closed: a server without them does not start

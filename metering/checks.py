@@ -6,7 +6,11 @@ from django.core import checks
 from jobs import signals
 
 # The dispatch_uid each receiver is connected with in MeteringConfig.ready.
-RECEIVERS = {"metering.close": signals.allocation_released, "metering.budget": signals.budget_asked}
+RECEIVERS = {
+    "metering.close": signals.allocation_released,
+    "metering.budget": signals.budget_asked,
+    "metering.closed": signals.meter_closed_until,
+}
 
 
 def receivers_connected(app_configs=None, **kwargs) -> list[checks.Error]:

@@ -12,5 +12,9 @@ def close_meter_at_release(sender, *, allocation_id: int, released_at: datetime,
     services.close_meter(allocation_id=allocation_id, released_at=released_at)
 
 
+def meter_closed_until(sender, *, allocation_ids: list[int], **_) -> datetime | None:
+    return selectors.metered_until(allocation_ids=allocation_ids)
+
+
 def answer_budget(sender, *, team, gpu_hours: float, now: datetime, **_) -> selectors.Projection:
     return selectors.projection(team=team, extra_gpu_hours=gpu_hours, now=now)

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from itertools import groupby
 
 from django.db import connection, transaction
-from django.db.models import F, FloatField, OuterRef, Subquery, Sum
+from django.db.models import F, FloatField, Max, OuterRef, Subquery, Sum
 
 from accounts.models import Team
 from common.ledger_locks import team_ledger_held
@@ -170,6 +170,14 @@ def _s(hours: float) -> str:
 def _n(hours: float) -> str:
     """412, 12.5: GPU-hours to one decimal, without a trailing .0."""
     return f"{hours:,.1f}".removesuffix(".0")
+
+
+def metered_until(*, allocation_ids: list[int]) -> datetime | None:
+    """The end of the latest period metered for these allocations (adjustments aside); None: none yet."""
+    metered = MeterEntry.objects.filter(allocation_id__in=allocation_ids).exclude(
+        kind=MeterEntry.Kind.ADJUSTMENT
+    )
+    return metered.aggregate(until=Max("period_end"))["until"]
 
 
 # --------------------------------------------------------------------------- a job's meter

@@ -105,8 +105,8 @@ def close_meter(*, allocation_id: int, released_at: datetime) -> int:
 
 
 def _report_overshoot(*, allocation_id: int, released_at: datetime) -> None:
-    # Rows are never removed, so a period closed past a late RELEASE can only be reported;
-    # check_ledger lists it and an operator credits it with an adjustment.
+    # A RELEASE is dated no earlier than the hours its meter closed (jobs.signals.meter_closed_until), so this
+    # is a guard: rows are never removed, and a period past the RELEASE could only be reported (check_ledger).
     beyond = MeterEntry.objects.filter(
         allocation_id=allocation_id, kind__in=METERED, period_end__gt=released_at
     )

@@ -204,3 +204,19 @@ def test_beat_runs_the_accrual_task_by_the_name_in_its_schedule(settings, team, 
     time_machine.move_to(T0 + timedelta(hours=3), tick=False)
     tasks.accrue_meter()
     assert MeterEntry.objects.count() == 3
+
+
+def test_a_release_dated_before_an_hour_the_accrual_closed_is_moved_to_that_hours_end(team, node):
+    """Reproduction: a RELEASE read its `now` 10 s before the hour, and reached the database after the hourly
+    accrual had closed that hour (a release waiting past the accrual's minute of grace, or the beat's clock ahead):
+    its final row conflicted with the accrual's and was dropped, the ledger held 10 s more than RELEASE - RENT, and
+    check_ledger reported it for ever (an adjustment cannot clear a metered row lying past the RELEASE)."""
+    hour = datetime(2024, 3, 10, 11, tzinfo=UTC)
+    allocation = rent(team=team, node=node, at=hour - timedelta(minutes=30))
+    services.accrue_meter(now=hour + timedelta(seconds=61))
+
+    release(allocation, at=hour - timedelta(seconds=10))
+
+    allocation.refresh_from_db()
+    assert allocation.released_at == hour
+    assert_exact(allocation, now=hour + timedelta(hours=2))
