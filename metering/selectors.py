@@ -172,6 +172,12 @@ def _n(hours: float) -> str:
     return f"{hours:,.1f}".removesuffix(".0")
 
 
+def adjustments(*, allocation_id: int) -> list[MeterEntry]:
+    """The allocation's adjustment rows, oldest first, with their authors."""
+    rows = MeterEntry.objects.filter(allocation_id=allocation_id, kind=MeterEntry.Kind.ADJUSTMENT)
+    return list(rows.select_related("created_by").order_by("created_at", "period_start"))
+
+
 def metered_until(*, allocation_ids: list[int]) -> datetime | None:
     """The end of the latest period metered for these allocations (adjustments aside); None: none yet."""
     metered = MeterEntry.objects.filter(allocation_id__in=allocation_ids).exclude(

@@ -116,10 +116,17 @@ def _report_overshoot(*, allocation_id: int, released_at: datetime) -> None:
 
 @transaction.atomic
 def adjust_meter(
-    *, allocation_id: int, microseconds: int, reason: str, author, now: datetime
+    *,
+    allocation_id: int,
+    microseconds: int,
+    reason: str,
+    author,
+    now: datetime,
+    adjusted_seen: int | None = None,
 ) -> list[MeterEntry]:
     """Appends a signed correction with its reason and author, cut at the UTC hours like metered rows;
-    metered rows are never touched, and the allocation's total never goes below zero."""
+    metered rows are never touched, and the allocation's total never goes below zero. ``adjusted_seen``: the
+    allocation's adjustments (GPU-microseconds) the author saw; ValueError if others were booked since."""
     reason = reason.strip()
     if not reason or microseconds == 0:
         raise ValueError("an adjustment needs a reason and a non-zero amount")
@@ -131,6 +138,11 @@ def adjust_meter(
     allocation = (
         Allocation.objects.select_for_update(of=("self",)).select_related("job").get(id=allocation_id)
     )
+    if adjusted_seen is not None and _gpu_micros(allocation_id, kind=ADJUSTMENT) != adjusted_seen:
+        raise ValueError(
+            "another adjustment was recorded on this allocation since this page was shown (listed above): "
+            "look again before you record this one"
+        )
     if _gpu_micros(allocation_id) + allocation.gpu_count * microseconds < 0:
         raise ValueError("this credit is larger than the GPU-time the allocation was metered")
     end = allocation.released_at or now
@@ -150,9 +162,11 @@ def adjust_meter(
     return MeterEntry.objects.bulk_create(rows, batch_size=BATCH)
 
 
-def _gpu_micros(allocation_id: int) -> int:
-    rows = MeterEntry.objects.filter(allocation_id=allocation_id).values_list("gpus", "microseconds")
-    return sum(gpus * us for gpus, us in rows)
+def _gpu_micros(allocation_id: int, kind: str | None = None) -> int:
+    rows = MeterEntry.objects.filter(allocation_id=allocation_id)
+    if kind is not None:
+        rows = rows.filter(kind=kind)
+    return sum(gpus * us for gpus, us in rows.values_list("gpus", "microseconds"))
 
 
 def accrual_lag() -> timedelta:

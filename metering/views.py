@@ -203,6 +203,9 @@ class AdjustForm(forms.Form):
         label="Seconds per GPU (negative credits the team)", max_digits=16, decimal_places=6,
     )  # fmt: skip
     reason = forms.CharField(label="Reason", max_length=300)
+    # The allocation's adjustments (GPU-microseconds) when the page was shown: a post made on an older view of
+    # them (a double click, the back button, a second operator) is refused rather than booked twice.
+    adjusted_seen = forms.IntegerField(widget=forms.HiddenInput)
 
     def clean_seconds(self) -> int:
         try:
@@ -218,29 +221,39 @@ class AdjustForm(forms.Form):
 @require_http_methods(["GET", "POST"])
 def adjust(request: HttpRequest, allocation_id: int) -> HttpResponse:
     allocation = get_object_or_404(Allocation.objects.select_related("job__team", "node"), id=allocation_id)
-    form = AdjustForm(request.POST if request.method == "POST" else None, initial=_gap_credit(allocation))
+    adjustments = selectors.adjustments(allocation_id=allocation.id)
+    adjusted = sum(row.gpus * row.microseconds for row in adjustments)
+    initial = {"adjusted_seen": adjusted, **_gap_credit(allocation, adjusted)}
+    form = AdjustForm(request.POST if request.method == "POST" else None, initial=initial)
     if request.method == "POST" and form.is_valid():
         try:
             services.adjust_meter(
                 allocation_id=allocation.id, microseconds=form.cleaned_data["seconds"],
                 reason=form.cleaned_data["reason"], author=request.user, now=timezone.now(),
+                adjusted_seen=form.cleaned_data["adjusted_seen"],
             )  # fmt: skip
         except ValueError as exc:
             form.add_error("seconds", str(exc))
         else:
             messages.success(request, f"Adjustment recorded on job #{allocation.job_id}.")
             return redirect("jobs:detail", job_id=allocation.job_id)
-    context = {"allocation": allocation, "form": form, "gap": selectors.silent_gap(allocation)}
+    context = {
+        "allocation": allocation, "form": form, "gap": selectors.silent_gap(allocation), "adjustments": adjustments,
+    }  # fmt: skip
     return render(request, "metering/adjust.html", context, status=422 if form.is_bound else 200)
 
 
-def _gap_credit(allocation: Allocation) -> dict:
-    """A node loss pre-fills a credit of the silent gap, from the last heartbeat (or RENT) to RELEASE."""
+def _gap_credit(allocation: Allocation, adjusted: int) -> dict:
+    """A node loss pre-fills a credit of the silent gap, from the last heartbeat (or RENT) to RELEASE, less what
+    adjustments credited already (``adjusted``: their GPU-microseconds): a gap credited once is not offered again."""
     gap = selectors.silent_gap(allocation)
-    if not gap or gap.total_seconds() <= 0:
+    if not gap or not allocation.gpu_count:
+        return {}
+    left = micros(gap) + min(adjusted, 0) // allocation.gpu_count
+    if left <= 0:
         return {}
     return {
-        "seconds": format_seconds(-micros(gap)),
+        "seconds": format_seconds(-left),
         "reason": "node lost: credit from the last heartbeat to the node declared down",
     }
 

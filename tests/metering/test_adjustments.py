@@ -74,6 +74,8 @@ def test_the_prefilled_gap_credit_never_exceeds_the_time_the_allocation_held(ope
     form = operator_client.get(url).content.decode()
     prefilled = re.search(r'name="seconds" id="[^"]*" value="([^"]+)"', form)
     assert prefilled is not None and prefilled.group(1) == "-20.000000"
-    response = operator_client.post(url, {"seconds": prefilled.group(1), "reason": "node lost: silent gap"})
+    response = operator_client.post(
+        url, {"seconds": prefilled.group(1), "reason": "node lost: silent gap", "adjusted_seen": "0"}
+    )
     assert response.status_code == 302
     assert MeterEntry.objects.get(kind="adjustment").microseconds == -20_000_000

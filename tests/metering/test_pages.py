@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import re
 import sqlite3
 from datetime import UTC, datetime, timedelta
 
@@ -179,12 +180,33 @@ def test_an_operator_credits_a_node_loss_gap_with_an_adjustment(operator_client,
     assert member_client.get(url).status_code == 404
     form = operator_client.get(url).content.decode()
     assert 'value="-40.000000"' in form and "node lost" in form
-    response = operator_client.post(url, {"seconds": "-40", "reason": "node lost: silent gap"})
+    response = operator_client.post(url, {"seconds": "-40", "reason": "node lost: silent gap", "adjusted_seen": "0"})
     assert response.status_code == 302
     credit = MeterEntry.objects.get(kind="adjustment")
     assert (credit.microseconds, credit.gpus, credit.created_by.username) == (-40_000_000, 2, "olga")
     assert (credit.period_start, credit.period_end) == (NOW - timedelta(seconds=40), NOW)
     assert operator_client.post(url, {"seconds": "0", "reason": "x"}).status_code == 422
+
+
+def test_a_node_loss_gap_is_credited_once_whoever_posts_the_page_again(operator_client, team, node):
+    """Reproduction: after one credit of a 40 s gap the page still offered it, and a second post of the same page
+    (a double click, the back button, a second operator) booked it again: 80 s credited for 40."""
+    allocation = rent(team=team, node=node, at=NOW - timedelta(hours=3), gpus=2)
+    Node.objects.filter(id=node.id).update(last_heartbeat=NOW - timedelta(seconds=40))
+    node.refresh_from_db()
+    rental.lose_node_allocations(node=node, now=NOW, detail="silent")
+    url = reverse("metering:adjust", args=[allocation.id])
+    page = operator_client.get(url).content.decode()
+    seen = re.search(r'name="adjusted_seen" value="(-?\d+)"', page).group(1)
+    posted = {"seconds": "-40", "reason": "node lost: silent gap", "adjusted_seen": seen}
+
+    assert operator_client.post(url, posted).status_code == 302
+    again = operator_client.post(url, posted)
+
+    assert again.status_code == 422 and "since this page was shown" in again.content.decode()
+    assert MeterEntry.objects.filter(kind="adjustment").count() == 1
+    page = operator_client.get(url).content.decode()
+    assert 'value="-40.000000"' not in page and "node lost: silent gap" in page  # listed, not offered again
 
 
 def test_the_reconciliation_page_is_for_operators(operator_client, member_client, ledger):
