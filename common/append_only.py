@@ -87,6 +87,46 @@ def _statements(vendor: str, *, table: str, what: str, events: tuple[str, ...], 
     raise RuntimeError(f"no append-only trigger for the {vendor} backend: {what} needs one")
 
 
+# Row triggers never fire on TRUNCATE: PostgreSQL gets a statement trigger of its own (SQLite has no TRUNCATE; its
+# "DELETE FROM t" fires the row triggers). A transaction that sets this first may truncate: the test suite's flush
+# between transactional tests, and nothing else (tests/conftest.py).
+ALLOW_TRUNCATE = "SET LOCAL e31.allow_truncate = 'on'"
+
+
+def _truncate_statements(vendor: str, *, table: str, what: str, forward: bool) -> list[str]:
+    name = f"{table}_no_truncate"
+    if vendor != "postgresql":
+        return []
+    if not forward:
+        return [f"DROP TRIGGER IF EXISTS {name} ON {table}", f"DROP FUNCTION IF EXISTS {name}()"]
+    return [
+        f"""CREATE OR REPLACE FUNCTION {name}() RETURNS trigger AS $$
+        BEGIN
+            IF current_setting('e31.allow_truncate', true) IS DISTINCT FROM 'on' THEN
+                RAISE EXCEPTION '{what} is append-only: TRUNCATE refused on %', TG_TABLE_NAME
+                    USING ERRCODE = 'restrict_violation';
+            END IF;
+            RETURN NULL;
+        END; $$ LANGUAGE plpgsql""",
+        f"CREATE TRIGGER {name} BEFORE TRUNCATE ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {name}()",
+    ]
+
+
+def refuse_truncate(table: str, *, what: str) -> migrations.RunPython:
+    """A migration operation installing the TRUNCATE trigger on PostgreSQL (and removing it when reversed)."""
+
+    def run(forward: bool):
+        def apply(apps, schema_editor) -> None:
+            for sql in _truncate_statements(
+                schema_editor.connection.vendor, table=table, what=what, forward=forward
+            ):
+                schema_editor.execute(sql, params=None)  # no interpolation: the SQL holds a literal %
+
+        return apply
+
+    return migrations.RunPython(run(True), run(False))
+
+
 def refuse_changes(
     table: str, *, what: str, events: tuple[str, ...] = ("UPDATE", "DELETE")
 ) -> migrations.RunPython:

@@ -1,9 +1,11 @@
 """Shared fixtures: a team with a member and an admin, a second team, an operator, a pool."""
 
 import pytest
+from django.db.backends.postgresql.operations import DatabaseOperations as PostgresOperations
 from django.test import Client
 
 from accounts import services as accounts
+from common.append_only import ALLOW_TRUNCATE
 from tests import machine
 from tests.factories import MembershipFactory, NodeFactory, TeamFactory, UserFactory
 
@@ -14,6 +16,19 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "needs(lacking): what of the machine a test needs; see tests/machine.py"
     )
+    _let_the_flush_truncate()
+
+
+def _let_the_flush_truncate() -> None:
+    """Transactional tests are reset by a flush, which on PostgreSQL TRUNCATEs every table, the append-only ones
+    too: its transaction alone is let through their TRUNCATE triggers (common.append_only.ALLOW_TRUNCATE)."""
+    flush = PostgresOperations.sql_flush
+
+    def sql_flush(self, style, tables, **kwargs) -> list[str]:
+        statements = flush(self, style, tables, **kwargs)
+        return [ALLOW_TRUNCATE, *statements] if statements else statements
+
+    PostgresOperations.sql_flush = sql_flush
 
 
 @pytest.hookimpl(tryfirst=True)

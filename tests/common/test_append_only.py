@@ -3,6 +3,7 @@
 from datetime import UTC, datetime
 
 import pytest
+from django.db import IntegrityError, connection, transaction
 
 from common.append_only import AppendOnlyError
 from metering.models import LedgerIsAppendOnly, MeterEntry
@@ -42,3 +43,20 @@ def test_a_saved_row_is_never_saved_again():
     with pytest.raises(AppendOnlyError, match="never deleted"):
         row.delete()
     assert IntakeChange.objects.get(id=row.id).is_open is True
+
+
+APPEND_ONLY_TABLES = [
+    "metering_meterentry", "operations_auditentry", "e31web_problemrevision", "e31web_measurement",
+    "e31web_intakechange",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("table", APPEND_ONLY_TABLES)
+def test_the_database_refuses_to_truncate_an_append_only_table(table):
+    """Row triggers never fire on TRUNCATE: it emptied the ledger as the application's role, where DELETE was
+    refused. The test suite's flush alone may (common.append_only.ALLOW_TRUNCATE, set for its transaction)."""
+    IntakeChange.objects.create(is_open=True, at=AT, by="olga")
+    with pytest.raises(IntegrityError, match="append-only"), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"TRUNCATE {table} CASCADE")
+    assert IntakeChange.objects.exists()
