@@ -8,9 +8,11 @@ import csv
 import io
 import json
 import re
+import threading
 from collections.abc import Iterable, Iterator
 
-from django.http import StreamingHttpResponse
+from django.conf import settings
+from django.http import HttpResponse, StreamingHttpResponse
 
 CHUNK = 64 * 1024
 CONTENT_TYPES = {"csv": "text/csv; charset=utf-8", "json": "application/json"}
@@ -58,11 +60,48 @@ def json_pieces(rows: Iterable[dict], columns: list[str]) -> Iterator[str]:
 ENCODERS = {"csv": csv_pieces, "json": json_pieces}
 
 
+# Exports one web process sends at once: each holds a thread for as long as its client reads (slowly, if it likes),
+# and a handful would take every thread of the process; the rest are asked to come back.
+_SENDING = threading.BoundedSemaphore(settings.E31_EXPORTS_PER_PROCESS)
+BUSY_RETRY_S = 5
+
+
+class _HoldingAPlace:
+    """An export's pieces, holding one of the process's places until they are all sent or the response is closed
+    (a client gone before the end)."""
+
+    def __init__(self, pieces: Iterator[str], place: threading.BoundedSemaphore) -> None:
+        self._pieces, self._place = pieces, place
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            yield from self._pieces
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            place, self._place = self._place, None
+        if place is not None:
+            place.release()
+
+
 def streaming_export(
     rows: Iterable[dict], *, columns: list[str], fmt: str, filename: str
-) -> StreamingHttpResponse:
-    """A download of ``rows`` in ``fmt`` ("csv" or "json") named ``filename``."""
-    pieces = ENCODERS[fmt](rows, columns)
+) -> HttpResponse | StreamingHttpResponse:
+    """A download of ``rows`` in ``fmt`` ("csv" or "json") named ``filename``; a 429 while this process sends
+    E31_EXPORTS_PER_PROCESS exports already."""
+    place = _SENDING
+    if not place.acquire(blocking=False):
+        busy = HttpResponse(
+            f"{settings.E31_EXPORTS_PER_PROCESS} exports are being sent by this web process: "
+            f"try again in {BUSY_RETRY_S} s.\n",
+            status=429, content_type="text/plain; charset=utf-8",
+        )  # fmt: skip
+        busy["Retry-After"] = str(BUSY_RETRY_S)
+        return busy
+    pieces = _HoldingAPlace(ENCODERS[fmt](rows, columns), place)
     response = StreamingHttpResponse(pieces, content_type=CONTENT_TYPES[fmt])
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response

@@ -2,6 +2,7 @@
 
 import csv
 import io
+import threading
 
 import pytest
 
@@ -27,3 +28,14 @@ def test_the_csv_pieces_quote_only_the_dangerous_cells():
         ["reason", "seconds", "gpus"],
         ["'=1+1", "-60.000000", "2"],
     ]
+
+
+def test_an_export_whose_client_left_before_its_end_frees_its_place(monkeypatch):
+    monkeypatch.setattr(export, "_SENDING", threading.BoundedSemaphore(1))
+    rows = [{"a": 1}, {"a": 2}]
+    first = export.streaming_export(iter(rows), columns=["a"], fmt="csv", filename="x.csv")
+    assert export.streaming_export(iter(rows), columns=["a"], fmt="csv", filename="x.csv").status_code == 429
+
+    first.close()  # what the server does when the client goes away, read or not
+
+    assert export.streaming_export(iter(rows), columns=["a"], fmt="csv", filename="x.csv").status_code == 200

@@ -5,6 +5,7 @@ import io
 import json
 import re
 import sqlite3
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,6 +13,7 @@ from django.http import StreamingHttpResponse
 from django.template import Context, Template
 from django.urls import reverse
 
+from common import export as common_export
 from jobs import rental
 from jobs.models import Job, JobArray, Node
 from metering import reports, services
@@ -128,6 +130,21 @@ def test_the_json_export_streams_the_same_rows(member_client, ledger):
     assert rows[-1]["period_end"] == "2024-05-20T12:00:00.000000Z"
 
 
+def test_exports_sent_at_once_by_one_web_process_are_bounded(member_client, ledger, monkeypatch):
+    """Reproduction: any member could start any number of exports at once, each holding a web thread for as long
+    as its client reads (slowly, if it likes): a handful took every thread of a web process."""
+    monkeypatch.setattr(common_export, "_SENDING", threading.BoundedSemaphore(1))
+    url, query = reverse("metering:export_csv"), {"start": "2024-05-03", "end": "2024-05-03"}
+    first = member_client.get(url, query)
+
+    busy = member_client.get(url, query)
+    assert busy.status_code == 429 and busy["Retry-After"] == "5"
+    assert "exports are being sent" in busy.content.decode()
+
+    assert len(_csv(first)) == 3  # read to its end, the export frees its place
+    assert len(_csv(member_client.get(url, query))) == 3
+
+
 def test_a_malformed_export_range_is_a_400(member_client, ledger):
     response = member_client.get(reverse("metering:export_csv"), {"start": "2024-05-09", "end": "2024-05-01"})
     assert response.status_code == 400
@@ -180,7 +197,9 @@ def test_an_operator_credits_a_node_loss_gap_with_an_adjustment(operator_client,
     assert member_client.get(url).status_code == 404
     form = operator_client.get(url).content.decode()
     assert 'value="-40.000000"' in form and "node lost" in form
-    response = operator_client.post(url, {"seconds": "-40", "reason": "node lost: silent gap", "adjusted_seen": "0"})
+    response = operator_client.post(
+        url, {"seconds": "-40", "reason": "node lost: silent gap", "adjusted_seen": "0"}
+    )
     assert response.status_code == 302
     credit = MeterEntry.objects.get(kind="adjustment")
     assert (credit.microseconds, credit.gpus, credit.created_by.username) == (-40_000_000, 2, "olga")
