@@ -302,4 +302,7 @@ def request(world: World, visitor: str, route: Route, case: Case):
         body = json.dumps(case.data) if case.data else ("{}" if case.method == "POST" else None)
         return client.generic(case.method, path, body or "", content_type="application/json", headers=headers)
     client = world.client(visitor)
-    return client.post(path, case.data) if case.method == "POST" else client.get(path)
+    response = client.post(path, case.data) if case.method == "POST" else client.get(path)
+    if response.streaming:  # read to its end, as a server sends it: an export frees its place only then
+        b"".join(response.streaming_content)
+    return response
