@@ -137,8 +137,12 @@ def is_member(team: Team, user) -> bool:
     return Membership.objects.filter(team=team, user=user).exists()
 
 
+def speaks_for(user, team: Team) -> bool:
+    """Whether ``user`` (None: a deleted account) still speaks for ``team``: an account that can sign in and is
+    still one of its admins (or an operator). Not one deactivated, demoted, removed or deleted since."""
+    return user is not None and user.is_active and scoping.is_team_admin(user, team)
+
+
 def inviter_vouches(invitation: TeamInvitation) -> bool:
-    """Whether whoever sent this team link still speaks for the team: an account that can sign in and is still
-    one of its admins (or an operator). Not one deactivated, demoted, removed or deleted since."""
-    by = invitation.invited_by
-    return by is not None and by.is_active and scoping.is_team_admin(by, invitation.team)
+    """Whether whoever sent this team link still speaks for the team (``speaks_for``)."""
+    return speaks_for(invitation.invited_by, invitation.team)

@@ -20,7 +20,7 @@ from django.core.mail import send_mail
 from django.db import transaction
 from django.db.models import F, Q, QuerySet
 
-from accounts import scoping
+from accounts import scoping, selectors
 from accounts.models import Team
 from common import pinned
 from jobs import dispatch
@@ -127,7 +127,9 @@ def record_job_event(*, job_id: int, event: str, attempt: int, now: datetime, de
     job = Job.objects.select_related("team").get(id=job_id)
     payload = _payload(job, event, now=now, detail=detail)
     key = f"job:{job.id}:{attempt}:{event}"
-    for webhook in Webhook.objects.filter(team_id=job.team_id):
+    for webhook in Webhook.objects.filter(team_id=job.team_id).select_related("created_by", "team"):
+        if not selectors.speaks_for(webhook.created_by, webhook.team):
+            continue  # its adder was deactivated, lost operator rights or was deleted: see deliver_webhook
         delivery, created = WebhookDelivery.objects.get_or_create(
             webhook=webhook, event_key=key,
             defaults={"event": event, "job": job, "payload": payload, "next_attempt_at": now, "created_at": now},
@@ -188,9 +190,21 @@ def deliver_webhook(*, delivery_id: int, now: datetime) -> str:
     ).update(next_attempt_at=now + lease, attempts=F("attempts") + 1)
     if not claimed:
         return "not due"  # delivered, given up, or another task holds this try
-    delivery = WebhookDelivery.objects.select_related("webhook").get(id=delivery_id)
+    delivery = WebhookDelivery.objects.select_related("webhook__created_by", "webhook__team").get(id=delivery_id)
+    if refusal := _unvouched(delivery.webhook):
+        return _record_try(delivery, status=None, response=refusal, refused=True, took_ms=0, now=now)
     status, response, refused, took = _send(delivery, now=now)
     return _record_try(delivery, status=status, response=response, refused=refused, took_ms=took, now=now)
+
+
+def _unvouched(webhook: Webhook) -> str:
+    """Why nothing more goes to ``webhook`` ("" while it may): it speaks for the admin (or operator) who added it,
+    as their invitations do. Removed or made a member, they take it with them (remove_webhooks_added_by); an
+    account deactivated, no longer an operator, or deleted changes no membership, so each event asks again."""
+    if selectors.speaks_for(webhook.created_by, webhook.team):
+        return ""
+    who = webhook.created_by.get_username() if webhook.created_by_id else "a deleted account"
+    return f"not sent: {who}, who added this webhook, no longer speaks for team {webhook.team.slug}"
 
 
 def _send(delivery: WebhookDelivery, *, now: datetime) -> tuple[int | None, str, bool, int]:

@@ -11,6 +11,7 @@ from django.utils import timezone
 from accounts.models import Membership, Team
 from common import schema
 from jobs.models import Job, Node
+from notifications.models import Webhook
 
 
 def _hashed(raw: str) -> str:
@@ -80,3 +81,16 @@ class JobFactory(factory.django.DjangoModelFactory):
     hours = 1.0
     output_uri = "file:///tmp/out"
     output_bytes = 0
+
+
+class WebhookFactory(factory.django.DjangoModelFactory):
+    """A team's webhook, added by one of its admins: it is sent to only while they speak for the team."""
+
+    class Meta:
+        model = Webhook
+
+    team = factory.SubFactory(TeamFactory)
+    url = "https://hooks.example/e31"
+    secret = "s3cret-s3cret-s3cret"
+    created_at = factory.LazyFunction(timezone.now)
+    created_by = factory.LazyAttribute(lambda hook: MembershipFactory(team=hook.team, role="admin").user)

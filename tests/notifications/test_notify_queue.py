@@ -19,8 +19,8 @@ from django.utils import timezone
 import notifications.tasks  # noqa: F401 - registers the tasks on the app
 from jobs import dispatch, nodes
 from notifications import services as notify
-from notifications.models import Webhook, WebhookDelivery
-from tests.factories import JobFactory
+from notifications.models import WebhookDelivery
+from tests.factories import JobFactory, WebhookFactory
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.django_db(transaction=True)]
 
@@ -94,7 +94,7 @@ def test_the_sweep_stops_ringing_while_no_worker_takes_the_notifications(setting
 
 def _deliveries_due(team, count: int) -> None:
     """``count`` webhook deliveries of ``team``, due now."""
-    hook = Webhook.objects.create(
+    hook = WebhookFactory(
         team=team, url="https://hooks.example/e31", secret="x" * 20, created_at=timezone.now()
     )
     for i in range(count):

@@ -4,7 +4,7 @@ import pytest
 from django.utils import timezone
 
 from notifications.models import EmailPreference, Webhook, WebhookAttempt, WebhookDelivery
-from tests.factories import JobFactory
+from tests.factories import JobFactory, WebhookFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -19,7 +19,7 @@ def test_a_member_chooses_email_per_team(member_client, member, team):
 def test_the_webhooks_page_shows_each_delivery_and_its_response(
     member_client, team, django_assert_max_num_queries
 ):
-    hook = Webhook.objects.create(
+    hook = WebhookFactory(
         team=team, url="https://hooks.example/e31", secret="x" * 20, created_at=timezone.now()
     )
     for i in range(5):
@@ -56,9 +56,7 @@ def test_a_team_admin_adds_a_webhook_and_sees_its_secret_once(team_admin, team, 
 
 
 def test_a_member_cannot_add_nor_remove_webhooks(member_client, team):
-    hook = Webhook.objects.create(
-        team=team, url="https://hooks.example/", secret="x" * 20, created_at=timezone.now()
-    )
+    hook = WebhookFactory(team=team, url="https://hooks.example/", secret="x" * 20, created_at=timezone.now())
     assert (
         member_client.post(f"/notifications/webhooks/{team.slug}/", {"url": "https://a.example/"}).status_code
         == 422
@@ -68,9 +66,7 @@ def test_a_member_cannot_add_nor_remove_webhooks(member_client, team):
 
 
 def test_another_teams_webhooks_do_not_exist_for_an_outsider(outsider_client, team):
-    hook = Webhook.objects.create(
-        team=team, url="https://hooks.example/", secret="x" * 20, created_at=timezone.now()
-    )
+    hook = WebhookFactory(team=team, url="https://hooks.example/", secret="x" * 20, created_at=timezone.now())
     assert outsider_client.get(f"/notifications/webhooks/{team.slug}/").status_code == 404
     assert outsider_client.post(f"/notifications/webhooks/{team.slug}/{hook.id}/remove/").status_code == 404
     assert Webhook.objects.count() == 1

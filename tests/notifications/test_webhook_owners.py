@@ -77,3 +77,33 @@ def test_the_webhooks_page_says_who_added_each(client, team, team_admin, mallory
     client.force_login(team_admin)
     page = client.get(f"/notifications/webhooks/{team.slug}/").content.decode()
     assert "added by mallory" in page
+
+
+def _deactivated(user):
+    user.is_active = False
+    user.save(update_fields=["is_active"])
+
+
+def _no_longer_operator(user):
+    user.is_staff = False
+    user.save(update_fields=["is_staff"])
+
+
+@pytest.mark.parametrize("loses_rights", [_deactivated, _no_longer_operator, lambda user: user.delete()])
+def test_a_webhook_whose_adder_no_longer_speaks_for_the_team_hears_no_more_events(team, loses_rights):
+    """Reproduction: an operator (no member) added a webhook to vision, then lost operator rights, or the adder was
+    deactivated or deleted; no membership changed, so nothing removed the webhook, and every later event of the
+    team's jobs was still delivered to that URL. A delivery already queued is not sent either."""
+    adder = UserFactory(username="oscar", is_staff=True)
+    hook = _add(team, adder)
+    job = JobFactory(team=team)
+    notify.record_job_event(job_id=job.id, event="started", attempt=1, now=timezone.now())
+    queued = WebhookDelivery.objects.get(webhook=hook)
+
+    loses_rights(adder)
+    notify.record_job_event(job_id=job.id, event="ended", attempt=1, now=timezone.now())
+
+    assert list(WebhookDelivery.objects.values_list("id", flat=True)) == [queued.id]
+    assert notify.deliver_webhook(delivery_id=queued.id, now=timezone.now()) == WebhookDelivery.FAILED
+    refused = queued.tries.get()
+    assert refused.status is None and "no longer speaks for team" in refused.response

@@ -14,7 +14,7 @@ from jobs.lifecycle import EndReason, State
 from notifications import addresses
 from notifications import services as notify
 from notifications.models import Webhook, WebhookAttempt, WebhookDelivery
-from tests.factories import JobFactory
+from tests.factories import JobFactory, WebhookFactory
 from tests.notifications.test_webhooks import _admin
 
 pytestmark = pytest.mark.django_db
@@ -98,9 +98,7 @@ def test_a_receiver_that_trickles_its_answer_cannot_hold_a_try_past_its_timeout(
     enough receiver ties up every notification worker). A try should end, as "no answer", within
     about its timeout."""
     settings.E31_WEBHOOK_TIMEOUT_S = 1
-    Webhook.objects.create(
-        team=team, url=trickler.url, secret="s3cret-s3cret-s3cret", created_at=timezone.now()
-    )
+    WebhookFactory(team=team, url=trickler.url, secret="s3cret-s3cret-s3cret", created_at=timezone.now())
     job = JobFactory(team=team, state="running")
     transitions.transition(job_id=job.id, source=State.RUNNING, target=State.RELEASED,
                            now=timezone.now(), end_reason=EndReason.FAILED, exit_code=3)  # fmt: skip

@@ -13,13 +13,13 @@ from jobs.lifecycle import EndReason, State
 from notifications import addresses, signing
 from notifications import services as notify
 from notifications.models import Webhook, WebhookAttempt, WebhookDelivery
-from tests.factories import JobFactory
+from tests.factories import JobFactory, WebhookFactory
 
 pytestmark = pytest.mark.django_db
 
 
 def hook(team, url: str, secret: str = "s3cret-s3cret-s3cret") -> Webhook:
-    return Webhook.objects.create(team=team, url=url, secret=secret, created_at=timezone.now())
+    return WebhookFactory(team=team, url=url, secret=secret, created_at=timezone.now())
 
 
 def end(job, reason=EndReason.FAILED, now=None):

@@ -17,7 +17,7 @@ from jobs import idempotency
 from jobs.models import SubmissionKey
 from notifications.models import Webhook, WebhookAttempt, WebhookDelivery
 from operations import housekeeping, tasks
-from tests.factories import JobFactory
+from tests.factories import JobFactory, WebhookFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -61,7 +61,7 @@ def _delivery(hook: Webhook, key: str, *, state: str, finished: datetime | None)
 
 @pytest.fixture
 def hook(team):
-    return Webhook.objects.create(team=team, url="https://hooks.example/", secret="x" * 20, created_at=NOW)
+    return WebhookFactory(team=team, url="https://hooks.example/", secret="x" * 20, created_at=NOW)
 
 
 def test_finished_webhook_deliveries_past_their_days_go_with_their_tries(hook):

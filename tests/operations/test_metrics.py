@@ -22,10 +22,10 @@ from jobs import planning
 from jobs.lifecycle import State
 from jobs.models import Allocation, DataInput, ImagePull, Node, NodeGpu, OutputTransfer, SchedulerState
 from metering import services as metering
-from notifications.models import Webhook, WebhookAttempt, WebhookDelivery
+from notifications.models import WebhookAttempt, WebhookDelivery
 from operations import services, utilisation
 from operations.models import UtilisationSample
-from tests.factories import JobFactory, NodeFactory
+from tests.factories import JobFactory, NodeFactory, WebhookFactory
 from tests.operations.conftest import running_job
 
 pytestmark = pytest.mark.django_db
@@ -97,7 +97,7 @@ def _staging_job(team) -> None:
 
 
 def _webhook_deliveries(team, prefix: str) -> None:
-    hook = Webhook.objects.create(team=team, url="https://hooks.example/e31", secret="s" * 20, created_at=NOW)
+    hook = WebhookFactory(team=team, url="https://hooks.example/e31", secret="s" * 20, created_at=NOW)
     for key, state, attempts, failed_tries, age in [
         ("fresh", WebhookDelivery.PENDING, 0, 0, 120),
         ("first-try-under-way", WebhookDelivery.PENDING, 1, 0, 30),  # claimed, no answer recorded yet
