@@ -673,7 +673,16 @@ class Pass:
         pass, without moving any of them; None if the schedulable pool never fits it."""
         if self._sweep is None:
             self._sweep = _Sweep(self)
-        found = self._sweep.hold(job.gpus, hours=job.hours, shape=self.kind(job))
+        shape = self.kind(job)
+        found = self._sweep.hold(job.gpus, hours=job.hours, shape=shape)
+        if found is None and job.min_gpus and job.min_gpus < job.gpus:
+            # An elastic job whose full size no placement ever gives (2 whole nodes and 4 more of 8+8+2+2) holds
+            # the most it can, down to its minimum, as it would start with when they free: held for nothing, it
+            # would wait for ever behind every smaller job, starved or not.
+            sizes = range(job.gpus - 1, job.min_gpus - 1, -1)
+            found = next(
+                filter(None, (self._sweep.hold(g, hours=job.hours, shape=shape) for g in sizes)), None
+            )
         if found is None:
             return None
         start_at, need, released = found

@@ -160,3 +160,33 @@ def test_a_short_backfill_job_does_not_shrink_the_window_of_a_long_one(name):
 def test_the_default_relative_bound_still_ends_a_flood_at_its_ceiling():
     wait = _big_wait(simulate.REPLAY_CONFIG)
     assert wait <= simulate.REPLAY_CONFIG.starvation_max_s + HOUR
+
+
+def test_a_starved_elastic_job_whose_full_size_never_fits_is_reserved_the_most_it_can_hold():
+    """Reproduction: 8+8+2+2 GPUs, every one busy; a job asking 20 GPUs, at least 8, waited 30 days: placement
+    found 20 GPUs never fit (two whole nodes and 4 on another), so the job took no reservation, the only one went
+    to a new 1-GPU job of the heaviest team, and the job was told a start it never got (72 hours of 1-GPU jobs
+    later it had not started)."""
+    from jobs.scheduling.types import NodeView, PendingJob, RunningView
+
+    now, hour = 1_780_000_000.0, 3600.0
+    nodes = [NodeView(name=f"big{i}", gpus=8, free=()) for i in range(2)]
+    nodes += [NodeView(name=f"small{i}", gpus=2, free=()) for i in range(2)]
+    running = [
+        RunningView(job_id=100 + n * 8 + g, team="busy", gpus_by_node={node.name: (g,)}, started_at=now - hour,
+                    expected_end=now + 600 + 60 * ((100 + n * 8 + g) * 7 % 50))
+        for n, node in enumerate(nodes) for g in range(node.gpus)
+    ]  # fmt: skip
+    elastic = PendingJob(
+        job_id=1, team="elastic", gpus=20, min_gpus=8, hours=10, submitted_at=now - 30 * 24 * hour
+    )
+    small = [
+        PendingJob(job_id=1000 + i, team="busy", gpus=1, hours=1, submitted_at=now - 60) for i in range(40)
+    ]
+
+    plan = policy.plan(now=now, nodes=nodes, running=running, pending=[elastic, *small],
+                       usage={"busy": 1e6, "elastic": 0}, shares={})  # fmt: skip
+
+    first = plan.reservations[0]
+    assert first.job_id == 1 and 8 <= sum(map(len, first.gpus_by_node.values())) < 20
+    assert plan.estimates[1].start_at <= first.start_at  # it starts with what is free once 8 are

@@ -190,11 +190,16 @@ def test_a_jobs_size_is_described_by_its_models_nodes():
         assert e.reason.startswith("needs 8 GPUs: 2 whole nodes;"), e.reason
 
 
-@pytest.mark.parametrize(("model", "gpus"), [("H100", 16), (None, 24)])
-def test_a_hold_that_never_fits_leaves_the_next_reservation_where_the_gpus_are_free(model, gpus):
-    """Job 1 (elastic, at least 8) could start on one node, but no hold for all its GPUs ever fits. Job 2 is
-    then reserved when a node frees (h-01 at 22:00; a-01 is busy until 02:00), not counted on the GPUs free
-    after every release."""
+@pytest.mark.parametrize(
+    ("model", "gpus", "held", "at"),
+    [("H100", 16, ["h-01"], 10), (None, 24, ["h-01", "a-01"], 14)],
+)
+def test_an_elastic_hold_that_never_fits_whole_holds_the_most_it_can_and_the_next_is_counted_after_it(
+    model, gpus, held, at
+):
+    """Job 1 (elastic, at least 8) could start on one node, but no hold for all its GPUs ever fits: it holds the
+    most its model's nodes ever give (the H100 node from 22:00; both nodes once a-01 frees at 02:00), and job 2 is
+    reserved on GPUs free after that hold, not counted on the GPUs free after every release."""
     nodes = [_node("h-01", 8, free=()), _node("a-01", 8, free=(), model=A100)]
     running = [
         RunningView(8, "audio", {"h-01": tuple(range(8))}, NOW - HOUR, NOW + 10 * HOUR),
@@ -206,8 +211,9 @@ def test_a_hold_that_never_fits_leaves_the_next_reservation_where_the_gpus_are_f
     ]
     config = PolicyConfig(reserve_top=2, max_reservations=2)
     result = placement.schedule(now=NOW, nodes=nodes, running=running, order=order, config=config)
-    assert [(r.job_id, r.start_at, list(r.gpus_by_node)) for r in result.reservations] == [
-        (2, NOW + 10 * HOUR, ["h-01"])
+    assert [(r.job_id, r.start_at, sorted(r.gpus_by_node)) for r in result.reservations] == [
+        (1, NOW + at * HOUR, sorted(held)),
+        (2, NOW + (at + 1) * HOUR, ["h-01"]),
     ]
 
 
