@@ -22,8 +22,8 @@ from jobs.lifecycle import BEFORE_RENT, EndReason, State
 from jobs.models import Dependency, Job, JobEvent
 from jobs.transitions import transition
 
-# What a dependent reads of a prerequisite (``lifecycle.prerequisite_outcome``'s facts).
-_FACTS = ("state", "end_reason", "delivery_state")
+# What a dependent reads of a prerequisite (``lifecycle.prerequisite_outcome``'s facts, and when it ended).
+_FACTS = ("state", "end_reason", "delivery_state", "state_changed_at")
 
 
 def check_prerequisites(*, team, after_ok: Iterable[int], after_any: Iterable[int]) -> None:
@@ -121,11 +121,23 @@ def ready_to_stage() -> list[int]:
 
 def unmet(job_ids: Iterable[int]) -> dict[int, tuple[tuple[int, str], ...]]:
     """Per waiting job, the prerequisites it still waits for: (id, "succeed") or (id, "end")."""
-    out: dict[int, list[tuple[int, str]]] = {}
+    return standing_of(job_ids)[0]
+
+
+def standing_of(job_ids: Iterable[int]) -> tuple[dict[int, tuple[tuple[int, str], ...]], dict[int, datetime]]:
+    """What ``unmet`` says of these jobs, and per job whose prerequisites are all met, when the last of them
+    ended, in one read. A job may run only from then, so it ages only from then: held, it would otherwise bank
+    the wait behind a placeholder its team ends when it likes (a cancelled prerequisite meets an after_any), and
+    be ranked as if it had queued all along."""
+    waits: dict[int, list[tuple[int, str]]] = {}
+    ended: dict[int, datetime] = {}
     for job_id, prerequisite, kind, row in _edges(Dependency.objects.filter(job_id__in=list(job_ids))):
         if wait := _waiting(prerequisite, row, kind):
-            out.setdefault(job_id, []).append(wait)
-    return {job_id: tuple(waits) for job_id, waits in out.items()}
+            waits.setdefault(job_id, []).append(wait)
+        elif job_id not in ended or row["state_changed_at"] > ended[job_id]:
+            ended[job_id] = row["state_changed_at"]
+    eligible = {job_id: at for job_id, at in ended.items() if job_id not in waits}
+    return {job_id: tuple(w) for job_id, w in waits.items()}, eligible
 
 
 def _pairs(after_ok: Iterable[int], after_any: Iterable[int]) -> list[tuple[int, str]]:
@@ -212,7 +224,9 @@ def _replaced_by(copy_id: int) -> list[int]:
 
 
 def _outcome(kind: str, row: dict) -> str:
-    return lifecycle.prerequisite_outcome(kind=kind, **row)
+    return lifecycle.prerequisite_outcome(
+        kind=kind, state=row["state"], end_reason=row["end_reason"], delivery_state=row["delivery_state"]
+    )
 
 
 def _ending(row: dict) -> str:

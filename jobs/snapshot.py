@@ -231,10 +231,12 @@ def _pending(now: datetime) -> list[types.PendingJob]:
     etas = staging_etas(now)
     unknown, not_before = now.timestamp() + ASSUMED_STAGING_S, now.timestamp() + NOT_QUEUED_READY_S
     datasets = selectors.job_datasets([row[0] for row in jobs])
-    waits = dependencies.unmet(row[0] for row in jobs)
+    # A job held by prerequisites ages from when they ended, not from its submission (``standing_of``).
+    waits, eligible = dependencies.standing_of(row[0] for row in jobs)
     return [
         pending_job(
-            dict(zip(PLANNED, declared, strict=True)), job_id=job_id, team=team, submitted_at=submitted.timestamp(),
+            dict(zip(PLANNED, declared, strict=True)), job_id=job_id, team=team,
+            submitted_at=max(submitted, eligible.get(job_id, submitted)).timestamp(),
             ready_at=None if state == State.QUEUED else max(etas.get(job_id, unknown), not_before),
             datasets=datasets.get(job_id, frozenset()), waits_for=waits.get(job_id, ()), array=array,
             array_limit=array_limit, stage_s=_stage_s(job_id, state, waits, etas, now),

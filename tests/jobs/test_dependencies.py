@@ -1,12 +1,14 @@
 """Jobs that run after others: after_ok / after_any, the team's own jobs only, held in the queue with a
 reason, ended dependency_failed (never metered) when a prerequisite did not succeed."""
 
+from datetime import timedelta
+
 import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from jobs import declaration, dispatch, rental, scheduler, services, staging
-from jobs.models import Dependency, Job
+from jobs.models import Dependency, Job, TeamUsage
 from tests.factories import JobFactory
 from tests.jobs.intake_channels import error_fields, submit_api, submit_file
 
@@ -216,3 +218,32 @@ def test_a_rerun_of_a_pipeline_step_waits_for_the_same_prerequisites(
     _pass()
     rerun = Job.objects.get(id=answer.json()["id"])
     assert rerun.state == "submitted" and rerun.pending_reason.startswith(f"waiting for job {prepare.id}")
+
+
+def test_a_job_held_by_its_prerequisite_ages_only_once_it_may_run(team, other_team, pool):
+    """Reproduction: vision, far past its share, submitted a placeholder P and D (after_any P) two days ago, then
+    cancelled P (never run, never metered): D was ranked as if it had queued those two days (priority 58.9 against
+    2.17) and took the reservation from audio's equal job, queued for the past hour. Its age counts from when its
+    prerequisite ended."""
+    now = timezone.now()
+    TeamUsage.objects.create(team=team, gpu_seconds=1e8, as_of=now)
+    fillers = [
+        JobFactory(team=other_team, gpus=4, hours=2.0, submitted_at=now - timedelta(hours=1)) for _ in pool
+    ]
+    scheduler.run_pass(now=now - timedelta(hours=1))
+    assert set(Job.objects.filter(id__in=[f.id for f in fillers]).values_list("state", flat=True)) == {
+        "rented"
+    }
+    two_days_ago = now - timedelta(days=2)
+    placeholder = JobFactory(team=team, gpus=8, hours=0.01, submitted_at=two_days_ago, state="ended",
+                             end_reason="cancelled", state_changed_at=now - timedelta(minutes=1))  # fmt: skip
+    held = JobFactory(team=team, gpus=4, hours=0.25, submitted_at=two_days_ago)
+    Dependency.objects.create(job=held, prerequisite=placeholder, kind="after_any")
+    theirs = JobFactory(team=other_team, gpus=4, hours=0.25, submitted_at=now - timedelta(hours=1))
+
+    scheduler.run_pass(now=now)
+
+    held.refresh_from_db()
+    theirs.refresh_from_db()
+    assert held.priority < theirs.priority, (held.priority_detail, theirs.priority_detail)
+    assert "reserved on" in theirs.pending_reason and "reserved on" not in held.pending_reason
