@@ -78,11 +78,14 @@ def record(*, job_ids: Iterable[int], after_ok: Iterable[int], after_any: Iterab
     )
 
 
-def end_unsatisfiable(*, now: datetime) -> list[int]:
-    """Ends, unmetered, every waiting job an ``after_ok`` prerequisite failed, then their own dependents."""
+def end_unsatisfiable(*, now: datetime, limit: int | None = None) -> list[int]:
+    """Ends, unmetered, every waiting job an ``after_ok`` prerequisite failed, then their own dependents; at most
+    ``limit`` of them (None: all)."""
     ended: list[int] = []
     while failed := _failed_dependencies():
         for job_id, prerequisite, row in failed:
+            if limit is not None and len(ended) >= limit:
+                return ended
             detail = f"job {prerequisite} ended {_ending(row)}; this job ran only after it succeeded"
             if transition(
                 job_id=job_id, source=BEFORE_RENT, target=State.ENDED, now=now, actor="scheduler",
