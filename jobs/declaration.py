@@ -13,7 +13,7 @@ import os
 import re
 import stat
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,9 +174,37 @@ def parse_job_file(text: str) -> dict[str, Any]:
         raise DeclarationInvalid([("file", f"not valid TOML: {exc}")]) from exc
     except RecursionError as exc:  # the parser recurses once per level: [[[[…]]]] exhausts the stack
         raise DeclarationInvalid([("file", _too_deep())]) from exc
+    except ValueError as exc:  # an integer past Python's 4,300 digits: tomllib lets int()'s error through
+        raise DeclarationInvalid([("file", _too_large())]) from exc
     if nesting_depth(raw) > MAX_NESTING:
         raise DeclarationInvalid([("file", _too_deep())])
+    if any(isinstance(v, int) and not -MAX_FILE_INTEGER - 1 <= v <= MAX_FILE_INTEGER for v in _scalars(raw)):
+        # No field takes one, and a float() or json.dumps() of it on the way to a field's own check raises.
+        raise DeclarationInvalid([("file", _too_large())])
     return raw
+
+
+# The largest integer a job file may hold anywhere: TOML's own, a signed 64-bit one, past every field's limit.
+MAX_FILE_INTEGER = 2**63 - 1
+
+
+def _too_large() -> str:
+    return (
+        f"a number in a job file is at most {MAX_FILE_INTEGER:,} in size, as TOML says (no field takes more)"
+    )
+
+
+def _scalars(value: Any) -> Iterator[Any]:
+    """Every value of a parsed document that is neither a list nor a table; iterative, like nesting_depth."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        else:
+            yield item
 
 
 def nesting_depth(value: Any) -> int:
@@ -953,6 +981,6 @@ def _is_int(value: Any) -> bool:
 
 
 def _flag(value: Any, path: str, errs: _Collector) -> bool:
-    if value not in (None, True, False):
+    if value is not None and not isinstance(value, bool):  # 1 == True: `requeue = 1` was taken for false
         errs.add(path, "true or false")
     return value is True

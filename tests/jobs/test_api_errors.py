@@ -4,6 +4,7 @@ import json
 
 import pytest
 from django.test import Client
+from django.urls import reverse
 
 from accounts import services as accounts
 from jobs.models import Job
@@ -150,3 +151,37 @@ def test_a_bad_body_that_is_not_a_job_is_named_as_the_request_body(client, team_
     detail = response.json()["detail"]
     assert response.status_code == 422 and detail.startswith("The request body is not valid: "), detail
     assert "job" not in detail.lower()
+
+
+def _job_file(roots, *, gpus: str = "1", hours: str = "1.0", extra: str = "") -> str:
+    _, out_root = roots
+    return (
+        f'name = "p"\n{extra}\n[work]\nargv = ["a"]\n[request]\ngpus = {gpus}\nhours = {hours}\n'
+        f'[output]\nuri = "file://{out_root}/x"\nbytes = 10\n'
+    )
+
+
+HUGE_NUMBERS = {
+    "hours of 400 digits": {"hours": "9" * 400},  # float() of it overflowed
+    "gpus of 5,000 digits": {"gpus": "9" * 5000},  # past Python's int digits: tomllib raised ValueError
+    "a hexadecimal gpus of 3,700 digits": {
+        "gpus": "0x" + "f" * 3700
+    },  # json.dumps of it raised (idempotency)
+    "such a prerequisite": {"extra": "after_ok = [0x" + "f" * 3700 + "]"},
+}
+
+
+@pytest.mark.parametrize("case", HUGE_NUMBERS)
+def test_a_job_file_with_a_number_too_large_for_any_field_is_a_file_error_on_every_channel(
+    case, roots, pool, api, member_client
+):
+    """Reproduction: each of these answered 500 through /api/v1/jobs/file (so `e31 submit`) and both of the
+    form's file actions; the JSON API answered them 400/422."""
+    text = _job_file(roots, **HUGE_NUMBERS[case])
+    answered = api.post("/api/v1/jobs/file", data=text, content_type="text/plain")
+    assert answered.status_code == 422 and "file" in json.dumps(answered.json()), answered.content[:300]
+    member_client.raise_request_exception = False
+    for action in ("submit-file", "load-file"):
+        page = member_client.post(reverse("jobs:new"), {"action": action, "job_file": text})
+        assert page.status_code == 400 and "at most" in page.content.decode(), (action, page.status_code)
+    assert not Job.objects.exists()

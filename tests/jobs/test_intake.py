@@ -491,3 +491,14 @@ def test_a_gpu_model_is_taken_while_a_node_has_it(good, member_client, member_to
     assert error["message"].startswith(f"no node of this pool has {asked} GPUs")
     assert ", ".join(sorted(set(models))) in error["message"]
     assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize("flag", ["requeue", "preemptible"])
+@pytest.mark.parametrize("value", [1, 0, 1.0])
+def test_a_flag_that_is_a_number_is_refused_not_taken_for_false(flag, value, good, pool, member_client):
+    """Reproduction: `requeue = 1` in a job file passed the check (1 == True) and was stored false: the job ended
+    node_lost where its team asked for a requeue."""
+    response = submit_file(member_client, _with(good, f"request.{flag}", value))
+    assert response.status_code == 422
+    assert response.context["form"].errors[f"request.{flag}"] == "true or false"
+    assert Job.objects.count() == 0
