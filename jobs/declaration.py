@@ -178,20 +178,20 @@ def parse_job_file(text: str) -> dict[str, Any]:
         raise DeclarationInvalid([("file", _too_large())]) from exc
     if nesting_depth(raw) > MAX_NESTING:
         raise DeclarationInvalid([("file", _too_deep())])
-    if any(isinstance(v, int) and not -MAX_FILE_INTEGER - 1 <= v <= MAX_FILE_INTEGER for v in _scalars(raw)):
-        # No field takes one, and a float() or json.dumps() of it on the way to a field's own check raises.
+    if any(isinstance(v, int) and abs(v) >= MAX_FILE_INTEGER for v in _scalars(raw)):
+        # No field takes one, and a float() or json.dumps() of it on the way to a field's own check would raise.
         raise DeclarationInvalid([("file", _too_large())])
     return raw
 
 
-# The largest integer a job file may hold anywhere: TOML's own, a signed 64-bit one, past every field's limit.
-MAX_FILE_INTEGER = 2**63 - 1
+# The largest integer a job file may hold anywhere: far past every field's own limit, which names the field for
+# what is merely too large (10**30 GPUs), and short of what a float() (about 1.8e308) or json.dumps() cannot take.
+MAX_FILE_DIGITS = 300
+MAX_FILE_INTEGER = 10**MAX_FILE_DIGITS
 
 
 def _too_large() -> str:
-    return (
-        f"a number in a job file is at most {MAX_FILE_INTEGER:,} in size, as TOML says (no field takes more)"
-    )
+    return f"a number in a job file has at most {MAX_FILE_DIGITS} digits (no field takes one that large)"
 
 
 def _scalars(value: Any) -> Iterator[Any]:

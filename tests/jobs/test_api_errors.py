@@ -183,5 +183,8 @@ def test_a_job_file_with_a_number_too_large_for_any_field_is_a_file_error_on_eve
     member_client.raise_request_exception = False
     for action in ("submit-file", "load-file"):
         page = member_client.post(reverse("jobs:new"), {"action": action, "job_file": text})
-        assert page.status_code == 400 and "at most" in page.content.decode(), (action, page.status_code)
+        assert page.status_code == 400 and "at most 300 digits" in page.content.decode(), (
+            action,
+            page.status_code,
+        )
     assert not Job.objects.exists()
