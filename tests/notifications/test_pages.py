@@ -34,8 +34,27 @@ def test_the_webhooks_page_shows_each_delivery_and_its_response(
     with django_assert_max_num_queries(12):
         page = member_client.get(f"/notifications/webhooks/{team.slug}/")
     html = page.content.decode()
-    assert page.status_code == 200 and "HTTP 500" in html and "boom" in html and "hooks.example/e31" in html
+    assert (
+        page.status_code == 200
+        and "HTTP 500" in html
+        and "boom" in html
+        and "https://hooks.example/…" in html
+    )
     assert "x" * 20 not in html  # the secret is shown once, when added, never again
+
+
+def test_a_webhooks_path_and_query_are_shown_to_the_teams_admins_only(
+    member_client, team, team_admin, client
+):
+    """Reproduction: every member saw each webhook's whole URL, whose path and query often carry the receiver's
+    own secret (a chat service's incoming-webhook token), which the audit log keeps out for that reason: any
+    member could post into the channel, and still could once removed."""
+    WebhookFactory(team=team, url="https://chat.example/services/T0/B0/s3cretTok3n?key=k3y")
+    as_member = member_client.get(f"/notifications/webhooks/{team.slug}/").content.decode()
+    client.force_login(team_admin)
+    as_admin = client.get(f"/notifications/webhooks/{team.slug}/").content.decode()
+    assert "https://chat.example/…" in as_member and "s3cretTok3n" not in as_member and "k3y" not in as_member
+    assert "https://chat.example/services/T0/B0/s3cretTok3n?key=k3y" in as_admin
 
 
 def test_a_team_admin_adds_a_webhook_and_sees_its_secret_once(team_admin, team, settings):
