@@ -190,7 +190,9 @@ def deliver_webhook(*, delivery_id: int, now: datetime) -> str:
     ).update(next_attempt_at=now + lease, attempts=F("attempts") + 1)
     if not claimed:
         return "not due"  # delivered, given up, or another task holds this try
-    delivery = WebhookDelivery.objects.select_related("webhook__created_by", "webhook__team").get(id=delivery_id)
+    delivery = WebhookDelivery.objects.select_related("webhook__created_by", "webhook__team").get(
+        id=delivery_id
+    )
     if refusal := _unvouched(delivery.webhook):
         return _record_try(delivery, status=None, response=refusal, refused=True, took_ms=0, now=now)
     status, response, refused, took = _send(delivery, now=now)

@@ -249,7 +249,9 @@ def test_a_job_held_by_its_prerequisite_ages_only_once_it_may_run(team, other_te
     assert "reserved on" in theirs.pending_reason and "reserved on" not in held.pending_reason
 
 
-def test_a_pass_ends_a_bounded_number_of_dependents_and_asks_for_another(team, member, pool, raw, monkeypatch):
+def test_a_pass_ends_a_bounded_number_of_dependents_and_asks_for_another(
+    team, member, pool, raw, monkeypatch
+):
     """Reproduction: a head job and two arrays of 1,999 tasks after_ok it, then the head cancelled (never metered):
     the next pass ended all 1,999 under the pool-wide pass lock, one by one, 10.6 s during which no job of any
     team started (a chain of 2,000 took 17.5 s); the team's waiting count then emptied, so it could repeat."""
