@@ -1,10 +1,14 @@
 """Shared fixtures: a team with a member and an admin, a second team, an operator, a pool."""
 
+import threading
+
 import pytest
+from django.conf import settings
 from django.db.backends.postgresql.operations import DatabaseOperations as PostgresOperations
 from django.test import Client
 
 from accounts import services as accounts
+from common import export
 from common.append_only import ALLOW_TRUNCATE
 from tests import machine
 from tests.factories import MembershipFactory, NodeFactory, TeamFactory, UserFactory
@@ -17,6 +21,13 @@ def pytest_configure(config):
         "markers", "needs(lacking): what of the machine a test needs; see tests/machine.py"
     )
     _let_the_flush_truncate()
+
+
+@pytest.fixture(autouse=True)
+def _export_places_freed(monkeypatch):
+    """Each test starts with every export place of its process free: a server closes each response it sends, but
+    the test client leaves an unread streamed one open, and its place would stay taken for the tests after it."""
+    monkeypatch.setattr(export, "_SENDING", threading.BoundedSemaphore(settings.E31_EXPORTS_PER_PROCESS))
 
 
 def _let_the_flush_truncate() -> None:

@@ -30,6 +30,7 @@ def test_the_csv_pieces_quote_only_the_dangerous_cells():
     ]
 
 
+@pytest.mark.django_db  # closing a response ends its request, which looks at the database connection
 def test_an_export_whose_client_left_before_its_end_frees_its_place(monkeypatch):
     monkeypatch.setattr(export, "_SENDING", threading.BoundedSemaphore(1))
     rows = [{"a": 1}, {"a": 2}]
