@@ -565,9 +565,13 @@ def _egress(allocation: Allocation, sandboxed: bool) -> tuple[list[str] | None, 
     try:
         return _platform_networks(), ""
     except PlatformUnresolved as exc:
-        # Fails closed: a platform address missing from the deny list would be reachable for the whole run.
+        # Fails closed: a platform address missing from the deny list would be reachable for the whole run. The
+        # team is told that much; which of the platform's hosts it was is the operators' (the log), not the job's.
         log.warning("part %s: no internet access wired: %s", allocation.id, exc)
-        return None, f" (its team may reach the internet, but it was not wired: {exc})"
+        return (
+            None,
+            " (its team may reach the internet, but it was not wired: a platform address could not be looked up)",
+        )
 
 
 class PlatformUnresolved(OSError):
@@ -577,7 +581,9 @@ class PlatformUnresolved(OSError):
 def _platform_networks() -> list[str]:
     """The platform's own addresses a job with egress never reaches, even public ones: E31_EGRESS_DENY,
     and where the database (each host of a multi-host setting), every broker and cache location, the console,
-    the pool's registries and every node resolve to. PlatformUnresolved when one of them does not resolve."""
+    the pool's registries and every node not down resolve to. PlatformUnresolved when a service's host does not
+    resolve; a node's that does not is left out (its agent registered a name only its own machine knows, or it
+    is gone), as are IPv6 addresses: a part's namespace has no IPv6."""
     cache = settings.CACHES["default"].get("LOCATION", "")
     urls = [
         *settings.CELERY_BROKER_URL.split(";"),  # kombu's failover list
@@ -585,23 +591,40 @@ def _platform_networks() -> list[str]:
         *(re.split(r"[;,]", cache) if isinstance(cache, str) else cache),
         settings.E31_CONSOLE_URL,
     ]
-    addresses = [
-        *settings.E31_POOL_REGISTRIES,
-        *Node.objects.exclude(address="").values_list("address", flat=True),
-    ]
-    hosts = {
+    services = {
         *(settings.DATABASES["default"].get("HOST") or "").split(","),  # libpq's multi-host form
         *(urlsplit(url.strip()).hostname or "" for url in urls if "://" in url),
-        *(urlsplit(f"//{address}").hostname or "" for address in addresses),
+        *(urlsplit(f"//{address}").hostname or "" for address in settings.E31_POOL_REGISTRIES),
+    }
+    live_nodes = Node.objects.exclude(address="").exclude(state=Node.NodeState.DOWN)
+    nodes = {
+        urlsplit(f"//{address}").hostname or "" for address in live_nodes.values_list("address", flat=True)
     }
     found = list(settings.E31_EGRESS_DENY)
-    # A host starting with / is a Unix socket's folder (libpq's): the sandbox gives jobs no host sockets.
-    for host in sorted(h.strip() for h in hosts if h.strip() and not h.strip().startswith("/")):
-        try:
-            found += [f"{info[4][0]}/32" for info in socket.getaddrinfo(host, None, socket.AF_INET)]
-        except OSError as exc:
-            raise PlatformUnresolved(f"the platform's host {host} did not resolve ({exc})") from exc
+    for host in _hosts(services):
+        if (addresses := _ipv4_of(host)) is None:
+            raise PlatformUnresolved(f"the platform's host {host} did not resolve")
+        found += addresses
+    for host in _hosts(nodes - services):
+        if (addresses := _ipv4_of(host)) is None:
+            log.warning("node address %s did not resolve: not denied to parts with internet access", host)
+        found += addresses or []
     return found
+
+
+def _hosts(names: set[str]) -> list[str]:
+    """Host names and addresses, in order; a name starting with / is a Unix socket's folder (libpq's), and the
+    sandbox gives jobs no host sockets."""
+    return sorted(name.strip() for name in names if name.strip() and not name.strip().startswith("/"))
+
+
+def _ipv4_of(host: str) -> list[str] | None:
+    """``host``'s IPv4 addresses as /32 networks ([] for a host with IPv6 ones only); None if it did not resolve."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return None
+    return sorted({f"{info[4][0]}/32" for info in infos if info[0] == socket.AF_INET})
 
 
 def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: sandbox.Confinement,

@@ -63,6 +63,8 @@ def _resolving_all_but(unresolved: str, monkeypatch) -> None:
     def getaddrinfo(host, *args, **kwargs):
         if host == unresolved:
             raise agent.socket.gaierror(-3, "Temporary failure in name resolution")
+        if ":" in host:
+            return [(agent.socket.AF_INET6, agent.socket.SOCK_STREAM, 6, "", (host, 0, 0, 0))]
         return [(agent.socket.AF_INET, agent.socket.SOCK_STREAM, 6, "", ("203.0.113.20", 0))]
 
     monkeypatch.setattr(agent.socket, "getaddrinfo", getaddrinfo)
@@ -82,8 +84,23 @@ def test_a_platform_host_that_does_not_resolve_leaves_the_part_without_egress(
 
     part = agent._load_part(Allocation.objects.get(job=job).id, sandbox.BUBBLEWRAP, None)
 
-    assert part.network is None
-    assert "broker.platform.example" in part.network_note and "not wired" in part.network_note
+    assert part.network is None and "not wired" in part.network_note
+    assert "broker.platform.example" not in part.network_note  # the platform's host names are not the job's
+
+
+def test_a_node_whose_address_does_not_resolve_leaves_egress_wired_for_everyone_else(settings, monkeypatch):
+    """A down node's name, or one an agent registered that only its own machine knows (``socket.getfqdn()``),
+    would otherwise leave every part in the pool without internet access. An IPv6-only host has nothing to deny:
+    a part's namespace has no IPv6."""
+    settings.E31_EGRESS_DENY = ["198.51.100.0/24"]
+    NodeFactory(address="gpu-99.gone.invalid", state=Node.NodeState.DOWN)
+    NodeFactory(address="gpu-98.only-here.invalid")
+    NodeFactory(address="[2001:db8::7]:9000")
+    _resolving_all_but("gpu-98.only-here.invalid", monkeypatch)
+    denied = agent._platform_networks()
+    assert "198.51.100.0/24" in denied and all(
+        net.endswith("/32") or net == "198.51.100.0/24" for net in denied
+    )
 
 
 def test_every_host_of_a_multi_host_database_setting_is_denied(settings):
