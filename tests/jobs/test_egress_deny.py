@@ -98,8 +98,8 @@ def test_a_node_whose_address_does_not_resolve_leaves_egress_wired_for_everyone_
     NodeFactory(address="[2001:db8::7]:9000")
     _resolving_all_but("gpu-98.only-here.invalid", monkeypatch)
     denied = agent._platform_networks()
-    assert "198.51.100.0/24" in denied and all(
-        net.endswith("/32") or net == "198.51.100.0/24" for net in denied
+    assert (
+        "198.51.100.0/24" in denied and "203.0.113.20/32" in denied and not any(":" in net for net in denied)
     )
 
 
@@ -112,6 +112,8 @@ def test_every_host_of_a_multi_host_database_setting_is_denied(settings):
 def test_a_database_reached_on_a_unix_socket_needs_no_address_denied(settings):
     db = settings.DATABASES["default"]
     settings.DATABASES = {**settings.DATABASES, "default": {**db, "HOST": "/var/run/postgresql"}}
+    settings.CELERY_BROKER_URL, settings.E31_CONSOLE_URL = "redis://192.0.2.1:6379/0", "https://192.0.2.2/"
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     settings.E31_EGRESS_DENY = ["198.51.100.0/24"]
     assert (
         "198.51.100.0/24" in agent._platform_networks()
