@@ -356,6 +356,9 @@ E31_HEARTBEAT_S = env.float("E31_HEARTBEAT_S", default=5.0)
 E31_GPU_RESCAN_S = env.float("E31_GPU_RESCAN_S", default=30.0)
 E31_GPU_SAMPLE_S = env.float("E31_GPU_SAMPLE_S", default=5.0)
 E31_NODE_TIMEOUT_S = env.float("E31_NODE_TIMEOUT_S", default=30.0)
+# The machine a node agent says it runs on (empty: its machine-id, else its host name): set it for an agent in a
+# container, whose host name changes with each container, so that its next container is taken for the same machine.
+E31_NODE_HOST_ID = env.str("E31_NODE_HOST_ID", default="")
 E31_KILL_GRACE_S = env.float("E31_KILL_GRACE_S", default=10.0)
 E31_RECONCILE_AFTER_S = env.float("E31_RECONCILE_AFTER_S", default=60.0)
 E31_RECONCILE_EVERY_S = env.float("E31_RECONCILE_EVERY_S", default=15.0)

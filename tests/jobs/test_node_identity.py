@@ -88,7 +88,13 @@ def test_a_gpu_count_that_disagrees_with_the_gpus_listed_is_refused():
 def test_the_agent_names_its_machine_by_its_machine_id(tmp_path):
     machine_id = tmp_path / "machine-id"
     machine_id.write_text("0123456789abcdef0123456789abcdef\n")
-    assert node_agent.host_identity(candidates=(tmp_path / "absent", machine_id)) == (
+    assert node_agent.host_identity(candidates=(tmp_path / "absent", machine_id), configured="") == (
         "0123456789abcdef0123456789abcdef"
     )
-    assert node_agent.host_identity(candidates=(tmp_path / "absent",)).startswith("host:")
+    assert node_agent.host_identity(candidates=(tmp_path / "absent",), configured="").startswith("host:")
+
+
+def test_an_agent_in_a_container_names_its_machine_as_configured(tmp_path, settings):
+    """A container's host name changes with each container: the next one would be refused for the timeout."""
+    settings.E31_NODE_HOST_ID = "gpu-box-7"
+    assert node_agent.host_identity(candidates=(tmp_path / "absent",)) == "gpu-box-7"

@@ -180,9 +180,13 @@ def _gpu_fields(found: list[gpus.Gpu], source: str) -> dict:
             "gpu_list": [asdict(gpu) for gpu in found], "gpu_source": source}  # fmt: skip
 
 
-def host_identity(candidates: tuple[Path, ...] = MACHINE_IDS) -> str:
-    """The machine this agent runs on, as the pool tells one node's machine from another's: its machine-id
-    (systemd's, else D-Bus's), else its host name (a container without one has a name of its own)."""
+def host_identity(candidates: tuple[Path, ...] = MACHINE_IDS, configured: str | None = None) -> str:
+    """The machine this agent runs on, as the pool tells one node's machine from another's: E31_NODE_HOST_ID
+    where set (an agent in a container, whose host name changes with each container, names the GPU machine),
+    else its machine-id (systemd's, else D-Bus's), else its host name."""
+    configured = settings.E31_NODE_HOST_ID if configured is None else configured
+    if configured.strip():
+        return configured.strip()[:64]
     for path in candidates:
         try:
             if machine_id := path.read_text().strip()[:64]:
