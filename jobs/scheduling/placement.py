@@ -674,15 +674,13 @@ class Pass:
         if self._sweep is None:
             self._sweep = _Sweep(self)
         shape = self.kind(job)
-        found = self._sweep.hold(job.gpus, hours=job.hours, shape=shape)
-        if found is None and job.min_gpus and job.min_gpus < job.gpus:
-            # An elastic job whose full size no placement ever gives (2 whole nodes and 4 more of 8+8+2+2) holds
-            # the most it can, down to its minimum, as it would start with when they free: held for nothing, it
-            # would wait for ever behind every smaller job, starved or not.
-            sizes = range(job.gpus - 1, job.min_gpus - 1, -1)
-            found = next(
-                filter(None, (self._sweep.hold(g, hours=job.hours, shape=shape) for g in sizes)), None
-            )
+        # An elastic job whose full size no placement ever gives (2 whole nodes and 4 more of 8+8+2+2) holds the most
+        # it can, down to its minimum, as it would start with when they free: held for nothing, it would wait for
+        # ever behind every smaller job, starved or not. ``ever_fits`` finds that size at once, with no walk of the
+        # releases for a size that never fits (a walk per size took 17 s on 4,000 nodes).
+        sizes = range(job.gpus, (job.min_gpus or job.gpus) - 1, -1)
+        most = next((g for g in sizes if self.ever_fits(g, shape)), None)
+        found = None if most is None else self._sweep.hold(most, hours=job.hours, shape=shape)
         if found is None:
             return None
         start_at, need, released = found
