@@ -233,6 +233,9 @@ def adjust(request: HttpRequest, allocation_id: int) -> HttpResponse:
                 adjusted_seen=form.cleaned_data["adjusted_seen"],
             )  # fmt: skip
         except ValueError as exc:
+            # Shown again with the adjustments as they are now: the operator looks, and may post it as it stands.
+            form = AdjustForm({**request.POST.dict(), "adjusted_seen": adjusted}, initial=initial)
+            form.is_valid()
             form.add_error("seconds", str(exc))
         else:
             messages.success(request, f"Adjustment recorded on job #{allocation.job_id}.")

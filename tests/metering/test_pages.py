@@ -224,6 +224,14 @@ def test_a_node_loss_gap_is_credited_once_whoever_posts_the_page_again(operator_
 
     assert again.status_code == 422 and "since this page was shown" in again.content.decode()
     assert MeterEntry.objects.filter(kind="adjustment").count() == 1
+    shown_again = re.search(r'name="adjusted_seen" value="(-?\d+)"', again.content.decode()).group(1)
+    assert shown_again == str(-80_000_000)  # as they are now: posted as it stands, it is taken
+    assert (
+        operator_client.post(url, {**posted, "seconds": "-1", "adjusted_seen": shown_again}).status_code
+        == 302
+    )
+    from_before = operator_client.post(url, {"seconds": "-1", "reason": "a page cached before this check"})
+    assert from_before.status_code == 422 and "This page is out of date" in from_before.content.decode()
     page = operator_client.get(url).content.decode()
     assert 'value="-40.000000"' not in page and "node lost: silent gap" in page  # listed, not offered again
 
