@@ -22,6 +22,16 @@ def now() -> datetime:
     return timezone.now() + _correction
 
 
+def database_now() -> datetime:
+    """The database's own time (PostgreSQL's; SQLite, the embedded console, has none: this machine's)."""
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        (database,) = cursor.fetchone()
+    return database
+
+
 def synchronise() -> timedelta:
     """Measures the database's time against this machine's, halfway through the round trip, and keeps the
     difference; returns it. SQLite (the embedded console) has no clock of its own: its agents run beside it."""
@@ -29,9 +39,7 @@ def synchronise() -> timedelta:
     if connection.vendor != "postgresql":
         return _correction
     before = timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        (database,) = cursor.fetchone()
+    database = database_now()
     after = timezone.now()
     _correction = database - (before + (after - before) / 2)
     return _correction

@@ -56,5 +56,5 @@ def check_budget(*, team, gpu_hours: float, now: datetime) -> BudgetCheck | None
 
 def meter_closed_after(allocation_ids: list[int]) -> datetime | None:
     """The latest instant any installed app's meter has closed for these allocations (None: none closed)."""
-    answers = meter_closed_until.send(sender=BudgetCheck, allocation_ids=allocation_ids)
+    answers = meter_closed_until.send(sender="jobs.Allocation", allocation_ids=allocation_ids)
     return max((answer for _receiver, answer in answers if answer is not None), default=None)

@@ -4,6 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -195,15 +196,31 @@ def test_several_allocations_and_attempts_each_tile_their_own_span(team, other_t
     }
 
 
-def test_beat_runs_the_accrual_task_by_the_name_in_its_schedule(settings, team, node, time_machine):
+def test_beat_runs_the_accrual_task_by_the_name_in_its_schedule(
+    settings, team, node, time_machine, monkeypatch
+):
     from e31web.celery import app
     from metering import tasks
 
     assert settings.CELERY_BEAT_SCHEDULE["accrue-meter-hourly"]["task"] in app.tasks
     rent(team=team, node=node, at=T0)
     time_machine.move_to(T0 + timedelta(hours=3), tick=False)
+    monkeypatch.setattr(tasks.clock, "database_now", lambda: T0 + timedelta(hours=3))
     tasks.accrue_meter()
     assert MeterEntry.objects.count() == 3
+
+
+def test_the_accrual_closes_no_hour_the_databases_clock_has_not_ended(team, node, time_machine):
+    """The beat machine's clock two hours ahead of the database's: the accrual, dated by it, closed hours that had
+    not ended, and a RELEASE, never dated before an hour its meter closed, would have been dated in the future."""
+    from metering import tasks
+
+    database_now = timezone.now()
+    rent(team=team, node=node, at=database_now - timedelta(hours=3))
+    time_machine.move_to(database_now + timedelta(hours=2), tick=False)
+    tasks.accrue_meter()
+    closed = MeterEntry.objects.order_by("-period_end").values_list("period_end", flat=True).first()
+    assert closed is not None and closed <= database_now
 
 
 def test_a_release_dated_before_an_hour_the_accrual_closed_is_moved_to_that_hours_end(team, node):
