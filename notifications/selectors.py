@@ -2,7 +2,7 @@
 
 from django.db.models import Prefetch, QuerySet
 
-from accounts import scoping
+from accounts import scoping, selectors
 from accounts.models import Team
 from notifications.models import EmailChoice, EmailPreference, Webhook, WebhookAttempt, WebhookDelivery
 
@@ -15,8 +15,10 @@ def email_choices(user) -> list[tuple[Team, str]]:
     ]
 
 
-def team_webhooks(team: Team) -> QuerySet[Webhook]:
-    return Webhook.objects.filter(team=team).select_related("created_by").order_by("id")
+def team_webhooks(team: Team) -> list[tuple[Webhook, bool]]:
+    """The team's webhooks, each with whether it is sent to: only while its adder still speaks for the team."""
+    hooks = Webhook.objects.filter(team=team).select_related("created_by").order_by("id")
+    return [(hook, selectors.speaks_for(hook.created_by, team)) for hook in hooks]
 
 
 def team_deliveries(team: Team) -> QuerySet[WebhookDelivery]:

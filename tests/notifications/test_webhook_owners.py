@@ -107,3 +107,14 @@ def test_a_webhook_whose_adder_no_longer_speaks_for_the_team_hears_no_more_event
     assert notify.deliver_webhook(delivery_id=queued.id, now=timezone.now()) == WebhookDelivery.FAILED
     refused = queued.tries.get()
     assert refused.status is None and "no longer speaks for team" in refused.response
+
+
+def test_the_webhooks_page_says_which_webhook_is_sent_nothing_and_why(client, team, team_admin, mallory):
+    """A webhook whose adder was deactivated is sent nothing: its team's admins see it on the page, not only
+    in its refused tries."""
+    _add(team, mallory)
+    mallory.is_active = False
+    mallory.save(update_fields=["is_active"])
+    client.force_login(team_admin)
+    page = client.get(f"/notifications/webhooks/{team.slug}/").content.decode()
+    assert "sent nothing" in page and "no longer speaks for the team" in page
