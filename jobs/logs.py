@@ -76,8 +76,7 @@ class NoSuchLog(LookupError):
 def read_log(job: Job, *, attempt: int, rank: int, offset: int) -> LogSlice:
     """Up to a megabyte of a part's log from ``offset``; ``attempt`` 0 means the latest."""
     attempt = attempt or job.attempt
-    parts = Allocation.objects.filter(job_id=job.id, attempt=attempt).count()
-    _check_exists(job, attempt=attempt, rank=rank, parts=parts)
+    parts = check_exists(job, attempt=attempt, rank=rank)
     if job.log_removed_at is not None:
         return LogSlice(
             attempt=attempt, rank=rank, ranks=max(parts, 1), latest_attempt=job.attempt, offset=offset,
@@ -109,16 +108,12 @@ def _days(n: int) -> str:
     return f"{n} day" if n == 1 else f"{n} days"
 
 
-def check_exists(job: Job, *, attempt: int, rank: int) -> None:
-    """NoSuchLog for an attempt or a rank ``job`` never had (``attempt`` 0: the latest)."""
+def check_exists(job: Job, *, attempt: int, rank: int) -> int:
+    """NoSuchLog for an attempt or a rank ``job`` never had (``attempt`` 0: the latest); else how many parts the
+    attempt has. A log that never was would read as empty and complete (and a follower of a running job's would
+    wait for ever). Ranks are known once the attempt has its nodes: before (queued), any may be followed."""
     attempt = attempt or job.attempt
     parts = Allocation.objects.filter(job_id=job.id, attempt=attempt).count()
-    _check_exists(job, attempt=attempt, rank=rank, parts=parts)
-
-
-def _check_exists(job: Job, *, attempt: int, rank: int, parts: int) -> None:
-    """Refuses a log that never was: it would read as empty and complete (and a follower of a running job's
-    would wait for ever). Ranks are known once the attempt has its nodes: before (queued), any may be followed."""
     if attempt > job.attempt:
         raise NoSuchLog(f"no attempt {attempt}: job {job.id} has had {job.attempt}")
     if parts and rank >= parts:
@@ -126,6 +121,7 @@ def _check_exists(job: Job, *, attempt: int, rank: int, parts: int) -> None:
         raise NoSuchLog(
             f"attempt {attempt} of job {job.id} ran on {parts} node{'' if parts == 1 else 's'}: {ranks}"
         )
+    return parts
 
 
 def log_bytes(job: Job, *, attempt: int, rank: int):

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from common.append_only import AppendOnlyError
+from common.append_only import ALLOW_TRUNCATE, AppendOnlyError
 from metering.models import LedgerIsAppendOnly, MeterEntry
 from operations.models import AuditEntry, AuditIsAppendOnly
 from public.models import IntakeChange, Measurement, ProblemRevision
@@ -55,8 +55,18 @@ APPEND_ONLY_TABLES = [
 def test_the_database_refuses_to_truncate_an_append_only_table(table):
     """Row triggers never fire on TRUNCATE: it emptied the ledger as the application's role, where DELETE was
     refused. The test suite's flush alone may (common.append_only.ALLOW_TRUNCATE, set for its transaction)."""
-    IntakeChange.objects.create(is_open=True, at=AT, by="olga")
-    with pytest.raises(IntegrityError, match="append-only"), transaction.atomic():
+    with (
+        pytest.raises(IntegrityError, match=f"append-only: TRUNCATE refused on {table}"),
+        transaction.atomic(),
+    ):
         with connection.cursor() as cursor:
             cursor.execute(f"TRUNCATE {table} CASCADE")
-    assert IntakeChange.objects.exists()
+
+
+def test_a_transaction_that_allows_it_may_truncate():
+    """What the test suite's flush does between transactional tests, and only it."""
+    IntakeChange.objects.create(is_open=True, at=AT, by="olga")
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(ALLOW_TRUNCATE)
+        cursor.execute("TRUNCATE e31web_intakechange")
+    assert not IntakeChange.objects.exists()

@@ -266,6 +266,8 @@ def test_a_pass_ends_a_bounded_number_of_dependents_and_asks_for_another(
 
     _pass()
     assert Job.objects.filter(end_reason="dependency_failed").count() == 5 and asked
+    left = Job.objects.filter(array__isnull=False).exclude(end_reason="dependency_failed")
+    assert set(left.values_list("state", flat=True)) == {"submitted"}  # held, never planned, until ended
     _pass()
     _pass()
     assert Job.objects.filter(end_reason="dependency_failed").count() == 12
