@@ -179,14 +179,14 @@ def parse_job_file(text: str) -> dict[str, Any]:
     if nesting_depth(raw) > MAX_NESTING:
         raise DeclarationInvalid([("file", _too_deep())])
     if any(isinstance(v, int) and abs(v) >= MAX_FILE_INTEGER for v in _scalars(raw)):
-        # No field takes one, and a float() or json.dumps() of it on the way to a field's own check would raise.
+        # No field takes one, and a str() or json.dumps() of it on the way to a field's own check would raise.
         raise DeclarationInvalid([("file", _too_large())])
     return raw
 
 
-# The largest integer a job file may hold anywhere: far past every field's own limit, which names the field for
-# what is merely too large (10**30 GPUs), and short of what a float() (about 1.8e308) or json.dumps() cannot take.
-MAX_FILE_DIGITS = 300
+# The largest integer a job file may hold anywhere: what str() and json.dumps() can still write (Python's 4,300
+# digits). Below it each field names its own error (10**400 CPUs); past it, no field could say which.
+MAX_FILE_DIGITS = 4300
 MAX_FILE_INTEGER = 10**MAX_FILE_DIGITS
 
 
@@ -909,13 +909,16 @@ def _hours(value: Any, limits: Limits, errs: _Collector) -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
-        or not math.isfinite(value)
+        or (
+            isinstance(value, float) and not math.isfinite(value)
+        )  # an int is finite; a float() of 10**400 is not
         or value < MIN_HOURS
     ):
         errs.add("request.hours", "a time limit in hours, at least one second (1/3600 of an hour)")
         return 0.0
-    if value > limits.max_hours:
+    if value > limits.max_hours:  # compared before any float(), as for CPUs
         errs.add("request.hours", f"at most {limits.max_hours:g} hours on this pool")
+        return 0.0
     return float(value)
 
 

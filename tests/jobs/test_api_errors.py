@@ -162,7 +162,6 @@ def _job_file(roots, *, gpus: str = "1", hours: str = "1.0", extra: str = "") ->
 
 
 HUGE_NUMBERS = {
-    "hours of 400 digits": {"hours": "9" * 400},  # float() of it overflowed
     "gpus of 5,000 digits": {"gpus": "9" * 5000},  # past Python's int digits: tomllib raised ValueError
     "a hexadecimal gpus of 3,700 digits": {
         "gpus": "0x" + "f" * 3700
@@ -183,8 +182,17 @@ def test_a_job_file_with_a_number_too_large_for_any_field_is_a_file_error_on_eve
     member_client.raise_request_exception = False
     for action in ("submit-file", "load-file"):
         page = member_client.post(reverse("jobs:new"), {"action": action, "job_file": text})
-        assert page.status_code == 400 and "at most 300 digits" in page.content.decode(), (
+        assert page.status_code == 400 and "at most 4300 digits" in page.content.decode(), (
             action,
             page.status_code,
         )
     assert not Job.objects.exists()
+
+
+def test_hours_of_400_digits_in_a_job_file_is_refused_naming_the_field(roots, pool, api):
+    """Reproduction: math.isfinite() of it overflowed (500); hours are compared before any float(), as CPUs are."""
+    answered = api.post(
+        "/api/v1/jobs/file", data=_job_file(roots, hours="9" * 400), content_type="text/plain"
+    )
+    assert answered.status_code == 422
+    assert [error["field"] for error in answered.json()["errors"]] == ["request.hours"]
