@@ -768,7 +768,10 @@ def _uri(
     if parts.scheme not in schemes:
         errs.add(path, f"scheme must be one of {', '.join(schemes)}")
         return ""
-    problem = _file_uri_problem(parts, roots, roots_name) if parts.scheme == "file" else _host_problem(parts)
+    if parts.scheme == "file":
+        problem = _file_uri_problem(parts, roots, roots_name) or _file_uri_suffix_problem(value)
+    else:
+        problem = _host_problem(parts)
     if problem:
         errs.add(path, problem)
     return value.strip()
@@ -800,6 +803,15 @@ def _file_uri_problem(parts: SplitResult, roots: Sequence[Path], roots_name: str
         return "a file URI cannot hold a NUL byte (%00)"
     if resolve_under_roots(local, roots) is None:
         return f"not under an allowed root ({roots_name}): {', '.join(map(str, roots)) or 'none set'}"
+    return ""
+
+
+def _file_uri_suffix_problem(value: str) -> str:
+    """A file URI is a path alone. Staging would read the path and drop a query without a word, and a
+    destination's attempt folder, appended to the text, would land in the query: every job would deliver into
+    the same folder, each replacing the files of the one before. Even a bare "?" or "#" is refused."""
+    if "?" in value or "#" in value:
+        return 'a file URI is a path alone, with no "?" or "#" (write them in a name as %3F and %23)'
     return ""
 
 

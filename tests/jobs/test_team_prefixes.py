@@ -99,3 +99,27 @@ def test_only_a_folder_under_a_data_root_can_be_shared(roots, other_team, tmp_pa
         call_command("share_dataset", str(tmp_path), "--team", "audio")
     with pytest.raises(CommandError, match="no such team"):
         call_command("share_dataset", str(roots[0]), "--team", "nobody")
+
+
+@pytest.mark.parametrize("channel", CHANNELS)
+@pytest.mark.parametrize("tail", ["?x", "#x", "?", "/run?attempt=1"])
+def test_a_file_destination_with_a_query_or_fragment_is_refused(
+    channel, tail, roots, pool, member_client, member_token
+):
+    """Reproduction: output file://<root>/vision/shared?x passed; the attempt's folder went into the query, so
+    every job delivered into .../shared itself and replaced the files of the one before."""
+    _, vision_out = roots
+    raw = declaration_for(data_uri=None, output_uri=f"file://{vision_out}/shared{tail}")
+    response = submit(channel, member_client, member_token, raw)
+    assert response.status_code == 422 and "output.uri" in error_fields(response)
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize("channel", CHANNELS)
+def test_a_file_input_with_a_query_is_refused(channel, roots, pool, member_client, member_token):
+    """file:// has no query: staging would read the path and drop the rest without a word."""
+    vision_data, vision_out = roots
+    (vision_data / "a.bin").write_bytes(b"abc")
+    raw = declaration_for(data_uri=f"file://{vision_data}/a.bin?v=2", output_uri=f"file://{vision_out}/run")
+    response = submit(channel, member_client, member_token, raw)
+    assert response.status_code == 422 and error_fields(response) == {"data[0].uri"}

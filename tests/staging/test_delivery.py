@@ -157,6 +157,16 @@ def test_two_jobs_with_one_destination_never_replace_each_others_files(roots, te
     )
 
 
+def test_a_stored_destination_with_a_query_never_makes_two_jobs_share_a_folder(roots, team):
+    """Intake refuses "?" and "#" in a file URI; a job stored before that is refused here, not delivered into
+    .../shared over the files of the job before (the attempt's folder would go into the query)."""
+    first = deliver(released_job(team, roots, {"ok.txt": b"first"}, uri=f"file://{roots.outputs}/shared?x"))
+    second = deliver(released_job(team, roots, {"ok.txt": b"second"}, uri=f"file://{roots.outputs}/shared#x"))
+    for job in (first, second):
+        assert job.delivery_state == "failed" and 'no "?" or "#"' in job.delivery_detail
+    assert not (roots.outputs / "shared").exists()
+
+
 def test_a_rerun_of_the_same_job_delivers_into_a_new_attempt_folder(roots, team):
     first = released_job(team, roots, {"ok.txt": b"attempt 1"})
     deliver(first)
