@@ -221,7 +221,10 @@ def set_node_state(*, name: str, target: str, now: datetime, actor: str) -> bool
         Node.NodeState.DOWN: LIVE_STATES,
     }[target])  # fmt: skip
     if target == Node.NodeState.UP:  # resume: also a node an operator marked down (not one gone silent)
-        allowed_from |= Q(state=Node.NodeState.DOWN, held_down_by__gt="")
+        held_down = Q(state=Node.NodeState.DOWN, held_down_by__gt="")
+        if _release_hold_of_silent_node(held_down & Q(name=name), now=now):
+            return True
+        allowed_from |= held_down
     moved = Node.objects.filter(allowed_from, name=name).update(
         state=target, state_changed_at=now, **_operator_marks(target=target, actor=actor[:150])
     )
@@ -232,6 +235,14 @@ def set_node_state(*, name: str, target: str, now: datetime, actor: str) -> bool
     if moved:
         dispatch.request_scheduler_pass()
     return bool(moved)
+
+
+def _release_hold_of_silent_node(held_down: Q, *, now: datetime) -> bool:
+    """Resuming a node held down whose agent is silent (switched off for repair) lifts the hold but leaves it
+    down: up at once, the next pass would rent jobs on a dead machine, meter on, for the reaper to lose them.
+    Its agent's next registration brings it back (``_state_after_restart``)."""
+    silent = Q(last_heartbeat__lt=now - timedelta(seconds=settings.E31_NODE_TIMEOUT_S))
+    return bool(Node.objects.filter(held_down, silent).update(held_down_by="", drained_by=""))
 
 
 def _operator_marks(*, target: str, actor: str) -> dict[str, str]:

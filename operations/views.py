@@ -70,6 +70,7 @@ def node_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
         context["error"] = "Tick the box to confirm."
         return render(request, "operations/node_confirm.html", context, status=422)
     if services.change_node_state(name=name, action=action, actor=request.user, now=timezone.now()):
+        node.refresh_from_db(fields=["state"])
         messages.success(request, _what_happened(node, action, running=len(context["jobs"])))
     else:
         messages.warning(request, f"{node.name} changed meanwhile: nothing was done.")
@@ -89,6 +90,11 @@ def _what_happened(node: Node, action: str, *, running: int) -> str:
         return (
             f"{node.name} is marked down: its allocations were released now, and it takes no work, "
             "whatever its agent says, until an operator resumes it."
+        )
+    if node.state == Node.NodeState.DOWN:
+        return (
+            f"{node.name} is no longer held down, but its agent is silent: it stays down, and no job is placed "
+            "on it, until it comes back when its agent registers again."
         )
     return f"{node.name} is up: it takes new work from the next scheduler pass."
 

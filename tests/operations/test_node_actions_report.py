@@ -8,8 +8,10 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from common import schema
-from jobs import nodes
-from jobs.models import Node
+from jobs import nodes, scheduler
+from jobs.lifecycle import State
+from jobs.models import Allocation, Node
+from tests.factories import JobFactory
 from tests.operations.conftest import running_job
 
 pytestmark = pytest.mark.django_db
@@ -110,3 +112,25 @@ def test_a_node_down_for_silence_offers_no_resume(operator_client, pool, now):
     Node.objects.filter(name="gpu-01").update(state=Node.NodeState.DOWN)
     page = operator_client.get(POOL).content.decode()
     assert action_url("gpu-01", "resume") not in page and "waits for its agent" in page
+
+
+def test_resuming_a_node_whose_agent_is_silent_waits_for_the_agent_before_placing_work(
+    operator_client, pool, team, now
+):
+    """Reproduction: gpu-01 marked down for repair and switched off; "resume" made it up at once, the next pass
+    rented a queued job there (the meter on), and the reaper then lost it (no requeue: ended node_lost)."""
+    operator_client.post(action_url("gpu-01", "mark-down"), {"confirm": "yes"})
+    Node.objects.filter(name="gpu-01").update(last_heartbeat=now - timedelta(hours=1))
+    Node.objects.filter(name="gpu-02").update(state=Node.NodeState.DRAINED)  # the only place is gpu-01
+    job = JobFactory(team=team, state=State.QUEUED, gpus=2, requeue=False)
+
+    response = operator_client.post(action_url("gpu-01", "resume"), {"confirm": "yes"}, follow=True)
+    scheduler.run_pass(now=now)
+
+    node = Node.objects.get(name="gpu-01")
+    assert (node.state, node.held_down_by) == (Node.NodeState.DOWN, "")
+    assert "comes back when its agent" in _said(response)
+    job.refresh_from_db()
+    assert job.state == State.QUEUED and not Allocation.objects.filter(job=job).exists()
+    _register("gpu-01", now + timedelta(seconds=5))  # the machine is back: its agent registers
+    assert Node.objects.get(name="gpu-01").state == Node.NodeState.UP
