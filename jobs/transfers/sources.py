@@ -17,7 +17,7 @@ import stat
 import struct
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from urllib.parse import SplitResult, unquote, urljoin, urlsplit
+from urllib.parse import SplitResult, quote, unquote, urljoin, urlsplit
 
 import fsspec
 
@@ -236,9 +236,10 @@ class HttpSource:
                 f"refused a redirect to {parts.scheme or 'a relative'}:// (only http and https)"
             )
         addresses = checked_addresses(parts.hostname, port, allow_private=self.allow_private)
-        return pinned.connection(
+        conn, target = pinned.connection(
             parts, port, addresses=addresses, timeout=self.timeout, response_class=_Response
         )
+        return conn, _percent_encoded(target)
 
 
 def _validator(resp: http.client.HTTPResponse) -> str:
@@ -255,6 +256,12 @@ def _target(url: str) -> tuple[SplitResult, int]:
         return parts, parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError as exc:
         raise transfers.TransferFailed(f"not a valid URL: {exc}") from exc
+
+
+def _percent_encoded(target: str) -> str:
+    """The request target as a browser sends it: a name outside ASCII, or with a space, percent-encoded (UTF-8);
+    what is encoded already is kept. http.client refuses both raw (UnicodeEncodeError, "control characters")."""
+    return quote(target, safe="/%:@!$&'()*+,;=?~")
 
 
 def _redirected(url: str, location: str) -> str:

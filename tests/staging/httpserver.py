@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote
 
 
 @dataclass
@@ -73,7 +74,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, *, body: bool) -> None:
         data: DataServer = self.server.data
-        name = self.path.split("?", 1)[0].lstrip("/")
+        name = unquote(self.path.split("?", 1)[0]).lstrip("/")  # as any server: %C3%A9 names "é"
         if name == "_stats":  # for a server in another process (the bench): what it has sent
             self._stats(data)
             return

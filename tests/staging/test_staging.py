@@ -88,6 +88,20 @@ def test_an_http_input_is_staged_and_verified(roots, team, server, private_ok):
     assert (roots.staging / str(job.id) / "w").read_bytes() == (server.root / "w.bin").read_bytes()
 
 
+@pytest.mark.parametrize("name", ["données.bin", "two words.bin", "redirected.bin"])
+def test_an_http_input_named_outside_ascii_is_staged(roots, team, server, private_ok, name):
+    """Reproduction: http://…/données.bin passed intake, then http.client refused the raw path
+    (UnicodeEncodeError); no handler took it, and the job stayed in STAGING, re-driven every minute for ever.
+    The path is sent percent-encoded, as a browser sends it; a redirect to such a name as well."""
+    content = os.urandom(1000)
+    _, digest = write(server.root / "données.bin", content)
+    write(server.root / "two words.bin", content)
+    server.redirects["redirected.bin"] = "/données.bin"
+    job = stage(make_job(team, {"name": "n", "uri": server.url(name), "bytes": 1000, "sha256": digest}))
+    assert job.state == "queued", job.end_detail
+    assert (roots.staging / str(job.id) / "n").read_bytes() == content
+
+
 def test_a_download_that_drops_midway_resumes_from_the_bytes_already_written(roots, team, server, private_ok):
     content = os.urandom(4 * MB)
     _, digest = write(server.root / "flaky.bin", content)
