@@ -8,6 +8,7 @@ resolved to and runs exactly that. Progress, pinning and eviction follow the dat
 """
 
 import hashlib
+import logging
 import time
 import uuid
 from datetime import datetime
@@ -22,6 +23,8 @@ from jobs import cache_fill, imageref, selectors, transfers, trees
 from jobs.models import DatasetCacheEntry, ImageCacheEntry, ImagePull, Job
 from jobs.transfers import registry, sources
 from jobs.units import format_size
+
+log = logging.getLogger(__name__)
 
 FILLING, READY = ImageCacheEntry.FILLING, ImageCacheEntry.READY
 HIT, FILL, WAIT, SLOT = "hit", "fill", "wait", "slot"
@@ -226,17 +229,20 @@ def _cap(compressed: int, *, room: int) -> int:
     moves, when the layers alone are more than the room. A manifest declaring no sizes (Docker's old schema 1)
     is capped by the room until its pull shows its size (``_unpack_cap``)."""
     if compressed > room:
+        log.warning("staging cache: %d bytes left, an image of %d compressed refused", room, compressed)
         raise transfers.TransferFailed(
-            f"the image's layers are {format_size(compressed)} compressed, more than the {_room_text(room)}"
+            f"the image's layers are {format_size(compressed)} compressed, more than the {_room_text()}"
         )
     return min(room, (1 + settings.E31_IMAGE_UNPACK_RATIO) * compressed) if compressed else room
 
 
-def _room_text(room: int) -> str:
+def _room_text() -> str:
+    """What the team is told of the room: the cache's capacity, never what is left of it (every team's inputs
+    and images count in that; the log has it where an image is refused)."""
     capacity = settings.E31_STAGE_CACHE_BYTES
     return (
-        f"{format_size(max(room, 0))} left in the staging cache ({format_size(capacity)}, E31_STAGE_CACHE_BYTES) "
-        "beside the inputs and images of jobs not yet released and the copies in progress"
+        f"room the staging cache has now ({format_size(capacity)}, E31_STAGE_CACHE_BYTES, shared by the inputs "
+        "and images of the pool's jobs not yet released and the copies in progress)"
     )
 
 
@@ -250,7 +256,7 @@ def _unpack_cap(entry: ImageCacheEntry, declared: int, layout: Path) -> registry
     )
     by_room = registry.Cap(
         entry.bytes - pulled,
-        f"which with the {format_size(pulled)} pulled is more than the {_room_text(entry.bytes)}",
+        f"which with the {format_size(pulled)} pulled is more than the {_room_text()}",
     )
     room_bound = not declared or entry.bytes < (1 + ratio) * declared
     return by_room if room_bound and by_room.bytes < by_ratio.bytes else by_ratio

@@ -439,10 +439,14 @@ def _check_room(entry: DatasetCacheEntry, now: datetime) -> None:
         ),
     )
     if held + entry.bytes > capacity:
+        # The team is not told what the pool holds: every team's inputs count in it (the operator's log is).
+        log.warning(
+            "staging cache full: %d of %d bytes held, an input of %d refused", held, capacity, entry.bytes
+        )
         raise NoRoom(
-            f"no room in the staging cache: {held:,} of its {capacity:,} bytes (E31_STAGE_CACHE_BYTES) are held "
-            f"by the inputs of jobs not yet released and copies in progress, and this input needs "
-            f"{entry.bytes:,}; submit the job again once some of them have finished"
+            f"no room in the staging cache now for this input's {entry.bytes:,} bytes: its {capacity:,} bytes "
+            "(E31_STAGE_CACHE_BYTES) are shared by the inputs of the pool's jobs not yet released and the copies "
+            "in progress; submit the job again once some of them have finished"
         )
 
 

@@ -125,7 +125,8 @@ def test_a_fill_past_what_live_jobs_pin_ends_the_staging_and_keeps_their_data(ro
     assert first.state == second.state == "queued"  # both pin their data until they are released
     third = stage(make_job(team, {"name": "c", "uri": file_uri(c), "bytes": 1000}))
     assert (third.state, third.end_reason) == ("ended", "staging_failed")
-    assert "2,000 of its 2,500 bytes" in third.end_detail, third.end_detail
+    assert "this input's 1,000 bytes" in third.end_detail and "2,500 bytes" in third.end_detail
+    assert "2,000" not in third.end_detail  # what the pool holds is not told (other teams' inputs count)
     assert third.inputs.get().stage_state == "failed"
     assert cache_bytes_on_disk(roots) == 2000
     assert (roots.staging / str(first.id) / "a").read_bytes() == b"a" * 1000
@@ -153,4 +154,27 @@ def test_an_entry_being_copied_counts_against_the_room_of_another_fill(roots, te
     assert staging.claim_slot(data_input_id=held.id, now=timezone.now())  # it holds a slot: its copy runs
     job = stage(make_job(team, {"name": "b", "uri": file_uri(b), "bytes": 1000}))
     assert (job.state, job.end_reason) == ("ended", "staging_failed")
-    assert "1,000 of its 1,500 bytes" in job.end_detail, job.end_detail
+    assert "no room in the staging cache now" in job.end_detail, job.end_detail
+
+
+def test_no_room_never_tells_a_team_what_other_teams_hold_in_the_cache(roots, team, other_team, settings):
+    """Reproduction: the "no room" end gave the pool-wide bytes held, to the byte ("1,234,567 of its …"), on
+    the job page, the API, e-mails and webhooks: a free probe (nothing is metered before RENT) of when other
+    teams stage data, and how much. The team is told its own input's size and the cache's capacity only."""
+    settings.E31_STAGE_CACHE_BYTES = 2_000_000
+    theirs = make_job(other_team, {"name": "x", "uri": "https://example.org/x.bin", "bytes": 1_234_567})
+    held = theirs.inputs.get()
+    entry = DatasetCacheEntry.objects.create(
+        key="o" * 64, uri=held.uri, bytes=1_234_567, state=DatasetCacheEntry.READY,
+        created_at=timezone.now(), updated_at=timezone.now(), last_used_at=timezone.now(),
+    )  # fmt: skip
+    entry.inputs.add(held)
+    Job.objects.filter(id=theirs.id).update(state="queued")  # alive: its entry is pinned
+    path, _ = write(roots.datasets / "mine.bin", b"m" * 800_000)
+
+    job = stage(make_job(team, {"name": "m", "uri": file_uri(path), "bytes": 800_000}))
+
+    assert (job.state, job.end_reason) == ("ended", "staging_failed")
+    for figure in ("1,234,567", "1234567", "765,433", "765433", "1.2 MB", "765"):
+        assert figure not in job.end_detail, job.end_detail
+    assert "800,000" in job.end_detail and "2,000,000" in job.end_detail
