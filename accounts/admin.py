@@ -102,6 +102,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None) -> bool:
         return False
 
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # its prefix, label and last use are the trace of what it did: revoked, never erased
+
     def has_revoke_permission(self, request) -> bool:
         return request.user.has_perm("accounts.change_apitoken")
 
@@ -109,7 +112,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def revoke_tokens(self, request, queryset: QuerySet[ApiToken]) -> None:
         now = timezone.now()
         tokens = list(queryset.select_related("user"))
-        revoked = sum(services.revoke_api_token(token_id=t.id, user=t.user, now=now) for t in tokens)
+        revoked = sum(
+            services.revoke_api_token(token_id=t.id, user=t.user, now=now, actor=request.user) for t in tokens
+        )
         self.message_user(
             request, f"Revoked {revoked} of {len(tokens)} selected tokens (the rest were already)."
         )

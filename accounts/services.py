@@ -52,11 +52,18 @@ def create_api_token(*, user, label: str) -> tuple[ApiToken, str]:
     return row, token
 
 
-def revoke_api_token(*, token_id: int, user, now: datetime) -> bool:
-    """Revokes one of the user's own tokens; False if it was not theirs or already revoked."""
-    return bool(
-        ApiToken.objects.filter(id=token_id, user=user, revoked_at__isnull=True).update(revoked_at=now)
-    )
+@transaction.atomic
+def revoke_api_token(*, token_id: int, user, now: datetime, actor=None) -> bool:
+    """Revokes one of the user's own tokens, by the user or ``actor`` (an operator), in the audit log; False if it
+    was not theirs or already revoked."""
+    if not ApiToken.objects.filter(id=token_id, user=user, revoked_at__isnull=True).update(revoked_at=now):
+        return False
+    prefix, label = ApiToken.objects.values_list("prefix", "label").get(id=token_id)
+    signals.token_revoked.send(
+        sender=ApiToken, name=user.get_username(), before={"token": prefix, "label": label, "revoked": False},
+        after={"token": prefix, "label": label, "revoked": True}, actor=actor or user, now=now,
+    )  # fmt: skip
+    return True
 
 
 def user_for_token(*, token: str, now: datetime):

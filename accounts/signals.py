@@ -40,3 +40,8 @@ team_renamed = Signal()
 # for each (username, client address) cleared, with ``username``, ``before`` ({"ip_address", "failures"}),
 # ``actor`` and ``now``.
 lockout_cleared = Signal()
+
+# Sent inside the transaction that revokes an API token (``accounts.services.revoke_api_token``: its user on the
+# tokens page, or an operator's admin action), with ``name`` (the token's user), ``before`` and ``after``
+# ({"token": its prefix, "label", "revoked"}: never the token), ``actor`` and ``now``.
+token_revoked = Signal()

@@ -6,12 +6,13 @@ class OperationsConfig(AppConfig):
     verbose_name = "The operator dashboard"
 
     def ready(self) -> None:
-        # Metering signals a budget change, accounts a membership change, a team's rename, a change of rights and a
-        # lockout cleared, without importing operations: the apps' arrows point one way.
+        # Metering signals a budget change, accounts a membership change, a team's rename, a change of rights, a
+        # lockout cleared and a token revoked, public a declined application, without importing operations: the apps' arrows point one way.
         from accounts import signals as accounts_signals
         from metering import signals
         from notifications import signals as notifications_signals
         from operations import receivers
+        from public import signals as public_signals
 
         signals.budget_set.connect(receivers.audit_budget, dispatch_uid="operations.audit-budget")
         accounts_signals.membership_changed.connect(
@@ -34,4 +35,10 @@ class OperationsConfig(AppConfig):
         )
         accounts_signals.lockout_cleared.connect(
             receivers.audit_unlock, dispatch_uid="operations.audit-unlock"
+        )
+        accounts_signals.token_revoked.connect(
+            receivers.audit_token_revoke, dispatch_uid="operations.audit-token-revoke"
+        )
+        public_signals.application_declined.connect(
+            receivers.audit_partner_decline, dispatch_uid="operations.audit-partner-decline"
         )

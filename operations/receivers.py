@@ -50,3 +50,16 @@ def audit_unlock(sender, *, username: str, before: dict, actor, now: datetime, *
     audit.record(
         actor=actor, action="user.unlock", target=f"user:{username}", before=before, after={}, now=now
     )
+
+
+def audit_token_revoke(sender, *, name: str, before: dict, after: dict, actor, now: datetime, **_) -> None:
+    audit.record(
+        actor=actor, action="user.token-revoke", target=f"user:{name}", before=before, after=after, now=now
+    )
+
+
+def audit_partner_decline(sender, *, application_id: int, note: str, actor, now: datetime, **_) -> None:
+    audit.record(
+        actor=actor, action="partner.decline", target=f"application:{application_id}",
+        before={"status": "pending"}, after={"status": "declined", "note": note}, now=now,
+    )  # fmt: skip

@@ -19,7 +19,7 @@ from django.utils.text import slugify
 from accounts import members
 from accounts import services as accounts
 from accounts.models import Membership
-from public import selectors
+from public import selectors, signals
 from public.models import (
     Application,
     IntakeChange,
@@ -274,15 +274,23 @@ def accept_application(
 
 
 @transaction.atomic
-def reissue_invitation(*, application_id: int, now: datetime) -> tuple[Application, str]:
+def reissue_invitation(*, application_id: int, by: str, now: datetime) -> tuple[Application, str]:
     """A new link for an accepted contact whose invitation is unused (expired, or its mail lost): the old link
-    stops working, the new one lasts the usual time; returns the plain token once."""
+    stops working, the new one lasts the usual time, and who sent it is in the audit log (the link makes its
+    holder the team's admin); returns the plain token once."""
     token = secrets.token_urlsafe(32)
-    renewed = Invitation.objects.filter(
+    unused = Invitation.objects.select_for_update().filter(
         application_id=application_id, application__status=Application.Status.ACCEPTED, used_at__isnull=True
-    ).update(digest=accounts.digest_token(token), created_at=now, expires_at=now + _invitation_ttl())
-    if not renewed:
+    )
+    invitation = unused.first()
+    if invitation is None:
         raise IntakeError("this application has no unused invitation: nothing was sent")
+    expires_at = now + _invitation_ttl()
+    unused.update(digest=accounts.digest_token(token), created_at=now, expires_at=expires_at)
+    members.announce_change(
+        invitation.team, "team.invitation-reissue", {"expires_at": invitation.expires_at.isoformat()},
+        {"expires_at": expires_at.isoformat(), "email": invitation.email}, actor=by, now=now,
+    )  # fmt: skip
     return Application.objects.select_related("invitation", "team").get(id=application_id), token
 
 
@@ -299,6 +307,9 @@ def decline_application(*, application_id: int, note: str, by: str, now: datetim
     )
     if not claimed:
         raise IntakeError("this application has already been decided")
+    signals.application_declined.send(
+        sender=Application, application_id=application_id, note=note[:1000], actor=by, now=now
+    )
     return Application.objects.get(id=application_id)
 
 

@@ -349,7 +349,9 @@ def partners_accept(request: HttpRequest, application_id: int) -> HttpResponse:
 def partners_reinvite(request: HttpRequest, application_id: int) -> HttpResponse:
     application = get_object_or_404(Application, id=application_id)
     try:
-        application, token = services.reissue_invitation(application_id=application.id, now=timezone.now())
+        application, token = services.reissue_invitation(
+            application_id=application.id, by=request.user.get_username(), now=timezone.now()
+        )
     except services.IntakeError as exc:
         messages.error(request, str(exc))
         return redirect("partners-application", application_id=application.id)

@@ -156,6 +156,34 @@ def test_the_admin_revokes_tokens_through_the_service(admin_client, token, membe
     response = admin_client.post(changelist, {"action": "revoke_tokens", "_selected_action": [row.id]})
     assert response.status_code == 302
     assert _user_of(plain) is None and ApiToken.objects.get(id=row.id).revoked_at is not None
+    [entry] = AuditEntry.objects.filter(action="user.token-revoke")
+    assert (entry.actor, entry.target) == ("admin", f"user:{member.username}")
+    assert entry.after == {"token": row.prefix, "label": "laptop", "revoked": True}
+
+
+def test_a_user_revoking_their_own_token_is_audited_too(token, member):
+    row, _ = token
+    assert services.revoke_api_token(token_id=row.id, user=member, now=timezone.now())
+    assert AuditEntry.objects.filter(action="user.token-revoke", actor=member.username).count() == 1
+    assert not services.revoke_api_token(token_id=row.id, user=member, now=timezone.now())  # once
+    assert AuditEntry.objects.filter(action="user.token-revoke").count() == 1
+
+
+@pytest.mark.parametrize("how", ["delete page", "delete action"])
+def test_the_admin_deletes_no_token(admin_client, token, how):
+    """Reproduction: a superuser deleted a token row (its prefix, label, last use gone) with no trace."""
+    row, _ = token
+    if how == "delete page":
+        response = admin_client.post(
+            reverse("admin:accounts_apitoken_delete", args=[row.id]), {"post": "yes"}
+        )
+        assert response.status_code == 403
+    else:
+        changelist = reverse("admin:accounts_apitoken_changelist")
+        admin_client.post(
+            changelist, {"action": "delete_selected", "_selected_action": [row.id], "post": "yes"}
+        )
+    assert ApiToken.objects.filter(id=row.id).exists()
 
 
 # --------------------------------------------------------------------------- accounts

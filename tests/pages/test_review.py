@@ -16,6 +16,7 @@ from django.utils import timezone
 from accounts import members
 from accounts import selectors as accounts_selectors
 from accounts.models import Membership, Team
+from operations.models import AuditEntry
 from public import selectors, services
 from public.models import Application, Invitation
 from tests.pages.factories import ApplicationFactory, WaitlistEntryFactory, application_post
@@ -173,6 +174,10 @@ def test_an_expired_invitation_is_sent_again_and_only_the_new_link_works(
     assert Membership.objects.filter(user__email=application.email, role="admin").count() == 1
     again = operator_client.post(reverse("partners-reinvite", args=[application.id]), follow=True)
     assert "has no unused invitation" in again.content.decode()  # used: nothing to send
+    # The new link makes its holder the team's admin: who sent it is in the audit log, once.
+    [reissued] = AuditEntry.objects.filter(action="team.invitation-reissue")
+    assert (reissued.actor, reissued.target) == ("olga", f"team:{Team.objects.get().slug}")
+    assert reissued.before["expires_at"] < reissued.after["expires_at"]
 
 
 @pytest.mark.django_db
@@ -257,7 +262,7 @@ def test_a_link_sent_again_between_its_check_and_its_claim_no_longer_works(
 
     def read_then_sent_again(**kwargs):
         found = read(**kwargs)
-        services.reissue_invitation(application_id=application.id, now=timezone.now())
+        services.reissue_invitation(application_id=application.id, by="olga", now=timezone.now())
         return found
 
     monkeypatch.setattr(selectors, "usable_invitation", read_then_sent_again)
@@ -315,6 +320,9 @@ def test_declining_keeps_the_note_and_tells_the_applicant(operator_client, appli
     assert mail.outbox[-1].to == [application.email]
     assert "Your data cannot be moved yet." in mail.outbox[-1].body
     assert not Team.objects.filter(name=application.team_name).exists()
+    [declined] = AuditEntry.objects.filter(action="partner.decline")
+    assert (declined.actor, declined.target) == ("olga", f"application:{application.id}")
+    assert declined.after == {"status": "declined", "note": "Your data cannot be moved yet."}
 
 
 @pytest.mark.django_db
