@@ -8,7 +8,7 @@ from django.dispatch import Signal
 
 # Sent inside the transaction that changes a team's members or open invitations (``accounts.members``), or makes a
 # team from a design partner's application and lets its contact join it (``public.services``), with ``team``,
-# ``action`` ("team.create", "team.member-invite", "team.invitation-cancel", "team.member-join",
+# ``action`` ("team.create", "team.invitation-reissue", "team.member-invite", "team.invitation-cancel", "team.member-join",
 # "team.member-role", "team.member-remove"; older audit entries also hold "team.member-add", from when an invited account was added
 # without its consent), ``before``, ``after``, ``actor`` and ``now``. A receiver's error rolls the change back:
 # the audit log holds exactly the membership changes that took effect.
