@@ -43,14 +43,16 @@ def after_commit(send, what: str) -> None:
     transaction.on_commit(ring)
 
 
-def send_after_commit(task_name: str, args: tuple, *, queue: str) -> None:
-    """Enqueues ``task_name(*args)`` on ``queue`` once the current transaction commits."""
+def send_after_commit(task_name: str, args: tuple, *, queue: str, expires_s: float | None = None) -> None:
+    """Enqueues ``task_name(*args)`` on ``queue`` once the current transaction commits; a message given
+    ``expires_s`` is dropped unread past it (a repeat the reconciler rings again anyway)."""
     shown = f"{task_name.rsplit('.', 1)[-1]}({', '.join(map(str, args))})"
-    after_commit(lambda: celery.current_app.send_task(task_name, args=args, queue=queue), shown)
+    options = {"expires": expires_s} if expires_s else {}
+    after_commit(lambda: celery.current_app.send_task(task_name, args=args, queue=queue, **options), shown)
 
 
-def stage_job(job_id: int) -> None:
-    send_after_commit(STAGE_JOB, (job_id,), queue=staging_queue())
+def stage_job(job_id: int, *, expires_s: float | None = None) -> None:
+    send_after_commit(STAGE_JOB, (job_id,), queue=staging_queue(), expires_s=expires_s)
 
 
 def request_scheduler_pass() -> None:
@@ -75,12 +77,12 @@ def state_row() -> SchedulerState:
     return state or SchedulerState.objects.create()
 
 
-def run_part(allocation_id: int, node_name: str) -> None:
-    send_after_commit(RUN_PART, (allocation_id,), queue=node_queue(node_name))
+def run_part(allocation_id: int, node_name: str, *, expires_s: float | None = None) -> None:
+    send_after_commit(RUN_PART, (allocation_id,), queue=node_queue(node_name), expires_s=expires_s)
 
 
-def deliver_part(allocation_id: int, node_name: str) -> None:
-    send_after_commit(DELIVER_PART, (allocation_id,), queue=node_queue(node_name))
+def deliver_part(allocation_id: int, node_name: str, *, expires_s: float | None = None) -> None:
+    send_after_commit(DELIVER_PART, (allocation_id,), queue=node_queue(node_name), expires_s=expires_s)
 
 
 def control_queue() -> str:

@@ -9,7 +9,7 @@ from django.db.models import Exists, F, OuterRef, Q, QuerySet
 
 from jobs import delivery, dispatch, nodes, rental
 from jobs.lifecycle import REQUEUED, EndReason, State
-from jobs.models import Allocation, Dependency, Job
+from jobs.models import Allocation, Dependency, Job, Node
 
 log = logging.getLogger(__name__)
 # How many E31_RECONCILE_AFTER_S a rented part may wait for its node's agent to take its start message (rung
@@ -108,9 +108,15 @@ def undelivered(stale: datetime) -> QuerySet[Allocation]:
     )
 
 
+def _repeat_expires_s() -> float:
+    """A repeat is dropped unread once the next run has rung its own: while nothing takes them (the stager down,
+    a node's agent busy) the queue holds two per job at most, not one more every run."""
+    return 2 * settings.E31_RECONCILE_EVERY_S
+
+
 def _restage(stale: datetime, findings: Findings) -> None:
     for job_id in to_restage(stale).values_list("id", flat=True)[:500]:
-        dispatch.stage_job(job_id)
+        dispatch.stage_job(job_id, expires_s=_repeat_expires_s())
         findings.restaged.append(job_id)
 
 
@@ -127,7 +133,7 @@ def _restart_unstarted(stale: datetime, now: datetime, findings: Findings) -> No
     rows = unstarted(stale).values_list("id", "node_id", "node__name", "rented_at")
     for allocation_id, node_id, node, rented_at in rows[:500]:
         if rented_at >= given_up:
-            dispatch.run_part(allocation_id, node)
+            dispatch.run_part(allocation_id, node, expires_s=_repeat_expires_s())
             findings.restarted.append(allocation_id)
             continue
         detail = (
@@ -157,8 +163,10 @@ def _abandon_silent(stale: datetime, now: datetime, findings: Findings) -> None:
 
 
 def _redeliver(stale: datetime, findings: Findings) -> None:
-    """Rings again the undelivered parts of the attempt each delivering job is delivering (not earlier ones)."""
-    rows = undelivered(stale).values_list("id", "node__name")
+    """Rings again the undelivered parts of the attempt each delivering job is delivering (not earlier ones), but
+    not on a node that is down: its agent takes nothing meanwhile; once it is back the next run rings them, or
+    ``fail_stranded`` gives them up."""
+    rows = undelivered(stale).exclude(node__state=Node.NodeState.DOWN).values_list("id", "node__name")
     for allocation_id, node in rows[:200]:
-        dispatch.deliver_part(allocation_id, node)
+        dispatch.deliver_part(allocation_id, node, expires_s=_repeat_expires_s())
         findings.redelivered.append(allocation_id)

@@ -268,7 +268,7 @@ def test_an_unpack_longer_than_the_reconcilers_patience_is_not_taken_for_a_silen
 ):
     settings.E31_RECONCILE_AFTER_S = 1.5  # beats come every 0.5 s: a second of slack for a busy machine
     redriven = []
-    monkeypatch.setattr(dispatch, "stage_job", redriven.append)
+    monkeypatch.setattr(dispatch, "stage_job", lambda job_id, **_: redriven.append(job_id))
     monkeypatch.setattr(dispatch, "request_scheduler_pass", lambda: None)
     job = image_job(TeamFactory(), base_image)
     stager = stage_in_thread(job)

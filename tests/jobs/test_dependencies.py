@@ -171,7 +171,7 @@ def test_a_step_is_staged_only_once_its_prerequisite_has_succeeded_so_it_reads_w
     older copy). It waits unstaged, with its reason, and the pass after `prepare` succeeds stages it."""
     data, _ = roots
     rung: list[int] = []
-    monkeypatch.setattr(dispatch, "stage_job", rung.append)
+    monkeypatch.setattr(dispatch, "stage_job", lambda job_id, **_: rung.append(job_id))
     prepare = _queued(_submit(team, member, raw))
     features = {"name": "features", "uri": f"file://{data}/features.bin", "bytes": 5}
     train = _submit(team, member, raw, after_ok=[prepare.id], data=[features])
@@ -196,7 +196,7 @@ def test_a_step_is_staged_only_once_its_prerequisite_has_succeeded_so_it_reads_w
 
 def test_a_job_whose_prerequisites_are_already_met_is_staged_at_submit(team, member, pool, raw, monkeypatch):
     rung: list[int] = []
-    monkeypatch.setattr(dispatch, "stage_job", rung.append)
+    monkeypatch.setattr(dispatch, "stage_job", lambda job_id, **_: rung.append(job_id))
     done = JobFactory(team=team, state="released", end_reason="succeeded")
     job = _submit(team, member, raw, after_ok=[done.id])
     assert rung == [job.id]

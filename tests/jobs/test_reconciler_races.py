@@ -5,6 +5,7 @@ never started part freed at once."""
 
 from datetime import timedelta
 
+import celery
 import pytest
 from django.utils import timezone
 
@@ -149,7 +150,9 @@ def test_a_spanning_job_whose_started_part_failed_ends_failed_with_its_exit_code
     the quiet job for a lost node: reported ``node_lost`` instead of ``failed`` with exit code 3, and, as it
     allowed requeue, run again from scratch (up to E31_MAX_ATTEMPTS times), each time the same way."""
     asked: list[int] = []
-    monkeypatch.setattr(dispatch, "deliver_part", lambda allocation_id, node: asked.append(allocation_id))
+    monkeypatch.setattr(
+        dispatch, "deliver_part", lambda allocation_id, node, **_: asked.append(allocation_id)
+    )
     t0 = timezone.now() - timedelta(minutes=5)
     job = JobFactory(team=team, gpus=2, requeue=True, hours=4, worker_seen_at=t0, output_bytes=100)
     assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,), "gpu-02": (0,)}, now=t0)
@@ -222,3 +225,37 @@ def test_a_step_of_the_reconciler_that_fails_does_not_keep_the_others_from_runni
     reconciler.reconcile(now=timezone.now())
     assert ran == ["redeliver", "pass"]
     assert "a row this step cannot handle" in caplog.text
+
+
+def test_what_the_reconciler_rings_again_expires_and_skips_nodes_that_are_down(
+    pool, team, monkeypatch, django_capture_on_commit_callbacks, settings
+):
+    """Reproduction: with the stager down, three stuck jobs and an hour of reconciler runs left 717 stage_job
+    messages on its queue (4 a minute a job, none ever dropped), and deliveries were rung again for a day to a
+    node that was down. A repeat now expires once the next one is due, and none is rung for a node that is down."""
+    sent: list[tuple[str, dict]] = []
+    monkeypatch.setattr(celery.current_app, "send_task", lambda name, **options: sent.append((name, options)))
+    now = timezone.now()
+    long_ago = now - timedelta(hours=1)
+    stuck = JobFactory(team=team, state=State.SUBMITTED, state_changed_at=long_ago)
+    down, up = pool
+    Node.objects.filter(id=down.id).update(state=Node.NodeState.DOWN)
+    parts = {}
+    for node in pool:
+        job = JobFactory(team=team, state=State.RELEASED, attempt=1, delivery_state="delivering")
+        parts[node.name] = Allocation.objects.create(
+            job=job, attempt=1, node=node, gpu_indices=[0], rented_at=long_ago, started_at=long_ago,
+            released_at=long_ago,
+        )  # fmt: skip
+
+    with django_capture_on_commit_callbacks(execute=True):
+        reconciler.reconcile(now=now)
+
+    rung = {
+        name: [options for n, options in sent if n == name]
+        for name in (dispatch.STAGE_JOB, dispatch.DELIVER_PART)
+    }
+    assert [options["args"] for options in rung[dispatch.STAGE_JOB]] == [(stuck.id,)]
+    assert [options["args"] for options in rung[dispatch.DELIVER_PART]] == [(parts[up.name].id,)]
+    for options in (*rung[dispatch.STAGE_JOB], *rung[dispatch.DELIVER_PART]):
+        assert 0 < options["expires"] <= 2 * settings.E31_RECONCILE_EVERY_S
