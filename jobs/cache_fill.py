@@ -140,10 +140,18 @@ class FillWatch:
 def remove_orphan_parts(
     folder: Path, entries: type[CacheEntry], *, now: datetime, remove: Callable[[Path], object]
 ) -> None:
-    """Partial fills (``<key>.<token>.part``) that died with their worker; a live fill keeps its claim fresh."""
+    """Partial fills (``<key>.<token>.part``) that died with their worker, and their rows; a live fill keeps its
+    claim fresh.
+
+    A dead fill's row was otherwise only ever replaced by a new claim on the same key, which never comes for a
+    one-off source, a cancelled job or a moved tag: it stayed FILLING for good, and its bytes, counted as held,
+    made every sweep evict the unpinned entries. The delete is conditional: a claim that took the row over
+    meanwhile (fresh ``updated_at``) keeps it."""
+    stale = stale_before(now)
+    entries.objects.filter(state=entries.FILLING, updated_at__lt=stale).delete()
     if not folder.is_dir():
         return
-    cutoff = stale_before(now).timestamp()
+    cutoff = stale.timestamp()
     for part in folder.glob("*.part"):
         key, _, token = part.name.removesuffix(".part").partition(".")
         live = entries.objects.filter(key=key, filler=token, state=entries.FILLING).exists()

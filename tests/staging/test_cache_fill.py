@@ -128,3 +128,52 @@ def test_an_image_fill_keeps_its_claim_fresh_between_unpack_steps_and_stops_once
     Job.objects.filter(id=beat.row.job_id).update(state="ended")  # cancelled meanwhile
     with pytest.raises(image_staging.ImageStopped):
         beat.still_going()
+
+
+def test_fills_that_died_with_their_stager_are_swept_and_their_bytes_free_the_room(roots, team, settings):
+    """Reproduction: a stager killed mid-fill left its FILLING row and its part for ever when nothing claimed the
+    same key again (a one-off source, a cancelled job, a moved tag). The sweep counted the row's bytes as held
+    and evicted every unpinned entry, sweep after sweep; here a 100-byte dataset used a moment ago."""
+    settings.E31_RECONCILE_AFTER_S = 60
+    settings.E31_STAGE_CACHE_BYTES = 1000
+    now = timezone.now()
+    dead = now - timezone.timedelta(hours=1)
+    data = DatasetCacheEntry.objects.create(
+        key="d" * 64, uri="file:///d", bytes=600, state=DatasetCacheEntry.FILLING, filler="gone",
+        created_at=dead, updated_at=dead, last_used_at=dead,
+    )  # fmt: skip
+    image = ImageCacheEntry.objects.create(
+        key="i" * 64, team=team, reference="r@sha256:x", digest="sha256:x", bytes=500, filler="gone",
+        state=ImageCacheEntry.FILLING, created_at=dead, updated_at=dead, last_used_at=dead,
+    )  # fmt: skip
+    kept = DatasetCacheEntry.objects.create(
+        key="r" * 64, uri="file:///r", bytes=100, state=DatasetCacheEntry.READY,
+        created_at=now, updated_at=now, last_used_at=now,
+    )  # fmt: skip
+    staging.cache_dir().mkdir(parents=True)
+    staging.cache_path(kept.key).write_bytes(b"r" * 100)
+    data_part = staging.cache_dir() / f"{data.key}.gone.part"
+    image_part = image_staging.images_dir() / f"{image.key}.gone.part"
+    image_part.mkdir(parents=True)
+    data_part.write_bytes(b"d" * 300)
+    for part in (data_part, image_part):
+        os.utime(part, (dead.timestamp(), dead.timestamp()))
+
+    staging.sweep_cache(now=now)
+
+    assert not DatasetCacheEntry.objects.filter(id=data.id).exists()
+    assert not ImageCacheEntry.objects.filter(id=image.id).exists()
+    assert not data_part.exists() and not image_part.exists()
+    assert DatasetCacheEntry.objects.filter(id=kept.id).exists()
+    assert staging.cache_path(kept.key).read_bytes() == b"r" * 100
+
+
+def test_a_fill_that_keeps_its_claim_fresh_is_not_swept(roots, team, settings):
+    settings.E31_RECONCILE_AFTER_S = 60
+    now = timezone.now()
+    live = DatasetCacheEntry.objects.create(
+        key="l" * 64, uri="file:///l", bytes=10, state=DatasetCacheEntry.FILLING, filler="tok",
+        created_at=now, updated_at=now - timezone.timedelta(seconds=30), last_used_at=now,
+    )  # fmt: skip
+    staging.sweep_cache(now=now)
+    assert DatasetCacheEntry.objects.filter(id=live.id, state=DatasetCacheEntry.FILLING).exists()
