@@ -44,17 +44,18 @@ def percentile(values: list[float], p: float) -> float:
 
 def start_pool(tmp: Path) -> LivePool:
     db = connection.settings_dict
-    state = tmp / "state"
+    state, pool_root = tmp / "state", tmp / "pool"  # side by side: no root may hold the platform's folders
     state.mkdir()
+    pool_root.mkdir()
     env = {
         **os.environ, **COMPRESSED, "E31_RECONCILE_AFTER_S": "30",
         "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "E31_CONTROL_QUEUE": "control-bench", "E31_STATE_DIR": str(state),
-        "E31_DATA_ROOTS": str(tmp), "E31_OUTPUT_ROOTS": str(tmp),
+        "E31_DATA_ROOTS": str(pool_root), "E31_OUTPUT_ROOTS": str(pool_root),
     }  # fmt: skip
     env.pop("E31_TEST_DB_NAME", None)
     settings.CELERY_TASK_DEFAULT_QUEUE = "control-bench"
-    settings.E31_OUTPUT_ROOTS = [tmp.resolve()]
+    settings.E31_OUTPUT_ROOTS = [pool_root.resolve()]
     pool = LivePool(tag="bench", env=env, nodes=["bench-1", "bench-2"])
     celery = [sys.executable, "-m", "celery", "-A", "e31web"]
     pool.start("stager", [*celery, "worker", "-Q", "control-bench.staging", "--pool", "threads", "-c", "5", "-n", "staging-bench@%h",

@@ -351,6 +351,30 @@ E31_MAX_OUTPUT_BYTES = env.int("E31_MAX_OUTPUT_BYTES", default=2**40)
 # E31_CHECKPOINT_ROOT (a pool spanning machines mounts it from shared storage on every node).
 E31_MAX_CHECKPOINT_BYTES = env.int("E31_MAX_CHECKPOINT_BYTES", default=2**40)
 E31_CHECKPOINT_ROOT = Path(env.str("E31_CHECKPOINT_ROOT", default=str(STATE_DIR / "checkpoints"))).resolve()
+
+
+def _refuse_nested_roots() -> None:
+    """A team's file:// folder is <root>/<team-slug>/: a root inside another would be some team's own folder of
+    the outer one (team "outputs" reading every team's deliveries under <data root>/outputs), and a platform
+    folder inside a root (the staging cache, agents' spaces, checkpoints) a team's folder too. One folder may be
+    both a data and an output root: each team's folder of it is its own either way."""
+    named = [
+        *(("E31_DATA_ROOTS", p) for p in E31_DATA_ROOTS),
+        *(("E31_OUTPUT_ROOTS", p) for p in E31_OUTPUT_ROOTS),
+    ]
+    platform = [("E31_STAGING_ROOT", E31_STAGING_ROOT), ("E31_AGENT_ROOT", E31_AGENT_ROOT),
+                ("E31_CHECKPOINT_ROOT", E31_CHECKPOINT_ROOT)]  # fmt: skip
+    for outer_name, outer in named:
+        for inner_name, inner in (*named, *platform):
+            same_root = inner == outer and (inner_name, inner) in named
+            if inner.is_relative_to(outer) and not same_root:
+                raise ImproperlyConfigured(
+                    f"{inner_name} {inner} lies inside {outer_name} {outer}: a team named like the folder between "
+                    "them would reach it as its own; list the roots side by side"
+                )
+
+
+_refuse_nested_roots()
 E31_HEARTBEAT_S = env.float("E31_HEARTBEAT_S", default=5.0)
 # How often an agent looks for its GPUs again (a GPU that fell off the bus), and samples them.
 E31_GPU_RESCAN_S = env.float("E31_GPU_RESCAN_S", default=30.0)
