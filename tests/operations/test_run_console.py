@@ -4,6 +4,7 @@ however it stops, it stops its children."""
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -35,6 +36,27 @@ def test_a_state_folder_job_uids_cannot_reach_is_refused_before_anything_starts(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("port", ["taken", "http", "70000"])
+def test_a_port_the_web_server_cannot_take_is_refused_before_anything_starts(settings, monkeypatch, port):
+    """Reproduction: with another program on port 8000 the console printed "http://127.0.0.1:8000/" (which
+    reached that other program) while gunicorn failed on "Connection in use" and was restarted every 30 s for
+    ever; the health page that would have said so is served by that web server."""
+    monkeypatch.setattr(run_console, "_supervise", lambda console: pytest.fail("the children were started"))
+    base = state_dir_job_uids_can_pass("port")
+    settings.STATE_DIR = base / "var"
+    settings.STATE_DIR.mkdir()
+    try:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            asked = str(taken.getsockname()[1]) if port == "taken" else port
+            with pytest.raises(CommandError, match=rf"(?s)port {asked}\b.*PORT="):
+                call_command("run_console", "--port", asked, stdout=StringIO())
+        assert list(settings.STATE_DIR.iterdir()) == []  # nothing locked, migrated, written or started
+    finally:
+        shutil.rmtree(base)
+
+
 def test_a_restart_of_the_console_puts_back_a_demo_role_the_operator_changed(settings):
     """In the embedded console an operator demotes 'demo' from admin to plain member of team demo.
     The next `make run` (run_console calls ensure_demo_accounts on every start) makes 'demo' an admin

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,9 @@ class Command(BaseCommand):
     def handle(self, *args, nodes: int, gpus_per_node: int, port: str, **options):
         if refused := sandbox.traversal_refusal(settings.STATE_DIR):
             raise CommandError(refused)  # else every local node would exit at start, and restart, forever
+        _check_port(
+            port
+        )  # else the printed address reaches another program, and the web server restarts forever
         self._state_lock = _lock_state_dir(settings.STATE_DIR)  # held while this console runs
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write(
@@ -109,6 +113,25 @@ class Command(BaseCommand):
                 f'[output]\nuri = "file://{settings.E31_OUTPUT_ROOTS[0]}/demo/hello"\nbytes = "1 MB"\n'
             )  # fmt: skip
         return os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def _check_port(port: str) -> None:
+    """CommandError unless the web server can listen on 127.0.0.1:``port`` (bound and let go here, as gunicorn
+    binds it: with SO_REUSEADDR, so a port a moment ago closed is not taken for busy)."""
+    try:
+        number = int(port)
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("127.0.0.1", number))
+    except OSError as exc:
+        raise CommandError(
+            f"port {port} cannot be listened on ({exc.strerror}): another program may be using it. "
+            "Stop it, or pick another port: PORT=8001 make run"
+        ) from None
+    except (ValueError, OverflowError):
+        raise CommandError(
+            f"port {port} is not a port number (0-65535): pick one, e.g. PORT=8001 make run"
+        ) from None
 
 
 def _lock_state_dir(state_dir: Path) -> TextIO:
