@@ -35,7 +35,6 @@ def test_a_state_folder_job_uids_cannot_reach_is_refused_before_anything_starts(
         shutil.rmtree(base)
 
 
-@pytest.mark.django_db
 @pytest.mark.parametrize("port", ["taken", "http", "70000"])
 def test_a_port_the_web_server_cannot_take_is_refused_before_anything_starts(settings, monkeypatch, port):
     """Reproduction: with another program on port 8000 the console printed "http://127.0.0.1:8000/" (which
@@ -57,6 +56,7 @@ def test_a_port_the_web_server_cannot_take_is_refused_before_anything_starts(set
         shutil.rmtree(base)
 
 
+@pytest.mark.django_db
 def test_a_restart_of_the_console_puts_back_a_demo_role_the_operator_changed(settings):
     """In the embedded console an operator demotes 'demo' from admin to plain member of team demo.
     The next `make run` (run_console calls ensure_demo_accounts on every start) makes 'demo' an admin
