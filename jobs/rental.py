@@ -9,7 +9,7 @@ released, so a job never runs two attempts at once and no GPU is freed under a r
 
 import logging
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -568,8 +568,13 @@ def has_attempts_left(job: Job) -> bool:
 def lose_node_allocations(
     *, node: Node, now: datetime, detail: str, gpu_indices: Sequence[int] | None = None
 ) -> int:
-    """A node was declared down (or only ``gpu_indices`` of it are gone): release the parts there now (nothing
-    more can be known of their processes), and requeue their jobs that allow it once their other parts stopped."""
+    """A node was declared down (or only ``gpu_indices`` of it are gone): release the parts there (nothing more
+    can be known of their processes), and requeue their jobs that allow it once their other parts stopped.
+
+    Released when the node was lost: now, or, for a node silent longer than E31_NODE_TIMEOUT_S, when the reaper
+    would have declared it down. Nothing ran the reaper meanwhile (the embedded console stopped with its agent,
+    or beat down for hours), and the outage is not held GPU-time."""
+    now = _lost_at(node, now)
     lost = Allocation.objects.filter(node=node, released_at__isnull=True)
     if gpu_indices is not None:
         holding = GpuHold.objects.filter(node=node, gpu_index__in=gpu_indices, active=True)
@@ -582,6 +587,12 @@ def lose_node_allocations(
             last_heartbeat=node.last_heartbeat,
         )  # fmt: skip
     return len(parts)
+
+
+def _lost_at(node: Node, now: datetime) -> datetime:
+    if node.last_heartbeat is None:
+        return now
+    return min(now, node.last_heartbeat + timedelta(seconds=settings.E31_NODE_TIMEOUT_S))
 
 
 def lock_for_release(job_ids: Iterable[int]) -> None:

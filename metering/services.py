@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from accounts.models import Team
 from common.ledger_locks import lock_team_ledgers
+from jobs import nodes
 from jobs.models import Allocation, Job
 from metering import invariants, signals, summaries
 from metering.models import MeterEntry
@@ -40,7 +41,11 @@ ACCRUAL_GRACE = timedelta(seconds=60)
 
 
 def accrue_meter(*, now: datetime) -> int:
-    """Closes every completed UTC hour of every held allocation; idempotent, and back-fills any outage."""
+    """Closes every completed UTC hour of every held allocation; idempotent, and back-fills any outage.
+
+    Silent nodes are reaped first: after an outage of beat itself, their parts are released when the reaper
+    would have found them, rather than every hour since counted as held."""
+    nodes.reap_silent_nodes(now=now)
     cutoff = floor_hour(now - ACCRUAL_GRACE)
     with transaction.atomic():
         rows = [row for held in _held_behind(cutoff) for row in _accrual_rows(held, cutoff=cutoff, now=now)]

@@ -15,14 +15,15 @@ from tests.metering.conftest import rent
 pytestmark = pytest.mark.django_db
 
 
-def test_a_gap_credit_across_the_year_end_is_booked_in_the_months_it_covers(team, node, operator):
+def test_a_gap_credit_across_the_year_end_is_booked_in_the_months_it_covers(team, node, operator, settings):
     """A 2-GPU job is rented at 2024-12-31 23:50 UTC; its node goes silent at once and is declared
-    down at 2025-01-01 00:10, so the meter holds 10 min in December and 10 min in January. The
+    down at 2025-01-01 00:10 (a 20-minute timeout), so the meter holds 10 min in December and 10 min in January. The
     operator credits the silent gap (20 min per GPU). Each month is credited the part of the gap
     that lies in it, cut at the hours metered rows are cut at: both months' statements show 0 for
     the job, and the ledger keeps its invariants."""
     rented = datetime(2024, 12, 31, 23, 50, tzinfo=UTC)
     released = datetime(2025, 1, 1, 0, 10, tzinfo=UTC)
+    settings.E31_NODE_TIMEOUT_S = 20 * 60
     allocation = rent(team=team, node=node, at=rented, gpus=2, name="new-year")
     Node.objects.filter(id=node.id).update(last_heartbeat=rented)
     node.refresh_from_db()
@@ -60,11 +61,14 @@ def test_a_credit_clamped_at_rent_is_shared_over_its_hours_and_adds_up_exactly(t
     assert services.find_violations(now=rented + timedelta(days=1)) == []
 
 
-def test_the_prefilled_gap_credit_never_exceeds_the_time_the_allocation_held(operator_client, team, node):
+def test_the_prefilled_gap_credit_never_exceeds_the_time_the_allocation_held(
+    operator_client, team, node, settings
+):
     """A node's last heartbeat is at 12:00:00; a job is rented on it at 12:00:40 (the node is still
-    within its timeout) and the node is declared down at 12:01:00, so the job held 2 GPUs for 20 s.
+    within its 90 s timeout) and the node is declared down at 12:01:00, so the job held 2 GPUs for 20 s.
     The operator opens "Credit the gap" and submits it as prefilled: the gap starts no earlier than
     RENT, so the form offers -20 s and the credit is recorded."""
+    settings.E31_NODE_TIMEOUT_S = 90
     heartbeat = datetime(2024, 5, 20, 12, 0, tzinfo=UTC)
     allocation = rent(team=team, node=node, at=heartbeat + timedelta(seconds=40), gpus=2)
     Node.objects.filter(id=node.id).update(last_heartbeat=heartbeat)

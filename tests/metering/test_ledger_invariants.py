@@ -3,6 +3,7 @@
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import transaction
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
@@ -173,9 +174,13 @@ def test_node_loss_closes_the_meter_when_the_node_is_declared_down(
         heartbeat = down_at - timedelta(microseconds=silent)
         Node.objects.filter(id=node.id).update(last_heartbeat=heartbeat)
         node.refresh_from_db()
+        closed = [row.period_end for row in MeterEntry.objects.filter(allocation=allocation)]
         rental.lose_node_allocations(node=node, now=down_at, detail="silent past its timeout")
         allocation.refresh_from_db()
-        assert allocation.released_at == down_at and allocation.end_reason == EndReason.NODE_LOST
+        # Lost when the reaper would have found it (never after it did), never before RENT or a closed hour.
+        lost_at = min(down_at, heartbeat + timedelta(seconds=django_settings.E31_NODE_TIMEOUT_S))
+        assert allocation.released_at == max([lost_at, rented_at, *closed])
+        assert allocation.end_reason == EndReason.NODE_LOST
         assert allocation.last_heartbeat_at_release == heartbeat
         assert Job.objects.get(id=allocation.job_id).state in (State.RELEASED, State.QUEUED)
         assert_exact(allocation, now=down_at + timedelta(hours=3))

@@ -188,7 +188,10 @@ def test_the_team_ledger_shows_the_budget_sentence(member_client, team, ledger):
     assert "Team vision is at" in page and "of 10 GPU-hours this month" in page
 
 
-def test_an_operator_credits_a_node_loss_gap_with_an_adjustment(operator_client, member_client, team, node):
+def test_an_operator_credits_a_node_loss_gap_with_an_adjustment(
+    operator_client, member_client, team, node, settings
+):
+    settings.E31_NODE_TIMEOUT_S = 60  # declared down at NOW, within its timeout of the last beat
     allocation = rent(team=team, node=node, at=NOW - timedelta(hours=3), gpus=2)
     Node.objects.filter(id=node.id).update(last_heartbeat=NOW - timedelta(seconds=40))
     node.refresh_from_db()
@@ -241,7 +244,10 @@ def test_the_reconciliation_page_is_for_operators(operator_client, member_client
     assert "0 violations" in operator_client.get(reverse("metering:check")).content.decode()
 
 
-def test_the_job_meter_tag_shows_when_and_why_the_meter_stopped_and_the_last_heartbeat(team, node, member):
+def test_the_job_meter_tag_shows_when_and_why_the_meter_stopped_and_the_last_heartbeat(
+    team, node, member, settings
+):
+    settings.E31_NODE_TIMEOUT_S = 60  # declared down at NOW, within its timeout of the last beat
     allocation = rent(team=team, node=node, at=NOW - timedelta(hours=2), gpus=2, name="lost-one")
     Node.objects.filter(id=node.id).update(last_heartbeat=NOW - timedelta(seconds=31))
     node.refresh_from_db()
