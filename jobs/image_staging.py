@@ -258,6 +258,7 @@ def _unpack_cap(entry: ImageCacheEntry, declared: int, layout: Path) -> registry
         entry.bytes - pulled,
         f"which with the {format_size(pulled)} pulled is more than the {_room_text()}",
     )
+    # By ratio, what was pulled is at most what the manifest declares (``registry.pull_limit``): bounded.
     room_bound = not declared or entry.bytes < (1 + ratio) * declared
     return by_room if room_bound and by_room.bytes < by_ratio.bytes else by_ratio
 
@@ -278,6 +279,7 @@ def _fill(
                 access=access,
                 progress=beat,
                 floor=cache_fill.transfer_floor(),
+                limit=registry.pull_limit(resolved.bytes) or registry.Cap(entry.bytes, f"the {_room_text()}"),
             ),
             beat,
         )

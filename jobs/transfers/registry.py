@@ -121,14 +121,28 @@ def _platform_instance(index: dict, ref: imageref.Reference) -> str:
     raise transfers.TransferFailed(f"{ref} has no image for linux/{ARCH}")
 
 
+# What skopeo writes beside the blobs the manifest declares: the manifest itself, index.json, oci-layout.
+LAYOUT_SLACK = 2**20
+
+
+def pull_limit(declared: int) -> "Cap | None":
+    """The most a pull of an image whose manifest declares ``declared`` bytes may write (None: it declares none,
+    as Docker's schema 1, and the caller's room bounds it)."""
+    if not declared:
+        return None
+    return Cap(declared + LAYOUT_SLACK, f"the {format_size(declared)} the image's manifest declares")
+
+
 def pull(
     ref: imageref.Reference, digest: str, layout: Path, *, access: Access, progress: transfers.Progress,
-    floor: transfers.Floor | None = None,
+    floor: transfers.Floor | None = None, limit: "Cap | None" = None,
 ) -> int:  # fmt: skip
     """Copies the image by digest into the OCI layout ``layout``; returns the bytes that landed there.
 
     Blobs already in the layout are not fetched again (skopeo checks the layout first), so a retry
-    after a dropped connection moves only what is missing.
+    after a dropped connection moves only what is missing. Past ``limit`` bytes skopeo is stopped
+    (TransferFailed): the room and the caps were worked out from the sizes the manifest declares, and a
+    registry may send more than it declares (skopeo writes what comes; umoci notices only when unpacking).
     """
     layout.parent.mkdir(parents=True, exist_ok=True)
     _remove_partial_blobs(layout)
@@ -141,10 +155,17 @@ def pull(
             ["skopeo", *args[:1], *auth, *args[1:]],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
-        _follow(proc, layout, before, progress, floor)
+        _follow(proc, layout, before, progress, floor, limit)
         if proc.returncode:
             raise _classified(_read_back(err))
-    return _tree_bytes(layout) - before
+    moved = _tree_bytes(layout) - before
+    _check_limit(moved, limit)  # what landed after the last measure
+    return moved
+
+
+def _check_limit(moved: int, limit: "Cap | None") -> None:
+    if limit is not None and moved > limit.bytes:
+        raise transfers.TransferFailed(f"the registry sent more than {limit.why}: the pull was stopped")
 
 
 def _remove_partial_blobs(layout: Path) -> None:
@@ -160,13 +181,16 @@ def _follow(
     before: int,
     progress: transfers.Progress,
     floor: transfers.Floor | None,
+    limit: "Cap | None",
 ) -> None:
-    """Reports the layout's growth while skopeo writes it; stops skopeo when progress says stop, or when
-    the registry sends slower than the floor (skopeo itself waits on a trickling registry for ever)."""
+    """Reports the layout's growth while skopeo writes it; stops skopeo when progress says stop, when the
+    registry sends slower than the floor (skopeo itself waits on a trickling registry for ever), or more than
+    ``limit``."""
     pace = transfers.FloorWatch(floor, 0)
 
     def beat() -> None:
         grown = max(0, _tree_bytes(layout) - before)
+        _check_limit(grown, limit)
         transfers.report(progress, grown)
         pace.passed(grown)
 

@@ -4,12 +4,18 @@ Its access log tells how many layer bytes each pull really moved. Used by the te
 and by bench/image_pull.py.
 """
 
+import gzip
+import hashlib
+import io
+import json
 import os
 import re
 import shutil
 import socket
 import subprocess
+import tarfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +103,56 @@ def push(layout: Path, registry: Registry, reference: str) -> str:
         check=True,
     )  # fmt: skip
     return registry.digest(reference)
+
+
+def push_understated(registry: Registry, reference: str, *, layer_bytes: int, declared: int) -> None:
+    """Pushes, over the registry's own API, an image whose one layer (``layer_bytes`` of incompressible data,
+    gzipped) its manifest declares as ``declared`` bytes: the registry takes the manifest as it is written."""
+    repository, tag = reference.rsplit(":", 1)
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as archive:
+        data = os.urandom(layer_bytes)
+        member = tarfile.TarInfo("data/big.bin")
+        member.size = len(data)
+        archive.addfile(member, io.BytesIO(data))
+    layer = gzip.compress(tar.getvalue(), compresslevel=1)
+    config = json.dumps({
+        "architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(tar.getvalue()).hexdigest()]},
+    }).encode()  # fmt: skip
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": _put_blob(registry, repository, config), "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                    "digest": _put_blob(registry, repository, layer), "size": declared}],
+    }).encode()  # fmt: skip
+    _call(registry, "PUT", f"/v2/{repository}/manifests/{tag}", manifest,
+          {"Content-Type": "application/vnd.oci.image.manifest.v1+json"})  # fmt: skip
+
+
+def _put_blob(registry: Registry, repository: str, blob: bytes) -> str:
+    digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+    location = _call(registry, "POST", f"/v2/{repository}/blobs/uploads/").headers["Location"]
+    location = location.removeprefix(f"http://{registry.host}")
+    joined = "&" if "?" in location else "?"
+    _call(
+        registry,
+        "PUT",
+        f"{location}{joined}digest={digest}",
+        blob,
+        {"Content-Type": "application/octet-stream"},
+    )
+    return digest
+
+
+def _call(registry: Registry, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+    request = urllib.request.Request(
+        f"http://{registry.host}{path}", data=body, method=method, headers=headers or {}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        response.read()
+        return response
 
 
 def start(root: Path) -> Registry:

@@ -12,11 +12,11 @@ import subprocess
 import pytest
 from django.utils import timezone
 
-from jobs import image_staging, staging
+from jobs import image_staging, imageref, staging, transfers
 from jobs.models import ImageCacheEntry, ImagePull, Job
 from jobs.transfers import registry
 from tests.factories import JobFactory, TeamFactory
-from tests.images.registry import build_image, push
+from tests.images.registry import build_image, push, push_understated
 
 pytestmark = pytest.mark.django_db
 
@@ -149,3 +149,30 @@ def test_an_image_within_its_caps_is_staged_as_before(base_image, stage_root):
     job = staged(base_image)
     assert job.state == "queued", job.end_detail
     assert image_staging.rootfs(job.image_pull.entry.key).joinpath("bin", "busybox").is_file()
+
+
+def test_an_image_that_sends_more_than_its_manifest_declares_is_stopped_and_removed(
+    pool_registry, stage_root
+):
+    """Reproduction: a manifest declaring its layer as 1,000 bytes, the layer 30 MB: the room check and the caps
+    took the 1,173 bytes the manifest declared, the pull wrote 31,467,977, and the unpack was then allowed 10x
+    that. A pull is now held to what its manifest declares (and a little for the manifest and index skopeo
+    writes beside the blobs): the stage fails, naming it, and what landed is removed."""
+    push_understated(pool_registry, "tests/understated:1", layer_bytes=30 * MB, declared=1000)
+    job = staged(f"{pool_registry.host}/tests/understated:1")
+    assert (job.state, job.end_reason) == ("ended", "staging_failed"), job.end_detail
+    assert "more than the" in job.end_detail and "manifest declares" in job.end_detail
+    assert nothing_left(stage_root)
+
+
+def test_a_pull_is_held_to_what_the_manifest_declares(pool_registry, tmp_path):
+    push_understated(pool_registry, "tests/understated:2", layer_bytes=5 * MB, declared=1000)
+    ref = imageref.parse(f"{pool_registry.host}/tests/understated:2")
+    access = registry.Access(tls_verify=False)
+    resolved = registry.resolve(ref, access=access)
+    assert resolved.bytes < 2000  # what the room check sees
+    with pytest.raises(transfers.TransferFailed, match="manifest declares"):
+        registry.pull(
+            ref, resolved.digest, tmp_path / "oci", access=access, progress=lambda n: True,
+            limit=registry.pull_limit(resolved.bytes),
+        )  # fmt: skip
