@@ -3,12 +3,13 @@
 A pass reads a snapshot (nodes, running allocations, the ready queue, teams' decayed usage),
 asks ``scheduling.policy.plan`` what to start, and applies each start through the RENT service,
 where the database still refuses a double-booked GPU. One pass runs at a time across every
-process: a PostgreSQL advisory lock (on SQLite, its single writer under BEGIN IMMEDIATE).
+process: a PostgreSQL advisory lock (on SQLite, a lock on a file of the state folder).
 
 Passes are requested on every submit, staging completion, release and node change; requests
 coalesce through one flag row, and beat runs a safety pass on a timer in case a doorbell was lost.
 """
 
+import fcntl
 import logging
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.db import connection, transaction
 
 from jobs import dependencies, dispatch, nodes, planning, rental, snapshot, units
@@ -43,7 +45,8 @@ def pass_lock(*, wait_s: float = 0.0):
     """Yields True while holding the one-pass-at-a-time lock, False if another process held it for all of
     ``wait_s``."""
     if connection.vendor != "postgresql":
-        yield True  # SQLite serialises writers; each RENT is its own IMMEDIATE transaction
+        with _file_pass_lock(wait_s=wait_s) as held:
+            yield held
         return
     deadline = time.monotonic() + wait_s
     while not (held := _try_pass_lock()) and time.monotonic() < deadline:
@@ -54,6 +57,32 @@ def pass_lock(*, wait_s: float = 0.0):
         if held:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_KEY])
+
+
+@contextmanager
+def _file_pass_lock(*, wait_s: float):
+    """The embedded default's lock (SQLite has no advisory locks, and a pass is several transactions): a lock on
+    a file of the state folder, which every process of one console shares. Each call opens the file afresh, so
+    two threads of one worker exclude each other too; the kernel drops it with the process, however it ends."""
+    path = settings.STATE_DIR / "scheduler-pass.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as lock_file:
+        deadline = time.monotonic() + wait_s
+        while not (held := _try_flock(lock_file)) and time.monotonic() < deadline:
+            time.sleep(LOCK_POLL_S)
+        try:
+            yield held
+        finally:
+            if held:
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _try_flock(lock_file) -> bool:
+    try:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _try_pass_lock() -> bool:
