@@ -31,6 +31,11 @@ class AuditEntry(AppendOnlyModel):
     class Meta:
         ordering = ["-at", "-id"]
         verbose_name_plural = "audit entries"
+        # The audit page's filters (an exact actor or target, newest first) and the team page's last entries.
+        indexes = [
+            models.Index(fields=["target", "-at"], name="audit_target_at"),
+            models.Index(fields=["actor", "-at"], name="audit_actor_at"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"

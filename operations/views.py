@@ -8,7 +8,6 @@ writes the audit entry in the same transaction.
 """
 
 from django.contrib import messages
-from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.defaultfilters import pluralize
@@ -16,6 +15,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.models import Team
+from common import paging
 from common.operators import operator_only
 from jobs import selectors as jobs_selectors
 from jobs.models import Job, Node
@@ -105,7 +105,9 @@ def _what_happened(node: Node, action: str, *, running: int) -> str:
 @operator_only
 def queue_view(request: HttpRequest) -> HttpResponse:
     filters = pages.QueueFilters.from_query(request.GET)
-    page = Paginator(filters.apply(pages.waiting_jobs()), PAGE_SIZE).get_page(request.GET.get("page"))
+    page = paging.CappedPaginator(filters.apply(pages.waiting_jobs()), PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
     pages.attach_reservations(page)
     context = {
         "page": page, "filters": filters, "teams": Team.objects.only("name", "slug"), "now": timezone.now(),
@@ -129,7 +131,9 @@ def utilisation_view(request: HttpRequest) -> HttpResponse:
 @operator_only
 def jobs_view(request: HttpRequest) -> HttpResponse:
     filters = pages.JobFilters.from_query(request.GET)
-    page = Paginator(filters.apply(pages.all_jobs()), PAGE_SIZE).get_page(request.GET.get("page"))
+    page = paging.CappedPaginator(filters.apply(pages.all_jobs()), PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
     pages.attach_nodes(page)
     context = {
         "page": page,
@@ -251,5 +255,7 @@ def ledger_check(request: HttpRequest) -> HttpResponse:
 @operator_only
 def audit_view(request: HttpRequest) -> HttpResponse:
     filters = pages.AuditFilters.from_query(request.GET)
-    page = Paginator(filters.apply(AuditEntry.objects.all()), PAGE_SIZE).get_page(request.GET.get("page"))
+    page = paging.CappedPaginator(filters.apply(AuditEntry.objects.all()), PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
     return _page(request, "audit", "audit-rows", {"page": page, "filters": filters})

@@ -8,6 +8,7 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from accounts.models import Team
+from common import paging
 from jobs import scheduler
 from jobs import services as jobs_services
 from jobs.lifecycle import EndReason, State
@@ -357,3 +358,20 @@ def test_the_requeue_page_warns_that_the_copy_runs_as_the_operator_and_names_a_s
     gone = JobFactory(team=team, submitted_by=mallory, **ended)  # never a member, as one removed since
     page = operator_client.get(job_action(gone, "requeue")).content.decode()
     assert "mallory is no longer a member of team vision" in page and "may no longer act for the team" in page
+
+
+@pytest.mark.parametrize("page", ["operations:jobs", "operations:queue", "operations:audit"])
+def test_operator_lists_count_no_further_than_the_cap(operator_client, team, monkeypatch, page, now):
+    """The operators' jobs, queue and audit lists refresh every 5 s: with an exact COUNT(*) each refresh read
+    every matching row (313-350 ms at 400,000 jobs; 760 ms for a deep page). Their count stops at the cap, as
+    the members' lists do, and the page says there is more than it counted."""
+    monkeypatch.setattr(paging, "COUNT_CAP", 3)
+    for i in range(5):
+        JobFactory(team=team, state=State.QUEUED)
+        services.audit.record(
+            actor="olga", action="node.drain", target=f"node:gpu-{i}", before={}, after={}, now=now
+        )
+    response = operator_client.get(reverse(page))
+    assert response.context["page"].paginator.count == 3
+    if page != "operations:audit":  # the audit page shows no count: one page of 50 holds these five
+        assert "3+ jobs" in response.content.decode()
