@@ -506,8 +506,10 @@ class TeamUsage(models.Model):
 
     @classmethod
     def add(cls, *, team_id: int, gpu_seconds: float, now) -> None:
-        """Folds a released allocation's GPU-seconds into the team's decayed usage."""
+        """Folds a released allocation's GPU-seconds into the team's decayed usage, at ``now`` or the last fold if
+        later: a release dated earlier (a node lost long before it was found) never winds the decay back."""
         row, _ = cls.objects.select_for_update().get_or_create(team_id=team_id, defaults={"as_of": now})
+        now = max(now, row.as_of)
         row.gpu_seconds = row.decayed(now) + gpu_seconds
         row.as_of = now
         row.save(update_fields=["gpu_seconds", "as_of"])

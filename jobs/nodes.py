@@ -185,7 +185,8 @@ def heartbeat(*, name: str, now: datetime, disk_free: int | None = None, host_id
 
 
 def reap_silent_nodes(*, now: datetime) -> list[str]:
-    """Declares down every node silent past the timeout: its allocations are released at this instant.
+    """Declares down every node silent past the timeout: its allocations are released, at this instant or, for
+    a node silent longer (the reaper itself was not running), when it would have been declared down.
 
     ``now`` is the control worker's clock, which platform machines keep in time with the database's.
     """

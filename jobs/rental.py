@@ -392,12 +392,13 @@ def _release_parts(
 
 def release_part(
     *, allocation_id: int, end_reason: str, now: datetime, actor: str, exit_code: int | None = None,
-    detail: str = "", last_heartbeat: datetime | None = None,
+    detail: str = "", last_heartbeat: datetime | None = None, released_at: datetime | None = None,
 ) -> bool:  # fmt: skip
     """An attempt ends early (cancel, preemption, its agent failed or found no room, its node was lost): frees
-    this part's GPUs and closes its meter now, with those of its parts whose processes are not running (never
-    started, or exited); ``stop_reason`` tells the others to stop, and each is released as it reports. The last
-    part released requeues or ends the job, as the attempt's first early end (``EARLY_ENDS``) decides.
+    this part's GPUs and closes its meter now (or at ``released_at``, when its node was lost earlier than it was
+    found), with those of its parts whose processes are not running (never started, or exited) now;
+    ``stop_reason`` tells the others to stop, and each is released as it reports. The last part released
+    requeues or ends the job, now, as the attempt's first early end (``EARLY_ENDS``) decides.
     False if the part was released already or its attempt replaced."""
     with transaction.atomic():
         _lock_job_of(allocation_id)
@@ -409,13 +410,14 @@ def release_part(
         first = all(p.released_at is None for p in parts)
         if exit_code is not None:
             Allocation.objects.filter(id=part.id, exit_code__isnull=True).update(exit_code=exit_code)
-        now = _release_parts(
+        ended = _release_parts(
             [part],
-            now=now,
+            now=released_at or now,
             end_reason=end_reason,
             last_heartbeat=last_heartbeat,
             early=end_reason in EARLY_ENDS,
         )
+        now = max(now, ended)  # the job's change and its other parts: never before this part's end
         idle = [p for p in parts if p.id != part.id and p.released_at is None and _not_running(p)]
         now = _release_parts(idle, now=now, end_reason=STOPPED)
         ending = (
@@ -573,8 +575,8 @@ def lose_node_allocations(
 
     Released when the node was lost: now, or, for a node silent longer than E31_NODE_TIMEOUT_S, when the reaper
     would have declared it down. Nothing ran the reaper meanwhile (the embedded console stopped with its agent,
-    or beat down for hours), and the outage is not held GPU-time."""
-    now = _lost_at(node, now)
+    or beat down for hours), and the outage is not held GPU-time. Their jobs change now, as do their other parts."""
+    lost_at = _lost_at(node, now)
     lost = Allocation.objects.filter(node=node, released_at__isnull=True)
     if gpu_indices is not None:
         holding = GpuHold.objects.filter(node=node, gpu_index__in=gpu_indices, active=True)
@@ -584,7 +586,7 @@ def lose_node_allocations(
     for job_id in sorted(parts):  # its other parts are told to stop, and released as each stops
         release_part(
             allocation_id=parts[job_id], end_reason=EndReason.NODE_LOST, now=now, actor="reaper", detail=detail,
-            last_heartbeat=node.last_heartbeat,
+            last_heartbeat=node.last_heartbeat, released_at=lost_at,
         )  # fmt: skip
     return len(parts)
 

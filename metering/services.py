@@ -45,7 +45,10 @@ def accrue_meter(*, now: datetime) -> int:
 
     Silent nodes are reaped first: after an outage of beat itself, their parts are released when the reaper
     would have found them, rather than every hour since counted as held."""
-    nodes.reap_silent_nodes(now=now)
+    try:
+        nodes.reap_silent_nodes(now=now)
+    except Exception:  # the reaper's own beat task tries again in seconds; the hours are closed regardless
+        log.exception("reaping silent nodes before the accrual failed; accruing anyway")
     cutoff = floor_hour(now - ACCRUAL_GRACE)
     with transaction.atomic():
         rows = [row for held in _held_behind(cutoff) for row in _accrual_rows(held, cutoff=cutoff, now=now)]

@@ -83,3 +83,27 @@ def test_a_node_reaped_on_time_is_released_when_it_is_reaped(team):
 
     released = Allocation.objects.get(job=job).released_at
     assert beat < released <= reaped
+
+
+def test_only_the_lost_part_is_dated_back_its_job_and_other_parts_change_now(team):
+    """A job spanning two nodes: gpu-08 fell silent at 09:05, gpu-09's part finished at 10:00 and waits for its
+    sibling, and gpu-08 is found lost at 11:00. Only gpu-08's part ends at its silence; gpu-09's held its GPUs
+    until now, and the job's requeue is recorded now, after every event before it."""
+    lost = NodeFactory(name="gpu-08", gpus=1)
+    NodeFactory(name="gpu-09", gpus=1)
+    job = JobFactory(team=team, state="queued", gpus=2, requeue=True)
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-08": (0,), "gpu-09": (0,)}, now=T0)
+    parts = {p.node.name: p for p in Allocation.objects.filter(job=job).select_related("node")}
+    for part in parts.values():
+        assert rental.start_allocation(allocation_id=part.id, now=T0)
+    finished = T0 + timedelta(hours=1)
+    Allocation.objects.filter(id=parts["gpu-09"].id).update(finished_at=finished, exit_code=0)
+    beat = _last_beat(lost, T0 + timedelta(minutes=5))
+    found = T0 + timedelta(hours=2)
+
+    rental.lose_node_allocations(node=Node.objects.get(id=lost.id), now=found, detail="silent")
+
+    released = dict(Allocation.objects.filter(job=job).values_list("node__name", "released_at"))
+    assert released == {"gpu-08": beat + timedelta(seconds=settings.E31_NODE_TIMEOUT_S), "gpu-09": found}
+    job.refresh_from_db()
+    assert (job.state, job.state_changed_at) == ("queued", found)
