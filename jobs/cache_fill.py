@@ -145,10 +145,14 @@ def remove_orphan_parts(
 
     A dead fill's row was otherwise only ever replaced by a new claim on the same key, which never comes for a
     one-off source, a cancelled job or a moved tag: it stayed FILLING for good, and its bytes, counted as held,
-    made every sweep evict the unpinned entries. The delete is conditional: a claim that took the row over
-    meanwhile (fresh ``updated_at``) keeps it."""
+    made every sweep evict the unpinned entries. Rows are locked first (skipping one a claim holds), so a claim
+    that took a row over meanwhile (fresh ``updated_at``) keeps it."""
     stale = stale_before(now)
-    entries.objects.filter(state=entries.FILLING, updated_at__lt=stale).delete()
+    with transaction.atomic():  # locked, then deleted: a takeover waits for this and finds the row gone
+        dead = entries.objects.select_for_update(skip_locked=True).filter(
+            state=entries.FILLING, updated_at__lt=stale
+        )
+        entries.objects.filter(id__in=list(dead.values_list("id", flat=True))).delete()
     if not folder.is_dir():
         return
     cutoff = stale.timestamp()

@@ -77,12 +77,12 @@ def state_row() -> SchedulerState:
     return state or SchedulerState.objects.create()
 
 
-def run_part(allocation_id: int, node_name: str, *, expires_s: float | None = None) -> None:
-    send_after_commit(RUN_PART, (allocation_id,), queue=node_queue(node_name), expires_s=expires_s)
+def run_part(allocation_id: int, node_name: str) -> None:
+    send_after_commit(RUN_PART, (allocation_id,), queue=node_queue(node_name))
 
 
-def deliver_part(allocation_id: int, node_name: str, *, expires_s: float | None = None) -> None:
-    send_after_commit(DELIVER_PART, (allocation_id,), queue=node_queue(node_name), expires_s=expires_s)
+def deliver_part(allocation_id: int, node_name: str) -> None:
+    send_after_commit(DELIVER_PART, (allocation_id,), queue=node_queue(node_name))
 
 
 def control_queue() -> str:

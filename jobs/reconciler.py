@@ -109,8 +109,9 @@ def undelivered(stale: datetime) -> QuerySet[Allocation]:
 
 
 def _repeat_expires_s() -> float:
-    """A repeat is dropped unread once the next run has rung its own: while nothing takes them (the stager down,
-    a node's agent busy) the queue holds two per job at most, not one more every run."""
+    """A repeated stage_job is dropped unread once the next run has rung its own: while no stager takes them the
+    queue holds two per job at most, not one more every run. Only for the platform's own workers, whose clocks
+    keep time with the database's: a node's clock need not, and one ahead would drop every repeat it was sent."""
     return 2 * settings.E31_RECONCILE_EVERY_S
 
 
@@ -133,7 +134,7 @@ def _restart_unstarted(stale: datetime, now: datetime, findings: Findings) -> No
     rows = unstarted(stale).values_list("id", "node_id", "node__name", "rented_at")
     for allocation_id, node_id, node, rented_at in rows[:500]:
         if rented_at >= given_up:
-            dispatch.run_part(allocation_id, node, expires_s=_repeat_expires_s())
+            dispatch.run_part(allocation_id, node)
             findings.restarted.append(allocation_id)
             continue
         detail = (
@@ -164,9 +165,9 @@ def _abandon_silent(stale: datetime, now: datetime, findings: Findings) -> None:
 
 def _redeliver(stale: datetime, findings: Findings) -> None:
     """Rings again the undelivered parts of the attempt each delivering job is delivering (not earlier ones), but
-    not on a node that is down: its agent takes nothing meanwhile; once it is back the next run rings them, or
-    ``fail_stranded`` gives them up."""
-    rows = undelivered(stale).exclude(node__state=Node.NodeState.DOWN).values_list("id", "node__name")
-    for allocation_id, node in rows[:200]:
-        dispatch.deliver_part(allocation_id, node, expires_s=_repeat_expires_s())
+    not on a node down for silence: no agent takes them meanwhile; once it is back the next run rings them, or
+    ``fail_stranded`` gives them up. A node an operator holds down still beats, and delivers."""
+    gone = Q(node__state=Node.NodeState.DOWN, node__held_down_by="")
+    for allocation_id, node in undelivered(stale).exclude(gone).values_list("id", "node__name")[:200]:
+        dispatch.deliver_part(allocation_id, node)
         findings.redelivered.append(allocation_id)
