@@ -261,6 +261,9 @@ class UserAdmin(AuditedRightsAdmin, auth_admin.UserAdmin):
     # teams on their members pages first.
     def get_deleted_objects(self, objs, request):
         deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        # Tokens are never deleted on their own (``ApiTokenAdmin``), but go with their account: its deletion is
+        # audited, and a token of no account signs nobody in.
+        perms_needed.discard(ApiToken._meta.verbose_name)
         for membership in Membership.objects.filter(user__in=objs).select_related("team", "user"):
             protected.append(
                 format_html(

@@ -201,10 +201,17 @@ def test_the_admin_deletes_no_account_that_is_in_a_team(admin_client, team, team
     assert Membership.objects.filter(team=team, user=user).exists()
 
 
-def test_the_admin_still_deletes_an_account_in_no_team(admin_client, db):
+@pytest.mark.parametrize("tokens", [0, 1], ids=["no token", "with a token"])
+def test_the_admin_still_deletes_an_account_in_no_team(admin_client, db, tokens):
+    """With a token too: tokens are never deleted alone, but go with their account (a review found the token
+    rule had made every account holding one undeletable, 403)."""
     loner = UserFactory(username="loner")
-    admin_client.post(reverse("admin:auth_user_delete", args=[loner.id]), {"post": "yes"})
+    for _ in range(tokens):
+        services.create_api_token(user=loner, label="laptop")
+    response = admin_client.post(reverse("admin:auth_user_delete", args=[loner.id]), {"post": "yes"})
+    assert response.status_code == 302
     assert not type(loner).objects.filter(id=loner.id).exists()
+    assert not ApiToken.objects.filter(user_id=loner.id).exists()
 
 
 def _user_form(user, **changes) -> dict:
