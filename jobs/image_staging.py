@@ -252,11 +252,11 @@ def _unpack_cap(entry: ImageCacheEntry, declared: int, layout: Path) -> registry
     ratio = settings.E31_IMAGE_UNPACK_RATIO
     pulled = registry.tree_bytes(layout)
     by_ratio = registry.Cap(
-        ratio * pulled, f"{ratio} times the {format_size(pulled)} pulled (E31_IMAGE_UNPACK_RATIO)"
+        ratio * pulled,
+        f"{format_size(ratio * pulled)}, {ratio} times the {format_size(pulled)} pulled (E31_IMAGE_UNPACK_RATIO)",
     )
     by_room = registry.Cap(
-        entry.bytes - pulled,
-        f"which with the {format_size(pulled)} pulled is more than the {_room_text()}",
+        entry.bytes - pulled, f"what, beside the {format_size(pulled)} pulled, fits the {_room_text()}"
     )
     # By ratio, what was pulled is at most what the manifest declares (``registry.pull_limit``): bounded.
     room_bound = not declared or entry.bytes < (1 + ratio) * declared

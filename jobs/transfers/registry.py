@@ -56,7 +56,8 @@ class Access:
 
 @dataclass(frozen=True)
 class Cap:
-    """The most an unpacked image may hold, and what sets that (the failure names it)."""
+    """The most an unpacked image (or a pull) may hold, and what sets that, as the failure names it ("more than
+    {why}"): a figure only where the team may know it (never the cache's room, which other teams' data sets)."""
 
     bytes: int
     why: str
@@ -268,7 +269,7 @@ class _GrowthLimit:
         self.next_at = time.monotonic() + MEASURE_SPACING * (time.monotonic() - began)
         if size > self.cap.bytes:
             raise transfers.TransferFailed(
-                f"the image unpacks to more than {format_size(self.cap.bytes)}, {self.cap.why}: unpacking stopped"
+                f"the image unpacks to more than {self.cap.why}: unpacking stopped"
             )
 
 

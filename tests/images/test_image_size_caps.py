@@ -7,6 +7,7 @@ unpack is stopped at the image's cap (the room, and E31_IMAGE_UNPACK_RATIO times
 layers) and what it wrote is removed, and a filling image counts at its cap in the room data fills see.
 """
 
+import re
 import subprocess
 
 import pytest
@@ -15,6 +16,7 @@ from django.utils import timezone
 from jobs import image_staging, imageref, staging, transfers
 from jobs.models import ImageCacheEntry, ImagePull, Job
 from jobs.transfers import registry
+from jobs.units import format_size
 from tests.factories import JobFactory, TeamFactory
 from tests.images.registry import build_image, push, push_understated
 
@@ -77,6 +79,10 @@ def test_an_image_unpacking_past_the_caches_room_is_stopped_near_it_and_removed(
     job = staged(bomb_image)
     assert (job.state, job.end_reason) == ("ended", "staging_failed"), job.end_detail
     assert "unpacks to more than" in job.end_detail and "E31_STAGE_CACHE_BYTES" in job.end_detail
+    # The room left is what other teams' data sets: named as the capacity only, never as a figure of its own.
+    sizes = set(re.findall(r"\d[\d.,]* [kMGT]?B\b", job.end_detail))
+    pulled = ImagePull.objects.get(job=job).bytes
+    assert sizes <= {format_size(CAP), format_size(pulled)}, job.end_detail
     assert job.image_pull.stage_state == "failed"
     assert not job.allocations.exists()
     written = max(removed_sizes)
