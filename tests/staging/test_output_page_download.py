@@ -41,3 +41,16 @@ def test_another_team_gets_a_404_and_an_undelivered_file_a_409_with_no_link(
     assert member_client.get(url, {"path": "eval/score & notes.txt"}).status_code == 409
     page = member_client.get(reverse("jobs:detail", args=[delivered.id])).content.decode()
     assert "eval/score &amp; notes.txt" in page and url not in page
+
+
+def test_a_job_delivered_to_a_destination_with_a_query_serves_no_other_jobs_bytes(roots, team, member_client):
+    """Delivered before intake refused "?" in a file URI: its folder went into the query, so the path read back is
+    the shared folder itself, where another job's file of the same name lies. Nothing is served for it."""
+    job = JobFactory(team=team, state="released", end_reason="succeeded", attempt=1, sealed_files=1,
+                     output_uri=f"file://{roots.outputs}/shared?x", delivery_state="delivered",
+                     delivered_at=timezone.now())  # fmt: skip
+    OutputFile.objects.create(job=job, attempt=1, path="model.bin", bytes=5, sha256="0" * 64)
+    (roots.outputs / "shared").mkdir()
+    (roots.outputs / "shared" / "model.bin").write_bytes(b"7f3e9")  # another job's delivery
+    got = member_client.get(reverse("jobs:output", args=[job.id]), {"path": "model.bin"})
+    assert got.status_code == 404 and b"7f3e9" not in got.content
