@@ -356,14 +356,15 @@ E31_CHECKPOINT_ROOT = Path(env.str("E31_CHECKPOINT_ROOT", default=str(STATE_DIR 
 def _refuse_nested_roots() -> None:
     """A team's file:// folder is <root>/<team-slug>/: a root inside another would be some team's own folder of
     the outer one (team "outputs" reading every team's deliveries under <data root>/outputs), and a platform
-    folder inside a root (the staging cache, agents' spaces, checkpoints) a team's folder too. One folder may be
+    folder inside a root (the staging cache, agents' spaces, checkpoints, the state folder with its database,
+    keys and broker) a team's folder too. One folder may be
     both a data and an output root: each team's folder of it is its own either way."""
     named = [
         *(("E31_DATA_ROOTS", p) for p in E31_DATA_ROOTS),
         *(("E31_OUTPUT_ROOTS", p) for p in E31_OUTPUT_ROOTS),
     ]
     platform = [("E31_STAGING_ROOT", E31_STAGING_ROOT), ("E31_AGENT_ROOT", E31_AGENT_ROOT),
-                ("E31_CHECKPOINT_ROOT", E31_CHECKPOINT_ROOT)]  # fmt: skip
+                ("E31_CHECKPOINT_ROOT", E31_CHECKPOINT_ROOT), ("E31_STATE_DIR", STATE_DIR)]  # fmt: skip
     for outer_name, outer in named:
         for inner_name, inner in (*named, *platform):
             same_root = inner == outer and (inner_name, inner) in named

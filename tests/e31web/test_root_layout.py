@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _start(tmp_path, **values: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("E31_")}
-    env |= {"DJANGO_SETTINGS_MODULE": "e31web.settings", "E31_STATE_DIR": str(tmp_path / "state"), **values}
+    env |= {"DJANGO_SETTINGS_MODULE": "e31web.settings", "E31_STATE_DIR": str(tmp_path / "state")}
+    env |= values
     return subprocess.run(
         [sys.executable, "-c", "import django; django.setup()"],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
@@ -35,6 +36,18 @@ def _start(tmp_path, **values: str) -> subprocess.CompletedProcess:
         ({"E31_DATA_ROOTS": "{t}/d", "E31_STAGING_ROOT": "{t}/d/staging"}, "d/staging", "d"),
         ({"E31_OUTPUT_ROOTS": "{t}/o", "E31_AGENT_ROOT": "{t}/o/agents"}, "o/agents", "o"),
         ({"E31_DATA_ROOTS": "{t}/d", "E31_CHECKPOINT_ROOT": "{t}/d"}, "d", "d"),
+        (
+            {
+                "E31_DATA_ROOTS": "{t}/d",
+                "E31_STATE_DIR": "{t}/d/state",
+                "E31_STAGING_ROOT": "{t}/s",
+                "E31_AGENT_ROOT": "{t}/a",
+                "E31_CHECKPOINT_ROOT": "{t}/c",
+                "E31_OUTPUT_ROOTS": "{t}/o",
+            },
+            "d/state",
+            "d",
+        ),  # fmt: skip
     ],
 )
 def test_a_root_inside_another_is_refused_at_start(tmp_path, values, inner, outer):
