@@ -47,7 +47,7 @@ def _start(tmp_path, **values: str) -> subprocess.CompletedProcess:
             },
             "d/state",
             "d",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_a_root_inside_another_is_refused_at_start(tmp_path, values, inner, outer):
