@@ -42,10 +42,14 @@ class Command(BaseCommand):
     def handle(self, *args, nodes: int, gpus_per_node: int, port: str, **options):
         if refused := sandbox.traversal_refusal(settings.STATE_DIR):
             raise CommandError(refused)  # else every local node would exit at start, and restart, forever
-        _check_port(
-            port
-        )  # else the printed address reaches another program, and the web server restarts forever
         self._state_lock = _lock_state_dir(settings.STATE_DIR)  # held while this console runs
+        # After the lock, so a second console on this folder is told so, not that its port is taken; before any
+        # child, or the printed address would reach another program while the web server restarts for ever.
+        try:
+            _check_port(port)
+        except CommandError:
+            self._state_lock.close()
+            raise
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write(
             self.style.SUCCESS("Database ready: " + settings.DATABASES["default"]["NAME"].__str__())
