@@ -51,7 +51,9 @@ def test_a_port_the_web_server_cannot_take_is_refused_before_anything_starts(set
             asked = str(taken.getsockname()[1]) if port == "taken" else port
             with pytest.raises(CommandError, match=rf"(?s)port {asked}\b.*PORT="):
                 call_command("run_console", "--port", asked, stdout=StringIO())
-        assert [p.name for p in settings.STATE_DIR.iterdir()] == ["console.lock"]  # nothing migrated or written
+        assert [p.name for p in settings.STATE_DIR.iterdir()] == [
+            "console.lock"
+        ]  # nothing migrated or written
     finally:
         shutil.rmtree(base)
 
