@@ -677,6 +677,10 @@ def _supervise(
         stop = _watch(proc, watcher)
         # Children that outlived the job go with its process group, while its unreaped pid still pins that group.
         code = _stop(proc, stop, part, mode, cut_short=watcher.hurried) if stop else sandbox.reap(proc)
+        if stop == PREEMPTED and watcher.latest == EndReason.TIMED_OUT:
+            stop = (
+                EndReason.TIMED_OUT
+            )  # its hours ran out in the grace: it ends, not requeued for a fresh limit
     finally:
         watcher.finish()
         exited()
@@ -794,8 +798,9 @@ class Watcher(threading.Thread):
         return time.monotonic() - self.reached > fence_after_s()
 
     def hurried(self) -> bool:
-        """Whether a checkpoint's grace must end now: cancelled or released meanwhile, or cut off (fenced)."""
-        return self.latest in (EndReason.CANCELLED, "released") or self.fenced()
+        """Whether a checkpoint's grace must end now: cancelled, released or out of its hours meanwhile, or cut
+        off (fenced)."""
+        return self.latest in (EndReason.CANCELLED, "released", EndReason.TIMED_OUT) or self.fenced()
 
     def finish(self) -> None:
         """Stops the checks. One under way ends first, unless it outlives the wait: then it keeps the shared

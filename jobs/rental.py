@@ -622,11 +622,12 @@ def stop_reason(*, allocation_id: int, now: datetime) -> str:
         return "released"
     if row["job__cancel_requested_at"]:
         return EndReason.CANCELLED
-    if row["job__preempt_requested_at"]:
-        return PREEMPTED
     parts = Allocation.objects.filter(job_id=row["job_id"], attempt=row["attempt"])
+    # Before a preemption: the limit ends a checkpoint's grace as it ends any run (read every second through it).
     if row["started_at"] and _ran_out_of_hours(parts, hours=row["job__hours"], now=now):
         return EndReason.TIMED_OUT
+    if row["job__preempt_requested_at"]:
+        return PREEMPTED
     # A part that failed, or was released early (its node lost, its agent failed): the attempt cannot go on.
     failed_sibling = parts.filter(
         Q(released_at__isnull=False) | Q(finished_at__isnull=False) & ~Q(end_reason=EndReason.SUCCEEDED)

@@ -156,3 +156,35 @@ def test_a_cancel_during_the_checkpoint_grace_ends_it_within_the_kill_grace(team
     agent._after_exit(part, None, "preempted", supervised.result[0][1])
     job.refresh_from_db()
     assert (job.state, job.end_reason) == (State.RELEASED, EndReason.CANCELLED)
+
+
+def test_the_time_limit_ends_a_checkpoint_grace_that_would_run_past_it(team, settings, tmp_path):
+    """Reproduction: a pausable job 2 s before its 1-hour limit was asked to stop for a reservation; it kept its
+    whole 20 s of grace past the limit (the limit was not checked once a preemption was asked for), billed, and
+    was requeued as preempted, its next attempt given a whole hour again. The limit ends the grace as it ends any
+    job (TERM, then E31_KILL_GRACE_S), and the job ends timed out."""
+    settings.E31_KILL_GRACE_S = 1
+    node = NodeFactory(name="gpu-grace", gpus=1)
+    began = timezone.now() - timedelta(seconds=3600 - 2)  # 2 s left of its hour
+    job = JobFactory(team=team, preemptible=True, checkpoint_signal="USR1", checkpoint_grace_s=20,
+                     checkpoint_bytes=10**6, hours=1, worker_seen_at=began)  # fmt: skip
+    assert rental.rent_job(job_id=job.id, gpus_by_node={node.name: (0,)}, now=began)
+    allocation = Allocation.objects.get(job=job)
+    assert rental.start_allocation(allocation_id=allocation.id, now=began)
+    part = agent._load_part(allocation.id, sandbox.UNSANDBOXED, None)
+    assert rental.request_preemption(job_id=job.id, now=timezone.now())
+    asked = time.monotonic()
+    supervised = _Supervised(part, tmp_path)
+    try:
+        supervised.thread.join(timeout=12)  # the limit (2 s), a check (1 s), TERM, the kill grace (1 s)
+        assert not supervised.thread.is_alive(), f"still in its grace {time.monotonic() - asked:.1f} s on"
+        assert time.monotonic() - asked < 8
+    finally:
+        supervised.end()
+    assert supervised.result and supervised.result[0][0] == EndReason.TIMED_OUT
+    settings.E31_AGENT_ROOT = tmp_path / "agents"
+    dirs = sandbox.attempt_dirs(allocation)
+    dirs.output.mkdir(parents=True)  # it wrote nothing: an empty output is sealed
+    agent._after_exit(part, dirs, supervised.result[0][0], supervised.result[0][1])
+    job.refresh_from_db()
+    assert (job.state, job.end_reason) == (State.RELEASED, EndReason.TIMED_OUT)
