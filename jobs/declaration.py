@@ -769,7 +769,7 @@ def _uri(
         errs.add(path, f"scheme must be one of {', '.join(schemes)}")
         return ""
     if parts.scheme == "file":
-        problem = _file_uri_problem(parts, roots, roots_name) or _file_uri_suffix_problem(value)
+        problem = _file_uri_problem(parts, roots, roots_name) or file_uri_suffix_problem(value)
     else:
         problem = _host_problem(parts)
     if problem:
@@ -806,7 +806,7 @@ def _file_uri_problem(parts: SplitResult, roots: Sequence[Path], roots_name: str
     return ""
 
 
-def _file_uri_suffix_problem(value: str) -> str:
+def file_uri_suffix_problem(value: str) -> str:
     """A file URI is a path alone. Staging would read the path and drop a query without a word, and a
     destination's attempt folder, appended to the text, would land in the query: every job would deliver into
     the same folder, each replacing the files of the one before. Even a bare "?" or "#" is refused."""

@@ -258,7 +258,9 @@ def _deliver_log(allocation: Allocation, job: Job) -> None:
 def _file_destination(uri: str, team: str) -> Iterator[tuple[int, str]]:
     """The folder that holds the attempt's folder, made under the team's prefix of an output root and held open,
     with the attempt folder's name in it: everything delivered is reached from there."""
-    if "?" in uri or "#" in uri:  # refused at intake; a job stored before that would share one folder
+    if declaration.file_uri_suffix_problem(
+        uri
+    ):  # refused at intake; a job stored before would share one folder
         raise DeliveryFailed('a file destination is a path alone, with no "?" or "#"')
     prefixes = declaration.team_prefixes(settings.E31_OUTPUT_ROOTS, team)
     folder = declaration.resolve_under_roots(unquote(urlsplit(uri).path), prefixes)

@@ -48,15 +48,21 @@ def pass_lock(*, wait_s: float = 0.0):
         with _file_pass_lock(wait_s=wait_s) as held:
             yield held
         return
-    deadline = time.monotonic() + wait_s
-    while not (held := _try_pass_lock()) and time.monotonic() < deadline:
-        time.sleep(LOCK_POLL_S)
+    held = _polled(_try_pass_lock, wait_s=wait_s)
     try:
         yield held
     finally:
         if held:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_KEY])
+
+
+def _polled(try_lock: Callable[[], bool], *, wait_s: float) -> bool:
+    """Tries ``try_lock`` until it succeeds or ``wait_s`` has passed (neither lock can wait with a timeout)."""
+    deadline = time.monotonic() + wait_s
+    while not (held := try_lock()) and time.monotonic() < deadline:
+        time.sleep(LOCK_POLL_S)
+    return held
 
 
 @contextmanager
@@ -67,9 +73,7 @@ def _file_pass_lock(*, wait_s: float):
     path = settings.STATE_DIR / "scheduler-pass.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as lock_file:
-        deadline = time.monotonic() + wait_s
-        while not (held := _try_flock(lock_file)) and time.monotonic() < deadline:
-            time.sleep(LOCK_POLL_S)
+        held = _polled(lambda: _try_flock(lock_file), wait_s=wait_s)
         try:
             yield held
         finally:

@@ -251,9 +251,9 @@ def open_delivered_output(job: Job, path: str):
 def _open_delivered_file(folder: str, path: str, *, team: str) -> int:
     """The file opened beneath the attempt's folder, itself opened from the team's prefix, one name at a time
     without following a link: a folder swapped for a link after a check by name would be read through."""
-    if (
-        "?" in folder or "#" in folder
-    ):  # delivered before intake refused them: the path is another job's folder
+    if declaration.file_uri_suffix_problem(
+        folder
+    ):  # delivered before intake refused it: another job's folder
         raise FileNotFoundError(folder)
     prefixes = declaration.team_prefixes(settings.E31_OUTPUT_ROOTS, team)
     root = declaration.resolve_under_roots(unquote(urlsplit(folder).path), prefixes)
