@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.mail import send_mail
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q, QuerySet
 
 from accounts import scoping, selectors
@@ -77,6 +77,8 @@ def add_webhook(*, team: Team, user, url: str, secret: str, now: datetime) -> We
     """A team admin's webhook; its URL must pass the address rules now (and again before each send)."""
     if not scoping.is_team_admin(user, team):
         raise NotAllowed("only the team's admins manage its webhooks")
+    Team.objects.select_for_update().filter(id=team.id).first()  # two adds at once count each other
+    _refuse_more_webhooks(team, url)
     host, port = addresses.check_url(url)
     addresses.checked_addresses(host, port)
     secret = secret or secrets.token_urlsafe(32)
@@ -87,11 +89,26 @@ def add_webhook(*, team: Team, user, url: str, secret: str, now: datetime) -> We
     return webhook
 
 
+def _refuse_more_webhooks(team: Team, url: str) -> None:
+    """Every event of the team's jobs goes out to each of its webhooks from inside the job's own change (and the
+    scheduler pass that makes it), so their number is bounded; a second webhook to one URL only sends each event
+    there twice."""
+    hooks = Webhook.objects.filter(team=team)
+    if hooks.filter(url=url).exists():
+        raise addresses.Refused("the team already has a webhook to this URL")
+    limit = settings.E31_WEBHOOKS_PER_TEAM
+    if hooks.count() >= limit:
+        raise addresses.Refused(f"a team has at most {limit} webhooks: remove one first")
+
+
 @transaction.atomic
 def remove_webhook(*, webhook: Webhook, user, now: datetime) -> None:
     if not scoping.is_team_admin(user, webhook.team):
         raise NotAllowed("only the team's admins manage its webhooks")
-    _delete(webhook, actor=user, now=now)
+    # Held first, so a job event holding it is over and its deliveries are seen (and removed) with it.
+    webhook = Webhook.objects.select_for_update().filter(id=webhook.id).first()
+    if webhook is not None:
+        _delete(webhook, actor=user, now=now)
 
 
 @transaction.atomic
@@ -127,7 +144,7 @@ def record_job_event(*, job_id: int, event: str, attempt: int, now: datetime, de
     job = Job.objects.select_related("team").get(id=job_id)
     payload = _payload(job, event, now=now, detail=detail)
     key = f"job:{job.id}:{attempt}:{event}"
-    for webhook in Webhook.objects.filter(team_id=job.team_id).select_related("created_by", "team"):
+    for webhook in _held(Webhook.objects.filter(team_id=job.team_id).select_related("created_by", "team")):
         if not selectors.speaks_for(webhook.created_by, webhook.team):
             continue  # its adder was deactivated, lost operator rights or was deleted: see deliver_webhook
         delivery, created = WebhookDelivery.objects.get_or_create(
@@ -141,6 +158,22 @@ def record_job_event(*, job_id: int, event: str, attempt: int, now: datetime, de
             job=job, defaults={"due_at": now, "claimed_at": None, "sent_at": None}
         )
         _ring(SEND_JOB_EMAIL, job.id)
+
+
+def _held(webhooks: QuerySet[Webhook]) -> QuerySet[Webhook]:
+    """The webhooks, each held until this transaction ends (FOR KEY SHARE, which job events do not contend for):
+    the deliveries' foreign key is checked at commit, so a webhook removed in between would roll back the job's
+    change, or the whole scheduler pass that made it. A removal waits instead, and then removes these
+    deliveries with it. SQLite runs one writer at a time."""
+    if connection.vendor != "postgresql":
+        return webhooks
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {Webhook._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR KEY SHARE",
+            [list(webhooks.values_list("id", flat=True))],
+        )
+        held = [row[0] for row in cursor.fetchall()]
+    return webhooks.filter(id__in=held)
 
 
 def _email_wanted(job: Job, event: str) -> bool:
