@@ -58,11 +58,21 @@ def stage_job(job_id: int, *, expires_s: float | None = None) -> None:
 def request_scheduler_pass() -> None:
     """Asks for a scheduler pass; passes coalesce, so many requests cost one pass.
 
-    Only the request that flips the flag rings the doorbell; the pass clears it before it plans.
+    The flag is raised once the asking transaction has committed, never inside it. A flag raised inside could be
+    claimed by a pass that then read the pool before the change it was raised for (GPUs freed, a job queued) had
+    committed, and no later pass was asked for it: the change waited for the safety pass. And the asking
+    transaction held the pool's one flag row until it ended, so a long one (an array's cancel) held up every
+    team's submissions, and lock orders around it could deadlock. Only the request that raises the flag rings;
+    the pass lowers it before it plans.
     """
+    pending = (func for _, func, _ in transaction.get_connection().run_on_commit)
+    if _raise_flag not in pending:  # one per transaction: the same savepoints roll back each of its requests
+        transaction.on_commit(_raise_flag, robust=True)  # a failure is logged; the safety pass follows anyway
+
+
+def _raise_flag() -> None:
     state = state_row()
-    flipped = SchedulerState.objects.filter(id=state.id, pass_requested=False).update(pass_requested=True)
-    if flipped:
+    if SchedulerState.objects.filter(id=state.id, pass_requested=False).update(pass_requested=True):
         send_after_commit(RUN_REQUESTED_PASSES, (), queue=control_queue())
 
 

@@ -121,7 +121,7 @@ def test_pass_requests_coalesce_into_one_ring_until_a_pass_claims_them(
     assert SchedulerState.objects.count() == 1
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the flag is raised at commit
 def test_requested_passes_run_until_no_request_is_left(monkeypatch):
     now = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
     ran = []
@@ -151,7 +151,7 @@ def _pass_elsewhere():
         other.close()
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the flag is raised at commit
 def test_a_request_claimed_while_a_pass_runs_elsewhere_waits_for_it_then_runs(monkeypatch):
     ran = []
     monkeypatch.setattr(scheduler, "_pass", lambda *, now: ran.append(now))
@@ -162,7 +162,7 @@ def test_a_request_claimed_while_a_pass_runs_elsewhere_waits_for_it_then_runs(mo
     assert len(ran) == 1
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the flag is raised at commit
 def test_a_request_is_asked_again_when_a_pass_elsewhere_outlasts_the_wait(monkeypatch):
     monkeypatch.setattr(scheduler, "PASS_WAIT_S", 0.2)
     monkeypatch.setattr(scheduler, "_pass", lambda *, now: pytest.fail("ran a pass without the lock"))
@@ -172,7 +172,7 @@ def test_a_request_is_asked_again_when_a_pass_elsewhere_outlasts_the_wait(monkey
     assert SchedulerState.objects.get().pass_requested
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the flag is raised at commit
 def test_a_safety_pass_that_finds_a_pass_running_elsewhere_leaves_the_request_to_its_doorbell(monkeypatch):
     """It cleared the flag and then ran nothing: the doorbell's task, coming next, found no request and the
     submission made during the other pass waited for the next safety pass (up to 30 s)."""

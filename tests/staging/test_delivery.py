@@ -11,7 +11,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobs import delivery, logs, reconciler, sandbox, scheduler, signals
+from jobs import delivery, dispatch, logs, reconciler, sandbox, scheduler, signals
 from jobs.models import Allocation, Dependency, Job, Node, OutputFile, OutputTransfer, SchedulerState
 from jobs.transfers import sources
 from tests.factories import JobFactory, NodeFactory
@@ -56,16 +56,15 @@ def test_outputs_are_delivered_with_progress_and_checked_at_the_destination(root
     assert not list((roots.outputs / "run1").rglob("*.e31part"))
 
 
+@pytest.mark.parametrize("uri, end", [("", "delivered"), ("file:///elsewhere/run1", "failed")])
 def test_a_delivered_job_asks_for_a_pass_so_the_jobs_waiting_for_its_outputs_go_on_at_once(
-    roots, team, settings
+    roots, team, settings, django_capture_on_commit_callbacks, uri, end
 ):
-    SchedulerState.objects.update(pass_requested=False)
-    assert deliver(released_job(team, roots, {"model.bin": b"weights"})).delivery_state == "delivered"
-    assert SchedulerState.objects.get().pass_requested
-    SchedulerState.objects.update(pass_requested=False)
     settings.E31_TRANSFER_RETRIES = 0
-    allocation = released_job(team, roots, {"model.bin": b"weights"}, uri="file:///elsewhere/run1")
-    assert deliver(allocation).delivery_state == "failed"
+    dispatch.state_row()
+    allocation = released_job(team, roots, {"model.bin": b"weights"}, uri=uri)
+    with django_capture_on_commit_callbacks(execute=True):  # the flag is raised once the delivery commits
+        assert deliver(allocation).delivery_state == end
     assert SchedulerState.objects.get().pass_requested
 
 
