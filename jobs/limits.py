@@ -143,14 +143,23 @@ def _free_bytes(path: Path) -> int:
 
 
 def node_memory(cap: int | None = None) -> int:
-    """Physical memory, or less where the agent's own memory cgroup is limited, or the operator's cap."""
+    """What the node's jobs may hold between them: physical memory, or the agent's own memory cgroup limit where
+    lower, less the reserve that the agent, its deliveries and the system need (a job on every GPU is given all of
+    it); or the operator's cap, where lower."""
     found = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     memory = hierarchies().get("memory")
     if memory is not None:
         own_limit = _own_memory_limit(memory)
         if own_limit:
             found = min(found, own_limit)
-    return min(found, cap) if cap else found
+    offered = found - reserved_memory(found)
+    return min(offered, cap) if cap else offered
+
+
+def reserved_memory(found: int) -> int:
+    """E31_NODE_RESERVED_MEMORY_BYTES, else a twentieth of what was found and at least 512 MiB; never over half of it."""
+    reserve = settings.E31_NODE_RESERVED_MEMORY_BYTES or max(found // 20, 512 * 2**20)
+    return min(reserve, found // 2)
 
 
 def node_cpus(cap: float | None = None) -> float:

@@ -538,6 +538,10 @@ def _popen(
 def _enter(confinement: Confinement) -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     cgroups.join(confinement.cgroup_procs)  # resource limits and the devices group bound all it starts
+    # Killed first when memory runs out above the job's own group (the agent's, the machine's): a job of many
+    # mid-sized processes is never the largest, and the kernel took the agent, and every job of the node with
+    # it. Its processes inherit the score; written by an agent with CAP_SYS_RESOURCE it is also their floor.
+    Path("/proc/self/oom_score_adj").write_text("1000")
     if confinement.netns:
         with open(NETNS_DIR / confinement.netns) as handle:
             if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:

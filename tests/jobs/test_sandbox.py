@@ -443,6 +443,15 @@ def test_a_job_cannot_dump_core_even_where_the_node_pipes_core_dumps_to_a_progra
     assert json.loads(run_job(JOB_UID, ["/usr/bin/python3", "-c", CORE_LIMIT])) == [1, 1, "refused"]
 
 
+@ROOT_AND_BWRAP
+def test_a_jobs_processes_are_what_the_kernel_kills_first_when_memory_runs_out_above_their_group():
+    """A job within its own limit made of many mid-sized processes is never the largest one: where the agent's
+    group (or the machine) ran out first, the kernel killed the agent, and every job of the node with it. Each of
+    the job's processes now scores 1000 (an agent holding CAP_SYS_RESOURCE also makes that the job's floor)."""
+    probe = "print(open('/proc/self/oom_score_adj').read().strip())"
+    assert run_job(JOB_UID, ["/usr/bin/python3", "-c", probe]) == "1000"
+
+
 def test_the_agent_raises_the_nodes_pid_count_past_what_its_attempts_may_start(tmp_path, settings):
     """A node kept the kernel's default kernel.pid_max, 32,768: eight attempts of E31_ATTEMPT_PIDS (4,096) could
     take every pid of the node, and the agent's own commands (mount, nft, bwrap) and every other job got EAGAIN."""

@@ -59,7 +59,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--memory", type=_size, default=None,
-            help="memory offered to jobs, at most what the machine has (for example '64 GB'); default: all of it",
+            help="memory offered to jobs, at most what the machine has less its reserve (for example '64 GB'); default: all of that",
         )  # fmt: skip
         parser.add_argument(
             "--cpus",
