@@ -7,6 +7,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 class NotLoggedIn(Exception):
@@ -36,17 +37,44 @@ def save(login: Login) -> Path:
 
 
 def current() -> Login:
-    stored: dict = {}
-    if login_file().exists():
-        stored = json.loads(login_file().read_text())
-    url = os.environ.get("E31_URL") or stored.get("url", "")
+    stored = _stored()
+    url = (os.environ.get("E31_URL") or stored.get("url", "")).rstrip("/")
     # Stripped as `e31 login` strips what it stores: `echo` and secrets files end the token with a newline.
     from_env = os.environ.get("E31_TOKEN", "").strip()
     token = from_env or stored.get("token", "")
     if not url or not token:
         raise NotLoggedIn("Not logged in: run `e31 login URL` (or set E31_URL and E31_TOKEN).")
+    if not from_env and _origin(url) != _origin(stored["url"]):
+        # The stored token is for the console it was stored with, never whatever $E31_URL names.
+        raise NotLoggedIn(
+            f"$E31_URL names {_origin(url)}, but the stored login is for {_origin(stored['url'])}: set E31_TOKEN "
+            f"to a token of {_origin(url)}, or run `e31 login {url}`."
+        )
     source = "$E31_TOKEN" if from_env else str(login_file())
-    return Login(url=url.rstrip("/"), token=usable_token(token, source=source))
+    return Login(url=url, token=usable_token(token, source=source))
+
+
+def _stored() -> dict:
+    path = login_file()
+    if not path.exists():
+        return {}
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise NotLoggedIn(f"The stored login {path} cannot be read ({exc}): run `e31 login URL` again.") from exc
+    if not isinstance(stored, dict) or not isinstance(stored.get("url"), str):
+        raise NotLoggedIn(f"The stored login {path} is not one `e31 login` wrote: run `e31 login URL` again.")
+    return stored
+
+
+def _origin(url: str) -> str:
+    """scheme://host:port, with the scheme's own port written out, so two spellings of one console compare equal."""
+    parts = urlsplit(url.strip())
+    try:
+        port = parts.port or {"https": 443, "http": 80}.get(parts.scheme)
+    except ValueError:  # no port number: no console either, and the request says so
+        return url
+    return f"{parts.scheme}://{parts.hostname}:{port}"
 
 
 def usable_token(token: str, *, source: str) -> str:
