@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobs import imageref, transfers
+from jobs import imageref, transfers, trees
 from jobs.units import format_size
 
 LAYOUT_TAG = "image"
@@ -277,13 +277,11 @@ UNSAFE_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_IWOTH
 
 
 def _tame(rootfs: Path) -> None:
-    """No setuid/setgid file and nothing writable by other users in an unpacked root (links untouched)."""
-    for folder, dirs, files in os.walk(rootfs):
-        for name in (*dirs, *files):
-            path = os.path.join(folder, name)
-            mode = os.lstat(path).st_mode
-            if not stat.S_ISLNK(mode) and mode & UNSAFE_BITS:
-                os.chmod(path, stat.S_IMODE(mode) & ~UNSAFE_BITS)
+    """No setuid/setgid file and nothing writable by other users in an unpacked root, the root folder included
+    (an image's / may be 0777), links untouched."""
+    for path, status in ((os.fspath(rootfs), os.lstat(rootfs)), *trees.entries(rootfs)):
+        if not stat.S_ISLNK(status.st_mode) and status.st_mode & UNSAFE_BITS:
+            os.chmod(path, stat.S_IMODE(status.st_mode) & ~UNSAFE_BITS)
 
 
 def image_config(layout: Path) -> dict:
@@ -316,14 +314,8 @@ def tree_bytes(root: Path) -> int:
 
 
 def _tree_bytes(root: Path) -> int:
-    total = 0
-    for directory, _, files in os.walk(root):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(directory, name)).st_size
-            except OSError:
-                pass  # a temporary file renamed meanwhile: counted under its new name next time
-    return total
+    """Each file's size (a temporary file renamed meanwhile is counted under its new name next time)."""
+    return sum(status.st_size for _, status in trees.entries(root) if not stat.S_ISDIR(status.st_mode))
 
 
 def _inspect(target: str, access: Access, *flags: str) -> bytes:

@@ -1,0 +1,64 @@
+"""An unpacked root is walked whatever its depth, and is tamed from its own folder down."""
+
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from jobs.transfers import registry
+
+DEPTH = 1050  # past Python 3.11's recursion limit (1,000), within PATH_MAX
+pytestmark = pytest.mark.skipif(not shutil.which("umoci"), reason="unreachable: bin/ensure-services installs umoci")
+
+
+def _layout(tmp_path: Path, shape) -> Path:
+    """An OCI layout (tag ``registry.LAYOUT_TAG``) whose root ``shape(rootfs)`` made."""
+    layout, bundle = tmp_path / "layout", tmp_path / "built"
+    tag = f"{layout}:{registry.LAYOUT_TAG}"
+    subprocess.run(["umoci", "init", "--layout", str(layout)], check=True)
+    subprocess.run(["umoci", "new", "--image", tag], check=True)
+    subprocess.run(["umoci", "unpack", "--rootless", "--image", tag, str(bundle)], check=True)
+    shape(bundle / "rootfs")
+    subprocess.run(["umoci", "repack", "--image", tag, str(bundle)], check=True)
+    _remove(bundle)
+    return layout
+
+
+def _remove(tree: Path) -> None:
+    subprocess.run(["rm", "-rf", str(tree)], check=True)  # shutil.rmtree recurses once per level too
+
+
+def _unpack(tmp_path: Path, layout: Path) -> Path:
+    bundle = tmp_path / "bundle"
+    registry.unpack(layout, bundle, beat=lambda: None, cap=registry.Cap(bytes=10**9, why="the test's cap"))
+    return bundle / "rootfs"
+
+
+def test_an_image_nested_past_pythons_recursion_limit_unpacks(tmp_path):
+    """os.walk recursed once per level: an image 1,050 folders deep raised RecursionError from the unpack, which
+    no stage caught, and the job stayed in STAGING, pulled and unpacked again every reconciler period."""
+
+    def deep(rootfs: Path) -> None:
+        leaf = rootfs
+        for _ in range(DEPTH):  # Path.mkdir(parents=True) recurses too
+            leaf = leaf / "a"
+            leaf.mkdir()
+        (leaf / "bottom").write_bytes(b"x" * 10)
+        (leaf / "bottom").chmod(0o4777)
+
+    try:
+        rootfs = _unpack(tmp_path, _layout(tmp_path, deep))
+        bottom = rootfs.joinpath(*["a"] * DEPTH, "bottom")
+        assert stat.S_IMODE(bottom.stat().st_mode) == 0o775  # 4777 tamed all the way down
+        assert registry.tree_bytes(rootfs) == 10
+    finally:
+        _remove(tmp_path)
+
+
+def test_an_images_world_writable_root_folder_is_tamed_too(tmp_path):
+    """The walk treated what is inside the root, never the root itself: an image whose / is 0777 left a
+    world-writable rootfs in the node's cache, where any local user could swap a team's /usr."""
+    rootfs = _unpack(tmp_path, _layout(tmp_path, lambda rootfs: rootfs.chmod(0o777)))
+    assert not stat.S_IMODE(rootfs.stat().st_mode) & (stat.S_IWOTH | stat.S_ISUID | stat.S_ISGID)
