@@ -13,9 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
 from django.db import connection
-from django.utils import timezone
 
-from jobs import delivery
+from jobs import clock, delivery
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -40,7 +39,8 @@ def deliver_part(allocation_id: int) -> bool:
 
 def _deliver(allocation_id: int) -> None:
     try:
-        delivery.deliver_part(allocation_id=allocation_id, now=timezone.now())
+        # The platform's time, as every date the agent writes: the lease it judges was written in it.
+        delivery.deliver_part(allocation_id=allocation_id, now=clock.now())
     except Exception:  # the part stays undelivered: the reconciler rings it again
         log.exception("delivery of allocation %s failed; it will be tried again", allocation_id)
     finally:
