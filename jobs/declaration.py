@@ -29,6 +29,10 @@ MAX_JOB_FILE_BYTES = 256 * 1024
 MAX_ARGS = 256
 MAX_ARG_CHARS = 4096
 MAX_ENV = 128
+# What the command and its environment may hold together (Linux takes 2 MB of both): every task of an array
+# stores a copy, so its tasks share a bound of their own.
+MAX_WORK_CHARS = 64 * 1024
+MAX_ARRAY_WORK_CHARS = 8 * 10**6
 MAX_INPUTS = 64
 MAX_SECRETS = 32
 MAX_UNKNOWN_KEYS = 10
@@ -251,6 +255,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     _check_one_node_room(min_gpus or gpus, memory, cpus, limits, errs)
     after_ok, after_any = _prerequisites(raw, errs)
     array = _array(raw.get("array"), limits, errs)
+    _check_work_size(argv, env, array, errs)
     if not (after_ok or after_any):  # inputs a prerequisite will write are checked when they stage
         _check_own_files(data, limits, errs)
     if errs.errors:
@@ -313,6 +318,18 @@ def _prerequisites(raw: Mapping, errs: _Collector) -> tuple[tuple[int, ...], tup
                 ids.append(item)
         lists.append(tuple(ids))
     return lists[0], lists[1]
+
+
+def _check_work_size(argv: list[str], env: dict[str, str], array: Array | None, errs: _Collector) -> None:
+    chars = sum(map(len, argv)) + sum(len(name) + len(value) for name, value in env.items())
+    if chars > MAX_WORK_CHARS:
+        errs.add("work", f"the command and its environment hold {chars:,} characters; at most {MAX_WORK_CHARS // 1024} KB together "
+                         "(pass longer input as a data file)")  # fmt: skip
+    elif array and chars * len(array.indices) > MAX_ARRAY_WORK_CHARS:
+        errs.add("array", f"{len(array.indices)} tasks, each a copy of a {format_size(chars)} command and "
+                          f"environment, hold {format_size(chars * len(array.indices))}; an array's tasks hold at "
+                          f"most {format_size(MAX_ARRAY_WORK_CHARS)} together: shorten the command, or have "
+                          "each task read its parameters from a data file by its E31_ARRAY_INDEX")  # fmt: skip
 
 
 def _array(value: Any, limits: Limits, errs: _Collector) -> Array | None:

@@ -50,6 +50,25 @@ def test_malformed_or_oversized_arrays_are_refused(text):
     assert [path for path, _ in errs.errors] == ["array"]
 
 
+def test_a_command_and_environment_past_their_bound_are_refused(client, member_token, pool, raw):
+    """Each of 256 arguments could be 4,096 characters and each of 128 variables too: a 1 MB body was stored
+    whole, and copied into every task of an array (100 tasks: 106 MB of rows, 8.7 s, 400 MB in the worker)."""
+    raw["work"]["argv"] = ["python3", *["x" * 4000] * 20]
+    response = submit_api(client, raw, member_token)
+    assert response.status_code == 422 and error_fields(response) == {"work"}
+    assert "64 KB" in response.content.decode()
+    assert not Job.objects.exists()
+
+
+def test_an_arrays_tasks_share_a_bound_on_what_each_copies(client, member_token, pool, raw):
+    raw["work"]["argv"] = ["python3", "sweep.py", *["x" * 4000] * 3]  # 12 KB, within the bound of one job
+    response = submit_api(client, {**raw, "array": "0-999"}, member_token)
+    assert response.status_code == 422 and error_fields(response) == {"array"}
+    assert "E31_ARRAY_INDEX" in response.content.decode()
+    assert not Job.objects.exists()
+    assert submit_api(client, {**raw, "array": "0-99"}, member_token).status_code == 201
+
+
 def test_the_size_cap_is_e31_max_array(client, member_token, pool, raw, settings):
     settings.E31_MAX_ARRAY = 10
     response = submit_api(client, {**raw, "array": "0-10"}, member_token)
