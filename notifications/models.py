@@ -43,8 +43,10 @@ class JobEmail(models.Model):
     email = models.CharField(max_length=8, choices=EmailChoice.choices, blank=True)
     due_at = models.DateTimeField(null=True, blank=True)  # the job ended and an e-mail is owed
     claimed_at = models.DateTimeField(null=True, blank=True)
-    sent_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)  # or given up, as detail says
     detail = models.CharField(max_length=300, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)  # sends the mail server refused or could not take
+    next_try_at = models.DateTimeField(null=True, blank=True)  # not before this after a failed send
 
     def __str__(self) -> str:
         return f"job {self.job_id}: {self.email or 'team preference'}"

@@ -10,6 +10,7 @@ import http.client
 import json
 import logging
 import secrets
+import smtplib
 import ssl
 import time
 from datetime import datetime, timedelta
@@ -155,7 +156,8 @@ def record_job_event(*, job_id: int, event: str, attempt: int, now: datetime, de
             _ring(DELIVER_WEBHOOK, delivery.id)
     if event in FAILED_ENDS and _email_wanted(job, event):
         JobEmail.objects.update_or_create(
-            job=job, defaults={"due_at": now, "claimed_at": None, "sent_at": None}
+            job=job,
+            defaults={"due_at": now, "claimed_at": None, "sent_at": None, "attempts": 0, "next_try_at": None},
         )
         _ring(SEND_JOB_EMAIL, job.id)
 
@@ -335,17 +337,38 @@ def send_job_email(*, job_id: int, now: datetime) -> bool:
     claimed = JobEmail.objects.filter(job_id=job_id, claimed_at=now, sent_at__isnull=True)
     try:
         send_mail(subject, "\n".join(lines), None, [job.submitted_by.email])
-    except (OSError, ValueError) as exc:  # the mail server refused or is down: beat tries again
-        claimed.update(claimed_at=None, detail=str(exc)[:300])
+    except (OSError, ValueError) as exc:  # the mail server refused or is down
+        _failed_send(claimed, exc, now=now)
         return False
     claimed.update(sent_at=now)
     return True
 
 
+def _failed_send(claimed: QuerySet[JobEmail], exc: Exception, *, now: datetime) -> None:
+    """Tried again after E31_EMAIL_BACKOFF_S, doubling, up to E31_EMAIL_ATTEMPTS sends; given up at once where
+    the server refused for good (a 5xx: no such mailbox), which no later try changes."""
+    row = claimed.first()
+    if row is None:
+        return
+    attempts = row.attempts + 1
+    if _refused_for_good(exc) or attempts >= settings.E31_EMAIL_ATTEMPTS:
+        claimed.update(sent_at=now, attempts=attempts, detail=f"gave up after {attempts} tries: {exc}"[:300])
+        return
+    backoff = timedelta(seconds=settings.E31_EMAIL_BACKOFF_S * 2 ** (attempts - 1))
+    claimed.update(claimed_at=None, attempts=attempts, next_try_at=now + backoff, detail=str(exc)[:300])
+
+
+def _refused_for_good(exc: Exception) -> bool:
+    if isinstance(exc, smtplib.SMTPRecipientsRefused):
+        return all(code >= 500 for code, _ in exc.recipients.values())
+    return isinstance(exc, smtplib.SMTPResponseException) and exc.smtp_code >= 500
+
+
 def _owed_emails(now: datetime) -> QuerySet[JobEmail]:
     """E-mails owed and not being sent: unclaimed, or claimed by a worker that has had EMAIL_CLAIM."""
     unclaimed = Q(claimed_at__isnull=True) | Q(claimed_at__lte=now - EMAIL_CLAIM)
-    return JobEmail.objects.filter(unclaimed, due_at__isnull=False, sent_at__isnull=True)
+    due = Q(next_try_at__isnull=True) | Q(next_try_at__lte=now)
+    return JobEmail.objects.filter(unclaimed, due, due_at__isnull=False, sent_at__isnull=True)
 
 
 # Past this many waiting on the notification queue the sweep rings for nothing: no notification worker is taking

@@ -1,5 +1,6 @@
 """E-mail per user per team: on end, on failure only, or never; a job may choose for itself (--notify)."""
 
+import smtplib
 from datetime import timedelta
 
 import pytest
@@ -308,3 +309,49 @@ def test_a_mail_asked_for_again_while_the_first_is_being_sent_is_still_sent(
     monkeypatch.setattr(notify, "send_mail", real_send)
     assert notify.send_job_email(job_id=job.id, now=timezone.now() + timedelta(seconds=1))
     assert len(mailed) == 2
+
+
+def _ended_owing_mail(team, member):
+    notify.set_email_preference(user=member, team=team, email="end")
+    job = JobFactory(team=team, submitted_by=member, state="running")
+    t0 = timezone.now()
+    transitions.transition(job_id=job.id, source=State.RUNNING, target=State.RELEASED, now=t0,
+                           end_reason=EndReason.FAILED, exit_code=1)  # fmt: skip
+    return job, t0
+
+
+def test_a_mail_the_server_refuses_for_good_is_given_up_at_once(team, member, mailed, monkeypatch):
+    """A 550 for a deleted mailbox cleared the claim like any failure, and beat's sweep rang it again every 5 s:
+    one e-mail made 17,269 SMTP tries in a simulated day."""
+    job, t0 = _ended_owing_mail(team, member)
+    tries = []
+
+    def refused(*args, **kwargs):
+        tries.append(1)
+        raise smtplib.SMTPRecipientsRefused({"alice@example.com": (550, b"5.1.1 mailbox unavailable")})
+
+    monkeypatch.setattr(notify, "send_mail", refused)
+    for minute in range(60):
+        notify.send_job_email(job_id=job.id, now=t0 + timedelta(minutes=minute))
+    assert len(tries) == 1
+    row = JobEmail.objects.get(job=job)
+    assert row.sent_at is not None and "gave up" in row.detail and "550" in row.detail
+
+
+def test_a_mail_server_that_is_down_is_tried_again_with_backoff_then_given_up(
+    team, member, mailed, monkeypatch, settings
+):
+    settings.E31_EMAIL_ATTEMPTS, settings.E31_EMAIL_BACKOFF_S = 4, 60
+    job, t0 = _ended_owing_mail(team, member)
+    tries = []
+
+    def down(*args, **kwargs):
+        tries.append(1)
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(notify, "send_mail", down)
+    for second in range(0, 3600, 5):  # every beat sweep of an hour
+        notify.send_job_email(job_id=job.id, now=t0 + timedelta(seconds=second))
+    assert len(tries) == 4  # at 0, 60, 180 and 420 s
+    row = JobEmail.objects.get(job=job)
+    assert row.sent_at is not None and "gave up after 4 tries" in row.detail

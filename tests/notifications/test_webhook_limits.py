@@ -55,7 +55,9 @@ def test_a_webhook_removed_while_a_job_ends_leaves_the_end_standing(team, monkey
     deliveries: their foreign key failed at commit, and the job's end - or the whole scheduler pass that ended
     it - rolled back. The removal now waits for the event and takes its deliveries with it."""
     admin = _admin(team)
-    removed = WebhookFactory(team=team, url="http://hooks.example/a", created_by=admin, created_at=timezone.now())
+    removed = WebhookFactory(
+        team=team, url="http://hooks.example/a", created_by=admin, created_at=timezone.now()
+    )
     kept = WebhookFactory(team=team, url="http://hooks.example/b", created_at=timezone.now())
     job = JobFactory(team=team, state="running")
     speaks_for, removals = notify.selectors.speaks_for, []
