@@ -1,4 +1,5 @@
-"""Streaming exports: rows (dicts) as CSV or as a JSON array, sent in ~64 KiB pieces.
+"""Streaming exports: rows (dicts) as CSV or as a JSON array, sent in ~64 KiB pieces; and the process's places
+that every export and download holds while its client reads.
 
 A ledger export runs to millions of rows: it is never held in memory, and rows are joined into
 large pieces because one write per row would dominate the export's cost.
@@ -12,7 +13,7 @@ import threading
 from collections.abc import Iterable, Iterator
 
 from django.conf import settings
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import FileResponse, HttpResponse, StreamingHttpResponse
 
 CHUNK = 64 * 1024
 CONTENT_TYPES = {"csv": "text/csv; charset=utf-8", "json": "application/json"}
@@ -60,21 +61,47 @@ def json_pieces(rows: Iterable[dict], columns: list[str]) -> Iterator[str]:
 ENCODERS = {"csv": csv_pieces, "json": json_pieces}
 
 
-# Exports one web process sends at once: each holds a thread for as long as its client reads (slowly, if it likes),
-# and a handful would take every thread of the process; the rest are asked to come back.
+# Exports and downloads one web process sends at once: each holds a thread for as long as its client reads
+# (slowly, if it likes, or never), and a handful would take every thread of the process; the rest are asked to
+# come back.
 _SENDING = threading.BoundedSemaphore(settings.E31_EXPORTS_PER_PROCESS)
 BUSY_RETRY_S = 5
 
 
+class Busy(Exception):
+    """Every sending place of this process is taken."""
+
+    retry_after_s = BUSY_RETRY_S
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"{settings.E31_EXPORTS_PER_PROCESS} exports and downloads are being sent by this web process: "
+            f"try again in {BUSY_RETRY_S} s."
+        )
+
+    def response(self) -> HttpResponse:
+        busy = HttpResponse(f"{self}\n", status=429, content_type="text/plain; charset=utf-8")
+        busy["Retry-After"] = str(self.retry_after_s)
+        return busy
+
+
+def take_a_place() -> threading.BoundedSemaphore:
+    """One of the process's sending places, released when the response holding it closes; Busy if none is free."""
+    place = _SENDING
+    if not place.acquire(blocking=False):
+        raise Busy()
+    return place
+
+
 class _HoldingAPlace:
-    """An export's pieces, holding one of the process's places until they are all sent or the response is closed
+    """A response's pieces, holding one of the process's places until they are all sent or the response is closed
     (a client gone before the end)."""
 
-    def __init__(self, pieces: Iterator[str], place: threading.BoundedSemaphore) -> None:
+    def __init__(self, pieces: Iterator, place: threading.BoundedSemaphore) -> None:
         self._pieces, self._place = pieces, place
         self._lock = threading.Lock()
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator:
         try:
             yield from self._pieces
         finally:
@@ -87,21 +114,47 @@ class _HoldingAPlace:
             place.release()
 
 
+class _HeldFile:
+    """A file a FileResponse sends, holding a place until the response closes it (which the server does when the
+    client has read it all, or left); everything else is the file's own, sendfile's descriptor included."""
+
+    def __init__(self, handle, place: threading.BoundedSemaphore) -> None:
+        self._handle, self._holding = handle, _HoldingAPlace(iter(()), place)
+
+    def __getattr__(self, name: str):
+        return getattr(self._handle, name)
+
+    def close(self) -> None:
+        try:
+            self._handle.close()
+        finally:
+            self._holding.close()
+
+
+def file_download(handle, *, filename: str) -> FileResponse:
+    """``handle`` sent as an attachment named ``filename``, in one of the process's places; Busy (and the handle
+    closed) if none is free."""
+    try:
+        place = take_a_place()
+    except Busy:
+        handle.close()
+        raise
+    return FileResponse(_HeldFile(handle, place), as_attachment=True, filename=filename)
+
+
+def held_stream(pieces: Iterator[bytes], *, content_type: str) -> StreamingHttpResponse:
+    """``pieces`` streamed in one of the process's places; Busy if none is free."""
+    return StreamingHttpResponse(_HoldingAPlace(pieces, take_a_place()), content_type=content_type)
+
+
 def streaming_export(
     rows: Iterable[dict], *, columns: list[str], fmt: str, filename: str
 ) -> HttpResponse | StreamingHttpResponse:
     """A download of ``rows`` in ``fmt`` ("csv" or "json") named ``filename``; a 429 while this process sends
-    E31_EXPORTS_PER_PROCESS exports already."""
-    place = _SENDING
-    if not place.acquire(blocking=False):
-        busy = HttpResponse(
-            f"{settings.E31_EXPORTS_PER_PROCESS} exports are being sent by this web process: "
-            f"try again in {BUSY_RETRY_S} s.\n",
-            status=429, content_type="text/plain; charset=utf-8",
-        )  # fmt: skip
-        busy["Retry-After"] = str(BUSY_RETRY_S)
-        return busy
-    pieces = _HoldingAPlace(ENCODERS[fmt](rows, columns), place)
-    response = StreamingHttpResponse(pieces, content_type=CONTENT_TYPES[fmt])
+    E31_EXPORTS_PER_PROCESS exports and downloads already."""
+    try:
+        response = held_stream(ENCODERS[fmt](rows, columns), content_type=CONTENT_TYPES[fmt])
+    except Busy as busy:
+        return busy.response()
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response

@@ -483,7 +483,8 @@ if E31_LOG_KEEP_DAYS < 1:
 # Log followers (GET /api/v1/jobs/{id}/log?wait=) that may wait at once per web process; keep it under
 # gunicorn's threads, so pages always have threads left. The others are told to retry in 2 s.
 E31_LOG_WAITERS_PER_PROCESS = env.int("E31_LOG_WAITERS_PER_PROCESS", default=2)
-# Ledger exports one web process streams at once (each holds a thread while its client reads); others get a 429.
+# Ledger exports and output and log downloads one web process sends at once (each holds a thread while its client
+# reads); others get a 429.
 E31_EXPORTS_PER_PROCESS = env.int("E31_EXPORTS_PER_PROCESS", default=2)
 # An attempt that writes more files than this ends output_failed; its manifest is never built.
 E31_MAX_OUTPUT_FILES = env.int("E31_MAX_OUTPUT_FILES", default=10_000)

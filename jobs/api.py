@@ -4,15 +4,16 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Literal
 
-from django.http import FileResponse, HttpRequest
+from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
-from ninja.errors import HttpError
+from ninja.errors import HttpError, Throttled
 from ninja.pagination import paginate
 from ninja.responses import Status
 from pydantic import field_validator
 
 from accounts import scoping
+from common import export as common_export
 from common import paging
 from jobs import declaration, idempotency, logs, presenters, selectors, services
 from jobs.models import Dependency, Job, JobArray, OutputFile
@@ -312,6 +313,14 @@ def job_log(
     return {**dataclasses.asdict(piece), "retry_after_s": retry_after}
 
 
+class _Busy(Throttled):
+    """Every sending place of this web process is taken: a 429 with Retry-After, as the throttle's."""
+
+    def __init__(self, busy: common_export.Busy) -> None:
+        super().__init__(wait=busy.retry_after_s)
+        self.message = str(busy)
+
+
 @router.get(
     "/jobs/{job_id}/outputs/download",
     response={200: None, **ERRORS},
@@ -326,7 +335,10 @@ def download_output(request: HttpRequest, job_id: int, path: str = Query(..., ma
         handle = selectors.open_delivered_output(job, path)
     except selectors.OutputUnavailable as exc:
         raise HttpError(exc.status, str(exc)) from exc
-    return FileResponse(handle, as_attachment=True, filename=path.rsplit("/", 1)[-1])
+    try:
+        return common_export.file_download(handle, filename=path.rsplit("/", 1)[-1])
+    except common_export.Busy as busy:
+        raise _Busy(busy) from busy
 
 
 @router.post("/jobs/{job_id}/cancel", response={200: JobOut, **ERRORS}, summary="Cancel a live job")

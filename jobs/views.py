@@ -6,13 +6,14 @@ import re
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts import scoping
+from common import export as common_export
 from common import paging
 from common.operators import operator_only
 from jobs import (
@@ -234,7 +235,10 @@ def job_output(request: HttpRequest, job_id: int) -> HttpResponse:
         if exc.status == 404:
             raise Http404(str(exc)) from exc
         return HttpResponse(str(exc), status=exc.status, content_type="text/plain; charset=utf-8")
-    return FileResponse(handle, as_attachment=True, filename=path.rsplit("/", 1)[-1])
+    try:
+        return common_export.file_download(handle, filename=path.rsplit("/", 1)[-1])
+    except common_export.Busy as busy:
+        return busy.response()
 
 
 @login_required
@@ -251,9 +255,12 @@ def job_log(request: HttpRequest, job_id: int) -> HttpResponse | StreamingHttpRe
         raise Http404(str(exc)) from exc
     if job.log_removed_at is not None:  # an empty file would read as a job that printed nothing
         return HttpResponse(logs.removed_note(job), status=410, content_type="text/plain; charset=utf-8")
-    response = StreamingHttpResponse(
-        logs.log_bytes(job, attempt=attempt_no, rank=int(rank)), content_type="text/plain; charset=utf-8"
-    )
+    try:
+        response = common_export.held_stream(
+            logs.log_bytes(job, attempt=attempt_no, rank=int(rank)), content_type="text/plain; charset=utf-8"
+        )
+    except common_export.Busy as busy:
+        return busy.response()
     name = f"job-{job.id}-attempt-{attempt_no}-rank-{int(rank)}.log"
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response

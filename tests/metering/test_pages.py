@@ -139,7 +139,7 @@ def test_exports_sent_at_once_by_one_web_process_are_bounded(member_client, ledg
 
     busy = member_client.get(url, query)
     assert busy.status_code == 429 and busy["Retry-After"] == "5"
-    assert "exports are being sent" in busy.content.decode()
+    assert "exports and downloads are being sent" in busy.content.decode()
 
     assert len(_csv(first)) == 3  # read to its end, the export frees its place
     assert len(_csv(member_client.get(url, query))) == 3
