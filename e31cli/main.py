@@ -520,11 +520,22 @@ def _wait_array(session: client.Api, array_id: int) -> list[dict]:
             err.print(f"Array {array_id}: {ended} of {array['size']} tasks ended")
             said = ended
         if ended == array["size"]:
-            tasks = list(session.pages("/jobs", limit=array["size"], array=array_id))
-            if all(map(_delivered, tasks)):
+            tasks = _array_tasks(session, array_id)
+            if len(tasks) == array["size"] and all(map(_delivered, tasks)):
                 err.print(f"Array {array_id}: {_array_outcome(tasks)}", soft_wrap=True)  # one line for logs
                 return tasks
         time.sleep(WAIT_POLL_S)
+
+
+def _array_tasks(session: client.Api, array_id: int) -> list[dict]:
+    """The array's own tasks, each once. ``?array=`` also lists their re-runs (arrays of their own), newest first:
+    a re-run is no answer for the task it ran again, and taking only the newest ``size`` of them could leave out
+    a task that failed. A re-run submitted between two pages moves the rest down one: one seen twice."""
+    tasks = {}
+    for job in session.pages("/jobs", limit=10**9, array=array_id):
+        if job["array"]["id"] == array_id:
+            tasks[job["id"]] = job
+    return list(tasks.values())
 
 
 def _array_outcome(tasks: list[dict]) -> str:

@@ -101,3 +101,31 @@ def test_a_task_killed_by_a_signal_or_whose_outputs_were_not_delivered_is_no_suc
     code, _, err = e31(monkeypatch, member_token, "submit", str(array_file), "--wait")
     assert code == 137, err  # 128 + SIGKILL, as the shell reports it
     assert "2 succeeded, 1 delivery failed, 1 failed" in err and "tasks 1 (exit 137), 3 (exit 74)" in err
+
+
+def test_a_task_run_again_during_the_wait_does_not_hide_a_failed_one(monkeypatch, member_token, array_file):
+    """The tasks were listed with ?array= (which also lists their re-runs), newest first and only as many as
+    the array's size: a teammate's re-run of task 2 pushed the failed task 0 off the list, and `--wait` exited 0
+    with "4 of 4 tasks ended: 4 succeeded"; the next step of a pipeline ran on failed input."""
+    from django.test import Client
+
+    api = Client(headers={"Authorization": f"Bearer {member_token}"})
+    polls = []
+
+    def sleep(_seconds):
+        polls.append(1)
+        if len(polls) == 1:
+            _end(0, exit_code=3)
+            _end(1)
+            _end(2)
+            task_2 = Job.objects.get(name="sweep", array_index=2, rerun_of__isnull=True)
+            assert api.post(f"/api/v1/jobs/{task_2.id}/rerun").status_code == 201
+        elif len(polls) == 2:
+            _end(3)
+            _end(2)  # the re-run of task 2 as well
+        assert len(polls) < 20, "the wait never ended"
+
+    monkeypatch.setattr(main.time, "sleep", sleep)
+    code, _, err = e31(monkeypatch, member_token, "submit", str(array_file), "--wait")
+    assert code == 3, err
+    assert "4 of 4 tasks ended: 3 succeeded, 1 failed; not succeeded: tasks 0 (exit 3)" in err
