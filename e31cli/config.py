@@ -61,7 +61,9 @@ def _stored() -> dict:
     try:
         stored = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise NotLoggedIn(f"The stored login {path} cannot be read ({exc}): run `e31 login URL` again.") from exc
+        raise NotLoggedIn(
+            f"The stored login {path} cannot be read ({exc}): run `e31 login URL` again."
+        ) from exc
     if not isinstance(stored, dict) or not isinstance(stored.get("url"), str):
         raise NotLoggedIn(f"The stored login {path} is not one `e31 login` wrote: run `e31 login URL` again.")
     return stored

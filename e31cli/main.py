@@ -207,7 +207,7 @@ def submit(
     source = f" (re-run of {job['rerun_of']})" if job.get("rerun_of") else ""
     err.print(f"Submitted job {job['id']} {job['name']}{source}{again}: {job['state']}")
     if notify:
-        _choose_email(session, job["id"], notify)
+        _choose_email(session, job, notify)
     if job.get("array"):
         array = job["array"]
         err.print(
@@ -226,14 +226,18 @@ def submit(
         raise typer.Exit(_exit_code(_wait(session, job["id"])))
 
 
-def _choose_email(session: client.Api, job_id: int, email: str) -> None:
-    """The job's e-mail choice, after the job exists: refused, it is a warning, not a failed submit (a
-    script that saw one would submit the job again)."""
+def _choose_email(session: client.Api, job: dict, email: str) -> None:
+    """The e-mail choice of the job, or of every task of its array, after they exist: refused, it is a warning,
+    not a failed submit (a script that saw one would submit the job again)."""
+    array = job.get("array")
+    what, path = (f"array {array['id']}", f"/arrays/{array['id']}/email") if array else (
+        f"job {job['id']}", f"/jobs/{job['id']}/email"
+    )  # fmt: skip
     try:
-        session.post(f"/jobs/{job_id}/email", retry=True, json={"email": email})
+        session.post(path, retry=True, json={"email": email})
     except (client.ApiError, requests.RequestException) as exc:
         err.print(
-            f"Warning: job {job_id}'s e-mail choice was not set: {exc}. The job runs; your team choice applies.",
+            f"Warning: {what}'s e-mail choice was not set: {exc}. The job runs; your team choice applies.",
             style="yellow",
         )
 

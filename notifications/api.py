@@ -7,7 +7,7 @@ from ninja import Router, Schema
 from ninja.errors import HttpError
 
 from accounts import scoping
-from jobs.models import Job
+from jobs.models import Job, JobArray
 from jobs.schemas import ErrorOut
 from notifications import selectors, services
 
@@ -22,6 +22,12 @@ class EmailIn(Schema):
 class JobEmailOut(Schema):
     job: int
     email: Choice
+
+
+class ArrayEmailOut(Schema):
+    array: int
+    email: Choice
+    tasks: int
 
 
 class TeamEmailOut(Schema):
@@ -46,6 +52,22 @@ def set_job_email(request: HttpRequest, job_id: int, payload: EmailIn):
     except services.NotAllowed as exc:
         raise HttpError(409, str(exc)) from exc
     return {"job": job.id, "email": payload.email}
+
+
+@router.post(
+    "/arrays/{array_id}/email",
+    response={200: ArrayEmailOut, **ERRORS},
+    summary="Choose the e-mail of every task of this array to its submitter (over the team preference)",
+)
+def set_array_email(request: HttpRequest, array_id: int, payload: EmailIn):
+    array = scoping.visible_to(request.user, JobArray.objects.all()).filter(id=array_id).first()
+    if array is None:
+        raise HttpError(404, "No such array")
+    try:
+        tasks = services.set_array_email(array=array, user=request.user, email=payload.email)
+    except services.NotAllowed as exc:
+        raise HttpError(409, str(exc)) from exc
+    return {"array": array.id, "email": payload.email, "tasks": tasks}
 
 
 @router.get(

@@ -25,7 +25,7 @@ from accounts import scoping, selectors
 from accounts.models import Team
 from common import pinned
 from jobs import dispatch
-from jobs.models import Job
+from jobs.models import Job, JobArray
 from notifications import addresses, signals, signing
 from notifications.models import (
     EmailChoice,
@@ -71,6 +71,21 @@ def set_job_email(*, job: Job, user, email: str) -> None:
     if job.submitted_by_id != user.id:
         raise NotAllowed("only the job's submitter chooses its e-mail")
     JobEmail.objects.update_or_create(job=job, defaults={"email": email})
+
+
+def set_array_email(*, array: JobArray, user, email: str) -> int:
+    """Every task's e-mail to its submitter, in one statement (an array may hold E31_MAX_ARRAY tasks); only the
+    array's submitter chooses it. Returns how many tasks."""
+    if email not in EmailChoice.values:
+        raise NotAllowed(f"e-mail is one of {', '.join(EmailChoice.values)}")
+    tasks = list(Job.objects.filter(array=array).values_list("id", "submitted_by_id"))
+    if not tasks or any(submitter != user.id for _, submitter in tasks):
+        raise NotAllowed("only the array's submitter chooses its e-mail")
+    JobEmail.objects.bulk_create(
+        [JobEmail(job_id=job_id, email=email) for job_id, _ in tasks],
+        update_conflicts=True, unique_fields=["job"], update_fields=["email"],
+    )  # fmt: skip
+    return len(tasks)
 
 
 @transaction.atomic

@@ -11,6 +11,7 @@ from django.utils import timezone
 from jobs import transitions
 from jobs.lifecycle import EndReason, State
 from notifications import services as notify
+from jobs.models import Job
 from notifications.models import JobEmail
 from tests.factories import JobFactory
 
@@ -132,6 +133,26 @@ def test_e31_submit_notify_sets_the_jobs_choice(
     assert code == 0, stderr
     assert JobEmail.objects.get(job_id=int(stdout.strip())).email == "failure"
     assert e31(monkeypatch, member_token, "submit", str(job_file), "--notify", "sometimes")[0] == 2
+
+
+def test_e31_submit_notify_on_an_array_sets_every_tasks_choice(
+    monkeypatch, team, member, member_token, pool, roots, mailed, tmp_path
+):
+    """The choice was set on the job submit answered with, the array's first task: with --notify never and a team
+    choice of "end", tasks 2 to 5 still mailed their submitter."""
+    from tests.cli.inprocess import e31
+
+    notify.set_email_preference(user=member, team=team, email="end")
+    job_file = one_job_file(tmp_path, roots)
+    job_file.write_text('array = "0-4"\n' + job_file.read_text())
+    code, _, stderr = e31(monkeypatch, member_token, "submit", str(job_file), "--notify", "never")
+    assert code == 0, stderr
+    tasks = list(Job.objects.order_by("id"))
+    assert len(tasks) == 5
+    for job in tasks:
+        Job.objects.filter(id=job.id).update(state="running")
+        finish(job, EndReason.SUCCEEDED)
+    assert [m.subject for m in mailed] == []
 
 
 def test_e31_submit_reports_the_job_when_its_email_choice_is_refused(
