@@ -8,8 +8,9 @@ nodes' addresses and whatever E31_WEBHOOK_DENY lists: refused even inside an all
 
 import ipaddress
 import socket
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -51,21 +52,55 @@ def check_url(url: str) -> tuple[str, int]:
 
 
 # Lookups with a deadline run here: a resolver's own timeouts (several servers, several tries each) would hold a
-# send past its lease, and the event would be sent again meanwhile. One left behind ends on its own.
-_LOOKUPS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="webhook-lookup")
+# send past its lease, and the event would be sent again meanwhile. One given up at its deadline holds its thread
+# until the resolver gives up too, so there are many (a thread waiting on a resolver costs little), and a name
+# already being looked up is waited for, never looked up again: a team whose names never answer holds at most a
+# thread per name (E31_WEBHOOKS_PER_TEAM), never every one that other teams' webhooks wait on.
+_LOOKUPS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="webhook-lookup")
+_IN_FLIGHT: dict[tuple[str, int | None], Future] = {}
+_IN_FLIGHT_LOCK = threading.RLock()  # a lookup done at once calls _forget in the submitting thread
 
 
 def _lookup(host: str, port: int | None, deadline: float | None) -> list:
-    """``getaddrinfo`` for a stream socket, given up at ``deadline`` (a ``time.monotonic()``), if any."""
+    """``getaddrinfo`` for a stream socket, given up at ``deadline`` (a ``time.monotonic()``), if any; an address
+    is its own answer."""
+    if literal := _address(host, port):
+        return literal
     if deadline is None:
         return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    lookup = _LOOKUPS.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
     try:
-        return lookup.result(timeout=max(deadline - time.monotonic(), 0.0))
+        return _shared_lookup(host, port).result(timeout=max(deadline - time.monotonic(), 0.0))
     except TimeoutError:
         raise Unresolved(
             f"{host}: the name did not resolve within {settings.E31_WEBHOOK_TIMEOUT_S:g} s"
         ) from None
+
+
+def _address(host: str, port: int | None) -> list:
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return []
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (str(ip), port or 0))]
+
+
+def _shared_lookup(host: str, port: int | None) -> Future:
+    """The lookup of ``host`` under way, or a new one."""
+    key = (host, port)
+    with _IN_FLIGHT_LOCK:
+        lookup = _IN_FLIGHT.get(key)
+        if lookup is None:
+            lookup = _LOOKUPS.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+            _IN_FLIGHT[key] = lookup
+            lookup.add_done_callback(lambda _: _forget(key, lookup))
+    return lookup
+
+
+def _forget(key: tuple[str, int | None], lookup: Future) -> None:
+    with _IN_FLIGHT_LOCK:
+        if _IN_FLIGHT.get(key) is lookup:
+            del _IN_FLIGHT[key]
 
 
 def checked_addresses(host: str, port: int, *, deadline: float | None = None) -> list[str]:

@@ -96,7 +96,9 @@ def add_webhook(*, team: Team, user, url: str, secret: str, now: datetime) -> We
     Team.objects.select_for_update().filter(id=team.id).first()  # two adds at once count each other
     _refuse_more_webhooks(team, url)
     host, port = addresses.check_url(url)
-    addresses.checked_addresses(host, port)
+    # Within a deadline: the page waits on it, and a name whose server never answers held a web thread for
+    # the resolver's whole timeout.
+    addresses.checked_addresses(host, port, deadline=time.monotonic() + settings.E31_WEBHOOK_TIMEOUT_S)
     secret = secret or secrets.token_urlsafe(32)
     if not (MIN_SECRET <= len(secret) <= MAX_SECRET) or not secret.isascii() or not secret.isprintable():
         raise addresses.Refused(f"a secret is {MIN_SECRET} to {MAX_SECRET} printable ASCII characters")

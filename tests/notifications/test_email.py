@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from jobs import transitions
 from jobs.lifecycle import EndReason, State
-from notifications import services as notify
 from jobs.models import Job
+from notifications import services as notify
 from notifications.models import JobEmail
 from tests.factories import JobFactory
 
