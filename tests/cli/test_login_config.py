@@ -26,7 +26,9 @@ def test_e31_url_naming_another_console_does_not_get_the_stored_token(stored, mo
     """$E31_URL and the stored token were taken independently: any script or Makefile that set E31_URL to
     another host sent it the user's token."""
     monkeypatch.setenv("E31_URL", url)
-    with pytest.raises(config.NotLoggedIn, match="stored login is for https://console.example:8443") as refused:
+    with pytest.raises(
+        config.NotLoggedIn, match=r"stored login is for https://console\.example:8443"
+    ) as refused:
         config.current()
     assert "e31_stored" not in str(refused.value)
     monkeypatch.setenv("E31_TOKEN", "e31_other")
@@ -35,5 +37,5 @@ def test_e31_url_naming_another_console_does_not_get_the_stored_token(stored, mo
 
 def test_a_damaged_login_file_is_named_not_a_traceback(stored):
     config.login_file().write_text("{not json")
-    with pytest.raises(config.NotLoggedIn, match="cannot be read.*e31 login"):
+    with pytest.raises(config.NotLoggedIn, match=r"cannot be read.*e31 login"):
         config.current()

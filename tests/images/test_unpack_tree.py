@@ -10,7 +10,9 @@ import pytest
 from jobs.transfers import registry
 
 DEPTH = 1050  # past Python 3.11's recursion limit (1,000), within PATH_MAX
-pytestmark = pytest.mark.skipif(not shutil.which("umoci"), reason="unreachable: bin/ensure-services installs umoci")
+pytestmark = pytest.mark.skipif(
+    not shutil.which("umoci"), reason="unreachable: bin/ensure-services installs umoci"
+)
 
 
 def _layout(tmp_path: Path, shape) -> Path:

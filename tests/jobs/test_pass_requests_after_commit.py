@@ -33,7 +33,9 @@ def test_a_release_whose_request_found_the_flag_up_is_seen_by_a_pass(team, monke
     waiting = JobFactory(team=team, state=State.QUEUED)  # fits the GPU once it is free
     SchedulerState.objects.all().delete()
     dispatch.state_row()
-    SchedulerState.objects.update(pass_requested=True)  # an earlier request, committed; its task is on its way
+    SchedulerState.objects.update(
+        pass_requested=True
+    )  # an earlier request, committed; its task is on its way
     rung.clear()
 
     requested, go_on = threading.Event(), threading.Event()
@@ -49,8 +51,13 @@ def test_a_release_whose_request_found_the_flag_up_is_seen_by_a_pass(team, monke
 
     def release():
         try:
-            rental.release_part(allocation_id=part.id, end_reason=EndReason.CANCELLED, now=timezone.now(),
-                                actor="agent:solo", detail="cancelled while running")
+            rental.release_part(
+                allocation_id=part.id,
+                end_reason=EndReason.CANCELLED,
+                now=timezone.now(),
+                actor="agent:solo",
+                detail="cancelled while running",
+            )
         finally:
             connection.close()
 
@@ -75,7 +82,7 @@ def test_deleting_an_account_and_a_release_in_its_team_do_not_deadlock(pool, tea
     monkeypatch.setattr(dispatch, "send_after_commit", lambda *a, **k: None)
     leaving = MembershipFactory(team=team, user=UserFactory(username="leaving")).user
     now = timezone.now()
-    waiting = JobFactory(team=team, submitted_by=leaving, state=State.QUEUED)
+    JobFactory(team=team, submitted_by=leaving, state=State.QUEUED)  # its cancel asks for a pass
     rented = JobFactory(team=team, submitted_by=leaving, state=State.QUEUED)
     assert rental.rent_job(job_id=rented.id, gpus_by_node={"gpu-01": (0,)}, now=now)
     running = JobFactory(team=team, submitted_by=member, state=State.QUEUED)
@@ -103,8 +110,13 @@ def test_deleting_an_account_and_a_release_in_its_team_do_not_deadlock(pool, tea
 
     def release():
         try:
-            rental.release_part(allocation_id=part.id, end_reason=EndReason.CANCELLED, now=timezone.now(),
-                                actor="agent:gpu-02", detail="cancelled while running")
+            rental.release_part(
+                allocation_id=part.id,
+                end_reason=EndReason.CANCELLED,
+                now=timezone.now(),
+                actor="agent:gpu-02",
+                detail="cancelled while running",
+            )
             outcomes["release"] = "ok"
         except BaseException as exc:
             outcomes["release"] = repr(exc)[:160]
@@ -121,10 +133,12 @@ def test_deleting_an_account_and_a_release_in_its_team_do_not_deadlock(pool, tea
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=release, name="release"), threading.Thread(target=delete, name="delete")]
+    threads = [
+        threading.Thread(target=release, name="release"),
+        threading.Thread(target=delete, name="delete"),
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
     assert outcomes == {"release": "ok", "delete": "ok"}, outcomes
-

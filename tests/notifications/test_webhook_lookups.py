@@ -46,11 +46,16 @@ def test_a_teams_silent_names_leave_another_teams_delivery_its_lookup(
                 addresses.checked_addresses(f"h{n}.black-hole.example", 80, deadline=time.monotonic() + 0.05)
     WebhookFactory(team=other_team, url=receiver.url.replace("127.0.0.1", "hooks.victim.example"))
     end(JobFactory(team=other_team, state="running"))
-    assert notify.deliver_webhook(delivery_id=WebhookDelivery.objects.get().id, now=timezone.now()) == "delivered"
+    assert (
+        notify.deliver_webhook(delivery_id=WebhookDelivery.objects.get().id, now=timezone.now())
+        == "delivered"
+    )
     assert len(receiver.requests) == 1
     assert sum(host == "h0.black-hole.example" for host in black_hole) == 1  # the second try joined the first
 
 
 def test_an_address_is_not_looked_up(black_hole):
-    assert addresses.checked_addresses("93.184.215.14", 443, deadline=time.monotonic() + 1) == ["93.184.215.14"]
+    assert addresses.checked_addresses("93.184.215.14", 443, deadline=time.monotonic() + 1) == [
+        "93.184.215.14"
+    ]
     assert "93.184.215.14" not in black_hole

@@ -36,7 +36,9 @@ def test_a_dead_delivery_lease_is_taken_over_on_a_node_whose_clock_lags(pool, te
     monkeypatch.setattr(timezone, "now", lambda: true_now - lag)  # the node's own clock
     monkeypatch.setattr(clock, "_correction", lag)  # as its agent measured it against the database
     took = []
-    monkeypatch.setattr(delivery, "_wait_for_slot", lambda transfer, node_id, watch: took.append(transfer.token))
+    monkeypatch.setattr(
+        delivery, "_wait_for_slot", lambda transfer, node_id, watch: took.append(transfer.token)
+    )
     for step in ("_deliver", "_deliver_log", "_delivered"):
         monkeypatch.setattr(delivery, step, lambda *args, **kwargs: None)
 
