@@ -21,6 +21,15 @@ from tests.factories import JobFactory, MembershipFactory, NodeFactory, UserFact
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def _cancel_while_running(part: Allocation, node: str) -> None:
+    """The agent's release of a running part, in a thread of its own (its own connection, closed after)."""
+    try:
+        rental.release_part(allocation_id=part.id, end_reason=EndReason.CANCELLED, now=timezone.now(),
+                            actor=f"agent:{node}", detail="cancelled while running")  # fmt: skip
+    finally:
+        connection.close()
+
+
 def test_a_release_whose_request_found_the_flag_up_is_seen_by_a_pass(team, monkeypatch):
     rung = []
     monkeypatch.setattr(dispatch, "send_after_commit", lambda name, args, **k: rung.append(name))
@@ -49,19 +58,7 @@ def test_a_release_whose_request_found_the_flag_up_is_seen_by_a_pass(team, monke
 
     monkeypatch.setattr(dispatch, "request_scheduler_pass", paused_ring)
 
-    def release():
-        try:
-            rental.release_part(
-                allocation_id=part.id,
-                end_reason=EndReason.CANCELLED,
-                now=timezone.now(),
-                actor="agent:solo",
-                detail="cancelled while running",
-            )
-        finally:
-            connection.close()
-
-    t = threading.Thread(target=release, name="release")
+    t = threading.Thread(target=_cancel_while_running, args=(part, "solo"), name="release")
     t.start()
     assert requested.wait(10)
     passes = scheduler.run_requested_passes(clock=timezone.now)  # the earlier request's task
@@ -110,18 +107,10 @@ def test_deleting_an_account_and_a_release_in_its_team_do_not_deadlock(pool, tea
 
     def release():
         try:
-            rental.release_part(
-                allocation_id=part.id,
-                end_reason=EndReason.CANCELLED,
-                now=timezone.now(),
-                actor="agent:gpu-02",
-                detail="cancelled while running",
-            )
+            _cancel_while_running(part, "gpu-02")
             outcomes["release"] = "ok"
         except BaseException as exc:
             outcomes["release"] = repr(exc)[:160]
-        finally:
-            connection.close()
 
     def delete():
         release_holds_ledger.wait(5)

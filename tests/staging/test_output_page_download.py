@@ -1,13 +1,18 @@
-"""The job page links each delivered output file to a download: the team's own, read from its folder."""
+"""The job page links each delivered output file to a download: the team's own, read from its folder; and a
+download holds one of the web process's sending places, as an export does, until its response is closed."""
+
+import threading
 
 import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from common import export
 from jobs.models import Job, OutputFile
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
+PATH = "eval/score & notes.txt"
 
 
 @pytest.fixture
@@ -54,3 +59,36 @@ def test_a_job_delivered_to_a_destination_with_a_query_serves_no_other_jobs_byte
     (roots.outputs / "shared" / "model.bin").write_bytes(b"7f3e9")  # another job's delivery
     got = member_client.get(reverse("jobs:output", args=[job.id]), {"path": "model.bin"})
     assert got.status_code == 404 and b"7f3e9" not in got.content
+
+
+def test_a_download_holds_a_place_until_it_is_closed(
+    client, member_token, member_client, delivered, monkeypatch
+):
+    """A client that asked for a large output and never read it held a web thread for as long as it liked: two
+    such sockets stopped a 1-worker, 2-thread gunicorn from answering anything for 10 s, sixteen would stop a
+    production machine. Exports were bounded; downloads were not."""
+    monkeypatch.setattr(export, "_SENDING", threading.BoundedSemaphore(1))
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {member_token}"}
+    api_url = f"/api/v1/jobs/{delivered.id}/outputs/download"
+    page_url = reverse("jobs:output", args=[delivered.id])
+
+    first = client.get(api_url, {"path": PATH}, **auth)  # sent, never read
+    assert first.status_code == 200
+    busy_api = client.get(api_url, {"path": PATH}, **auth)
+    assert busy_api.status_code == 429 and busy_api["Retry-After"] == str(export.BUSY_RETRY_S)
+    assert "being sent" in busy_api.json()["detail"]
+    busy_page = member_client.get(page_url, {"path": PATH})
+    assert busy_page.status_code == 429 and busy_page["Retry-After"] == str(export.BUSY_RETRY_S)
+
+    assert b"".join(first.streaming_content) == b"42"  # read to its end: the server closes the response
+
+    again = member_client.get(page_url, {"path": PATH})
+    assert again.status_code == 200 and b"".join(again.streaming_content) == b"42"
+    assert client.get(api_url, {"path": PATH}, **auth).status_code == 200
+
+
+def test_a_log_download_holds_a_place_too(member_client, delivered, monkeypatch):
+    monkeypatch.setattr(export, "_SENDING", threading.BoundedSemaphore(0))  # every place taken
+    monkeypatch.setattr("jobs.logs.check_exists", lambda job, attempt, rank: None)
+    busy = member_client.get(reverse("jobs:log", args=[delivered.id]), {"attempt": "1"})
+    assert busy.status_code == 429 and busy["Retry-After"] == str(export.BUSY_RETRY_S)
