@@ -30,6 +30,7 @@ import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 NODE_PREFIX = 24
 PART_PREFIX = 30
@@ -127,10 +128,24 @@ def plan(*, subnet: str, key: str, slot: int | None, gpu_indices: Sequence[int],
                        peers=addresses, egress=egress, deny=deny, resolvers=tuple(resolvers), subnet=subnet)  # fmt: skip
 
 
-def node_resolvers(resolv_conf: str = "/etc/resolv.conf") -> tuple[str, ...]:
-    """The IPv4 name servers the node uses (the job's /etc/resolv.conf is the node's), loopback ones left out."""
+NODE_RESOLV_CONF = Path("/etc/resolv.conf")
+# systemd-resolved's own name servers: the node's /etc/resolv.conf then names only its stub, 127.0.0.53.
+RESOLVED_UPSTREAM = Path("/run/systemd/resolve/resolv.conf")
+
+
+def job_resolv_conf(node_conf: Path = NODE_RESOLV_CONF, *, upstream: Path = RESOLVED_UPSTREAM) -> Path:
+    """The file a job reads as its /etc/resolv.conf: the node's, unless it names only loopback servers (a
+    stub resolver a job's own network namespace cannot reach) and systemd-resolved lists the upstream ones."""
+    if node_resolvers(node_conf) or not node_resolvers(upstream):
+        return node_conf
+    return upstream
+
+
+def node_resolvers(resolv_conf: Path | None = None) -> tuple[str, ...]:
+    """The IPv4 name servers the job's /etc/resolv.conf names (``job_resolv_conf`` when none is given), loopback
+    ones left out: what its egress rules let through."""
     try:
-        lines = open(resolv_conf).read().splitlines()
+        lines = open(resolv_conf or job_resolv_conf()).read().splitlines()
     except OSError:
         return ()
     found = []

@@ -34,7 +34,7 @@ from django.conf import settings
 if TYPE_CHECKING:
     from jobs.models import Allocation
 
-from jobs import cgroups, syscalls
+from jobs import cgroups, network, syscalls
 
 BUBBLEWRAP = "bubblewrap"
 UNSANDBOXED = "none"
@@ -476,10 +476,11 @@ def write_identity(dirs: AttemptDirs, *, uid: int, gid: int) -> None:
 def _system_view() -> list[str]:
     args: list[str] = []
     for path in (*VIEW["system"], *VIEW["etc"]):
+        source = str(network.job_resolv_conf()) if path == "/etc/resolv.conf" else path
         if os.path.islink(path) and path in VIEW["system"]:
             args += ["--symlink", os.readlink(path), path]
-        elif os.path.exists(path):
-            args += ["--ro-bind", path, path]
+        elif os.path.exists(source):
+            args += ["--ro-bind", source, path]
     return args
 
 
