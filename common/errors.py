@@ -1,11 +1,13 @@
 """The console's own pages for requests refused before any view runs: unreadable (400) or refused by
-CSRF (403). Django's defaults answer these with a bare page that has no menu and no way back."""
+CSRF (403). Django's defaults answer these with a bare page that has no menu and no way back. A path under
+/api/ that the API does not have is answered in JSON, as the API answers everything."""
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.template.defaultfilters import filesizeformat
+from django.views import defaults
 
 
 def bad_request(request: HttpRequest, exception: Exception | None = None, reason: str = "") -> HttpResponse:
@@ -13,6 +15,13 @@ def bad_request(request: HttpRequest, exception: Exception | None = None, reason
     if isinstance(exception, RequestDataTooBig):
         reason = _too_large(request)
     return render(request, "400.html", {"reason": reason}, status=400)
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """handler404: the console's page, or for an API path, the API's JSON (a script parsing it got HTML)."""
+    if request.path_info.startswith("/api/"):  # under whatever prefix the console is served
+        return JsonResponse({"detail": f"No such API path: {request.path} (see /api/v1/docs)"}, status=404)
+    return defaults.page_not_found(request, exception)
 
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:

@@ -23,3 +23,4 @@ urlpatterns = [
 
 # A request refused before any view (too large, malformed) gets the console's page, not Django's bare one.
 handler400 = errors.bad_request
+handler404 = errors.not_found
