@@ -121,15 +121,24 @@ class Api:
                 time.sleep(max(2**attempt, getattr(exc, "retry_after_s", 0)))
         raise AssertionError("unreachable")
 
-    def pages(self, path: str, *, limit: int, **params: Any) -> Iterator[dict]:
-        """Items of a paged list, page by page, up to ``limit`` of them."""
-        offset = 0
-        while offset < limit:
-            page = self.get(path, limit=min(100, limit - offset), offset=offset, **params)
-            yield from page["items"]
-            offset += len(page["items"])
-            if not page["items"] or (offset >= page["count"] and not page.get("count_capped")):
-                return
+    def pages(self, path: str, *, limit: int, by_cursor: bool = False, **params: Any) -> Iterator[dict]:
+        """Items of a paged list, page by page, up to ``limit`` of them. ``by_cursor`` (the job list): each page
+        after the last item of the one before (``before``), so a list changing meanwhile skips nothing."""
+        read, offset = 0, 0
+        while read < limit:
+            asked = min(100, limit - read)
+            page = self.get(path, limit=asked, offset=offset, **params)
+            items = page["items"]
+            yield from items
+            read += len(items)
+            if by_cursor:
+                if len(items) < asked:
+                    return
+                params["before"] = items[-1]["id"]
+            else:
+                offset = read
+                if not items or (read >= page["count"] and not page.get("count_capped")):
+                    return
 
     def download(self, api_path: str, destination, **params: Any) -> int:
         with self.session.get(

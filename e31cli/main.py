@@ -465,7 +465,7 @@ def ledger(
 @app.command()
 def queue(team: Annotated[str, typer.Option(help="Team slug.")] = "") -> None:
     """Your team's waiting jobs: when each should start and why it is not running yet."""
-    waiting = list(api().pages("/jobs", limit=1000, state="waiting", team=team))
+    waiting = list(api().pages("/jobs", limit=1000, by_cursor=True, state="waiting", team=team))
     waiting.sort(key=lambda j: (j["estimated_start"] is None, j["estimated_start"] or "", j["id"]))
     table = _table("ID", "NAME", "STATE", "GPUS", "ESTIMATED START (UTC)", "REASON")
     for job in waiting:
@@ -536,7 +536,7 @@ def _array_tasks(session: client.Api, array_id: int) -> list[dict]:
     a re-run is no answer for the task it ran again, and taking only the newest ``size`` of them could leave out
     a task that failed. A re-run submitted between two pages moves the rest down one: one seen twice."""
     tasks = {}
-    for job in session.pages("/jobs", limit=10**9, array=array_id):
+    for job in session.pages("/jobs", limit=10**9, by_cursor=True, array=array_id):
         if job["array"]["id"] == array_id:
             tasks[job["id"]] = job
     return list(tasks.values())

@@ -40,6 +40,11 @@ class JobFilter(Schema):
     since: datetime | None = Field(None, description="Submitted at or after (ISO 8601; UTC if no offset).")
     until: datetime | None = Field(None, description="Submitted before (ISO 8601; UTC if no offset).")
     array: int | None = Field(None, ge=1, le=2**31 - 1, description="Only the tasks of this array.")
+    before: int | None = Field(
+        None, ge=1, le=2**31 - 1,
+        description="Only the jobs listed after this one (newest first): give the last id of the page before, "
+        "with offset 0, to read a long list page by page while it changes, no job skipped or repeated.",
+    )  # fmt: skip
 
     @field_validator("since", "until")
     @classmethod
@@ -251,7 +256,10 @@ def _submit_once(
 @router.get("/jobs", response={200: list[JobOut], **ERRORS}, summary="List your team's jobs, newest first")
 @paginate(JobPages)
 def list_jobs(request: HttpRequest, filters: Query[JobFilter]):
-    listed = selectors.job_list(request.user, selectors.JobFilters(**filters.dict()))
+    try:
+        listed = selectors.job_list(request.user, selectors.JobFilters(**filters.dict()))
+    except selectors.UnknownCursor as exc:
+        raise HttpError(422, str(exc)) from exc
     return selectors.with_details(listed.select_related("array"))
 
 

@@ -148,6 +148,11 @@ class JobFilters:
     until: datetime | None = None
     array: int | None = None  # one array's tasks only
     arrays_folded: bool = False  # an array shows as one row: its first task's
+    before: int | None = None  # only jobs listed after this one (a cursor: the last of the page before)
+
+
+class UnknownCursor(ValueError):
+    """``before`` names no job the caller can see."""
 
 
 def visible_jobs(user) -> QuerySet[Job]:
@@ -156,6 +161,8 @@ def visible_jobs(user) -> QuerySet[Job]:
 
 
 def filtered(jobs: QuerySet[Job], filters: JobFilters) -> QuerySet[Job]:
+    if filters.before is not None:  # first: the cursor's job may have left the other filters since
+        jobs = after_cursor(jobs, filters.before)
     if filters.state in STATE_GROUPS:
         jobs = jobs.filter(state__in=STATE_GROUPS[filters.state])
     elif filters.state:
@@ -173,6 +180,15 @@ def filtered(jobs: QuerySet[Job], filters: JobFilters) -> QuerySet[Job]:
     elif filters.arrays_folded:
         jobs = jobs.filter(Q(array__isnull=True) | Q(array_index=F("array__first_index")))
     return jobs
+
+
+def after_cursor(jobs: QuerySet[Job], job_id: int) -> QuerySet[Job]:
+    """The jobs after ``job_id`` in the list's order (newest first): read page after page this way, a job that
+    leaves a filter, or a new one, shifts nothing, where an offset skipped or repeated rows."""
+    anchor = jobs.filter(id=job_id).values_list("submitted_at", flat=True).first()
+    if anchor is None:
+        raise UnknownCursor(f"before: no job {job_id} among yours")
+    return jobs.filter(Q(submitted_at__lt=anchor) | Q(submitted_at=anchor, id__lt=job_id))
 
 
 def array_states(array_ids) -> dict[int, dict[str, int]]:
