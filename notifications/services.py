@@ -93,15 +93,15 @@ def add_webhook(*, team: Team, user, url: str, secret: str, now: datetime) -> We
     """A team admin's webhook; its URL must pass the address rules now (and again before each send)."""
     if not scoping.is_team_admin(user, team):
         raise NotAllowed("only the team's admins manage its webhooks")
-    Team.objects.select_for_update().filter(id=team.id).first()  # two adds at once count each other
-    _refuse_more_webhooks(team, url)
     host, port = addresses.check_url(url)
     # Within a deadline: the page waits on it, and a name whose server never answers held a web thread for
-    # the resolver's whole timeout.
+    # the resolver's whole timeout. Before any lock: the team's submissions and releases would wait on it.
     addresses.checked_addresses(host, port, deadline=time.monotonic() + settings.E31_WEBHOOK_TIMEOUT_S)
     secret = secret or secrets.token_urlsafe(32)
     if not (MIN_SECRET <= len(secret) <= MAX_SECRET) or not secret.isascii() or not secret.isprintable():
         raise addresses.Refused(f"a secret is {MIN_SECRET} to {MAX_SECRET} printable ASCII characters")
+    Team.objects.select_for_update(no_key=True).filter(id=team.id).first()  # two adds at once count each other
+    _refuse_more_webhooks(team, url)
     webhook = Webhook.objects.create(team=team, url=url, secret=secret, created_by=user, created_at=now)
     _changed(webhook, "team.webhook-add", actor=user, now=now)
     return webhook
@@ -162,7 +162,8 @@ def record_job_event(*, job_id: int, event: str, attempt: int, now: datetime, de
     job = Job.objects.select_related("team").get(id=job_id)
     payload = _payload(job, event, now=now, detail=detail)
     key = f"job:{job.id}:{attempt}:{event}"
-    for webhook in _held(Webhook.objects.filter(team_id=job.team_id).select_related("created_by", "team")):
+    team_webhooks = Webhook.objects.filter(team_id=job.team_id).select_related("created_by", "team")
+    for webhook in _held(job.team_id, team_webhooks):
         if not selectors.speaks_for(webhook.created_by, webhook.team):
             continue  # its adder was deactivated, lost operator rights or was deleted: see deliver_webhook
         delivery, created = WebhookDelivery.objects.get_or_create(
@@ -179,17 +180,20 @@ def record_job_event(*, job_id: int, event: str, attempt: int, now: datetime, de
         _ring(SEND_JOB_EMAIL, job.id)
 
 
-def _held(webhooks: QuerySet[Webhook]) -> QuerySet[Webhook]:
+def _held(team_id: int, webhooks: QuerySet[Webhook]) -> QuerySet[Webhook]:
     """The webhooks, each held until this transaction ends (FOR KEY SHARE, which job events do not contend for):
     the deliveries' foreign key is checked at commit, so a webhook removed in between would roll back the job's
     change, or the whole scheduler pass that made it. A removal waits instead, and then removes these
-    deliveries with it. SQLite runs one writer at a time."""
-    if connection.vendor != "postgresql":
+    deliveries with it. The team row is held first, as a removal takes it (an admin's removal locks the team,
+    then the admin's webhooks): held after the webhooks, by the foreign keys at commit, the two deadlocked.
+    Submissions take the team FOR NO KEY UPDATE, which KEY SHARE lets by. SQLite runs one writer at a time."""
+    ids = list(webhooks.values_list("id", flat=True))
+    if connection.vendor != "postgresql" or not ids:
         return webhooks
     with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {Team._meta.db_table} WHERE id = %s FOR KEY SHARE", [team_id])
         cursor.execute(
-            f"SELECT id FROM {Webhook._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR KEY SHARE",
-            [list(webhooks.values_list("id", flat=True))],
+            f"SELECT id FROM {Webhook._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR KEY SHARE", [ids]
         )
         held = [row[0] for row in cursor.fetchall()]
     return webhooks.filter(id__in=held)

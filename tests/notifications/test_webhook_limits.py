@@ -1,19 +1,21 @@
 """A team's webhooks are few and distinct, and none of them can undo the job event that owes it a delivery."""
 
 import threading
+import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
-from accounts.models import Membership
-from jobs import transitions
+from accounts import members
+from accounts.models import Membership, Team
+from jobs import dispatch, rental, transitions
 from jobs.lifecycle import EndReason, State
-from jobs.models import Job
+from jobs.models import Allocation, Job
 from notifications import addresses
 from notifications import services as notify
 from notifications.models import Webhook, WebhookDelivery
-from tests.factories import JobFactory, UserFactory, WebhookFactory
+from tests.factories import JobFactory, NodeFactory, UserFactory, WebhookFactory
 
 
 def _admin(team):
@@ -80,3 +82,98 @@ def test_a_webhook_removed_while_a_job_ends_leaves_the_end_standing(team, monkey
     assert Job.objects.get(id=job.id).state == State.RELEASED
     assert not Webhook.objects.filter(id=removed.id).exists()
     assert list(WebhookDelivery.objects.values_list("webhook_id", flat=True)) == [kept.id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_removing_an_admin_while_a_job_of_the_team_ends_does_not_deadlock(team, monkeypatch):
+    """The job event held the team's webhooks until its commit, where its foreign keys took the team row; removing
+    an admin took the team row, then that admin's webhooks: each waited for the other."""
+    monkeypatch.setattr(dispatch, "send_after_commit", lambda *args, **kwargs: None)
+    lead, boss = UserFactory(username="lead"), UserFactory(username="boss")
+    for user in (lead, boss):
+        Membership.objects.get_or_create(team=team, user=user, defaults={"role": "admin"})
+    WebhookFactory(team=team, url="http://hooks.example/a", created_by=lead, created_at=timezone.now())
+    NodeFactory(name="solo", gpus=1)
+    job = JobFactory(team=team, state=State.QUEUED)
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"solo": (0,)}, now=timezone.now())
+    part = Allocation.objects.get(job=job)
+    assert rental.start_allocation(allocation_id=part.id, now=timezone.now())
+    recorded, go_on, outcomes = threading.Event(), threading.Event(), {}
+    record = notify.record_job_event
+
+    def paused_after_recording(**kwargs):
+        record(**kwargs)
+        if threading.current_thread().name == "release":
+            recorded.set()
+            go_on.wait(10)
+
+    monkeypatch.setattr(notify, "record_job_event", paused_after_recording)
+
+    def run(name, work):
+        try:
+            work()
+            outcomes[name] = "ok"
+        except Exception as exc:
+            outcomes[name] = repr(exc)[:200]
+        finally:
+            connection.close()
+
+    release = threading.Thread(
+        name="release",
+        target=run,
+        args=(
+            "release",
+            lambda: rental.release_part(
+                allocation_id=part.id,
+                end_reason=EndReason.CANCELLED,
+                now=timezone.now(),
+                actor="agent:solo",
+                detail="",
+            ),
+        ),
+    )
+    remove = threading.Thread(name="remove", target=run, args=("remove", lambda: members.remove_member(
+        team=team, user_id=lead.id, actor=boss, now=timezone.now())))  # fmt: skip
+    release.start()
+    assert recorded.wait(10)
+    remove.start()
+    time.sleep(1)  # the removal is as far as it gets while the job's end is under way
+    go_on.set()
+    release.join(30)
+    remove.join(30)
+    assert outcomes == {"release": "ok", "remove": "ok"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_adding_a_webhook_holds_nothing_of_the_team_while_its_name_resolves(
+    team, receiver, loopback_allowed, monkeypatch
+):
+    """The add locked the team row, then looked the name up (up to E31_WEBHOOK_TIMEOUT_S): the team's submissions
+    and every commit that writes a row of the team (a job, a meter row) waited on it."""
+    admin, lookup, looking = _admin(team), addresses.socket.getaddrinfo, threading.Event()
+
+    def slow(host, *args, **kwargs):
+        if host == "hooks.slow.example":
+            looking.set()
+            time.sleep(2)
+            host = "127.0.0.1"
+        return lookup(host, *args, **kwargs)
+
+    monkeypatch.setattr(addresses.socket, "getaddrinfo", slow)
+
+    def add():
+        try:
+            _add(team, admin, receiver.url.replace("127.0.0.1", "hooks.slow.example"))
+        finally:
+            connection.close()
+
+    adding = threading.Thread(target=add)
+    adding.start()
+    assert looking.wait(10)
+    began = time.monotonic()
+    with transaction.atomic():  # as submit_job takes it
+        Team.objects.select_for_update(no_key=True).filter(id=team.id).first()
+    waited = time.monotonic() - began
+    adding.join(10)
+    assert waited < 1.0, f"a submission waited {waited:.1f} s on a webhook's name"
+    assert Webhook.objects.filter(team=team).count() == 1
