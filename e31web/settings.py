@@ -292,7 +292,7 @@ EMAIL_HOST_PASSWORD = _env_or_file("E31_SMTP_PASSWORD", "") or ""
 EMAIL_USE_TLS = env.bool("E31_SMTP_TLS", default=False)
 EMAIL_TIMEOUT = 30
 # A job's e-mail the mail server could not take is sent again after E31_EMAIL_BACKOFF_S, doubling, up to
-# E31_EMAIL_ATTEMPTS sends; a 5xx refusal (no such mailbox) is given up at once.
+# E31_EMAIL_ATTEMPTS sends; a 5xx refusal of the recipient (no such mailbox) is given up at once.
 E31_EMAIL_ATTEMPTS = env.int("E31_EMAIL_ATTEMPTS", default=6)
 E31_EMAIL_BACKOFF_S = env.float("E31_EMAIL_BACKOFF_S", default=60.0)
 

@@ -367,7 +367,7 @@ def send_job_email(*, job_id: int, now: datetime) -> bool:
 
 def _failed_send(claimed: QuerySet[JobEmail], exc: Exception, *, now: datetime) -> None:
     """Tried again after E31_EMAIL_BACKOFF_S, doubling, up to E31_EMAIL_ATTEMPTS sends; given up at once where
-    the server refused for good (a 5xx: no such mailbox), which no later try changes."""
+    the recipient was refused for good (a 5xx: no such mailbox), which no later try changes."""
     row = claimed.first()
     if row is None:
         return
@@ -380,9 +380,11 @@ def _failed_send(claimed: QuerySet[JobEmail], exc: Exception, *, now: datetime) 
 
 
 def _refused_for_good(exc: Exception) -> bool:
-    if isinstance(exc, smtplib.SMTPRecipientsRefused):
-        return all(code >= 500 for code, _ in exc.recipients.values())
-    return isinstance(exc, smtplib.SMTPResponseException) and exc.smtp_code >= 500
+    """The recipient's own server said no for good (a 5xx for every recipient: no such mailbox). A refusal of the
+    platform's own sending (its login, its sender address, TLS) is fixed by an operator, and then sends again."""
+    return isinstance(exc, smtplib.SMTPRecipientsRefused) and all(
+        code >= 500 for code, _ in exc.recipients.values()
+    )
 
 
 def _owed_emails(now: datetime) -> QuerySet[JobEmail]:

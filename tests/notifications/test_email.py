@@ -376,3 +376,21 @@ def test_a_mail_server_that_is_down_is_tried_again_with_backoff_then_given_up(
     assert len(tries) == 4  # at 0, 60, 180 and 420 s
     row = JobEmail.objects.get(job=job)
     assert row.sent_at is not None and "gave up after 4 tries" in row.detail
+
+
+def test_a_refusal_of_the_platforms_own_sending_is_tried_again(team, member, mailed, monkeypatch, settings):
+    """A wrong SMTP password or a sender address the relay refuses is the operator's to fix: given up at once,
+    every job's e-mail of that hour was lost."""
+    settings.E31_EMAIL_BACKOFF_S = 60
+    job, t0 = _ended_owing_mail(team, member)
+
+    def sender_refused(*args, **kwargs):
+        raise smtplib.SMTPSenderRefused(553, b"5.7.1 sender not allowed", "noreply@e31.invalid")
+
+    monkeypatch.setattr(notify, "send_mail", sender_refused)
+    notify.send_job_email(job_id=job.id, now=t0)
+    row = JobEmail.objects.get(job=job)
+    assert row.sent_at is None and row.attempts == 1 and "553" in row.detail
+    monkeypatch.undo()
+    assert notify.send_job_email(job_id=job.id, now=t0 + timedelta(seconds=61))  # the operator fixed it
+    assert len(mailed) == 1
