@@ -265,7 +265,12 @@ class _GrowthLimit:
         began = time.monotonic()
         if began < self.next_at and not whole:
             return
-        size = _tree_bytes(self.root)
+        try:
+            size = _tree_bytes(self.root)
+        except OSError as exc:  # a folder the image made that the stager cannot list: its size is unknown
+            raise transfers.TransferFailed(
+                f"the unpacked image cannot be measured: {_unreadable(exc)}"
+            ) from exc
         self.next_at = time.monotonic() + MEASURE_SPACING * (time.monotonic() - began)
         if size > self.cap.bytes:
             raise transfers.TransferFailed(
@@ -279,9 +284,18 @@ UNSAFE_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_IWOTH
 def _tame(rootfs: Path) -> None:
     """No setuid/setgid file and nothing writable by other users in an unpacked root, the root folder included
     (an image's / may be 0777), links untouched."""
-    for path, status in ((os.fspath(rootfs), os.lstat(rootfs)), *trees.entries(rootfs)):
-        if not stat.S_ISLNK(status.st_mode) and status.st_mode & UNSAFE_BITS:
-            os.chmod(path, stat.S_IMODE(status.st_mode) & ~UNSAFE_BITS)
+    try:
+        for path, status in ((os.fspath(rootfs), os.lstat(rootfs)), *trees.entries(rootfs)):
+            if not stat.S_ISLNK(status.st_mode) and status.st_mode & UNSAFE_BITS:
+                os.chmod(path, stat.S_IMODE(status.st_mode) & ~UNSAFE_BITS)
+    except OSError as exc:  # never a root that was only partly tamed
+        raise transfers.TransferFailed(f"the unpacked image cannot be checked: {_unreadable(exc)}") from exc
+
+
+def _unreadable(exc: OSError) -> str:
+    """What the image holds that the stager could not read, without the node's own path to it."""
+    where = Path(exc.filename).name if exc.filename else "a folder"
+    return f"{where!r}: {exc.strerror or exc}"
 
 
 def image_config(layout: Path) -> dict:

@@ -64,3 +64,20 @@ def test_an_images_world_writable_root_folder_is_tamed_too(tmp_path):
     world-writable rootfs in the node's cache, where any local user could swap a team's /usr."""
     rootfs = _unpack(tmp_path, _layout(tmp_path, lambda rootfs: rootfs.chmod(0o777)))
     assert not stat.S_IMODE(rootfs.stat().st_mode) & (stat.S_IWOTH | stat.S_ISUID | stat.S_ISGID)
+
+
+def test_a_folder_the_stager_cannot_list_fails_the_unpack_with_a_reason(tmp_path, monkeypatch):
+    """os.walk left such a folder out in silence; the list walk raised a bare OSError that no stage caught, and
+    the job stayed in STAGING. It is a failed transfer that names the folder."""
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "locked").mkdir(parents=True)
+
+    def unreadable(root):
+        raise PermissionError(13, "Permission denied", str(rootfs / "locked"))
+        yield  # a generator, as trees.entries is
+
+    monkeypatch.setattr(registry.trees, "entries", unreadable)
+    with pytest.raises(registry.transfers.TransferFailed, match="'locked': Permission denied"):
+        registry._tame(rootfs)
+    with pytest.raises(registry.transfers.TransferFailed, match="cannot be measured"):
+        registry._GrowthLimit(rootfs, registry.Cap(bytes=10, why="the test's cap")).check(whole=True)
