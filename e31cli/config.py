@@ -44,11 +44,11 @@ def current() -> Login:
     token = from_env or stored.get("token", "")
     if not url or not token:
         raise NotLoggedIn("Not logged in: run `e31 login URL` (or set E31_URL and E31_TOKEN).")
-    if not from_env and _origin(url) != _origin(stored["url"]):
+    if not from_env and _console(url) != _console(stored["url"]):
         # The stored token is for the console it was stored with, never whatever $E31_URL names.
         raise NotLoggedIn(
-            f"$E31_URL names {_origin(url)}, but the stored login is for {_origin(stored['url'])}: set E31_TOKEN "
-            f"to a token of {_origin(url)}, or run `e31 login {url}`."
+            f"$E31_URL names {_console(url)}, but the stored login is for {_console(stored['url'])}: set "
+            f"E31_TOKEN to a token of {_console(url)}, or run `e31 login {url}`."
         )
     source = "$E31_TOKEN" if from_env else str(login_file())
     return Login(url=url, token=usable_token(token, source=source))
@@ -69,14 +69,15 @@ def _stored() -> dict:
     return stored
 
 
-def _origin(url: str) -> str:
-    """scheme://host:port, with the scheme's own port written out, so two spellings of one console compare equal."""
+def _console(url: str) -> str:
+    """scheme://host:port/prefix, with the scheme's own port written out and no trailing "/", so two spellings of
+    one console compare equal, and two consoles served under different prefixes of one host do not."""
     parts = urlsplit(url.strip())
     try:
         port = parts.port or {"https": 443, "http": 80}.get(parts.scheme)
     except ValueError:  # no port number: no console either, and the request says so
         return url
-    return f"{parts.scheme}://{parts.hostname}:{port}"
+    return f"{parts.scheme}://{parts.hostname}:{port}{parts.path.rstrip('/')}"
 
 
 def usable_token(token: str, *, source: str) -> str:

@@ -502,6 +502,8 @@ E31_ATTEMPT_PIDS = env.int("E31_ATTEMPT_PIDS", default=4096)
 # Kept back from what a node offers its jobs, for the agent and the system (unset: a twentieth of its memory, at
 # least 512 MiB, never over half).
 E31_NODE_RESERVED_MEMORY_BYTES = env.int("E31_NODE_RESERVED_MEMORY_BYTES", default=None)
+if (E31_NODE_RESERVED_MEMORY_BYTES or 0) < 0:
+    raise ImproperlyConfigured("E31_NODE_RESERVED_MEMORY_BYTES is not negative (0 keeps nothing back)")
 E31_SCRATCH_BYTES = env.int("E31_SCRATCH_BYTES", default=10 * 10**9)
 if E31_ATTEMPT_PIDS < 16 or E31_SCRATCH_BYTES < 0:
     raise ImproperlyConfigured("E31_ATTEMPT_PIDS is at least 16; E31_SCRATCH_BYTES is not negative")

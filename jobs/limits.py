@@ -158,7 +158,9 @@ def node_memory(cap: int | None = None) -> int:
 
 def reserved_memory(found: int) -> int:
     """E31_NODE_RESERVED_MEMORY_BYTES, else a twentieth of what was found and at least 512 MiB; never over half of it."""
-    reserve = settings.E31_NODE_RESERVED_MEMORY_BYTES or max(found // 20, 512 * 2**20)
+    reserve = settings.E31_NODE_RESERVED_MEMORY_BYTES
+    if reserve is None:
+        reserve = max(found // 20, 512 * 2**20)
     return min(reserve, found // 2)
 
 

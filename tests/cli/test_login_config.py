@@ -20,7 +20,13 @@ def test_the_stored_token_goes_to_its_own_console(stored, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "url", ["https://elsewhere.example", "https://console.example", "http://console.example:8443"]
+    "url",
+    [
+        "https://elsewhere.example",
+        "https://console.example",
+        "http://console.example:8443",
+        "https://console.example:8443/another-console",  # a console served under a prefix of the same host
+    ],
 )
 def test_e31_url_naming_another_console_does_not_get_the_stored_token(stored, monkeypatch, url):
     """$E31_URL and the stored token were taken independently: any script or Makefile that set E31_URL to

@@ -35,3 +35,5 @@ def test_the_operator_sets_the_reserve(machine_with, settings):
     settings.E31_NODE_RESERVED_MEMORY_BYTES = 8 * GIB
     machine_with(64 * GIB)
     assert limits.node_memory() == 56 * GIB
+    settings.E31_NODE_RESERVED_MEMORY_BYTES = 0  # nothing kept back: the machine's all, as before
+    assert limits.node_memory() == 64 * GIB
