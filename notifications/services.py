@@ -100,7 +100,9 @@ def add_webhook(*, team: Team, user, url: str, secret: str, now: datetime) -> We
     secret = secret or secrets.token_urlsafe(32)
     if not (MIN_SECRET <= len(secret) <= MAX_SECRET) or not secret.isascii() or not secret.isprintable():
         raise addresses.Refused(f"a secret is {MIN_SECRET} to {MAX_SECRET} printable ASCII characters")
-    Team.objects.select_for_update(no_key=True).filter(id=team.id).first()  # two adds at once count each other
+    Team.objects.select_for_update(no_key=True).filter(
+        id=team.id
+    ).first()  # two adds at once count each other
     _refuse_more_webhooks(team, url)
     webhook = Webhook.objects.create(team=team, url=url, secret=secret, created_by=user, created_at=now)
     _changed(webhook, "team.webhook-add", actor=user, now=now)
