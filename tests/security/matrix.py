@@ -161,6 +161,8 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "api:job_log": [C(T, **JOB)],
     # Only a job's submitter chooses its e-mail; the world's job has none, so every member is refused with 409.
     "api:set_job_email": [C(T, 409, method="POST", data={"email": "end"}, **JOB)],
+    # The same for an array's tasks: none of the world's was submitted by a visitor.
+    "api:set_array_email": [C(T, 409, method="POST", data={"email": "end"}, **ARRAY)],
     "api:email_choices": [C(S)],
     "api:set_email_choice": [
         C(T, method="PUT", data={"email": "failure"}, kwargs=lambda w: {"team_slug": w.team_a.slug})
