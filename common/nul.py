@@ -1,4 +1,5 @@
-"""No NUL character reaches a view: PostgreSQL cannot store one in text, so a query filtering on it fails.
+"""No NUL character reaches a view or a text column: PostgreSQL cannot store one in text, so a query filtering on
+it fails, and so does a write (a remote server's answer quoted in a job's reason).
 
 Any path, query or form value carrying one (``?path=%00``, ``/api/v1/teams/%00/secrets``) is answered
 400 here, once, instead of each view guarding its own parameters and a forgotten one answering 500.
@@ -10,6 +11,11 @@ from common import errors
 
 NUL = "\x00"
 MESSAGE = "A request cannot carry a NUL character (in its path, query or form)."
+
+
+def shown(text: str) -> str:
+    """``text`` with each NUL written out as ``\\x00``: storable, and the reader sees where one was."""
+    return text.replace(NUL, "\\x00")
 
 
 class RefuseNulMiddleware:

@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from jobs import cache_fill, declaration, dependencies, dispatch, image_staging, selectors, sharing, transfers
@@ -76,14 +76,30 @@ def stage_job(*, job_id: int, now: datetime) -> bool:
         )
         return True
     except (StagingFailed, image_staging.ImageFailed) as exc:
-        remove_staged(job_id)
-        transition(job_id=job_id, source=State.STAGING, target=State.ENDED, now=timezone.now(), actor="stager",
-                   end_reason=EndReason.STAGING_FAILED, reason=str(exc)[:300], end_detail=str(exc)[:500])  # fmt: skip
+        _end_failed(job_id, str(exc))
+        return True
+    except DatabaseError:
+        raise  # the database, not the job: the task's retry or the reconciler stages it again
+    except Exception as exc:
+        # A defect, or a fault nobody foresaw: left in STAGING, the job would be handed to a stager again and
+        # again by the reconciler, failing the same way each time, with nothing said to its team.
+        log.exception("staging job %s failed unexpectedly", job_id)
+        DataInput.objects.filter(job_id=job_id, stage_state__in=("staging", "waiting", "")).update(
+            stage_state="failed", rate_bytes_s=0
+        )
+        _end_failed(job_id, f"the stager met an unexpected error ({type(exc).__name__}: {exc}); the operators "
+                            "have its trace in the stager's log, and submitting the job again may work")  # fmt: skip
         return True
     if transition(job_id=job_id, source=State.STAGING, target=State.QUEUED, now=timezone.now(), actor="stager",
                   reason="every input staged"):  # fmt: skip
         dispatch.request_scheduler_pass()
     return True
+
+
+def _end_failed(job_id: int, why: str) -> None:
+    remove_staged(job_id)
+    transition(job_id=job_id, source=State.STAGING, target=State.ENDED, now=timezone.now(), actor="stager",
+               end_reason=EndReason.STAGING_FAILED, reason=why[:300], end_detail=why[:500])  # fmt: skip
 
 
 def _check_s3_destination(output_uri: str, s3_prefixes: list[str]) -> None:
@@ -331,13 +347,18 @@ def _publish(entry: DatasetCacheEntry, token: str, data_input: DataInput) -> Non
 def _link(key: str, data_input: DataInput) -> None:
     """The job's data dir gets a hard link: inside the read-only bind it needs no path outside it."""
     target = job_dir(data_input.job_id) / data_input.name
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{data_input.name}.{uuid.uuid4().hex[:8]}")
     try:
-        os.link(cache_path(key), tmp)
-    except OSError:  # another filesystem, or links not allowed: a copy is slower but just as correct
-        shutil.copyfile(cache_path(key), tmp)
-    os.replace(tmp, target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(cache_path(key), tmp)
+        except OSError:  # another filesystem, or links not allowed: a copy is slower but just as correct
+            shutil.copyfile(cache_path(key), tmp)
+        os.replace(tmp, target)
+    except OSError as exc:  # a full or read-only disk on this node
+        raise transfers.TransferFailed(
+            f"the staged copy could not be put in the job's folder: {exc}"
+        ) from exc
 
 
 def _mark_cached(data_input: DataInput) -> None:

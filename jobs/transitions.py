@@ -9,6 +9,7 @@ from datetime import datetime
 
 from django.db import transaction
 
+from common import nul
 from jobs import signals
 from jobs.lifecycle import TERMINAL, State, check_transition, notice_for
 from jobs.models import Job, JobEvent
@@ -23,6 +24,9 @@ def transition(
     ``via`` names a non-ending cause the table checks (REQUEUED, PREEMPTED) when ``reason`` is prose.
     """
     sources = [State(source)] if isinstance(source, str) else [State(s) for s in source]
+    # A reason often quotes another party (a server's answer): PostgreSQL would refuse its NUL, and the change.
+    reason = nul.shown(reason)
+    fields = {name: nul.shown(value) if isinstance(value, str) else value for name, value in fields.items()}
     if target in TERMINAL:  # an ended job waits for nothing: its last wait must not be shown as current
         fields = {"pending_reason": "", "estimated_start": None, **fields}
     for s in sources:

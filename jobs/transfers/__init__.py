@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from common import nul
 from jobs.units import format_size
 
 # What the kernel copies per call (copy_file_range), and fsspec's block size. With a sha256 the
@@ -28,7 +29,11 @@ Progress = Callable[[int], bool]
 
 
 class TransferFailed(Exception):
-    """A permanent failure: retrying cannot help (refused, not found, too large, checksum)."""
+    """A permanent failure: retrying cannot help (refused, not found, too large, checksum). Its message often
+    quotes the other end (a status line, an error body), and is stored as the job's reason: no NUL in it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(nul.shown(message))
 
 
 class TransferStopped(Exception):

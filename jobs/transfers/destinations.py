@@ -230,7 +230,10 @@ def copy(source, dst: Path, *, limit: int, want_sha256: bool, progress: transfer
          backoff_s: float, floor: transfers.Floor | None = None) -> transfers.Copied:  # fmt: skip
     """Copies the source to ``dst`` (at most ``limit`` bytes, else refused), resuming after transient errors;
     a source slower than ``floor`` is one."""
-    out = _Destination(dst, want_sha256=want_sha256, kernel_copy=isinstance(source, sources.LocalSource))
+    try:
+        out = _Destination(dst, want_sha256=want_sha256, kernel_copy=isinstance(source, sources.LocalSource))
+    except OSError as exc:  # a full or read-only disk, on this node: the job cannot stage here
+        raise transfers.TransferFailed(f"the copy could not begin on this node: {_describe(exc)}") from exc
     tries = 0
     try:
         while True:

@@ -10,11 +10,13 @@ when used.
 
 import errno
 import http.client
+import io
 import os
 import re
 import socket
 import stat
 import struct
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import SplitResult, quote, unquote, urljoin, urlsplit
@@ -272,20 +274,66 @@ def _redirected(url: str, location: str) -> str:
 
 
 class _Response(http.client.HTTPResponse):
-    """A body read hands back what one recv gave, as curl does, instead of looping until the
-    buffer is full: the write then overlaps the sender's next bytes (measured 1.5x here)."""
+    """A response whose every read call ends within a time limit (the transfer's per-read timeout), however the
+    server paces its bytes: the status line and headers together, then each body read.
+
+    A per-read timeout alone let a server sending one byte of a header or chunk-size line now and then hold the
+    stager, its transfer slot and the job for as long as it liked (a 65,536-byte line at 30 s a byte is 22 days):
+    http.client reads a line in as many reads as it takes, and the pool's rate floor is checked only between
+    body reads. A body read hands back what one recv gave, as curl does, instead of looping until the buffer
+    is full: the write then overlaps the sender's next bytes (measured 1.5x here), and the floor sees each one.
+    """
+
+    def __init__(self, sock: socket.socket, *args, **kwargs) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()  # nothing read yet: the socket stays open for the reader below
+        self._reads = _TimedReads(sock, limit_s=sock.gettimeout())
+        self.fp = io.BufferedReader(self._reads)
 
     def readinto(self, b) -> int:
-        if self.chunked or self.length is None or self.fp is None:
-            return super().readinto(b)
-        n = self.fp.readinto1(memoryview(b)[: self.length]) if self.length else 0
+        self._reads.restart()
+        if self.fp is None:
+            return 0
+        if self.chunked:  # at most one chunk's piece (and its size line), not as many chunks as fill ``b``
+            data = self.read1(len(b))
+            b[: len(data)] = data
+            return len(data)
+        if self.length is None:  # read until the server closes
+            n = self.fp.readinto1(b)
+        else:
+            n = self.fp.readinto1(memoryview(b)[: self.length]) if self.length else 0
         if not n:
             self._close_conn()  # ``length`` left above 0 tells the reader the peer hung up early
             return 0
-        self.length -= n
-        if not self.length:
-            self._close_conn()
+        if self.length is not None:
+            self.length -= n
+            if not self.length:
+                self._close_conn()
         return n
+
+
+class _TimedReads(io.RawIOBase):
+    """A socket's reads for one response, refused once the current read call has run past its time limit."""
+
+    def __init__(self, sock: socket.socket, *, limit_s: float | None) -> None:
+        super().__init__()
+        self._raw, self.limit_s = sock.makefile("rb", buffering=0), limit_s
+        self.restart()
+
+    def restart(self) -> None:
+        self._deadline = None if self.limit_s is None else time.monotonic() + self.limit_s
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int | None:
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise TimeoutError(f"timed out: the server sent too little in {self.limit_s:g} s")
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def _blocking_with_timeout(sock: socket.socket, timeout: float) -> None:
