@@ -14,7 +14,7 @@ from django.db.models import Count, F, Max, OuterRef, Prefetch, Q, QuerySet, Sub
 
 from accounts import scoping
 from accounts.models import Team
-from jobs import beneath, declaration, sharing, signals
+from jobs import beneath, declaration, sharing, signals, transfers
 from jobs.lifecycle import AFTER_ANY, AFTER_OK, ALIVE, BEFORE_RENT, TERMINAL, State
 from jobs.models import (
     Allocation,
@@ -255,7 +255,12 @@ def open_delivered_output(job: Job, path: str):
             key = declaration.s3_object(folder, path, prefixes)
         except declaration.OutsideTeamPrefix as exc:
             raise OutputUnavailable(str(exc)) from exc
-        return sources.filesystem_for(folder).open(key, "rb")
+        try:
+            return sources.filesystem_for(folder).open(key, "rb")
+        except transfers.TransferFailed as exc:  # this console cannot read s3:// (its nodes can)
+            raise OutputUnavailable(f"the console cannot read this output: {exc}", status=503) from exc
+        except OSError as exc:  # removed from the bucket since, or the console's credentials refused
+            raise OutputUnavailable(f"{path[:200]!r} is no longer at the destination ({exc})") from exc
     try:
         fd = _open_delivered_file(folder, path, team=job.team.slug)
     except OSError as exc:

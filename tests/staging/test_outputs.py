@@ -1,8 +1,10 @@
 """What an attempt may leave behind: its declared bytes, at most E31_MAX_OUTPUT_FILES files, a manifest in rows."""
 
 import hashlib
+import sys
 import time
 
+import fsspec
 import pytest
 from django.urls import reverse
 from django.utils import timezone
@@ -10,6 +12,7 @@ from django.utils import timezone
 from jobs import agent, rental, sandbox
 from jobs.lifecycle import EndReason
 from jobs.models import Allocation, Job, OutputFile
+from jobs.transfers import sources
 from tests.factories import JobFactory, NodeFactory
 
 pytestmark = pytest.mark.django_db
@@ -211,3 +214,26 @@ def test_a_download_from_s3_is_read_only_under_the_teams_prefix(
     auth = {"HTTP_AUTHORIZATION": f"Bearer {member_token}"}
     got = client.get(f"/api/v1/jobs/{job.id}/outputs/download", {"path": path}, **auth)
     assert got.status_code == 404 and why in got.content.decode()
+
+
+@pytest.mark.parametrize("console", ["object gone", "no s3 extra"])
+def test_an_s3_output_the_console_cannot_read_is_answered_not_a_500(
+    client, member_token, team, settings, monkeypatch, console
+):
+    """The object removed from the bucket since, or a console installed without the s3 extra (its nodes have it):
+    both answered 500, an HTML page on an API route."""
+    settings.E31_S3_ROOTS = ["s3://bucket"]
+    if console == "object gone":
+        bucket = fsspec.filesystem("memory")
+        bucket.store.clear()
+        monkeypatch.setattr(sources, "filesystem_for", lambda uri: bucket)
+    else:
+        monkeypatch.setitem(sys.modules, "s3fs", None)
+    job = JobFactory(team=team, state="released", end_reason="succeeded", attempt=1, sealed_files=1,
+                     output_uri="s3://bucket/vision/run", delivery_state="delivered", delivered_at=timezone.now())  # fmt: skip
+    OutputFile.objects.create(job=job, attempt=1, path="model.bin", bytes=5, sha256="0" * 64)
+    client.raise_request_exception = False
+    got = client.get(f"/api/v1/jobs/{job.id}/outputs/download", {"path": "model.bin"},
+                     HTTP_AUTHORIZATION=f"Bearer {member_token}")  # fmt: skip
+    expected = {"object gone": (404, "no longer at the destination"), "no s3 extra": (503, "s3")}[console]
+    assert (got.status_code, expected[1] in got.json()["detail"]) == (expected[0], True)
