@@ -88,19 +88,22 @@ def _hit_cache(key: str, *, window_s: int) -> int:
         return 1
 
 
-def over_limit(request: HttpRequest, *, scope: str = "public") -> bool:
-    addr = clients.client_network(request) or "unknown"
-    count = hit(f"public-form:{scope}:{addr}", window_s=settings.E31_PUBLIC_FORM_WINDOW_S)
+def over_limit(request: HttpRequest, *, scope: str = "public", key: str = "") -> bool:
+    """Whether this post is past the limit of its ``key``'s window: the client's address (network) unless given."""
+    who = key or clients.client_network(request) or "unknown"
+    count = hit(f"public-form:{scope}:{who}", window_s=settings.E31_PUBLIC_FORM_WINDOW_S)
     return count > settings.E31_PUBLIC_FORM_LIMIT
 
 
-def limit_posts(scope: str = "public") -> Callable:
-    """Decorator for a public form view: every POST counts, valid or not."""
+def limit_posts(scope: str = "public", *, counted_by: Callable[[HttpRequest], str] | None = None) -> Callable:
+    """Decorator for a public form view: every POST counts, valid or not; per client address, or per what
+    ``counted_by`` says of the request (an empty answer: the address)."""
 
     def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @wraps(view)
         def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
-            if request.method == "POST" and over_limit(request, scope=scope):
+            key = counted_by(request) if counted_by else ""
+            if request.method == "POST" and over_limit(request, scope=scope, key=key):
                 response = render(request, "pages/too_many.html", status=429)
                 response["Retry-After"] = str(settings.E31_PUBLIC_FORM_WINDOW_S)
                 return response

@@ -16,6 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts import members
@@ -432,7 +433,15 @@ def _form_key(invitation) -> str:
     return f"{invitation._meta.model_name}-{invitation.pk}"
 
 
-@limit_posts(scope="invite")
+def _opened_link(request: HttpRequest) -> str:
+    """The link this browser opened (its digest), which counts the posts to its page: counted per address, the
+    colleagues of one office (one address behind its NAT) shared five posts in ten minutes."""
+    digest = request.session.get(LINK_SESSION_KEY, "")
+    return f"link:{digest}" if digest else ""
+
+
+@sensitive_post_parameters("password1", "password2")
+@limit_posts(scope="invite", counted_by=_opened_link)
 @require_http_methods(["GET", "POST"])
 def invite(request: HttpRequest, token: str) -> HttpResponse:
     if token != LINK_PLACEHOLDER:

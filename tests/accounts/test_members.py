@@ -15,10 +15,12 @@ from django.contrib.auth import get_user_model
 from django.contrib.sessions.models import Session
 from django.core import mail
 from django.core.cache import cache
+from django.core.signals import got_request_exception
 from django.db import IntegrityError, connection, transaction
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
+from django.views.debug import SafeExceptionReporterFilter
 
 from accounts import emails, members, selectors, services
 from accounts.models import Membership, TeamInvitation
@@ -196,6 +198,48 @@ def test_the_invited_person_sets_a_password_and_is_signed_in_as_a_member_of_the_
     assert carol.get(MEMBERS).status_code == 200
     assert Client().login(username="Carol@Example.com", password=PASSWORD)
     assert not TeamInvitation.objects.filter(used_at__isnull=True).exists()
+
+
+def test_six_colleagues_behind_one_office_address_all_join(admin_client, team, settings):
+    """Posts to the link's page counted per client address: an admin inviting six colleagues of one office (one
+    address behind its NAT) saw the sixth refused 429 for ten minutes. Each link now has its own count."""
+    settings.E31_PUBLIC_FORM_LIMIT = 5
+    answers = []
+    for n in range(6):
+        invite(admin_client, f"colleague{n}@example.com")
+        answers.append(set_password(Client(REMOTE_ADDR="203.0.113.7"), invitation_path()).status_code)
+    assert answers == [302] * 6
+    assert sum(role == "member" for role in roles(team).values()) == 6
+
+
+def test_one_links_posts_are_still_limited(admin_client, settings):
+    settings.E31_PUBLIC_FORM_LIMIT = 2
+    invite(admin_client, "carol@example.com")
+    carol, path = Client(), invitation_path()
+    answers = [set_password(carol, path, again="not the same").status_code for _ in range(3)]
+    assert answers == [422, 422, 429]
+
+
+def test_the_password_set_on_the_link_page_is_kept_out_of_error_reports(admin_client, monkeypatch):
+    """Django's error reports (the debug page, the e-mail to the admins, any reporter) show a view's POST unless
+    the view names its secret fields; sign-in's did, this page's did not."""
+    reports = []
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("redeeming failed")
+
+    def report(sender, request, **kwargs):
+        reports.append(SafeExceptionReporterFilter().get_post_parameters(request))
+
+    invite(admin_client, "carol@example.com")
+    monkeypatch.setattr(public_services, "redeem_invitation", broken)
+    got_request_exception.connect(report)
+    try:
+        carol = Client(raise_request_exception=False)
+        assert set_password(carol, invitation_path()).status_code == 500
+    finally:
+        got_request_exception.disconnect(report)
+    assert reports and reports[0]["password1"] != PASSWORD and reports[0]["password2"] != PASSWORD
 
 
 def test_inviting_again_renews_the_link_and_the_old_one_stops_working(admin_client, team):
