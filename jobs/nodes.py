@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from jobs import dispatch, network, rental
@@ -279,8 +279,14 @@ def resume_upgraded_node(*, name: str, now: datetime) -> bool:
 
 
 def settle_drains(*, now: datetime) -> None:
-    """A draining node with nothing left running is drained."""
-    busy = Allocation.objects.filter(released_at__isnull=True).values("node_id")
+    """A draining node with nothing left running, and no output left on its disk to deliver, is drained: an
+    operator reads drained as safe to power off, and delivery reads a released part's outputs from its node."""
+    running = Q(released_at__isnull=True)
+    delivering = Q(
+        started_at__isnull=False, delivered_at__isnull=True, attempt=F("job__attempt"),
+        job__delivery_state="delivering",
+    )  # fmt: skip
+    busy = Allocation.objects.filter(running | delivering).values("node_id")
     Node.objects.filter(state=Node.NodeState.DRAINING).exclude(id__in=busy).update(
         state=Node.NodeState.DRAINED, state_changed_at=now
     )

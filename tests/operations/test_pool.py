@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.urls import reverse
 
-from jobs import scheduler, snapshot
+from jobs import nodes, rental, scheduler, snapshot
 from jobs.lifecycle import EndReason, State
 from jobs.management.commands import node_agent
 from jobs.models import Allocation, Job, Node
@@ -94,6 +94,28 @@ def test_drain_lets_a_running_job_finish_where_it_is(operator_client, pool, team
     job.refresh_from_db()
     assert job.state == State.RUNNING
     assert Allocation.objects.get(job=job).released_at is None
+
+
+def test_a_draining_node_is_not_drained_while_its_disk_holds_outputs_not_yet_delivered(
+    operator_client, pool, team, now
+):
+    """Delivery reads the outputs from the node's disk after RELEASE: called drained with one waiting there, the
+    node looked safe to power off, and its job's outputs would be lost (failed a day later)."""
+    job = running_job(team=team, node=pool[0], now=now, output_bytes=10)
+    part = Allocation.objects.get(job=job)
+    operator_client.post(action_url("gpu-01", "drain"), {"confirm": "yes"})
+    rental.finish_allocation(allocation_id=part.id, exit_code=0, outcome=EndReason.SUCCEEDED, now=now)
+    rental.seal_allocation(
+        allocation_id=part.id, manifest=[{"path": "a.bin", "bytes": 10, "sha256": "0" * 64}], now=now
+    )
+    assert Job.objects.get(id=job.id).delivery_state == "delivering"
+
+    nodes.settle_drains(now=now)
+    assert Node.objects.get(name="gpu-01").state == Node.NodeState.DRAINING
+
+    Allocation.objects.filter(id=part.id).update(delivered_at=now)
+    nodes.settle_drains(now=now)
+    assert Node.objects.get(name="gpu-01").state == Node.NodeState.DRAINED
 
 
 def test_mark_down_releases_now_and_requeues_or_ends_each_job_as_declared(operator_client, pool, team, now):
