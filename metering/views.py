@@ -2,7 +2,7 @@
 
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import InvalidOperation
 from functools import wraps
 
 from django import forms
@@ -142,7 +142,7 @@ def _filename(team: Team | None, start: datetime, end: datetime, ext: str) -> st
 def _with_cost(rows: Iterator[dict]) -> Iterator[dict]:
     price = reports.rate()
     for row in rows:
-        row["cost"] = str((Decimal(row["gpu_hours"]) * price).quantize(Decimal("0.01")))
+        row["cost"] = str(reports.row_cost(row["gpu_us"], price))
         yield row
 
 

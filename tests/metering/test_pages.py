@@ -7,6 +7,7 @@ import re
 import sqlite3
 import threading
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 from django.http import StreamingHttpResponse
@@ -151,6 +152,22 @@ def test_a_malformed_export_range_is_a_400(member_client, ledger):
     assert member_client.get(reverse("metering:export_csv"), {"start": "May"}).status_code == 400
 
 
+def test_the_exports_cost_column_adds_up_to_the_ledgers_cost(member_client, team, node, settings):
+    """Each row's cost was rounded to the cent: 60 one-minute jobs at 1.00 a GPU-hour cost 1.00 on the page and
+    summed to 1.20 in the export, 20 % more. A row's cost now keeps six places, from its exact microseconds."""
+    settings.E31_RATE_PER_GPU_HOUR = "1.00"
+    for n in range(60):
+        began = datetime(2024, 5, 6, 1, tzinfo=UTC) + timedelta(minutes=2 * n)
+        release(rent(team=team, node=node, at=began, gpus=1), at=began + timedelta(seconds=60))
+    rows = _csv(
+        member_client.get(reverse("metering:export_csv"), {"start": "2024-05-06", "end": "2024-05-06"})
+    )
+    exported = sum(Decimal(row["cost"]) for row in rows)
+    total = sum(MeterEntry.objects.filter(team=team).values_list("microseconds", flat=True))
+    assert len(rows) == 60 and reports.cost(total) == Decimal("1.00")
+    assert exported.quantize(Decimal("0.01")) == Decimal("1.00") and abs(exported - 1) < Decimal("0.0001")
+
+
 @pytest.mark.parametrize("name", ["metering:export_csv", "metering:export_json"])
 def test_an_export_ending_on_the_calendars_last_day_is_a_400_not_a_500(member_client, ledger, name):
     response = member_client.get(reverse(name), {"start": "9999-12-01", "end": "9999-12-31"})
@@ -166,7 +183,7 @@ def test_no_money_appears_unless_a_rate_is_configured(member_client, settings, l
     rows = _csv(
         member_client.get(reverse("metering:export_csv"), {"start": "2024-05-03", "end": "2024-05-03"})
     )
-    assert rows[0]["cost"] == "10.00"  # 4 GPU-hours at 2.50: computed at display time
+    assert rows[0]["cost"] == "10.000000"  # 4 GPU-hours at 2.50: computed at display time
     assert not any("cost" in f.name or "rate" in f.name for f in MeterEntry._meta.get_fields())
 
 
