@@ -353,6 +353,11 @@ def download_output(request: HttpRequest, job_id: int, path: str = Query(..., ma
 def cancel_job(request: HttpRequest, job_id: int):
     job = _get_job(request, job_id)
     if not services.cancel_job(job_id=job.id, user=request.user, now=timezone.now()):
+        job.refresh_from_db(fields=["state"])
+        if job.is_alive and not job.cancellable:
+            raise HttpError(
+                409, f"Job {job.id} has finished running and is sealing its outputs: nothing to cancel"
+            )
         raise HttpError(409, f"Job {job.id} is {job.state}: nothing to cancel")
     return job_json(_get_job(request, job_id))
 

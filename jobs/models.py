@@ -187,6 +187,12 @@ class Job(models.Model):
         return self.state not in (State.RELEASED, State.ENDED)
 
     @property
+    def cancellable(self) -> bool:
+        """Alive, and its process not already ended: in OUTPUT it is sealing what it wrote, and ends in moments;
+        a cancel there would be said to stop what nothing is left to stop."""
+        return self.is_alive and self.state != State.OUTPUT
+
+    @property
     def delivery_uri(self) -> str:
         """The attempt's own folder under the declared destination: no two attempts deliver to the same place."""
         return f"{self.output_uri.rstrip('/')}/{self.id}-{self.attempt}/"

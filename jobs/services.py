@@ -213,10 +213,11 @@ def _cancel_each(job_ids: list[int], *, why: str, actor, now: datetime) -> int:
 
 @transaction.atomic
 def cancel_job(*, job_id: int, user, now: datetime, why: str = "") -> bool:
-    """Cancels a live job. Before RENT it ends unmetered; after, the node agent stops it and releases.
+    """Cancels a live job. Before RENT it ends unmetered; after, the node agent stops it and releases; once its
+    process has ended (OUTPUT, sealing its outputs) there is nothing left to cancel: False.
     ``why``: what else the team reads of the cancel, when not asked for on its own (a member removed)."""
     job = Job.objects.select_for_update().filter(id=job_id).first()
-    if job is None or not job.is_alive:
+    if job is None or not job.cancellable:
         return False
     if job.state in BEFORE_RENT:
         said = f"cancelled by {_actor(user)}" + (f": {why}" if why else "")

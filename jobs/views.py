@@ -283,6 +283,8 @@ def _why_not_cancelled(job: Job) -> str:
     job.refresh_from_db(fields=["state", "cancel_requested_at"])
     if not job.is_alive:
         return f"Job #{job.id} has already ended."
+    if not job.cancellable:
+        return f"Job #{job.id} has finished running and is sealing its outputs: nothing is left to cancel."
     if job.cancel_requested_at:
         at = f"{job.cancel_requested_at:%Y-%m-%d %H:%M:%S} UTC"
         return f"Job #{job.id}: cancel already requested at {at}; its node agent is stopping it."

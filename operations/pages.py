@@ -273,9 +273,10 @@ def attach_nodes(page: Iterable[Job]) -> None:
 
 
 def job_action_allowed(job: Job, action: str) -> bool:
-    """Cancel: a live job not already cancelling. Requeue: any job not holding GPUs (see services.requeue_job)."""
+    """Cancel: a live job not already cancelling, its process not ended (see Job.cancellable). Requeue: any job
+    not holding GPUs (see services.requeue_job)."""
     if action == "cancel":
-        return job.is_alive and job.cancel_requested_at is None
+        return job.cancellable and job.cancel_requested_at is None
     return job.state not in HOLDS_COMPUTE
 
 

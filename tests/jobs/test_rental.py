@@ -154,6 +154,28 @@ def test_cancelling_a_rented_job_whose_process_has_not_started_releases_at_once(
     assert not rental.start_allocation(allocation_id=job.allocations.get().id, now=timezone.now())
 
 
+def test_a_job_sealing_its_outputs_is_not_cancelled_and_its_page_says_so(
+    pool, member, member_client, client, member_token
+):
+    """Its process has ended: the cancel was accepted ("cancelled"), and the job then succeeded anyway, as
+    nothing watches a process that is gone."""
+    job = JobFactory(team=member.memberships.first().team)
+    now = timezone.now()
+    rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=now)
+    part = job.allocations.get()
+    rental.start_allocation(allocation_id=part.id, now=now)
+    rental.finish_allocation(allocation_id=part.id, exit_code=0, outcome=EndReason.SUCCEEDED, now=now)
+    assert Job.objects.get(id=job.id).state == "output"
+
+    assert not services.cancel_job(job_id=job.id, user=member, now=now)
+    assert Job.objects.get(id=job.id).cancel_requested_at is None
+    assert "Cancel job" not in member_client.get(f"/jobs/{job.id}/").content.decode()
+    answer = client.post(f"/api/v1/jobs/{job.id}/cancel", HTTP_AUTHORIZATION=f"Bearer {member_token}")
+    assert answer.status_code == 409 and "sealing its outputs" in answer.json()["detail"]
+    rental.seal_allocation(allocation_id=part.id, manifest=[], now=now)
+    assert Job.objects.get(id=job.id).end_reason == "succeeded"
+
+
 def test_a_requeued_job_cancelled_before_its_new_attempt_started_is_released_at_once(pool, member):
     """Its first attempt's process started; that says nothing of the second's, which nothing would stop."""
     job = JobFactory(team=member.memberships.first().team, requeue=True)
