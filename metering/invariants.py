@@ -37,10 +37,16 @@ class Row:
     kind: str
 
 
-def problems(held: Held, rows: Sequence[Row], *, closed_until: datetime) -> list[str]:
-    """Every way ``rows`` fail to tile RENT..RELEASE exactly (or, while held, up to ``closed_until``)."""
+def problems(
+    held: Held, rows: Sequence[Row], *, closed_until: datetime, now: datetime | None = None
+) -> list[str]:
+    """Every way ``rows`` fail to tile RENT..RELEASE exactly (or, while held, up to ``closed_until``); and, given
+    ``now``, time metered (or a RELEASE) later than now, which nobody can have held yet."""
     metered = sorted((r for r in rows if r.kind != ADJUSTMENT), key=lambda r: r.period_start)
     found = [p for row in metered for p in _row_problems(held, row)]
+    found += [p for row in rows if row.kind == ADJUSTMENT for p in _named_problems(held, row)]
+    if now is not None:
+        found += _future_problems(held, metered, now=now)
     found += _tiling_problems(held, metered)
     found += _coverage_problems(held, metered, closed_until=closed_until)
     total = sum(r.gpus * r.microseconds for r in rows)
@@ -49,11 +55,30 @@ def problems(held: Held, rows: Sequence[Row], *, closed_until: datetime) -> list
     return found
 
 
+def _named_problems(held: Held, row: Row) -> list[str]:
+    """A row (an adjustment too) is booked to its allocation's job and team: one naming another moves GPU-time
+    from one team's ledger into another's."""
+    if (row.job_id, row.team_id) == (held.job_id, held.team_id):
+        return []
+    at = f"{'adjustment' if row.kind == ADJUSTMENT else 'row'} {row.period_start:%Y-%m-%d %H:%M:%S.%f}"
+    return [f"{at} names job {row.job_id} / team {row.team_id}, not the allocation's"]
+
+
+def _future_problems(held: Held, metered: Sequence[Row], *, now: datetime) -> list[str]:
+    found = (
+        [f"RELEASE at {held.released_at:%Y-%m-%d %H:%M:%S.%f} is after now"]
+        if (held.released_at and held.released_at > now)
+        else []
+    )
+    ahead = [r for r in metered if r.period_end > now]
+    if ahead:
+        found.append(f"{len(ahead)} row(s) end after now, up to {ahead[-1].period_end:%Y-%m-%d %H:%M:%S.%f}")
+    return found
+
+
 def _row_problems(held: Held, row: Row) -> list[str]:
     at = f"row {row.period_start:%Y-%m-%d %H:%M:%S.%f}"
-    found = []
-    if (row.job_id, row.team_id) != (held.job_id, held.team_id):
-        found.append(f"{at} names job {row.job_id} / team {row.team_id}, not the allocation's")
+    found = _named_problems(held, row)
     if row.gpus != held.gpus:
         found.append(f"{at} meters {row.gpus} GPUs; the allocation holds {held.gpus}")
     if row.microseconds != micros(row.period_end - row.period_start):

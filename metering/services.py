@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from accounts.models import Team
 from common.ledger_locks import lock_team_ledgers
-from jobs import nodes
+from jobs import clock, nodes
 from jobs.models import Allocation, Job
 from metering import invariants, signals, summaries
 from metering.models import MeterEntry
@@ -187,12 +187,13 @@ def accrual_lag() -> timedelta:
 
 def find_violations(*, now: datetime | None = None) -> list[str]:
     """Every breach of the ledger's invariants, one line each; an empty list means every allocation's rows tile RENT..RELEASE exactly."""
-    closed_until = (now or timezone.now()) - accrual_lag()
+    now = now or clock.database_now()  # the clock every RELEASE and accrual is dated by
+    closed_until = now - accrual_lag()
     with _snapshot():
         found = [
             f"allocation {held.id} (job {held.job_id}): {problem}"
             for held, rows in _allocations_with_rows()
-            for problem in invariants.problems(held, rows, closed_until=closed_until)
+            for problem in invariants.problems(held, rows, closed_until=closed_until, now=now)
         ]
         return found + _summary_drift()
 

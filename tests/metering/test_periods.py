@@ -98,3 +98,31 @@ def test_the_checker_wants_every_completed_hour_of_a_held_allocation_closed():
     held = _held(rented, None)
     assert invariants.problems(held, closed, closed_until=datetime(2024, 3, 1, 1, 59, tzinfo=UTC)) == []
     assert invariants.problems(held, closed, closed_until=datetime(2024, 3, 1, 2, 1, tzinfo=UTC))
+
+
+def test_the_checker_names_an_adjustment_booked_to_another_team_or_job():
+    """An adjustment row on one team's allocation naming another team and job moved GPU-hours between teams'
+    ledgers, and the check said nothing: it read only the metered rows' names."""
+    rented = datetime(2024, 2, 29, 23, 30, tzinfo=UTC)
+    released = rented + timedelta(hours=1)
+    moved = invariants.Row(7, 2, released, released, 2, 3_600_000_000, "adjustment")
+    problems = invariants.problems(
+        _held(rented, released), [*_rows(rented, released), moved], closed_until=released
+    )
+    assert any("names job 7 / team 2" in p for p in problems)
+
+
+def test_the_checker_names_metered_time_later_than_now():
+    """Rows accrued past the database's own clock (a skewed writer), and a RELEASE then moved up to them, were
+    both taken as a correct ledger: hours billed that were never held."""
+    rented = datetime(2024, 2, 29, 10, 15, tzinfo=UTC)
+    now = datetime(2024, 2, 29, 12, 30, tzinfo=UTC)
+    ahead = _rows(rented, datetime(2024, 2, 29, 17, tzinfo=UTC), kind_last="accrual")
+    assert any(
+        "after now" in p for p in invariants.problems(_held(rented, None), ahead, closed_until=now, now=now)
+    )
+    released = datetime(2024, 2, 29, 17, tzinfo=UTC)
+    problems = invariants.problems(
+        _held(rented, released), _rows(rented, released), closed_until=now, now=now
+    )
+    assert any("after now" in p for p in problems)
