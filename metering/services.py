@@ -167,6 +167,10 @@ def adjust_meter(
         )
         for begin, stop, share in spread_over_hours(start, end, microseconds)
     ]  # fmt: skip
+    signals.ledger_adjusted.send(
+        sender=MeterEntry, team=allocation.job.team, allocation=allocation.id, job=allocation.job_id,
+        gpu_micros=allocation.gpu_count * microseconds, reason=reason, operator=author, now=now,
+    )  # fmt: skip
     return MeterEntry.objects.bulk_create(rows, batch_size=BATCH)
 
 

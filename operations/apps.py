@@ -6,7 +6,7 @@ class OperationsConfig(AppConfig):
     verbose_name = "The operator dashboard"
 
     def ready(self) -> None:
-        # Metering signals a budget change, accounts a membership change, a team's rename, a change of rights, a
+        # Metering signals a budget change and a ledger adjustment, accounts a membership change, a team's rename, a change of rights, a
         # lockout cleared and a token revoked, public a declined application, without importing operations: the apps' arrows point one way.
         from accounts import signals as accounts_signals
         from metering import signals
@@ -15,6 +15,9 @@ class OperationsConfig(AppConfig):
         from public import signals as public_signals
 
         signals.budget_set.connect(receivers.audit_budget, dispatch_uid="operations.audit-budget")
+        signals.ledger_adjusted.connect(
+            receivers.audit_ledger_adjustment, dispatch_uid="operations.audit-ledger-adjustment"
+        )
         accounts_signals.membership_changed.connect(
             receivers.audit_team_change, dispatch_uid="operations.audit-membership"
         )

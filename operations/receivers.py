@@ -15,6 +15,16 @@ def audit_budget(sender, *, team, before: dict, after: dict, operator, now: date
     )
 
 
+def audit_ledger_adjustment(
+    sender, *, team, allocation: int, job: int, gpu_micros: int, reason: str, operator, now: datetime, **_
+) -> None:
+    hours = f"{gpu_micros / 3_600_000_000:.6f}"
+    after = {"allocation": allocation, "job": job, "gpu_hours": hours, "reason": reason[:300]}
+    audit.record(
+        actor=operator, action="ledger.adjust", target=f"team:{team.slug}", before={}, after=after, now=now
+    )
+
+
 def audit_team_change(
     sender, *, team, action: str, before: dict, after: dict, actor, now: datetime, **_
 ) -> None:

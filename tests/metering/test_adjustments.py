@@ -10,7 +10,8 @@ from jobs import rental
 from jobs.models import Node
 from metering import reports, services
 from metering.models import MeterEntry
-from tests.metering.conftest import rent
+from operations.models import AuditEntry
+from tests.metering.conftest import release, rent
 
 pytestmark = pytest.mark.django_db
 
@@ -83,3 +84,20 @@ def test_the_prefilled_gap_credit_never_exceeds_the_time_the_allocation_held(
     )
     assert response.status_code == 302
     assert MeterEntry.objects.get(kind="adjustment").microseconds == -20_000_000
+
+
+def test_an_adjustment_is_written_to_the_operators_audit_log(team, node, operator):
+    """The one operator action that moves billed hours was missing from the audit log (budgets, rights and
+    ledger checks were there); the row itself names its author, but nobody reads every row."""
+    allocation = rent(team=team, node=node, at=datetime(2024, 5, 1, 10, tzinfo=UTC), gpus=2, name="credited")
+    release(allocation, at=datetime(2024, 5, 1, 11, tzinfo=UTC))
+    services.adjust_meter(
+        allocation_id=allocation.id, microseconds=-30 * 60 * 1_000_000, reason="a slow node: half an hour back",
+        author=operator, now=datetime(2024, 5, 1, 12, tzinfo=UTC),
+    )  # fmt: skip
+    entry = AuditEntry.objects.get(action="ledger.adjust")
+    assert (entry.actor_user_id, entry.target) == (operator.id, f"team:{team.slug}")
+    assert entry.after == {
+        "allocation": allocation.id, "job": allocation.job_id, "gpu_hours": "-1.000000",
+        "reason": "a slow node: half an hour back",
+    }  # fmt: skip
