@@ -8,6 +8,7 @@ from datetime import date
 from django import forms
 from django.contrib.auth import get_user_model, password_validation
 from django.utils import timezone
+from django.utils.text import slugify
 
 from jobs.units import parse_size
 from public import selectors, services
@@ -80,8 +81,8 @@ class ApplicationForm(forms.Form):
 
     def clean_team_name(self) -> str:
         name = self.cleaned_data["team_name"].strip()
-        if not any(ch.isalnum() for ch in name):
-            raise forms.ValidationError("a team name needs at least one letter or digit")
+        if not slugify(name):  # the rule accepting it applies (selectors.team_name_problem), said now
+            raise forms.ValidationError(selectors.TEAM_NAME_NEEDS)
         return name
 
 

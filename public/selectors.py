@@ -26,11 +26,14 @@ def intake_is_open() -> bool:
     return bool(latest and latest.is_open)
 
 
+TEAM_NAME_NEEDS = "a team name needs at least one Latin letter (a-z) or digit: the team's web address and folders are made of them"
+
+
 def team_name_problem(name: str) -> str:
     """Why this team name cannot be used for a new team, or '' if it can."""
     slug = slugify(name)
     if not slug:
-        return "a team name needs at least one letter or digit"
+        return TEAM_NAME_NEEDS
     if Team.objects.filter(Q(name__iexact=name) | Q(slug=slug)).exists():
         return "a team with this name already exists"
     return ""

@@ -141,10 +141,15 @@ def test_every_application_field_has_a_size_limit(client, intake_open, field, li
 
 
 @pytest.mark.django_db
-def test_a_team_name_without_letters_or_digits_is_refused(client, intake_open):
-    response = _post(client, application_post(team_name="!!!"))
+@pytest.mark.parametrize("name", ["!!!", "日本チーム"])
+def test_a_team_name_without_latin_letters_or_digits_is_refused_at_once(client, intake_open, name):
+    """A name of other letters only passed the form, and was refused when an operator accepted it, with a reason
+    ("at least one letter or digit") that was not true of it: the team's web address and folders are made of
+    Latin letters and digits."""
+    response = _post(client, application_post(team_name=name))
     assert response.status_code == 422
-    assert "at least one letter or digit" in response.content.decode()
+    assert "at least one Latin letter (a-z) or digit" in response.content.decode()
+    assert selectors.team_name_problem(name) == selectors.TEAM_NAME_NEEDS
 
 
 @pytest.mark.django_db
