@@ -17,17 +17,26 @@ from accounts.models import ApiToken, Team, TeamSecret
 from common import links, ratelimit
 
 
+# A token made by the form's POST waits here for the page the POST redirects to, which shows it once: shown in the
+# answer to the POST itself, a reload of that page posted the form again and made a second token.
+NEW_TOKEN_KEY = "_e31_new_token"
+
+
 @login_required
 def tokens(request: HttpRequest) -> HttpResponse:
-    new_token, refused = None, ""
+    new_token, refused = request.session.pop(NEW_TOKEN_KEY, None), ""
     if request.method == "POST":
         label = request.POST.get("label", "").strip()[:80] or "token"
         try:
-            _, new_token = services.create_api_token(user=request.user, label=label)
+            _, request.session[NEW_TOKEN_KEY] = services.create_api_token(user=request.user, label=label)
+            return redirect("accounts:tokens")
         except services.TooManyTokens as exc:
             refused = f"No token was created: {exc}."
     rows = ApiToken.objects.filter(user=request.user)
-    context = {"tokens": rows, "new_token": new_token, "refused": refused}
+    context = {
+        "tokens": rows, "new_token": new_token, "refused": refused,
+        "api_docs": reverse("api:openapi-view"), "api_jobs": request.build_absolute_uri(reverse("api:list_jobs")),
+    }  # fmt: skip
     return render(request, "accounts/tokens.html", context, status=409 if refused else 200)
 
 

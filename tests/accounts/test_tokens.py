@@ -5,7 +5,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.urls import reverse
+from django.urls import clear_script_prefix, reverse, set_script_prefix
 from django.utils import timezone
 
 from accounts import selectors, services
@@ -30,7 +30,7 @@ def test_the_command_refuses_an_unknown_user(db):
 
 
 def test_a_token_created_on_the_page_works_until_it_is_revoked(member_client, member, client):
-    page = member_client.post(reverse("accounts:tokens"), {"label": "laptop"})
+    page = member_client.post(reverse("accounts:tokens"), {"label": "laptop"}, follow=True)
     token = page.context["new_token"]
     assert token in page.content.decode()
     assert client.get("/api/v1/jobs", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
@@ -38,6 +38,32 @@ def test_a_token_created_on_the_page_works_until_it_is_revoked(member_client, me
     member_client.post(reverse("accounts:revoke-token", args=[row.id]))
     assert client.get("/api/v1/jobs", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 401
     assert token not in member_client.get(reverse("accounts:tokens")).content.decode()
+
+
+def test_reloading_the_page_that_showed_a_new_token_makes_no_second_one(member_client, member):
+    """The token was shown in the answer to the POST: reloading that page posted the form again, and made
+    another token. The POST now redirects; the page shows the new token once, and a reload shows it no more."""
+    created = member_client.post(reverse("accounts:tokens"), {"label": "laptop"})
+    assert created.status_code == 302 and created["Location"] == reverse("accounts:tokens")
+    shown = member_client.get(reverse("accounts:tokens"))
+    token = shown.context["new_token"]
+    assert token and token in shown.content.decode()
+    again = member_client.get(reverse("accounts:tokens"))
+    assert again.context["new_token"] is None and token not in again.content.decode()
+    assert ApiToken.objects.filter(user=member).count() == 1
+
+
+def test_the_tokens_page_links_the_api_where_the_console_serves_it(member_client):
+    """A console served under a path prefix (the README's deployment allows one): the link to the API and the
+    curl example named /api/v1/ at the host's root, where nothing answers."""
+    page_path = reverse("accounts:tokens")
+    member_client.post(page_path, {"label": "laptop"})
+    set_script_prefix("/console/")  # as the WSGI handler does for a request under the prefix
+    try:
+        page = member_client.get(page_path).content.decode()
+    finally:
+        clear_script_prefix()
+    assert 'href="/console/api/v1/docs"' in page and "/console/api/v1/jobs</code>" in page
 
 
 def test_nobody_can_revoke_another_users_token(member, outsider_client):
