@@ -16,7 +16,6 @@ from accounts import emails, forms, members, scoping, selectors, services, team_
 from accounts.models import ApiToken, Team, TeamSecret
 from common import links, ratelimit
 
-
 # A token made by the form's POST waits here for the page the POST redirects to, which shows it once: shown in the
 # answer to the POST itself, a reload of that page posted the form again and made a second token.
 NEW_TOKEN_KEY = "_e31_new_token"

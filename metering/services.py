@@ -18,7 +18,6 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import OuterRef, Q, Subquery
-from django.utils import timezone
 
 from accounts.models import Team
 from common.ledger_locks import lock_team_ledgers

@@ -21,7 +21,7 @@ def _kept_by_nobody(response) -> bool:
 
 
 def test_the_page_showing_a_new_api_token_is_stored_by_no_cache(member_client):
-    response = member_client.post(reverse("accounts:tokens"), {"label": "laptop"})
+    response = member_client.post(reverse("accounts:tokens"), {"label": "laptop"}, follow=True)
     assert response.status_code == 200 and b'id="new-token">e31_' in response.content
     assert _kept_by_nobody(response), response.get("Cache-Control")
 
