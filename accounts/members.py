@@ -139,8 +139,11 @@ def change_role(*, team: Team, user_id: int, role: str, actor, now: datetime) ->
 @transaction.atomic
 def remove_member(*, team: Team, user_id: int, actor, now: datetime) -> bool:
     """Takes a member out of the team: from the next request on, none of its jobs, ledger or secrets are theirs
-    to see. Never the team's last admin."""
-    _lock_as_admin(team=team, actor=actor)
+    to see. An admin removes anyone; any member may leave (``user_id`` their own). Never the team's last admin."""
+    if user_id == actor.pk:
+        _lock_team(team)
+    else:
+        _lock_as_admin(team=team, actor=actor)
     membership = _membership(team=team, user_id=user_id)
     _keep_an_admin(membership, "removed")
     _cancel_invitations_by(membership, team=team, actor=actor, now=now)
@@ -236,9 +239,14 @@ def claim_invitation(
     return user
 
 
+def _lock_team(team: Team) -> None:
+    """The team's row, which every change of its members takes first."""
+    Team.objects.select_for_update().filter(id=team.id).values_list("id", flat=True).get()
+
+
 def _lock_as_admin(*, team: Team, actor) -> None:
     # The lock comes before the check: an admin demoted a moment ago by another admin acts no more.
-    Team.objects.select_for_update().filter(id=team.id).values_list("id", flat=True).get()
+    _lock_team(team)
     if not scoping.is_team_admin(actor, team):
         raise NotTeamAdmin("only a team admin changes the team's members")
 

@@ -200,7 +200,7 @@ def remove_member(request: HttpRequest, team_slug: str, user_id: int) -> HttpRes
     team = _team_or_404(request, team_slug)
     leaving = user_id == request.user.pk
     done = "you left the team" if leaving else "removed from the team"
-    response = _change(request, team, members.remove_member, user_id=user_id, done=done)
+    response = _change(request, team, members.remove_member, user_id=user_id, done=done, anyone=leaving)
     left = leaving and response.status_code == 302
     if left and not scoping.teams_of(request.user).filter(id=team.id).exists():
         # The team's pages are 404 to them from now on; their jobs list is theirs in any team or none.
@@ -217,9 +217,12 @@ def cancel_invitation(request: HttpRequest, team_slug: str, invitation_id: int) 
     )
 
 
-def _change(request: HttpRequest, team: Team, service, *, done: str, **arguments) -> HttpResponse:
-    """Calls one members writer; a refusal re-renders the page with its reason (403 not an admin, 409 else)."""
-    if not scoping.is_team_admin(request.user, team):
+def _change(
+    request: HttpRequest, team: Team, service, *, done: str, anyone: bool = False, **arguments
+) -> HttpResponse:
+    """Calls one members writer (an admin's, unless ``anyone``: a member leaving); a refusal re-renders the page with
+    its reason (403 not an admin, 409 else)."""
+    if not anyone and not scoping.is_team_admin(request.user, team):
         return _members_page(request, team, error=ONLY_ADMINS, status=403)
     try:
         changed = service(team=team, actor=request.user, now=timezone.now(), **arguments)

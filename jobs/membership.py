@@ -30,10 +30,9 @@ def cancel_removed_members_jobs(
     user_id = selectors.user_id_named(member)  # the signal names the member as the audit log does
     if user_id is None:
         return
-    services.cancel_unstarted_jobs(
-        submitted_by_id=user_id, team_id=team.id, why=f"{member} was removed from team {team.name}",
-        actor=actor, now=now,
-    )  # fmt: skip
+    left = getattr(actor, "pk", None) == user_id
+    why = f"{member} left team {team.name}" if left else f"{member} was removed from team {team.name}"
+    services.cancel_unstarted_jobs(submitted_by_id=user_id, team_id=team.id, why=why, actor=actor, now=now)
 
 
 def cancel_deleted_accounts_jobs(sender, *, instance, **_) -> None:

@@ -783,6 +783,28 @@ def test_an_admin_who_leaves_the_team_lands_on_their_jobs_list_and_is_told_they_
     assert "adele" not in roles(team)
 
 
+def test_a_member_who_is_not_an_admin_leaves_the_team_from_its_members_page(
+    member_client, member, team, team_admin
+):
+    """Leaving was open to admins only: a member was answered 403 "only a team admin changes the team's members",
+    and the page offered no way out. Their jobs there that hold no GPUs yet go with them, as for a removal."""
+    waiting = JobFactory(team=team, submitted_by=member, state="queued")
+    page = member_client.get(MEMBERS).content.decode()
+    leave = reverse("accounts:member-remove", args=["vision", member.id])
+    assert f'action="{leave}"' in page and "Leave the team" in page
+    response = member_client.post(leave, follow=True)
+    assert response.redirect_chain == [(reverse("jobs:list"), 302)]
+    assert "vision: you left the team." in response.content.decode()
+    assert roles(team) == {"adele": "admin"}
+    waiting.refresh_from_db()
+    assert (waiting.state, waiting.end_reason) == (
+        "ended",
+        "cancelled",
+    ) and "alice left team" in waiting.end_detail
+    entry = AuditEntry.objects.get(action="team.member-remove")
+    assert (entry.actor, entry.before["member"]) == ("alice", "alice")
+
+
 def test_a_deactivated_admin_does_not_count_as_the_teams_admin(admin_client, team, team_admin):
     """A team keeps an admin who can sign in: a deactivated account manages nothing."""
     MembershipFactory(team=team, user=UserFactory(username="abe", is_active=False), role="admin")
