@@ -226,6 +226,12 @@ def set_node_state(*, name: str, target: str, now: datetime, actor: str) -> bool
         if _release_hold_of_silent_node(held_down & Q(name=name), now=now):
             return True
         allowed_from |= held_down
+    if (
+        target == Node.NodeState.DOWN
+    ):  # a node down for silence is held down: its parts went when it went down
+        silent_down = Q(name=name, state=Node.NodeState.DOWN, held_down_by="")
+        if Node.objects.filter(silent_down).update(held_down_by=actor[:150]):
+            return True
     moved = Node.objects.filter(allowed_from, name=name).update(
         state=target, state_changed_at=now, **_operator_marks(target=target, actor=actor[:150])
     )

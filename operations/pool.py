@@ -292,16 +292,14 @@ def _limits(node: NodeInfo) -> str:
 
 def _actions(node: NodeInfo, ctx: _Context) -> str:
     actions = selectors.actions_for(node.state, node.held_down_by)
-    if not actions:
+    said = ""
+    if node.state == Node.NodeState.DOWN and not node.held_down_by:
         back = f", then stays drained (drained by {escape(node.drained_by)})" if node.drained_by else ""
-        return f'<span class="muted">waits for its agent{back}</span>'
+        said = f'<span class="muted">waits for its agent{back}</span><br>'
+    elif node.held_down_by:
+        said = f'<small class="muted">marked down by {escape(node.held_down_by)}</small><br>'
     href = quote(node.name)
-    held = (
-        f'<small class="muted">marked down by {escape(node.held_down_by)}</small><br>'
-        if node.held_down_by
-        else ""
-    )
-    return held + " ".join(
+    return said + " ".join(
         f'<a class="button small" href="{ctx.action_href.format(href, a)}">{a}</a>' for a in actions
     )
 

@@ -11,8 +11,9 @@ ACTIONS_BY_STATE: dict[str, tuple[str, ...]] = {
     Node.NodeState.UP: ("drain", "mark-down"),
     Node.NodeState.DRAINING: ("resume", "mark-down"),
     Node.NodeState.DRAINED: ("resume", "mark-down"),
-    # A node down for silence comes back when its agent registers again (drained, if an operator drained it).
-    Node.NodeState.DOWN: (),
+    # A node down for silence comes back when its agent registers again (drained, if an operator drained it),
+    # unless an operator marks it down meanwhile: held down then, as a node marked down while up.
+    Node.NodeState.DOWN: ("mark-down",),
 }
 
 

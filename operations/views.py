@@ -69,15 +69,18 @@ def node_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
     if not _confirmed(request):
         context["error"] = "Tick the box to confirm."
         return render(request, "operations/node_confirm.html", context, status=422)
+    was_down = node.state == Node.NodeState.DOWN
     if services.change_node_state(name=name, action=action, actor=request.user, now=timezone.now()):
-        node.refresh_from_db(fields=["state"])
-        messages.success(request, _what_happened(node, action, running=len(context["jobs"])))
+        node.refresh_from_db(fields=["state", "held_down_by"])
+        messages.success(
+            request, _what_happened(node, action, running=len(context["jobs"]), was_down=was_down)
+        )
     else:
         messages.warning(request, f"{node.name} changed meanwhile: nothing was done.")
     return redirect("operations:pool")
 
 
-def _what_happened(node: Node, action: str, *, running: int) -> str:
+def _what_happened(node: Node, action: str, *, running: int, was_down: bool = False) -> str:
     """The node's state after the action, as it is (a drain is under way until its jobs end)."""
     if action == "drain":
         until = (
@@ -86,6 +89,8 @@ def _what_happened(node: Node, action: str, *, running: int) -> str:
             else "nothing runs there: it becomes drained at the next scheduler pass"
         )
         return f"{node.name} is draining: no new job is placed on it; {until}."
+    if action == "mark-down" and was_down:
+        return f"{node.name} is held down: its agent registering again does not bring it back until an operator resumes it."
     if action == "mark-down":
         return (
             f"{node.name} is marked down: its allocations were released now, and it takes no work, "

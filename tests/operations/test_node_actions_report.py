@@ -108,6 +108,26 @@ def test_a_drained_node_rebooted_for_maintenance_comes_back_drained(operator_cli
     assert (node.state, node.drained_by) == (Node.NodeState.UP, "")
 
 
+def test_a_node_down_for_silence_can_be_held_down_before_its_agent_returns(operator_client, pool, now):
+    """A flaky machine went silent and was declared down: no action was offered, so it came back up at its agent's
+    next restart and took work again. Marking it down holds it down, as for a node marked down while up."""
+    later = now + timedelta(seconds=settings.E31_NODE_TIMEOUT_S + 60)
+    Node.objects.filter(name="gpu-02").update(last_heartbeat=later)
+    assert nodes.reap_silent_nodes(now=later) == ["gpu-01"]
+    down_since = Node.objects.get(name="gpu-01").state_changed_at
+    assert action_url("gpu-01", "mark-down") in operator_client.get(POOL).content.decode()
+    confirm = operator_client.get(action_url("gpu-01", "mark-down")).content.decode()
+    assert "already down" in confirm
+
+    done = operator_client.post(action_url("gpu-01", "mark-down"), {"confirm": "yes"})
+    assert "gpu-01 is held down" in str(next(iter(get_messages(done.wsgi_request))))
+    node = Node.objects.get(name="gpu-01")
+    assert (node.state, node.held_down_by, node.state_changed_at) == (Node.NodeState.DOWN, "olga", down_since)
+    _register("gpu-01", later + timedelta(seconds=30))
+    assert Node.objects.get(name="gpu-01").state == Node.NodeState.DOWN
+    assert action_url("gpu-01", "resume") in operator_client.get(POOL).content.decode()
+
+
 def test_a_node_down_for_silence_offers_no_resume(operator_client, pool, now):
     Node.objects.filter(name="gpu-01").update(state=Node.NodeState.DOWN)
     page = operator_client.get(POOL).content.decode()
