@@ -269,6 +269,8 @@ if not re.fullmatch(r"[1-9][0-9]*/[smhd][a-z]*", E31_API_RATE):
 # Public forms (waitlist, design-partner application): at most LIMIT posts per client per window.
 E31_PUBLIC_FORM_LIMIT = env.int("E31_PUBLIC_FORM_LIMIT", default=5)
 E31_PUBLIC_FORM_WINDOW_S = env.int("E31_PUBLIC_FORM_WINDOW_S", default=600)
+# Once intake opens, beat writes to the waitlist every minute, this many addresses a run (the relay's pace).
+E31_WAITLIST_MAILS_PER_RUN = env.int("E31_WAITLIST_MAILS_PER_RUN", default=100)
 # /metrics: after LIMIT wrong bearer tokens from one client address in a clock-aligned window, that address gets
 # 429 until the window ends (operations.metrics).
 E31_METRICS_FAILURE_LIMIT = env.int("E31_METRICS_FAILURE_LIMIT", default=10)
@@ -593,6 +595,7 @@ CELERY_BEAT_SCHEDULE = {
     "operations-beat-heartbeat": _every("operations.tasks.beat_heartbeat", 15.0),
     "operations-utilisation-sample": _every("operations.tasks.sample_utilisation", 60.0),
     "notifications-send-due": _every("notifications.tasks.send_due_notifications", 5.0),
+    "public-tell-waitlist": _every("public.tasks.tell_waitlist", 60.0),
     "operations-ledger-check": _every(
         "operations.tasks.check_ledger", env.float("E31_LEDGER_CHECK_EVERY_S", default=600.0)
     ),

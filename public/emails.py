@@ -3,7 +3,7 @@
 from django.core.mail import send_mail
 from django.template.loader import render_to_string
 
-from public.models import Application
+from public.models import Application, WaitlistEntry
 
 
 def _send(*, to: str, subject: str, template: str, context: dict) -> None:
@@ -35,4 +35,13 @@ def application_declined(*, application: Application) -> None:
         subject="E31 Network: about your design-partner application",
         template="pages/email/declined.txt",
         context={"application": application},
+    )
+
+
+def intake_open(*, entry: WaitlistEntry, page: str) -> None:
+    _send(
+        to=entry.email,
+        subject="E31 Network: design-partner intake is open",
+        template="pages/email/intake_open.txt",
+        context={"page": page},
     )

@@ -146,6 +146,7 @@ class WaitlistEntry(models.Model):
     email = models.EmailField(max_length=150, unique=True)
     note = models.CharField(max_length=500, blank=True)
     created_at = models.DateTimeField()
+    told_at = models.DateTimeField(null=True, blank=True)  # written to that intake is open (once)
 
     class Meta:
         db_table = "e31web_waitlistentry"

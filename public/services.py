@@ -5,21 +5,25 @@ shared with the team admins' links): keyword-only arguments, one transaction eac
 """
 
 import json
+import logging
 import re
 import secrets
 from collections.abc import Iterable
 from datetime import date, datetime, timedelta
+from smtplib import SMTPException
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
+from django.urls import reverse
 from django.utils.text import slugify
 
 from accounts import members
 from accounts import services as accounts
 from accounts.models import Membership
-from public import selectors, signals
+from common import links
+from public import emails, selectors, signals
 from public.models import (
     Application,
     IntakeChange,
@@ -29,6 +33,8 @@ from public.models import (
     ProblemRevision,
     WaitlistEntry,
 )
+
+log = logging.getLogger(__name__)
 
 MEASUREMENT_KEY = re.compile(
     r"[a-z0-9][a-z0-9_.-]{0,79}"
@@ -183,6 +189,31 @@ def mark_problem_reviewed(*, problem_id: int, author: str, now: datetime, note: 
 def set_intake_open(*, is_open: bool, by: str, now: datetime) -> IntakeChange:
     """Opens or closes intake; every change is kept, the latest wins."""
     return IntakeChange.objects.create(is_open=is_open, by=by[:150], at=now)
+
+
+def tell_waitlist(*, now: datetime) -> int:
+    """While intake is open, writes to those on the waitlist not yet told, at most E31_WAITLIST_MAILS_PER_RUN a run
+    (beat runs it every minute); returns how many were sent. Each entry is claimed before its mail goes out, so
+    two runs never write twice; a mail the relay refuses releases its claim, and the run stops for the next."""
+    if not selectors.intake_is_open():
+        return 0
+    page = links.in_email(reverse("partners"))
+    sent = 0
+    for entry in WaitlistEntry.objects.filter(told_at=None).order_by("created_at", "id")[
+        : settings.E31_WAITLIST_MAILS_PER_RUN
+    ]:
+        if not WaitlistEntry.objects.filter(id=entry.id, told_at=None).update(told_at=now):
+            continue  # another run has it
+        try:
+            emails.intake_open(entry=entry, page=page)
+        except (OSError, SMTPException):
+            log.warning(
+                "waitlist: the mail to entry %s failed; tried again at the next run", entry.id, exc_info=True
+            )
+            WaitlistEntry.objects.filter(id=entry.id).update(told_at=None)
+            break
+        sent += 1
+    return sent
 
 
 @transaction.atomic

@@ -274,6 +274,7 @@ def partners_thanks(request: HttpRequest) -> HttpResponse:
 # --- Operators: review ----------------------------------------------------------------------------
 
 PENDING_PER_PAGE = 50
+WAITLIST_PER_PAGE = 200
 
 
 @operator_only
@@ -285,8 +286,10 @@ def partners_review(request: HttpRequest) -> HttpResponse:
         # Oldest first, a page at a time: an open intake can gather more than one page can show.
         "pending": Paginator(pending, PENDING_PER_PAGE).get_page(request.GET.get("page")),
         "decided": applications.exclude(status=Application.Status.PENDING)[:50],
-        "waitlist": WaitlistEntry.objects.all()[:200],
-        "waitlist_count": WaitlistEntry.objects.count(),
+        "waitlist": Paginator(WaitlistEntry.objects.all(), WAITLIST_PER_PAGE).get_page(
+            request.GET.get("waitlist_page")
+        ),
+        "waitlist_told": WaitlistEntry.objects.exclude(told_at=None).count(),
     }
     return render(request, "pages/partners_review.html", context)
 

@@ -1,5 +1,8 @@
 """The public design-partner page: waitlist while closed, the application when open, and abuse checks."""
 
+from datetime import timedelta
+from smtplib import SMTPException
+
 import pytest
 from django.core import mail
 from django.db import IntegrityError, transaction
@@ -7,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from public import selectors, services
+from public import emails, selectors, services
 from public.models import Application, IntakeChange, Problem, WaitlistEntry
 from tests.pages.factories import ApplicationFactory, ProblemFactory, application_post
 
@@ -42,6 +45,49 @@ def test_a_visitor_joins_the_waitlist_and_sees_a_confirmation(client):
     assert "You are on the waitlist" in response.content.decode()
     entry = WaitlistEntry.objects.get()
     assert (entry.email, entry.note) == ("dana@example.com", "video backlog")
+
+
+@pytest.mark.django_db
+def test_the_waitlist_is_written_to_once_when_intake_opens(operator_client, operator, settings):
+    """The page promised "we will write to you when intake opens", and opening intake wrote to nobody."""
+    settings.E31_WAITLIST_MAILS_PER_RUN = 2
+    for n in range(3):
+        services.join_waitlist(email=f"w{n}@example.com", note="", now=timezone.now())
+    assert (
+        services.tell_waitlist(now=timezone.now()) == 0 and not mail.outbox
+    )  # intake closed: nothing to tell
+
+    operator_client.post(reverse("partners-intake"), {"open": "1"})
+    assert services.tell_waitlist(now=timezone.now()) == 2  # a run's share: the next run takes the rest
+    assert services.tell_waitlist(now=timezone.now()) == 1
+    assert services.tell_waitlist(now=timezone.now()) == 0
+    assert sorted(m.to[0] for m in mail.outbox) == ["w0@example.com", "w1@example.com", "w2@example.com"]
+    assert "intake is open" in mail.outbox[0].body and reverse("partners") in mail.outbox[0].body
+    assert "3 of 3 told" in operator_client.get(reverse("partners-review")).content.decode()
+
+
+@pytest.mark.django_db
+def test_a_waitlist_mail_that_fails_is_tried_again_at_the_next_run(intake_open, monkeypatch):
+    services.join_waitlist(email="w@example.com", note="", now=timezone.now())
+    monkeypatch.setattr(
+        emails, "send_mail", lambda *a, **k: (_ for _ in ()).throw(SMTPException("relay down"))
+    )
+    assert services.tell_waitlist(now=timezone.now()) == 0
+    monkeypatch.undo()
+    assert services.tell_waitlist(now=timezone.now()) == 1 and mail.outbox[0].to == ["w@example.com"]
+
+
+@pytest.mark.django_db
+def test_every_waitlist_entry_can_be_reached_from_the_review_page(operator_client):
+    """Only the newest 200 were shown, with no pager: the first to join could not be found."""
+    WaitlistEntry.objects.bulk_create(
+        WaitlistEntry(email=f"w{n}@example.com", created_at=timezone.now() + timedelta(seconds=n))
+        for n in range(205)
+    )
+    first = operator_client.get(reverse("partners-review")).content.decode()
+    assert "w204@example.com" in first and "w0@example.com" not in first and "waitlist_page=2" in first
+    second = operator_client.get(reverse("partners-review"), {"waitlist_page": 2}).content.decode()
+    assert "w0@example.com" in second
 
 
 @pytest.mark.django_db
