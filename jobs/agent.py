@@ -979,14 +979,28 @@ def _after_exit(
         declared_bytes=part.job.output_bytes, max_files=settings.E31_MAX_OUTPUT_FILES, alive=alive,
     )  # fmt: skip
     rental.seal_allocation(
-        allocation_id=part.allocation.id, manifest=sealed.files, refused=sealed.refused, now=clock.now()
-    )
+        allocation_id=part.allocation.id, manifest=sealed.files, refused=sealed.refused, now=clock.now(),
+        note=skipped_note(sealed.skipped),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Sealed:
     files: list[dict]
     refused: str = ""  # why nothing is sealed: the output broke its declaration
+    skipped: tuple[str, ...] = ()  # what was left out, not being a regular file (links, pipes), by path
+
+
+SKIPPED_NAMED = 5
+
+
+def skipped_note(skipped: tuple[str, ...]) -> str:
+    """What the job's page says of the entries a seal left out ('' for none); names quoted, so inert."""
+    if not skipped:
+        return ""
+    named = ", ".join(repr(path[:100]) for path in skipped[:SKIPPED_NAMED])
+    more = f" and {len(skipped) - SKIPPED_NAMED} more" if len(skipped) > SKIPPED_NAMED else ""
+    return f"not sealed, as not regular files (links, pipes, devices): {named}{more}"
 
 
 def _every(seconds: float, call: Callable[[], None]) -> Callable[[], None]:
@@ -1016,9 +1030,9 @@ def seal(
     Past ``max_files`` files, or more bytes than declared, nothing is hashed: the count and sizes
     are read first, so 20,000 files or 5 GB declared as 100 bytes cost a directory walk, not a seal.
     """
-    found, total = [], 0
+    found, total, skipped = [], 0, []
     try:
-        for path in _regular_files(output_dir):
+        for path in _regular_files(output_dir, skipped):
             found.append(path)
             if len(found) > max_files:
                 return Sealed(
@@ -1040,7 +1054,8 @@ def seal(
     unnamed = next((p for p in found if not _is_text(p.relative_to(output_dir).as_posix())), None)
     if unnamed is not None:
         return Sealed([], f"a file's name is not UTF-8 text: {os.fsencode(unnamed.name)[:60]!r}")
-    return Sealed([_entry(output_dir, path, prefix, alive) for path in sorted(found)])
+    left_out = tuple(sorted(prefix + p.relative_to(output_dir).as_posix() for p in skipped))
+    return Sealed([_entry(output_dir, path, prefix, alive) for path in sorted(found)], skipped=left_out)
 
 
 def _is_text(name: str) -> bool:
@@ -1052,14 +1067,18 @@ def _is_text(name: str) -> bool:
     return True
 
 
-def _regular_files(root: Path):
-    """Regular files under ``root``, never following links (a link to a host file is not an output). A folder that
-    cannot be listed raises (OSError): os.walk would leave it out silently, past PATH_MAX say."""
-    for folder, _, names in os.walk(root, onerror=trees.raise_it):
+def _regular_files(root: Path, skipped: list[Path]):
+    """Regular files under ``root``, never following links (a link to a host file is not an output); anything
+    else but a folder (a link, to a folder too, a pipe, a device) goes to ``skipped``. A folder that cannot be
+    listed raises (OSError): os.walk would leave it out silently, past PATH_MAX say."""
+    for folder, folders, names in os.walk(root, onerror=trees.raise_it):
+        skipped.extend(Path(folder) / name for name in folders if (Path(folder) / name).is_symlink())
         for name in names:
             path = Path(folder) / name
             if stat.S_ISREG(path.lstat().st_mode):
                 yield path
+            else:
+                skipped.append(path)
 
 
 def _entry(output_dir: Path, path: Path, prefix: str, alive: Callable[[], None]) -> dict:

@@ -250,8 +250,11 @@ def _stop_unstarted(job: Job, *, now: datetime) -> None:
     _release_parts(unstarted, now=now, end_reason=STOPPED)
 
 
-def seal_allocation(*, allocation_id: int, manifest: list[dict], now: datetime, refused: str = "") -> None:
-    """Adds a part's sealed outputs to the job (a row per file); once every part is sealed, RELEASE.
+def seal_allocation(
+    *, allocation_id: int, manifest: list[dict], now: datetime, refused: str = "", note: str = ""
+) -> None:
+    """Adds a part's sealed outputs to the job (a row per file); once every part is sealed, RELEASE. ``note``: what
+    the seal left out, told on the job's page as an event.
 
     A part whose output broke the declaration (``refused``), or parts that together wrote more than
     ``output.bytes``, end the attempt ``output_failed``: nothing of it is delivered.
@@ -263,6 +266,9 @@ def seal_allocation(*, allocation_id: int, manifest: list[dict], now: datetime, 
             return
         if allocation.sealed_at is not None:
             return  # a redelivered task: this part's files are in already
+        if note:
+            JobEvent.objects.create(job_id=job.id, from_state=job.state, to_state=job.state, at=now,
+                                    actor=agent_actor(allocation.node.name), reason=note[:300], attempt=job.attempt)  # fmt: skip
         if not refused:
             refused = _add_manifest(job, allocation.attempt, manifest)
         if refused:

@@ -170,3 +170,35 @@ def test_a_too_long_paths_name_reaches_the_job_page_cli_and_mail_inert(tmp_path)
     (folder / "\x9d52;c;cHduZWQ=\x9c\nSee evil.example for your results").write_bytes(b"x")
     sealed = agent.seal(output, declared_bytes=1000, max_files=10)
     assert "longer than" in sealed.refused and sealed.refused.isprintable(), sealed.refused
+
+
+def test_links_and_pipes_in_an_output_are_left_out_by_name_not_silently(tmp_path):
+    """A job's "best" checkpoint as a link to its epoch file, a "latest" link to a folder, a FIFO: the seal left
+    them out (a link may lead to a host file: never an output), and said nothing; the team found them missing."""
+    output = tmp_path / "output"
+    (output / "run").mkdir(parents=True)
+    (output / "epoch_10.pt").write_bytes(b"w" * 10)
+    (output / "run" / "a.txt").write_bytes(b"a")
+    (output / "best.pt").symlink_to("epoch_10.pt")
+    (output / "latest").symlink_to("run", target_is_directory=True)
+    os.mkfifo(output / "pipe")
+    sealed = agent.seal(output, declared_bytes=1000, max_files=10)
+    assert [f["path"] for f in sealed.files] == ["epoch_10.pt", "run/a.txt"] and not sealed.refused
+    assert sealed.skipped == ("best.pt", "latest", "pipe")
+    assert agent.skipped_note(sealed.skipped) == (
+        "not sealed, as not regular files (links, pipes, devices): 'best.pt', 'latest', 'pipe'"
+    )
+    assert agent.skipped_note(tuple(f"l{n}" for n in range(12))).endswith("'l4' and 7 more")
+
+
+def test_what_a_seal_left_out_is_told_on_the_jobs_page(rented):
+    job = rented(
+        argv=[
+            sys.executable,
+            "-c",
+            "import os; os.symlink('/etc/passwd', os.environ['E31_OUTPUT_DIR'] + '/p')",
+        ]
+    )
+    _run(job)
+    assert (job.state, job.end_reason) == ("released", "succeeded"), job.end_detail
+    assert job.events.filter(reason__contains="not sealed, as not regular files").exists()
