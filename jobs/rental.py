@@ -117,7 +117,7 @@ def _lock_takers(gpus_by_node: dict[str, tuple[int, ...]], now: datetime) -> dic
     up = Node.objects.select_for_update().filter(
         name__in=gpus_by_node, state=Node.NodeState.UP, agent_version=schema.code().version
     )
-    up = up.exclude(no_room_until__gt=now)
+    up = up.exclude(no_room_until__gt=now).exclude(last_heartbeat__lt=silent_since(now))
     if len(gpus_by_node) > 1:
         up = up.filter(multi_node_refusal="")
     return {n.name: n for n in up.order_by("name")}
@@ -589,12 +589,25 @@ def lose_node_allocations(
         lost = lost.filter(id__in=holding.values("allocation_id"))
     parts = dict(lost.values_list("job_id", "id"))  # a node holds one part of an attempt
     lock_for_release(parts)
+    # Read once every job is locked: a start takes its job's row first. A part whose process never started there
+    # lost nothing of the job's: it goes back to the queue as for an agent deaf to its start, spending no attempt.
+    unstarted = set(
+        Allocation.objects.filter(id__in=parts.values(), started_at__isnull=True).values_list("id", flat=True)
+    )
     for job_id in sorted(parts):  # its other parts are told to stop, and released as each stops
+        before_start = parts[job_id] in unstarted
         release_part(
-            allocation_id=parts[job_id], end_reason=EndReason.NODE_LOST, now=now, actor="reaper", detail=detail,
+            allocation_id=parts[job_id], end_reason=NOT_STARTED if before_start else EndReason.NODE_LOST, now=now,
+            actor="reaper", detail=f"{detail}, before the job's process started there" if before_start else detail,
             last_heartbeat=node.last_heartbeat, released_at=lost_at,
         )  # fmt: skip
     return len(parts)
+
+
+def silent_since(now: datetime) -> datetime:
+    """A node whose last heartbeat is older than this is silent: the reaper declares it down, and no pass places
+    anything on it meanwhile (a part placed there would be lost before its process started)."""
+    return now - timedelta(seconds=settings.E31_NODE_TIMEOUT_S)
 
 
 def _lost_at(node: Node, now: datetime) -> datetime:

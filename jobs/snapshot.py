@@ -71,15 +71,17 @@ def _as_predicted(r: types.RunningView, learned: prediction.Learned, now: dateti
 def _nodes(now: datetime, pool_cached: frozenset[str] = frozenset()) -> list[types.NodeView]:
     """``pool_cached``: the waiting jobs' datasets in the pool-wide staging cache, which every node reads.
     A node takes work when up, its agent runs this process's code (during an upgrade, until the agent is
-    restarted on the same checkout, it would run a job with rows shaped for the other schema), and not while
-    its disk has just failed to hold an attempt's space."""
+    restarted on the same checkout, it would run a job with rows shaped for the other schema), not while
+    its disk has just failed to hold an attempt's space, and not once silent past E31_NODE_TIMEOUT_S (the reaper
+    about to declare it down)."""
+    silent_since = now - timedelta(seconds=settings.E31_NODE_TIMEOUT_S)
     held: dict[int, set[int]] = defaultdict(set)
     for node_id, index in GpuHold.objects.filter(active=True).values_list("node_id", "gpu_index"):
         held[node_id].add(index)
     nodes = list(
         Node.objects.exclude(state=Node.NodeState.DOWN).only(
             "id", "name", "gpus", "state", "memory_bytes", "cpus", "multi_node_refusal", "no_room_until",
-            "disk_free_bytes", "disk_free_at", "disk_bytes", "gpu_model", "agent_version",
+            "disk_free_bytes", "disk_free_at", "disk_bytes", "gpu_model", "agent_version", "last_heartbeat",
         )
     )  # fmt: skip
     used = _held_by_parts({node.id: node for node in nodes})
@@ -92,7 +94,8 @@ def _nodes(now: datetime, pool_cached: frozenset[str] = frozenset()) -> list[typ
             free=tuple(i for i in present[node.id] if i not in held[node.id]),
             schedulable=node.state == Node.NodeState.UP
             and node.agent_version == version
-            and not (node.no_room_until and node.no_room_until > now),
+            and not (node.no_room_until and node.no_room_until > now)
+            and not (node.last_heartbeat and node.last_heartbeat < silent_since),
             cached_datasets=pool_cached,
             memory=node.memory_bytes,
             cpus=node.cpus,

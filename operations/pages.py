@@ -299,13 +299,17 @@ class JobOnNode:
 
 def jobs_on_node(node: Node) -> list[JobOnNode]:
     """Jobs holding GPUs on the node, and what a node loss would do to each (as jobs.rental does it)."""
-    jobs = Job.objects.filter(
-        id__in=Allocation.objects.filter(node=node, released_at__isnull=True).values("job_id")
-    ).select_related("team")
-    return [JobOnNode(job, _loss_outcome(job)) for job in jobs.only(*LIST_FIELDS)]
+    held = Allocation.objects.filter(node=node, released_at__isnull=True)
+    unstarted = set(held.filter(started_at__isnull=True).values_list("job_id", flat=True))
+    jobs = Job.objects.filter(id__in=held.values("job_id")).select_related("team")
+    return [
+        JobOnNode(job, _loss_outcome(job, started=job.id not in unstarted)) for job in jobs.only(*LIST_FIELDS)
+    ]
 
 
-def _loss_outcome(job: Job) -> str:
+def _loss_outcome(job: Job, *, started: bool) -> str:
+    if not started:
+        return "released and requeued: its process has not started here, so no attempt is spent"
     lost, limit = job.lost_attempts + 1, settings.E31_MAX_ATTEMPTS
     if rental.requeues_after_loss(job):
         resumes = " from its checkpoint" if job.checkpoints else ""

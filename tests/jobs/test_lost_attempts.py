@@ -27,8 +27,16 @@ def _preempted_twice_then_running(job, node, start):
             detail="yielded its GPUs to a reserved job; paused with a checkpoint of 1 kB",
         )  # fmt: skip
         now += timedelta(minutes=1)
-    assert rental.rent_job(job_id=job.id, gpus_by_node={node.name: (0,)}, now=now)
+    _started(job, node, now)
     return now
+
+
+def _started(job, node, now):
+    """Rented and its process started (a part lost before its start spends no attempt: test_lost_before_start)."""
+    assert rental.rent_job(job_id=job.id, gpus_by_node={node.name: (0,)}, now=now)
+    assert rental.start_allocation(
+        allocation_id=Allocation.objects.get(job=job, released_at__isnull=True).id, now=now
+    )
 
 
 def _lose(node, now):
@@ -66,7 +74,7 @@ def test_the_last_lost_attempt_ends_the_job(team, settings):
     job = JobFactory(team=team, state="queued", requeue=True)
     now = timezone.now() - timedelta(hours=1)
     for lost in range(2):
-        assert rental.rent_job(job_id=job.id, gpus_by_node={node.name: (0,)}, now=now)
+        _started(job, node, now)
         if lost:
             [on_node] = pages.jobs_on_node(node)
             assert on_node.outcome == "released and ended (node_lost): it has lost all 2 attempts it may"

@@ -26,7 +26,9 @@ def _register(name: str, *, host: str, gpus: int = 2, gpu_list=None, now=None) -
 def _running_job_on(name: str):
     job = JobFactory(gpus=1)
     assert rental.rent_job(job_id=job.id, gpus_by_node={name: (0,)}, now=timezone.now())
-    return Allocation.objects.get(job=job)
+    part = Allocation.objects.get(job=job)
+    assert rental.start_allocation(allocation_id=part.id, now=timezone.now())
+    return part
 
 
 def test_a_second_machine_under_a_beating_nodes_name_is_refused_and_the_nodes_jobs_run_on():

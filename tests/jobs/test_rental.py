@@ -64,10 +64,17 @@ def test_release_frees_the_gpus_closes_the_meter_exactly_and_records_the_reason(
     assert not rental.release_job(job_id=job.id, end_reason=EndReason.FAILED, now=released, actor="again")
 
 
+def _running(job, node: str, now) -> None:
+    """Rented on ``node`` and started there (a part lost before its start sends its job back, see
+    test_lost_before_start)."""
+    assert rental.rent_job(job_id=job.id, gpus_by_node={node: (0,)}, now=now)
+    assert rental.start_allocation(allocation_id=job.allocations.get(released_at__isnull=True).id, now=now)
+
+
 def test_a_lost_node_requeues_a_job_that_allows_it_and_never_runs_two_attempts(pool):
     job = JobFactory(requeue=True)
     now = timezone.now()
-    rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=now)
+    _running(job, "gpu-01", now)
     rental.lose_node_allocations(node=pool[0], now=now + timedelta(seconds=5), detail="silent")
     job.refresh_from_db()
     assert job.state == "queued" and job.attempt == 1
@@ -81,7 +88,7 @@ def test_a_lost_node_requeues_a_job_that_allows_it_and_never_runs_two_attempts(p
 def test_a_lost_node_ends_a_job_without_requeue_as_node_lost(pool):
     job = JobFactory(requeue=False)
     now = timezone.now()
-    rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=now)
+    _running(job, "gpu-01", now)
     rental.lose_node_allocations(node=pool[0], now=now, detail="silent")
     job.refresh_from_db()
     assert (job.state, job.end_reason) == ("released", "node_lost")
@@ -92,7 +99,7 @@ def test_requeue_stops_after_the_attempt_limit(pool, settings):
     job = JobFactory(requeue=True)
     for attempt in (1, 2):
         now = timezone.now()
-        assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=now)
+        _running(job, "gpu-01", now)
         rental.lose_node_allocations(node=pool[0], now=now, detail=f"loss {attempt}")
     job.refresh_from_db()
     assert (job.state, job.end_reason, job.attempt) == ("released", "node_lost", 2)
