@@ -211,13 +211,26 @@ def problem_reviewed(request: HttpRequest, slug: str) -> HttpResponse:
 # --- Design-partner intake (public) ---------------------------------------------------------------
 
 
-def _render_partners(request: HttpRequest, form, *, status: int = 200) -> HttpResponse:
+def _render_partners(request: HttpRequest, form, *, status: int = 200, kept=()) -> HttpResponse:
+    """The page with ``form``: the application's while intake is open, else the waitlist's (beside ``kept``, the
+    answers of an application sent just after intake closed, shown back so that they are not lost)."""
     context = {
-        "intake_open": selectors.intake_is_open(),
+        "intake_open": isinstance(form, forms.ApplicationForm),
         "form": form,
         "honeypot": forms.HONEYPOT,
+        "kept": kept,
     }
     return render(request, "pages/partners.html", context, status=status)
+
+
+def _kept_answers(request: HttpRequest) -> list[tuple[str, str]]:
+    """(label, what was typed) for each filled field of an application that could not be taken."""
+    fields = forms.ApplicationForm.base_fields
+    return [
+        (str(field.label or name.replace("_", " ").capitalize()), request.POST.get(name, "")[:4000])
+        for name, field in fields.items()
+        if name != "problems" and request.POST.get(name, "").strip()
+    ]
 
 
 def _thanks(kind: str) -> HttpResponse:
@@ -234,15 +247,22 @@ def partners(request: HttpRequest) -> HttpResponse:
     if request.POST.get(forms.HONEYPOT):
         return _thanks(kind)  # looks accepted to the bot; nothing is saved or sent
     if kind == "waitlist":
-        return _join_waitlist(request)
+        return _join_waitlist(request, is_open=is_open)
     if not is_open:
-        messages.warning(request, "Intake closed while you were filling in the form; nothing was saved.")
-        return _render_partners(request, forms.WaitlistForm(), status=409)
+        messages.warning(
+            request,
+            "Intake closed while you were filling in the form; nothing was saved. What you wrote is below, so "
+            "that it is not lost; join the waitlist to hear when intake opens again.",
+        )
+        return _render_partners(request, forms.WaitlistForm(), status=409, kept=_kept_answers(request))
     return _apply(request)
 
 
-def _join_waitlist(request: HttpRequest) -> HttpResponse:
+def _join_waitlist(request: HttpRequest, *, is_open: bool) -> HttpResponse:
     form = forms.WaitlistForm(request.POST)
+    if not form.is_valid() and is_open:  # a page loaded while intake was closed: it has opened since
+        messages.info(request, "Intake is open now: apply below instead of joining the waitlist.")
+        return _render_partners(request, forms.ApplicationForm(), status=422)
     if not form.is_valid():
         return _render_partners(request, form, status=422)
     services.join_waitlist(**form.cleaned_data, now=timezone.now())

@@ -201,10 +201,24 @@ def test_a_team_name_without_latin_letters_or_digits_is_refused_at_once(client, 
 @pytest.mark.django_db
 def test_an_application_posted_after_intake_closed_is_not_saved(client, intake_open, operator):
     services.set_intake_open(is_open=False, by=operator.username, now=timezone.now())
-    response = _post(client, application_post())
+    response = _post(client, application_post(work="python render.py --backlog <b>4k</b>"))
     assert response.status_code == 409
-    assert "Intake closed while you were filling in the form" in response.content.decode()
+    page = response.content.decode()
+    assert "Intake closed while you were filling in the form" in page
     assert not Application.objects.exists() and not mail.outbox
+    # What was typed is shown back, as text, so that it is not lost; the waitlist is offered beside it.
+    assert "python render.py --backlog &lt;b&gt;4k&lt;/b&gt;" in page and "Footage Lab" in page
+    assert 'name="form" value="waitlist"' in page
+
+
+@pytest.mark.django_db
+def test_a_waitlist_form_sent_once_intake_opened_is_answered_with_the_application_form(client, intake_open):
+    """A page loaded while intake was closed, sent after it opened with a bad address: the waitlist form was
+    rendered inside the application's section, a dozen empty labels and its note lost."""
+    response = _post(client, {"form": "waitlist", "email": "not-an-email", "note": "video backlog"})
+    page = response.content.decode()
+    assert response.status_code == 422 and 'for=""' not in page
+    assert "Intake is open now" in page and 'name="form" value="application"' in page
 
 
 @pytest.mark.django_db
