@@ -204,20 +204,25 @@ def cancel_deleted_accounts_jobs(*, submitted_by_id: int, why: str, now: datetim
     setting of its submitter to NULL waits for that row anyway."""
     live = Job.objects.filter(submitted_by_id=submitted_by_id, state__in=ALIVE)
     job_ids = live.select_for_update().order_by("id").values_list("id", flat=True)
-    return _cancel_each(list(job_ids), why=why, actor=None, now=now)
+    # Sealing ones too: nothing is left to stop, but the mark turns a requeue (its node lost) into a cancel.
+    return _cancel_each(list(job_ids), why=why, actor=None, now=now, sealing_too=True)
 
 
-def _cancel_each(job_ids: list[int], *, why: str, actor, now: datetime) -> int:
-    return sum(cancel_job(job_id=job_id, user=actor, now=now, why=why) for job_id in job_ids)
+def _cancel_each(job_ids: list[int], *, why: str, actor, now: datetime, sealing_too: bool = False) -> int:
+    return sum(
+        cancel_job(job_id=job_id, user=actor, now=now, why=why, sealing_too=sealing_too) for job_id in job_ids
+    )
 
 
 @transaction.atomic
-def cancel_job(*, job_id: int, user, now: datetime, why: str = "") -> bool:
+def cancel_job(*, job_id: int, user, now: datetime, why: str = "", sealing_too: bool = False) -> bool:
     """Cancels a live job. Before RENT it ends unmetered; after, the node agent stops it and releases; once its
-    process has ended (OUTPUT, sealing its outputs) there is nothing left to cancel: False.
+    process has ended (OUTPUT, sealing its outputs) there is nothing left to cancel: False, unless ``sealing_too``
+    (an account deleted), where the cancel is only marked: a requeue (its node lost before the seal) becomes a
+    cancel, and no attempt of it runs again.
     ``why``: what else the team reads of the cancel, when not asked for on its own (a member removed)."""
     job = Job.objects.select_for_update().filter(id=job_id).first()
-    if job is None or not job.cancellable:
+    if job is None or not (job.cancellable or (sealing_too and job.is_alive)):
         return False
     if job.state in BEFORE_RENT:
         said = f"cancelled by {_actor(user)}" + (f": {why}" if why else "")

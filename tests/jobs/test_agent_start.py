@@ -184,6 +184,7 @@ def test_a_node_whose_disk_could_not_hold_a_space_takes_no_new_work_for_a_while(
     assert {n.name: n.schedulable for n in snapshot.take(now=now).nodes} == {"gpu-01": False, "gpu-02": True}
     scheduler.run_pass(now=now)
     assert rented.allocations.order_by("-attempt").first().node.name == "gpu-02"
+    Node.objects.update(last_heartbeat=now + timedelta(seconds=300))  # both agents still beat
     later = snapshot.take(now=now + timedelta(seconds=301))
     assert {n.name: n.schedulable for n in later.nodes} == {"gpu-01": True, "gpu-02": True}
 

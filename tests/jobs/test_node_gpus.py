@@ -44,6 +44,11 @@ def test_a_gpu_that_falls_off_the_bus_is_kept_as_missing_and_its_job_is_lost_and
     now = timezone.now()
     assert rental.rent_job(job_id=on_missing.id, gpus_by_node={"gpu-a": (2,)}, now=now)
     assert rental.rent_job(job_id=on_other.id, gpus_by_node={"gpu-a": (0,)}, now=now)
+    for job in (
+        on_missing,
+        on_other,
+    ):  # running: a part lost before its start spends no attempt (NOT_STARTED)
+        assert rental.start_allocation(allocation_id=Allocation.objects.get(job=job).id, now=now)
     missing = nodes.update_node_gpus(
         name="gpu-a", gpu_list=[_gpu(i) for i in (0, 1, 3)], now=now + timedelta(seconds=5)
     )

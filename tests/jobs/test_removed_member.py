@@ -150,6 +150,25 @@ def test_deleting_an_account_stops_its_running_jobs_which_never_start_again(team
     assert (job.state, job.end_reason) == (State.RELEASED, EndReason.CANCELLED)
 
 
+def test_deleting_an_account_marks_its_job_sealing_outputs_so_it_never_runs_again(team, mallory):
+    """A job in OUTPUT (its process ended, its outputs being sealed) is not offered a cancel; but the account's
+    deletion must still mark it, or a node lost before the seal requeues it with no submitter, secrets and all."""
+    node = NodeFactory(name="gpu-01")
+    job = JobFactory(team=team, submitted_by=mallory, secrets=["HF_TOKEN"], requeue=True)
+    assert rental.rent_job(job_id=job.id, gpus_by_node={node.name: (0,)}, now=timezone.now())
+    part = job.allocations.get()
+    assert rental.start_allocation(allocation_id=part.id, now=timezone.now())
+    assert rental.finish_allocation(
+        allocation_id=part.id, exit_code=0, outcome=EndReason.SUCCEEDED, now=timezone.now()
+    )
+    mallory.delete()
+    job.refresh_from_db()
+    assert job.state == State.OUTPUT and job.cancel_requested_at is not None
+    rental.lose_node_allocations(node=node, now=timezone.now(), detail="the node stopped answering")
+    job.refresh_from_db()
+    assert (job.state, job.end_reason) == (State.RELEASED, EndReason.CANCELLED)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_deleting_an_account_waits_for_a_job_row_held_at_that_moment_and_cancels_it_too(team, mallory):
     """A deletion that skipped a job row held elsewhere (the scheduler placing it) left that job live, and its
