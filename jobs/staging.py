@@ -87,8 +87,9 @@ def stage_job(*, job_id: int, now: datetime) -> bool:
         DataInput.objects.filter(job_id=job_id, stage_state__in=("staging", "waiting", "")).update(
             stage_state="failed", rate_bytes_s=0
         )
-        _end_failed(job_id, f"the stager met an unexpected error ({type(exc).__name__}: {exc}); the operators "
-                            "have its trace in the stager's log, and submitting the job again may work")  # fmt: skip
+        # Its type only: the message may name the platform's own paths or commands, which are not the team's.
+        _end_failed(job_id, f"the stager met an unexpected error ({type(exc).__name__}); the operators have its "
+                            "trace in the stager's log, and submitting the job again may work")  # fmt: skip
         return True
     if transition(job_id=job_id, source=State.STAGING, target=State.QUEUED, now=timezone.now(), actor="stager",
                   reason="every input staged"):  # fmt: skip

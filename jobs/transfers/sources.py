@@ -202,14 +202,14 @@ class HttpSource:
             if start != offset:
                 conn.close()
                 raise transfers.TransferFailed(f"the server resumed at byte {start}, not {offset}")
-            _blocking_with_timeout(conn.sock, self.timeout)
-            return _StreamReader(resp, offset, conn.close)
+            _blocking_with_timeout(resp.sock, self.timeout)
+            return _StreamReader(resp, offset, _closing(resp, conn))
         _raise_for_status(resp.status)
         # 200: the whole body again, from byte 0, and the version a later resume must still find (a
         # server that refuses HEAD names it only here).
         self.validator = _validator(resp)
-        _blocking_with_timeout(conn.sock, self.timeout)
-        return _StreamReader(resp, 0, conn.close)
+        _blocking_with_timeout(resp.sock, self.timeout)
+        return _StreamReader(resp, 0, _closing(resp, conn))
 
     def close(self) -> None:
         pass
@@ -242,6 +242,14 @@ class HttpSource:
             parts, port, addresses=addresses, timeout=self.timeout, response_class=_Response
         )
         return conn, _percent_encoded(target)
+
+
+def _closing(resp: http.client.HTTPResponse, conn: http.client.HTTPConnection) -> Callable[[], None]:
+    def close() -> None:
+        resp.close()  # an answer that closes its connection holds the socket itself
+        conn.close()
+
+    return close
 
 
 def _validator(resp: http.client.HTTPResponse) -> str:
@@ -290,14 +298,25 @@ class _Response(http.client.HTTPResponse):
         self._reads = _TimedReads(sock, limit_s=sock.gettimeout())
         self.fp = io.BufferedReader(self._reads)
 
+    @property
+    def sock(self) -> socket.socket:
+        """Its socket: an answer that closes its connection (HTTP/1.0, ``Connection: close``, no length) has
+        it, as http.client hands it over and forgets it on the connection."""
+        return self._reads.sock
+
     def readinto(self, b) -> int:
         self._reads.restart()
         if self.fp is None:
             return 0
         if self.chunked:  # at most one chunk's piece (and its size line), not as many chunks as fill ``b``
-            data = self.read1(len(b))
-            b[: len(data)] = data
-            return len(data)
+            left = self._get_chunk_left()  # reads the size line; None once the last chunk is done
+            if left is None:
+                return 0
+            n = self.fp.readinto1(memoryview(b)[: min(len(b), left)])
+            if not n:
+                raise http.client.IncompleteRead(b"")
+            self.chunk_left = left - n
+            return n
         if self.length is None:  # read until the server closes
             n = self.fp.readinto1(b)
         else:
@@ -317,7 +336,7 @@ class _TimedReads(io.RawIOBase):
 
     def __init__(self, sock: socket.socket, *, limit_s: float | None) -> None:
         super().__init__()
-        self._raw, self.limit_s = sock.makefile("rb", buffering=0), limit_s
+        self.sock, self._raw, self.limit_s = sock, sock.makefile("rb", buffering=0), limit_s
         self.restart()
 
     def restart(self) -> None:

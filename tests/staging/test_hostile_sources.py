@@ -161,11 +161,51 @@ def test_an_unforeseen_error_ends_staging_and_says_so(roots, team, monkeypatch):
     job = make_job(team, {"name": "a", "uri": file_uri(path), "bytes": 1000})
 
     def broken(*args, **kwargs):
-        raise ZeroDivisionError("a defect")
+        raise ZeroDivisionError("a defect in /srv/e31/stager.py")
 
     monkeypatch.setattr(staging, "_stage_from", broken)
     staging.stage_job(job_id=job.id, now=timezone.now())
     job.refresh_from_db()
     assert (job.state, job.end_reason) == ("ended", "staging_failed")
     assert "unexpected error" in job.end_detail and "ZeroDivisionError" in job.end_detail
+    assert "/srv/e31" not in job.end_detail  # the platform's own paths are not the team's to read
     assert not staging.job_dir(job.id).exists()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.0 200 OK\r\nContent-Length: 10\r\n\r\n0123456789",  # an HTTP/1.0 server: it closes after
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\n0123456789",
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n0123456789",  # no length: read until it closes
+    ],
+    ids=["http-1.0", "connection-close", "until-close"],
+)
+def test_a_server_that_closes_after_its_answer_is_staged(roots, team, quick, answer):
+    """Not hostile at all, but http.client hands the socket of such an answer to the response and forgets it:
+    the copy's reader looked for it on the connection (None) and failed with an AttributeError."""
+    server = RawServer(lambda n, conn: conn.sendall(answer))
+    job = make_job(team, {"name": "a", "uri": server.url(), "bytes": 10})
+    stage_within(job, 10)
+    server.close()
+    job.refresh_from_db()
+    assert job.state == "queued", job.end_detail
+    assert (staging.job_dir(job.id) / "a").read_bytes() == b"0123456789"
+
+
+def test_a_chunked_body_is_staged_whole(roots, team, quick):
+    body = (
+        b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in (b"0123", b"456", b"789")) + b"0\r\n\r\n"
+    )
+
+    def answer(n: int, conn: socket.socket) -> None:
+        if n == 1:
+            conn.sendall(ANSWER_10_BYTES)
+        else:
+            conn.sendall(b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nETag: "v1"\r\n\r\n' + body)
+
+    server = RawServer(answer)
+    job = make_job(team, {"name": "a", "uri": server.url(), "bytes": 10})
+    stage_within(job, 10)
+    server.close()
+    assert (staging.job_dir(job.id) / "a").read_bytes() == b"0123456789"
