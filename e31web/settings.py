@@ -570,11 +570,12 @@ LOGGING = {
 BEAT_PASS_MIN_LIFE_S = 60.0
 
 
-def _every(task: str, period_s: float) -> dict:
+def _every(task: str, period_s: float, queue: str = "") -> dict:
     """A pass that expires after its own period (at least ``BEAT_PASS_MIN_LIFE_S``): by then the next one is on
     its way, so one no worker took (the control worker down) is dropped by the broker instead of piling up and
-    being replayed."""
-    return {"task": task, "schedule": period_s, "options": {"expires": max(period_s, BEAT_PASS_MIN_LIFE_S)}}
+    being replayed. ``queue``: where it runs, if not on the control queue."""
+    options = {"expires": max(period_s, BEAT_PASS_MIN_LIFE_S), **({"queue": queue} if queue else {})}
+    return {"task": task, "schedule": period_s, "options": options}
 
 
 CELERY_BEAT_SCHEDULE = {
@@ -595,7 +596,10 @@ CELERY_BEAT_SCHEDULE = {
     "operations-beat-heartbeat": _every("operations.tasks.beat_heartbeat", 15.0),
     "operations-utilisation-sample": _every("operations.tasks.sample_utilisation", 60.0),
     "notifications-send-due": _every("notifications.tasks.send_due_notifications", 5.0),
-    "public-tell-waitlist": _every("public.tasks.tell_waitlist", 60.0),
+    # Mail waits on the relay: on the notify queue's workers, never the control queue's (jobs.dispatch.notify_queue).
+    "public-tell-waitlist": _every(
+        "public.tasks.tell_waitlist", 60.0, queue=f"{CELERY_TASK_DEFAULT_QUEUE}.notify"
+    ),
     "operations-ledger-check": _every(
         "operations.tasks.check_ledger", env.float("E31_LEDGER_CHECK_EVERY_S", default=600.0)
     ),

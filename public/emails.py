@@ -6,9 +6,9 @@ from django.template.loader import render_to_string
 from public.models import Application, WaitlistEntry
 
 
-def _send(*, to: str, subject: str, template: str, context: dict) -> None:
+def _send(*, to: str, subject: str, template: str, context: dict, connection=None) -> None:
     body = render_to_string(template, context)
-    send_mail(subject, body, None, [to], fail_silently=False)
+    send_mail(subject, body, None, [to], fail_silently=False, connection=connection)
 
 
 def application_received(*, application: Application) -> None:
@@ -38,10 +38,11 @@ def application_declined(*, application: Application) -> None:
     )
 
 
-def intake_open(*, entry: WaitlistEntry, page: str) -> None:
+def intake_open(*, entry: WaitlistEntry, page: str, connection=None) -> None:
     _send(
         to=entry.email,
         subject="E31 Network: design-partner intake is open",
         template="pages/email/intake_open.txt",
         context={"page": page},
+        connection=connection,
     )

@@ -10,10 +10,11 @@ import re
 import secrets
 from collections.abc import Iterable
 from datetime import date, datetime, timedelta
-from smtplib import SMTPException
+from smtplib import SMTPException, SMTPRecipientsRefused
 from typing import Any
 
 from django.conf import settings
+from django.core import mail
 from django.db import transaction
 from django.db.models import Max
 from django.urls import reverse
@@ -193,26 +194,31 @@ def set_intake_open(*, is_open: bool, by: str, now: datetime) -> IntakeChange:
 
 def tell_waitlist(*, now: datetime) -> int:
     """While intake is open, writes to those on the waitlist not yet told, at most E31_WAITLIST_MAILS_PER_RUN a run
-    (beat runs it every minute); returns how many were sent. Each entry is claimed before its mail goes out, so
-    two runs never write twice; a mail the relay refuses releases its claim, and the run stops for the next."""
+    (beat runs it every minute, on the notify queue), over one connection to the relay; returns how many were sent.
+    Each entry is claimed before its mail goes out, so two runs never write twice. An address the relay refuses
+    for good stays claimed (told, as far as anyone can be), and the run goes on; a relay that fails releases the
+    claim, and the run stops for the next."""
     if not selectors.intake_is_open():
         return 0
     page = links.in_email(reverse("partners"))
     sent = 0
-    for entry in WaitlistEntry.objects.filter(told_at=None).order_by("created_at", "id")[
-        : settings.E31_WAITLIST_MAILS_PER_RUN
-    ]:
-        if not WaitlistEntry.objects.filter(id=entry.id, told_at=None).update(told_at=now):
-            continue  # another run has it
-        try:
-            emails.intake_open(entry=entry, page=page)
-        except (OSError, SMTPException):
-            log.warning(
-                "waitlist: the mail to entry %s failed; tried again at the next run", entry.id, exc_info=True
-            )
-            WaitlistEntry.objects.filter(id=entry.id).update(told_at=None)
-            break
-        sent += 1
+    due = WaitlistEntry.objects.filter(told_at=None).order_by("created_at", "id")
+    with mail.get_connection() as relay:
+        for entry in due[: settings.E31_WAITLIST_MAILS_PER_RUN]:
+            if not WaitlistEntry.objects.filter(id=entry.id, told_at=None).update(told_at=now):
+                continue  # another run has it
+            try:
+                emails.intake_open(entry=entry, page=page, connection=relay)
+            except SMTPRecipientsRefused:
+                log.warning("waitlist: the relay refused entry %s's address; not tried again", entry.id)
+                continue
+            except (OSError, SMTPException):
+                log.warning(
+                    "waitlist: the mail to entry %s failed; tried at the next run", entry.id, exc_info=True
+                )
+                WaitlistEntry.objects.filter(id=entry.id).update(told_at=None)
+                break
+            sent += 1
     return sent
 
 

@@ -1,9 +1,10 @@
 """The public design-partner page: waitlist while closed, the application when open, and abuse checks."""
 
 from datetime import timedelta
-from smtplib import SMTPException
+from smtplib import SMTPException, SMTPRecipientsRefused
 
 import pytest
+from django.conf import settings as django_settings
 from django.core import mail
 from django.db import IntegrityError, transaction
 from django.test import Client
@@ -75,6 +76,30 @@ def test_a_waitlist_mail_that_fails_is_tried_again_at_the_next_run(intake_open, 
     assert services.tell_waitlist(now=timezone.now()) == 0
     monkeypatch.undo()
     assert services.tell_waitlist(now=timezone.now()) == 1 and mail.outbox[0].to == ["w@example.com"]
+
+
+@pytest.mark.django_db
+def test_an_address_the_relay_refuses_does_not_hold_up_the_rest_of_the_waitlist(intake_open, monkeypatch):
+    """Its claim was released and the run stopped: the next run took the same oldest entry first, and nobody after
+    it was ever told."""
+    for n in range(3):
+        services.join_waitlist(email=f"w{n}@example.com", note="", now=timezone.now() + timedelta(seconds=n))
+    real = emails.send_mail
+
+    def refusing(subject, body, sender, to, **kwargs):
+        if to == ["w0@example.com"]:
+            raise SMTPRecipientsRefused({"w0@example.com": (550, b"no such user")})
+        return real(subject, body, sender, to, **kwargs)
+
+    monkeypatch.setattr(emails, "send_mail", refusing)
+    assert services.tell_waitlist(now=timezone.now()) == 2
+    assert sorted(m.to[0] for m in mail.outbox) == ["w1@example.com", "w2@example.com"]
+    assert services.tell_waitlist(now=timezone.now()) == 0  # the refused address is not tried again
+
+
+def test_the_waitlist_mails_run_on_the_notify_queue_not_the_control_queue():
+    entry = django_settings.CELERY_BEAT_SCHEDULE["public-tell-waitlist"]
+    assert entry["options"]["queue"] == f"{django_settings.CELERY_TASK_DEFAULT_QUEUE}.notify"
 
 
 @pytest.mark.django_db
