@@ -18,6 +18,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import OuterRef, Q, Subquery
+from django.utils import timezone
 
 from accounts.models import Team
 from common.ledger_locks import lock_team_ledgers
@@ -188,15 +189,21 @@ def accrual_lag() -> timedelta:
     return timedelta(seconds=every_s) + ACCRUAL_GRACE + timedelta(minutes=1)
 
 
+FUTURE_GRACE = timedelta(minutes=1)
+
+
 def find_violations(*, now: datetime | None = None) -> list[str]:
-    """Every breach of the ledger's invariants, one line each; an empty list means every allocation's rows tile RENT..RELEASE exactly."""
-    now = now or clock.database_now()  # the clock every RELEASE and accrual is dated by
+    """Every breach of the ledger's invariants, one line each; an empty list means every allocation's rows tile
+    RENT..RELEASE exactly, and none is dated after the database's clock (read once the snapshot is taken, so that
+    everything it holds was committed before; with a minute's grace for a writer's clock a little ahead)."""
+    now = now or timezone.now()
     closed_until = now - accrual_lag()
     with _snapshot():
+        latest = max(now, clock.database_now()) + FUTURE_GRACE
         found = [
             f"allocation {held.id} (job {held.job_id}): {problem}"
             for held, rows in _allocations_with_rows()
-            for problem in invariants.problems(held, rows, closed_until=closed_until, now=now)
+            for problem in invariants.problems(held, rows, closed_until=closed_until, now=latest)
         ]
         return found + _summary_drift()
 
