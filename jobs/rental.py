@@ -589,16 +589,16 @@ def lose_node_allocations(
         lost = lost.filter(id__in=holding.values("allocation_id"))
     parts = dict(lost.values_list("job_id", "id"))  # a node holds one part of an attempt
     lock_for_release(parts)
-    # Read once every job is locked: a start takes its job's row first. A part whose process never started there
-    # lost nothing of the job's: it goes back to the queue as for an agent deaf to its start, spending no attempt.
-    unstarted = set(
-        Allocation.objects.filter(id__in=parts.values(), started_at__isnull=True).values_list("id", flat=True)
-    )
+    # Read once every job is locked: a start takes its job's row first. An attempt none of whose parts has started
+    # (here or on its other nodes) lost nothing of the job's: it goes back to the queue as for an agent deaf to its
+    # start, spending no attempt. One that ran elsewhere is a lost attempt, counted, whichever node went first.
+    ran = Allocation.objects.filter(job_id__in=parts, attempt=F("job__attempt"), started_at__isnull=False)
+    ran_jobs = set(ran.values_list("job_id", flat=True))
     for job_id in sorted(parts):  # its other parts are told to stop, and released as each stops
-        before_start = parts[job_id] in unstarted
+        before_start = job_id not in ran_jobs
         release_part(
             allocation_id=parts[job_id], end_reason=NOT_STARTED if before_start else EndReason.NODE_LOST, now=now,
-            actor="reaper", detail=f"{detail}, before the job's process started there" if before_start else detail,
+            actor="reaper", detail=f"{detail}, before the job's process started" if before_start else detail,
             last_heartbeat=node.last_heartbeat, released_at=lost_at,
         )  # fmt: skip
     return len(parts)

@@ -133,3 +133,20 @@ def test_a_part_that_failed_before_its_node_was_lost_still_ends_the_job_failed(p
         job.end_reason,
         job.end_detail,
     )
+
+
+def test_a_part_lost_before_its_start_while_its_sibling_ran_still_counts_as_a_lost_attempt(pool, team):
+    """Rank 0 runs on gpu-01; gpu-02 is lost before rank 1 started there. The attempt ran (on gpu-01), so it is a
+    lost attempt, not a free retry: else a job could run again and again across flapping nodes, uncounted."""
+    job = JobFactory(team=team, gpus=2, requeue=True)
+    now = timezone.now()
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,), "gpu-02": (0,)}, now=now)
+    rank0, rank1 = Allocation.objects.filter(job=job).order_by("rank")
+    assert rental.start_allocation(allocation_id=rank0.id, now=now)
+    nodes.set_node_state(name="gpu-02", target="down", now=now + timedelta(seconds=6), actor="olga")
+    assert Allocation.objects.get(id=rank1.id).end_reason == EndReason.NODE_LOST
+
+    agent._after_exit(_part(rank0), None, "sibling_failed", -15)
+
+    job.refresh_from_db()
+    assert (job.state, job.lost_attempts) == (State.QUEUED, 1), (job.end_reason, job.end_detail)
