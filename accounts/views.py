@@ -16,27 +16,45 @@ from accounts import emails, forms, members, scoping, selectors, services, team_
 from accounts.models import ApiToken, Team, TeamSecret
 from common import links, ratelimit
 
-# A token made by the form's POST waits here for the page the POST redirects to, which shows it once: shown in the
-# answer to the POST itself, a reload of that page posted the form again and made a second token.
-NEW_TOKEN_KEY = "_e31_new_token"
+# A token made by the form's POST goes to the page the POST redirects to, which shows it once: shown in the answer
+# to the POST itself, a reload of that page posted the form again and made a second token. It travels in a signed,
+# short-lived cookie of that page, for its own user only: the server keeps nothing but the token's hash.
+NEW_TOKEN_COOKIE, NEW_TOKEN_SALT, NEW_TOKEN_COOKIE_S = "e31_new_token", "accounts.new-token", 120
 
 
 @login_required
 def tokens(request: HttpRequest) -> HttpResponse:
-    new_token, refused = request.session.pop(NEW_TOKEN_KEY, None), ""
+    new_token, refused = _new_token_shown(request), ""
     if request.method == "POST":
         label = request.POST.get("label", "").strip()[:80] or "token"
         try:
-            _, request.session[NEW_TOKEN_KEY] = services.create_api_token(user=request.user, label=label)
-            return redirect("accounts:tokens")
+            _, token = services.create_api_token(user=request.user, label=label)
         except services.TooManyTokens as exc:
             refused = f"No token was created: {exc}."
+        else:
+            made = redirect("accounts:tokens")
+            made.set_signed_cookie(
+                NEW_TOKEN_COOKIE, f"{request.user.pk}:{token}", salt=NEW_TOKEN_SALT, max_age=NEW_TOKEN_COOKIE_S,
+                path=reverse("accounts:tokens"), secure=request.is_secure(), httponly=True, samesite="Strict",
+            )  # fmt: skip
+            return made
     rows = ApiToken.objects.filter(user=request.user)
     context = {
         "tokens": rows, "new_token": new_token, "refused": refused,
         "api_docs": reverse("api:openapi-view"), "api_jobs": request.build_absolute_uri(reverse("api:list_jobs")),
     }  # fmt: skip
-    return render(request, "accounts/tokens.html", context, status=409 if refused else 200)
+    page = render(request, "accounts/tokens.html", context, status=409 if refused else 200)
+    page.delete_cookie(NEW_TOKEN_COOKIE, path=reverse("accounts:tokens"), samesite="Strict")
+    return page
+
+
+def _new_token_shown(request: HttpRequest) -> str | None:
+    """The token the last POST made, for this user, if its cookie came back within its time."""
+    value = request.get_signed_cookie(
+        NEW_TOKEN_COOKIE, default="", salt=NEW_TOKEN_SALT, max_age=NEW_TOKEN_COOKIE_S
+    )
+    user_id, _, token = value.partition(":")
+    return token if token and user_id == str(request.user.pk) else None
 
 
 @login_required

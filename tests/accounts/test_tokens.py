@@ -51,6 +51,19 @@ def test_reloading_the_page_that_showed_a_new_token_makes_no_second_one(member_c
     again = member_client.get(reverse("accounts:tokens"))
     assert again.context["new_token"] is None and token not in again.content.decode()
     assert ApiToken.objects.filter(user=member).count() == 1
+    # Nothing of it is kept on the server: the session holds no token.
+    assert token not in str(dict(member_client.session.items()))
+
+
+def test_a_new_token_is_shown_to_its_own_user_only(member_client, member, outsider):
+    created = member_client.post(reverse("accounts:tokens"), {"label": "laptop"})
+    member_client.force_login(outsider)  # another account signed in on the same browser, at once
+    shown = member_client.get(reverse("accounts:tokens"))
+    assert shown.context["new_token"] is None
+    assert (
+        created.cookies["e31_new_token"]["httponly"]
+        and created.cookies["e31_new_token"]["samesite"] == "Strict"
+    )
 
 
 def test_the_tokens_page_links_the_api_where_the_console_serves_it(member_client):
