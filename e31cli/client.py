@@ -97,6 +97,7 @@ def _is_loopback(host: str) -> bool:
 class Api:
     def __init__(self, login: config.Login, *, timeout_s: float = 30) -> None:
         refuse_plain_http(login.url)
+        self.console = login.url  # the console's own pages, for what the API does not hold
         self.base = f"{login.url}/api/v1"
         self.timeout_s = timeout_s
         self.session = requests.Session()

@@ -441,6 +441,9 @@ def meter(job_id: int) -> None:
     out.print(line)
 
 
+LEDGER_ROWS = 100_000  # rows `e31 ledger` reads at most (a thousand pages): the month's export holds them all
+
+
 @app.command()
 def ledger(
     month: Annotated[str, typer.Option(help="YYYY-MM (default: this month, UTC).")] = "",
@@ -449,9 +452,14 @@ def ledger(
     """Your team's ledger rows for a month and its GPU-hours."""
     first = _month(month) if month else datetime.now(UTC).date().replace(day=1)
     last = first.replace(day=monthrange(first.year, first.month)[1])
+    console = api()
     rows = list(
-        api().pages("/ledger", limit=100_000, start=first.isoformat(), end=last.isoformat(), team=team)
+        console.pages(
+            "/ledger", limit=LEDGER_ROWS + 1, start=first.isoformat(), end=last.isoformat(), team=team
+        )
     )
+    more = len(rows) > LEDGER_ROWS
+    rows = rows[:LEDGER_ROWS]
     table = _table("JOB", "ARRAY", "PERIOD START (UTC)", "GPUS", "SECONDS", "KIND")
     for e in rows:
         table.add_row(str(e["job_id"]), _text(e.get("array_id")), _short_time(e["period_start"]), str(e["gpus"]),
@@ -459,7 +467,14 @@ def ledger(
     out.print(table)
     _print_array_totals(rows)
     gpu_hours = sum(e["gpus"] * e["microseconds"] for e in rows) / 3_600_000_000
-    out.print(f"{first:%B %Y}: {len(rows)} rows, {gpu_hours:.4f} GPU-hours")
+    if not more:
+        out.print(f"{first:%B %Y}: {len(rows)} rows, {gpu_hours:.4f} GPU-hours")
+        return
+    export = f"{console.console}/ledger/export.csv?start={first.isoformat()}&end={last.isoformat()}"
+    out.print(
+        f"{first:%B %Y}: the first {len(rows)} rows, {gpu_hours:.4f} GPU-hours; the month has more, which this "
+        f"command does not read: its whole ledger is at {export}" + (f"&team={team}" if team else "")
+    )
 
 
 @app.command()
