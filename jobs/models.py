@@ -187,6 +187,11 @@ class Job(models.Model):
         return self.state not in (State.RELEASED, State.ENDED)
 
     @property
+    def is_waiting(self) -> bool:
+        """Not holding GPUs yet: submitted (its prerequisites, if any), staging or queued."""
+        return self.state in (State.SUBMITTED, State.STAGING, State.QUEUED)
+
+    @property
     def cancellable(self) -> bool:
         """Alive, and its process not already ended: in OUTPUT it is sealing what it wrote, and ends in moments;
         a cancel there would be said to stop what nothing is left to stop."""

@@ -39,6 +39,23 @@ def test_a_short_reason_is_shown_whole_with_no_tooltip(team, member_client):
     assert cell.group(3).strip() == "not enough idle GPUs yet" and cell.group(1) is None
 
 
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [
+        ("submitted", "waits for job 41 to end (afterok), then stages its data"),
+        ("staging", "staging its data: 40 GB of 120 GB in place"),
+    ],
+)
+def test_a_job_waiting_before_the_queue_says_why_in_the_list_too(team, member_client, state, reason):
+    """The column showed only queued jobs' reasons: a pipeline step held by its prerequisite, or a job staging,
+    had an empty cell in the list while its page, the API and the CLI said why it waits."""
+    JobFactory(
+        team=team, state=state, pending_reason=reason, estimated_start=timezone.now() + timedelta(hours=2)
+    )
+    cell = _next_cell(member_client.get(reverse("jobs:list")).content.decode())
+    assert reason in cell.group(3) and "starts ~" in cell.group(3)
+
+
 @pytest.mark.parametrize("days_away", [0, 3])
 def test_an_estimated_start_names_its_day_unless_it_is_today(team, member_client, days_away):
     """A member's queued job is estimated to start today, or in three days: the Next column says
