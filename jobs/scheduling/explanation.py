@@ -18,6 +18,10 @@ if TYPE_CHECKING:  # the pass hands itself in; importing it at run time would be
     from jobs.scheduling.placement import Held, Outcome, Pass, _Kind
     from jobs.scheduling.priority import Ranking
 
+# Why a node up in the pool takes no job for now (jobs.snapshot): an operator's drain, its agent gone silent, an
+# agent upgrading or run on other code, a short hold after its disk could not hold an attempt.
+PAUSES = "drained or draining, silent, upgrading, or briefly held after its disk was full"
+
 
 def _first(pair: tuple) -> object:
     return pair[0]
@@ -207,11 +211,11 @@ class Explainer:
             return _span_never(p, job, g)
         paused_nodes, paused_gpus = p.paused
         if paused_nodes and g <= p.total_gpus + paused_gpus:  # the drain is temporary: so is this wait
+            one = paused_nodes == 1
             reason = (
-                f"cannot be placed while {_count(paused_nodes, 'node')} {'is' if paused_nodes == 1 else 'are'} "
-                f"draining or drained (a pause, not a limit): needs "
-                f"{_count(g, 'GPU')}, {now_has}; it waits until an operator resumes "
-                f"{'it' if paused_nodes == 1 else 'them'}"
+                f"cannot be placed while {_count(paused_nodes, 'node')} {'is' if one else 'are'} not taking jobs "
+                f"({PAUSES}: a pause, not a limit): needs {_count(g, 'GPU')}, {now_has}; it waits until "
+                f"{'it takes' if one else 'they take'} jobs again"
             )
             return Estimate(job.job_id, None, "drained_capacity", reason)
         reason = f"larger than the pool can ever place: needs {g} GPUs, {now_has}"
@@ -552,8 +556,8 @@ def _model_never(p: Pass, job: PendingJob, g: int, kind: _Kind) -> Estimate | No
     paused_nodes, paused_gpus = kind.paused
     if paused_nodes and g <= kind.total_gpus + paused_gpus:
         reason = (
-            f"{asks}, while {paused_nodes} with them {'is' if paused_nodes == 1 else 'are'} draining or drained; "
-            f"it waits until an operator resumes {'it' if paused_nodes == 1 else 'them'}"
+            f"{asks}, while {paused_nodes} with them {'is' if paused_nodes == 1 else 'are'} not taking jobs "
+            f"({PAUSES}); it waits until {'it takes' if paused_nodes == 1 else 'they take'} jobs again"
         )
         return Estimate(job.job_id, None, "drained_capacity", reason)
     reason = (

@@ -200,7 +200,7 @@ class _Shape:
     big_nodes: int  # how many nodes have that many GPUs
     second_gpus: int  # the largest smaller node, 0 if none
     total_gpus: int
-    paused: tuple[int, int]  # (nodes, GPUs) draining or drained: back in the pool when resumed
+    paused: tuple[int, int]  # (nodes, GPUs) not taking jobs for now (explanation.PAUSES): back once they do
 
 
 _SHAPE_MEMO: list[tuple[tuple, _Shape]] = []
@@ -246,7 +246,7 @@ class _Kind:
     big_nodes: int
     second_gpus: int
     total_gpus: int
-    paused: tuple[int, int]  # (nodes, GPUs) of the model draining or drained
+    paused: tuple[int, int]  # (nodes, GPUs) of the model not taking jobs for now
 
     @staticmethod
     def of(p: Pass, model: str) -> _Kind:

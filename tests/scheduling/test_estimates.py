@@ -179,7 +179,12 @@ def test_a_job_that_fits_only_once_a_drain_ends_is_told_the_drain_is_temporary()
     e = result.estimates[1]
     assert e.start_at is None and e.reason_code == "drained_capacity"
     assert "ever" not in e.reason and "larger than the pool" not in e.reason
-    assert "1 node is draining or drained" in e.reason and "until an operator resumes" in e.reason
+    # Not only an operator's drain pauses a node (a silent agent, an upgrade, a full disk's hold): it says so.
+    assert (
+        "1 node is not taking jobs (drained or draining, silent, upgrading" in e.reason
+        and "until it takes jobs again" in e.reason
+    )
+    assert len(e.reason) <= 300
     assert "4 GPUs on 1 node" in e.reason
 
 

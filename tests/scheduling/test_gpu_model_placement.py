@@ -56,7 +56,7 @@ def test_a_drained_node_of_its_model_is_a_pause_not_a_limit():
     nodes = [_node("h-01", 8, schedulable=False), _node("a-01", 8, model=A100)]
     e = _plan([PendingJob(1, "vision", 4, 1.0, NOW, gpu_model="H100")], nodes=nodes).estimates[1]
     assert e.start_at is None and e.reason_code == "drained_capacity"
-    assert "H100" in e.reason and "until an operator resumes it" in e.reason
+    assert "H100" in e.reason and "until it takes jobs again" in e.reason
 
 
 def test_more_gpus_than_its_models_nodes_have_is_said_with_the_model():
