@@ -257,7 +257,8 @@ def _stage_s(job_id: int, state: str, waits: dict, etas: dict[int, float], now: 
 
 
 def staging_etas(now: datetime) -> dict[int, float]:
-    """When each staging job's data should be in place, from its inputs' bytes left and rates."""
+    """When each staging job's data should be in place, from its inputs' bytes left and rates: its image, then each
+    input, one after another (jobs.staging), so the times add up."""
     left: dict[int, float] = defaultdict(float)
     rows = DataInput.objects.filter(job__state__in=BEFORE_RENT).values_list(
         "job_id", "bytes", "bytes_done", "rate_bytes_s"
@@ -266,19 +267,19 @@ def staging_etas(now: datetime) -> dict[int, float]:
         "job_id", "bytes", "bytes_done", "rate_bytes_s", "stage_state"
     )
     for job_id, size, done, rate in rows:
-        left[job_id] = max(left[job_id], _seconds_left(size, done, rate))
+        left[job_id] += _seconds_left(size, done, rate)
     for job_id, size, done, rate, stage_state in pulls:
         seconds = _seconds_left(size, done, rate)
         if not size and stage_state not in SIZE_KNOWN:  # resolving its reference: size not known yet
             seconds = max(seconds, ASSUMED_STAGING_S)
-        left[job_id] = max(left[job_id], seconds)
+        left[job_id] += seconds
     return {job_id: now.timestamp() + seconds for job_id, seconds in left.items()}
 
 
 def staged_at(sizes: Iterable[int], *, now: datetime) -> float | None:
     """When inputs of these sizes, none moved yet, should be in place, as a pass plans a job just submitted with them
     (``staging_etas``); None: nothing to move."""
-    seconds = max((_seconds_left(size, 0, 0.0) for size in sizes if size), default=0.0)
+    seconds = sum(_seconds_left(size, 0, 0.0) for size in sizes if size)
     return now.timestamp() + max(seconds, NOT_QUEUED_READY_S) if seconds else None
 
 
