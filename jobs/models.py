@@ -5,7 +5,7 @@ from django.db import models
 from django.db.models import Q
 
 from accounts.models import Team
-from jobs.lifecycle import AFTER_ANY, AFTER_OK, RAN_TO_ITS_END, EndReason, State
+from jobs.lifecycle import AFTER_ANY, AFTER_OK, BEFORE_RENT, RAN_TO_ITS_END, EndReason, State
 
 
 class JobArray(models.Model):
@@ -189,7 +189,7 @@ class Job(models.Model):
     @property
     def is_waiting(self) -> bool:
         """Not holding GPUs yet: submitted (its prerequisites, if any), staging or queued."""
-        return self.state in (State.SUBMITTED, State.STAGING, State.QUEUED)
+        return self.state in BEFORE_RENT
 
     @property
     def cancellable(self) -> bool:

@@ -190,7 +190,7 @@ def reap_silent_nodes(*, now: datetime) -> list[str]:
 
     ``now`` is the control worker's clock, which platform machines keep in time with the database's.
     """
-    cutoff = now - timedelta(seconds=settings.E31_NODE_TIMEOUT_S)
+    cutoff = rental.silent_since(now)
     silent = Node.objects.filter(state__in=LIVE_STATES, last_heartbeat__lt=cutoff).values_list(
         "id", flat=True
     )
@@ -248,7 +248,7 @@ def _release_hold_of_silent_node(held_down: Q, *, now: datetime) -> bool:
     """Resuming a node held down whose agent is silent (switched off for repair) lifts the hold but leaves it
     down: up at once, the next pass would rent jobs on a dead machine, meter on, for the reaper to lose them.
     Its agent's next registration brings it back (``_state_after_restart``)."""
-    silent = Q(last_heartbeat__lt=now - timedelta(seconds=settings.E31_NODE_TIMEOUT_S))
+    silent = Q(last_heartbeat__lt=rental.silent_since(now))
     return bool(Node.objects.filter(held_down, silent).update(held_down_by="", drained_by=""))
 
 

@@ -592,8 +592,7 @@ def lose_node_allocations(
     # Read once every job is locked: a start takes its job's row first. An attempt none of whose parts has started
     # (here or on its other nodes) lost nothing of the job's: it goes back to the queue as for an agent deaf to its
     # start, spending no attempt. One that ran elsewhere is a lost attempt, counted, whichever node went first.
-    ran = Allocation.objects.filter(job_id__in=parts, attempt=F("job__attempt"), started_at__isnull=False)
-    ran_jobs = set(ran.values_list("job_id", flat=True))
+    ran_jobs = attempts_that_ran(parts)
     for job_id in sorted(parts):  # its other parts are told to stop, and released as each stops
         before_start = job_id not in ran_jobs
         release_part(
@@ -602,6 +601,13 @@ def lose_node_allocations(
             last_heartbeat=node.last_heartbeat, released_at=lost_at,
         )  # fmt: skip
     return len(parts)
+
+
+def attempts_that_ran(job_ids) -> set[int]:
+    """Of these jobs (ids, or a query of them), those whose current attempt has a part that started: a node lost
+    under any other attempt spends none of the job's (lose_node_allocations, and the mark-down page beforehand)."""
+    ran = Allocation.objects.filter(job_id__in=job_ids, attempt=F("job__attempt"), started_at__isnull=False)
+    return set(ran.values_list("job_id", flat=True))
 
 
 def silent_since(now: datetime) -> datetime:

@@ -16,7 +16,7 @@ from django.db.models.functions import Coalesce
 
 from accounts.models import Team
 from common import schema
-from jobs import dependencies, limits, selectors
+from jobs import dependencies, limits, rental, selectors
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, State
 from jobs.models import Allocation, DataInput, GpuHold, ImagePull, Job, Node, TeamUsage
 from jobs.scheduling import prediction, types
@@ -74,7 +74,7 @@ def _nodes(now: datetime, pool_cached: frozenset[str] = frozenset()) -> list[typ
     restarted on the same checkout, it would run a job with rows shaped for the other schema), not while
     its disk has just failed to hold an attempt's space, and not once silent past E31_NODE_TIMEOUT_S (the reaper
     about to declare it down)."""
-    silent_since = now - timedelta(seconds=settings.E31_NODE_TIMEOUT_S)
+    silent_since = rental.silent_since(now)
     held: dict[int, set[int]] = defaultdict(set)
     for node_id, index in GpuHold.objects.filter(active=True).values_list("node_id", "gpu_index"):
         held[node_id].add(index)

@@ -11,7 +11,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from urllib.parse import urlencode
 
 from django.conf import settings
-from django.db.models import Count, F, QuerySet, Sum
+from django.db.models import Count, QuerySet, Sum
 from django.utils.dateparse import parse_date
 from django.utils.safestring import SafeString
 
@@ -300,11 +300,7 @@ class JobOnNode:
 def jobs_on_node(node: Node) -> list[JobOnNode]:
     """Jobs holding GPUs on the node, and what a node loss would do to each (as jobs.rental does it)."""
     held = Allocation.objects.filter(node=node, released_at__isnull=True)
-    # As jobs.rental.lose_node_allocations judges: an attempt none of whose parts has started spends no attempt.
-    ran = Allocation.objects.filter(
-        job_id__in=held.values("job_id"), attempt=F("job__attempt"), started_at__isnull=False
-    )
-    ran_jobs = set(ran.values_list("job_id", flat=True))
+    ran_jobs = rental.attempts_that_ran(held.values("job_id"))
     jobs = Job.objects.filter(id__in=held.values("job_id")).select_related("team")
     return [JobOnNode(job, _loss_outcome(job, started=job.id in ran_jobs)) for job in jobs.only(*LIST_FIELDS)]
 
