@@ -122,37 +122,6 @@ class _Profile:
         return self.times[min(bisect_left(self.peak, g), len(self.times) - 1)]  # peak never falls
 
 
-class _ModelIdle:
-    """Idle GPUs of one model's nodes over time if nothing new starts (as ``_Profile`` counts the pool's): a
-    blocked job that names the model starts no sooner than enough of them are idle at once."""
-
-    def __init__(self, p: Pass, kind: _Kind) -> None:
-        self.now = p.now
-        ours = kind.capacity
-        deltas: list[tuple[float, int]] = []
-        for r in p.releases():
-            k = sum(len(ix) for n, ix in r.gpus_by_node.items() if n in ours)
-            if k:
-                deltas.append((max(r.expected_end, p.now), k))
-        for end, counts in p.local_events:  # this pass's starts and holds
-            k = sum(c for n, c in counts.items() if n in ours)
-            if k:
-                deltas.append((max(end, p.now), k))
-        deltas.sort()
-        self.level = kind.total_gpus - sum(k for _, k in deltas)
-        self.deltas = deltas
-
-    def when_idle(self, g: int) -> float:
-        level = self.level
-        if level >= g:
-            return self.now
-        for t, k in self.deltas:
-            level += k
-            if level >= g:
-                return t
-        return self.now  # never that many idle: the pool-wide estimate stands
-
-
 class Explainer:
     """Estimates and reasons for a pass; subclassed by the default policy to name fair share."""
 
@@ -314,13 +283,22 @@ class Explainer:
 
 
 def _expected(p: Pass, s: Pass | _Kind, job: PendingJob, at: float, ends: _Ends) -> tuple[float, str]:
-    """When a blocked job is expected to start, and the clause saying so: ``at``, or later where the GPU model it
-    asked for (its shape ``s``) has too few GPUs idle until then."""
-    if s is not p:
-        idle_at = ends.model_idle(s, job.min_gpus or job.gpus)
-        if idle_at > at:
-            busy = f"the {s.model} GPUs it asked for are busy until then"
-            return idle_at, f"expected to start about {format_utc(idle_at, now=p.now)} ({busy})"
+    """When a blocked job is expected to start, and the clause saying so: ``at``, or later where the GPUs it can
+    use (of the GPU model it asked for, its shape ``s``, where it names one) are not idle together until then, on
+    one node or on the whole nodes a job spanning nodes takes. Counted pool-wide, 16 idle GPUs four to a node
+    would have told an 8-GPU job it starts now."""
+    g = job.min_gpus or job.gpus
+    together = ends.together(s, g)
+    if together is not None and together > at:
+        if s is not p:
+            why = f"the {s.model} GPUs it asked for are busy until then"
+        elif g <= s.node_gpus:
+            why = f"when {_count(g, 'GPU')} are first idle together on one node"
+        else:
+            whole, rest = divmod(g, s.node_gpus)
+            more = f" and {rest} GPUs on another" if rest else ""
+            why = f"when {_count(whole, 'whole node')}{more} are first idle together"
+        return together, f"expected to start about {format_utc(together, now=p.now)} ({why})"
     return at, f"expected to start about {format_utc(at, now=p.now)}"
 
 
@@ -334,7 +312,8 @@ class _Ends:
         self._events: list[tuple[float, str, int]] | None = None
         self._first: list[tuple[float, str]] | None = None
         self._room: dict[tuple[int, float | None, float | None, str | None], float | None] = {}
-        self._models: dict[str, _ModelIdle] = {}
+        self._together: dict[tuple[str | None, int], float | None] = {}
+        self._after_holds: tuple[dict[str, int], list[tuple[float, str, int]]] | None = None
 
     def events(self) -> list[tuple[float, str, int]]:
         """(end, node, GPUs) on schedulable nodes, ends after now only, in time order."""
@@ -414,13 +393,69 @@ class _Ends:
                     return t
         return None
 
-    def model_idle(self, kind: _Kind, g: int) -> float:
-        """When ``g`` GPUs of the nodes of ``kind`` (a GPU model a job asked for) are first idle at once if nothing
-        new starts; now when they never are."""
-        idle = self._models.get(kind.model)
-        if idle is None:
-            idle = self._models[kind.model] = _ModelIdle(self.p, kind)
-        return idle.when_idle(g)
+    def together(self, s: Pass | _Kind, g: int) -> float | None:
+        """When ``g`` GPUs of shape ``s`` (the pool, or a GPU model's nodes) are first idle together as placement
+        would give them if nothing new starts (``_first_together``); None when they never are."""
+        key = (None if s is self.p else s.model, g)
+        if key not in self._together:
+            avail, events = self._held_busy()
+            self._together[key] = _first_together(s, g, dict(avail), events, now=self.p.now)
+        return self._together[key]
+
+    def _held_busy(self) -> tuple[dict[str, int], list[tuple[float, str, int]]]:
+        """Idle GPUs per node now less every hold of this pass (busy from now to its end, as ``_Profile`` counts
+        them), and the ends that free GPUs, the holds' among them, in time order."""
+        if self._after_holds is None:
+            avail, ends = dict(self.p.short.count), []
+            for h in self.p.held:
+                end = h.start_at + h.job.hours * HOUR_S
+                for node, k in h.need.items():
+                    avail[node] = avail.get(node, 0) - k
+                    ends.append((end, node, k))
+            events = sorted(self.events() + ends, key=_first) if ends else self.events()
+            self._after_holds = (avail, events)
+        return self._after_holds
+
+
+def _first_together(
+    s: Pass | _Kind, g: int, avail: dict[str, int], events: Sequence[tuple[float, str, int]], *, now: float
+) -> float | None:
+    """The first time (now, or an event's) at which ``avail`` plus the GPUs ``events`` free by then holds ``g`` GPUs
+    as placement gives them on shape ``s``: one node able to hold them, or (wider than its largest node) whole nodes
+    of that size able to hold parts of a job spanning nodes, and one more such node for the rest. Updates ``avail``."""
+    size = s.node_gpus
+    if g <= size:
+        cap = s.capacity
+        if any(a >= g and cap.get(n, 0) >= g for n, a in avail.items()):
+            return now
+        for t, node, k in events:
+            avail[node] = a = avail.get(node, 0) + k
+            if a >= g and cap.get(node, 0) >= g:
+                return t
+        return None
+    whole, rest = divmod(g, size)
+    span = s.span_capacity
+
+    def is_whole(n: str, a: int) -> bool:
+        return a >= size and span.get(n, 0) == size
+
+    def holds_rest(
+        n: str, a: int
+    ) -> bool:  # a whole node holds the rest too: one more than ``whole`` is needed
+        return rest > 0 and a >= rest and span.get(n, 0) >= rest
+
+    wholes = sum(is_whole(n, a) for n, a in avail.items())
+    rests = sum(holds_rest(n, a) for n, a in avail.items())
+    if wholes >= whole and (rest == 0 or rests > whole):
+        return now
+    for t, node, k in events:
+        old = avail.get(node, 0)
+        avail[node] = new = old + k
+        wholes += is_whole(node, new) - is_whole(node, old)
+        rests += holds_rest(node, new) - holds_rest(node, old)
+        if wholes >= whole and (rest == 0 or rests > whole):
+            return t
+    return None
 
 
 def _could_hold(p: Pass, job: PendingJob, g: int) -> Callable[[str], bool]:

@@ -68,6 +68,51 @@ def test_memory_a_start_of_the_same_pass_takes_frees_when_that_start_ends():
     assert e.reason_code == "no_room" and e.start_at == NOW + 2 * HOUR, e
 
 
+# ----- idle GPUs spread over nodes
+
+
+def test_a_job_behind_a_reservation_is_not_told_it_starts_now_on_idle_gpus_no_node_has_together():
+    """gpu-01 is busy until 22:00; gpu-02..05 have 4 of 8 GPUs idle each until 08:00 tomorrow: 16 idle GPUs, but
+    no node with 8. Job 1 (8 GPUs, an hour) is reserved on gpu-01 from 22:00; job 2 (8 GPUs too) cannot start
+    before job 1 has ended there, at 23:00. Counted pool-wide, it was told it would start about now."""
+    nodes = [NodeView("gpu-01", 8, ())] + [NodeView(f"gpu-0{i}", 8, tuple(range(4, 8))) for i in range(2, 6)]
+    running = [RunningView(100, "audio", {"gpu-01": tuple(range(8))}, NOW - HOUR, NOW + 10 * HOUR)] + [
+        RunningView(100 + i, "audio", {f"gpu-0{i}": tuple(range(4))}, NOW - HOUR, NOW + 20 * HOUR)
+        for i in range(2, 6)
+    ]
+    pending = [
+        PendingJob(1, "vision", 8, 1.0, NOW - 120),
+        PendingJob(2, "vision", 8, 1.0, NOW - 60),
+    ]
+    result = _plan(pending, running, nodes)
+    assert result.starts == []
+    assert result.estimates[1].start_at == NOW + 10 * HOUR
+    e = result.estimates[2]
+    assert e.start_at == NOW + 11 * HOUR, _told(e)
+    assert "idle together" in e.reason, e.reason
+
+
+def test_a_job_spanning_nodes_waits_for_whole_nodes_not_for_as_many_idle_gpus_anywhere():
+    """gpu-01 and gpu-02 are busy until 22:00; eight more nodes have 4 of 8 GPUs idle each, for a day: 32 idle
+    GPUs, no whole node. Job 1 (16 GPUs) is reserved on gpu-01 and gpu-02 from 22:00; job 2 (16 GPUs) takes
+    two whole nodes, so it starts when job 1 ends, at 23:00."""
+    names = [f"gpu-{i:02}" for i in range(1, 11)]
+    nodes = [NodeView(n, 8, () if i < 2 else tuple(range(4, 8))) for i, n in enumerate(names)]
+    running = [
+        RunningView(100 + i, "audio", {n: tuple(range(8 if i < 2 else 4))}, NOW - HOUR,
+                    NOW + (10 if i < 2 else 24) * HOUR)
+        for i, n in enumerate(names)
+    ]  # fmt: skip
+    pending = [
+        PendingJob(1, "vision", 16, 1.0, NOW - 120),
+        PendingJob(2, "vision", 16, 1.0, NOW - 60),
+    ]
+    result = _plan(pending, running, nodes)
+    assert result.estimates[1].start_at == NOW + 10 * HOUR
+    e = result.estimates[2]
+    assert e.start_at == NOW + 11 * HOUR, _told(e)
+
+
 # ----- backlog jobs
 
 
