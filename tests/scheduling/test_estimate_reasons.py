@@ -113,6 +113,33 @@ def test_a_job_spanning_nodes_waits_for_whole_nodes_not_for_as_many_idle_gpus_an
     assert e.start_at == NOW + 11 * HOUR, _told(e)
 
 
+# ----- backfilling
+
+
+def test_a_short_job_is_told_the_gap_it_backfills_not_the_end_of_all_the_work_ranked_ahead():
+    """gpu-01 frees at 14:00, gpu-02 at 16:00. Job 1 (16 GPUs, 10 h) is reserved on both from 16:00; job 2 (8 GPUs,
+    20 h) can only follow it, at 02:00. Job 3 (4 GPUs, an hour) ends before 16:00 if it starts at 14:00 on gpu-01,
+    so the pass backfills it then. Counting the 160 GPU-hours of job 2 ahead of it as if nothing backfilled, it was
+    told 12:00 tomorrow."""
+    nodes = [NodeView("gpu-01", 8, ()), NodeView("gpu-02", 8, ())]
+    running = [
+        RunningView(100, "audio", {"gpu-01": tuple(range(8))}, NOW - HOUR, NOW + 2 * HOUR),
+        RunningView(101, "audio", {"gpu-02": tuple(range(8))}, NOW - HOUR, NOW + 4 * HOUR),
+    ]
+    pending = [
+        PendingJob(1, "vision", 16, 10.0, NOW - 48 * HOUR),
+        PendingJob(2, "vision", 8, 20.0, NOW - 48 * HOUR + 60),
+        PendingJob(3, "vision", 4, 1.0, NOW - 60),
+    ]
+    result = _plan(pending, running, nodes)
+    assert result.estimates[1].start_at == NOW + 4 * HOUR
+    assert result.estimates[2].start_at == NOW + 14 * HOUR, _told(result.estimates[2])
+    assert result.estimates[3].start_at == NOW + 2 * HOUR, _told(result.estimates[3])
+    later = plan(now=NOW + 2 * HOUR, nodes=[NodeView("gpu-01", 8, tuple(range(8))), nodes[1]],
+                 running=running[1:], pending=pending, usage={}, shares={})  # fmt: skip
+    assert [s.job_id for s in later.starts] == [3]  # the pass does start it then
+
+
 # ----- backlog jobs
 
 
