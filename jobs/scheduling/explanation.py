@@ -8,6 +8,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -202,13 +203,21 @@ class _Booking:
         return i
 
 
+@dataclass(frozen=True, slots=True)
+class _Head:
+    """The first job ranked ahead of the rest that does not start now, and when it is expected to."""
+
+    job: PendingJob
+    start_at: float | None
+
+
 class Explainer:
     """Estimates and reasons for a pass; subclassed by the default policy to name fair share."""
 
     def estimates(self, p: Pass, order: Sequence[PendingJob], outcome: Outcome) -> dict[int, Estimate]:
         out: dict[int, Estimate] = {}
         booking: _Booking | None = None
-        head: PendingJob | None = None
+        head: _Head | None = None  # the first job ranked ahead that is not starting now
         backlog: list[PendingJob] = []
         ends = _Ends(p, order, outcome)
         for job in order:
@@ -218,14 +227,14 @@ class Explainer:
             elif jid in outcome.started:
                 out[jid] = self._started(p, job, outcome.started[jid])
             elif jid in outcome.held:
-                head = head or job
                 out[jid] = self._held(p, outcome.held[jid], ends)
+                head = head or _Head(job, out[jid].start_at)
             elif job.preemptible:
                 backlog.append(job)  # it yields to every other job: estimated after all of them
             else:
                 booking = booking or _Booking(p)
                 out[jid] = self._blocked(p, job, booking, head, ends)
-                head = head or job
+                head = head or _Head(job, out[jid].start_at)
         if backlog:
             booking = booking or _Booking(p)
             booking.hold_backlog(p)
@@ -316,9 +325,11 @@ class Explainer:
         p: Pass,
         job: PendingJob,
         booking: _Booking,
-        head: PendingJob | None,
+        head: _Head | None,
         ends: _Ends,
     ) -> Estimate:
+        """Booked after the jobs ranked ahead of it; told it waits behind ``head`` only if it starts after it (one
+        that backfills a gap before it waits for GPUs to free, not for it)."""
         g = job.min_gpus or job.gpus
         earliest = p.now if job.ready_at is None else max(p.now, job.ready_at)
         at = booking.book(g, job.hours * HOUR_S, earliest)
@@ -344,16 +355,15 @@ class Explainer:
         if no_room:
             reason = f"{size}; its GPUs are idle, but no node has its memory and CPUs free yet; {when}"
             return Estimate(job.job_id, at, "no_room", reason)
-        if head is None:
+        if head is None or (head.start_at is not None and at < head.start_at):
             return Estimate(job.job_id, at, "no_gpus", f"{size}; not enough idle GPUs yet; {when}")
-        behind = self.behind(job, head)
+        behind = self.behind(job, head.job)
         if behind:
             return Estimate(job.job_id, at, "fairshare", f"{behind}; {size}; {when}")
-        if head.team != job.team:  # nothing of another team's job is told: not its id, team or size
+        ahead = head.job
+        if ahead.team != job.team:  # nothing of another team's job is told: not its id, team or size
             return Estimate(job.job_id, at, "queued", f"{size}; waiting behind another team's job; {when}")
-        reason = (
-            f"{size}; waiting behind job {head.job_id} (higher priority, {_count(head.gpus, 'GPU')}); {when}"
-        )
+        reason = f"{size}; waiting behind job {ahead.job_id} (higher priority, {_count(ahead.gpus, 'GPU')}); {when}"
         return Estimate(job.job_id, at, "queued", reason)
 
     def behind(self, job: PendingJob, head: PendingJob) -> str:

@@ -135,6 +135,10 @@ def test_a_short_job_is_told_the_gap_it_backfills_not_the_end_of_all_the_work_ra
     assert result.estimates[1].start_at == NOW + 4 * HOUR
     assert result.estimates[2].start_at == NOW + 14 * HOUR, _told(result.estimates[2])
     assert result.estimates[3].start_at == NOW + 2 * HOUR, _told(result.estimates[3])
+    # It starts before job 1, so job 1 is not what it waits behind: it waits for GPUs to free.
+    assert result.estimates[3].reason_code == "no_gpus", _told(result.estimates[3])
+    assert "behind" not in result.estimates[3].reason
+    assert "waiting behind job 1" in result.estimates[2].reason
     later = plan(now=NOW + 2 * HOUR, nodes=[NodeView("gpu-01", 8, tuple(range(8))), nodes[1]],
                  running=running[1:], pending=pending, usage={}, shares={})  # fmt: skip
     assert [s.job_id for s in later.starts] == [3]  # the pass does start it then
