@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -101,7 +101,9 @@ class _Booking:
                 changes[start] = changes.get(start, 0) - gpus
             changes[end] = changes.get(end, 0) + gpus
 
-        for r in p.releases():  # backlog jobs' GPUs count as free, as the pass counts them for a reservation
+        for (
+            r
+        ) in p.releases():  # backlog jobs' GPUs count as free for the first blocked job (``hold_backlog``)
             if r.expected_end > now:
                 hold(sum(len(ix) for n, ix in r.gpus_by_node.items() if n in cap), now, r.expected_end)
         holds = Counter()
@@ -125,6 +127,7 @@ class _Booking:
         self._hint: dict[int, float] = {}  # per size: no fit starts before this (idle GPUs only ever fall)
         self._area: list[float] | None = None  # idle GPU-seconds from now to each step, once past the budget
         self._unbooked = 0.0
+        self._backlog_held = False
 
     def book(self, g: int, seconds: float, earliest: float) -> float | None:
         """The first time at or after ``earliest`` that ``g`` GPUs are idle for ``seconds``, booked for them while
@@ -176,8 +179,11 @@ class _Booking:
         return max(done, earliest)
 
     def hold_backlog(self, p: Pass) -> None:
-        """Running backlog jobs hold their GPUs to their end for the waiting backlog jobs booked next: those may
-        not preempt them."""
+        """Running backlog jobs hold their GPUs to their end for the jobs booked from now on: only the next
+        reservation (the first blocked job's) preempts them, and a waiting backlog job never does. Once."""
+        if self._backlog_held:
+            return
+        self._backlog_held = True
         for r in p.running:
             if r.preemptible and r.expected_end > p.now and r.job_id not in p.preempted:
                 gpus = sum(len(ix) for n, ix in r.gpus_by_node.items() if n in p.capacity)
@@ -232,14 +238,17 @@ class Explainer:
             elif job.preemptible:
                 backlog.append(job)  # it yields to every other job: estimated after all of them
             else:
+                # The first blocked job gets the next reservation, which may preempt backlog jobs, as soon as the
+                # holds ahead of it start: if all start now. No other waiting job may preempt them.
+                first = booking is None and all(h.start_at <= p.now for h in p.held)
                 booking = booking or _Booking(p)
-                out[jid] = self._blocked(p, job, booking, head, ends)
+                out[jid] = self._blocked(p, job, booking, head, ends, soft_free=first)
+                booking.hold_backlog(p)
                 head = head or _Head(job, out[jid].start_at)
-        if backlog:
-            booking = booking or _Booking(p)
-            booking.hold_backlog(p)
-            for job in backlog:
-                out[job.job_id] = self._blocked(p, job, booking, head, ends)
+        booking = booking or _Booking(p)
+        booking.hold_backlog(p)
+        for job in backlog:
+            out[job.job_id] = self._blocked(p, job, booking, head, ends, soft_free=False)
         return out
 
     def _never(self, p: Pass, job: PendingJob) -> Estimate:
@@ -327,16 +336,18 @@ class Explainer:
         booking: _Booking,
         head: _Head | None,
         ends: _Ends,
+        *,
+        soft_free: bool,
     ) -> Estimate:
         """Booked after the jobs ranked ahead of it; told it waits behind ``head`` only if it starts after it (one
-        that backfills a gap before it waits for GPUs to free, not for it)."""
-        g = job.min_gpus or job.gpus
-        earliest = p.now if job.ready_at is None else max(p.now, job.ready_at)
-        at = booking.book(g, job.hours * HOUR_S, earliest)
-        at = earliest if at is None else at
+        that backfills a gap before it waits for GPUs to free, not for it). ``soft_free``: it may count on backlog
+        jobs' GPUs (it is next in line for a reservation, which preempts them)."""
         s = p.kind(job)
+        earliest = p.now if job.ready_at is None else max(p.now, job.ready_at)
+        at = booking.book(_fewest(job, s.node_gpus), job.hours * HOUR_S, earliest)
+        at = earliest if at is None else at
         if job.ready_at is not None and job.ready_at > p.now:
-            at, when = _expected(p, s, job, at, ends)
+            at, when = _expected(p, s, job, at, ends, soft_free=soft_free)
             eta = format_utc(job.ready_at, now=p.now)
             return Estimate(
                 job.job_id, at, "staging", f"waiting for its data to finish staging (ETA {eta}); {when}"
@@ -348,7 +359,7 @@ class Explainer:
             if frees is None:
                 return _no_room_unknown(job, size)
             at = max(at, frees)
-        at, when = _expected(p, s, job, at, ends)
+        at, when = _expected(p, s, job, at, ends, soft_free=soft_free)
         if job.preemptible:
             reason = f"backlog job: runs on GPUs nobody else wants, after every other waiting job; {when}"
             return Estimate(job.job_id, at, "backlog", reason)
@@ -370,16 +381,20 @@ class Explainer:
         return ""
 
 
-def _expected(p: Pass, s: Pass | _Kind, job: PendingJob, at: float, ends: _Ends) -> tuple[float, str]:
+def _expected(
+    p: Pass, s: Pass | _Kind, job: PendingJob, at: float, ends: _Ends, *, soft_free: bool
+) -> tuple[float, str]:
     """When a blocked job is expected to start, and the clause saying so: ``at``, or later where the GPUs it can
     use (of the GPU model it asked for, its shape ``s``, where it names one) are not idle together until then, on
     one node or on the whole nodes a job spanning nodes takes. Counted pool-wide, 16 idle GPUs four to a node
     would have told an 8-GPU job it starts now. A job that would end before the first reservation may use the
     reserved GPUs until then, as the pass lets it; one running past it only GPUs no reservation counts on."""
-    g, seconds, first_hold = job.min_gpus or job.gpus, job.hours * HOUR_S, p.first_reservation
-    together = ends.together(s, g, before_holds=True) if at + seconds <= first_hold else None
+    g, seconds, first_hold = _fewest(job, s.node_gpus), job.hours * HOUR_S, p.first_reservation
+    together = (
+        ends.together(s, g, before_holds=True, soft_free=soft_free) if at + seconds <= first_hold else None
+    )
     if together is None or together + seconds > first_hold:
-        together = ends.together(s, g, before_holds=False)
+        together = ends.together(s, g, before_holds=False, soft_free=soft_free)
     if together is not None and together > at:
         if s is not p:
             why = f"the {s.model} GPUs it asked for are busy until then"
@@ -393,6 +408,16 @@ def _expected(p: Pass, s: Pass | _Kind, job: PendingJob, at: float, ends: _Ends)
     return at, f"expected to start about {format_utc(at, now=p.now)}"
 
 
+def _fewest(job: PendingJob, node_gpus: int) -> int:
+    """The fewest GPUs the pass starts ``job`` on: its minimum, where one node's idle GPUs give it; a job wider than a
+    node starts smaller only on whole nodes (``Pass._elastic_counts``), else at its full size."""
+    g = job.min_gpus or job.gpus
+    if g <= node_gpus or node_gpus <= 0:
+        return g
+    on_wholes = -(-g // node_gpus) * node_gpus
+    return on_wholes if on_wholes <= job.gpus else job.gpus
+
+
 class _Ends:
     """When what holds GPUs, memory and CPUs now lets go of them: running jobs (backlog ones too) and this
     pass's starts, by expected end. Built on first use: most passes hold no job back by memory, and
@@ -403,8 +428,8 @@ class _Ends:
         self._events: list[tuple[float, str, int]] | None = None
         self._first: list[tuple[float, str]] | None = None
         self._room: dict[tuple[int, float | None, float | None, str | None], float | None] = {}
-        self._together: dict[tuple[str | None, int, bool], float | None] = {}
-        self._after_holds: tuple[dict[str, int], list[tuple[float, str, int]]] | None = None
+        self._together: dict[tuple[str | None, int, bool, bool], float | None] = {}
+        self._walks: dict[tuple[bool, bool], _Walk] = {}
 
     def events(self) -> list[tuple[float, str, int]]:
         """(end, node, GPUs) on schedulable nodes, ends after now only, in time order."""
@@ -484,43 +509,92 @@ class _Ends:
                     return t
         return None
 
-    def together(self, s: Pass | _Kind, g: int, *, before_holds: bool) -> float | None:
+    def together(self, s: Pass | _Kind, g: int, *, before_holds: bool, soft_free: bool) -> float | None:
         """When ``g`` GPUs of shape ``s`` (the pool, or a GPU model's nodes) are first idle together as placement
-        would give them if nothing new starts (``_first_together``); None when they never are. Every hold of this
-        pass counts as busy from now to its end, unless ``before_holds`` (the job ends before the first one)."""
-        key = (None if s is self.p else s.model, g, before_holds)
+        would give them if nothing new starts (``_first_together``); None when they never are. ``before_holds``:
+        the job ends before the first reservation, so it may use reserved GPUs until then; otherwise each hold of
+        this pass keeps the GPUs it took now and takes the first its nodes' running jobs free, until its end.
+        ``soft_free``: running backlog jobs' GPUs count as free, as for the next reservation (it preempts them);
+        otherwise they free as those jobs end."""
+        key = (None if s is self.p else s.model, g, before_holds, soft_free)
         if key not in self._together:
-            avail, events = (self.p.short.count, self.events()) if before_holds else self._held_busy()
-            self._together[key] = _first_together(s, g, dict(avail), events, now=self.p.now)
+            avail, events, absorb = self._walk(before_holds, soft_free)
+            self._together[key] = _first_together(s, g, dict(avail), events, dict(absorb), now=self.p.now)
         return self._together[key]
 
-    def _held_busy(self) -> tuple[dict[str, int], list[tuple[float, str, int]]]:
-        """Idle GPUs per node now less every hold of this pass (busy from now to its end, as ``_Profile`` counts
-        them), and the ends that free GPUs, the holds' among them, in time order."""
-        if self._after_holds is None:
-            avail, ends = dict(self.p.short.count), []
-            for h in self.p.held:
-                end = h.start_at + h.job.hours * HOUR_S
-                for node, k in h.need.items():
-                    avail[node] = avail.get(node, 0) - k
-                    ends.append((end, node, k))
-            events = sorted(self.events() + ends, key=_first) if ends else self.events()
-            self._after_holds = (avail, events)
-        return self._after_holds
+    def _walk(self, before_holds: bool, soft_free: bool) -> _Walk:
+        """What ``together`` walks: GPUs free per node now, the ends that free GPUs in time order (a job past its
+        expected end frees them now), and per node the GPUs holds take from those ends first."""
+        key = (before_holds, soft_free)
+        if key not in self._walks:
+            p, now, cap = self.p, self.p.now, self.p.capacity
+            running = p.releases() if soft_free else p.running  # releases(): not backlog jobs, where some run
+            events = [
+                (max(r.expected_end, now), node, len(ix))
+                for r in running
+                if r.job_id not in p.preempted
+                for node, ix in r.gpus_by_node.items()
+                if node in cap
+            ]
+            events += self._start_ends()
+            avail = dict(p.short.count)
+            if soft_free:
+                for node, k in p.soft.items():
+                    avail[node] = avail.get(node, 0) + k
+            else:  # backlog jobs' GPUs free as they end; a preempted job's, that no hold took, now
+                for node, spare in p.preempt_spare.items():
+                    avail[node] = avail.get(node, 0) + len(spare)
+            absorb: dict[str, int] = {}
+            if not before_holds:
+                for held in (
+                    (p.reserved_hard, p.reserved_soft) if soft_free else (p.reserved_hard,)
+                ):  # taken now
+                    for node, k in held.items():
+                        avail[node] = avail.get(node, 0) - k
+                for h in p.held:
+                    end = h.start_at + h.job.hours * HOUR_S
+                    events += [(end, node, k) for node, k in h.need.items()]
+                    for node, k in h.from_releases.items():
+                        absorb[node] = absorb.get(node, 0) + k
+            events.sort(key=_first)
+            self._walks[key] = (avail, events, absorb)
+        return self._walks[key]
+
+    def _start_ends(self) -> list[tuple[float, str, int]]:
+        """(end, node, GPUs) of this pass's starts."""
+        if not self.started:
+            return []
+        now = self.p.now
+        hours = {job.job_id: job.hours for job in self.order if job.job_id in self.started}
+        return [
+            (now + hours.get(s.job_id, 0.0) * HOUR_S, node, len(ix))
+            for s in self.p.starts
+            for node, ix in s.gpus_by_node.items()
+        ]
+
+
+_Walk = tuple[dict[str, int], list[tuple[float, str, int]], dict[str, int]]
 
 
 def _first_together(
-    s: Pass | _Kind, g: int, avail: dict[str, int], events: Sequence[tuple[float, str, int]], *, now: float
+    s: Pass | _Kind,
+    g: int,
+    avail: dict[str, int],
+    events: Sequence[tuple[float, str, int]],
+    absorb: dict[str, int],
+    *,
+    now: float,
 ) -> float | None:
     """The first time (now, or an event's) at which ``avail`` plus the GPUs ``events`` free by then holds ``g`` GPUs
     as placement gives them on shape ``s``: one node able to hold them, or (wider than its largest node) whole nodes
-    of that size able to hold parts of a job spanning nodes, and one more such node for the rest. Updates ``avail``."""
+    of that size able to hold parts of a job spanning nodes, and one more such node for the rest. The first GPUs an
+    event frees on a node go to ``absorb`` (holds waiting for them) while it wants any. Updates both dicts."""
     size = s.node_gpus
     if g <= size:
         cap = s.capacity
         if any(a >= g and cap.get(n, 0) >= g for n, a in avail.items()):
             return now
-        for t, node, k in events:
+        for t, node, k in _freed(events, absorb):
             avail[node] = a = avail.get(node, 0) + k
             if a >= g and cap.get(node, 0) >= g:
                 return t
@@ -540,7 +614,7 @@ def _first_together(
     rests = sum(holds_rest(n, a) for n, a in avail.items())
     if wholes >= whole and (rest == 0 or rests > whole):
         return now
-    for t, node, k in events:
+    for t, node, k in _freed(events, absorb):
         old = avail.get(node, 0)
         avail[node] = new = old + k
         wholes += is_whole(node, new) - is_whole(node, old)
@@ -548,6 +622,20 @@ def _first_together(
         if wholes >= whole and (rest == 0 or rests > whole):
             return t
     return None
+
+
+def _freed(
+    events: Sequence[tuple[float, str, int]], absorb: dict[str, int]
+) -> Iterator[tuple[float, str, int]]:
+    """``events`` less the GPUs holds take from them (``absorb``, per node, updated)."""
+    for t, node, k in events:
+        wanted = absorb.get(node, 0)
+        if wanted:
+            taken = min(k, wanted)
+            absorb[node] = wanted - taken
+            k -= taken
+        if k:
+            yield t, node, k
 
 
 def _could_hold(p: Pass, job: PendingJob, g: int) -> Callable[[str], bool]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
@@ -188,6 +188,7 @@ class Held:
     job: PendingJob
     start_at: float
     need: dict[str, int]
+    from_releases: dict[str, int] = field(default_factory=dict)  # per node, GPUs running jobs free for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -684,7 +685,10 @@ class Pass:
         if found is None:
             return None
         start_at, need, released = found
-        hold = Held(job=job, start_at=start_at, need=need)
+        from_releases = {
+            node: min(k, released.get(node, 0)) for node, k in need.items() if released.get(node)
+        }
+        hold = Held(job=job, start_at=start_at, need=need, from_releases=from_releases)
         due_now = start_at <= self.now
         parts = {}
         for node, k in need.items():

@@ -113,6 +113,67 @@ def test_a_job_spanning_nodes_waits_for_whole_nodes_not_for_as_many_idle_gpus_an
     assert e.start_at == NOW + 11 * HOUR, _told(e)
 
 
+def test_gpus_a_preempted_backlog_job_leaves_to_no_hold_are_not_counted_busy_until_its_end():
+    """A backlog job holds gpu-01's 8 GPUs for 100 hours. Job 1 (4 GPUs) is reserved now and preempts it; job 2
+    (4 GPUs) takes the other four at the next pass, not when the preempted job would have ended."""
+    nodes = [NodeView("gpu-01", 8, ())]
+    running = [
+        RunningView(100, "audio", {"gpu-01": tuple(range(8))}, NOW - HOUR, NOW + 100 * HOUR, preemptible=True)
+    ]
+    pending = [PendingJob(1, "vision", 4, 1.0, NOW - 600), PendingJob(2, "vision", 4, 1.0, NOW - 300)]
+    result = _plan(pending, running, nodes)
+    assert result.preemptions == [100]
+    assert result.estimates[2].start_at == NOW, _told(result.estimates[2])
+
+
+def test_a_backlog_job_another_job_may_not_preempt_is_waited_for():
+    """gpu-01 (4 GPUs) runs a backlog job until 17:00. Job 1 (8 GPUs) is reserved on gpu-02 from 14:00, which it
+    cannot leave to preempt: it holds the pass's one reservation. Job 2 (1 GPU, 10 h) may not preempt the backlog
+    job (only a reservation does) nor delay job 1: it starts at 17:00, not now."""
+    nodes = [NodeView("gpu-01", 4, ()), NodeView("gpu-02", 8, ())]
+    running = [
+        RunningView(100, "audio", {"gpu-01": tuple(range(4))}, NOW - HOUR, NOW + 5 * HOUR, preemptible=True),
+        RunningView(101, "audio", {"gpu-02": tuple(range(8))}, NOW - HOUR, NOW + 2 * HOUR),
+    ]
+    pending = [PendingJob(1, "vision", 8, 4.0, NOW - 600), PendingJob(2, "vision", 1, 10.0, NOW - 300)]
+    result = _plan(pending, running, nodes)
+    assert result.preemptions == [] and result.estimates[1].start_at == NOW + 2 * HOUR
+    assert result.estimates[2].start_at == NOW + 5 * HOUR, _told(result.estimates[2])
+
+
+def test_a_job_past_its_expected_end_frees_its_gpus_for_the_estimates_as_for_the_pass():
+    """Job 100 on gpu-01 was expected to end at 11:50 and still runs; gpu-02 is busy until 08:00 tomorrow. The pass
+    reserves gpu-01 for job 1 from 12:00; job 2 follows it there at 13:00, not when gpu-02 frees."""
+    nodes = [NodeView("gpu-01", 8, ()), NodeView("gpu-02", 8, ())]
+    running = [
+        RunningView(100, "audio", {"gpu-01": tuple(range(8))}, NOW - 5 * HOUR, NOW - 600),
+        RunningView(101, "audio", {"gpu-02": tuple(range(8))}, NOW - HOUR, NOW + 20 * HOUR),
+    ]
+    pending = [PendingJob(1, "vision", 8, 1.0, NOW - 900), PendingJob(2, "vision", 8, 1.0, NOW - 600)]
+    result = _plan(pending, running, nodes)
+    assert result.estimates[1].start_at == NOW
+    assert result.estimates[2].start_at == NOW + HOUR, _told(result.estimates[2])
+
+
+def test_an_elastic_job_wider_than_a_node_is_not_told_it_starts_on_its_minimum_spread_over_nodes():
+    """gpu-01 is idle, gpu-02 has 2 GPUs idle, gpu-03 is busy until 13:00. Job 1 (16 GPUs) is reserved on gpu-01 and
+    gpu-03 from 13:00. Elastic job 2 asks for 12 GPUs (an hour), at least 10: 10 are idle now, but the pass starts a
+    job wider than a node smaller only on whole nodes (16 here is more than it asks), so at 12 - at 14:00, after
+    job 1."""
+    nodes = [NodeView("gpu-01", 8, tuple(range(8))), NodeView("gpu-02", 8, (6, 7)), NodeView("gpu-03", 8, ())]
+    running = [
+        RunningView(100, "audio", {"gpu-02": tuple(range(6))}, NOW - HOUR, NOW + 10 * HOUR),
+        RunningView(101, "audio", {"gpu-03": tuple(range(8))}, NOW - HOUR, NOW + HOUR),
+    ]
+    pending = [
+        PendingJob(1, "vision", 16, 1.0, NOW - 900),
+        PendingJob(2, "vision", 12, 1.0, NOW - 600, min_gpus=10),
+    ]
+    result = _plan(pending, running, nodes)
+    assert result.starts == [] and result.estimates[1].start_at == NOW + HOUR
+    assert result.estimates[2].start_at == NOW + 2 * HOUR, _told(result.estimates[2])
+
+
 # ----- backfilling
 
 
