@@ -219,8 +219,12 @@ def _email_wanted(job: Job, event: str) -> bool:
 def _still_sees(job: Job) -> bool:
     """The submitter is an active user who may still see the job: the end, exit code and detail are
     the team's, and a former member has no claim on them."""
-    user = job.submitted_by
-    return user.is_active and scoping.visible_to(user, Job.objects.filter(id=job.id)).exists()
+    user = job.submitted_by  # None once the account is deleted
+    return (
+        user is not None
+        and user.is_active
+        and scoping.visible_to(user, Job.objects.filter(id=job.id)).exists()
+    )
 
 
 def _payload(job: Job, event: str, *, now: datetime, detail: str) -> dict:

@@ -394,3 +394,23 @@ def test_a_refusal_of_the_platforms_own_sending_is_tried_again(team, member, mai
     monkeypatch.undo()
     assert notify.send_job_email(job_id=job.id, now=t0 + timedelta(seconds=61))  # the operator fixed it
     assert len(mailed) == 1
+
+
+def test_a_mail_owed_to_an_account_deleted_since_is_dropped_with_the_reason(team, member, mailed):
+    """The job ends and owes its submitter a mail; the account is deleted before the notify worker sends it. The
+    send crashed on the missing submitter and the mail stayed owed, tried again every few minutes for ever."""
+    notify.set_email_preference(user=member, team=team, email="end")
+    job = JobFactory(team=team, submitted_by=member, state="running")
+    transitions.transition(
+        job_id=job.id,
+        source=State.RUNNING,
+        target=State.RELEASED,
+        now=timezone.now(),
+        end_reason=EndReason.FAILED,
+    )
+    member.delete()
+    assert notify.send_job_email(job_id=job.id, now=timezone.now()) is False
+    row = JobEmail.objects.get(job=job)
+    assert mailed == [] and row.sent_at is not None
+    assert row.detail == "the submitter can no longer see this job"
+    assert not notify._owed_emails(timezone.now() + timedelta(hours=1)).exists()
