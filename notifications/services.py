@@ -23,7 +23,7 @@ from django.db.models import F, Q, QuerySet
 
 from accounts import scoping, selectors
 from accounts.models import Team
-from common import pinned
+from common import nul, pinned
 from jobs import dispatch
 from jobs.models import Job, JobArray
 from notifications import addresses, signals, signing
@@ -318,8 +318,8 @@ def _post(
 
 @transaction.atomic
 def _record_try(delivery, *, status: int | None, response: str, refused: bool, took_ms: int, now) -> str:
-    WebhookAttempt.objects.create(
-        delivery=delivery, number=delivery.attempts, at=now, status=status, response=response[:1000],
+    WebhookAttempt.objects.create(  # a NUL in the answer (PostgreSQL stores none) is written out
+        delivery=delivery, number=delivery.attempts, at=now, status=status, response=nul.shown(response)[:1000],
         duration_ms=took_ms,
     )  # fmt: skip
     if status is not None and 200 <= status < 300:

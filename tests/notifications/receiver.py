@@ -8,6 +8,7 @@ class Receiver:
     def __init__(self, statuses=(200,), host: str = "127.0.0.1") -> None:
         self.statuses = list(statuses)
         self.requests: list[tuple[str, dict, bytes]] = []
+        self.answer: bytes | None = None  # the body of every answer, where a test sets one
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -17,7 +18,8 @@ class Receiver:
                 status = owner.statuses.pop(0) if len(owner.statuses) > 1 else owner.statuses[0]
                 self.send_response(status)
                 self.end_headers()
-                self.wfile.write(b"thanks" if status < 300 else b"receiver broke")
+                default = b"thanks" if status < 300 else b"receiver broke"
+                self.wfile.write(default if owner.answer is None else owner.answer)
 
             def log_message(self, *args) -> None:
                 pass

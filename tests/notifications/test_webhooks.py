@@ -307,3 +307,25 @@ def test_a_try_whose_name_resolves_slowly_ends_within_its_deadline(
     assert time.monotonic() - began < 2.0
     assert receiver.requests == []
     assert "did not resolve within 0.5 s" in WebhookAttempt.objects.get().response
+
+
+def test_a_nul_in_the_receivers_answer_is_recorded_written_out_and_the_tries_end(
+    team, loopback_allowed, settings
+):
+    """A receiver answering "oops" and a NUL: PostgreSQL cannot store the NUL, so no try was recorded, the attempts
+    limit never applied and the event went out again every 25 s for ever."""
+    from tests.notifications.receiver import Receiver
+
+    settings.E31_WEBHOOK_ATTEMPTS = 2
+    receiver = Receiver(statuses=[500])
+    receiver.answer = b"oops\x00"
+    try:
+        hook(team, receiver.url)
+        end(JobFactory(team=team, state="running"))
+        delivery = WebhookDelivery.objects.get()
+        now = timezone.now()
+        assert notify.deliver_webhook(delivery_id=delivery.id, now=now) == "pending"
+        assert notify.deliver_webhook(delivery_id=delivery.id, now=now + timedelta(hours=1)) == "failed"
+    finally:
+        receiver.stop()
+    assert [a.response for a in WebhookAttempt.objects.order_by("number")] == ["oops\\x00", "oops\\x00"]
