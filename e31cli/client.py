@@ -101,6 +101,9 @@ class Api:
         self.base = f"{login.url}/api/v1"
         self.timeout_s = timeout_s
         self.session = requests.Session()
+        # Plain http:// is allowed to this machine because it never leaves it: no proxy from the environment
+        # (HTTP_PROXY) may carry the token elsewhere, readable.
+        self.session.trust_env = not _is_loopback(urlsplit(login.url).hostname or "")
         for scheme in ("http://", "https://"):
             self.session.mount(scheme, HTTPAdapter(max_retries=READ_RETRY))
         self.session.headers.update({"Authorization": f"Bearer {login.token}", "User-Agent": "e31-cli"})
