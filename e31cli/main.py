@@ -21,8 +21,10 @@ of its tasks' codes.
 
 import hashlib
 import json
+import os
 import re
 import sys
+import tempfile
 import time
 import uuid
 from calendar import monthrange
@@ -103,18 +105,24 @@ err = _Screen(lambda: _stderr_is_terminal(), stderr=True, width=None if sys.stde
 
 EXIT_API, EXIT_AUTH, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_INVALID, EXIT_UNREACHABLE = 1, 3, 4, 5, 6, 7
 EXIT_USAGE = 2  # the code click gives a wrong command line
-# A 429 still answered after the client's retries says nothing of the job: it exits as an unreachable
-# console, never 1, which under --wait reads as "the job failed".
+# A 429, or a gateway's 502/503/504 (a console restarting behind its load balancer), still answered after the
+# client's retries says nothing of the job: it exits as an unreachable console, never 1, which under --wait
+# reads as "the job failed".
 STATUS_EXITS = {
     401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_NOT_FOUND, 409: EXIT_CONFLICT, 422: EXIT_INVALID,
-    429: EXIT_UNREACHABLE,
+    429: EXIT_UNREACHABLE, 502: EXIT_UNREACHABLE, 503: EXIT_UNREACHABLE, 504: EXIT_UNREACHABLE,
 }  # fmt: skip
+# The console's rule for an Idempotency-Key (jobs.idempotency.VALID_KEY), checked before anything is sent.
+VALID_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 END_REASON_EXITS = {
     "succeeded": 0, "timed_out": 124, "cancelled": 130, "node_lost": 75, "staging_failed": 66,
     "output_failed": 74, "rejected": 65, "dependency_failed": 67,
 }  # fmt: skip
 TERMINAL = {"released", "ended"}
 WAIT_POLL_S = 2.0
+QUEUE_ROWS = (
+    4000  # e31 queue reads this many waiting jobs at most (two teams at E31_MAX_WAITING_PER_TEAM's default)
+)
 LOG_WAIT_S = 15
 
 
@@ -193,6 +201,8 @@ def submit(
         raise typer.BadParameter("give a job file or --from ID, one of them")
     if notify not in ("", "end", "failure", "never"):
         raise typer.BadParameter("--notify is end, failure or never")
+    if key and not VALID_KEY.fullmatch(key):
+        raise typer.BadParameter("--key is 1 to 255 printable ASCII characters, without spaces")
     key = key or f"e31-cli-{uuid.uuid4()}"
     session = api()
     headers = {"Idempotency-Key": key}
@@ -398,7 +408,10 @@ def _download_checked(session: client.Api, job_id: int, item: dict, target: Path
     """Downloads one listed file under a temporary name beside ``target``, renamed to it only when its size and
     sha256 are the listed ones: a cut transfer or another body (a proxy's page) never reads as the output.
     "" once saved, else what differed."""
-    part = target.with_name(f".{target.name}.part")
+    # A name of its own (never one an output or a file already there may have), removed only if it is left over.
+    handle, name = tempfile.mkstemp(dir=target.parent, prefix=".e31-", suffix=".part")
+    os.close(handle)
+    part = Path(name)
     try:
         session.download(f"/jobs/{job_id}/outputs/download", part, path=item["path"])
         problem = _differs_from_listed(part, item)
@@ -480,13 +493,17 @@ def ledger(
 @app.command()
 def queue(team: Annotated[str, typer.Option(help="Team slug.")] = "") -> None:
     """Your team's waiting jobs: when each should start and why it is not running yet."""
-    waiting = list(api().pages("/jobs", limit=1000, by_cursor=True, state="waiting", team=team))
+    waiting = list(api().pages("/jobs", limit=QUEUE_ROWS + 1, by_cursor=True, state="waiting", team=team))
+    more = len(waiting) > QUEUE_ROWS
+    waiting = waiting[:QUEUE_ROWS]
     waiting.sort(key=lambda j: (j["estimated_start"] is None, j["estimated_start"] or "", j["id"]))
     table = _table("ID", "NAME", "STATE", "GPUS", "ESTIMATED START (UTC)", "REASON")
     for job in waiting:
         table.add_row(str(job["id"]), job["name"], job["state"], str(job["request"]["gpus"]),
                       _short_time(job["estimated_start"]), job["pending_reason"])  # fmt: skip
     out.print(table if waiting else "No waiting jobs.")
+    if more:  # read newest first: the oldest, often the soonest to start, are the ones left out
+        err.print(f"Only the newest {QUEUE_ROWS:,} waiting jobs are shown: older ones wait too.")
 
 
 def _print_log(session: client.Api, job_id: int, *, follow: bool, attempt: int = 0, rank: int = 0) -> bool:

@@ -192,3 +192,28 @@ def test_a_header_requests_refuses_is_never_quoted(monkeypatch, capsys, no_store
     code, stderr = exit_of(monkeypatch, capsys, "ls")
     assert TOKEN not in stderr
     assert code == main.EXIT_USAGE, stderr
+
+
+@pytest.mark.parametrize("status", [502, 503, 504])
+def test_a_gateway_still_failing_after_the_retries_exits_as_unreachable_not_as_a_failed_job(
+    monkeypatch, capsys, status
+):
+    """A console restarting behind its load balancer: exit 1 under --wait reads as "the job failed"."""
+
+    def gateway(url):
+        response = requests.Response()
+        response.status_code, response.url = status, url
+        response.headers["Content-Type"] = "text/html"
+        response.raw = io.BytesIO(b"<html>503 Service Temporarily Unavailable</html>")
+        return response
+
+    code, _ = run_e31(monkeypatch, capsys, gateway, "show", "1")
+    assert code == main.EXIT_UNREACHABLE
+
+
+def test_an_idempotency_key_http_cannot_carry_is_a_usage_error_not_a_traceback(monkeypatch, capsys, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('name = "x"\n')
+    code, stderr = run_e31(monkeypatch, capsys, lambda url: None, "submit", str(job), "--key", "ключ")
+    assert code == main.EXIT_USAGE
+    assert "--key" in stderr and "Traceback" not in stderr

@@ -75,3 +75,19 @@ def test_a_transfer_the_network_broke_leaves_no_partial_file(monkeypatch, tmp_pa
     assert result.exit_code != 0, result.output
     assert files_under(tmp_path) == []
     assert "model.bin" in result.stderr, result.stderr
+
+
+def test_an_output_named_like_a_temporary_file_is_saved_too(monkeypatch, tmp_path):
+    """The temporary name of ``model.bin`` was ``.model.bin.part``: a job's own output of that name, listed first,
+    was saved and then removed as the temporary file of the next one, and the command said both were saved."""
+    fake = FakeApi([".model.bin.part", "model.bin"])
+    result = download(monkeypatch, fake, tmp_path)
+    assert result.exit_code == 0, result.output
+    assert files_under(tmp_path) == [".model.bin.part", "model.bin"]
+
+
+def test_a_file_already_in_the_folder_under_a_temporary_looking_name_is_left_alone(monkeypatch, tmp_path):
+    (tmp_path / ".model.bin.part").write_bytes(b"mine")
+    result = download(monkeypatch, FakeApi(["model.bin"]), tmp_path)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / ".model.bin.part").read_bytes() == b"mine"

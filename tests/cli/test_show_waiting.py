@@ -60,3 +60,18 @@ def test_e31_show_names_the_array_a_task_run_again_counts_against(
         f"task 3, run again from array {array.id}: counted among its at most 2 running at once"
         in " ".join(out.split())
     )
+
+
+def test_e31_queue_says_when_it_does_not_show_every_waiting_job(monkeypatch, team, member_token):
+    """It read the newest 1,000 waiting jobs, sorted them by estimated start and said nothing of the rest: the
+    oldest, often the soonest to start, were the ones left out."""
+    from e31cli import main
+
+    monkeypatch.setattr(main, "QUEUE_ROWS", 3)
+    JobFactory.create_batch(4, team=team, state="queued")
+    code, out, err = e31(monkeypatch, member_token, "queue")
+    assert code == 0, err
+    assert "Only the newest 3 waiting jobs are shown" in err
+    monkeypatch.setattr(main, "QUEUE_ROWS", 4)
+    code, out, err = e31(monkeypatch, member_token, "queue")
+    assert code == 0 and "Only the newest" not in err
