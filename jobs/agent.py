@@ -325,7 +325,7 @@ def _run_to_the_end(
             )  # before its uid can go to another attempt
             if uids and uid is not None:
                 uids.give_back(uid)
-            _settle_space(dirs.root, ran=ran)
+            _settle_space(dirs, ran=ran)
         finally:  # also when settling raised: the GPUs are released all the same
             if ending is not None:
                 ending()
@@ -410,17 +410,19 @@ def _with_checkpoint(part: Part, dirs: sandbox.AttemptDirs) -> sandbox.AttemptDi
     return dataclasses.replace(dirs, checkpoint=checkpoints.directory(part.job.id))
 
 
-def _settle_space(root: Path, *, ran: bool) -> None:
-    """A run that ended keeps its files for sealing and delivery and gives back what it left unused; an
-    attempt that never ran its job, or whose agent failed, delivers nothing: its whole space goes now, not
-    at the retention sweep (a job made to fail at its start must not hold the node's disk for a day)."""
+def _settle_space(dirs: sandbox.AttemptDirs, *, ran: bool) -> None:
+    """A run that ended keeps its outputs and log for sealing and delivery; its scratch (``work``) goes, and
+    everything it left unused goes back to the node's disk. An attempt that never ran its job, or whose agent
+    failed, delivers nothing: its whole space goes now. Never at the retention sweep, a day later: a job of a
+    second that fills its scratch must not hold the node's disk for a day."""
     try:
         if ran:
-            attempt_space.give_back_unused(root)
+            trees.remove_tree(dirs.work)
+            attempt_space.give_back_unused(dirs.root)
         else:
-            attempt_space.release(root)
+            attempt_space.release(dirs.root)
     except (OSError, subprocess.SubprocessError):  # the retention sweep tries again
-        log.exception("attempt space %s could not be given back", root)
+        log.exception("attempt space %s could not be given back", dirs.root)
 
 
 def _release_failed(part: Part, detail: str) -> None:

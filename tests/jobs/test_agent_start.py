@@ -161,9 +161,9 @@ def test_a_job_sent_back_for_room_is_queued_only_once_its_attempt_has_settled(
     settle = agent._settle_space
     seen = []
 
-    def watched(root, *, ran):
+    def watched(dirs, *, ran):
         seen.append(Job.objects.get(id=rented.id).state)
-        settle(root, ran=ran)
+        settle(dirs, ran=ran)
 
     monkeypatch.setattr(agent, "_settle_space", watched)
     _run(rented)

@@ -113,6 +113,24 @@ def test_what_the_job_left_unused_goes_back_to_the_node_when_its_run_ends(node_d
     assert (root / "kept").read_bytes() == b"x" * 8 * MIB
 
 
+def test_a_finished_runs_scratch_goes_back_to_the_node_at_once_its_outputs_stay_for_delivery(node_disk):
+    """The give-back returned only blocks the job never wrote: 30 MiB a job left in work/ (a 1.9 GB fallocate on
+    the real size) stayed on the node's disk until the retention sweep, a day after delivery. Job after job of a
+    second each took nodes' disks, and other teams' attempts were refused for room."""
+    from jobs import agent, sandbox
+
+    root = node_disk / "7-1"
+    dirs = sandbox.AttemptDirs(root=root, work=root / "work", output=root / "output", data=root / "data")
+    assert attempt_space.bound(root, size=64 * MIB)
+    dirs.create(owner=os.geteuid())
+    write(dirs.work / "pin", 30)
+    write(dirs.output / "model.bin", 8)
+    agent._settle_space(dirs, ran=True)
+    assert shutil.disk_usage(node_disk).used < 24 * MIB  # the 8 MiB of output and the filesystem's own
+    assert not dirs.work.exists()
+    assert (dirs.output / "model.bin").read_bytes() == b"x" * 8 * MIB
+
+
 def test_a_node_whose_disk_is_full_says_so_at_start_instead_of_failing(node_disk):
     write(node_disk / "node-file", 120)
     assert (
