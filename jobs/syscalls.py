@@ -50,6 +50,11 @@ SOCKET_FAMILIES = {"AF_ALG": 38, "AF_VSOCK": 40}
 # Families below this are answered one by one; this and all above (AF_MAX is 46 on 6.x kernels, and a value with
 # bits set above the int the kernel reads) by one comparison: libseccomp takes one comparison per argument a rule.
 SOCKET_FAMILIES_LISTED = max(SOCKET_FAMILIES.values()) + 1
+# Of netlink, the kernel's device events (NETLINK_KOBJECT_UEVENT) answer EPERM: in a network namespace of the
+# node's (a job spanning nodes, or with internet access) a job heard other attempts' spaces mounted and removed,
+# when other tenants' jobs start and end. Its routing and other sockets stay open (ip, NCCL read them).
+AF_NETLINK, NETLINK_KOBJECT_UEVENT = 16, 15
+INT_BITS = 0xFFFFFFFF  # the kernel reads the protocol as an int: bits above it must not slip past the rule
 # A user namespace would give the job every capability inside it (bubblewrap's --disable-userns closes this
 # where it has the flag, 0.8 and later; the filter closes it on older ones too).
 CLONE_NEWUSER = 0x10000000
@@ -114,6 +119,10 @@ def _socket_rules(program, *, refuse, unsupported) -> None:
             answer = refuse if family in refused else unsupported
             program.add_rule(answer, name, seccomp.Arg(0, seccomp.EQ, family))
         program.add_rule(unsupported, name, seccomp.Arg(0, seccomp.GE, SOCKET_FAMILIES_LISTED))
+        program.add_rule(
+            refuse, name, seccomp.Arg(0, seccomp.EQ, AF_NETLINK),
+            seccomp.Arg(2, seccomp.MASKED_EQ, INT_BITS, NETLINK_KOBJECT_UEVENT),
+        )  # fmt: skip
 
 
 def filter_fd() -> int:

@@ -243,3 +243,27 @@ def test_the_submit_form_says_where_a_job_runs_and_which_calls_it_is_refused(mem
         "other than Unix, IPv4, IPv6 and netlink ones answer <em>Address family not supported</em>" in section
     )
     assert f"at most {sandbox.JOB_OPEN_FILES} open files" in section and "no terminal" in section
+
+
+UEVENT_PROBE = r"""
+import ctypes, errno, socket, sys
+for protocol in (15, 0):  # NETLINK_KOBJECT_UEVENT, NETLINK_ROUTE
+    try:
+        socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol).close(); print(protocol, "opened")
+    except OSError as exc:
+        print(protocol, exc.strerror)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+made = libc.syscall(ctypes.c_long(int(sys.argv[1])), ctypes.c_long(16), ctypes.c_long(3), ctypes.c_long(15 | 1 << 32))
+print("high bits", "opened" if made >= 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+@ROOT_AND_BWRAP
+def test_a_job_cannot_listen_to_the_nodes_device_events():
+    """In a network namespace of the node's (a job spanning nodes, or with internet access), a netlink socket of
+    the kernel's device events heard another attempt's space mounted (``change@/devices/virtual/block/loop1``):
+    when other tenants' attempts start and end. Refused; netlink's routing sockets stay open to jobs."""
+    out = run_job(JOB_UID, ["/usr/bin/python3", "-c", UEVENT_PROBE, str(_number("socket"))])
+    # the kernel reads the protocol as an int: 15 with a bit set above it is the same socket
+    assert out.splitlines()[-3:] == ["15 Operation not permitted", "0 opened", "high bits EPERM"]
