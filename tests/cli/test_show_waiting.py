@@ -69,9 +69,9 @@ def test_e31_queue_says_when_it_does_not_show_every_waiting_job(monkeypatch, tea
 
     monkeypatch.setattr(main, "QUEUE_ROWS", 3)
     JobFactory.create_batch(4, team=team, state="queued")
-    code, out, err = e31(monkeypatch, member_token, "queue")
+    code, _, err = e31(monkeypatch, member_token, "queue")
     assert code == 0, err
     assert "Only the newest 3 waiting jobs are shown" in err
     monkeypatch.setattr(main, "QUEUE_ROWS", 4)
-    code, out, err = e31(monkeypatch, member_token, "queue")
+    code, _, err = e31(monkeypatch, member_token, "queue")
     assert code == 0 and "Only the newest" not in err

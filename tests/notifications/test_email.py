@@ -232,9 +232,20 @@ def test_someone_who_left_the_team_is_not_mailed_about_its_jobs(team, member, ma
     assert mailed == []
 
 
-def test_a_member_who_leaves_after_the_end_is_not_mailed_when_the_mail_goes_out(team, member, mailed):
+def _leave(team, member):
     from accounts.models import Membership
 
+    Membership.objects.filter(team=team, user=member).delete()
+
+
+def _delete_account(team, member):
+    member.delete()
+
+
+@pytest.mark.parametrize("gone", [_leave, _delete_account], ids=["left-the-team", "account-deleted"])
+def test_a_submitter_gone_after_the_end_is_not_mailed_and_the_mail_is_dropped(team, member, mailed, gone):
+    """Deleted, the submitter is NULL: the send crashed on it and the mail stayed owed, tried again every few
+    minutes for ever."""
     notify.set_email_preference(user=member, team=team, email="end")
     job = JobFactory(team=team, submitted_by=member, state="running")
     transitions.transition(
@@ -244,9 +255,11 @@ def test_a_member_who_leaves_after_the_end_is_not_mailed_when_the_mail_goes_out(
         now=timezone.now(),
         end_reason=EndReason.FAILED,
     )
-    Membership.objects.filter(team=team, user=member).delete()
+    gone(team, member)
     assert notify.send_job_email(job_id=job.id, now=timezone.now()) is False
-    assert mailed == [] and "no longer" in JobEmail.objects.get(job=job).detail
+    row = JobEmail.objects.get(job=job)
+    assert mailed == [] and row.sent_at is not None and "no longer" in row.detail
+    assert not notify._owed_emails(timezone.now() + timedelta(hours=1)).exists()
 
 
 def test_an_email_whose_send_was_cut_short_is_sent_later(team, member, mailed, monkeypatch):
@@ -394,23 +407,3 @@ def test_a_refusal_of_the_platforms_own_sending_is_tried_again(team, member, mai
     monkeypatch.undo()
     assert notify.send_job_email(job_id=job.id, now=t0 + timedelta(seconds=61))  # the operator fixed it
     assert len(mailed) == 1
-
-
-def test_a_mail_owed_to_an_account_deleted_since_is_dropped_with_the_reason(team, member, mailed):
-    """The job ends and owes its submitter a mail; the account is deleted before the notify worker sends it. The
-    send crashed on the missing submitter and the mail stayed owed, tried again every few minutes for ever."""
-    notify.set_email_preference(user=member, team=team, email="end")
-    job = JobFactory(team=team, submitted_by=member, state="running")
-    transitions.transition(
-        job_id=job.id,
-        source=State.RUNNING,
-        target=State.RELEASED,
-        now=timezone.now(),
-        end_reason=EndReason.FAILED,
-    )
-    member.delete()
-    assert notify.send_job_email(job_id=job.id, now=timezone.now()) is False
-    row = JobEmail.objects.get(job=job)
-    assert mailed == [] and row.sent_at is not None
-    assert row.detail == "the submitter can no longer see this job"
-    assert not notify._owed_emails(timezone.now() + timedelta(hours=1)).exists()
