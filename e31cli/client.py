@@ -54,6 +54,7 @@ class ApiError(Exception):
     detail: str
     errors: list[dict] = field(default_factory=list)
     retry_after_s: float = 0.0
+    from_console: bool = True  # the console's own JSON answer, not a gateway's or proxy's page in front of it
 
     def __str__(self) -> str:
         lines = [self.detail] + [f"  {e.get('field') or '(job)'}: {e.get('message')}" for e in self.errors]
@@ -102,8 +103,10 @@ class Api:
         self.timeout_s = timeout_s
         self.session = requests.Session()
         # Plain http:// is allowed to this machine because it never leaves it: no proxy from the environment
-        # (HTTP_PROXY) may carry the token elsewhere, readable.
-        self.session.trust_env = not _is_loopback(urlsplit(login.url).hostname or "")
+        # (HTTP_PROXY) may carry the token elsewhere, readable. (Over https:// a proxy only tunnels, and the
+        # environment may name the CA of a console's private certificate: kept.)
+        parts = urlsplit(login.url)
+        self.session.trust_env = not (parts.scheme == "http" and _is_loopback(parts.hostname or ""))
         for scheme in ("http://", "https://"):
             self.session.mount(scheme, HTTPAdapter(max_retries=READ_RETRY))
         self.session.headers.update({"Authorization": f"Bearer {login.token}", "User-Agent": "e31-cli"})
@@ -170,13 +173,17 @@ class Api:
 def _raise_for(response: requests.Response) -> None:
     if response.status_code < 400:
         return
+    from_console = True
     try:
         body = response.json()
     except ValueError:
-        body = {"detail": response.text[:300] or response.reason}
+        body, from_console = {"detail": response.text[:300] or response.reason}, False
+    if not isinstance(body, dict):
+        body, from_console = {"detail": response.reason}, False
     raise ApiError(
         response.status_code,
         str(body.get("detail", response.reason)),
         body.get("errors") or [],
         retry_after_s(response.headers.get("Retry-After")),
+        from_console,
     )

@@ -25,3 +25,15 @@ def test_only_a_console_elsewhere_is_reached_through_the_environments_proxy(monk
     api = client.Api(config.Login(url=console, token="e31_x"))
     settings = api.session.merge_environment_settings(f"{console}/api/v1/jobs", {}, None, None, None)
     assert {k: v for k, v in settings["proxies"].items() if k in ("http", "https")} == proxies
+
+
+def test_a_loopback_https_console_keeps_the_ca_the_environment_names(monkeypatch, tmp_path):
+    """A console on this machine with a private certificate (mkcert): REQUESTS_CA_BUNDLE is how the CLI trusts it."""
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+    api = client.Api(config.Login(url="https://localhost:8443", token="e31_x"))
+    settings = api.session.merge_environment_settings(
+        "https://localhost:8443/api/v1/jobs", {}, None, None, None
+    )
+    assert settings["verify"] == str(bundle)
