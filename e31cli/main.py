@@ -105,13 +105,14 @@ err = _Screen(lambda: _stderr_is_terminal(), stderr=True, width=None if sys.stde
 
 EXIT_API, EXIT_AUTH, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_INVALID, EXIT_UNREACHABLE = 1, 3, 4, 5, 6, 7
 EXIT_USAGE = 2  # the code click gives a wrong command line
-# A 429, or a gateway's 502/503/504 (a console restarting behind its load balancer), still answered after the
-# client's retries says nothing of the job: it exits as an unreachable console, never 1, which under --wait
-# reads as "the job failed".
+# A 429 still answered after the client's retries, or a gateway's 502/503/504 page (a console restarting behind
+# its load balancer), says nothing of the job: it exits as an unreachable console, never 1, which under --wait
+# reads as "the job failed". The console's own 503 (it cannot read an output's store) keeps 1.
 STATUS_EXITS = {
     401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_NOT_FOUND, 409: EXIT_CONFLICT, 422: EXIT_INVALID,
-    429: EXIT_UNREACHABLE, 502: EXIT_UNREACHABLE, 503: EXIT_UNREACHABLE, 504: EXIT_UNREACHABLE,
+    429: EXIT_UNREACHABLE,
 }  # fmt: skip
+GATEWAY_STATUSES = {502, 503, 504}
 # The console's rule for an Idempotency-Key (jobs.idempotency.VALID_KEY), checked before anything is sent.
 VALID_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 END_REASON_EXITS = {
@@ -138,7 +139,7 @@ def run() -> None:
         sys.exit(EXIT_USAGE)
     except client.ApiError as exc:
         err.print(f"Error {exc.status}: {exc}", style="red")
-        sys.exit(STATUS_EXITS.get(exc.status, EXIT_API))
+        sys.exit(_exit_for(exc))
     except requests.Timeout as exc:
         err.print(f"The console did not answer in time: {exc}", style="red")
         sys.exit(EXIT_UNREACHABLE)
@@ -152,6 +153,12 @@ def run() -> None:
     except requests.RequestException as exc:
         err.print(f"Cannot reach the console: {exc}", style="red")
         sys.exit(EXIT_UNREACHABLE)
+
+
+def _exit_for(exc: client.ApiError) -> int:
+    if exc.status in GATEWAY_STATUSES and not exc.from_console:
+        return EXIT_UNREACHABLE
+    return STATUS_EXITS.get(exc.status, EXIT_API)
 
 
 def api() -> client.Api:
@@ -357,14 +364,14 @@ def cancel(
             out.print(f"Array {array_id}: cancel requested ({_states(body['states'])})")
         except client.ApiError as exc:
             err.print(exc.detail)
-            worst = max(worst, STATUS_EXITS.get(exc.status, EXIT_API))
+            worst = max(worst, _exit_for(exc))
     for job_id in job_ids or []:
         try:
             job = session.post(f"/jobs/{job_id}/cancel")
             out.print(f"Job {job_id}: cancel requested ({job['state']})")
         except client.ApiError as exc:
             err.print(exc.detail)
-            worst = max(worst, STATUS_EXITS.get(exc.status, EXIT_API))
+            worst = max(worst, _exit_for(exc))
     raise typer.Exit(worst)
 
 
@@ -410,6 +417,9 @@ def _download_checked(session: client.Api, job_id: int, item: dict, target: Path
     "" once saved, else what differed."""
     # A name of its own (never one an output or a file already there may have), removed only if it is left over.
     handle, name = tempfile.mkstemp(dir=target.parent, prefix=".e31-", suffix=".part")
+    os.fchmod(
+        handle, 0o666 & ~_umask()
+    )  # mkstemp's 0600 would follow the file: saved as open() would save it
     os.close(handle)
     part = Path(name)
     try:
@@ -423,6 +433,12 @@ def _download_checked(session: client.Api, job_id: int, item: dict, target: Path
         raise
     finally:
         part.unlink(missing_ok=True)  # after the rename there is nothing left to remove
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _differs_from_listed(path: Path, item: dict) -> str:

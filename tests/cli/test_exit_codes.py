@@ -217,3 +217,17 @@ def test_an_idempotency_key_http_cannot_carry_is_a_usage_error_not_a_traceback(m
     code, stderr = run_e31(monkeypatch, capsys, lambda url: None, "submit", str(job), "--key", "ключ")
     assert code == main.EXIT_USAGE
     assert "--key" in stderr and "Traceback" not in stderr
+
+
+def test_the_consoles_own_503_keeps_exit_1(monkeypatch, capsys):
+    """It cannot read an output's store: a lasting state a retrying script would loop on, not a restart."""
+
+    def cannot_read(url):
+        response = requests.Response()
+        response.status_code, response.url = 503, url
+        response.headers["Content-Type"] = "application/json"
+        response.raw = io.BytesIO(b'{"detail": "the console cannot read this output (no s3 support)"}')
+        return response
+
+    code, stderr = run_e31(monkeypatch, capsys, cannot_read, "show", "1")
+    assert code == main.EXIT_API and "cannot read this output" in stderr

@@ -91,3 +91,16 @@ def test_a_file_already_in_the_folder_under_a_temporary_looking_name_is_left_alo
     result = download(monkeypatch, FakeApi(["model.bin"]), tmp_path)
     assert result.exit_code == 0, result.output
     assert (tmp_path / ".model.bin.part").read_bytes() == b"mine"
+
+
+def test_a_saved_file_gets_the_mode_the_umask_gives_not_the_temporary_files_0600(monkeypatch, tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        result = download(monkeypatch, FakeApi(["model.bin"]), tmp_path)
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE((tmp_path / "model.bin").stat().st_mode) == 0o644
