@@ -417,8 +417,10 @@ def _settle_space(dirs: sandbox.AttemptDirs, *, ran: bool) -> None:
     second that fills its scratch must not hold the node's disk for a day."""
     try:
         if ran:
-            trees.remove_tree(dirs.work)
-            attempt_space.give_back_unused(dirs.root)
+            try:
+                trees.remove_tree(dirs.work)
+            finally:  # what it could not remove (a timeout on millions of files) keeps its blocks; the rest goes
+                attempt_space.give_back_unused(dirs.root)
         else:
             attempt_space.release(dirs.root)
     except (OSError, subprocess.SubprocessError):  # the retention sweep tries again
