@@ -442,12 +442,7 @@ class _Ends:
                 for node, ix in r.gpus_by_node.items()
                 if node in cap
             ]
-            if self.started:
-                hours = {job.job_id: job.hours for job in self.order if job.job_id in self.started}
-                for s in p.starts:
-                    end = now + hours.get(s.job_id, 0.0) * HOUR_S
-                    if end > now:
-                        events += [(end, node, len(ix)) for node, ix in s.gpus_by_node.items()]
+            events += [event for event in self._start_ends() if event[0] > now]
             events.sort(key=_first)
             self._events = events
         return self._events

@@ -24,6 +24,15 @@ def run_e31(monkeypatch, capsys, answer, *args: str) -> tuple[int, str]:
     return exit_.value.code, capsys.readouterr().err
 
 
+def answer(url, status: int, content_type: str, body: bytes, **headers: str) -> requests.Response:
+    """A response as requests hands it over: ``status``, ``body`` of ``content_type``, and any other headers."""
+    response = requests.Response()
+    response.status_code, response.url = status, url
+    response.headers.update({"Content-Type": content_type, **headers})
+    response.raw = io.BytesIO(body)
+    return response
+
+
 def test_a_read_timeout_exits_as_an_unreachable_console_with_one_line(monkeypatch, capsys):
     def slow(url):
         raise requests.ReadTimeout("Read timed out. (read timeout=30)")
@@ -35,11 +44,7 @@ def test_a_read_timeout_exits_as_an_unreachable_console_with_one_line(monkeypatc
 
 def test_a_success_whose_body_is_not_json_is_an_api_error_with_one_line(monkeypatch, capsys):
     def proxy_page(url):  # a proxy's or load balancer's page, answered 200 in front of the console
-        response = requests.Response()
-        response.status_code, response.url = 200, url
-        response.headers["Content-Type"] = "text/html"
-        response.raw = io.BytesIO(b"<html><body>Please log in</body></html>")
-        return response
+        return answer(url, 200, "text/html", b"<html><body>Please log in</body></html>")
 
     code, stderr = run_e31(monkeypatch, capsys, proxy_page, "show", "1")
     assert code == main.EXIT_API
@@ -50,11 +55,9 @@ def test_a_console_still_throttling_after_the_retries_exits_as_unreachable_not_a
     monkeypatch, capsys
 ):
     def throttled(url):
-        response = requests.Response()
-        response.status_code, response.url = 429, url
-        response.headers.update({"Content-Type": "application/json", "Retry-After": "1"})
-        response.raw = io.BytesIO(b'{"detail": "Too many requests."}')
-        return response
+        return answer(
+            url, 429, "application/json", b'{"detail": "Too many requests."}', **{"Retry-After": "1"}
+        )
 
     code, stderr = run_e31(monkeypatch, capsys, throttled, "show", "1")
     assert code == main.EXIT_UNREACHABLE
@@ -74,10 +77,8 @@ def answered_by_adapter(monkeypatch, status: int, body: dict) -> list[requests.P
 
     def send(self, request, **kwargs):
         sent.append(request)
-        response = requests.Response()
-        response.status_code, response.url, response.request = status, request.url, request
-        response.headers["Content-Type"] = "application/json"
-        response.raw = io.BytesIO(json.dumps(body).encode())
+        response = answer(request.url, status, "application/json", json.dumps(body).encode())
+        response.request = request
         return response
 
     monkeypatch.setattr(requests.adapters.HTTPAdapter, "send", send)
@@ -201,11 +202,7 @@ def test_a_gateway_still_failing_after_the_retries_exits_as_unreachable_not_as_a
     """A console restarting behind its load balancer: exit 1 under --wait reads as "the job failed"."""
 
     def gateway(url):
-        response = requests.Response()
-        response.status_code, response.url = status, url
-        response.headers["Content-Type"] = "text/html"
-        response.raw = io.BytesIO(b"<html>503 Service Temporarily Unavailable</html>")
-        return response
+        return answer(url, status, "text/html", b"<html>503 Service Temporarily Unavailable</html>")
 
     code, _ = run_e31(monkeypatch, capsys, gateway, "show", "1")
     assert code == main.EXIT_UNREACHABLE
@@ -223,11 +220,9 @@ def test_the_consoles_own_503_keeps_exit_1(monkeypatch, capsys):
     """It cannot read an output's store: a lasting state a retrying script would loop on, not a restart."""
 
     def cannot_read(url):
-        response = requests.Response()
-        response.status_code, response.url = 503, url
-        response.headers["Content-Type"] = "application/json"
-        response.raw = io.BytesIO(b'{"detail": "the console cannot read this output (no s3 support)"}')
-        return response
+        return answer(
+            url, 503, "application/json", b'{"detail": "the console cannot read this output (no s3 support)"}'
+        )
 
     code, stderr = run_e31(monkeypatch, capsys, cannot_read, "show", "1")
     assert code == main.EXIT_API and "cannot read this output" in stderr
