@@ -478,6 +478,10 @@ E31_MAX_ATTEMPTS = env.int("E31_MAX_ATTEMPTS", default=3)
 # After a node's disk could not hold an attempt's space, the scheduler places nothing there for this long.
 E31_NO_ROOM_HOLD_S = env.float("E31_NO_ROOM_HOLD_S", default=300.0)
 E31_LOG_CAP_BYTES = env.int("E31_LOG_CAP_BYTES", default=10 * 1024 * 1024)
+# Every log a team's jobs wrote, held in the database together: past it a part's log stops with a note saying why.
+E31_TEAM_LOG_BYTES = env.int("E31_TEAM_LOG_BYTES", default=2 * 1024**3)
+if E31_TEAM_LOG_BYTES < 1024**2:
+    raise ImproperlyConfigured("E31_TEAM_LOG_BYTES is at least 1 MiB (1048576)")
 # A job's log is kept this many days after the job ends, then removed (its events and ledger rows stay).
 E31_LOG_KEEP_DAYS = env.int("E31_LOG_KEEP_DAYS", default=90)
 if E31_LOG_KEEP_DAYS < 1:

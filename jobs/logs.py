@@ -15,11 +15,12 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q, Sum
 from django.db.models.functions import Length
+from django.utils import timezone
 
 from jobs.lifecycle import TERMINAL
-from jobs.models import Allocation, Job, LogChunk
+from jobs.models import Allocation, Job, LogChunk, TeamLogBytes
 
 CHUNK_BYTES = 256 * 1024
 READ_BYTES = 1024 * 1024
@@ -29,11 +30,45 @@ def append_log(*, job_id: int, attempt: int, rank: int, offset: int, data: bytes
     """Stores ``data`` at ``offset``; a piece sent twice (a retry after a lost reply) is stored once.
 
     A resend may carry more than the send whose reply was lost: only its bytes past the end already
-    stored are new, so the log keeps every byte once and no chunk hides behind a shorter one.
+    stored are new, so the log keeps every byte once and no chunk hides behind a shorter one. What the
+    team's log budget has no room for is not stored: the part's log keeps what fitted and ends with a
+    note saying why (``budget_note``), and nothing is stored past the note, so its offsets stay the log's own.
     """
-    stored_end = _stored_end(job_id, attempt, rank)
-    if stored_end > offset:
-        data, offset = data[stored_end - offset :], max(offset, stored_end)
+    with transaction.atomic():
+        held = _team_held(job_id)  # locked: the team's parts append one at a time, so none passes the budget
+        part = Allocation.objects.filter(job_id=job_id, attempt=attempt, rank=rank)
+        if part.filter(log_cut_at__isnull=False).exists():
+            return
+        stored_end = _stored_end(job_id, attempt, rank)
+        if stored_end > offset:
+            data, offset = data[stored_end - offset :], max(offset, stored_end)
+        kept = data[: max(0, settings.E31_TEAM_LOG_BYTES - held.bytes)]
+        if len(kept) < len(data):
+            part.update(log_cut_at=timezone.now())
+            kept += budget_note()
+        _store(job_id, attempt, rank, offset, kept)
+        TeamLogBytes.objects.filter(team_id=held.team_id).update(bytes=F("bytes") + len(kept))
+
+
+def budget_note() -> bytes:
+    """Where the team's log budget cut a part's log; it counts against the budget, once a part."""
+    return (
+        f"\n[log cut: the team's logs held by the console reached {settings.E31_TEAM_LOG_BYTES:,} bytes "
+        f"(E31_TEAM_LOG_BYTES); further output discarded. Each log is removed {_days(settings.E31_LOG_KEEP_DAYS)} "
+        "after its job ends, which makes room again.]\n"
+    ).encode()
+
+
+def _team_held(job_id: int) -> TeamLogBytes:
+    team_id = Job.objects.values_list("team_id", flat=True).get(id=job_id)
+    held = TeamLogBytes.objects.select_for_update().filter(team_id=team_id).first()
+    if held is None:  # the team's first log: made once, whichever part gets here first
+        TeamLogBytes.objects.bulk_create([TeamLogBytes(team_id=team_id)], ignore_conflicts=True)
+        held = TeamLogBytes.objects.select_for_update().get(team_id=team_id)
+    return held
+
+
+def _store(job_id: int, attempt: int, rank: int, offset: int, data: bytes) -> None:
     LogChunk.objects.bulk_create(
         (
             LogChunk(
@@ -208,6 +243,9 @@ def _prune_batch(*, cutoff: datetime, now: datetime, batch: int) -> int:
     ids = list(due.select_for_update(skip_locked=True, no_key=True).values_list("id", flat=True)[:batch])
     if not ids:
         return 0
-    LogChunk.objects.filter(job_id__in=ids).delete()
+    chunks = LogChunk.objects.filter(job_id__in=ids)
+    for team_id, size in chunks.values_list("job__team_id").annotate(size=Sum(Length("data"))).order_by():
+        TeamLogBytes.objects.filter(team_id=team_id).update(bytes=F("bytes") - size)
+    chunks.delete()
     # The page's tail is part of the log; the job row itself (a record) stays.
     return Job.objects.filter(id__in=ids, log_removed_at__isnull=True).update(log_removed_at=now, log_tail="")

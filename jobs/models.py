@@ -398,6 +398,8 @@ class Allocation(models.Model):
     delivered_at = models.DateTimeField(null=True, blank=True)
     released_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=16, blank=True)
+    # Set when this part's log met its team's log budget: nothing past that note is stored (``jobs.logs``).
+    log_cut_at = models.DateTimeField(null=True, blank=True)
     # Set on node loss: the last sign of life, so an operator can credit the gap.
     last_heartbeat_at_release = models.DateTimeField(null=True, blank=True)
 
@@ -642,6 +644,23 @@ class LogChunk(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} attempt {self.attempt} rank {self.rank} @{self.offset}"
+
+
+class TeamLogBytes(models.Model):
+    """The bytes of log a team holds in the database, every job's every part together (``jobs.logs``).
+
+    Kept by the writers as they store and remove chunks, under the team's row lock, so parts appending
+    at once never pass E31_TEAM_LOG_BYTES together; what retention removes comes back.
+    """
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    bytes = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(bytes__gte=0), name="team_log_bytes_not_negative")]
+
+    def __str__(self) -> str:
+        return f"team {self.team_id}: {self.bytes} bytes of log"
 
 
 class DataShare(models.Model):

@@ -20,7 +20,7 @@ from accounts.models import Team
 from jobs import rental, units
 from jobs import selectors as jobs_selectors
 from jobs.lifecycle import BEFORE_RENT, HOLDS_COMPUTE, EndReason, State
-from jobs.models import Allocation, GpuHold, Job, Node, TeamUsage
+from jobs.models import Allocation, GpuHold, Job, Node, TeamLogBytes, TeamUsage
 from metering import selectors as metering_selectors
 from operations import charts, utilisation
 from operations.models import AuditEntry, TeamBusySample
@@ -369,6 +369,9 @@ def team_page(*, team: Team, now: datetime) -> dict:
         "busy_gpus": _busy_by_team(team.id).get(team.id, 0),
         "waiting_jobs": Job.objects.filter(team=team, state__in=BEFORE_RENT).count(),
         "fairshare_gpu_hours": usage.decayed(now) / 3600 if usage else 0.0,
+        "log_bytes": TeamLogBytes.objects.filter(team=team).values_list("bytes", flat=True).first() or 0,
+        "log_budget": settings.E31_TEAM_LOG_BYTES,
+        "log_keep_days": settings.E31_LOG_KEEP_DAYS,
         "audit": AuditEntry.objects.filter(target=f"team:{team.slug}")[:10],
     }
 
