@@ -356,6 +356,8 @@ E31_MAX_OUTPUT_BYTES = env.int("E31_MAX_OUTPUT_BYTES", default=2**40)
 # A pausable job's checkpoint directory: at most this much, kept between its attempts under
 # E31_CHECKPOINT_ROOT (a pool spanning machines mounts it from shared storage on every node).
 E31_MAX_CHECKPOINT_BYTES = env.int("E31_MAX_CHECKPOINT_BYTES", default=2**40)
+# What one team's jobs not yet ended may declare of checkpoint space together (each image is allocated whole).
+E31_TEAM_CHECKPOINT_BYTES = env.int("E31_TEAM_CHECKPOINT_BYTES", default=2 * 2**40)
 E31_CHECKPOINT_ROOT = Path(env.str("E31_CHECKPOINT_ROOT", default=str(STATE_DIR / "checkpoints"))).resolve()
 
 

@@ -17,6 +17,7 @@ from jobs import declaration, dependencies, dispatch, rental, sharing, signals
 from jobs.lifecycle import ALIVE, BEFORE_RENT, HOLDS_COMPUTE, EndReason, State
 from jobs.models import DataInput, Job, JobArray, JobEvent, Node
 from jobs.transitions import transition
+from jobs.units import format_size
 
 
 def pool_limits(*, team=None) -> declaration.Limits:
@@ -83,6 +84,8 @@ def submit_job(
     # Two submissions at once each weigh the waiting cap and the budget after the other's jobs are stored.
     Team.objects.select_for_update(no_key=True).filter(id=team.id).first()
     _check_waiting_cap(team=team, tasks=tasks)
+    if spec.checkpoint:
+        _check_checkpoint_quota(team=team, tasks=tasks, each=spec.checkpoint.bytes)
     budget = signals.check_budget(team=team, gpu_hours=spec.gpus * spec.hours * tasks, now=now)
     if budget and budget.refused:
         raise declaration.DeclarationInvalid([("request.hours", budget.message)])
@@ -140,6 +143,23 @@ def _check_waiting_cap(*, team, tasks: int) -> None:
             f"{team.name} has {waiting} task{'s' if waiting != 1 else ''} waiting (submitted, staging or queued) and "
             f"{adds}: a team may have at most {cap} waiting at once (E31_MAX_WAITING_PER_TEAM). Wait for some to "
             "start, cancel some you no longer need, or ask an operator to raise the limit.",
+        )])  # fmt: skip
+
+
+def _check_checkpoint_quota(*, team, tasks: int, each: int) -> None:
+    """Refuses checkpoints that would take the team's claims past E31_TEAM_CHECKPOINT_BYTES: a pausable job's
+    checkpoint is an image of its declared size, allocated on the checkpoint store at its first start and kept
+    until the job ends, so every job not yet ended counts what it declared. Called with the team's row locked."""
+    quota = settings.E31_TEAM_CHECKPOINT_BYTES
+    live = Job.objects.filter(team=team, state__in=ALIVE, checkpoint_bytes__isnull=False)
+    claimed = live.aggregate(total=Sum("checkpoint_bytes"))["total"] or 0
+    if claimed + tasks * each > quota:
+        adds = f"{tasks} tasks of {format_size(each)} each" if tasks > 1 else format_size(each)
+        raise declaration.DeclarationInvalid([(
+            "request.checkpoint.bytes",
+            f"{team.name}'s jobs not yet ended claim {format_size(claimed)} of checkpoint space and this submission "
+            f"adds {adds}: a team's checkpoints together may claim at most {format_size(quota)} "
+            "(E31_TEAM_CHECKPOINT_BYTES). Declare less, wait for a pausable job to end, or ask an operator to raise it.",
         )])  # fmt: skip
 
 
