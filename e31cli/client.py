@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -95,13 +95,39 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+class ConsoleSession(requests.Session):
+    """Follows a redirect only within the console's own address: the same host, and the same scheme and port or
+    http:// upgraded to https://. Another host's answer would be shown as the console's (requests drops the token
+    there, but follows): the command ends with an ApiError naming where the redirect pointed."""
+
+    def get_redirect_target(self, resp: requests.Response) -> str | None:
+        target = super().get_redirect_target(resp)
+        if target is not None and not _same_console(resp.url, urljoin(resp.url, target)):
+            raise ApiError(
+                resp.status_code,
+                f"the console redirected to {urljoin(resp.url, target)}, another address: not followed. If the "
+                "console has moved there, sign in to it again with `e31 login`",
+                from_console=False,
+            )
+        return target
+
+
+def _same_console(old: str, new: str) -> bool:
+    was, now = urlsplit(old), urlsplit(new)
+    if (was.hostname or "").lower() != (now.hostname or "").lower():
+        return False
+    same_origin = (was.scheme, was.port) == (now.scheme, now.port)
+    upgraded = was.scheme == "http" and now.scheme == "https" and now.port is None
+    return same_origin or upgraded
+
+
 class Api:
     def __init__(self, login: config.Login, *, timeout_s: float = 30) -> None:
         refuse_plain_http(login.url)
         self.console = login.url  # the console's own pages, for what the API does not hold
         self.base = f"{login.url}/api/v1"
         self.timeout_s = timeout_s
-        self.session = requests.Session()
+        self.session = ConsoleSession()
         # Plain http:// is allowed to this machine because it never leaves it: no proxy from the environment
         # (HTTP_PROXY) may carry the token elsewhere, readable. (Over https:// a proxy only tunnels, and the
         # environment may name the CA of a console's private certificate: kept.)
