@@ -65,6 +65,24 @@ def _fernet() -> MultiFernet:
         raise SecretsUnavailable("E31_SECRETS_KEYS holds a key that is not a Fernet key") from exc
 
 
+def seal(value: str) -> str:
+    """``value`` encrypted under the first secrets key: for any other secret the console keeps to use itself
+    (a webhook's signing secret), held like the team's."""
+    return _fernet().encrypt(value.encode()).decode()
+
+
+def unseal(token: str) -> str:
+    try:
+        return _fernet().decrypt(token.encode()).decode()
+    except InvalidToken as exc:
+        raise SecretsUnavailable("E31_SECRETS_KEYS cannot open a sealed secret (a key was dropped?)") from exc
+
+
+def reseal(token: str) -> str:
+    """``token`` re-encrypted under the first key (a rotation)."""
+    return _fernet().rotate(token.encode()).decode()
+
+
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise SecretInvalid("a secret's name is letters, digits and _, not starting with a digit")
@@ -192,9 +210,8 @@ def registry_login(*, team_id: int, registry_host: str) -> tuple[str, str]:
 @transaction.atomic
 def rotate() -> int:
     """Re-encrypts every secret under the first key of E31_SECRETS_KEYS; returns how many rows."""
-    fernet = _fernet()
     count = 0
     for row in TeamSecret.objects.select_for_update().order_by("id"):
-        TeamSecret.objects.filter(id=row.id).update(token=fernet.rotate(row.token.encode()).decode())
+        TeamSecret.objects.filter(id=row.id).update(token=reseal(row.token))
         count += 1
     return count

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from accounts import team_secrets
 from accounts.models import Team
 
 EVENTS = ("started", "ended", "staging_failed", "output_failed", "budget_warning")
@@ -55,8 +56,9 @@ class JobEmail(models.Model):
 class Webhook(models.Model):
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="webhooks")
     url = models.CharField(max_length=2000)
-    # Kept to sign each event (HMAC-SHA256); shown once, when the webhook is added.
-    secret = models.CharField(max_length=200)
+    # The secret each event is signed with (HMAC-SHA256), encrypted like a team secret (``secret`` reads and
+    # sets it); shown once, when the webhook is added.
+    sealed_secret = models.CharField(max_length=400)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
     )
@@ -68,6 +70,14 @@ class Webhook(models.Model):
 
     def __str__(self) -> str:
         return self.url
+
+    @property
+    def secret(self) -> str:
+        return team_secrets.unseal(self.sealed_secret)
+
+    @secret.setter
+    def secret(self, value: str) -> None:
+        self.sealed_secret = team_secrets.seal(value)
 
 
 class WebhookDelivery(models.Model):

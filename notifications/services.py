@@ -21,7 +21,7 @@ from django.core.mail import send_mail
 from django.db import connection, transaction
 from django.db.models import F, Q, QuerySet
 
-from accounts import scoping, selectors
+from accounts import scoping, selectors, team_secrets
 from accounts.models import Team
 from common import nul, pinned
 from jobs import dispatch
@@ -86,6 +86,16 @@ def set_array_email(*, array: JobArray, user, email: str) -> int:
         update_conflicts=True, unique_fields=["job"], update_fields=["email"],
     )  # fmt: skip
     return len(tasks)
+
+
+@transaction.atomic
+def reseal_webhook_secrets() -> int:
+    """Re-encrypts every webhook's signing secret under the first secrets key (a rotation); how many."""
+    count = 0
+    for hook in Webhook.objects.select_for_update().only("id", "sealed_secret").order_by("id"):
+        Webhook.objects.filter(id=hook.id).update(sealed_secret=team_secrets.reseal(hook.sealed_secret))
+        count += 1
+    return count
 
 
 @transaction.atomic
@@ -274,8 +284,14 @@ def _unvouched(webhook: Webhook) -> str:
 def _send(delivery: WebhookDelivery, *, now: datetime) -> tuple[int | None, str, bool, int]:
     """(HTTP status or None, what answered or why not, refused by the rules, milliseconds)."""
     body = json.dumps({"id": str(delivery.event_id), **delivery.payload}, separators=(",", ":")).encode()
+    try:
+        secret = delivery.webhook.secret
+    except (
+        team_secrets.SecretsUnavailable
+    ) as exc:  # nothing goes out unsigned; tried again, as a key may come back
+        return None, f"not sent: {exc}", False, 0
     headers = signing.headers(
-        secret=delivery.webhook.secret,
+        secret=secret,
         event_id=str(delivery.event_id),
         timestamp=int(now.timestamp()),
         body=body,
