@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q, Sum
-from django.db.models.functions import Length
+from django.db.models.functions import Greatest, Length
 from django.utils import timezone
 
 from jobs.lifecycle import TERMINAL
@@ -34,20 +34,46 @@ def append_log(*, job_id: int, attempt: int, rank: int, offset: int, data: bytes
     team's log budget has no room for is not stored: the part's log keeps what fitted and ends with a
     note saying why (``budget_note``), and nothing is stored past the note, so its offsets stay the log's own.
     """
+    team_id, removed = Job.objects.values_list("team_id", "log_removed_at").get(id=job_id)
+    part = Allocation.objects.filter(job_id=job_id, attempt=attempt, rank=rank)
+    if removed is not None or part.filter(log_cut_at__isnull=False).exists():
+        return  # retention removed the log (and gave its bytes back), or the budget ended it
     with transaction.atomic():
-        held = _team_held(job_id)  # locked: the team's parts append one at a time, so none passes the budget
-        part = Allocation.objects.filter(job_id=job_id, attempt=attempt, rank=rank)
-        if part.filter(log_cut_at__isnull=False).exists():
-            return
         stored_end = _stored_end(job_id, attempt, rank)
         if stored_end > offset:
             data, offset = data[stored_end - offset :], max(offset, stored_end)
-        kept = data[: max(0, settings.E31_TEAM_LOG_BYTES - held.bytes)]
-        if len(kept) < len(data):
-            part.update(log_cut_at=timezone.now())
-            kept += budget_note()
-        _store(job_id, attempt, rank, offset, kept)
-        TeamLogBytes.objects.filter(team_id=held.team_id).update(bytes=F("bytes") + len(kept))
+        if not data:
+            return
+        # Stored first, then counted with one conditional UPDATE: the team's row is locked from that UPDATE to
+        # the commit only, so the team's parts store their pieces side by side and never pass the budget together.
+        undo = transaction.savepoint()
+        _store(job_id, attempt, rank, offset, data)
+        if _count(team_id, len(data), within=settings.E31_TEAM_LOG_BYTES):
+            return
+        transaction.savepoint_rollback(undo)
+        if _cut(team_id, (job_id, attempt, rank), offset, data):
+            part.update(log_cut_at=timezone.now())  # after its chunks: the job's row before its allocation's
+
+
+def _count(team_id: int, size: int, *, within: int) -> bool:
+    counted = TeamLogBytes.objects.filter(team_id=team_id, bytes__lte=within - size)
+    return bool(counted.update(bytes=F("bytes") + size))
+
+
+def _cut(team_id: int, part: tuple[int, int, int], offset: int, data: bytes) -> bool:
+    """The piece past the budget (or the team's first): what room is left, and the note where nothing more fits,
+    stored and counted under the team's row lock. True when the note ended the part's log."""
+    held = TeamLogBytes.objects.select_for_update().filter(team_id=team_id).first()
+    if held is None:  # the team's first log: made once, whichever part gets here first
+        TeamLogBytes.objects.bulk_create([TeamLogBytes(team_id=team_id)], ignore_conflicts=True)
+        held = TeamLogBytes.objects.select_for_update().get(team_id=team_id)
+    kept = data[: max(0, settings.E31_TEAM_LOG_BYTES - held.bytes)]
+    ended = len(kept) < len(data)
+    if ended:
+        kept += budget_note()
+    _store(*part, offset, kept)
+    TeamLogBytes.objects.filter(team_id=team_id).update(bytes=F("bytes") + len(kept))
+    return ended
 
 
 def budget_note() -> bytes:
@@ -57,15 +83,6 @@ def budget_note() -> bytes:
         f"(E31_TEAM_LOG_BYTES); further output discarded. Each log is removed {_days(settings.E31_LOG_KEEP_DAYS)} "
         "after its job ends, which makes room again.]\n"
     ).encode()
-
-
-def _team_held(job_id: int) -> TeamLogBytes:
-    team_id = Job.objects.values_list("team_id", flat=True).get(id=job_id)
-    held = TeamLogBytes.objects.select_for_update().filter(team_id=team_id).first()
-    if held is None:  # the team's first log: made once, whichever part gets here first
-        TeamLogBytes.objects.bulk_create([TeamLogBytes(team_id=team_id)], ignore_conflicts=True)
-        held = TeamLogBytes.objects.select_for_update().get(team_id=team_id)
-    return held
 
 
 def _store(job_id: int, attempt: int, rank: int, offset: int, data: bytes) -> None:
@@ -181,10 +198,10 @@ def _bytes_from(job_id: int, attempt: int, rank: int, offset: int) -> bytes:
 
 
 def _part_finished(job: Job, attempt: int, rank: int) -> bool:
-    """True once the part's process has exited and the agent shipped its last bytes (or never will)."""
+    """True once the part's process has exited and the agent shipped its last bytes (or never will: its log was cut)."""
     if job.state in TERMINAL or attempt < job.attempt:
         return True
-    ended = Q(finished_at__isnull=False) | Q(released_at__isnull=False)
+    ended = Q(finished_at__isnull=False) | Q(released_at__isnull=False) | Q(log_cut_at__isnull=False)
     return Allocation.objects.filter(ended, job_id=job.id, attempt=attempt, rank=rank).exists()
 
 
@@ -244,8 +261,11 @@ def _prune_batch(*, cutoff: datetime, now: datetime, batch: int) -> int:
     if not ids:
         return 0
     chunks = LogChunk.objects.filter(job_id__in=ids)
-    for team_id, size in chunks.values_list("job__team_id").annotate(size=Sum(Length("data"))).order_by():
-        TeamLogBytes.objects.filter(team_id=team_id).update(bytes=F("bytes") - size)
+    by_team = chunks.values_list("job__team_id").annotate(size=Sum(Length("data"))).order_by("job__team_id")
+    for team_id, size in by_team:  # in the teams' order, so two pruners never wait on each other's rows
+        # Never below nothing: bytes the count never saw (written by an older agent while it was deployed, or
+        # removed by hand) must not stop retention, for this team or any other in the batch.
+        TeamLogBytes.objects.filter(team_id=team_id).update(bytes=Greatest(F("bytes") - size, 0))
     chunks.delete()
     # The page's tail is part of the log; the job row itself (a record) stays.
     return Job.objects.filter(id__in=ids, log_removed_at__isnull=True).update(log_removed_at=now, log_tail="")

@@ -2,16 +2,6 @@
 
 import django.db.models.deletion
 from django.db import migrations, models
-from django.db.models import Sum
-from django.db.models.functions import Length
-
-
-def count_the_logs_already_held(apps, schema_editor):
-    """Every team starts from what its jobs' logs hold now, so the budget counts the logs kept before it."""
-    chunks, held = apps.get_model("jobs", "LogChunk"), apps.get_model("jobs", "TeamLogBytes")
-    totals = chunks.objects.values("job__team_id").annotate(n=Sum(Length("data"))).order_by()
-    held.objects.bulk_create(held(team_id=row["job__team_id"], bytes=row["n"]) for row in totals)
-
 
 class Migration(migrations.Migration):
 
@@ -36,5 +26,4 @@ class Migration(migrations.Migration):
                 'constraints': [models.CheckConstraint(condition=models.Q(('bytes__gte', 0)), name='team_log_bytes_not_negative')],
             },
         ),
-        migrations.RunPython(count_the_logs_already_held, migrations.RunPython.noop),
     ]

@@ -8,10 +8,11 @@ team's old logs.
 """
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import OperationalError, connection, connections, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.urls import reverse
 from django.utils import timezone
@@ -152,3 +153,103 @@ def test_the_budget_starts_from_the_logs_already_held_when_it_is_deployed(team, 
     job = _running(team)
     logs.append_log(job_id=job.id, attempt=1, rank=0, offset=0, data=b"new\n")
     assert b"E31_TEAM_LOG_BYTES" in _log(job) and b"new" not in _log(job)
+
+
+def test_bytes_the_count_never_saw_do_not_stop_retention_for_any_team(team, other_team):
+    """Found in review: the pruner's subtraction went below nothing (a CHECK violation) for a team whose count had
+    missed a chunk (an older agent writing while the change was deployed), and every hourly run failed on the
+    same batch, other teams' old logs with it."""
+    ended = datetime(2026, 1, 1, tzinfo=UTC)
+    a, b = _running(team), _running(other_team)
+    logs.append_log(job_id=a.id, attempt=1, rank=0, offset=0, data=b"a" * 100)
+    logs.append_log(job_id=b.id, attempt=1, rank=0, offset=0, data=b"b" * 100)
+    LogChunk.objects.create(job=a, attempt=1, rank=0, offset=100, data=b"x" * 50)  # never counted
+    Job.objects.filter(id__in=[a.id, b.id]).update(state="released", state_changed_at=ended)
+    assert logs.prune_logs(now=ended + timedelta(days=91), keep_days=90) == 2
+    assert not LogChunk.objects.exists() and (_held(team), _held(other_team)) == (0, 0)
+
+
+def test_a_cut_log_is_complete_at_once_so_a_follower_stops(team):
+    job = _running(team)
+    logs.append_log(job_id=job.id, attempt=1, rank=0, offset=0, data=b"y" * 2000)
+    assert logs.read_log(job, attempt=1, rank=0, offset=0).complete
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cut_never_deadlocks_with_a_release_of_the_same_job(team, monkeypatch):
+    """Found in review: the cut marked the allocation, then stored its chunks (which takes the job's row), the
+    reverse of the lifecycle's order (the job's row, then its allocations): a release at that moment deadlocked."""
+    job = _running(team)
+    TeamLogBytes.objects.create(team=team, bytes=BUDGET)  # spent: the next piece is cut
+    storing, job_locked, errors = threading.Event(), threading.Event(), []
+    store = logs._store
+
+    def slow_store(*args, **kwargs):
+        storing.set()
+        job_locked.wait(5)
+        return store(*args, **kwargs)
+
+    monkeypatch.setattr(logs, "_store", slow_store)
+
+    def append() -> None:
+        try:
+            logs.append_log(job_id=job.id, attempt=1, rank=0, offset=0, data=b"late")
+        except OperationalError as exc:
+            errors.append(("append", str(exc)))
+        finally:
+            connections.close_all()
+
+    def release() -> None:  # as rental.release_job takes them: the job's row, then its allocations
+        try:
+            storing.wait(5)
+            with transaction.atomic():
+                Job.objects.select_for_update().get(id=job.id)
+                job_locked.set()
+                Allocation.objects.filter(job_id=job.id).update(released_at=timezone.now())
+        except OperationalError as exc:
+            errors.append(("release", str(exc)))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=append), threading.Thread(target=release)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and b"E31_TEAM_LOG_BYTES" in _log(job)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_part_storing_a_piece_holds_back_no_other_part_of_its_team(team, settings, monkeypatch):
+    """Found in review: the team's row was locked for the whole of each store, so a team's parts shipped one at a
+    time (about 10 ms a 256 KiB piece, 32 parts waiting up to 0.9 s). Stored first, counted after, they go side
+    by side."""
+    settings.E31_TEAM_LOG_BYTES = 10**9
+    slow, quick = _running(team), _running(team)
+    TeamLogBytes.objects.create(team=team, bytes=0)
+    storing, done = threading.Event(), threading.Event()
+    store = logs._store
+
+    def stalled_store(job_id, *args, **kwargs):
+        if job_id == slow.id:
+            storing.set()
+            done.wait(5)
+        return store(job_id, *args, **kwargs)
+
+    monkeypatch.setattr(logs, "_store", stalled_store)
+
+    def append_slow() -> None:
+        try:
+            logs.append_log(job_id=slow.id, attempt=1, rank=0, offset=0, data=b"slow\n")
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=append_slow)
+    thread.start()
+    assert storing.wait(5)
+    began = time.monotonic()
+    logs.append_log(job_id=quick.id, attempt=1, rank=0, offset=0, data=b"quick\n")
+    waited = time.monotonic() - began
+    done.set()
+    thread.join()
+    assert waited < 1.0 and _log(quick) == b"quick\n" and _log(slow) == b"slow\n" and _held(team) == 11
