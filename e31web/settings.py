@@ -359,7 +359,9 @@ E31_MAX_CHECKPOINT_BYTES = env.int("E31_MAX_CHECKPOINT_BYTES", default=2**40)
 # What one team's jobs not yet ended may declare of checkpoint space together (each image is allocated whole).
 E31_TEAM_CHECKPOINT_BYTES = env.int("E31_TEAM_CHECKPOINT_BYTES", default=2 * 2**40)
 if E31_TEAM_CHECKPOINT_BYTES < 0:
-    raise ImproperlyConfigured("E31_TEAM_CHECKPOINT_BYTES is not negative (0: no team may declare a checkpoint)")
+    raise ImproperlyConfigured(
+        "E31_TEAM_CHECKPOINT_BYTES is not negative (0: no team may declare a checkpoint)"
+    )
 E31_CHECKPOINT_ROOT = Path(env.str("E31_CHECKPOINT_ROOT", default=str(STATE_DIR / "checkpoints"))).resolve()
 
 

@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model, password_validation
 from django.utils import timezone
 from django.utils.text import slugify
 
+from accounts.forms import AddressField
 from jobs.units import parse_size
 from public import selectors, services
 from public.models import Problem
@@ -57,9 +58,7 @@ class WaitlistForm(forms.Form):
 class ApplicationForm(forms.Form):
     team_name = _text(80, label="Team")
     contact_name = _text(120, label="Contact name")
-    email = forms.EmailField(
-        max_length=150, help_text="We write to this address and it becomes your sign-in."
-    )
+    email = AddressField(max_length=150, help_text="We write to this address and it becomes your sign-in.")
     work = _text(2000, rows=4, label="Work — what the job runs")
     data_bytes = SizeField(label="Data — its size")
     data_location = _text(500, label="Data — where it lives now")
