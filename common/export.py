@@ -10,6 +10,7 @@ import io
 import json
 import re
 import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator
 
 from django.conf import settings
@@ -63,21 +64,28 @@ ENCODERS = {"csv": csv_pieces, "json": json_pieces}
 
 # Exports and downloads one web process sends at once: each holds a thread for as long as its client reads
 # (slowly, if it likes, or never), and a handful would take every thread of the process; the rest are asked to
-# come back.
+# come back. One team holds at most E31_EXPORTS_PER_TEAM of them, so no team can take every team's.
 _SENDING = threading.BoundedSemaphore(settings.E31_EXPORTS_PER_PROCESS)
+_HELD: Counter[str] = Counter()
+_HELD_LOCK = threading.Lock()
 BUSY_RETRY_S = 5
 
 
 class Busy(Exception):
-    """Every sending place of this process is taken."""
+    """Every sending place of this process is taken, or as many as the asking team may hold."""
 
     retry_after_s = BUSY_RETRY_S
 
-    def __init__(self) -> None:
-        super().__init__(
-            f"{settings.E31_EXPORTS_PER_PROCESS} exports and downloads are being sent by this web process: "
-            f"try again in {BUSY_RETRY_S} s."
-        )
+    def __init__(self, *, the_teams: bool = False) -> None:
+        if the_teams:
+            n = settings.E31_EXPORTS_PER_TEAM
+            held = f"{n} export or download" if n == 1 else f"{n} exports and downloads"
+            message = f"your team already has {held} being sent by this web process (E31_EXPORTS_PER_TEAM)"
+        else:
+            message = (
+                f"{settings.E31_EXPORTS_PER_PROCESS} exports and downloads are being sent by this web process"
+            )
+        super().__init__(f"{message}: try again in {BUSY_RETRY_S} s.")
 
     def response(self) -> HttpResponse:
         busy = HttpResponse(f"{self}\n", status=429, content_type="text/plain; charset=utf-8")
@@ -85,19 +93,35 @@ class Busy(Exception):
         return busy
 
 
-def take_a_place() -> threading.BoundedSemaphore:
-    """One of the process's sending places, released when the response holding it closes; Busy if none is free."""
-    place = _SENDING
-    if not place.acquire(blocking=False):
-        raise Busy()
-    return place
+class _Place:
+    """One of the process's sending places, held for ``holder`` (a team) until released, once."""
+
+    def __init__(self, holder: str) -> None:
+        self.holder = holder
+
+    def release(self) -> None:
+        with _HELD_LOCK:
+            _HELD[self.holder] -= 1
+        _SENDING.release()
+
+
+def take_a_place(holder: str) -> _Place:
+    """A sending place for ``holder`` (a team, or "every team" for an operator's whole-pool export), released when
+    the response holding it closes; Busy if the holder has its share already, or none is free."""
+    with _HELD_LOCK:
+        if _HELD[holder] >= settings.E31_EXPORTS_PER_TEAM:
+            raise Busy(the_teams=True)
+        if not _SENDING.acquire(blocking=False):
+            raise Busy()
+        _HELD[holder] += 1
+    return _Place(holder)
 
 
 class _HoldingAPlace:
     """A response's pieces, holding one of the process's places until they are all sent or the response is closed
     (a client gone before the end)."""
 
-    def __init__(self, pieces: Iterator, place: threading.BoundedSemaphore) -> None:
+    def __init__(self, pieces: Iterator, place: _Place) -> None:
         self._pieces, self._place = pieces, place
         self._lock = threading.Lock()
 
@@ -118,7 +142,7 @@ class _HeldFile:
     """A file a FileResponse sends, holding a place until the response closes it (which the server does when the
     client has read it all, or left); everything else is the file's own, sendfile's descriptor included."""
 
-    def __init__(self, handle, place: threading.BoundedSemaphore) -> None:
+    def __init__(self, handle, place: _Place) -> None:
         self._handle, self._holding = handle, _HoldingAPlace(iter(()), place)
 
     def __getattr__(self, name: str):
@@ -131,29 +155,29 @@ class _HeldFile:
             self._holding.close()
 
 
-def file_download(handle, *, filename: str) -> FileResponse:
-    """``handle`` sent as an attachment named ``filename``, in one of the process's places; Busy (and the handle
-    closed) if none is free."""
+def file_download(handle, *, filename: str, holder: str) -> FileResponse:
+    """``handle`` sent as an attachment named ``filename``, in one of the process's places held for ``holder``;
+    Busy (and the handle closed) if none is free."""
     try:
-        place = take_a_place()
+        place = take_a_place(holder)
     except Busy:
         handle.close()
         raise
     return FileResponse(_HeldFile(handle, place), as_attachment=True, filename=filename)
 
 
-def held_stream(pieces: Iterator[bytes], *, content_type: str) -> StreamingHttpResponse:
-    """``pieces`` streamed in one of the process's places; Busy if none is free."""
-    return StreamingHttpResponse(_HoldingAPlace(pieces, take_a_place()), content_type=content_type)
+def held_stream(pieces: Iterator[bytes], *, content_type: str, holder: str) -> StreamingHttpResponse:
+    """``pieces`` streamed in one of the process's places held for ``holder``; Busy if none is free."""
+    return StreamingHttpResponse(_HoldingAPlace(pieces, take_a_place(holder)), content_type=content_type)
 
 
 def streaming_export(
-    rows: Iterable[dict], *, columns: list[str], fmt: str, filename: str
+    rows: Iterable[dict], *, columns: list[str], fmt: str, filename: str, holder: str
 ) -> HttpResponse | StreamingHttpResponse:
     """A download of ``rows`` in ``fmt`` ("csv" or "json") named ``filename``; a 429 while this process sends
-    E31_EXPORTS_PER_PROCESS exports and downloads already."""
+    E31_EXPORTS_PER_PROCESS exports and downloads already, or ``holder``'s share of them."""
     try:
-        response = held_stream(ENCODERS[fmt](rows, columns), content_type=CONTENT_TYPES[fmt])
+        response = held_stream(ENCODERS[fmt](rows, columns), content_type=CONTENT_TYPES[fmt], holder=holder)
     except Busy as busy:
         return busy.response()
     response["Content-Disposition"] = f'attachment; filename="{filename}"'

@@ -498,6 +498,10 @@ E31_LOG_WAITERS_PER_PROCESS = env.int("E31_LOG_WAITERS_PER_PROCESS", default=2)
 # Ledger exports and output and log downloads one web process sends at once (each holds a thread while its client
 # reads); others get a 429.
 E31_EXPORTS_PER_PROCESS = env.int("E31_EXPORTS_PER_PROCESS", default=2)
+# Of those, what one team's (or the operators' whole-pool exports) may hold at once: no team takes every team's.
+E31_EXPORTS_PER_TEAM = env.int("E31_EXPORTS_PER_TEAM", default=1)
+if not 1 <= E31_EXPORTS_PER_TEAM <= E31_EXPORTS_PER_PROCESS:
+    raise ImproperlyConfigured("E31_EXPORTS_PER_TEAM is from 1 to E31_EXPORTS_PER_PROCESS")
 # An attempt that writes more files than this ends output_failed; its manifest is never built.
 E31_MAX_OUTPUT_FILES = env.int("E31_MAX_OUTPUT_FILES", default=10_000)
 E31_MAX_ARRAY = env.int("E31_MAX_ARRAY", default=1000)  # tasks in one array

@@ -236,7 +236,9 @@ def job_output(request: HttpRequest, job_id: int) -> HttpResponse:
             raise Http404(str(exc)) from exc
         return HttpResponse(str(exc), status=exc.status, content_type="text/plain; charset=utf-8")
     try:
-        return common_export.file_download(handle, filename=path.rsplit("/", 1)[-1])
+        return common_export.file_download(
+            handle, filename=path.rsplit("/", 1)[-1], holder=f"team:{job.team_id}"
+        )
     except common_export.Busy as busy:
         return busy.response()
 
@@ -257,7 +259,9 @@ def job_log(request: HttpRequest, job_id: int) -> HttpResponse | StreamingHttpRe
         return HttpResponse(logs.removed_note(job), status=410, content_type="text/plain; charset=utf-8")
     try:
         response = common_export.held_stream(
-            logs.log_bytes(job, attempt=attempt_no, rank=int(rank)), content_type="text/plain; charset=utf-8"
+            logs.log_bytes(job, attempt=attempt_no, rank=int(rank)),
+            content_type="text/plain; charset=utf-8",
+            holder=f"team:{job.team_id}",
         )
     except common_export.Busy as busy:
         return busy.response()

@@ -34,9 +34,16 @@ def test_the_csv_pieces_quote_only_the_dangerous_cells():
 def test_an_export_whose_client_left_before_its_end_frees_its_place(monkeypatch):
     monkeypatch.setattr(export, "_SENDING", threading.BoundedSemaphore(1))
     rows = [{"a": 1}, {"a": 2}]
-    first = export.streaming_export(iter(rows), columns=["a"], fmt="csv", filename="x.csv")
-    assert export.streaming_export(iter(rows), columns=["a"], fmt="csv", filename="x.csv").status_code == 429
+    first = export.streaming_export(iter(rows), columns=["a"], fmt="csv", filename="x.csv", holder="team:1")
+    assert (
+        export.streaming_export(
+            iter(rows), columns=["a"], fmt="csv", filename="x.csv", holder="team:2"
+        ).status_code
+        == 429
+    )
 
     first.close()  # what the server does when the client goes away, read or not
 
-    assert export.streaming_export(iter(rows), columns=["a"], fmt="csv", filename="x.csv").status_code == 200
+    again = export.streaming_export(iter(rows), columns=["a"], fmt="csv", filename="x.csv", holder="team:2")
+    assert again.status_code == 200
+    again.close()
