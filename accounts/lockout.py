@@ -13,10 +13,15 @@ is one client). Axes is wired up in settings (``AXES_*``).
 from datetime import timedelta
 
 from axes.backends import AxesStandaloneBackend
+from axes.exceptions import AxesBackendPermissionDenied
+from axes.helpers import get_client_ip_address
+from axes.models import AccessAttempt
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils import timezone
 
 from accounts.backends import stored_username
 
@@ -31,7 +36,24 @@ class LockoutBackend(AxesStandaloneBackend):
     def authenticate(self, request: HttpRequest | None, username: str | None = None, password: str | None = None, **kwargs):  # fmt: skip
         if request is None:
             return None
+        if address_locked_out(request):
+            request.axes_locked_out = request.e31_address_locked_out = (
+                True  # AxesMiddleware answers `refused`
+            )
+            raise AxesBackendPermissionDenied("too many failed sign-ins from this address")
         return super().authenticate(request, username=username, password=password, **kwargs)
+
+
+def address_locked_out(request: HttpRequest) -> bool:
+    """Whether the client's address failed E31_LOGIN_FAILURES_PER_ADDRESS sign-ins within the window, whatever the
+    usernames: the pairs' counts alone let one address try a few passwords on every account. Read from axes' own
+    rows (one per username, address and browser), so it counts what the pairs count."""
+    since = timezone.now() - window()
+    failures = AccessAttempt.objects.filter(
+        ip_address=get_client_ip_address(request), attempt_time__gte=since
+    )
+    total = failures.aggregate(n=Sum("failures_since_start"))["n"] or 0
+    return total >= settings.E31_LOGIN_FAILURES_PER_ADDRESS
 
 
 def username(request: HttpRequest, credentials: dict | None) -> str:
@@ -64,6 +86,7 @@ def refused(request: HttpRequest, original_response: HttpResponse | None, creden
     counted = getattr(request, "axes_failures_since_start", None) is not None
     if counted and original_response is not None:
         return original_response
-    response = render(request, "pages/too_many.html", {"what": "sign-in"}, status=429)
+    what = "sign-in-address" if getattr(request, "e31_address_locked_out", False) else "sign-in"
+    response = render(request, "pages/too_many.html", {"what": what}, status=429)
     response["Retry-After"] = str(settings.E31_LOGIN_WINDOW_S)
     return response

@@ -211,6 +211,9 @@ SESSION_EXPIRE_AT_BROWSER_CLOSE = env.bool("E31_SESSION_EXPIRE_AT_BROWSER_CLOSE"
 # WINDOW seconds after the last failure (django-axes, configured in accounts.lockout).
 E31_LOGIN_FAILURE_LIMIT = env.int("E31_LOGIN_FAILURE_LIMIT", default=10)
 E31_LOGIN_WINDOW_S = env.int("E31_LOGIN_WINDOW_S", default=15 * 60)
+# Failed sign-ins from one client address, whatever the usernames, within the window: far above one person's
+# E31_LOGIN_FAILURE_LIMIT, so an office behind one address is not locked out by its typos.
+E31_LOGIN_FAILURES_PER_ADDRESS = env.int("E31_LOGIN_FAILURES_PER_ADDRESS", default=100)
 # Usernames are matched whatever their case, or an account's e-mail address (accounts.backends).
 AUTHENTICATION_BACKENDS = ["accounts.lockout.LockoutBackend", "accounts.backends.UsernameOrEmailBackend"]
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"  # rows every web process reads alike
