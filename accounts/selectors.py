@@ -43,6 +43,8 @@ def why_token_refused(token: str) -> str:
         return f"The token is not known (mistyped or cut short?): check it, or {NEW_TOKEN}."
     if row.revoked_at is not None:
         return f"The token {row.prefix}… was revoked on {row.revoked_at:%Y-%m-%d %H:%M} UTC: {NEW_TOKEN}."
+    if row.has_expired:
+        return f"The token {row.prefix}… expired on {row.expires_at:%Y-%m-%d %H:%M} UTC: {NEW_TOKEN}."
     if not row.user.is_active:
         return f"The token {row.prefix}… belongs to a deactivated user: ask an operator."
     # Live and its user active: it was revoked or its user deactivated and restored while the request ran.

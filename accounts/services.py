@@ -6,14 +6,15 @@ signalled (``accounts.signals``) inside their transaction, for the operators' au
 
 import hashlib
 import secrets
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from axes.models import AccessAttempt
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -31,25 +32,52 @@ class TooManyTokens(Exception):
     pass
 
 
+class BadTokenDays(ValueError):
+    """A token's lifetime outside 1 to E31_TOKEN_MAX_DAYS days; the message says the range."""
+
+
 def digest_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def token_days(raw) -> int:
+    """How many days a new token lasts: 1 to E31_TOKEN_MAX_DAYS (E31_TOKEN_DAYS when not given); BadTokenDays else."""
+    most = settings.E31_TOKEN_MAX_DAYS
+    if raw in (None, ""):
+        return min(settings.E31_TOKEN_DAYS, most)
+    days = int(raw) if str(raw).strip().isdigit() else 0
+    if not 1 <= days <= most:
+        raise BadTokenDays(
+            f"a token lasts 1 to {most} days (E31_TOKEN_MAX_DAYS): {str(raw)[:20]!r} is not one"
+        )
+    return days
+
+
 @transaction.atomic
-def create_api_token(*, user, label: str) -> tuple[ApiToken, str]:
-    """Returns the stored row and the plain token, which is never stored and never shown again. Refused past
-    ACTIVE_TOKENS live tokens; the user's row is locked first, so two creations at once cannot both pass."""
+def create_api_token(*, user, label: str, days: int | None = None) -> tuple[ApiToken, str]:
+    """Returns the stored row and the plain token, which is never stored and never shown again; it expires after
+    ``days`` (``token_days``). Refused past ACTIVE_TOKENS live tokens; the user's row is locked first, so two
+    creations at once cannot both pass."""
+    expires_at = timezone.now() + timedelta(days=token_days(days))
     get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True).get()
-    if ApiToken.objects.filter(user=user, revoked_at__isnull=True).count() >= ACTIVE_TOKENS:
+    if ApiToken.objects.filter(_live(timezone.now()), user=user).count() >= ACTIVE_TOKENS:
         raise TooManyTokens(
             f"you have {ACTIVE_TOKENS} active tokens, the most one account may hold: revoke one you no longer use, "
             "then create the new one"
         )
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     row = ApiToken.objects.create(
-        user=user, label=label[:80] or "token", prefix=token[:10], digest=digest_token(token)
+        user=user,
+        label=label[:80] or "token",
+        prefix=token[:10],
+        digest=digest_token(token),
+        expires_at=expires_at,
     )
     return row, token
+
+
+def _live(now: datetime) -> Q:
+    return Q(revoked_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
 
 
 @transaction.atomic
@@ -70,7 +98,7 @@ def user_for_token(*, token: str, now: datetime):
     """The active user owning this token, or None."""
     row = (
         ApiToken.objects.select_related("user")
-        .filter(digest=digest_token(token), revoked_at__isnull=True, user__is_active=True)
+        .filter(_live(now), digest=digest_token(token), user__is_active=True)
         .first()
     )
     if row is None:

@@ -24,13 +24,18 @@ NEW_TOKEN_COOKIE, NEW_TOKEN_SALT, NEW_TOKEN_COOKIE_S = "e31_new_token", "account
 
 @login_required
 def tokens(request: HttpRequest) -> HttpResponse:
-    new_token, refused = _new_token_shown(request), ""
+    new_token, refused, status = _new_token_shown(request), "", 200
     if request.method == "POST":
         label = request.POST.get("label", "").strip()[:80] or "token"
         try:
-            _, token = services.create_api_token(user=request.user, label=label)
-        except services.TooManyTokens as exc:
-            refused = f"No token was created: {exc}."
+            _, token = services.create_api_token(
+                user=request.user, label=label, days=request.POST.get("days")
+            )
+        except (services.TooManyTokens, services.BadTokenDays) as exc:
+            refused, status = (
+                f"No token was created: {exc}.",
+                422 if isinstance(exc, services.BadTokenDays) else 409,
+            )
         else:
             made = redirect("accounts:tokens")
             made.set_signed_cookie(
@@ -40,12 +45,19 @@ def tokens(request: HttpRequest) -> HttpResponse:
             return made
     rows = ApiToken.objects.filter(user=request.user)
     context = {
-        "tokens": rows, "new_token": new_token, "refused": refused,
+        "tokens": rows, "new_token": new_token, "refused": refused, "day_choices": _day_choices(),
+        "default_days": services.token_days(None), "most_days": settings.E31_TOKEN_MAX_DAYS,
         "api_docs": reverse("api:openapi-view"), "api_jobs": request.build_absolute_uri(reverse("api:list_jobs")),
     }  # fmt: skip
-    page = render(request, "accounts/tokens.html", context, status=409 if refused else 200)
+    page = render(request, "accounts/tokens.html", context, status=status)
     page.delete_cookie(NEW_TOKEN_COOKIE, path=reverse("accounts:tokens"), samesite="Strict")
     return page
+
+
+def _day_choices() -> list[int]:
+    """The lengths offered: a week, a month, a quarter, a year, as far as E31_TOKEN_MAX_DAYS allows, and the most."""
+    most = settings.E31_TOKEN_MAX_DAYS
+    return sorted({d for d in (7, 30, 90, 365) if d <= most} | {most, services.token_days(None)})
 
 
 def _new_token_shown(request: HttpRequest) -> str | None:

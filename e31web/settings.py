@@ -265,6 +265,11 @@ if not 32 <= E31_IPV6_CLIENT_PREFIX <= 128:
     )
 # The API: at most this many requests per token (per user for a browser session) per period.
 E31_API_RATE = env.str("E31_API_RATE", default="600/m")
+# How long a new API token lasts unless its maker chooses (days), and the most anyone may choose.
+E31_TOKEN_DAYS = env.int("E31_TOKEN_DAYS", default=90)
+E31_TOKEN_MAX_DAYS = env.int("E31_TOKEN_MAX_DAYS", default=365)
+if not 1 <= E31_TOKEN_DAYS <= E31_TOKEN_MAX_DAYS:
+    raise ImproperlyConfigured("E31_TOKEN_DAYS is from 1 to E31_TOKEN_MAX_DAYS")
 if not re.fullmatch(r"[1-9][0-9]*/[smhd][a-z]*", E31_API_RATE):
     raise ImproperlyConfigured(
         f"E31_API_RATE is a count per period, such as 600/m or 20/s (not {E31_API_RATE!r})"

@@ -10,13 +10,16 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("username")
         parser.add_argument("--label", default="cli")
+        parser.add_argument(
+            "--days", help="how long it lasts: 1 to E31_TOKEN_MAX_DAYS (default E31_TOKEN_DAYS)"
+        )
 
-    def handle(self, *args, username: str, label: str, **options):
+    def handle(self, *args, username: str, label: str, days: str | None, **options):
         user = get_user_model().objects.filter(username=username, is_active=True).first()
         if user is None:
             raise CommandError(f"no active user named {username!r}")
         try:
-            _, token = services.create_api_token(user=user, label=label)
-        except services.TooManyTokens as exc:
+            _, token = services.create_api_token(user=user, label=label, days=days)
+        except (services.TooManyTokens, services.BadTokenDays) as exc:
             raise CommandError(f"{username}: {exc}") from exc
         self.stdout.write(token)
