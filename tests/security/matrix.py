@@ -92,6 +92,10 @@ EXPECTATIONS: dict[str, list[Case]] = {
     "accounts:login": [C(P)],
     "accounts:logout": [C(P, 302, method="POST")],
     "accounts:tokens": [C(S)],
+    "accounts:password": [C(S)],
+    "accounts:password-reset": [C(P)],
+    "accounts:password-reset-sent": [C(P)],
+    "accounts:password-reset-confirm": [C(P, kwargs=lambda w: {"uidb64": "MQ", "token": "set-password"})],
     "notifications:settings": [C(S)],
     "notifications:webhooks": [C(T, kwargs=lambda w: {"team_slug": w.team_a.slug})],
     # A member who is not the team's admin is told so on the page (302); the webhook stays for the next visitor.
