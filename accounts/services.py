@@ -18,7 +18,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.text import slugify
 
-from accounts import signals
+from accounts import addresses, signals
 from accounts.models import ApiToken, Membership, Team
 
 TOKEN_PREFIX = "e31_"
@@ -238,7 +238,13 @@ def create_invited_account(*, email: str, password: str, first_name: str = ""):
     """A new account whose username is the invited address, or None if another account took that username, in
     any case, first. Two links for one new address (two teams', or a team's and a design partner's) redeemed at
     the same moment both find the address free; the second then meets the first's name (``accounts.usernames``):
-    the check before the insert, or the unique index if both passed it."""
+    the check before the insert, or the unique index if both passed it. An address kept before addresses had one
+    plain form (``accounts.addresses``), one that could name another account, makes none."""
+    try:
+        if addresses.canonical(email) != email:
+            return None
+    except addresses.NotPlain:
+        return None
     try:
         with transaction.atomic():  # a savepoint: the caller's transaction lives on to refuse cleanly
             return get_user_model().objects.create_user(

@@ -79,8 +79,11 @@ def unseal(token: str) -> str:
 
 
 def reseal(token: str) -> str:
-    """``token`` re-encrypted under the first key (a rotation)."""
-    return _fernet().rotate(token.encode()).decode()
+    """``token`` re-encrypted under the first key (a rotation); SecretsUnavailable if no key opens it."""
+    try:
+        return _fernet().rotate(token.encode()).decode()
+    except InvalidToken as exc:
+        raise SecretsUnavailable("E31_SECRETS_KEYS cannot open a sealed secret (a key was dropped?)") from exc
 
 
 def check_name(name: str) -> str:

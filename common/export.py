@@ -76,11 +76,12 @@ class Busy(Exception):
 
     retry_after_s = BUSY_RETRY_S
 
-    def __init__(self, *, the_teams: bool = False) -> None:
-        if the_teams:
+    def __init__(self, *, holder: str = "") -> None:
+        if holder:
             n = settings.E31_EXPORTS_PER_TEAM
             held = f"{n} export or download" if n == 1 else f"{n} exports and downloads"
-            message = f"your team already has {held} being sent by this web process (E31_EXPORTS_PER_TEAM)"
+            who = "your team already has" if holder.startswith("team:") else "the operators already have"
+            message = f"{who} {held} being sent by this web process (E31_EXPORTS_PER_TEAM)"
         else:
             message = (
                 f"{settings.E31_EXPORTS_PER_PROCESS} exports and downloads are being sent by this web process"
@@ -105,12 +106,18 @@ class _Place:
         _SENDING.release()
 
 
+def holder_for(user, team_id: int | None) -> str:
+    """Whose share a download or export takes: its team's, or the operators' own (an operator downloading a team's
+    outputs holds back neither that team nor any other)."""
+    return "operators" if user.is_staff or team_id is None else f"team:{team_id}"
+
+
 def take_a_place(holder: str) -> _Place:
     """A sending place for ``holder`` (a team, or "every team" for an operator's whole-pool export), released when
     the response holding it closes; Busy if the holder has its share already, or none is free."""
     with _HELD_LOCK:
         if _HELD[holder] >= settings.E31_EXPORTS_PER_TEAM:
-            raise Busy(the_teams=True)
+            raise Busy(holder=holder)
         if not _SENDING.acquire(blocking=False):
             raise Busy()
         _HELD[holder] += 1

@@ -214,6 +214,8 @@ E31_LOGIN_WINDOW_S = env.int("E31_LOGIN_WINDOW_S", default=15 * 60)
 # Failed sign-ins from one client address, whatever the usernames, within the window: far above one person's
 # E31_LOGIN_FAILURE_LIMIT, so an office behind one address is not locked out by its typos.
 E31_LOGIN_FAILURES_PER_ADDRESS = env.int("E31_LOGIN_FAILURES_PER_ADDRESS", default=100)
+if E31_LOGIN_FAILURES_PER_ADDRESS < E31_LOGIN_FAILURE_LIMIT:
+    raise ImproperlyConfigured("E31_LOGIN_FAILURES_PER_ADDRESS is at least E31_LOGIN_FAILURE_LIMIT")
 # Usernames are matched whatever their case, or an account's e-mail address (accounts.backends).
 AUTHENTICATION_BACKENDS = ["accounts.lockout.LockoutBackend", "accounts.backends.UsernameOrEmailBackend"]
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"  # rows every web process reads alike

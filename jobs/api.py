@@ -345,7 +345,9 @@ def download_output(request: HttpRequest, job_id: int, path: str = Query(..., ma
         raise HttpError(exc.status, str(exc)) from exc
     try:
         return common_export.file_download(
-            handle, filename=path.rsplit("/", 1)[-1], holder=f"team:{job.team_id}"
+            handle,
+            filename=path.rsplit("/", 1)[-1],
+            holder=common_export.holder_for(request.user, job.team_id),
         )
     except common_export.Busy as busy:
         raise _Busy(busy) from busy

@@ -237,7 +237,9 @@ def job_output(request: HttpRequest, job_id: int) -> HttpResponse:
         return HttpResponse(str(exc), status=exc.status, content_type="text/plain; charset=utf-8")
     try:
         return common_export.file_download(
-            handle, filename=path.rsplit("/", 1)[-1], holder=f"team:{job.team_id}"
+            handle,
+            filename=path.rsplit("/", 1)[-1],
+            holder=common_export.holder_for(request.user, job.team_id),
         )
     except common_export.Busy as busy:
         return busy.response()
@@ -261,7 +263,7 @@ def job_log(request: HttpRequest, job_id: int) -> HttpResponse | StreamingHttpRe
         response = common_export.held_stream(
             logs.log_bytes(job, attempt=attempt_no, rank=int(rank)),
             content_type="text/plain; charset=utf-8",
-            holder=f"team:{job.team_id}",
+            holder=common_export.holder_for(request.user, job.team_id),
         )
     except common_export.Busy as busy:
         return busy.response()

@@ -158,7 +158,7 @@ def export(request: HttpRequest, fmt: str) -> HttpResponse:
     if reports.rate() is not None:  # a display-time figure: computed here, never stored
         rows, columns = _with_cost(rows), [*columns, "cost"]
     filename = _filename(team, start, end, fmt)
-    holder = f"team:{team.id}" if team else "every team"  # an operator's export of the whole pool
+    holder = common_export.holder_for(request.user, team.id if team else None)
     return common_export.streaming_export(rows, columns=columns, fmt=fmt, filename=filename, holder=holder)
 
 

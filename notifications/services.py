@@ -89,13 +89,19 @@ def set_array_email(*, array: JobArray, user, email: str) -> int:
 
 
 @transaction.atomic
-def reseal_webhook_secrets() -> int:
-    """Re-encrypts every webhook's signing secret under the first secrets key (a rotation); how many."""
-    count = 0
+def reseal_webhook_secrets() -> tuple[int, list[int]]:
+    """Re-encrypts every webhook's signing secret under the first secrets key (a rotation): (how many, the ids of
+    those no key opens, left as they are: their events are already refused as unsigned, and the team re-adds them)."""
+    count, unopened = 0, []
     for hook in Webhook.objects.select_for_update().only("id", "sealed_secret").order_by("id"):
-        Webhook.objects.filter(id=hook.id).update(sealed_secret=team_secrets.reseal(hook.sealed_secret))
+        try:
+            sealed = team_secrets.reseal(hook.sealed_secret)
+        except team_secrets.SecretsUnavailable:
+            unopened.append(hook.id)
+            continue
+        Webhook.objects.filter(id=hook.id).update(sealed_secret=sealed)
         count += 1
-    return count
+    return count, unopened
 
 
 @transaction.atomic

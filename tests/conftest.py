@@ -1,6 +1,7 @@
 """Shared fixtures: a team with a member and an admin, a second team, an operator, a pool."""
 
 import threading
+from collections import Counter
 
 import pytest
 from django.conf import settings
@@ -28,6 +29,7 @@ def _export_places_freed(monkeypatch):
     """Each test starts with every export place of its process free: a server closes each response it sends, but
     the test client leaves an unread streamed one open, and its place would stay taken for the tests after it."""
     monkeypatch.setattr(export, "_SENDING", threading.BoundedSemaphore(settings.E31_EXPORTS_PER_PROCESS))
+    monkeypatch.setattr(export, "_HELD", Counter())  # each team's share of them too
 
 
 def _let_the_flush_truncate() -> None:

@@ -29,5 +29,7 @@ class Migration(migrations.Migration):
             preserve_default=False,
         ),
         migrations.RunPython(seal_the_secrets_kept_in_clear, open_them_again),
+        # A default before it goes, so that undoing the removal can add the column back to rows that exist.
+        migrations.AlterField(model_name="webhook", name="secret", field=models.CharField(default="", max_length=200)),
         migrations.RemoveField(model_name="webhook", name="secret"),
     ]

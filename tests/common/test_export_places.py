@@ -29,3 +29,16 @@ def test_a_team_holding_its_places_leaves_the_others_to_every_other_team(
     again = member_client.get(EXPORT)
     assert again.status_code == 200  # the team's place is free again
     b"".join(again.streaming_content)
+
+
+def test_operators_have_a_share_of_their_own_and_are_told_so(operator_client, member_client, team, settings):
+    """Found in review: an operator downloading a team's data took that team's place, and was told "your team"."""
+    settings.E31_EXPORTS_PER_TEAM = 1
+    held = operator_client.get(EXPORT + f"&team={team.slug}")
+    assert held.status_code == 200
+    refused = operator_client.get(EXPORT)
+    assert refused.status_code == 429 and "the operators already have" in refused.content.decode()
+    mine = member_client.get(EXPORT)
+    assert mine.status_code == 200  # the team's own place was never the operator's
+    for response in (held, mine):
+        b"".join(response.streaming_content)

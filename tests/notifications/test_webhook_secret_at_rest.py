@@ -4,6 +4,8 @@ Found by reading the schema: the secret every event is signed with sat in notifi
 so whoever read the database, or a backup of it, could sign events any team's receiver would accept as E31's.
 """
 
+from io import StringIO
+
 import pytest
 from cryptography.fernet import Fernet
 from django.core.management import call_command
@@ -85,3 +87,30 @@ def test_secrets_stored_in_clear_before_are_sealed_when_it_is_deployed(team, sec
     executor.loader.build_graph()
     executor.migrate(executor.loader.graph.leaf_nodes())
     assert SECRET not in _stored() and Webhook.objects.get().secret == SECRET
+
+    executor.loader.build_graph()  # undone, the secret is back in its column, as it was
+    executor.migrate([("notifications", "0004_job_email_backoff")])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT secret FROM notifications_webhook")
+        assert cursor.fetchall() == [(SECRET,)]
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+def test_a_rotation_names_the_webhooks_no_key_opens_and_still_rotates_the_rest(
+    team, secrets_key, settings, receiver, loopback_allowed
+):
+    """Found in review: one webhook secret sealed under a key since dropped stopped the command with a bare
+    InvalidToken, after the team secrets had already been rotated, naming nothing."""
+    lost = _added(team, receiver.url)
+    settings.E31_SECRETS_KEYS = [Fernet.generate_key().decode()]
+    kept = notify.add_webhook(
+        team=team, user=lost.created_by, url=receiver.url + "?2", secret=SECRET, now=timezone.now()
+    )
+    new = Fernet.generate_key().decode()
+    settings.E31_SECRETS_KEYS = [new, *settings.E31_SECRETS_KEYS]
+    err = StringIO()
+    call_command("rotate_secrets_key", stdout=StringIO(), stderr=err)
+    assert f"webhook(s) {lost.id}" in err.getvalue()
+    settings.E31_SECRETS_KEYS = [new]
+    assert Webhook.objects.get(id=kept.id).secret == SECRET
