@@ -1151,6 +1151,12 @@ def _place_all(
             break
         if not _consider(p, job, out, backlog):
             continue
+        if not is_starved and p.held_back_by_room(job):
+            # Its GPUs are idle now and only memory or CPUs stop it: a hold due now would keep them idle for as long
+            # as that lasts, of no use to it (a short limit and a node's memory pinned GPUs for days). The next job
+            # reserves instead; once starved it holds, so small jobs cannot take each node's room as it frees.
+            out.blocked.append(job)
+            continue
         hold = p.reserve(job)
         if hold is None:
             out.blocked.append(job)

@@ -1,7 +1,7 @@
 """Placement by memory and CPUs as well as GPUs: a node must have the job's share of each free."""
 
 from jobs.scheduling.policy import plan
-from jobs.scheduling.types import NodeView, PendingJob, PolicyConfig, part_share
+from jobs.scheduling.types import NodeView, PendingJob, PolicyConfig, RunningView, part_share
 
 NOW = 1_000_000.0
 GB = 10**9
@@ -99,3 +99,41 @@ def test_a_spanning_job_is_judged_by_the_share_of_each_part():
     nodes = [_node(n, range(4), gpus=4) for n in "abc"]
     assert _placed(_plan(nodes, [_job(1, 8, memory=120 * GB)])) == {1: {"a": (0, 1, 2, 3), "b": (0, 1, 2, 3)}}
     assert _plan(nodes, [_job(2, 8, memory=140 * GB)]).estimates[2].reason_code == "room_too_large"
+
+
+# ----- a reservation its job cannot use
+
+
+def test_a_job_only_memory_holds_back_takes_no_reservation_that_keeps_idle_gpus_from_others():
+    """Found by trying it: a job declaring a whole node's memory and a short limit (ranked first) got a reservation due
+    now on 7 idle GPUs of a node whose memory a 1-GPU job held for 160 h. It could not start there, and nothing
+    else could use the 7 GPUs: every pass renewed the hold, its team was never billed, and a 7-GPU job of another
+    team waited behind it. Held back by memory or CPUs only, it gets no reservation until it is starved; the next
+    job reserves, or starts, instead."""
+    nodes = [_node("a", range(1, 8), free_memory=56 * GB), _node("b", range(1, 8), free_memory=56 * GB)]
+    running = [
+        RunningView(job_id=100 + i, team="other", gpus_by_node={n: (0,)}, started_at=NOW - 3600,
+                    expected_end=NOW + 160 * 3600)
+        for i, n in enumerate(("a", "b"))
+    ]  # fmt: skip
+    victims = [PendingJob(i, "victim", 7, 10.0, NOW - 600) for i in (1, 2)]
+    hog = PendingJob(9, "hog", 7, 0.25, NOW - 60, memory=64 * GB)
+    result = plan(now=NOW, nodes=nodes, running=running, pending=[*victims, hog], usage={"victim": 1e6},
+                  shares={}, config=PolicyConfig())  # fmt: skip
+    assert sorted(_placed(result)) == [1, 2]
+    assert 9 not in {r.job_id for r in result.reservations}
+    told = result.estimates[9]  # the victims took the GPUs: it waits for GPUs and memory, never told "now"
+    assert told.reason_code == "no_gpus" and told.start_at > NOW
+
+
+def test_a_starved_job_held_back_by_memory_still_holds_its_reservation():
+    """Liveness: past the starvation bound it keeps GPUs for itself, or small jobs would take each node's GPUs and
+    memory as they free, for ever."""
+    nodes = [_node("a", range(1, 8), free_memory=56 * GB)]
+    running = [RunningView(job_id=100, team="other", gpus_by_node={"a": (0,)}, started_at=NOW - 3600,
+                           expected_end=NOW + 2 * 3600)]  # fmt: skip
+    old = PendingJob(9, "heavy", 7, 1.0, NOW - 30 * 86400, memory=64 * GB)
+    small = PendingJob(1, "other", 1, 10.0, NOW - 60)
+    result = plan(now=NOW, nodes=nodes, running=running, pending=[old, small], usage={}, shares={},
+                  config=PolicyConfig())  # fmt: skip
+    assert 9 in {r.job_id for r in result.reservations} and 1 not in _placed(result)
