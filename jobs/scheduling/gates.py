@@ -160,22 +160,26 @@ class _Waits:
         self.waiting = {job.job_id: job for job in gate.waiting}
 
     def estimates(self, place: Callable[[Sequence[PendingJob]], dict[int, Estimate]]) -> dict[int, Estimate]:
-        """Level by level: jobs whose waiting prerequisites are all estimated, in one placement each (a chain
-        has few levels; ids only grow, so every job is reached)."""
+        """Level by level: jobs whose waiting prerequisites are all estimated, in one placement each (ids only grow,
+        so a job's prerequisites are estimated before it; past PLACED_LEVELS, from its prerequisites alone)."""
         out: dict[int, Estimate] = {}
-        left = sorted(self.waiting.values(), key=_job_id)
-        while left:
-            level = [job for job in left if all(p in out or p not in self.waiting for p, _ in job.waits_for)]
-            if not level:  # a cycle: the database refuses one, but never loop for ever
-                for job in left:
-                    first, how = job.waits_for[0]
-                    out[job.job_id] = Estimate(
-                        job.job_id, None, "dependency", _waiting_sentence(job, first, how, "")
-                    )
-                break
-            out.update(self._level(level, out, place))
-            done = set(map(_job_id, level))
-            left = [job for job in left if job.job_id not in done]
+        depth: dict[int, int] = {}
+        levels: defaultdict[int, list[PendingJob]] = defaultdict(list)
+        unreachable = []
+        for job in sorted(self.waiting.values(), key=_job_id):  # a prerequisite is older: its depth is known
+            ahead = [p for p, _ in job.waits_for if p in self.waiting]
+            if not all(
+                p in depth for p in ahead
+            ):  # a cycle: the database refuses one, but never loop for ever
+                unreachable.append(job)
+                continue
+            depth[job.job_id] = d = 1 + max(map(depth.__getitem__, ahead), default=0)
+            levels[d].append(job)
+        for d in sorted(levels):
+            out.update(self._level(levels[d], out, place if d <= PLACED_LEVELS else _by_prerequisites_alone))
+        for job in unreachable:
+            first, how = job.waits_for[0]
+            out[job.job_id] = Estimate(job.job_id, None, "dependency", _waiting_sentence(job, first, how, ""))
         return out
 
     def _level(
@@ -230,6 +234,8 @@ class _Waits:
         assert job.ready_at is not None  # set by ``_level``
         start = max(placed.start_at, job.ready_at, self.now)
         sentence = _waiting_sentence(job, prerequisite, how, when)
+        if placed.reason == DEEP:
+            sentence += f"; {DEEP}"
         after = max(end, self.now)
         if start > after:
             if job.ready_at > after:
@@ -246,6 +252,17 @@ class _Waits:
         if job_id in self.waiting:  # a chain: estimated in an earlier level
             return _end_of(self.waiting[job_id], out[job_id])
         return self.now  # ended already, or finishing delivery: nothing of the pool's to wait for
+
+
+# Levels of a dependency chain estimated by a placement each (every one rebuilds the pass's timeline): a team's chain
+# of 2,000 jobs, each naming the one before, made every pass take 4.6-7.6 s instead of 68 ms under the pool-wide
+# lock. Deeper levels are estimated from their prerequisites alone.
+PLACED_LEVELS = 16
+DEEP = f"estimated from its prerequisites alone, more than {PLACED_LEVELS} levels of them deep"
+
+
+def _by_prerequisites_alone(jobs: Sequence[PendingJob]) -> dict[int, Estimate]:
+    return {job.job_id: Estimate(job.job_id, job.ready_at, "dependency", DEEP) for job in jobs}
 
 
 def _end_of(job: PendingJob, estimate: Estimate) -> float | None:
