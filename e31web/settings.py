@@ -419,6 +419,10 @@ E31_ASSUMED_STAGE_RATE = env.float("E31_ASSUMED_STAGE_RATE", default=200e6)
 # The pool-wide staging cache: least recently used entries no unreleased job pins are evicted past
 # this many bytes, and any unpinned entry once unused for the retention period.
 E31_STAGE_CACHE_BYTES = env.int("E31_STAGE_CACHE_BYTES", default=200 * 10**9)
+# What one team's inputs (copies in progress, those its live jobs pin) and images may hold of it at once.
+E31_STAGE_TEAM_SHARE = env.float("E31_STAGE_TEAM_SHARE", default=0.5)
+if not 0 < E31_STAGE_TEAM_SHARE <= 1:
+    raise ImproperlyConfigured("E31_STAGE_TEAM_SHARE is above 0 and at most 1")
 E31_STAGE_RETENTION_S = env.float("E31_STAGE_RETENTION_S", default=7 * 86400.0)
 # An image's unpacked root may hold at most this many times its compressed layers' bytes, and its whole entry no
 # more than the cache's room: unpacking stops past either. Real images unpack to 2-4 times their layers; gzip lets

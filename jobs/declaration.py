@@ -603,10 +603,12 @@ def _check_cache_room(inputs: list[DataInput], limits: Limits, errs: _Collector)
     """Every input lands in the pool's one staging cache, and a job holds all of its inputs there until it is
     released: an input, or a job's inputs together, larger than the cache could only fill the disk other teams'
     jobs stage into. Staging holds each fill to the room left (``staging.claim_slot``); this says it at submit."""
-    capacity = (
-        settings.E31_STAGE_CACHE_BYTES if limits.stage_cache_bytes is None else limits.stage_cache_bytes
+    cache = settings.E31_STAGE_CACHE_BYTES if limits.stage_cache_bytes is None else limits.stage_cache_bytes
+    capacity = int(cache * settings.E31_STAGE_TEAM_SHARE)
+    limit = (
+        f"{format_size(capacity)} ({capacity:,} bytes), a team's share of this pool's staging cache "
+        "(E31_STAGE_TEAM_SHARE of E31_STAGE_CACHE_BYTES)"
     )
-    limit = f"{format_size(capacity)} ({capacity:,} bytes), the size of this pool's staging cache (E31_STAGE_CACHE_BYTES)"
     for i, item in enumerate(inputs):
         if item.bytes > capacity:
             errs.add(f"data[{i}].bytes", f"an input is at most {limit}")

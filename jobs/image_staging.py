@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from accounts import team_secrets
 from jobs import cache_fill, imageref, selectors, transfers, trees
+from jobs.lifecycle import State
 from jobs.models import DatasetCacheEntry, ImageCacheEntry, ImagePull, Job
 from jobs.transfers import registry, sources
 from jobs.units import format_size
@@ -192,7 +193,10 @@ def _try_claim(
     cache_fill.lock_slots()
     if not cache_fill.slot_free(now):
         return SLOT, None
-    cap = _cap(compressed, room=_room(now, key=key))
+    team_room = int(settings.E31_STAGE_CACHE_BYTES * settings.E31_STAGE_TEAM_SHARE) - team_cache_bytes(
+        team_id, now, except_image=key
+    )
+    cap = _cap(compressed, room=min(_room(now, key=key), team_room))
     if entry is None:
         try:
             with transaction.atomic():
@@ -223,6 +227,28 @@ def _room(now: datetime, *, key: str) -> int:
     return settings.E31_STAGE_CACHE_BYTES - selectors.total_bytes(*held)
 
 
+def team_cache_bytes(
+    team_id: int, now: datetime, *, except_dataset: int | None = None, except_image: str = ""
+) -> int:
+    """What one team holds of the staging cache: its inputs being copied (at their declared bytes), the entries its
+    live jobs pin, and its images pinned or being pulled; what E31_STAGE_TEAM_SHARE bounds."""
+    fresh = cache_fill.stale_before(now)
+    copying = DatasetCacheEntry.objects.filter(
+        state=FILLING, filling_input__job__team_id=team_id, filling_input__stage_state="staging",
+        filling_input__job__state=State.STAGING, filling_input__job__worker_seen_at__gte=fresh,
+    ).exclude(id=except_dataset)  # fmt: skip
+    pinned = DatasetCacheEntry.objects.filter(
+        state=READY, inputs__job__team_id=team_id, inputs__job__state__in=selectors.ALIVE_STATES
+    )
+    images = ImageCacheEntry.objects.filter(team_id=team_id)
+    return selectors.total_bytes(
+        copying,
+        DatasetCacheEntry.objects.filter(id__in=pinned.values("id")),
+        images.filter(id__in=_pinned().values("id")),
+        images.filter(state=FILLING, updated_at__gte=fresh).exclude(key=except_image),
+    )
+
+
 def _cap(compressed: int, *, room: int) -> int:
     """The most the image's entry (its layout and its unpacked root) may hold: the cache's room, and no more
     than E31_IMAGE_UNPACK_RATIO times its compressed layers unpacked beside them. TransferFailed, before any layer
@@ -242,7 +268,8 @@ def _room_text() -> str:
     capacity = settings.E31_STAGE_CACHE_BYTES
     return (
         f"room the staging cache has now ({format_size(capacity)}, E31_STAGE_CACHE_BYTES, shared by the inputs "
-        "and images of the pool's jobs not yet released and the copies in progress)"
+        "and images of the pool's jobs not yet released and the copies in progress; one team's hold at most "
+        "E31_STAGE_TEAM_SHARE of it)"
     )
 
 

@@ -431,6 +431,7 @@ def claim_slot(*, data_input_id: int, now: datetime, entry: DatasetCacheEntry | 
             return False
         if entry is not None:
             _check_room(entry, now)
+            _check_team_share(entry, data_input_id, now)
         return bool(
             DataInput.objects.filter(id=data_input_id).update(
                 stage_state="staging", bytes_done=0, rate_bytes_s=0, stage_started_at=now, stage_detail=""
@@ -470,6 +471,27 @@ def _check_room(entry: DatasetCacheEntry, now: datetime) -> None:
             "(E31_STAGE_CACHE_BYTES) are shared by the inputs of the pool's jobs not yet released and the copies "
             "in progress; submit the job again once some of them have finished"
         )
+
+
+def _check_team_share(entry: DatasetCacheEntry, data_input_id: int, now: datetime) -> None:
+    """NoRoom unless ``entry`` fits in its team's share of the cache (E31_STAGE_TEAM_SHARE) beside what the team
+    holds (``image_staging.team_cache_bytes``). A copy counts at its declared size until it ends, so without a share
+    one team's input as large as the cache, sent just above the speed floor, kept every other team's staging out
+    for as long as the copy lasted."""
+    team_id = DataInput.objects.values_list("job__team_id", flat=True).get(id=data_input_id)
+    share = team_share_bytes()
+    held = image_staging.team_cache_bytes(team_id, now, except_dataset=entry.id)
+    if held + entry.bytes > share:
+        raise NoRoom(
+            f"no room in the team's share of the staging cache for this input's {entry.bytes:,} bytes: the team's "
+            f"inputs being copied, staged for its live jobs, and its images hold {held:,} of its {share:,} bytes "
+            f"(E31_STAGE_TEAM_SHARE of E31_STAGE_CACHE_BYTES); submit the job again once some of them have run"
+        )
+
+
+def team_share_bytes() -> int:
+    """What one team's inputs, copies and images may hold of the staging cache at once."""
+    return int(settings.E31_STAGE_CACHE_BYTES * settings.E31_STAGE_TEAM_SHARE)
 
 
 # --------------------------------------------------------------------------- eviction

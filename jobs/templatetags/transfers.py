@@ -23,7 +23,11 @@ def eta_s(item) -> float | None:
 @register.simple_tag
 def stage_cache_policy() -> dict:
     """What the page states plainly: the configured capacity and retention (E31 publishes neither)."""
-    return {"capacity": settings.E31_STAGE_CACHE_BYTES, "retention_s": settings.E31_STAGE_RETENTION_S}
+    return {
+        "capacity": settings.E31_STAGE_CACHE_BYTES,
+        "team_share": int(settings.E31_STAGE_CACHE_BYTES * settings.E31_STAGE_TEAM_SHARE),
+        "retention_s": settings.E31_STAGE_RETENTION_S,
+    }
 
 
 @register.simple_tag

@@ -75,6 +75,7 @@ def test_an_image_unpacking_past_the_caches_room_is_stopped_near_it_and_removed(
     bomb_image, stage_root, settings, removed_sizes
 ):
     settings.E31_STAGE_CACHE_BYTES = CAP
+    settings.E31_STAGE_TEAM_SHARE = 1.0  # the pool's room binds here, not the team's share
     settings.E31_IMAGE_UNPACK_RATIO = 10_000  # the room binds here, not the ratio
     job = staged(bomb_image)
     assert (job.state, job.end_reason) == ("ended", "staging_failed"), job.end_detail
@@ -182,3 +183,26 @@ def test_a_pull_is_held_to_what_the_manifest_declares(pool_registry, tmp_path):
             ref, resolved.digest, tmp_path / "oci", access=access, progress=lambda n: True,
             limit=registry.pull_limit(resolved.bytes),
         )  # fmt: skip
+
+
+def test_a_teams_images_and_inputs_take_at_most_its_share_of_the_cache(
+    base_image, stage_root, settings, registry, tmp_path
+):
+    """An image's pull counts at its cap (up to the cache's whole room) while it lasts: one team's pulls and fills
+    now take at most E31_STAGE_TEAM_SHARE of the cache, and another team's image still fits beside them."""
+    team = TeamFactory()
+    first = staged(base_image, team=team)
+    assert first.state == "queued", first.end_detail
+    held = ImagePull.objects.get(job=first).entry.bytes
+    settings.E31_STAGE_TEAM_SHARE = 0.5
+    settings.E31_STAGE_CACHE_BYTES = 2 * (
+        held + 500_000
+    )  # the team's share leaves it 500 KB: less than ~1 MB
+    other = tmp_path / "other"
+    build_image(other, files={"etc/other": b"another image"})
+    push(other, registry, "tests/other:1")
+    refused = staged(f"{registry.host}/tests/other:1", team=team)
+    assert (refused.state, refused.end_reason) == ("ended", "staging_failed"), refused.end_detail
+    assert "E31_STAGE_TEAM_SHARE" in refused.end_detail
+    theirs = staged(f"{registry.host}/tests/other:1")  # another team: the pool's room holds it
+    assert theirs.state == "queued", theirs.end_detail

@@ -216,7 +216,7 @@ def test_the_form_refuses_a_job_id_too_long_for_a_number_as_no_job_id(good, pool
 
 
 def test_the_form_accepts_sizes_with_units(good, pool, member_client, settings):
-    settings.E31_STAGE_CACHE_BYTES = 2 * 10**12  # a staging cache that holds it: no input is larger
+    settings.E31_STAGE_CACHE_BYTES = 4 * 10**12  # a staging cache whose team share holds it
     remote = _with(
         good, "data.0.uri", "https://data.example.com/corpus.bin"
     )  # a local file is checked for size

@@ -17,6 +17,12 @@ from tests.staging.conftest import file_uri, make_job, write
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _one_team_may_take_it_all(settings):
+    """The pool-wide cap, alone: a team's share of it is tests/staging/test_team_share.py's."""
+    settings.E31_STAGE_TEAM_SHARE = 1.0
+
+
 def stage(job: Job) -> Job:
     staging.stage_job(job_id=job.id, now=timezone.now())
     job.refresh_from_db()

@@ -311,6 +311,9 @@ def test_a_changed_source_is_copied_again_not_served_stale(roots, team):
 
 def test_eviction_takes_the_least_recently_used_unpinned_entry_and_never_a_pinned_one(roots, team, settings):
     settings.E31_STAGE_CACHE_BYTES = 2500
+    settings.E31_STAGE_TEAM_SHARE = (
+        1.0  # one team's entries fill the pool here: eviction, not the team's share
+    )
     paths = {n: write(roots.datasets / f"{n}.bin", n.encode() * 1000)[0] for n in ("a", "b", "c")}
     pinned = stage(
         make_job(team, {"name": "a", "uri": file_uri(paths["a"]), "bytes": 1000})
