@@ -31,21 +31,28 @@ def _audited(user) -> None:
     services.announce_account(name=user.get_username(), actor=user, now=timezone.now(), **SET_ANEW)
 
 
-class ChangePassword(auth_views.PasswordChangeView):
-    """Signs out the account's other sessions (Django keeps this one: ``update_session_auth_hash``)."""
+class _SetsAPassword:
+    """A view whose valid form sets the user's password: audited in the same transaction, then ``done`` told."""
 
-    template_name = "accounts/password_change.html"
-    success_url = reverse_lazy("accounts:password")
+    done = ""
 
     @transaction.atomic  # the new password and its audit entry commit together
     def form_valid(self, form) -> HttpResponse:
         response = super().form_valid(form)
         _audited(form.user)
-        messages.success(self.request, "Password changed. Your other sessions are signed out.")
+        messages.success(self.request, self.done)
         return response
 
     def form_invalid(self, form) -> HttpResponse:
         return self.render_to_response(self.get_context_data(form=form), status=422)
+
+
+class ChangePassword(_SetsAPassword, auth_views.PasswordChangeView):
+    """Signs out the account's other sessions (Django keeps this one: ``update_session_auth_hash``)."""
+
+    template_name = "accounts/password_change.html"
+    success_url = reverse_lazy("accounts:password")
+    done = "Password changed. Your other sessions are signed out."
 
 
 @method_decorator(limit_posts(scope="password-reset"), name="dispatch")
@@ -77,16 +84,7 @@ class ResetSent(auth_views.PasswordResetDoneView):
     template_name = "accounts/password_reset_sent.html"
 
 
-class SetForgottenPassword(auth_views.PasswordResetConfirmView):
+class SetForgottenPassword(_SetsAPassword, auth_views.PasswordResetConfirmView):
     template_name = "accounts/password_reset_confirm.html"
     success_url = reverse_lazy("accounts:login")
-
-    @transaction.atomic
-    def form_valid(self, form) -> HttpResponse:
-        response = super().form_valid(form)
-        _audited(form.user)
-        messages.success(self.request, "Password set. Sign in with it.")
-        return response
-
-    def form_invalid(self, form) -> HttpResponse:
-        return self.render_to_response(self.get_context_data(form=form), status=422)
+    done = "Password set. Sign in with it."

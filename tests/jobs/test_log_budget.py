@@ -44,6 +44,14 @@ def _log(job: Job, rank: int = 0) -> bytes:
     return b"".join(logs.log_bytes(job, attempt=1, rank=rank))
 
 
+def _together(*targets) -> None:
+    threads = [threading.Thread(target=target) for target in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def _held(team) -> int:
     return TeamLogBytes.objects.get(team=team).bytes
 
@@ -116,11 +124,7 @@ def test_parts_appending_at_once_never_hold_more_than_the_budget_together(team):
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=append, args=(job,)) for job in jobs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _together(*(lambda job=job: append(job) for job in jobs))
     kept = [_log(job) for job in jobs]
     assert sum(log.count(b"~") for log in kept) == BUDGET  # 3,000 bytes offered
     assert sum(b"E31_TEAM_LOG_BYTES" in log for log in kept) >= 1
@@ -211,11 +215,7 @@ def test_a_cut_never_deadlocks_with_a_release_of_the_same_job(team, monkeypatch)
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=append), threading.Thread(target=release)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _together(append, release)
     assert errors == [] and b"E31_TEAM_LOG_BYTES" in _log(job)
 
 
