@@ -1,18 +1,16 @@
 from django.db import migrations, models
 
+from accounts import team_secrets
+
 
 def seal_the_secrets_kept_in_clear(apps, schema_editor):
     """Each webhook's signing secret, encrypted under the secrets key (accounts.team_secrets)."""
-    from accounts import team_secrets
-
     webhooks = apps.get_model("notifications", "Webhook")
     for hook in webhooks.objects.only("id", "secret").order_by("id"):
         webhooks.objects.filter(id=hook.id).update(sealed_secret=team_secrets.seal(hook.secret))
 
 
 def open_them_again(apps, schema_editor):
-    from accounts import team_secrets
-
     webhooks = apps.get_model("notifications", "Webhook")
     for hook in webhooks.objects.only("id", "sealed_secret").order_by("id"):
         webhooks.objects.filter(id=hook.id).update(secret=team_secrets.unseal(hook.sealed_secret))

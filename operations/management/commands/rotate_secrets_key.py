@@ -1,3 +1,6 @@
+"""The secrets keys' rotation, for the team secrets (accounts) and the webhooks' signing secrets (notifications)
+alike: an operator's command here, as neither app may import the other."""
+
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
