@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from jobs import transfers
 from jobs.lifecycle import State
-from jobs.models import CacheEntry, DataInput, ImageCacheEntry, Job
+from jobs.models import CacheEntry, DataInput, DatasetCacheEntry, ImageCacheEntry, Job
 
 WAIT_S = 0.5
 SLOT_LOCK = 0x0E31_57A6  # advisory lock serialising claims of the pool's transfer slots
@@ -64,6 +64,19 @@ def slot_free(now: datetime, *, except_input: int | None = None) -> bool:
         inputs = inputs.exclude(id=except_input)
     images = ImageCacheEntry.objects.filter(state=ImageCacheEntry.FILLING, updated_at__gte=stale_before(now))
     return inputs.count() + images.count() < settings.E31_STAGE_CONCURRENCY
+
+
+def copying_fills(now: datetime):
+    """Dataset entries being copied now: their input holds a transfer slot and its stager has not gone silent."""
+    return DatasetCacheEntry.objects.filter(
+        state=DatasetCacheEntry.FILLING, filling_input__stage_state="staging", filling_input__job__state=State.STAGING,
+        filling_input__job__worker_seen_at__gte=stale_before(now),
+    )  # fmt: skip
+
+
+def team_share_bytes() -> int:
+    """What one team's inputs, copies and images may hold of the staging cache at once (E31_STAGE_TEAM_SHARE)."""
+    return int(settings.E31_STAGE_CACHE_BYTES * settings.E31_STAGE_TEAM_SHARE)
 
 
 def slot_wait_reason() -> str:

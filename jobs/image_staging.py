@@ -20,7 +20,6 @@ from django.utils import timezone
 
 from accounts import team_secrets
 from jobs import cache_fill, imageref, selectors, transfers, trees
-from jobs.lifecycle import State
 from jobs.models import DatasetCacheEntry, ImageCacheEntry, ImagePull, Job
 from jobs.transfers import registry, sources
 from jobs.units import format_size
@@ -193,9 +192,7 @@ def _try_claim(
     cache_fill.lock_slots()
     if not cache_fill.slot_free(now):
         return SLOT, None
-    team_room = int(settings.E31_STAGE_CACHE_BYTES * settings.E31_STAGE_TEAM_SHARE) - team_cache_bytes(
-        team_id, now, except_image=key
-    )
+    team_room = cache_fill.team_share_bytes() - team_cache_bytes(team_id, now, except_image=key)
     cap = _cap(compressed, room=min(_room(now, key=key), team_room))
     if entry is None:
         try:
@@ -233,10 +230,9 @@ def team_cache_bytes(
     """What one team holds of the staging cache: its inputs being copied (at their declared bytes), the entries its
     live jobs pin, and its images pinned or being pulled; what E31_STAGE_TEAM_SHARE bounds."""
     fresh = cache_fill.stale_before(now)
-    copying = DatasetCacheEntry.objects.filter(
-        state=FILLING, filling_input__job__team_id=team_id, filling_input__stage_state="staging",
-        filling_input__job__state=State.STAGING, filling_input__job__worker_seen_at__gte=fresh,
-    ).exclude(id=except_dataset)  # fmt: skip
+    copying = (
+        cache_fill.copying_fills(now).filter(filling_input__job__team_id=team_id).exclude(id=except_dataset)
+    )
     pinned = DatasetCacheEntry.objects.filter(
         state=READY, inputs__job__team_id=team_id, inputs__job__state__in=selectors.ALIVE_STATES
     )

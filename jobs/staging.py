@@ -449,10 +449,7 @@ def _check_room(entry: DatasetCacheEntry, now: datetime) -> None:
             f"{entry.bytes:,} bytes is more than the pool's whole staging cache holds "
             f"({capacity:,} bytes, E31_STAGE_CACHE_BYTES)"
         )
-    copying = DatasetCacheEntry.objects.filter(
-        state=FILLING, filling_input__stage_state="staging", filling_input__job__state=State.STAGING,
-        filling_input__job__worker_seen_at__gte=cache_fill.stale_before(now),
-    ).exclude(id=entry.id)  # fmt: skip
+    copying = cache_fill.copying_fills(now).exclude(id=entry.id)
     held = selectors.total_bytes(
         DatasetCacheEntry.objects.filter(state=READY),
         copying,
@@ -479,7 +476,7 @@ def _check_team_share(entry: DatasetCacheEntry, data_input_id: int, now: datetim
     one team's input as large as the cache, sent just above the speed floor, kept every other team's staging out
     for as long as the copy lasted."""
     team_id = DataInput.objects.values_list("job__team_id", flat=True).get(id=data_input_id)
-    share = team_share_bytes()
+    share = cache_fill.team_share_bytes()
     held = image_staging.team_cache_bytes(team_id, now, except_dataset=entry.id)
     if held + entry.bytes > share:
         raise NoRoom(
@@ -487,11 +484,6 @@ def _check_team_share(entry: DatasetCacheEntry, data_input_id: int, now: datetim
             f"inputs being copied, staged for its live jobs, and its images hold {held:,} of its {share:,} bytes "
             f"(E31_STAGE_TEAM_SHARE of E31_STAGE_CACHE_BYTES); submit the job again once some of them have run"
         )
-
-
-def team_share_bytes() -> int:
-    """What one team's inputs, copies and images may hold of the staging cache at once."""
-    return int(settings.E31_STAGE_CACHE_BYTES * settings.E31_STAGE_TEAM_SHARE)
 
 
 # --------------------------------------------------------------------------- eviction

@@ -3,7 +3,7 @@
 from django import template
 from django.conf import settings
 
-from jobs import selectors
+from jobs import cache_fill, selectors
 from jobs.units import format_size
 
 register = template.Library()
@@ -25,7 +25,7 @@ def stage_cache_policy() -> dict:
     """What the page states plainly: the configured capacity and retention (E31 publishes neither)."""
     return {
         "capacity": settings.E31_STAGE_CACHE_BYTES,
-        "team_share": int(settings.E31_STAGE_CACHE_BYTES * settings.E31_STAGE_TEAM_SHARE),
+        "team_share": cache_fill.team_share_bytes(),
         "retention_s": settings.E31_STAGE_RETENTION_S,
     }
 
