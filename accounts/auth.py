@@ -1,7 +1,6 @@
 """API authentication (``Authorization: Bearer <token>`` or the browser's session) and its throttle."""
 
 import hashlib
-import math
 import time
 
 from django.conf import settings
@@ -42,10 +41,8 @@ class BearerToken(HttpBearer):
 
 def _count_failure(request: HttpRequest) -> None:
     """A bad token counts against its client address at E31_API_RATE; past it, 429 with Retry-After."""
-    limit, period = _rate()
-    window = int(time.time() // period)
-    if ratelimit.hit(f"api-auth-failed:{_address(request)}:{window}", window_s=period) > limit:
-        raise Throttled(wait=math.ceil(period - time.time() % period))
+    if wait := ratelimit.wait_past_rate(f"api-auth-failed:{_address(request)}", settings.E31_API_RATE):
+        raise Throttled(wait=wait)
 
 
 class ApiThrottle(BaseThrottle):
@@ -58,19 +55,13 @@ class ApiThrottle(BaseThrottle):
     """
 
     def allow_request(self, request: HttpRequest) -> bool:
-        limit, period = _rate()
-        window = int(time.time() // period)
-        return ratelimit.hit(f"api:{_ident(request)}:{window}", window_s=period) <= limit
+        return not ratelimit.wait_past_rate(f"api:{_ident(request)}", settings.E31_API_RATE)
 
     def wait(self) -> float:
-        _, period = _rate()
+        # The windows are clock-aligned: the wait is the time to the next one (nothing kept on this
+        # instance, which every request thread shares).
+        _, period = ratelimit.parse_rate(settings.E31_API_RATE)
         return period - time.time() % period
-
-
-def _rate() -> tuple[int, int]:
-    """E31_API_RATE, "600/m": (600, 60). Periods: s, m, h, d."""
-    count, _, unit = settings.E31_API_RATE.partition("/")
-    return int(count), {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit.strip()[:1]]
 
 
 def _ident(request: HttpRequest) -> str:

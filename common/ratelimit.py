@@ -13,6 +13,7 @@ Public forms: the first post opens a window; past ``E31_PUBLIC_FORM_LIMIT`` post
 ``E31_PUBLIC_FORM_WINDOW_S`` seconds the client gets HTTP 429 until the window ends.
 """
 
+import math
 import time
 from collections.abc import Callable
 from functools import wraps
@@ -86,6 +87,22 @@ def _hit_cache(key: str, *, window_s: int) -> int:
     except ValueError:  # the window expired between add and incr
         cache.set(key, 1, timeout=window)
         return 1
+
+
+def parse_rate(rate: str) -> tuple[int, int]:
+    """A rate setting such as "600/m": (600, 60). Periods: s, m, h, d (the settings check the form)."""
+    count, _, unit = rate.partition("/")
+    return int(count), {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit.strip()[:1]]
+
+
+def wait_past_rate(key: str, rate: str) -> int:
+    """Counts one event under ``key`` at ``rate`` ("30/m"), in clock-aligned windows: 0 while within it,
+    else the whole seconds until the next window opens (what Retry-After says)."""
+    limit, period = parse_rate(rate)
+    now = time.time()
+    if hit(f"{key}:{int(now // period)}", window_s=period) <= limit:
+        return 0
+    return max(1, math.ceil(period - now % period))
 
 
 def over_limit(request: HttpRequest, *, scope: str = "public", key: str = "") -> bool:

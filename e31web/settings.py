@@ -272,10 +272,11 @@ E31_TOKEN_DAYS = env.int("E31_TOKEN_DAYS", default=90)
 E31_TOKEN_MAX_DAYS = env.int("E31_TOKEN_MAX_DAYS", default=365)
 if not 1 <= E31_TOKEN_DAYS <= E31_TOKEN_MAX_DAYS:
     raise ImproperlyConfigured("E31_TOKEN_DAYS is from 1 to E31_TOKEN_MAX_DAYS")
-if not re.fullmatch(r"[1-9][0-9]*/[smhd][a-z]*", E31_API_RATE):
-    raise ImproperlyConfigured(
-        f"E31_API_RATE is a count per period, such as 600/m or 20/s (not {E31_API_RATE!r})"
-    )
+# The submit form's preview plans the queue up to four times: at most this many per member per period.
+E31_PREVIEW_RATE = env.str("E31_PREVIEW_RATE", default="30/m")
+for _name, _rate in (("E31_API_RATE", E31_API_RATE), ("E31_PREVIEW_RATE", E31_PREVIEW_RATE)):
+    if not re.fullmatch(r"[1-9][0-9]*/[smhd][a-z]*", _rate):
+        raise ImproperlyConfigured(f"{_name} is a count per period, such as 600/m or 20/s (not {_rate!r})")
 # Public forms (waitlist, design-partner application): at most LIMIT posts per client per window.
 E31_PUBLIC_FORM_LIMIT = env.int("E31_PUBLIC_FORM_LIMIT", default=5)
 E31_PUBLIC_FORM_WINDOW_S = env.int("E31_PUBLIC_FORM_WINDOW_S", default=600)

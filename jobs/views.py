@@ -14,7 +14,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts import scoping
 from common import export as common_export
-from common import paging
+from common import paging, ratelimit
 from common.operators import operator_only
 from jobs import (
     declaration,
@@ -371,7 +371,9 @@ def _problem(found: dict[str, str]) -> str:
 @require_POST
 def estimate(request: HttpRequest) -> HttpResponse:
     """The submit form's preview: when the job submitting would store would start, and what would make it sooner.
-    What submitting would refuse is said instead, in its words."""
+    What submitting would refuse is said instead, in its words. At most E31_PREVIEW_RATE per member."""
+    if wait := ratelimit.wait_past_rate(f"preview:user:{request.user.pk}", settings.E31_PREVIEW_RATE):
+        return _preview_paused(request, wait)
     form = JobForm.from_post(request.POST)
     draft = form.to_declaration()
     team = _chosen_team(request, list(scoping.teams_of(request.user)))
@@ -399,6 +401,16 @@ def estimate(request: HttpRequest) -> HttpResponse:
         "planned": selectors.planned_run(team_id=team.id, hours=spec.hours, started_at=None, now=now),
     }
     return render(request, "jobs/new.html#estimate", context)
+
+
+def _preview_paused(request: HttpRequest, wait: int) -> HttpResponse:
+    """429 with Retry-After; the form's own (htmx) request gets its fragment, which it swaps only on a 2xx."""
+    count, _, period = settings.E31_PREVIEW_RATE.partition("/")
+    per = {"s": "second", "m": "minute", "h": "hour", "d": "day"}[period[:1]]
+    context = {"problem": f"More than {count} previews a {per}: the next one in {wait} s.", "options": []}
+    response = render(request, "jobs/new.html#estimate", context, status=200 if request.htmx else 429)
+    response["Retry-After"] = str(wait)
+    return response
 
 
 @operator_only

@@ -502,3 +502,26 @@ def test_a_flag_that_is_a_number_is_refused_not_taken_for_false(flag, value, goo
     assert response.status_code == 422
     assert response.context["form"].errors[f"request.{flag}"] == "true or false"
     assert Job.objects.count() == 0
+
+
+def test_the_preview_is_limited_per_member_and_says_when_it_resumes(
+    pool, member_client, outsider_client, settings
+):
+    """Each preview plans the queue up to four times: a member scripting it past E31_PREVIEW_RATE is told to
+    wait (429 with Retry-After; the form's own htmx request gets the message in place), others are not slowed."""
+    settings.E31_PREVIEW_RATE = "3/m"
+    draft = {"request.gpus": "1", "request.hours": "1"}
+    answers = [member_client.post(reverse("jobs:estimate"), draft) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert "Estimated start if submitted now" in answers[-1].content.decode()
+
+    refused = member_client.post(reverse("jobs:estimate"), draft)
+    assert refused.status_code == 429
+    assert 1 <= int(refused["Retry-After"]) <= 60
+    assert "Estimated start" not in refused.content.decode()
+    in_place = member_client.post(reverse("jobs:estimate"), draft, HTTP_HX_REQUEST="true")
+    assert in_place.status_code == 200  # htmx swaps only what it may: the fragment says why, in place
+    assert "More than 3 previews a minute" in in_place.content.decode()
+
+    other = outsider_client.post(reverse("jobs:estimate"), draft)
+    assert other.status_code == 200
