@@ -25,6 +25,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from accounts import members, services, usernames
+from accounts.addresses import NotPlain
 from accounts.models import ApiToken, Membership, Team
 
 # Set on the operator's team page (share, egress) and the budget page, each audited.
@@ -120,13 +121,29 @@ class ApiTokenAdmin(admin.ModelAdmin):
         )
 
 
+def _plain(value: str) -> str:
+    """An address typed in the admin in the form accounts keep it (``usernames.plain``), said on the form."""
+    try:
+        return usernames.plain(value)
+    except NotPlain as exc:
+        raise ValidationError(str(exc), code="invalid") from None
+
+
+class UserCreationForm(auth_admin.UserAdmin.add_form):
+    def clean_username(self) -> str:
+        return _plain(super().clean_username())
+
+
 class UserChangeForm(auth_admin.UserAdmin.form):
     def clean_username(self) -> str:
         """No rename onto another account's name in another case (``accounts.usernames``), said on the form."""
-        name = self.cleaned_data["username"]
+        name = _plain(self.cleaned_data["username"])
         if usernames.taken(name, exclude_id=self.instance.pk):
             raise ValidationError(usernames.TAKEN, code="unique")
         return name
+
+    def clean_email(self) -> str:
+        return _plain(self.cleaned_data["email"])
 
     def clean_is_active(self) -> bool:
         """A team keeps an admin who can sign in: the last one is not deactivated (``members._keep_an_admin``)."""
@@ -215,6 +232,7 @@ admin.site.unregister(get_user_model())
 @admin.register(get_user_model())
 class UserAdmin(AuditedRightsAdmin, auth_admin.UserAdmin):
     form = UserChangeForm
+    add_form = UserCreationForm
     rights_kind = "user"
     no_rights = services.NO_RIGHTS
     # Operator rights too: a delegate could otherwise set a member's password, then make that account an operator.

@@ -13,6 +13,8 @@ from django.core.exceptions import ValidationError
 from django.db.models import Value
 from django.db.models.functions import Lower, Trim
 
+from accounts.addresses import NotPlain, canonical
+
 TAKEN = "an account with this name already exists"
 
 
@@ -29,3 +31,26 @@ def refuse_twin(sender, instance, raw: bool = False, update_fields=None, **kwarg
         return  # a fixture, or a save that leaves the name alone (sign-in's last_login)
     if taken(instance.get_username(), exclude_id=instance.pk):
         raise ValidationError(TAKEN, code="unique")
+    _refuse_lookalike(instance)
+
+
+def plain(value: str) -> str:
+    """A username or e-mail as an account keeps it: an address (it holds an @) in its plain form
+    (``accounts.addresses.canonical``, NotPlain where it has none), any other name as it is."""
+    return canonical(value) if "@" in value else value
+
+
+def _refuse_lookalike(user) -> None:
+    """A username or e-mail newly written that is an address out of its plain form is refused: case-blind lookups
+    (sign-in, ``selectors.address_taken``) would read a look-alike as the address it imitates. What a row held
+    before the check was written is left as it is, so saving its other fields (a password reset) still works."""
+    stored = type(user)._default_manager.filter(pk=user.pk).values_list("username", "email").first()
+    for value, before in zip((user.get_username(), user.email or ""), stored or ("", ""), strict=True):
+        if value == before or "@" not in value:
+            continue
+        try:
+            kept = canonical(value)
+        except NotPlain as exc:
+            raise ValidationError(str(exc), code="invalid") from None
+        if kept != value.strip().lower():
+            raise ValidationError(f"Keep this address in its plain form, {kept}.", code="invalid")
