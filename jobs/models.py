@@ -342,9 +342,20 @@ class Node(models.Model):
     disk_bytes = models.BigIntegerField(default=0)
     registered_at = models.DateTimeField()
     state_changed_at = models.DateTimeField()
+    # The operator who took the machine out of service for good, and when: down and holding nothing, it leaves the
+    # pool page's list, the metrics and every count, and its /24 is freed (``jobs.nodes.retire_node``). Its rows
+    # stay for the jobs and the ledger that name it; its agent registering again puts the machine back.
+    retired_at = models.DateTimeField(null=True, blank=True)
+    retired_by = models.CharField(max_length=150, blank=True)
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            # Every read that counts or places on nodes "not down" leaves retired ones out by this alone.
+            models.CheckConstraint(
+                condition=Q(retired_at__isnull=True) | Q(state="down"), name="retired_node_is_down"
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name

@@ -1,4 +1,4 @@
-"""Node registration, heartbeats, and the reaper that declares silent nodes down."""
+"""Node registration, heartbeats, the reaper that declares silent nodes down, and the operators' node actions."""
 
 import logging
 from collections.abc import Mapping, Sequence
@@ -6,11 +6,11 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Now
 
 from jobs import dispatch, network, rental
-from jobs.models import Allocation, Node, NodeGpu
+from jobs.models import Allocation, GpuHold, Node, NodeGpu
 
 log = logging.getLogger(__name__)
 GPU_FIELDS = ("uuid", "model", "memory_bytes", "driver_version", "cuda_version", "virtual")
@@ -55,11 +55,13 @@ def register_node(
         node.refresh_from_db(fields=["last_heartbeat"])  # it holds the Now() expression until read back
     else:
         _check_name_free(node, host_id, now)
+        _note_return(node)
         rental.lose_node_allocations(node=node, now=now, detail=f"the agent on {name} restarted")
         state = _state_after_restart(node)
         Node.objects.filter(id=node.id).update(
             gpus=gpus, gpu_model=gpu_model, address=address, agent_version=agent_version, sandbox=sandbox,
             host_id=host_id, last_heartbeat=Now(), registered_at=now, state=state, no_room_until=None, **offered,  # its disk is looked at anew
+            retired_at=None, retired_by="",  # a retired machine put back into service (it takes a /24 below)
             disk_free_bytes=None, disk_free_at=None,  # measured at its first beat, if this agent bounds spaces
             state_changed_at=now if state != node.state else node.state_changed_at,
         )  # fmt: skip
@@ -90,6 +92,15 @@ def _check_name_free(node: Node, host_id: str, now: datetime) -> None:
             f"{max(silent_s, 0):.0f} s ago: stop that agent or give this one another --name; the name is free "
             f"once that agent has been silent {settings.E31_NODE_TIMEOUT_S:.0f} s"
         )
+
+
+def _note_return(node: Node) -> None:
+    """A retired node's agent registering: the machine is back in service, as its operator may not expect."""
+    if node.retired_at is not None:
+        log.warning(
+            "node %s, retired by %s on %s UTC, registered again: back in service",
+            node.name, node.retired_by or "an operator", f"{node.retired_at:%Y-%m-%d %H:%M}",
+        )  # fmt: skip
 
 
 def _state_after_restart(node: Node) -> str:
@@ -188,7 +199,8 @@ def reap_silent_nodes(*, now: datetime) -> list[str]:
     """Declares down every node silent past the timeout: its allocations are released, at this instant or, for
     a node silent longer (the reaper itself was not running), when it would have been declared down.
 
-    ``now`` is the control worker's clock, which platform machines keep in time with the database's.
+    ``now`` is the control worker's clock, which platform machines keep in time with the database's. A retired
+    node is down (the database holds it so), so never silent here.
     """
     cutoff = rental.silent_since(now)
     silent = Node.objects.filter(state__in=LIVE_STATES, last_heartbeat__lt=cutoff).values_list(
@@ -242,6 +254,20 @@ def set_node_state(*, name: str, target: str, now: datetime, actor: str) -> bool
     if moved:
         dispatch.request_scheduler_pass()
     return bool(moved)
+
+
+def retire_node(*, name: str, now: datetime, actor: str) -> bool:
+    """DOWN and holding nothing -> retired: out of the pool's lists and counts for good, its /24 free for another
+    node. False when it is not down (its agent came back meanwhile), retired already, or still holds GPUs."""
+    open_parts = Allocation.objects.filter(node=OuterRef("pk"), released_at__isnull=True)
+    holds = GpuHold.objects.filter(node=OuterRef("pk"), active=True)
+    retired = (
+        Node.objects.filter(name=name, state=Node.NodeState.DOWN, retired_at__isnull=True)
+        .exclude(Exists(open_parts))
+        .exclude(Exists(holds))
+        .update(retired_at=now, retired_by=actor[:150], network_slot=None)
+    )
+    return bool(retired)
 
 
 def _release_hold_of_silent_node(held_down: Q, *, now: datetime) -> bool:
