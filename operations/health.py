@@ -104,12 +104,17 @@ def agents(*, now: datetime) -> Check:
 
 
 def _no_live_node() -> Check:
-    """Every node down (a power cut, say) is not a setup problem: name the dead machines."""
-    down = Node.objects.filter(state=Node.NodeState.DOWN).order_by("name").values_list("name", flat=True)
+    """Every node down (a power cut, say) is not a setup problem: name the dead machines (not the retired ones)."""
+    down = Node.objects.filter(state=Node.NodeState.DOWN, retired_at__isnull=True).order_by("name")
     count = down.count()
-    if count == 0:
-        return Check("agents", "Agents reporting", False, "no live nodes: no agent has registered")
-    names = list(down[:SHOWN_IDS])
+    if count == 0:  # retired nodes were decommissioned on purpose: not named as dead machines
+        return Check(
+            "agents",
+            "Agents reporting",
+            False,
+            "no live nodes: no agent has registered (retired nodes aside)",
+        )
+    names = list(down.values_list("name", flat=True)[:SHOWN_IDS])
     return Check(
         "agents", "Agents reporting", False, f"no live nodes: all {count} down", [f"down: {n}" for n in names]
     )

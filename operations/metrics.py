@@ -117,7 +117,8 @@ def _reserved() -> set[tuple[str, int]]:
 
 
 def node_families(now: datetime) -> Iterator[Metric]:
-    nodes = [NodeRow(*row) for row in Node.objects.order_by("name").values_list(*NodeRow._fields)]
+    in_service = Node.objects.filter(retired_at__isnull=True).order_by("name")  # a retired node is no series
+    nodes = [NodeRow(*row) for row in in_service.values_list(*NodeRow._fields)]
     offered = jobs_selectors.present_gpus({n.id: n.gpus for n in nodes})  # the scheduler's read
     missing = dict(
         NodeGpu.objects.filter(present=False).order_by().values_list("node_id").annotate(n=Count("id"))

@@ -1,9 +1,9 @@
 """The pool page's read model: every node, its GPUs as cells coloured by the holding team.
 
 A fixed number of queries whatever the pool's size: the nodes, the teams, the held allocations,
-the active GPU holds, and the latest utilisation sample (for reserved GPUs). The node rows
-are built here as markup, every text escaped: at a thousand nodes and eight thousand GPU cells a
-template loop is what made the page slow (~180 ms against ~40 ms built here, bench/operator_pages.py).
+the active GPU holds, and the latest utilisation sample (for reserved GPUs); the whole page adds the retired
+nodes, left out of everything else here. The node rows are built here as markup, every text escaped: at a
+thousand nodes and eight thousand GPU cells a template loop is what made the page slow (~180 ms against ~40 ms built here, bench/operator_pages.py).
 """
 
 from collections import Counter
@@ -13,6 +13,7 @@ from html import escape  # the stdlib's: Django's lazy wrapper costs more than t
 from urllib.parse import quote
 
 from django.conf import settings
+from django.db.models import QuerySet
 from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
@@ -96,6 +97,7 @@ class _Context:
 
     held: dict[tuple[int, int], str]  # (node id, GPU index) -> its cell, for held GPUs
     holders: set[int]  # team ids holding GPUs
+    holding: set[int]  # node ids with an open allocation or an active GPU hold: not to be retired
     reserved: dict[tuple[str, int], str]
     gpus: dict[int, list[GpuInfo]]  # node id -> its registered GPUs by index (none: 0..gpus-1, unlisted)
     action_href: str
@@ -104,14 +106,16 @@ class _Context:
 
 
 def pool_page(*, now: datetime, state: str = "") -> PoolPage:
-    nodes = [NodeInfo(*row) for row in Node.objects.order_by("name").values_list(*NODE_FIELDS)]
+    in_service = Node.objects.filter(retired_at__isnull=True).order_by("name")
+    nodes = [NodeInfo(*row) for row in in_service.values_list(*NODE_FIELDS)]
     teams = {t.id: t for t in Team.objects.only("id", "name", "slug")}
     # One reverse() per page, not per node or GPU: thousands of them would dominate the page.
     job_href = reverse("jobs:detail", args=[999999999]).replace("999999999", "{}")
-    held, holders = _held_cells(teams, job_href)
+    held, holders, holding = _held_cells(teams, job_href)
     ctx = _Context(
         held=held,
         holders=holders,
+        holding=holding,
         reserved=_reserved(),
         gpus=_gpus(),
         action_href=reverse("operations:node-action", args=["NODE", "ACTION"]).replace(
@@ -139,23 +143,33 @@ def pool_page(*, now: datetime, state: str = "") -> PoolPage:
     )
 
 
+def retired_nodes() -> QuerySet:
+    """The retired nodes, latest first: read only where the page shows them (not by its polling fragment)."""
+    retired = Node.objects.filter(retired_at__isnull=False).order_by("-retired_at", "name")
+    return retired.values("name", "retired_at", "retired_by", "gpus", "gpu_model")
+
+
 def _count_states(nodes: list[NodeInfo]) -> list[tuple[str, int]]:
     counts = Counter(n.state for n in nodes)
     return [(s, counts[s]) for s in Node.NodeState.values if counts[s]]
 
 
-def _held_cells(teams: dict[int, Team], job_href: str) -> tuple[dict[tuple[int, int], str], set[int]]:
-    """Each held GPU's cell (team colour, link to the job, hover text), and the teams holding any.
+def _held_cells(
+    teams: dict[int, Team], job_href: str
+) -> tuple[dict[tuple[int, int], str], set[int], set[int]]:
+    """Each held GPU's cell (team colour, link to the job, hover text), the teams holding any, and the nodes
+    holding anything (as jobs.nodes.retire_node asks: an open allocation or an active hold).
 
     Two plain reads rather than one join: each allocation's job, team and time are read and
     formatted once, not once per GPU (measured cheaper at thousands of GPUs).
     """
     about: dict[int, tuple[str, str]] = {}
-    holders = set()
+    holders, holding = set(), set()
     allocations = Allocation.objects.filter(released_at__isnull=True).values_list(
-        "id", "job_id", "job__name", "job__team_id", "rented_at"
+        "id", "job_id", "job__name", "job__team_id", "rented_at", "node_id"
     )
-    for allocation, job, name, team_id, rented_at in allocations:
+    for allocation, job, name, team_id, rented_at, node in allocations:
+        holding.add(node)
         team = teams[team_id].name if team_id in teams else f"team {team_id}"
         about[allocation] = (
             f'class="gpu {charts.team_css(team_id)}" href="{job_href.format(job)}"',
@@ -165,11 +179,12 @@ def _held_cells(teams: dict[int, Team], job_href: str) -> tuple[dict[tuple[int, 
     cells = {}
     holds = GpuHold.objects.filter(active=True).values_list("node_id", "gpu_index", "allocation_id")
     for node, index, allocation in holds:
+        holding.add(node)
         # A hold whose allocation was released between the two reads is drawn free: it just was.
         if allocation in about:
             link, text = about[allocation]
             cells[(node, index)] = f'<a {link} title="GPU {index} · {text}"></a>'
-    return cells, holders
+    return cells, holders, holding
 
 
 def _gpus() -> dict[int, list[GpuInfo]]:
@@ -291,13 +306,15 @@ def _limits(node: NodeInfo) -> str:
 
 
 def _actions(node: NodeInfo, ctx: _Context) -> str:
-    actions = selectors.actions_for(node.state, node.held_down_by)
+    actions = selectors.actions_for(node.state, node.held_down_by, holding=node.id in ctx.holding)
     said = ""
     if node.state == Node.NodeState.DOWN and not node.held_down_by:
         back = f", then stays drained (drained by {escape(node.drained_by)})" if node.drained_by else ""
         said = f'<span class="muted">waits for its agent{back}</span><br>'
     elif node.held_down_by:
         said = f'<small class="muted">marked down by {escape(node.held_down_by)}</small><br>'
+    if "retire" in actions:
+        said += '<small class="muted">retire: decommissioned, off the pool until its agent registers again</small><br>'
     href = quote(node.name)
     return said + " ".join(
         f'<a class="button small" href="{ctx.action_href.format(href, a)}">{a}</a>' for a in actions

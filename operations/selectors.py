@@ -17,8 +17,10 @@ ACTIONS_BY_STATE: dict[str, tuple[str, ...]] = {
 }
 
 
-def actions_for(state: str, held_down_by: str = "") -> tuple[str, ...]:
-    """The actions offered on a node: one an operator marked down waits for an operator to resume it."""
-    if state == Node.NodeState.DOWN and held_down_by:
-        return ("resume",)
-    return ACTIONS_BY_STATE.get(state, ())
+def actions_for(state: str, held_down_by: str = "", *, holding: bool = False) -> tuple[str, ...]:
+    """The actions offered on a node: one an operator marked down waits for an operator to resume it; one down
+    and ``holding`` nothing (no open allocation, no GPU hold) may be retired (jobs.nodes.retire_node)."""
+    offered = (
+        ("resume",) if state == Node.NodeState.DOWN and held_down_by else ACTIONS_BY_STATE.get(state, ())
+    )
+    return (*offered, "retire") if state == Node.NodeState.DOWN and not holding else offered

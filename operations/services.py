@@ -30,6 +30,9 @@ NODE_ACTIONS: dict[str, str] = {
     "resume": Node.NodeState.UP,
     "mark-down": Node.NodeState.DOWN,
 }
+# A down node holding nothing leaves the pool for good (jobs.nodes.retire_node): no state of its own, it stays down.
+RETIRE = "retire"
+ACTIONS = (*NODE_ACTIONS, RETIRE)
 MAX_SHARE = 1000.0
 LEDGER_DETAIL_LINES = 20
 
@@ -48,15 +51,22 @@ def _username(actor) -> str:
 
 @transaction.atomic
 def change_node_state(*, name: str, action: str, actor, now: datetime) -> bool:
-    """Drains, resumes or marks down a node; False (and no audit entry) if its state did not allow it.
+    """Drains, resumes, marks down or retires a node; False (and no audit entry) if its state did not allow it.
 
     Marking down is a node loss at ``now``: its allocations are released (meter closed) and each
-    job is requeued or ended as its declaration allows.
+    job is requeued or ended as its declaration allows. A retired node takes no action: its agent
+    registering again is what brings it back.
     """
-    node = Node.objects.select_for_update().filter(name=name).first()
-    if node is None or action not in selectors.actions_for(node.state, node.held_down_by):
+    node = Node.objects.select_for_update().filter(name=name, retired_at__isnull=True).first()
+    if node is None:
         return False
     before = {"state": node.state, "jobs_holding_gpus": _jobs_on(node)}
+    if action not in selectors.actions_for(
+        node.state, node.held_down_by, holding=bool(before["jobs_holding_gpus"])
+    ):
+        return False
+    if action == RETIRE:
+        return _retire(node, actor=actor, now=now)
     moved = nodes.set_node_state(name=name, target=NODE_ACTIONS[action], now=now, actor=_username(actor))
     if not moved:
         return False
@@ -68,6 +78,18 @@ def change_node_state(*, name: str, action: str, actor, now: datetime) -> bool:
         )
     audit.record(
         actor=actor, action=f"node.{action}", target=f"node:{name}", before=before, after=after, now=now
+    )
+    return True
+
+
+def _retire(node: Node, *, actor, now: datetime) -> bool:
+    # False only for a GPU hold still active with its allocation released: retired, it would be hidden.
+    if not nodes.retire_node(name=node.name, now=now, actor=_username(actor)):
+        return False
+    before = {"state": node.state, "held_down_by": node.held_down_by, "network_slot": node.network_slot}
+    after = {"retired_at": now.isoformat(), "retired_by": _username(actor)[:150], "network_slot": None}
+    audit.record(
+        actor=actor, action="node.retire", target=f"node:{node.name}", before=before, after=after, now=now
     )
     return True
 

@@ -49,6 +49,7 @@ def pool_view(request: HttpRequest) -> HttpResponse:
         "pool": pool.pool_page(now=timezone.now(), state=state),
         "state": state,
         "states": Node.NodeState.values,
+        "retired": pool.retired_nodes(),  # lazy: read only by the whole page, not by its polling fragment
     }
     return _page(request, "pool", "pool-grid", context)
 
@@ -57,13 +58,15 @@ def pool_view(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def node_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
     """GET: what the action will do, and a confirm box. POST with the box ticked: do it."""
-    if action not in services.NODE_ACTIONS:
+    if action not in services.ACTIONS:
         raise Http404("No such action")
-    node = get_object_or_404(Node, name=name)
-    if action not in selectors.actions_for(node.state, node.held_down_by):
+    # A retired node takes no action: its agent registering again is what brings it back.
+    node = get_object_or_404(Node, name=name, retired_at__isnull=True)
+    jobs = pages.jobs_on_node(node)
+    if action not in selectors.actions_for(node.state, node.held_down_by, holding=bool(jobs)):
         messages.warning(request, f"{node.name} is {node.state}: “{action}” does not apply now.")
         return redirect("operations:pool")
-    context = {"node": node, "action": action, "jobs": pages.jobs_on_node(node)}
+    context = {"node": node, "action": action, "jobs": jobs}
     if request.method == "GET":
         return render(request, "operations/node_confirm.html", context)
     if not _confirmed(request):
@@ -89,6 +92,11 @@ def _what_happened(node: Node, action: str, *, running: int, was_down: bool = Fa
             else "nothing runs there: it becomes drained at the next scheduler pass"
         )
         return f"{node.name} is draining: no new job is placed on it; {until}."
+    if action == services.RETIRE:
+        return (
+            f"{node.name} is retired: it leaves the pool's list and counts, and its /24 is free for another node; "
+            "its agent registering again puts the machine back in service."
+        )
     if action == "mark-down" and was_down:
         return f"{node.name} is held down: its agent registering again does not bring it back until an operator resumes it."
     if action == "mark-down":

@@ -16,6 +16,7 @@ def urls(team):
         ("get", reverse("operations:pool")),
         ("get", reverse("operations:node-action", args=[node.name, "drain"])),
         ("post", reverse("operations:node-action", args=[node.name, "mark-down"])),
+        ("post", reverse("operations:node-action", args=[node.name, "retire"])),
         ("get", reverse("operations:queue")),
         ("get", reverse("operations:utilisation")),
         ("get", reverse("operations:jobs")),
