@@ -2,10 +2,12 @@
 
 import copy
 import os
+import time
 
 import pytest
 from django.urls import reverse
 
+from jobs import declaration
 from jobs.models import DataInput, Job
 from tests.factories import NodeFactory
 from tests.jobs.formparse import form_fields
@@ -525,3 +527,40 @@ def test_the_preview_is_limited_per_member_and_says_when_it_resumes(
 
     other = outsider_client.post(reverse("jobs:estimate"), draft)
     assert other.status_code == 200
+
+
+# A key of more segments than MAX_NESTING nests that deep once parsed, and is refused then; parsing it first took
+# time and memory growing with the square of its length (tomllib keeps every prefix): 64 KB, 11.8 s and 3.9 GB.
+# Sized so each took over a second to parse here (a key of 12,000 parts: 1.3 s; 60,000: most of a gigabyte).
+DOTTED_KEYS = {
+    "key": "a." * 12_000 + "a = 1\n",
+    "header": "[" + "a." * 60_000 + "a]\nb = 1\n",
+    "inline table": "x = {" + "a." * 60_000 + "a = 1}\n",
+    "quoted parts": '"a".' * 12_000 + '"a" = 1\n',
+}
+
+
+@pytest.mark.parametrize("form", DOTTED_KEYS)
+def test_a_job_file_of_long_dotted_keys_is_refused_before_it_is_parsed(member_client, member_token, form):
+    text = DOTTED_KEYS[form]
+    assert len(text) <= 256 * 1024
+    started = time.monotonic()
+    api = member_client.post(
+        "/api/v1/jobs/file",
+        data=text,
+        content_type="application/toml",
+        HTTP_AUTHORIZATION=f"Bearer {member_token}",
+    )
+    page = member_client.post(reverse("jobs:new"), {"action": "load-file", "job_file": text})
+    assert time.monotonic() - started < 1.0
+    assert api.status_code == 422 and "nested" in api.json()["errors"][0]["message"]
+    assert page.status_code == 400 and "nested" in page.context["form"].errors["file"]
+    assert Job.objects.count() == 0
+
+
+def test_a_dotted_name_inside_a_string_or_comment_is_no_key(good, pool, member_client):
+    """The check reads keys only: a Java class of a dozen parts in the command or a comment is a plain value."""
+    name = ".".join(f"part{i}" for i in range(14))
+    text = f"# runs {name}\nname = \"{name}\"\n[work]\nargv = [\"java\", \"{name}\", '''{name}''']\n"
+    raw = declaration.parse_job_file(text)
+    assert raw["name"] == name and raw["work"]["argv"][1:] == [name, name]
