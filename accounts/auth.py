@@ -55,7 +55,16 @@ class ApiThrottle(BaseThrottle):
     """
 
     def allow_request(self, request: HttpRequest) -> bool:
-        return not ratelimit.wait_past_rate(f"api:{_ident(request)}", settings.E31_API_RATE)
+        if ratelimit.wait_past_rate(f"api:{_ident(request)}", settings.E31_API_RATE):
+            return False
+        # A user's tokens together: at most as many rates as live tokens, however many are revoked and made anew.
+        user_wide = request.user.is_authenticated and getattr(request, "api_token_digest", "")
+        return not (
+            user_wide
+            and ratelimit.wait_past_rate(
+                f"api-user:{request.user.pk}", settings.E31_API_RATE, times=services.ACTIVE_TOKENS
+            )
+        )
 
     def wait(self) -> float:
         # The windows are clock-aligned: the wait is the time to the next one (nothing kept on this

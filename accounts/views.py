@@ -16,6 +16,10 @@ from accounts import emails, forms, members, scoping, selectors, services, team_
 from accounts.models import ApiToken, Team, TeamSecret
 from common import links, ratelimit
 
+# Tokens the token page makes per user a day, revoked or not: twice the live ones an account may hold. Each made and
+# revoked in turn once renewed the API rate, and every one stays listed.
+TOKENS_PER_DAY = 2 * services.ACTIVE_TOKENS
+
 # A token made by the form's POST goes to the page the POST redirects to, which shows it once: shown in the answer
 # to the POST itself, a reload of that page posted the form again and made a second token. It travels in a signed,
 # short-lived cookie of that page, for its own user only: the server keeps nothing but the token's hash.
@@ -25,7 +29,15 @@ NEW_TOKEN_COOKIE, NEW_TOKEN_SALT, NEW_TOKEN_COOKIE_S = "e31_new_token", "account
 @login_required
 def tokens(request: HttpRequest) -> HttpResponse:
     new_token, refused, status = _new_token_shown(request), "", 200
-    if request.method == "POST":
+    waits = request.method == "POST" and ratelimit.wait_past_rate(
+        f"tokens-made:user:{request.user.pk}", f"{TOKENS_PER_DAY}/d"
+    )
+    if waits:
+        refused, status = (
+            f"No token was created: at most {TOKENS_PER_DAY} are made a day; try again tomorrow.",
+            429,
+        )
+    elif request.method == "POST":
         label = request.POST.get("label", "").strip()[:80] or "token"
         try:
             _, token = services.create_api_token(
@@ -51,6 +63,8 @@ def tokens(request: HttpRequest) -> HttpResponse:
     }  # fmt: skip
     page = render(request, "accounts/tokens.html", context, status=status)
     page.delete_cookie(NEW_TOKEN_COOKIE, path=reverse("accounts:tokens"), samesite="Strict")
+    if waits:
+        page["Retry-After"] = str(waits)
     return page
 
 

@@ -95,12 +95,12 @@ def parse_rate(rate: str) -> tuple[int, int]:
     return int(count), {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit.strip()[:1]]
 
 
-def wait_past_rate(key: str, rate: str) -> int:
-    """Counts one event under ``key`` at ``rate`` ("30/m"), in clock-aligned windows: 0 while within it,
-    else the whole seconds until the next window opens (what Retry-After says)."""
+def wait_past_rate(key: str, rate: str, *, times: int = 1) -> int:
+    """Counts one event under ``key`` at ``times`` x ``rate`` ("30/m"), in clock-aligned windows: 0 while
+    within it, else the whole seconds until the next window opens (what Retry-After says)."""
     limit, period = parse_rate(rate)
     now = time.time()
-    if hit(f"{key}:{int(now // period)}", window_s=period) <= limit:
+    if hit(f"{key}:{int(now // period)}", window_s=period) <= limit * times:
         return 0
     return max(1, math.ceil(period - now % period))
 

@@ -4,8 +4,12 @@ import logging
 import time
 
 import pytest
+from django.urls import reverse
+from django.utils import timezone
 
 from accounts import services
+from accounts.models import ApiToken
+from accounts.views import TOKENS_PER_DAY
 
 pytestmark = pytest.mark.django_db
 JOBS = "/api/v1/jobs"
@@ -72,3 +76,32 @@ def test_a_user_cannot_multiply_their_rate_by_making_tokens(client, member):
         services.create_api_token(user=member, label="one more")
     answered = [client.get(JOBS, **token).status_code for token in tokens for _ in range(4)]
     assert answered.count(200) == 3 * services.ACTIVE_TOKENS and answered.count(429) == services.ACTIVE_TOKENS
+
+
+def test_revoking_and_making_tokens_in_turn_never_passes_the_users_own_bound(client, member_client, member):
+    """Found by review: counted per token only, a user who revoked each token at its rate and made the next got
+    the rate again and again. A user's tokens together get at most ACTIVE_TOKENS times the rate, as the README
+    says, however many come and go; and the token page makes at most TOKENS_PER_DAY a day."""
+    answered = 0
+    for _ in range(services.ACTIVE_TOKENS + 2):
+        row, token = services.create_api_token(user=member, label="turn")
+        answered += sum(
+            client.get(JOBS, HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200 for _ in range(4)
+        )
+        services.revoke_api_token(token_id=row.id, user=member, now=timezone.now())
+    assert answered == 3 * services.ACTIVE_TOKENS
+
+
+def test_the_token_page_makes_a_bounded_number_of_tokens_a_day(member_client, member):
+    made = []
+    for i in range(TOKENS_PER_DAY):
+        made.append(member_client.post(reverse("accounts:tokens"), {"label": f"t{i}"}).status_code)
+        for row in ApiToken.objects.filter(
+            user=member, revoked_at__isnull=True
+        ):  # the live-token bound aside
+            services.revoke_api_token(token_id=row.id, user=member, now=timezone.now())
+    assert made == [302] * TOKENS_PER_DAY
+    refused = member_client.post(reverse("accounts:tokens"), {"label": "one more"})
+    assert refused.status_code == 429 and int(refused["Retry-After"]) > 0
+    assert "No token was created" in refused.content.decode()
+    assert ApiToken.objects.filter(user=member).count() == TOKENS_PER_DAY
