@@ -21,6 +21,7 @@ from django.utils import timezone
 from django.utils.decorators import method_decorator
 
 from accounts import services
+from common import ratelimit
 from common.ratelimit import limit_posts
 
 log = logging.getLogger(__name__)
@@ -47,12 +48,25 @@ class _SetsAPassword:
         return self.render_to_response(self.get_context_data(form=form), status=422)
 
 
+# Posts of the change form per account an hour: a session someone else got could otherwise guess the current
+# password without end, each guess a password hash of the web worker's time.
+CHANGE_TRIES = 10
+
+
 class ChangePassword(_SetsAPassword, auth_views.PasswordChangeView):
     """Signs out the account's other sessions (Django keeps this one: ``update_session_auth_hash``)."""
 
     template_name = "accounts/password_change.html"
     success_url = reverse_lazy("accounts:password")
     done = "Password changed. Your other sessions are signed out."
+
+    def post(self, request, *args, **kwargs) -> HttpResponse:
+        if wait := ratelimit.wait_past_rate(f"password-change:user:{request.user.pk}", f"{CHANGE_TRIES}/h"):
+            context = self.get_context_data(form=self.form_class(user=request.user), too_many=wait // 60 + 1)
+            response = self.render_to_response(context, status=429)
+            response["Retry-After"] = str(wait)
+            return response
+        return super().post(request, *args, **kwargs)
 
 
 @method_decorator(limit_posts(scope="password-reset"), name="dispatch")
