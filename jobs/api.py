@@ -126,6 +126,7 @@ def _dependencies_json(job: Job) -> dict:
         "after_ok": [d.prerequisite_id for d in before if d.kind == Dependency.AFTER_OK],
         "after_any": [d.prerequisite_id for d in before if d.kind == Dependency.AFTER_ANY],
         "dependents": [d.job_id for d in job.detail_dependents],
+        "dependents_total": job.dependents_total,
     }
 
 

@@ -269,7 +269,11 @@ class JobOut(BuiltOut):
     )
     after_ok: list[int] = Field(default_factory=list, description="Prerequisites that must succeed first.")
     after_any: list[int] = Field(default_factory=list, description="Prerequisites that must end first.")
-    dependents: list[int] = Field(default_factory=list, description="Jobs that wait for this one.")
+    dependents: list[int] = Field(
+        default_factory=list,
+        description="Jobs that wait for this one: the first 100, by id (`dependents_total` counts them all).",
+    )
+    dependents_total: int = Field(0, description="How many jobs wait for this one.")
     rerun_of: int | None = Field(None, description="The job this one re-runs, if it is a re-run.")
     array: ArrayRefOut | None = Field(None, description="Set on a task of an array.")
     budget_note: str = Field(

@@ -11,6 +11,7 @@ from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 from django.db.models import Count, F, Max, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum
+from django.db.models.functions import Coalesce
 
 from accounts import scoping
 from accounts.models import Team
@@ -20,6 +21,7 @@ from jobs.models import (
     Allocation,
     DataInput,
     DatasetCacheEntry,
+    Dependency,
     GpuMinute,
     GpuUseSummary,
     ImageCacheEntry,
@@ -215,6 +217,16 @@ def with_canceller(jobs: QuerySet[Job]) -> QuerySet[Job]:
     return jobs.annotate(cancelled_by=Subquery(cancels.values("actor")[:1]))
 
 
+# The dependents the API lists per job: the first, by id (``dependents_total`` counts them all).
+DEPENDENTS_LISTED = 100
+_dependents_count = (
+    Dependency.objects.filter(prerequisite=OuterRef("pk"))
+    .order_by()
+    .values("prerequisite")
+    .annotate(n=Count("*"))
+).values("n")
+
+
 def with_details(jobs: QuerySet[Job]) -> QuerySet[Job]:
     """Everything the API's job JSON reads, fetched per page in a fixed number of queries, as plain
     lists on each job (``detail_*``): a related manager and a queryset clone per job and relation
@@ -222,8 +234,10 @@ def with_details(jobs: QuerySet[Job]) -> QuerySet[Job]:
     return jobs.prefetch_related(
         Prefetch("inputs", to_attr="detail_inputs"), Prefetch("events", to_attr="detail_events"), "image_pull",
         Prefetch("allocations", queryset=Allocation.objects.select_related("node"), to_attr="detail_allocations"),
-        Prefetch("prerequisites", to_attr="detail_prerequisites"), Prefetch("dependents", to_attr="detail_dependents"),
-    )  # fmt: skip
+        Prefetch("prerequisites", to_attr="detail_prerequisites"),
+        # A page of each job's dependents (any number may wait for one), and how many there are in all.
+        Prefetch("dependents", Dependency.objects.order_by("job_id")[:DEPENDENTS_LISTED], to_attr="detail_dependents"),
+    ).annotate(dependents_total=Coalesce(Subquery(_dependents_count), 0))  # fmt: skip
 
 
 class OutputUnavailable(Exception):
