@@ -480,6 +480,8 @@ E31_WEBHOOK_DENY = _networks("E31_WEBHOOK_DENY")
 E31_WEBHOOK_ATTEMPTS = env.int("E31_WEBHOOK_ATTEMPTS", default=6)
 E31_WEBHOOK_BACKOFF_S = env.float("E31_WEBHOOK_BACKOFF_S", default=10.0)  # doubles after each failed try
 E31_WEBHOOK_TIMEOUT_S = env.float("E31_WEBHOOK_TIMEOUT_S", default=10.0)
+# How long a webhook whose receiver did not answer several tries in a row is left untried.
+E31_WEBHOOK_PAUSE_S = env.int("E31_WEBHOOK_PAUSE_S", default=600)
 # Each event of a team's jobs goes out to every one of its webhooks from inside the job's change.
 E31_WEBHOOKS_PER_TEAM = env.int("E31_WEBHOOKS_PER_TEAM", default=10)
 # A delivered (or given up) webhook event and its tries are kept this many days, then removed.

@@ -63,6 +63,10 @@ class Webhook(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
     )
     created_at = models.DateTimeField()
+    # Tries in a row its receiver did not answer (services.WEBHOOK_SILENT_TRIES pauses it), and until when its
+    # deliveries wait untried: each silent try held a notification worker for the whole timeout.
+    silent_tries = models.PositiveIntegerField(default=0)
+    paused_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["team", "id"]

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import connection, transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import Case, F, Q, QuerySet, Value, When
 
 from accounts import scoping, selectors, team_secrets
 from accounts.models import Team
@@ -260,8 +260,20 @@ def _ring(task: str, object_id: int) -> None:
     dispatch.send_after_commit(task, (object_id,), queue=dispatch.notify_queue())
 
 
+# Tries in a row a receiver may leave unanswered before its webhook is paused for E31_WEBHOOK_PAUSE_S: each held a
+# notification worker for the whole E31_WEBHOOK_TIMEOUT_S, and one team's silent receivers (10 webhooks, a 1,000-task
+# array cancelled: 10,000 deliveries) kept every other team's notifications waiting for hours.
+WEBHOOK_SILENT_TRIES = 5
+
+
 def deliver_webhook(*, delivery_id: int, now: datetime) -> str:
-    """One try of a due delivery: signed, sent to the address that passed the rules, no redirects followed."""
+    """One try of a due delivery: signed, sent to the address that passed the rules, no redirects followed. A
+    delivery of a paused webhook waits untried, its tries not counted, until the pause ends ("paused")."""
+    if paused_until := _paused_until(delivery_id, now):
+        WebhookDelivery.objects.filter(
+            id=delivery_id, state=WebhookDelivery.PENDING, next_attempt_at__lt=paused_until
+        ).update(next_attempt_at=paused_until)
+        return "paused"
     lease = timedelta(seconds=settings.E31_WEBHOOK_TIMEOUT_S * 2 + 5)
     claimed = WebhookDelivery.objects.filter(
         id=delivery_id, state=WebhookDelivery.PENDING, next_attempt_at__lte=now
@@ -274,7 +286,32 @@ def deliver_webhook(*, delivery_id: int, now: datetime) -> str:
     if refusal := _unvouched(delivery.webhook):
         return _record_try(delivery, status=None, response=refusal, refused=True, took_ms=0, now=now)
     status, response, refused, took = _send(delivery, now=now)
+    if not refused:
+        _count_silence(delivery.webhook_id, answered=status is not None, now=now)
     return _record_try(delivery, status=status, response=response, refused=refused, took_ms=took, now=now)
+
+
+def _paused_until(delivery_id: int, now: datetime) -> datetime | None:
+    until = (
+        WebhookDelivery.objects.filter(id=delivery_id).values_list("webhook__paused_until", flat=True).first()
+    )
+    return until if until is not None and until > now else None
+
+
+def _count_silence(webhook_id: int, *, answered: bool, now: datetime) -> None:
+    """An answer of any kind (a 500 is quick) resumes the webhook; a try with none counts, and the
+    WEBHOOK_SILENT_TRIES-th in a row, and each after it, pauses it. One UPDATE: tries finish concurrently."""
+    webhooks = Webhook.objects.filter(id=webhook_id)
+    if answered:
+        webhooks.exclude(silent_tries=0, paused_until=None).update(silent_tries=0, paused_until=None)
+        return
+    pause = now + timedelta(seconds=settings.E31_WEBHOOK_PAUSE_S)
+    webhooks.update(
+        silent_tries=F("silent_tries") + 1,
+        paused_until=Case(
+            When(silent_tries__gte=WEBHOOK_SILENT_TRIES - 1, then=Value(pause)), default=F("paused_until")
+        ),
+    )
 
 
 def _unvouched(webhook: Webhook) -> str:

@@ -58,6 +58,7 @@ def webhooks(request: HttpRequest, team_slug: str) -> HttpResponse:
         hooks=selectors.team_webhooks(team),
         can_manage=scoping.is_team_admin(request.user, team),
         keep_days=settings.E31_WEBHOOK_KEEP_DAYS,
+        now=timezone.now(),
         page=paging.CappedPaginator(selectors.team_deliveries(team), PAGE_SIZE).get_page(
             request.GET.get("page")
         ),
