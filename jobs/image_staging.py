@@ -92,7 +92,8 @@ def registry_access(*, team_id: int, ref: imageref.Reference) -> registry.Access
     """How the node reaches the image's registry for this team.
 
     A pool's own registry (E31_POOL_REGISTRIES) may be private and plain HTTP; any other is reached
-    over verified TLS, and only on public addresses unless private sources are allowed. The login is
+    over verified TLS, and only on public addresses unless private sources are allowed: checked here once to
+    fail early, then on every connection skopeo makes (``egress``). The login is
     the team's registry credential when it stored one (see ``team_credentials``); anonymous otherwise.
     """
     pool = ref.registry in settings.E31_POOL_REGISTRIES
@@ -105,9 +106,12 @@ def registry_access(*, team_id: int, ref: imageref.Reference) -> registry.Access
         host, _, port = ref.registry.partition(":")
         sources.checked_addresses(host, int(port or 443), allow_private=settings.E31_ALLOW_PRIVATE_SOURCES)
     username, password = team_credentials(team_id=team_id, registry_host=ref.registry)
+    # An outside registry's every connection (its redirects and token realms too) goes through the egress proxy,
+    # which checks the addresses again: the name may answer otherwise now (rebinding), and skopeo resolves it itself.
     return registry.Access(
-        tls_verify=not pool, username=username, password=password, timeout_s=settings.E31_TRANSFER_TIMEOUT_S
-    )
+        tls_verify=not pool, username=username, password=password, timeout_s=settings.E31_TRANSFER_TIMEOUT_S,
+        pinned_egress=not pool, allow_private=settings.E31_ALLOW_PRIVATE_SOURCES,
+    )  # fmt: skip
 
 
 def team_credentials(*, team_id: int, registry_host: str) -> tuple[str, str]:

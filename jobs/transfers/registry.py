@@ -2,8 +2,10 @@
 
 ``skopeo`` talks to the registry and writes the layout, ``umoci`` unpacks it into a root
 filesystem; both are Debian's packages, run as subprocesses with an environment of their own (no
-host credential file, no proxy settings) so a job's pull never borrows the node's identity. No
-database here: staging passes in the registry access and a ``progress`` callback, as for data.
+host credential file, none of the node's proxy settings) so a job's pull never borrows the node's
+identity. An outside registry's skopeo connects only through an egress proxy of its own call
+(``egress``), which pins every connection to checked addresses; a pool's own registry is reached
+directly. No database here: staging passes in the registry access and a ``progress`` callback, as for data.
 """
 
 import base64
@@ -16,11 +18,12 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobs import imageref, transfers, trees
+from jobs.transfers import egress
 from jobs.units import format_size
 
 LAYOUT_TAG = "image"
@@ -46,12 +49,15 @@ ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.
 
 @dataclass(frozen=True)
 class Access:
-    """How this pull reaches its registry: TLS checked or not (a pool's own registry), and whose login."""
+    """How this pull reaches its registry: TLS checked or not (a pool's own registry), whose login, and whether
+    every connection skopeo makes goes through the egress proxy (an outside registry), to which addresses."""
 
     tls_verify: bool = True
     username: str = ""
     password: str = field(default="", repr=False)
     timeout_s: float = 30.0
+    pinned_egress: bool = True  # False only for a pool's own registry, reached directly as it always was
+    allow_private: bool = False  # what the proxy lets through: E31_ALLOW_PRIVATE_SOURCES
 
 
 @dataclass(frozen=True)
@@ -151,14 +157,17 @@ def pull(
     args = ["copy", "--quiet", *_tls("--src-tls-verify", access), "docker://" + ref.pinned(digest),
             f"oci:{layout}:{LAYOUT_TAG}"]  # fmt: skip
     # Its errors go to a file, not a pipe: a pipe nobody reads until the end would stall skopeo once full.
-    with _skopeo_env(access, "--src-authfile", ref.registry) as (env, auth), tempfile.TemporaryFile() as err:
+    with (
+        _skopeo_env(access, "--src-authfile", ref.registry) as (env, auth, refusals),
+        tempfile.TemporaryFile() as err,
+    ):
         proc = subprocess.Popen(
             ["skopeo", *args[:1], *auth, *args[1:]],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
         _follow(proc, layout, before, progress, floor, limit)
         if proc.returncode:
-            raise _classified(_read_back(err))
+            raise _failure(_read_back(err), refusals)
     moved = _tree_bytes(layout) - before
     _check_limit(moved, limit)  # what landed after the last measure
     return moved
@@ -342,7 +351,7 @@ def _tree_bytes(root: Path) -> int:
 
 
 def _inspect(target: str, access: Access, *flags: str) -> bytes:
-    with _skopeo_env(access, "--authfile", target.split("/", 1)[0]) as (env, auth):
+    with _skopeo_env(access, "--authfile", target.split("/", 1)[0]) as (env, auth, refusals):
         try:
             done = subprocess.run(
                 ["skopeo", "--command-timeout", f"{access.timeout_s:.0f}s", "inspect", *auth, *flags,
@@ -352,7 +361,7 @@ def _inspect(target: str, access: Access, *flags: str) -> bytes:
         except subprocess.TimeoutExpired as exc:
             raise transfers.Transient(f"the registry did not answer within {access.timeout_s:.0f} s") from exc
     if done.returncode:
-        raise _classified(done.stderr.decode("utf-8", "replace"))
+        raise _failure(done.stderr.decode("utf-8", "replace"), refusals)
     return done.stdout
 
 
@@ -361,10 +370,13 @@ def _tls(flag: str, access: Access) -> list[str]:
 
 
 @contextmanager
-def _skopeo_env(access: Access, flag: str, registry: str) -> Iterator[tuple[dict[str, str], list[str]]]:
+def _skopeo_env(
+    access: Access, flag: str, registry: str
+) -> Iterator[tuple[dict[str, str], list[str], list[Exception]]]:
     """An empty home and an auth file of this pull's own (0600, removed after): never the node's login,
-    and the password never on a command line where ``ps`` would show it."""
-    with tempfile.TemporaryDirectory(prefix="e31-registry-") as home:
+    and the password never on a command line where ``ps`` would show it. For an outside registry, an egress
+    proxy for this call, and what it refused or could not reach (empty for a pool's own registry)."""
+    with tempfile.TemporaryDirectory(prefix="e31-registry-") as home, _egress(access, registry) as proxy:
         auth = Path(home) / "auth.json"
         auths = {}
         if access.username:
@@ -374,7 +386,27 @@ def _skopeo_env(access: Access, flag: str, registry: str) -> Iterator[tuple[dict
         auth.chmod(0o600)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "XDG_RUNTIME_DIR": home,
                "XDG_CONFIG_HOME": home, "TMPDIR": home}  # fmt: skip
-        yield env, [f"{flag}={auth}"]
+        if proxy is None:
+            yield env, [f"{flag}={auth}"], []
+        else:
+            yield {**env, **proxy.environment()}, [f"{flag}={auth}"], proxy.problems
+
+
+def _egress(access: Access, registry: str) -> AbstractContextManager[egress.Proxy | None]:
+    """The egress proxy for an outside registry's call (None for a pool's own). Its ports: 443, where registries,
+    their token services and their blob stores answer, and the one the reference names, so a redirect or a realm
+    cannot reach another port of a host (a private one is refused whatever its port)."""
+    if not access.pinned_egress:
+        return nullcontext()
+    _, colon, port = registry.rpartition(":")
+    ports = {443, int(port)} if colon else {443}
+    return egress.Proxy(ports=ports, allow_private=access.allow_private, timeout_s=access.timeout_s)
+
+
+def _failure(stderr: str, refusals: list[Exception]) -> Exception:
+    """What the egress proxy refused or could not reach, where it did: skopeo itself says only "Forbidden"
+    (or "Bad Gateway"), which would also tell nothing of why."""
+    return refusals[0] if refusals else _classified(stderr)
 
 
 def _classified(stderr: str) -> Exception:

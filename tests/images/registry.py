@@ -49,9 +49,9 @@ class Registry:
         return done.stdout.strip()
 
 
-def _free_port() -> int:
+def _free_port(address: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((address, 0))
         return sock.getsockname()[1]
 
 
@@ -155,26 +155,34 @@ def _call(registry: Registry, method: str, path: str, body: bytes | None = None,
         return response
 
 
-def start(root: Path) -> Registry:
-    """A registry storing under ``root``, listening on a free port of 127.0.0.1."""
-    port = _free_port()
+def start(
+    root: Path, *, address: str = "127.0.0.1", tls: tuple[Path, Path] | None = None, realm: str = ""
+) -> Registry:
+    """A registry storing under ``root``, listening on a free port of ``address``: over TLS with ``tls`` (its
+    certificate and key files), and with them asking for a bearer token from ``realm`` when one is named."""
+    port = _free_port(address)
     config = root / "config.yml"
-    config.write_text(
+    text = (
         "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
-        f"    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n"
+        f"    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\nhttp:\n  addr: {address}:{port}\n"
     )
+    if tls:
+        text += f"  tls:\n    certificate: {tls[0]}\n    key: {tls[1]}\n"
+    if realm:  # the token service's certificate: any will do, no token is ever issued
+        text += f"auth:\n  token:\n    realm: {realm}\n    service: tests\n    issuer: tests\n    rootcertbundle: {tls[0]}\n"
+    config.write_text(text)
     log = root / "access.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             ["docker-registry", "serve", str(config)], stdout=out, stderr=subprocess.STDOUT
         )
     deadline = time.monotonic() + 20
-    while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+    while socket.socket().connect_ex((address, port)) != 0:
         if time.monotonic() > deadline or proc.poll() is not None:
             proc.kill()
             raise RuntimeError(f"the registry did not start: {log.read_text()[-500:]}")
         time.sleep(0.05)
-    return Registry(host=f"127.0.0.1:{port}", log=log, proc=proc)
+    return Registry(host=f"{address}:{port}", log=log, proc=proc)
 
 
 def stop(registry: Registry) -> None:
