@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import stat
 import subprocess
 import tempfile
@@ -21,7 +22,9 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from common import pinned
 from jobs import imageref, transfers, trees
 from jobs.transfers import egress
 from jobs.units import format_size
@@ -37,6 +40,13 @@ PERMANENT = (
     "no such host", "invalid reference", "blob unknown", "digest invalid", "does not match",
 )  # fmt: skip
 NOT_A_MANIFEST = "the registry's manifest is not a valid image manifest"
+# Go's http.ProxyFromEnvironment never proxies "localhost" or a loopback IP literal: a redirect or token realm naming
+# one is reached by skopeo itself, around the egress proxy (README, E31_OUTSIDE_REGISTRIES).
+AROUND_THE_PROXY = (
+    "the registry sent the pull to a loopback address, which skopeo reaches around the egress proxy: "
+    "the pull failed, and what answered there is not told"
+)
+URL_IN_TEXT = re.compile(r"https?://[^\s\"'\\]+")
 RUN_CONFIG = ("Env", "Entrypoint", "Cmd", "WorkingDir")
 # An unpacking image is measured this often: umoci writes 100-150 MB a second here, so it gets ~15 MB past its
 # cap. Measuring lstat()s every file (~0.8 s for 100,000 here): the next measure then waits this many times as
@@ -167,7 +177,7 @@ def pull(
         )  # fmt: skip
         _follow(proc, layout, before, progress, floor, limit)
         if proc.returncode:
-            raise _failure(_read_back(err), refusals)
+            raise _failure(_read_back(err), refusals, access)
     moved = _tree_bytes(layout) - before
     _check_limit(moved, limit)  # what landed after the last measure
     return moved
@@ -361,7 +371,7 @@ def _inspect(target: str, access: Access, *flags: str) -> bytes:
         except subprocess.TimeoutExpired as exc:
             raise transfers.Transient(f"the registry did not answer within {access.timeout_s:.0f} s") from exc
     if done.returncode:
-        raise _failure(done.stderr.decode("utf-8", "replace"), refusals)
+        raise _failure(done.stderr.decode("utf-8", "replace"), refusals, access)
     return done.stdout
 
 
@@ -403,10 +413,28 @@ def _egress(access: Access, registry: str) -> AbstractContextManager[egress.Prox
     return egress.Proxy(ports=ports, allow_private=access.allow_private, timeout_s=access.timeout_s)
 
 
-def _failure(stderr: str, refusals: list[Exception]) -> Exception:
+def _failure(stderr: str, refusals: list[Exception], access: Access) -> Exception:
     """What the egress proxy refused or could not reach, where it did: skopeo itself says only "Forbidden"
-    (or "Bad Gateway"), which would also tell nothing of why."""
-    return refusals[0] if refusals else _classified(stderr)
+    (or "Bad Gateway"), which would also tell nothing of why. Where skopeo went around the proxy to a loopback
+    address, one message whatever it met there: "connection refused", a 404 or a timeout would map the node's
+    local ports for whoever runs the registry."""
+    if refusals:
+        return refusals[0]
+    if access.pinned_egress and not access.allow_private and _names_loopback(stderr):
+        return transfers.TransferFailed(AROUND_THE_PROXY)
+    return _classified(stderr)
+
+
+def _names_loopback(text: str) -> bool:
+    """Whether ``text`` names a URL on "localhost" or a loopback IP literal: the ones Go never proxies."""
+    for url in URL_IN_TEXT.findall(text):
+        try:
+            host = urlsplit(url).hostname or ""
+            if host == "localhost" or pinned.unwrapped(host).is_loopback:
+                return True
+        except ValueError:  # a host name, or a broken "[": not a loopback literal
+            continue
+    return False
 
 
 def _classified(stderr: str) -> Exception:

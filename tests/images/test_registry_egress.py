@@ -310,3 +310,29 @@ def test_a_loopback_literal_the_registry_names_still_bypasses_the_proxy(
     assert heard, "skopeo did not connect to 127.0.0.1"
     assert heard[0].startswith(b"GET /token") if scheme == "http" else heard[0][:1] == b"\x16"  # a TLS hello
     assert all(tunnel == ref.registry for proxy in proxies for tunnel in proxy.tunnels)
+
+
+def test_what_a_loopback_realm_met_is_not_told(trusted, naming_realm, listener, monkeypatch):
+    """A realm on a listening port and one on a closed port end the same: the node's ports are not mapped."""
+    port, heard = listener
+    counted_public(monkeypatch, trusted.host.rpartition(":")[0])
+    told = []
+    for realm_port in (port, closed_port()):
+        ref = naming_realm(f"http://127.0.0.1:{realm_port}/token")
+        with pytest.raises(transfers.TransferFailed) as failed:
+            registry.resolve(ref, access=registry.Access(allow_private=False, timeout_s=10))
+        told.append(str(failed.value))
+    assert heard and told == [registry.AROUND_THE_PROXY] * 2
+
+
+def test_a_loopback_registry_an_operator_allowed_keeps_skopeos_own_message():
+    """With E31_ALLOW_PRIVATE_SOURCES the operator allowed loopback: nothing to hide."""
+    ref = imageref.parse(f"127.0.0.1:{closed_port()}/tests/busybox:1")
+    with pytest.raises(transfers.Transient, match="connection refused"):
+        registry.resolve(ref, access=registry.Access(allow_private=True, timeout_s=10))
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
