@@ -99,6 +99,8 @@ class Proxy:
             self._untrack(client)
 
     def refuse_over_bound(self, client: socket.socket) -> None:
+        """A connection past ``max_connections``: answered in the accepting thread (LINGER_S at most), no thread
+        started for it."""
         self.problems.append(
             transfers.Transient(f"skopeo opened more than {self.max_connections} connections at once")
         )
