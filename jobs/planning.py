@@ -4,6 +4,8 @@ and the pass's own figures on the scheduler's row (shown on the operators' queue
 
 from datetime import datetime, timedelta
 
+from django.db import transaction
+
 from jobs import dispatch
 from jobs.lifecycle import BEFORE_RENT
 from jobs.models import Job, SchedulerState
@@ -13,12 +15,18 @@ ESTIMATE = ("estimated_start", "pending_reason")
 PRIORITY = ("priority", "priority_detail")
 
 
+@transaction.atomic
 def store_estimates(plan: types.Plan, *, now: datetime) -> None:
     """Writes each waiting job's estimated start, reason and priority (only jobs not yet rented), and of each only
     what changed: a job's priority moves on every pass (it ages), its estimate and reason seldom do, and each
-    column written costs the write a term per job (``bulk_update``'s CASE), which dominated a pass's time."""
-    waiting = Job.objects.filter(id__in=list(plan.estimates), state__in=BEFORE_RENT).only(
-        "id", *ESTIMATE, *PRIORITY
+    column written costs the write a term per job (``bulk_update``'s CASE), which dominated a pass's time.
+
+    A job another transaction holds (a team cancelling an array) is left to the next pass, not waited for: the
+    pass holds the pool's one pass lock, and every team's starts waited with it (9.5 s, against 0.9 s)."""
+    waiting = (
+        Job.objects.filter(id__in=list(plan.estimates), state__in=BEFORE_RENT)
+        .select_for_update(skip_locked=True, no_key=True)
+        .only("id", *ESTIMATE, *PRIORITY)
     )
     moved: list[Job] = []  # its estimate or reason changed: every column written
     aged: list[Job] = []  # only its priority changed

@@ -186,14 +186,26 @@ def _limit_shared_with(
     return origin, origin.max_running
 
 
-@transaction.atomic
+# Tasks an array's cancel holds at once: in one transaction, a 1,000-task array's rows stayed locked for the whole
+# cancel (10.5 s), and the scheduler's pass, waiting on them, held every team's starts.
+CANCEL_BATCH = 100
+
+
 def cancel_array(*, array_id: int, user, now: datetime) -> int:
     """Cancels every live task of an array, its tasks run again on their own included (each as ``cancel_job``
-    would); returns how many."""
+    would), CANCEL_BATCH tasks a transaction; returns how many. Stopped midway, the batches done stay done and
+    asking again cancels the rest."""
     tasks = Job.objects.filter(Q(array_id=array_id) | Q(array__limit_of_id=array_id), state__in=ALIVE)
     live = list(tasks.order_by("id").values_list("id", flat=True))
-    rental.lock_for_release(live)  # some may be released here: every task's lock first, in the one order
-    return sum(cancel_job(job_id=job_id, user=user, now=now) for job_id in live)
+    cancelled = 0
+    for first in range(0, len(live), CANCEL_BATCH):
+        batch = live[first : first + CANCEL_BATCH]
+        with transaction.atomic():
+            rental.lock_for_release(
+                batch
+            )  # some may be released here: every task's lock first, in the one order
+            cancelled += sum(cancel_job(job_id=job_id, user=user, now=now) for job_id in batch)
+    return cancelled
 
 
 @transaction.atomic
