@@ -191,12 +191,12 @@ def parse_job_file(text: str) -> dict[str, Any]:
 
 
 # What a TOML document holds that is no key, and may hold dots: strings (multi-line ones first, so their quotes are
-# not read as two empty strings) and comments. Each becomes one placeholder part, so "a"."b" still reads as two. A
+# not read as two empty strings; one may end in up to two quotes before its closing three) and comments. Each becomes one placeholder part, so "a"."b" still reads as two. A
 # string left open runs to its line's end (to the file's, multi-line): every match succeeds once begun, so no text
 # is read twice (a pattern that failed there was tried again from each quote inside: 230 s for a line of "\"\").
 _NOT_KEYS = re.compile(
-    r'"""(?:[^\\]|\\.?)*?(?:"""|\Z)'
-    r"|'''.*?(?:'''|\Z)"
+    r'"""(?:[^\\]|\\.?)*?(?:"{3,5}|\Z)'
+    r"|'''.*?(?:'{3,5}|\Z)"
     r'|"(?:[^"\\\n]|\\[^\n]?)*+(?:"|(?=\n)|\Z)'
     r"|'[^'\n]*+(?:'|(?=\n)|\Z)"
     r"|#[^\n]*+",

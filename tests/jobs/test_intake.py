@@ -564,3 +564,18 @@ def test_a_dotted_name_inside_a_string_or_comment_is_no_key(good, pool, member_c
     text = f"# runs {name}\nname = \"{name}\"\n[work]\nargv = [\"java\", \"{name}\", '''{name}''']\n"
     raw = declaration.parse_job_file(text)
     assert raw["name"] == name and raw["work"]["argv"][1:] == [name, name]
+
+
+def test_a_multi_line_string_ending_in_quotes_neither_hides_a_deep_key_nor_refuses_a_good_file():
+    """Found in review: TOML lets a multi-line string end in up to two quotes before its closing three; read as
+    ending at the first three, the quote left over opened a string, hiding a key of 120,000 parts (a 19.9 s parse)
+    and refusing a good file whose dotted value followed on its line."""
+    for quotes in ('"""', "'''"):
+        hidden = "x = {a = " + quotes + "q" + quotes[0] + quotes + ', b = "z", ' + "c." * 12_000 + "c = 1}\n"
+        with pytest.raises(declaration.DeclarationInvalid, match="nested"):
+            started = time.monotonic()
+            declaration.parse_job_file(hidden)
+        assert time.monotonic() - started < 0.5
+    name = ".".join(f"part{i}" for i in range(14))
+    good = f'name = "n"\n[work]\nargv = ["""echo "hi"""", \'\'\'it\'s\'\'\'\', "{name}"]\n'
+    assert declaration.parse_job_file(good)["work"]["argv"] == ['echo "hi"', "it's'", name]
