@@ -135,15 +135,20 @@ class UserCreationForm(auth_admin.UserAdmin.add_form):
 
 
 class UserChangeForm(auth_admin.UserAdmin.form):
+    # An address is checked only where it changes: one stored before the check still saves the account's other
+    # fields (a look-alike account is what an operator most wants to deactivate).
     def clean_username(self) -> str:
         """No rename onto another account's name in another case (``accounts.usernames``), said on the form."""
-        name = _plain(self.cleaned_data["username"])
+        name = self.cleaned_data["username"]
+        if "username" in self.changed_data:
+            name = _plain(name)
         if usernames.taken(name, exclude_id=self.instance.pk):
             raise ValidationError(usernames.TAKEN, code="unique")
         return name
 
     def clean_email(self) -> str:
-        return _plain(self.cleaned_data["email"])
+        email = self.cleaned_data["email"]
+        return _plain(email) if "email" in self.changed_data else email
 
     def clean_is_active(self) -> bool:
         """A team keeps an admin who can sign in: the last one is not deactivated (``members._keep_an_admin``)."""

@@ -27,9 +27,10 @@ def taken(username: str, *, exclude_id: int | None = None) -> bool:
 
 def refuse_twin(sender, instance, raw: bool = False, update_fields=None, **kwargs) -> None:
     """pre_save of the user model: a new or renamed account may not take another's name in another case."""
-    if raw or (update_fields is not None and "username" not in update_fields):
-        return  # a fixture, or a save that leaves the name alone (sign-in's last_login)
-    if taken(instance.get_username(), exclude_id=instance.pk):
+    saved = None if update_fields is None else set(update_fields)
+    if raw or (saved is not None and not saved & {"username", "email"}):
+        return  # a fixture, or a save that leaves the addresses alone (sign-in's last_login)
+    if (saved is None or "username" in saved) and taken(instance.get_username(), exclude_id=instance.pk):
         raise ValidationError(TAKEN, code="unique")
     _refuse_lookalike(instance)
 

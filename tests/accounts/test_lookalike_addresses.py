@@ -114,3 +114,23 @@ def test_an_account_stored_before_with_a_lookalike_address_still_saves_its_other
     user.refresh_from_db()
     user.set_password("a long passphrase 31")
     user.save()  # a password reset saves the whole row: it must not be refused for what it did not change
+
+
+def test_the_admin_still_deactivates_an_account_stored_before_with_a_lookalike_address(admin_client):
+    """Found in review: the form checked every address on every save, so the look-alike account an operator would
+    most want switched off could not be."""
+    user = UserFactory(username="eve")
+    get_user_model().objects.filter(pk=user.pk).update(username=LOOKALIKE_LOCAL, email=LOOKALIKE_LOCAL)
+    user.refresh_from_db()
+    form = _admin_user_form(user)
+    del form["is_active"]
+    assert admin_client.post(reverse("admin:auth_user_change", args=[user.id]), form).status_code == 302
+    user.refresh_from_db()
+    assert not user.is_active and user.username == LOOKALIKE_LOCAL
+
+
+def test_a_save_of_the_email_alone_is_checked_too():
+    user = UserFactory(username="eve")
+    user.email = LOOKALIKE_DOMAIN
+    with pytest.raises(ValidationError, match="plain form"):
+        user.save(update_fields=["email"])
