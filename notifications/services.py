@@ -269,12 +269,12 @@ WEBHOOK_SILENT_TRIES = 5
 def deliver_webhook(*, delivery_id: int, now: datetime) -> str:
     """One try of a due delivery: signed, sent to the address that passed the rules, no redirects followed. A
     delivery of a paused webhook waits untried, its tries not counted, until the pause ends ("paused")."""
-    if paused_until := _paused_until(delivery_id, now):
+    lease = timedelta(seconds=settings.E31_WEBHOOK_TIMEOUT_S * 2 + 5)
+    if paused_until := _paused_until(delivery_id, now, probe_for=lease):
         WebhookDelivery.objects.filter(
             id=delivery_id, state=WebhookDelivery.PENDING, next_attempt_at__lt=paused_until
         ).update(next_attempt_at=paused_until)
         return "paused"
-    lease = timedelta(seconds=settings.E31_WEBHOOK_TIMEOUT_S * 2 + 5)
     claimed = WebhookDelivery.objects.filter(
         id=delivery_id, state=WebhookDelivery.PENDING, next_attempt_at__lte=now
     ).update(next_attempt_at=now + lease, attempts=F("attempts") + 1)
@@ -285,17 +285,35 @@ def deliver_webhook(*, delivery_id: int, now: datetime) -> str:
     )
     if refusal := _unvouched(delivery.webhook):
         return _record_try(delivery, status=None, response=refusal, refused=True, took_ms=0, now=now)
-    status, response, refused, took = _send(delivery, now=now)
+    try:
+        secret = delivery.webhook.secret
+    except (
+        team_secrets.SecretsUnavailable
+    ) as exc:  # nothing goes out unsigned; tried again, as a key may come back
+        return _record_try(
+            delivery, status=None, response=f"not sent: {exc}", refused=False, took_ms=0, now=now
+        )
+    status, response, refused, took = _send(delivery, secret, now=now)
     if not refused:
         _count_silence(delivery.webhook_id, answered=status is not None, now=now)
     return _record_try(delivery, status=status, response=response, refused=refused, took_ms=took, now=now)
 
 
-def _paused_until(delivery_id: int, now: datetime) -> datetime | None:
-    until = (
-        WebhookDelivery.objects.filter(id=delivery_id).values_list("webhook__paused_until", flat=True).first()
+def _paused_until(delivery_id: int, now: datetime, *, probe_for: timedelta) -> datetime | None:
+    """Until when this delivery's webhook is paused, or None: it may be tried. Once a pause ends, one try decides
+    (it holds the pause ``probe_for`` longer, by a conditional UPDATE); the deliveries due meanwhile wait for it."""
+    found = WebhookDelivery.objects.filter(id=delivery_id).values_list(
+        "webhook_id", "webhook__silent_tries", "webhook__paused_until"
     )
-    return until if until is not None and until > now else None
+    webhook_id, silent, until = found.first() or (None, 0, None)
+    if until is not None and until > now:
+        return until
+    if silent < WEBHOOK_SILENT_TRIES:
+        return None
+    probing = Webhook.objects.filter(Q(paused_until__isnull=True) | Q(paused_until__lte=now), id=webhook_id)
+    if probing.update(paused_until=now + probe_for):
+        return None  # this try is the probe
+    return Webhook.objects.filter(id=webhook_id).values_list("paused_until", flat=True).first() or None
 
 
 def _count_silence(webhook_id: int, *, answered: bool, now: datetime) -> None:
@@ -324,15 +342,9 @@ def _unvouched(webhook: Webhook) -> str:
     return f"not sent: {who}, who added this webhook, no longer speaks for team {webhook.team.slug}"
 
 
-def _send(delivery: WebhookDelivery, *, now: datetime) -> tuple[int | None, str, bool, int]:
+def _send(delivery: WebhookDelivery, secret: str, *, now: datetime) -> tuple[int | None, str, bool, int]:
     """(HTTP status or None, what answered or why not, refused by the rules, milliseconds)."""
     body = json.dumps({"id": str(delivery.event_id), **delivery.payload}, separators=(",", ":")).encode()
-    try:
-        secret = delivery.webhook.secret
-    except (
-        team_secrets.SecretsUnavailable
-    ) as exc:  # nothing goes out unsigned; tried again, as a key may come back
-        return None, f"not sent: {exc}", False, 0
     headers = signing.headers(
         secret=secret,
         event_id=str(delivery.event_id),

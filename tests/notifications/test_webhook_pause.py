@@ -14,6 +14,8 @@ import time
 from datetime import timedelta
 
 import pytest
+from cryptography.fernet import Fernet
+from django.db import connection
 from django.utils import timezone
 
 from notifications import services as notify
@@ -113,3 +115,48 @@ def test_the_webhooks_page_says_a_webhook_is_paused_and_why(team, member_client,
     )
     page = member_client.get(f"/notifications/webhooks/{team.slug}/").content.decode()
     assert "paused" in page and "did not answer 5 tries in a row" in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_when_a_pause_ends_one_try_decides_while_the_other_deliveries_wait(
+    team, silent_receiver, loopback_allowed, settings
+):
+    """From the review: at the pause's end every delivery held was due at once, and each free worker sent its own
+    try into the silence. One probe goes; the others wait for what it finds."""
+    settings.E31_WEBHOOK_TIMEOUT_S = 1.0
+    deliveries = _owed(team, silent_receiver, 4)
+    webhook = deliveries[0].webhook
+    type(webhook).objects.filter(id=webhook.id).update(
+        silent_tries=notify.WEBHOOK_SILENT_TRIES, paused_until=timezone.now() - timedelta(seconds=1)
+    )
+    now, answers = timezone.now(), {}
+
+    def deliver(delivery: WebhookDelivery) -> None:
+        try:
+            answers[delivery.id] = notify.deliver_webhook(delivery_id=delivery.id, now=now)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=deliver, args=(d,)) for d in deliveries]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert sorted(answers.values()) == ["paused", "paused", "paused", "pending"]
+    assert WebhookAttempt.objects.count() == 1
+    webhook.refresh_from_db()
+    assert webhook.paused_until >= now + timedelta(seconds=settings.E31_WEBHOOK_PAUSE_S)  # paused again
+
+
+def test_a_secret_the_platform_cannot_open_is_no_silence_of_the_receiver(
+    team, receiver, loopback_allowed, settings
+):
+    """The platform's own key problem is said on the try; it never pauses the team's webhook as the receiver's."""
+    settings.E31_SECRETS_KEYS = [Fernet.generate_key().decode()]
+    deliveries = _owed(team, receiver.url, notify.WEBHOOK_SILENT_TRIES + 1)
+    settings.E31_SECRETS_KEYS = [Fernet.generate_key().decode()]  # the key it was sealed under was dropped
+    now = timezone.now()
+    assert {notify.deliver_webhook(delivery_id=d.id, now=now) for d in deliveries} == {"pending"}
+    webhook = deliveries[0].webhook
+    webhook.refresh_from_db()
+    assert (webhook.silent_tries, webhook.paused_until) == (0, None)
