@@ -144,7 +144,7 @@ def _check_waiting_cap(*, team, tasks: int, prerequisites: int) -> None:
     waiting = Job.objects.filter(team=team, state__in=BEFORE_RENT)
     held = waiting.count()
     edges = Dependency.objects.filter(job__in=waiting).count()
-    if held + _slots(edges) + tasks + _slots(prerequisites) > cap:
+    if held + tasks + _slots(edges + prerequisites) > cap:
         adds = f"this submission adds {_tasks(tasks)}" + (
             f" and {prerequisites} prerequisites" if prerequisites else ""
         )

@@ -1,7 +1,9 @@
 """Shared fixtures: a team with a member and an admin, a second team, an operator, a pool."""
 
 import threading
+import time
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 from django.conf import settings
@@ -9,7 +11,7 @@ from django.db.backends.postgresql.operations import DatabaseOperations as Postg
 from django.test import Client
 
 from accounts import services as accounts
-from common import export
+from common import export, ratelimit
 from common.append_only import ALLOW_TRUNCATE
 from tests import machine
 from tests.factories import MembershipFactory, NodeFactory, TeamFactory, UserFactory
@@ -130,3 +132,12 @@ def roots(settings, tmp_path):
     settings.E31_DATA_ROOTS = [data.resolve()]
     settings.E31_OUTPUT_ROOTS = [out.resolve()]
     return (data / "vision").resolve(), (out / "vision").resolve()
+
+
+@pytest.fixture
+def still_rate_clock(monkeypatch):
+    """The rate limits' clock held still: their windows are aligned to the clock, so a test's requests that
+    crossed a window's end (a minute's, an hour's) would count in two windows and pass the limit."""
+    held = time.time()
+    monkeypatch.setattr(ratelimit, "time", SimpleNamespace(time=lambda: held))
+    return held

@@ -418,8 +418,8 @@ def _failure(stderr: str, refusals: list[Exception], access: Access) -> Exceptio
     (or "Bad Gateway"), which would also tell nothing of why. Where skopeo went around the proxy to a loopback
     address, one message whatever it met there: "connection refused", a 404 or a timeout would map the node's
     local ports for whoever runs the registry."""
-    if refusals:
-        return refusals[0]
+    if refusals:  # a refusal for good before one worth retrying (too many connections at once, a slow lookup)
+        return next((r for r in refusals if isinstance(r, transfers.TransferFailed)), refusals[0])
     if access.pinned_egress and not access.allow_private and _names_loopback(stderr):
         return transfers.TransferFailed(AROUND_THE_PROXY)
     return _classified(stderr)

@@ -78,7 +78,9 @@ def test_a_user_cannot_multiply_their_rate_by_making_tokens(client, member):
     assert answered.count(200) == 3 * services.ACTIVE_TOKENS and answered.count(429) == services.ACTIVE_TOKENS
 
 
-def test_revoking_and_making_tokens_in_turn_never_passes_the_users_own_bound(client, member_client, member):
+def test_revoking_and_making_tokens_in_turn_never_passes_the_users_own_bound(
+    client, member, still_rate_clock
+):
     """Found by review: counted per token only, a user who revoked each token at its rate and made the next got
     the rate again and again. A user's tokens together get at most ACTIVE_TOKENS times the rate, as the README
     says, however many come and go; and the token page makes at most TOKENS_PER_DAY a day."""
@@ -92,7 +94,7 @@ def test_revoking_and_making_tokens_in_turn_never_passes_the_users_own_bound(cli
     assert answered == 3 * services.ACTIVE_TOKENS
 
 
-def test_the_token_page_makes_a_bounded_number_of_tokens_a_day(member_client, member):
+def test_the_token_page_makes_a_bounded_number_of_tokens_a_day(member_client, member, still_rate_clock):
     made = []
     for i in range(TOKENS_PER_DAY):
         made.append(member_client.post(reverse("accounts:tokens"), {"label": f"t{i}"}).status_code)

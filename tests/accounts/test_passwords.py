@@ -97,7 +97,7 @@ def test_the_sign_in_page_links_the_reset_and_the_token_page_the_change(member_c
     assert get_user_model().objects.count() == 1
 
 
-def test_tries_at_the_current_password_are_limited_per_account(member, member_client):
+def test_tries_at_the_current_password_are_limited_per_account(member, member_client, still_rate_clock):
     """Found by review: wrong current passwords were answered 422 for ever, each costing a password hash (0.28 s
     with the real hasher): a session someone else had got could guess the password without limit."""
     wrong = {"old_password": "not it", "new_password1": NEW, "new_password2": NEW}

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from jobs import transfers
-from jobs.transfers import egress
+from jobs.transfers import egress, registry
 
 REFUSED = b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
@@ -198,3 +198,14 @@ def test_skopeo_is_sent_through_the_proxy_for_https_and_http_alike():
         env = proxy.environment()
     assert env == {"HTTPS_PROXY": proxy.url, "HTTP_PROXY": proxy.url, "NO_PROXY": ""}
     assert urlsplit(proxy.url).hostname == "127.0.0.1"
+
+
+def test_a_refusal_for_good_is_the_failure_even_after_one_worth_retrying():
+    """From the review: the first refusal was the pull's failure, so a connection refused for being one too many
+    (worth retrying) hid that the registry pointed at a private address (never worth retrying)."""
+    refusals = [
+        transfers.Transient("too many connections at once"),
+        transfers.TransferFailed("a private address"),
+    ]
+    failure = registry._failure("Forbidden", refusals, registry.Access())
+    assert isinstance(failure, transfers.TransferFailed) and str(failure) == "a private address"

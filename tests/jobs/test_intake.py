@@ -507,7 +507,7 @@ def test_a_flag_that_is_a_number_is_refused_not_taken_for_false(flag, value, goo
 
 
 def test_the_preview_is_limited_per_member_and_says_when_it_resumes(
-    pool, member_client, outsider_client, settings
+    pool, member_client, outsider_client, settings, still_rate_clock
 ):
     """Each preview plans the queue up to four times: a member scripting it past E31_PREVIEW_RATE is told to
     wait (429 with Retry-After; the form's own htmx request gets the message in place), others are not slowed."""
