@@ -21,6 +21,9 @@ from jobs.schemas import ArrayOut, ErrorOut, JobIn, JobOut, OutputFileOut
 
 router = Router(tags=["jobs"])
 OUTPUT_PAGE_MAX = 1000  # files per page of /jobs/{id}/outputs
+# Jobs per page of /jobs: each carries its inputs, prerequisites and events, so a page of 1,000 such jobs held a
+# web thread for seconds; the CLI asks for 100 at a time.
+JOB_PAGE_MAX = 100
 # 429: every operation passes the throttle first
 ERRORS = {400: ErrorOut, 401: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut, 429: ErrorOut}
 
@@ -59,6 +62,9 @@ class JobFilter(Schema):
 
 
 class JobPages(paging.CappedLimitOffset):
+    class Input(paging.CappedLimitOffset.Input):
+        limit: int = Field(JOB_PAGE_MAX, ge=1, le=JOB_PAGE_MAX)
+
     def serialise(self, item: Job) -> dict:
         return job_json(item)
 
