@@ -100,7 +100,7 @@ def job_json(job: Job) -> dict:
         "outputs": {
             "files": job.sealed_files, "bytes": job.sealed_bytes,
             "delivered_to": job.delivery_uri if job.sealed_files else "",
-            "files_url": f"/api/v1/jobs/{job.id}/outputs",
+            "files_url": f"/api/v1/jobs/{job.id}/outputs", "files_listed": job.log_removed_at is None,
         },
         "delivery_state": job.delivery_state,
         "estimated_start": job.estimated_start,

@@ -20,7 +20,7 @@ from django.db.models.functions import Greatest, Length
 from django.utils import timezone
 
 from jobs.lifecycle import TERMINAL
-from jobs.models import Allocation, Job, LogChunk, TeamLogBytes
+from jobs.models import Allocation, Job, LogChunk, OutputFile, TeamLogBytes
 
 CHUNK_BYTES = 256 * 1024
 READ_BYTES = 1024 * 1024
@@ -144,6 +144,17 @@ def read_log(job: Job, *, attempt: int, rank: int, offset: int) -> LogSlice:
     )  # fmt: skip
 
 
+def _up_to_files(jobs, most: int) -> list[int]:
+    """The ids of ``jobs`` ((id, files) in order) up to the one whose files reach ``most``; the first always."""
+    ids, files = [], 0
+    for job_id, sealed in jobs:
+        ids.append(job_id)
+        files += sealed
+        if files >= most:
+            break
+    return ids
+
+
 def removed_note(job: Job) -> str:
     """The sentence a page, the API and the CLI show for a log retention removed; "" while it is kept, and for a
     job that never ran (it had no log to lose; the pruner marks it all the same, so its index forgets it)."""
@@ -240,11 +251,15 @@ def follow_log(job: Job, *, attempt: int, rank: int, offset: int, wait_s: float)
 
 # Jobs per transaction: each may hold E31_LOG_CAP_BYTES per part and attempt, so a batch stays a short delete.
 PRUNE_JOBS = 100
+# And about this many rows of their lists of output files (a job may hold E31_MAX_OUTPUT_FILES per attempt).
+PRUNE_FILES = 50_000
 
 
 def prune_logs(*, now: datetime, keep_days: int, batch: int = PRUNE_JOBS) -> int:
-    """Removes the logs of jobs that ended more than ``keep_days`` before ``now`` (how many jobs); a job
-    whose outputs are still being delivered keeps its log, which delivery copies beside them."""
+    """Removes the logs of jobs that ended more than ``keep_days`` before ``now`` (how many jobs), and with them
+    the lists of their output files (every attempt's; the files stay where they were delivered, and the job's
+    summary of them stays). A job whose outputs are still being delivered keeps both: delivery copies the log
+    beside the outputs and checks them against the list."""
     cutoff, pruned = now - timedelta(days=keep_days), 0
     while removed := _prune_batch(cutoff=cutoff, now=now, batch=batch):
         pruned += removed
@@ -257,9 +272,11 @@ def _prune_batch(*, cutoff: datetime, now: datetime, batch: int) -> int:
     # naming the job (a re-run, a webhook delivery) may still be inserted while the batch's logs are deleted.
     due = Job.objects.filter(state__in=TERMINAL, state_changed_at__lt=cutoff, log_removed_at__isnull=True)
     due = due.exclude(delivery_state="delivering").order_by("state_changed_at", "id")
-    ids = list(due.select_for_update(skip_locked=True, no_key=True).values_list("id", flat=True)[:batch])
+    locked = due.select_for_update(skip_locked=True, no_key=True).values_list("id", "sealed_files")[:batch]
+    ids = _up_to_files(locked, PRUNE_FILES)
     if not ids:
         return 0
+    OutputFile.objects.filter(job_id__in=ids).delete()
     chunks = LogChunk.objects.filter(job_id__in=ids)
     by_team = chunks.values_list("job__team_id").annotate(size=Sum(Length("data"))).order_by("job__team_id")
     for team_id, size in by_team:  # in the teams' order, so two pruners never wait on each other's rows

@@ -218,6 +218,10 @@ class OutputsOut(BuiltOut):
     bytes: int = Field(..., description="Their total size in bytes.")
     delivered_to: str = Field(..., description="The attempt's own folder under the destination.")
     files_url: str = Field(..., description="Every file, paged: ?offset=&limit= (at most 1000).")
+    files_listed: bool = Field(
+        True, description="False once the list of files was removed with the job's log (E31_LOG_KEEP_DAYS after "
+        "the job ended): files_url then lists none; the files stay at delivered_to.",
+    )  # fmt: skip
 
 
 class ArrayRefOut(BuiltOut):

@@ -241,7 +241,8 @@ def with_details(jobs: QuerySet[Job]) -> QuerySet[Job]:
 
 
 class OutputUnavailable(Exception):
-    """The file is not among the job's sealed outputs (status 404), or not at its destination yet (409)."""
+    """The file is not among the job's sealed outputs (status 404), not at its destination yet (409), or the list
+    of the job's files was removed with its log (410)."""
 
     def __init__(self, message: str, *, status: int = 404) -> None:
         super().__init__(message)
@@ -255,6 +256,11 @@ def open_delivered_output(job: Job, path: str):
     prefix of an output root, and below that prefix no link is followed, not even one swapped in while the
     path is opened: a link planted at the destination leads nowhere else.
     """
+    if job.log_removed_at is not None and job.sealed_files:
+        raise OutputUnavailable(
+            f"the list of job {job.id}'s output files was removed with its log on {job.log_removed_at:%Y-%m-%d}; "
+            f"the files stay at {job.delivery_uri}", status=410,
+        )  # fmt: skip
     if not OutputFile.objects.filter(job_id=job.id, attempt=job.attempt, path=path).exists():
         raise OutputUnavailable(f"{path[:200]!r} is not one of job {job.id}'s outputs")
     if not job.delivered_at:

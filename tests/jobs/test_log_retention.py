@@ -16,7 +16,7 @@ from django.db import OperationalError, connection, connections, transaction
 from django.urls import reverse
 
 from jobs import logs, tasks
-from jobs.models import Allocation, Job, JobEvent, LogChunk
+from jobs.models import Allocation, Job, JobEvent, LogChunk, OutputFile
 from metering.models import MeterEntry
 from tests.cli.inprocess import e31
 from tests.factories import JobFactory, NodeFactory
@@ -203,3 +203,62 @@ def test_a_log_keep_below_one_day_is_refused_at_start(days):
         cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert started.returncode != 0 and "ImproperlyConfigured: E31_LOG_KEEP_DAYS" in started.stderr
+
+
+# --------------------------------------------------------------------------- the list of output files
+
+
+def _sealed(job: Job, files: int, *, attempts: tuple[int, ...] = (1,)) -> None:
+    """``files`` rows per attempt in the job's manifest, as sealing writes them, and the summary of the last."""
+    OutputFile.objects.bulk_create(
+        OutputFile(job=job, attempt=attempt, path=f"out/{n}.bin", bytes=10, sha256="a" * 64)
+        for attempt in attempts
+        for n in range(files)
+    )
+    Job.objects.filter(id=job.id).update(
+        sealed_files=files, sealed_bytes=10 * files, delivered_at=job.state_changed_at,
+        output_uri="file:///srv/outputs/demo/run-7",
+    )  # fmt: skip
+
+
+def test_the_list_of_an_old_jobs_output_files_goes_with_its_log(old, recent):
+    """A 1,000-task array of 10,000 files each is ten million manifest rows: they were kept for ever. Once the
+    job's log goes, its list goes too, every attempt's; the summary (files, bytes, where) stays a record."""
+    _sealed(old, 3, attempts=(1, 2))
+    _sealed(recent, 2)
+    assert logs.prune_logs(now=NOW, keep_days=90) == 1
+    assert not OutputFile.objects.filter(job=old).exists()
+    assert OutputFile.objects.filter(job=recent).count() == 2
+    assert Job.objects.values_list("sealed_files", "sealed_bytes").get(id=old.id) == (3, 30)
+
+
+def test_a_batch_stops_near_its_rows_of_output_files_so_each_delete_stays_short(team, member, monkeypatch):
+    monkeypatch.setattr(logs, "PRUNE_FILES", 5)
+    jobs = [_job_with_log(team, member, state="released", ended=NOW - timedelta(days=100 - n), text=b"x\n")
+            for n in range(3)]  # fmt: skip
+    for job in jobs:
+        _sealed(job, 3)
+    assert logs._prune_batch(cutoff=NOW - timedelta(days=90), now=NOW, batch=100) == 2  # 3 + 3 rows reach 5
+    assert logs._prune_batch(cutoff=NOW - timedelta(days=90), now=NOW, batch=100) == 1
+    assert not OutputFile.objects.exists()
+    many = _job_with_log(team, member, state="released", ended=NOW - timedelta(days=99), text=b"x\n")
+    _sealed(many, 8)  # one job past the bound on its own is still taken, alone
+    assert logs._prune_batch(cutoff=NOW - timedelta(days=90), now=NOW, batch=100) == 1
+
+
+def test_the_job_page_and_a_download_say_the_list_of_files_was_removed(member_client, member_token, old):
+    _sealed(old, 2)
+    logs.prune_logs(now=NOW, keep_days=90)
+    page = member_client.get(reverse("jobs:detail", args=[old.id])).content.decode()
+    said = "The list of these files was removed with the log on 2026-12-01; the files stay at"
+    assert said in page and f"file:///srv/outputs/demo/run-7/{old.id}-1/" in page
+    download = member_client.get(reverse("jobs:output", args=[old.id]), {"path": "out/1.bin"})
+    assert download.status_code == 410 and "was removed" in download.content.decode()
+    api = member_client.get(
+        f"/api/v1/jobs/{old.id}/outputs/download",
+        {"path": "out/1.bin"},
+        HTTP_AUTHORIZATION=f"Bearer {member_token}",
+    )
+    assert api.status_code == 410 and "was removed" in api.json()["detail"]
+    outputs = member_client.get(f"/api/v1/jobs/{old.id}", HTTP_AUTHORIZATION=f"Bearer {member_token}").json()
+    assert outputs["outputs"]["files"] == 2 and outputs["outputs"]["files_listed"] is False
