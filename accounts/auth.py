@@ -6,12 +6,14 @@ import time
 from django.conf import settings
 from django.http import HttpRequest
 from django.utils import timezone
-from ninja.errors import Throttled
+from ninja.errors import HttpError, Throttled
 from ninja.security import HttpBearer, SessionAuth
 from ninja.throttling import BaseThrottle
 
 from accounts import selectors, services
 from common import clients, ratelimit
+
+READING_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
 class BearerToken(HttpBearer):
@@ -29,14 +31,20 @@ class BearerToken(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str):
         # ninja keeps what follows the first space, but RFC 7235 allows more than one: "Bearer  <token>".
         token = token.strip()
-        user = services.user_for_token(token=token, now=timezone.now())
-        if user is None:
+        row = services.live_token(token=token, now=timezone.now())
+        if row is None:
             request.api_auth_problem = selectors.why_token_refused(token)
             _count_failure(request)  # ninja runs throttles only after authentication succeeds
             return None
-        request.user = user
-        request.api_token_digest = services.digest_token(token)  # what the throttle counts by
-        return user
+        if row.read_only and request.method not in READING_METHODS:
+            _count_failure(request)
+            raise HttpError(
+                403, f"token {row.prefix}… ({row.label}) is read-only: it may list and read, not change anything; "
+                "use a token made without 'Read only' on the API tokens page",
+            )  # fmt: skip
+        request.user = row.user
+        request.api_token_digest = row.digest  # what the throttle counts by
+        return row.user
 
 
 def _count_failure(request: HttpRequest) -> None:

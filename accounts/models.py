@@ -57,6 +57,9 @@ class ApiToken(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
     # Refused from then on; null: made before tokens expired, kept working so nothing stops without warning.
     expires_at = models.DateTimeField(null=True, blank=True)
+    # Reads only (GET, HEAD, OPTIONS): what watches the jobs (a dashboard, a CI status check) needs no power to
+    # submit, cancel or change a team's secrets. Tokens made before this can change things, as they always could.
+    read_only = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at"]

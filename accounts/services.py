@@ -54,10 +54,12 @@ def token_days(raw) -> int:
 
 
 @transaction.atomic
-def create_api_token(*, user, label: str, days: int | None = None) -> tuple[ApiToken, str]:
+def create_api_token(
+    *, user, label: str, days: int | None = None, read_only: bool = False
+) -> tuple[ApiToken, str]:
     """Returns the stored row and the plain token, which is never stored and never shown again; it expires after
-    ``days`` (``token_days``). Refused past ACTIVE_TOKENS live tokens; the user's row is locked first, so two
-    creations at once cannot both pass."""
+    ``days`` (``token_days``); ``read_only``: it may only read. Refused past ACTIVE_TOKENS live tokens; the user's
+    row is locked first, so two creations at once cannot both pass."""
     expires_at = timezone.now() + timedelta(days=token_days(days))
     get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True).get()
     if ApiToken.objects.filter(_live(timezone.now()), user=user).count() >= ACTIVE_TOKENS:
@@ -72,6 +74,7 @@ def create_api_token(*, user, label: str, days: int | None = None) -> tuple[ApiT
         prefix=token[:10],
         digest=digest_token(token),
         expires_at=expires_at,
+        read_only=read_only,
     )
     return row, token
 
@@ -96,15 +99,20 @@ def revoke_api_token(*, token_id: int, user, now: datetime, actor=None) -> bool:
 
 def user_for_token(*, token: str, now: datetime):
     """The active user owning this token, or None."""
+    row = live_token(token=token, now=now)
+    return row.user if row is not None else None
+
+
+def live_token(*, token: str, now: datetime) -> ApiToken | None:
+    """The live token of an active user (its ``user`` loaded), marked used now; None if there is none."""
     row = (
         ApiToken.objects.select_related("user")
         .filter(_live(now), digest=digest_token(token), user__is_active=True)
         .first()
     )
-    if row is None:
-        return None
-    ApiToken.objects.filter(id=row.id).update(last_used_at=now)
-    return row.user
+    if row is not None:
+        ApiToken.objects.filter(id=row.id).update(last_used_at=now)
+    return row
 
 
 @transaction.atomic

@@ -41,8 +41,9 @@ def tokens(request: HttpRequest) -> HttpResponse:
         label = request.POST.get("label", "").strip()[:80] or "token"
         try:
             _, token = services.create_api_token(
-                user=request.user, label=label, days=request.POST.get("days")
-            )
+                user=request.user, label=label, days=request.POST.get("days"),
+                read_only=bool(request.POST.get("read_only")),
+            )  # fmt: skip
         except (services.TooManyTokens, services.BadTokenDays) as exc:
             refused, status = (
                 f"No token was created: {exc}.",

@@ -130,3 +130,39 @@ def test_the_tokens_page_says_why_it_made_no_token_past_the_limit(member_client,
     assert page.status_code == 409 and page.context["new_token"] is None
     assert f"No token was created: you have {services.ACTIVE_TOKENS} active tokens" in page.content.decode()
     assert ApiToken.objects.filter(user=member).count() == services.ACTIVE_TOKENS
+
+
+def test_a_read_only_token_reads_and_is_refused_every_change_saying_why(member, team, client):
+    """A dashboard or a CI job that only watches needs no power to submit, cancel or re-run: a token made read-only
+    lists jobs, logs and the ledger, and each change is a 403 saying what the token may do."""
+    from tests.factories import JobFactory
+
+    job = JobFactory(team=team, submitted_by=member, state="queued")
+    _, token = services.create_api_token(user=member, label="dashboard", read_only=True)
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    assert client.get("/api/v1/jobs", **auth).status_code == 200
+    assert client.get(f"/api/v1/jobs/{job.id}", **auth).status_code == 200
+    for path in (f"/api/v1/jobs/{job.id}/cancel", f"/api/v1/jobs/{job.id}/rerun", "/api/v1/jobs"):
+        refused = client.post(path, {}, content_type="application/json", **auth)
+        assert refused.status_code == 403, (path, refused.content[:200])
+        assert "read-only" in refused.json()["detail"], refused.json()
+    assert client.get(f"/api/v1/jobs/{job.id}", **auth).json()["state"] == "queued"
+
+
+def test_the_page_makes_a_read_only_token_and_says_which_tokens_can_change_things(
+    member_client, member, client
+):
+    member_client.post(reverse("accounts:tokens"), {"label": "dashboard", "read_only": "on"})
+    member_client.post(reverse("accounts:tokens"), {"label": "laptop"})
+    assert dict(ApiToken.objects.filter(user=member).values_list("label", "read_only")) == {
+        "dashboard": True,
+        "laptop": False,
+    }
+    page = member_client.get(reverse("accounts:tokens")).content.decode()
+    assert "read only" in page and "read and change" in page
+
+
+def test_the_command_makes_a_read_only_token(member):
+    out = StringIO()
+    call_command("create_api_token", "alice", "--read-only", stdout=out)
+    assert ApiToken.objects.get(user=member).read_only is True
