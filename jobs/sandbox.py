@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from django.conf import settings
 
@@ -685,24 +685,41 @@ def _own_entry(name: str, folder_fd: int | None, uid: int, gid: int) -> None:
         os.close(fd)
 
 
-def descendants(pid: int) -> list[int]:
+class Found(NamedTuple):
+    """A process a scan of /proc found: its pid, and when it started (clock ticks after boot), which tells it
+    from a later process given the same pid."""
+
+    pid: int
+    start: int
+
+
+def descendants(pid: int) -> list[Found]:
     """Every process below ``pid`` (from /proc), so TERM reaches the job inside bwrap's namespace."""
-    children: dict[int, list[int]] = {}
+    children: dict[int, list[Found]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
-            stat = Path(entry.path, "stat").read_text()
+            fields = _stat_fields(int(entry.name))
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
+        children.setdefault(int(fields[1]), []).append(Found(int(entry.name), int(fields[19])))
     found, stack = [], [pid]
     while stack:
         for child in children.get(stack.pop(), []):
             found.append(child)
-            stack.append(child)
+            stack.append(child.pid)
     return found
+
+
+def start_ticks(pid: int) -> int:
+    """When the process now holding ``pid`` started, in clock ticks after boot (OSError if none does)."""
+    return int(_stat_fields(pid)[19])
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command's name (which may hold spaces and brackets): state, ppid, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def terminate(
@@ -729,7 +746,7 @@ def terminate(
     return proc.wait()
 
 
-def _inside(proc: subprocess.Popen, mode: str) -> list[int]:
+def _inside(proc: subprocess.Popen, mode: str) -> list[Found | int]:
     return descendants(proc.pid) if mode == BUBBLEWRAP else [proc.pid, *descendants(proc.pid)]
 
 
@@ -768,9 +785,27 @@ def kill_tree(proc: subprocess.Popen) -> None:
         pass
 
 
-def _send(pids: Sequence[int], sig: int) -> None:
-    for pid in pids:
+def _send(processes: Sequence[Found | int], sig: int) -> None:
+    """Signals each process a scan found, if it is still that process; a bare pid is the agent's own child, not
+    reaped yet, so its pid is still its own.
+
+    Between the scan and the signal a listed process may exit and, were the pids to wrap meanwhile, its pid go
+    to another process: another team's attempt, the database, the agent. A pidfd pins the process holding the
+    pid when it is opened (a signal through it never reaches a later one), and that process is signalled only if
+    it started when the scanned one did."""
+    for process in processes:
+        if isinstance(process, int):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process, sig)
+            continue
         try:
-            os.kill(pid, sig)
+            pinned = os.pidfd_open(process.pid)
         except ProcessLookupError:
+            continue
+        try:
+            if start_ticks(process.pid) == process.start:
+                signal.pidfd_send_signal(pinned, sig)
+        except OSError:  # gone meanwhile (no such process, or its /proc entry went): nothing to signal
             pass
+        finally:
+            os.close(pinned)

@@ -1,5 +1,6 @@
 """The end of a job's process: what the agent kills once it has exited, and never kills."""
 
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -47,3 +48,36 @@ def test_what_a_job_left_in_its_process_group_is_killed_before_the_job_is_reaped
         time.sleep(0.02)
     assert _state(child) in ("gone", "Z"), "the job's child outlived it"
     job.stdout.close()
+
+
+def test_a_pid_the_scan_found_but_another_process_holds_now_is_never_signalled():
+    """The agent scans /proc for the job's processes, then signals each pid. A job forking and exiting fast can
+    free a pid it listed; were the numbers to wrap meanwhile, another process (another team's attempt, the
+    database, the agent) would hold it and be TERMed or KILLed. Each process is signalled only if it is still
+    the one the scan found: its pid pinned by a pidfd, and its start time the scan's."""
+    stranger = subprocess.Popen(["sleep", "30"])
+    try:
+        started = sandbox.start_ticks(stranger.pid)
+        sandbox._send([sandbox.Found(stranger.pid, started + 1)], signal.SIGKILL)  # the scan saw another one
+        time.sleep(0.2)
+        assert stranger.poll() is None, "a process the scan never found was killed"
+        sandbox._send(
+            [sandbox.Found(stranger.pid, started)], signal.SIGKILL
+        )  # the very process the scan found
+        assert stranger.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_the_scan_finds_each_descendant_with_its_start_time():
+    parent = subprocess.Popen(["sh", "-c", "sleep 30 & wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 5
+        while not (found := sandbox.descendants(parent.pid)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        [child] = found
+        assert child.start == sandbox.start_ticks(child.pid) > 0
+    finally:
+        sandbox.kill_tree(parent)
+        parent.wait()
