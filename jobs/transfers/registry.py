@@ -325,16 +325,29 @@ def image_config(layout: Path) -> dict:
         config = json.loads(_blob(layout, manifest["config"]["digest"])).get("config") or {}
         run = {key: config[key] for key in RUN_CONFIG if config.get(key)}
         if not all(_is_run_value(key, value) for key, value in run.items()):
-            raise TypeError("Env, Entrypoint and Cmd are lists of strings, WorkingDir a string")
+            raise TypeError(
+                "Env, Entrypoint and Cmd are lists of strings, WorkingDir a string, none holding a NUL"
+            )
     return run
 
 
 def _is_run_value(key: str, value) -> bool:
     """What the sandbox takes them for: the node would otherwise run a job with, say, each character of a
-    string ``Env`` as a variable."""
+    string ``Env`` as a variable. Strings an argument list and the database's JSON can hold: no NUL, no half
+    of a character (a lone surrogate)."""
     if key == "WorkingDir":
-        return isinstance(value, str)
-    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+        return _is_text(value)
+    return isinstance(value, list) and all(_is_text(item) for item in value)
+
+
+def _is_text(value) -> bool:
+    if not isinstance(value, str) or "\0" in value:
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _blob(layout: Path, digest: str) -> bytes:

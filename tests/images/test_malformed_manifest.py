@@ -86,6 +86,18 @@ MALFORMED_CONFIGS = {
     "Env a string": (CONFIG_DIGEST, json.dumps({"config": {"Env": "PATH=/bin"}}).encode()),
     "Cmd holding a number": (CONFIG_DIGEST, json.dumps({"config": {"Cmd": ["sh", 1]}}).encode()),
     "WorkingDir a list": (CONFIG_DIGEST, json.dumps({"config": {"WorkingDir": ["/srv"]}}).encode()),
+    # Neither goes into an argument list or the database's JSON: the cache entry's write failed as a database error
+    # (PostgreSQL refuses both), which the stager leaves to the reconciler, so the job was staged again, pull and
+    # all, at every reconcile, for ever.
+    "Env holding a NUL": (CONFIG_DIGEST, json.dumps({"config": {"Env": ["A=x\u0000y"]}}).encode()),
+    "Cmd holding half a character": (
+        CONFIG_DIGEST,
+        json.dumps({"config": {"Cmd": ["sh", "\ud800"]}}).encode(),
+    ),
+    "WorkingDir holding a NUL": (
+        CONFIG_DIGEST,
+        json.dumps({"config": {"WorkingDir": "/srv\u0000"}}).encode(),
+    ),
 }
 
 
