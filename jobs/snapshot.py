@@ -160,8 +160,23 @@ def _running() -> list[types.RunningView]:
         "job__preemptible",
         Coalesce("job__array__limit_of_id", "job__array_id"),  # a requeued task counts against its array
         "job__checkpoint_signal",
+        "job__checkpoint_grace_s",
+        "job__preempt_requested_at",
     )
-    for job_id, team, node, indices, rented_at, started_at, hours, preemptible, array, signal in rows:
+    for (
+        job_id,
+        team,
+        node,
+        indices,
+        rented_at,
+        started_at,
+        hours,
+        preemptible,
+        array,
+        signal,
+        grace,
+        asked,
+    ) in rows:
         entry = by_job.setdefault(
             job_id,
             {
@@ -172,6 +187,9 @@ def _running() -> list[types.RunningView]:
                 "preemptible": preemptible,
                 "array": array,
                 "checkpoints": bool(signal),
+                # what a preemption asks of it: its checkpoint's grace, or TERM and the kill grace
+                "yield_s": grace if signal else settings.E31_KILL_GRACE_S,
+                "asked": asked.timestamp() if asked else None,
             },
         )
         entry["nodes"][node] = tuple(indices)
@@ -187,6 +205,8 @@ def _running() -> list[types.RunningView]:
             preemptible=e["preemptible"],
             array=e["array"],
             checkpoints=e["checkpoints"],
+            yield_s=e["yield_s"],
+            preempt_asked_at=e["asked"],
         )
         for job_id, e in by_job.items()
     ]

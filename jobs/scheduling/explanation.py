@@ -299,10 +299,16 @@ class Explainer:
         where = _node_list(hold.need)
         size = _describe_job(job, p.kind(job).node_gpus)
         if hold.start_at <= p.now and job.job_id in p.preempt_ready:
+            stopped = p.preempted_by(hold)
             reason = (
                 f"{size}; starting on {where} as soon as the backlog jobs there are preempted and requeued"
             )
-            return Estimate(job.job_id, p.now, "preempting", reason)
+            if stopped > p.now:
+                reason += (
+                    f": they have up to {_minutes(stopped - p.now)} to stop (a checkpoint's grace, or the kill "
+                    f"grace), so about {format_utc(stopped, now=p.now)}"
+                )
+            return Estimate(job.job_id, stopped, "preempting", reason)
         if hold.start_at <= p.now and p.held_back_by_room(job):
             frees = ends.room_frees(job)
             if frees is None:
@@ -782,6 +788,11 @@ def _room_never(p: Pass, job: PendingJob, g: int, s: Pass | _Kind) -> Estimate:
         "it can be submitted again declaring less"
     )
     return Estimate(job.job_id, None, "room_too_large", reason)
+
+
+def _minutes(seconds: float) -> str:
+    minutes = -(-seconds // 60)  # a grace of 30 s is "up to 1 minute", never "0 minutes"
+    return _count(int(minutes), "minute")
 
 
 def _count(n: int, noun: str) -> str:

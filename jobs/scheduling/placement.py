@@ -425,6 +425,9 @@ class Pass:
         self.preempted: dict[int, None] = {}
         self.preempt_spare: dict[str, list[int]] = {}  # GPUs of preempted jobs no hold claimed yet
         self.preempt_ready: dict[int, dict[str, tuple[int, ...]]] = {}
+        self.preempt_stopped_by: dict[
+            str, float
+        ] = {}  # when the last job preempted on a node will have stopped
         self._releases: list[RunningView] | None = None
         self._sweep: _Sweep | None = None
         self._by_node: dict[str, list[RunningView]] | None = None
@@ -743,9 +746,17 @@ class Pass:
                 if r.job_id not in self.preempted:
                     self.preempted[r.job_id] = None
                     spare.extend(r.gpus_by_node[node])
+                    stopped = (self.now if r.preempt_asked_at is None else r.preempt_asked_at) + r.yield_s
+                    self.preempt_stopped_by[node] = max(self.preempt_stopped_by.get(node, self.now), stopped)
             use, self.preempt_spare[node] = use + spare[:soft_k], spare[soft_k:]
             ready[node] = tuple(sorted(use))
         self.preempt_ready[hold.job.job_id] = ready
+
+    def preempted_by(self, hold: Held) -> float:
+        """When the backlog jobs a hold due now preempts will all have stopped (each has its grace to, from when
+        it was asked); no sooner than now."""
+        nodes = self.preempt_ready.get(hold.job.job_id, {})
+        return max([self.now, *(self.preempt_stopped_by.get(node, self.now) for node in nodes)])
 
     def reservation_gpus(self, hold: Held) -> dict[str, tuple[int, ...]]:
         """Which GPU indices the hold expects on each node: released ones first, then idle ones."""

@@ -60,6 +60,9 @@ class RunningView:
     array: int | None = None  # the array it is a task of, whose running limit it counts against
     # Resumes from its last checkpoint when stopped: cheap to preempt, so it makes room first.
     checkpoints: bool = False
+    # Once preempted, how long it may take to give its GPUs back: its checkpoint's grace, else the kill grace.
+    yield_s: float = 0.0
+    preempt_asked_at: float | None = None  # when its preemption was asked, by an earlier pass
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from django.utils import timezone
 
-from jobs import agent, attempt_space, checkpoints, presenters, rental, sandbox, trees
+from jobs import agent, attempt_space, checkpoints, presenters, rental, sandbox, snapshot, trees
 from jobs.models import Allocation, Job, JobEvent
 from tests.factories import JobFactory, NodeFactory
 
@@ -324,3 +324,17 @@ def test_a_checkpoint_hidden_past_the_longest_path_is_counted_and_removed_whole(
     kept = checkpoints.settle(51, limit=MB)
     assert kept.bytes == 0 and "could not be read" in kept.note, kept
     assert not os.path.ismount(path)
+
+
+def test_the_scheduler_sees_how_long_a_preempted_job_may_take_to_stop(team, settings):
+    """The wait a preemption costs the job it makes room for: a pausable job's grace, any other's kill grace, from
+    when the preemption was asked."""
+    settings.E31_KILL_GRACE_S = 9
+    asked = timezone.now()
+    pausable = _pausable(team, checkpoint_grace_s=300)
+    plain = JobFactory(team=team, preemptible=True)
+    _running_part(pausable)
+    _running_part(plain)
+    Job.objects.filter(id=plain.id).update(preempt_requested_at=asked)
+    seen = {r.job_id: (r.yield_s, r.preempt_asked_at) for r in snapshot._running()}
+    assert seen == {pausable.id: (300, None), plain.id: (9, asked.timestamp())}

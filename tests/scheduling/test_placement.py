@@ -117,10 +117,11 @@ def test_an_elastic_job_below_its_minimum_waits():
     assert result.starts == []
 
 
-def _backlog(job_id, gpus_by_node, end=NOW + 50 * 3600, checkpoints=False):
+def _backlog(job_id, gpus_by_node, end=NOW + 50 * 3600, checkpoints=False, yield_s=0.0, asked_at=None):
     return RunningView(
-        job_id, "batch", gpus_by_node, NOW - 3600, end, preemptible=True, checkpoints=checkpoints
-    )
+        job_id, "batch", gpus_by_node, NOW - 3600, end, preemptible=True, checkpoints=checkpoints,
+        yield_s=yield_s, preempt_asked_at=asked_at,
+    )  # fmt: skip
 
 
 def test_backlog_jobs_are_preempted_for_a_job_that_would_otherwise_wait():
@@ -131,6 +132,22 @@ def test_backlog_jobs_are_preempted_for_a_job_that_would_otherwise_wait():
     (hold,) = result.reservations
     assert hold.start_at == NOW and hold.gpus_by_node == {"a": tuple(range(6))}
     assert result.estimates[1].reason_code == "preempting"
+
+
+def test_a_job_waiting_on_a_preemption_is_told_when_the_backlog_jobs_will_have_stopped():
+    """A preempted job has its checkpoint's grace (up to an hour) or the kill grace to stop: the job waiting for
+    its GPUs was told "starting now" all that time. Its estimate is when the last of them will have stopped, from
+    when each was asked (a job asked in an earlier pass has less of its grace left)."""
+    running = [
+        _backlog(7, {"a": (0, 1, 2, 3)}, checkpoints=True, yield_s=600),
+        _backlog(8, {"a": (4, 5, 6, 7)}, yield_s=30, asked_at=NOW - 20),
+    ]
+    result = _plan([_node("a", ())], [_job(1, 8)], running)
+    estimate = result.estimates[1]
+    assert estimate.reason_code == "preempting" and estimate.start_at == NOW + 600
+    assert "have up to 10 minutes to stop" in estimate.reason, estimate.reason
+    asked = [_backlog(8, {"a": tuple(range(8))}, yield_s=30, asked_at=NOW - 20)]
+    assert _plan([_node("a", ())], [_job(1, 8)], asked).estimates[1].start_at == NOW + 10
 
 
 def test_preemption_takes_idle_gpus_first_and_as_few_backlog_jobs_as_possible():
