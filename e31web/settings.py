@@ -435,6 +435,10 @@ if E31_IMAGE_UNPACK_RATIO < 1:
 # Inputs copied at once across the pool, and deliveries at once per node.
 E31_STAGE_CONCURRENCY = env.int("E31_STAGE_CONCURRENCY", default=4)
 E31_DELIVERY_CONCURRENCY = env.int("E31_DELIVERY_CONCURRENCY", default=2)
+# Of those, the most one team's copies and pulls may hold at once. Half by default: a team's slow sources (just
+# above E31_TRANSFER_MIN_RATE_BPS, 25 GB lasts 69 hours) took every slot, and every other team's staging waited
+# for them; half leaves the other half to the other teams, and still lets one team alone use two slots at a time.
+E31_STAGE_TEAM_SLOTS = env.int("E31_STAGE_TEAM_SLOTS", default=max(1, E31_STAGE_CONCURRENCY // 2))
 # A part's outputs lie on the node that sealed them: once that node has been down this long, its delivery fails
 # (the job's dependents then go on) instead of waiting for it for ever.
 E31_DELIVERY_NODE_GRACE_S = env.float("E31_DELIVERY_NODE_GRACE_S", default=86400.0)
@@ -497,6 +501,8 @@ if min(E31_STAGE_CONCURRENCY, E31_DELIVERY_CONCURRENCY) < 1 or E31_STAGE_CACHE_B
     raise ImproperlyConfigured(
         "E31_STAGE_CONCURRENCY and E31_DELIVERY_CONCURRENCY are at least 1; E31_STAGE_CACHE_BYTES is not negative"
     )
+if not 1 <= E31_STAGE_TEAM_SLOTS <= E31_STAGE_CONCURRENCY:
+    raise ImproperlyConfigured("E31_STAGE_TEAM_SLOTS is at least 1 and at most E31_STAGE_CONCURRENCY")
 E31_MAX_ATTEMPTS = env.int("E31_MAX_ATTEMPTS", default=3)
 # After a node's disk could not hold an attempt's space, the scheduler places nothing there for this long.
 E31_NO_ROOM_HOLD_S = env.float("E31_NO_ROOM_HOLD_S", default=300.0)

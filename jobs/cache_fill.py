@@ -14,6 +14,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from jobs import transfers
@@ -53,17 +54,41 @@ def lock_slots() -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SLOT_LOCK])
 
 
-def slot_free(now: datetime, *, except_input: int | None = None) -> bool:
-    """Whether fewer than E31_STAGE_CONCURRENCY copies into the pool hold a slot: data inputs being
-    copied and images being pulled alike, each by a stager that has not gone silent. Call it under
-    ``lock_slots``."""
+class NoSlot(Exception):
+    """No transfer slot for this copy now: its stager gives its thread back and the job is staged again shortly."""
+
+
+def slots_held(now: datetime, *, team_id: int, except_input: int | None = None) -> tuple[int, int]:
+    """Copies into the pool holding a transfer slot, and those of them the team's: data inputs being copied and
+    images being pulled alike, each by a stager that has not gone silent. An image entry is keyed by its team, and
+    only a job of that team fills it, so the entry's team is the pulling job's."""
     inputs = DataInput.objects.filter(
         stage_state="staging", job__state=State.STAGING, job__worker_seen_at__gte=stale_before(now)
     )
     if except_input is not None:
         inputs = inputs.exclude(id=except_input)
     images = ImageCacheEntry.objects.filter(state=ImageCacheEntry.FILLING, updated_at__gte=stale_before(now))
-    return inputs.count() + images.count() < settings.E31_STAGE_CONCURRENCY
+    data = inputs.aggregate(pool=Count("id"), team=Count("id", filter=Q(job__team_id=team_id)))
+    pulls = images.aggregate(pool=Count("id"), team=Count("id", filter=Q(team_id=team_id)))
+    return data["pool"] + pulls["pool"], data["team"] + pulls["team"]
+
+
+def slot_refusal(now: datetime, *, team_id: int, except_input: int | None = None) -> str:
+    """Why a copy of the team's may not take a transfer slot now, as its team reads it; "" when it may. Fewer than
+    E31_STAGE_CONCURRENCY copies hold one across the pool, and fewer than E31_STAGE_TEAM_SLOTS of them the team's.
+    Call it under ``lock_slots`` to take a slot on its word."""
+    pool, team = settings.E31_STAGE_CONCURRENCY, settings.E31_STAGE_TEAM_SLOTS
+    held, held_by_team = slots_held(now, team_id=team_id, except_input=except_input)
+    if held >= pool:
+        return f"waiting for a transfer slot: {pool} cop{'ies' if pool > 1 else 'y'} at once on this pool"
+    if held_by_team >= team:
+        return f"waiting for a transfer slot: your team holds {held_by_team} of the pool's {pool}, the most one team may"
+    return ""
+
+
+def slot_free(now: datetime, *, team_id: int, except_input: int | None = None) -> bool:
+    """Whether a copy of the team's may take a transfer slot now (``slot_refusal``). Call it under ``lock_slots``."""
+    return not slot_refusal(now, team_id=team_id, except_input=except_input)
 
 
 def copying_fills(now: datetime):
@@ -77,11 +102,6 @@ def copying_fills(now: datetime):
 def team_share_bytes() -> int:
     """What one team's inputs, copies and images may hold of the staging cache at once (E31_STAGE_TEAM_SHARE)."""
     return int(settings.E31_STAGE_CACHE_BYTES * settings.E31_STAGE_TEAM_SHARE)
-
-
-def slot_wait_reason() -> str:
-    limit = settings.E31_STAGE_CONCURRENCY
-    return f"waiting for a transfer slot: {limit} cop{'ies' if limit > 1 else 'y'} at once on this pool"
 
 
 def transfer_floor() -> transfers.Floor | None:

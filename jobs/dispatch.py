@@ -10,6 +10,7 @@ writers); the names are checked against the registered tasks by the tests.
 
 import logging
 import time
+from datetime import datetime
 
 import celery
 from django.conf import settings
@@ -43,16 +44,32 @@ def after_commit(send, what: str) -> None:
     transaction.on_commit(ring)
 
 
-def send_after_commit(task_name: str, args: tuple, *, queue: str, expires_s: float | None = None) -> None:
+def send_after_commit(
+    task_name: str,
+    args: tuple,
+    *,
+    queue: str,
+    expires_s: float | None = None,
+    countdown_s: float | None = None,
+) -> None:
     """Enqueues ``task_name(*args)`` on ``queue`` once the current transaction commits; a message given
-    ``expires_s`` is dropped unread past it (a repeat the reconciler rings again anyway)."""
+    ``expires_s`` is dropped unread past it (a repeat the reconciler rings again anyway), one given ``countdown_s``
+    is run no sooner than that after it is sent."""
     shown = f"{task_name.rsplit('.', 1)[-1]}({', '.join(map(str, args))})"
     options = {"expires": expires_s} if expires_s else {}
+    if countdown_s:
+        options["countdown"] = countdown_s
     after_commit(lambda: celery.current_app.send_task(task_name, args=args, queue=queue, **options), shown)
 
 
 def stage_job(job_id: int, *, expires_s: float | None = None) -> None:
     send_after_commit(STAGE_JOB, (job_id,), queue=staging_queue(), expires_s=expires_s)
+
+
+def restage_job(job_id: int, *, claim: datetime, countdown_s: float) -> None:
+    """Stages a job again once ``countdown_s`` has passed, by the stager that takes its hand-over ``claim``: the
+    ``worker_seen_at`` the stager that gave its thread back left on the job (``staging.stage_job``)."""
+    send_after_commit(STAGE_JOB, (job_id, claim.isoformat()), queue=staging_queue(), countdown_s=countdown_s)
 
 
 def request_scheduler_pass() -> None:

@@ -157,8 +157,7 @@ def _stage_digest(
             beat.wait("another job is pulling the same image; it will be shared")
             continue
         if outcome == SLOT:
-            beat.wait(cache_fill.slot_wait_reason())
-            continue
+            _wait_for_slot(beat, team_id)
         beat.update_row(stage_state="staging", stage_detail="")
         beat.entry_id, beat.token = entry.id, token
         try:
@@ -172,13 +171,21 @@ def _stage_digest(
         return
 
 
+def _wait_for_slot(beat: "_Beat", team_id: int) -> None:
+    """The pull shows why it waits, and NoSlot gives the stager's thread back (no entry is claimed yet)."""
+    why = cache_fill.slot_refusal(timezone.now(), team_id=team_id)
+    why = why or "waiting for a transfer slot"  # one freed as this looked: the next try takes it
+    beat.update_row(stage_state="waiting", stage_detail=why)
+    raise cache_fill.NoSlot(why)
+
+
 @transaction.atomic
 def _try_claim(
     *, key: str, team_id: int, reference: str, digest: str, token: str, now: datetime, pull: ImagePull,
     compressed: int = 0,
 ):  # fmt: skip
     """HIT (pinned for this pull), WAIT (another is filling it), FILL (this pull fills it, holding a
-    transfer slot) or SLOT (it must be pulled, but every transfer slot is taken).
+    transfer slot) or SLOT (it must be pulled, but every transfer slot is taken, or its team holds its most).
 
     A FILL's entry counts at its cap (``_cap``; ``compressed``, what the pull moves, is 0 where the manifest
     declares no sizes) until it is ready, as a data fill counts at its declared bytes: the room data fills are
@@ -194,7 +201,7 @@ def _try_claim(
     # is taken only here, after the entry's row: a hit never waits for it, and nothing that holds it waits
     # for an image row (data claims lock only their input).
     cache_fill.lock_slots()
-    if not cache_fill.slot_free(now):
+    if not cache_fill.slot_free(now, team_id=team_id):
         return SLOT, None
     team_room = cache_fill.team_share_bytes() - team_cache_bytes(team_id, now, except_image=key)
     cap = _cap(compressed, room=min(_room(now, key=key), team_room))

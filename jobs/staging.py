@@ -7,7 +7,8 @@ hard link to it, so a later job reading the same dataset moves 0 bytes. Sizes ar
 declaration (a larger source is cut off and refused), sha256 checked when declared; progress is
 written at most every half second so the job page, the transfers page and the scheduler's
 staging ETA see it. At most E31_STAGE_CONCURRENCY copies run at once across the pool, image pulls
-included (``cache_fill.slot_free``).
+included, and at most E31_STAGE_TEAM_SLOTS of them one team's (``cache_fill.slot_refusal``); a job refused one
+gives its stager's thread back and is staged again shortly (``_give_back``).
 """
 
 import hashlib
@@ -28,7 +29,7 @@ from django.utils import timezone
 
 from jobs import cache_fill, declaration, dependencies, dispatch, image_staging, selectors, sharing, transfers
 from jobs.lifecycle import EndReason, State
-from jobs.models import DataInput, DatasetCacheEntry, ImageCacheEntry, Job
+from jobs.models import DataInput, DatasetCacheEntry, ImageCacheEntry, ImagePull, Job
 from jobs.transfers import destinations, sources
 from jobs.transitions import transition
 
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 FILLING, READY = DatasetCacheEntry.FILLING, DatasetCacheEntry.READY
 HIT, FILL, WAIT = "hit", "fill", "wait"
 ALIVE_STATES = selectors.ALIVE_STATES
+# A job refused a transfer slot is staged again this long after its stager gave its thread back: a slot freed
+# is taken within about this, and each waiting job costs a few short queries per try, as a wait's tick did.
+RETRY_S = 1.5
 
 
 class StagingFailed(Exception):
@@ -46,34 +50,32 @@ class StagingStopped(Exception):
     """The job left STAGING (cancelled) while its inputs were moving."""
 
 
-def stage_job(*, job_id: int, now: datetime) -> bool:
+def stage_job(*, job_id: int, now: datetime, resume_from: datetime | None = None) -> bool:
     """SUBMITTED -> STAGING -> QUEUED once every input is in place, else ENDED/staging_failed; never metered.
 
     A job still waiting for a prerequisite stays SUBMITTED: an input may be what that job writes, and read
-    now it would be missing, or an older copy."""
+    now it would be missing, or an older copy. A job refused a transfer slot stays STAGING and its stager returns
+    (``_give_back``); ``resume_from`` is the hand-over its next try takes (``_resume``)."""
+    if resume_from is not None:
+        return _resume(job_id, resume_from, now)
     if dependencies.unmet([job_id]) and Job.objects.filter(id=job_id, state=State.SUBMITTED).exists():
         return False
     transition(job_id=job_id, source=State.SUBMITTED, target=State.STAGING, now=now, actor="stager",
                reason="staging inputs", worker_seen_at=now)  # fmt: skip
     if not _claim(job_id, now):
         return False
+    return _stage(job_id, now)
+
+
+def _stage(job_id: int, now: datetime) -> bool:
     sweep_cache(now=now)
     try:
-        if Job.objects.filter(id=job_id).exclude(image="").exists():
-            image_staging.stage_image(
-                job_id=job_id
-            )  # first: a missing image ends the job before any data moves
-        slug, output_uri = Job.objects.values_list("team__slug", "output_uri").get(id=job_id)
-        roots, withheld = sharing.readable_roots(slug), sharing.withheld(slug)
-        s3_prefixes = sharing.s3_prefixes(slug)
-        _check_s3_destination(output_uri, s3_prefixes)
-        for data_input in DataInput.objects.filter(job_id=job_id).select_related("job"):
-            _stage_input(data_input, roots, s3_prefixes, withheld)
+        _stage_inputs(job_id)
+    except cache_fill.NoSlot:
+        _give_back(job_id)  # the input or pull refused shows why it waits
+        return True
     except (StagingStopped, image_staging.ImageStopped):
-        remove_staged(job_id)  # cancelled: its partial files go with it
-        DataInput.objects.filter(job_id=job_id, stage_state__in=("staging", "waiting")).update(
-            stage_state="cancelled", rate_bytes_s=0
-        )
+        _stopped(job_id)
         return True
     except (StagingFailed, image_staging.ImageFailed) as exc:
         _end_failed(job_id, str(exc))
@@ -95,6 +97,73 @@ def stage_job(*, job_id: int, now: datetime) -> bool:
                   reason="every input staged"):  # fmt: skip
         dispatch.request_scheduler_pass()
     return True
+
+
+def _stage_inputs(job_id: int) -> None:
+    if Job.objects.filter(id=job_id).exclude(image="").exists():
+        image_staging.stage_image(job_id=job_id)  # first: a missing image ends the job before any data moves
+    slug, output_uri = Job.objects.values_list("team__slug", "output_uri").get(id=job_id)
+    roots, withheld = sharing.readable_roots(slug), sharing.withheld(slug)
+    s3_prefixes = sharing.s3_prefixes(slug)
+    _check_s3_destination(output_uri, s3_prefixes)
+    for data_input in DataInput.objects.filter(job_id=job_id).select_related("job"):
+        _stage_input(data_input, roots, s3_prefixes, withheld)
+
+
+def _stopped(job_id: int) -> None:
+    """The job left STAGING (cancelled) during a try or between two: its partial files go with it."""
+    remove_staged(job_id)
+    for rows in (DataInput.objects, ImagePull.objects):
+        rows.filter(job_id=job_id, stage_state__in=("staging", "waiting")).update(
+            stage_state="cancelled", rate_bytes_s=0
+        )
+
+
+# --------------------------------------------------------------------------- waiting for a slot, off the threads
+
+
+def _give_back(job_id: int) -> None:
+    """Returns the stager's thread while the job waits for a transfer slot, and has the job staged again in
+    RETRY_S, by the message that carries its claim.
+
+    Waiting in the thread, as it once did, a team's jobs refused a slot took every thread of the staging workers
+    (E31_STAGE_CONCURRENCY + 1), so every other team's staging, cache hits included, waited behind them. The claim
+    (``worker_seen_at``) stays on the job, fresh: the reconciler leaves it alone while it is, and re-drives it
+    once stale should the message be lost. Its inputs already in place stay so (``_already_in_place``)."""
+    claim = timezone.now()
+    if Job.objects.filter(id=job_id, state=State.STAGING).update(worker_seen_at=claim):
+        dispatch.restage_job(job_id, claim=claim, countdown_s=RETRY_S)
+    else:
+        _stopped(job_id)  # cancelled as it gave its thread back
+
+
+def _resume(job_id: int, claim: datetime, now: datetime) -> bool:
+    """The try after a give-back. Only the message that carries the job's claim takes it, so one chain of tries
+    goes on per job; a message late past the claim's staleness finds the reconciler's stager has it.
+
+    A team still refused a slot waits again before any source or registry is asked or the cache swept: a try that
+    finds nothing changed costs about what a tick of the old wait did. (So does an input whose dataset another job
+    of the team has meanwhile cached: it is found a hit at the first try that gets past this.)"""
+    if not Job.objects.filter(id=job_id, state=State.STAGING, worker_seen_at=claim).update(
+        worker_seen_at=now
+    ):
+        if not Job.objects.filter(id=job_id, state__in=ALIVE_STATES).exists():
+            _stopped(job_id)  # cancelled between two tries
+        return False
+    team_id, image = Job.objects.values_list("team_id", "image").get(id=job_id)
+    if why := cache_fill.slot_refusal(now, team_id=team_id):
+        _show_wait(job_id, why, image=bool(image))
+        dispatch.restage_job(job_id, claim=now, countdown_s=RETRY_S)
+        return True
+    return _stage(job_id, now)
+
+
+def _show_wait(job_id: int, why: str, *, image: bool) -> None:
+    """The reason on what waits (a slot held by the team rather than the pool's all taken, or the count changed)."""
+    for rows in (DataInput.objects, ImagePull.objects) if image else (DataInput.objects,):
+        rows.filter(job_id=job_id, stage_state="waiting").exclude(stage_detail=why).update(
+            stage_detail=why[:500]
+        )
 
 
 def _end_failed(job_id: int, why: str) -> None:
@@ -395,30 +464,33 @@ class NoRoom(transfers.TransferFailed):
 
 def _acquire_slot(data_input: DataInput, watch: _Watch, entry: DatasetCacheEntry | None = None) -> None:
     """A transfer slot, and room in the cache for ``entry``'s bytes: a fill with no room left ends the job's
-    staging (NoRoom, a TransferFailed) once a sweep has removed what no live job pins."""
-    swept = False
-    while True:
+    staging (NoRoom, a TransferFailed) once a sweep has removed what no live job pins. No slot: the input shows
+    why it waits, and NoSlot gives the stager's thread back (``_fill`` lets go of ``entry`` as it passes)."""
+    for swept in (False, True):
         try:
             if claim_slot(data_input_id=data_input.id, now=timezone.now(), entry=entry):
                 return
+            break
         except NoRoom:
             if swept:
                 raise
             sweep_cache(now=timezone.now())  # unpinned entries make way: then look once more
-            swept = True
-            continue
-        watch.wait(cache_fill.slot_wait_reason())
-        swept = False  # what the cache holds may have changed while this input waited
+    why = cache_fill.slot_refusal(timezone.now(), team_id=data_input.job.team_id, except_input=data_input.id)
+    why = why or "waiting for a transfer slot"  # one freed as this looked: the next try takes it
+    watch.update_row(stage_state="waiting", stage_detail=why)
+    raise cache_fill.NoSlot(why)
 
 
 def claim_slot(*, data_input_id: int, now: datetime, entry: DatasetCacheEntry | None = None) -> bool:
-    """Marks the input staging only while a transfer slot is free (image pulls hold them too), and while the
-    cache has room for ``entry``, the cache entry the input fills, if given (else NoRoom).
+    """Marks the input staging only while a transfer slot is free to its team (``cache_fill.slot_refusal``: image
+    pulls hold them too), and while the cache has room for ``entry``, the cache entry the input fills, if given
+    (else NoRoom). The team's count is taken under the slot lock with the pool's, so two of its inputs cannot each
+    take the team's last slot.
 
     The room is checked under the slot lock in the same transaction as the slot is taken, so two fills
     cannot each count the room the other is about to take: what holds a slot has passed this check.
 
-    No room ends the staging rather than waiting for room, as a slot waits: what takes the room is inputs
+    No room ends the staging rather than waiting for room, as a job refused a slot does: what takes the room is inputs
     of jobs not yet released, which hold it until they have run (hours, not a copy's minutes). A stager
     waiting that long would hold one of the pool's few staging workers (E31_STAGE_CONCURRENCY + 1), so a
     team's jobs waiting for room would stall every other job's staging, cache hits included; and two jobs
@@ -427,7 +499,8 @@ def claim_slot(*, data_input_id: int, now: datetime, entry: DatasetCacheEntry | 
     again."""
     with transaction.atomic():
         cache_fill.lock_slots()
-        if not cache_fill.slot_free(now, except_input=data_input_id):
+        team_id = DataInput.objects.values_list("job__team_id", flat=True).get(id=data_input_id)
+        if not cache_fill.slot_free(now, team_id=team_id, except_input=data_input_id):
             return False
         if entry is not None:
             _check_room(entry, now)

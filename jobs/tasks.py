@@ -3,6 +3,8 @@
 Writers enqueue these by name through ``jobs.dispatch`` (its names are checked against these).
 """
 
+from datetime import datetime
+
 from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
@@ -15,8 +17,10 @@ AGENT: dict = {"mode": "", "uids": None, "gpu_uuids": {}, "node": None}
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
-def stage_job(job_id: int) -> None:
-    staging.stage_job(job_id=job_id, now=timezone.now())
+def stage_job(job_id: int, claim: str = "") -> None:
+    """``claim``: the hand-over a stager that gave its thread back left on the job (``dispatch.restage_job``)."""
+    resumed = datetime.fromisoformat(claim) if claim else None
+    staging.stage_job(job_id=job_id, now=timezone.now(), resume_from=resumed)
 
 
 @shared_task(acks_late=True)

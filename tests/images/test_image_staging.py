@@ -71,27 +71,32 @@ def test_a_second_job_of_the_team_moves_no_layer_byte(pool_registry, base_image,
     assert ImageCacheEntry.objects.get().hits == 1
 
 
-def test_a_pull_waits_for_a_transfer_slot_while_data_copies_hold_them_all(
+def test_a_pull_refused_a_slot_gives_its_thread_back_and_pulls_once_the_copy_ends(
     pool_registry, base_image, stage_root, settings, monkeypatch
 ):
+    """While data copies hold every slot the pull waits off the stager's threads, its reason on its row, and its
+    job is staged again by the message that carries its claim."""
     settings.E31_STAGE_CONCURRENCY = 1
     team = TeamFactory()
     copier = JobFactory(team=team, state="staging", worker_seen_at=timezone.now())
     copying = DataInput.objects.create(
         job=copier, position=0, name="d", uri="file:///d", bytes=1, stage_state="staging"
     )  # fmt: skip
-    seen, wait = [], image_staging._Beat.wait
-
-    def the_copy_ends_at_the_first_wait(beat, detail):
-        wait(beat, detail)
-        seen.append(ImagePull.objects.values_list("stage_state", "stage_detail").get())
-        DataInput.objects.filter(id=copying.id).update(stage_state="staged")
-
-    monkeypatch.setattr(image_staging._Beat, "wait", the_copy_ends_at_the_first_wait)
+    retries = []
+    monkeypatch.setattr(dispatch, "restage_job", lambda job_id, *, claim, countdown_s: retries.append(claim))
     job = staged(image_job(team, base_image))
-    assert seen[0] == ("waiting", "waiting for a transfer slot: 1 copy at once on this pool")
+    pull = ImagePull.objects.get(job=job)
+    assert job.state == "staging"
+    assert (pull.stage_state, pull.stage_detail) == (
+        "waiting",
+        "waiting for a transfer slot: 1 copy at once on this pool",
+    )
+    assert not ImageCacheEntry.objects.exists()  # nothing claimed while it waits
+    DataInput.objects.filter(id=copying.id).update(stage_state="staged")
+    staging.stage_job(job_id=job.id, now=timezone.now(), resume_from=retries[0])
+    job.refresh_from_db()
     assert job.state == "queued", job.end_detail
-    assert len(seen) == 1  # one wait: pulled as soon as the copy's slot was free
+    assert len(retries) == 1  # pulled at the first try once the copy's slot was free
     assert ImagePull.objects.get(job=job).stage_state == "staged"
 
 

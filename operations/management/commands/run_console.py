@@ -72,7 +72,8 @@ class Command(BaseCommand):
                     "--workers", "2", "--threads", "4", "--access-logfile", "-"],
             "worker": [*celery, "worker", "--queues", dispatch.control_queue(), "--pool", "threads",
                        "--concurrency", "4", "--hostname", "control@%h", "--loglevel", "INFO"],
-            # Copies and pulls apart from the control plane: one thread per transfer slot, one for a stage waiting.
+            # Copies and pulls apart from the control plane: one thread per transfer slot, one for the tries of jobs
+            # waiting for one (they give their thread back between tries) and for cache hits.
             "stager": [*celery, "worker", "--queues", dispatch.staging_queue(), "--pool", "threads",
                        "--concurrency", str(settings.E31_STAGE_CONCURRENCY + 1), "--hostname", "staging@%h",
                        "--loglevel", "INFO"],

@@ -1,0 +1,223 @@
+"""One team holds at most E31_STAGE_TEAM_SLOTS of the pool's transfer slots, and a job refused one waits off the
+stager's threads: a team's slow sources no longer keep every other team's staging waiting for days."""
+
+import html
+import os
+import subprocess
+import sys
+from datetime import datetime
+
+import celery
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from jobs import cache_fill, dispatch, image_staging, reconciler, services, staging, tasks
+from jobs.models import DataInput, DatasetCacheEntry, ImagePull, Job
+from tests.factories import TeamFactory
+from tests.staging.conftest import file_uri, make_job, write
+
+pytestmark = pytest.mark.django_db
+
+TEAM_HOLDS_ITS_SHARE = "waiting for a transfer slot: your team holds 2 of the pool's 4, the most one team may"
+
+
+@pytest.fixture
+def slots(settings):
+    settings.E31_STAGE_CONCURRENCY, settings.E31_STAGE_TEAM_SLOTS = 4, 2
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """The stagers' retries, as they would be sent once their commits are done; a wait in a stager's thread fails
+    the test."""
+    messages = []
+    monkeypatch.setattr(celery.current_app, "send_task", lambda name, **kw: messages.append((name, kw)))
+    monkeypatch.setattr(dispatch, "after_commit", lambda send, what: send())
+
+    def no_wait_in_the_thread(watch, detail):
+        raise AssertionError(f"the stager waited in its thread: {detail}")
+
+    monkeypatch.setattr(cache_fill.FillWatch, "wait", no_wait_in_the_thread)
+    return messages
+
+
+def copying(team, count: int) -> list[DataInput]:
+    """``count`` of the team's inputs being copied now (a slow source each), every one holding a slot."""
+    held = []
+    for i in range(count):
+        job = make_job(team, {"name": "slow", "uri": f"http://slow.example/{i}", "bytes": 25 * 10**9},
+                       state="staging", name=f"slow-{i}")  # fmt: skip
+        Job.objects.filter(id=job.id).update(worker_seen_at=timezone.now())
+        held.append(job.inputs.get())
+    DataInput.objects.filter(id__in=[d.id for d in held]).update(stage_state="staging")
+    return held
+
+
+def small_job(roots, team, name: str = "small", *more: dict) -> Job:
+    path, _ = write(roots.data_root / team.slug / f"{name}.bin", name.encode() * 100)
+    return make_job(team, *more, {"name": name, "uri": file_uri(path), "bytes": len(name) * 100}, name=name)
+
+
+def stage(job: Job, **resume) -> Job:
+    staging.stage_job(job_id=job.id, now=timezone.now(), **resume)
+    job.refresh_from_db()
+    return job
+
+
+def claim_of(message) -> datetime:
+    name, options = message
+    assert name == dispatch.STAGE_JOB and options["countdown"] == staging.RETRY_S
+    return datetime.fromisoformat(options["args"][1])
+
+
+def test_a_team_holding_its_share_leaves_the_other_slots_to_another_team(roots, team, other_team, slots):
+    """Four jobs of one team with 25 GB sources sent at 100 KB/s took all four slots for 69 hours: now two, and
+    another team's small input is staged at once beside them."""
+    slow = copying(team, 2) + [
+        make_job(team, {"name": "slow", "uri": f"http://slow.example/{i}", "bytes": 25 * 10**9}, state="staging",
+                 name=f"late-{i}").inputs.get() for i in (2, 3)
+    ]  # fmt: skip
+    DataInput.objects.filter(id__in=[d.id for d in slow[2:]]).update(stage_state="")
+    Job.objects.filter(inputs__in=slow[2:]).update(worker_seen_at=timezone.now())
+    now = timezone.now()
+    assert [staging.claim_slot(data_input_id=d.id, now=now) for d in slow[2:]] == [False, False]
+    assert cache_fill.slot_refusal(now, team_id=team.id) == TEAM_HOLDS_ITS_SHARE
+    theirs = stage(small_job(roots, other_team))
+    assert theirs.state == "queued" and theirs.inputs.get().stage_state == "staged"
+
+
+def test_the_pool_wide_limit_still_holds_whoever_holds_the_slots(roots, team, other_team, slots, sent):
+    copying(team, 2)
+    copying(other_team, 2)
+    third = TeamFactory(name="speech", slug="speech")
+    job = stage(small_job(roots, third))
+    assert job.state == "staging"
+    assert job.inputs.get().stage_detail == "waiting for a transfer slot: 4 copies at once on this pool"
+
+
+def test_a_job_over_its_teams_share_gives_its_thread_back_and_is_staged_once_a_slot_frees(
+    roots, team, slots, sent
+):
+    held = copying(team, 2)
+    job = stage(small_job(roots, team))
+    assert job.state == "staging"  # still its team's to stage, by nobody's thread meanwhile
+    waiting = job.inputs.get()
+    assert (waiting.stage_state, waiting.stage_detail) == ("waiting", TEAM_HOLDS_ITS_SHARE)
+    assert not DatasetCacheEntry.objects.exists()  # its claim on the cache entry let go: nobody waits on it
+    assert not list((roots.staging / "cache").glob("*.part"))
+    [message] = sent
+    assert claim_of(message) == job.worker_seen_at  # its claim, fresh: the reconciler leaves it alone
+    assert not reconciler.to_restage(cache_fill.stale_before(timezone.now())).filter(id=job.id).exists()
+
+    tasks.stage_job(job.id, message[1]["args"][1])  # the next try: its team still holds both slots
+    assert Job.objects.get(id=job.id).state == "staging" and len(sent) == 2
+    assert not DatasetCacheEntry.objects.exists()  # nothing opened, nothing claimed: it waits again
+
+    DataInput.objects.filter(id=held[0].id).update(stage_state="staged")  # a slow copy ends
+    tasks.stage_job(job.id, sent[1][1]["args"][1])
+    job.refresh_from_db()
+    assert job.state == "queued" and job.inputs.get().stage_state == "staged"
+    assert len(sent) == 2  # no retry once staged
+    assert (roots.staging / str(job.id) / "small").read_bytes() == b"small" * 100
+
+
+def test_only_the_message_carrying_the_claim_stages_a_waiting_job(roots, team, slots, sent):
+    """A duplicate or late message finds the claim moved on: one chain of tries per job, never a growing number."""
+    copying(team, 2)
+    job = stage(small_job(roots, team))
+    stale = datetime.fromisoformat(sent[0][1]["args"][1]) - timezone.timedelta(seconds=1)
+    assert staging.stage_job(job_id=job.id, now=timezone.now(), resume_from=stale) is False
+    assert staging.stage_job(job_id=job.id, now=timezone.now()) is False  # a plain repeat: its claim is fresh
+    assert len(sent) == 1
+
+
+def test_a_stager_refused_a_slot_keeps_the_inputs_it_staged(roots, team, settings, sent, monkeypatch):
+    """A job's inputs stage one after another: the first in place stays so while the second waits."""
+    settings.E31_STAGE_CONCURRENCY, settings.E31_STAGE_TEAM_SLOTS = 2, 1
+    path, _ = write(roots.datasets / "first.bin", b"f" * 100)
+    job = make_job(team, {"name": "first", "uri": file_uri(path), "bytes": 100})
+    path, _ = write(roots.datasets / "second.bin", b"s" * 100)
+    DataInput.objects.create(job=job, position=1, name="second", uri=file_uri(path), bytes=100)
+    original = staging.claim_slot
+
+    def the_team_fills_its_slot_after_the_first(*, data_input_id, now, entry=None):
+        if DataInput.objects.get(id=data_input_id).name == "second":
+            copying(team, 1)
+        return original(data_input_id=data_input_id, now=now, entry=entry)
+
+    monkeypatch.setattr(staging, "claim_slot", the_team_fills_its_slot_after_the_first)
+    job = stage(job)
+    monkeypatch.setattr(staging, "claim_slot", original)
+    states = dict(job.inputs.values_list("name", "stage_state"))
+    assert (job.state, states) == ("staging", {"first": "staged", "second": "waiting"})
+    DataInput.objects.filter(name="slow").update(stage_state="staged")
+    job = stage(job, resume_from=claim_of(sent[0]))
+    assert job.state == "queued" and set(job.inputs.values_list("stage_state", flat=True)) == {"staged"}
+
+
+def test_a_job_cancelled_between_two_tries_ends_with_its_inputs_cancelled_and_its_folder_removed(
+    roots, team, member, settings, sent
+):
+    settings.E31_STAGE_CONCURRENCY, settings.E31_STAGE_TEAM_SLOTS = 2, 1
+    copying(team, 1)
+    job = stage(small_job(roots, team))
+    (roots.staging / str(job.id)).mkdir()  # what an input staged before the wait would have left
+    assert services.cancel_job(job_id=job.id, user=member, now=timezone.now())
+    job.refresh_from_db()
+    assert (job.state, job.end_reason) == ("ended", "cancelled")
+    assert job.inputs.get().stage_state == "cancelled"  # at once, with no stager running
+    assert stage(job, resume_from=claim_of(sent[0])).state == "ended"  # the try it was promised
+    assert not (roots.staging / str(job.id)).exists()
+    assert len(sent) == 1  # no try after it
+    assert not reconciler.to_restage(timezone.now()).filter(id=job.id).exists()
+
+
+def test_image_pulls_count_toward_their_teams_share(roots, team, other_team, settings, sent):
+    """An image entry is keyed by its team, and only a job of that team pulls it: its pull is its team's."""
+    settings.E31_STAGE_CONCURRENCY, settings.E31_STAGE_TEAM_SLOTS = 3, 1
+    now = timezone.now()
+    puller = make_job(team, state="staging", name="pull")
+    pull = ImagePull.objects.create(job=puller, reference="registry.test/a")
+    outcome, _ = image_staging._try_claim(key="i" * 64, team_id=team.id, reference="registry.test/a@sha256:" + "1" * 64,
+                                          digest="sha256:" + "1" * 64, token="t1", now=now, pull=pull)  # fmt: skip
+    assert outcome == image_staging.FILL
+    mine = stage(small_job(roots, team))
+    assert mine.inputs.get().stage_detail == (
+        "waiting for a transfer slot: your team holds 1 of the pool's 3, the most one team may"
+    )
+    assert stage(small_job(roots, other_team)).state == "queued"
+    copying(other_team, 1)
+    other_pull = ImagePull.objects.create(job=make_job(other_team, state="staging", name="p2"), reference="b")
+    outcome, entry = image_staging._try_claim(key="j" * 64, team_id=other_team.id, reference="b", digest="d",
+                                              token="t2", now=now, pull=other_pull)  # fmt: skip
+    assert (outcome, entry) == (image_staging.SLOT, None)  # its team's data copy holds its one slot
+
+
+def test_a_retry_is_sent_after_the_commit_and_no_sooner_than_its_countdown(
+    monkeypatch, django_capture_on_commit_callbacks
+):
+    messages = []
+    monkeypatch.setattr(celery.current_app, "send_task", lambda name, **kw: messages.append((name, kw)))
+    claim = timezone.now()
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch.restage_job(7, claim=claim, countdown_s=1.5)
+        assert messages == []
+    assert messages == [(dispatch.STAGE_JOB, {"args": (7, claim.isoformat()), "queue": dispatch.staging_queue(),
+                                              "countdown": 1.5})]  # fmt: skip
+
+
+def test_the_job_page_says_why_an_input_waits(roots, team, member_client, slots, sent):
+    copying(team, 2)
+    job = stage(small_job(roots, team))
+    page = member_client.get(reverse("jobs:detail", args=[job.id]))
+    assert html.escape(TEAM_HOLDS_ITS_SHARE) in page.content.decode()
+
+
+def test_a_team_share_of_no_slot_or_more_than_the_pool_stops_the_console_at_start():
+    env = {**os.environ, "E31_STAGE_CONCURRENCY": "4", "E31_STAGE_TEAM_SLOTS": "5"}
+    started = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env={**env, "DJANGO_SETTINGS_MODULE": "e31web.settings"}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert started.returncode != 0 and "E31_STAGE_TEAM_SLOTS is at least 1" in started.stderr
