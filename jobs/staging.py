@@ -38,8 +38,10 @@ FILLING, READY = DatasetCacheEntry.FILLING, DatasetCacheEntry.READY
 HIT, FILL, WAIT = "hit", "fill", "wait"
 ALIVE_STATES = selectors.ALIVE_STATES
 # A job refused a transfer slot is staged again this long after its stager gave its thread back: a slot freed
-# is taken within about this, and each waiting job costs a few short queries per try, as a wait's tick did.
+# is taken within about this, and each waiting job costs a few short queries per try, as a wait's tick did. With
+# more jobs staging than slots, each job's tries are spread further apart (``_retry_in``), up to MAX_RETRY_S.
 RETRY_S = 1.5
+MAX_RETRY_S = 60.0
 
 
 class StagingFailed(Exception):
@@ -132,7 +134,7 @@ def _give_back(job_id: int) -> None:
     once stale should the message be lost. Its inputs already in place stay so (``_already_in_place``)."""
     claim = timezone.now()
     if Job.objects.filter(id=job_id, state=State.STAGING).update(worker_seen_at=claim):
-        dispatch.restage_job(job_id, claim=claim, countdown_s=RETRY_S)
+        dispatch.restage_job(job_id, claim=claim, countdown_s=_retry_in())
     else:
         _stopped(job_id)  # cancelled as it gave its thread back
 
@@ -153,9 +155,16 @@ def _resume(job_id: int, claim: datetime, now: datetime) -> bool:
     team_id, image = Job.objects.values_list("team_id", "image").get(id=job_id)
     if why := cache_fill.slot_refusal(now, team_id=team_id):
         _show_wait(job_id, why, image=bool(image))
-        dispatch.restage_job(job_id, claim=now, countdown_s=RETRY_S)
+        dispatch.restage_job(job_id, claim=now, countdown_s=_retry_in())
         return True
     return _stage(job_id, now)
+
+
+def _retry_in() -> float:
+    """When a waiting job tries again: RETRY_S, spread by the jobs staging per slot, so that however many wait, the
+    pool's tries together stay near E31_STAGE_CONCURRENCY per RETRY_S (a team may have 2,000 jobs waiting)."""
+    per_slot = Job.objects.filter(state=State.STAGING).count() / settings.E31_STAGE_CONCURRENCY
+    return min(MAX_RETRY_S, RETRY_S * max(1.0, per_slot))
 
 
 def _show_wait(job_id: int, why: str, *, image: bool) -> None:

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from jobs import cache_fill, dispatch, image_staging, reconciler, services, staging, tasks
 from jobs.models import DataInput, DatasetCacheEntry, ImagePull, Job
-from tests.factories import TeamFactory
+from tests.factories import JobFactory, TeamFactory
 from tests.staging.conftest import file_uri, make_job, write
 
 pytestmark = pytest.mark.django_db
@@ -221,3 +221,16 @@ def test_a_team_share_of_no_slot_or_more_than_the_pool_stops_the_console_at_star
         env={**env, "DJANGO_SETTINGS_MODULE": "e31web.settings"}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert started.returncode != 0 and "E31_STAGE_TEAM_SLOTS is at least 1" in started.stderr
+
+
+def test_the_more_jobs_wait_the_further_apart_each_ones_tries(roots, team, slots, sent):
+    """Every waiting job tried again after RETRY_S: with E31_MAX_WAITING_PER_TEAM at 2,000 a team's waiting jobs
+    would have asked for a slot some 1,300 times a second, a few queries each. Each job's tries are spread by how
+    many jobs are staging, so the pool's tries together stay near E31_STAGE_CONCURRENCY per RETRY_S, each job's at
+    most MAX_RETRY_S apart."""
+    copying(team, 11)  # with the job below, 12 staging: 3 for each of the 4 slots
+    stage(small_job(roots, team))
+    assert sent[-1][1]["countdown"] == pytest.approx(3 * staging.RETRY_S)
+    JobFactory.create_batch(200, team=team, state="staging")
+    stage(small_job(roots, team, "second"))
+    assert sent[-1][1]["countdown"] == staging.MAX_RETRY_S
