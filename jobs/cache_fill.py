@@ -54,8 +54,17 @@ def lock_slots() -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SLOT_LOCK])
 
 
-class NoSlot(Exception):
-    """No transfer slot for this copy now: its stager gives its thread back and the job is staged again shortly."""
+class WaitsElsewhere(Exception):
+    """This copy must wait, for minutes or days: its stager gives its thread back and the job is staged again
+    shortly (``staging._give_back``). The stagers' few threads (E31_STAGE_CONCURRENCY + 1) are for copying."""
+
+
+class NoSlot(WaitsElsewhere):
+    """No transfer slot for this copy now."""
+
+
+class SharedCopy(WaitsElsewhere):
+    """Another job of the team is copying the same bytes into the cache: this one waits to share them."""
 
 
 def slots_held(now: datetime, *, team_id: int, except_input: int | None = None) -> tuple[int, int]:

@@ -68,8 +68,11 @@ def stage_image(*, job_id: int) -> None:
         # as the node agent checks again at the start.
         team_secrets.check_submitter(team_id=job.team_id, user_id=job.submitted_by_id)
         access = registry_access(team_id=job.team_id, ref=ref)
-        resolved = _retrying(lambda: registry.resolve(ref, access=access), beat)
-        _record_digest(pull, resolved)
+        if pull.stage_state == "waiting" and pull.digest:  # a try after a wait: the image the tag named then
+            resolved = registry.Resolved(digest=pull.digest, bytes=pull.bytes)
+        else:
+            resolved = _retrying(lambda: registry.resolve(ref, access=access), beat)
+            _record_digest(pull, resolved)
         _stage_digest(pull, job.team_id, ref, resolved, access, beat)
     # Transient: the registry's name did not resolve this time (a lookup that times out): the job fails
     # with the reason rather than stay in STAGING, re-driven forever.
@@ -154,8 +157,9 @@ def _stage_digest(
             _mark(pull, entry, "cached", resolved.bytes, "served from the pool cache: 0 bytes moved")
             return
         if outcome == WAIT:
-            beat.wait("another job is pulling the same image; it will be shared")
-            continue
+            why = "another job is pulling the same image; it will be shared"
+            beat.update_row(stage_state="waiting", stage_detail=why)
+            raise cache_fill.SharedCopy(why)
         if outcome == SLOT:
             _wait_for_slot(beat, team_id)
         beat.update_row(stage_state="staging", stage_detail="")

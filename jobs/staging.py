@@ -73,7 +73,7 @@ def _stage(job_id: int, now: datetime) -> bool:
     sweep_cache(now=now)
     try:
         _stage_inputs(job_id)
-    except cache_fill.NoSlot:
+    except cache_fill.WaitsElsewhere:
         _give_back(job_id)  # the input or pull refused shows why it waits
         return True
     except (StagingStopped, image_staging.ImageStopped):
@@ -144,8 +144,8 @@ def _resume(job_id: int, claim: datetime, now: datetime) -> bool:
     goes on per job; a message late past the claim's staleness finds the reconciler's stager has it.
 
     A team still refused a slot waits again before any source or registry is asked or the cache swept: a try that
-    finds nothing changed costs about what a tick of the old wait did. (So does an input whose dataset another job
-    of the team has meanwhile cached: it is found a hit at the first try that gets past this.)"""
+    finds nothing changed costs about what a tick of the old wait did. A job waiting to share another's copy takes
+    no slot to share it, or to hit it once done: it goes on to the cache whatever its team holds."""
     if not Job.objects.filter(id=job_id, state=State.STAGING, worker_seen_at=claim).update(
         worker_seen_at=now
     ):
@@ -153,11 +153,26 @@ def _resume(job_id: int, claim: datetime, now: datetime) -> bool:
             _stopped(job_id)  # cancelled between two tries
         return False
     team_id, image = Job.objects.values_list("team_id", "image").get(id=job_id)
-    if why := cache_fill.slot_refusal(now, team_id=team_id):
+    if not _may_share(job_id, team_id) and (why := cache_fill.slot_refusal(now, team_id=team_id)):
         _show_wait(job_id, why, image=bool(image))
         dispatch.restage_job(job_id, claim=now, countdown_s=_retry_in())
         return True
     return _stage(job_id, now)
+
+
+def _may_share(job_id: int, team_id: int) -> bool:
+    """Whether the cache holds, or is filling, what one of the job's waiting inputs or its pull would read. Read by
+    URI (or digest) alone, so another source with that URI may answer yes: that try then asks its source."""
+    waiting = DataInput.objects.filter(job_id=job_id, stage_state="waiting").values("uri")
+    if DatasetCacheEntry.objects.filter(uri__in=waiting).exists():
+        return True
+    pulled = (
+        ImagePull.objects.filter(job_id=job_id, stage_state="waiting")
+        .exclude(digest="")
+        .values_list("digest")
+    )
+    keys = [image_staging.cache_key(team_id=team_id, digest=digest) for (digest,) in pulled]
+    return ImageCacheEntry.objects.filter(key__in=keys).exists()
 
 
 def _retry_in() -> float:
@@ -338,9 +353,12 @@ def _claim_entry(key: str, data_input: DataInput, watch: _Watch, validator: str)
         if outcome != WAIT:
             return outcome, entry, token
         other = entry.filling_input.job_id if entry and entry.filling_input else None
-        watch.wait(
-            f"job #{other} is staging the same dataset; it will be shared" if other else "retrying the cache"
-        )
+        if other is None:
+            watch.wait("retrying the cache")  # a claim made a moment ago: its entry is there at the next look
+            continue
+        why = f"job #{other} is staging the same dataset; it will be shared"
+        watch.update_row(stage_state="waiting", stage_detail=why)
+        raise cache_fill.SharedCopy(why)
 
 
 @transaction.atomic

@@ -12,8 +12,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs import cache_fill, dispatch, image_staging, reconciler, services, staging, tasks
+from jobs import cache_fill, dispatch, image_staging, imageref, reconciler, services, staging, tasks
 from jobs.models import DataInput, DatasetCacheEntry, ImagePull, Job
+from jobs.transfers import registry
 from tests.factories import JobFactory, TeamFactory
 from tests.staging.conftest import file_uri, make_job, write
 
@@ -234,3 +235,75 @@ def test_the_more_jobs_wait_the_further_apart_each_ones_tries(roots, team, slots
     JobFactory.create_batch(200, team=team, state="staging")
     stage(small_job(roots, team, "second"))
     assert sent[-1][1]["countdown"] == staging.MAX_RETRY_S
+
+
+def test_a_job_reading_a_dataset_another_job_is_copying_waits_off_the_threads(
+    roots, team, slots, sent, monkeypatch
+):
+    """A team's two slow copies and three more jobs reading the same datasets took all five stager threads, each
+    waiting in place for the copy to be shared: every other team's staging, cache hits too, waited behind them."""
+    copier = copying(team, 1)[0]
+    entry = DatasetCacheEntry.objects.create(key="k" * 64, uri="x", bytes=1, state=DatasetCacheEntry.FILLING,
+                                             filler="t1", filling_input=copier, created_at=timezone.now(), updated_at=timezone.now(),
+                                             last_used_at=timezone.now())  # fmt: skip
+    monkeypatch.setattr(staging, "_try_claim", lambda **kw: (staging.WAIT, entry))
+    job = stage(small_job(roots, team))
+    waiting = job.inputs.get()
+    assert job.state == "staging" and waiting.stage_state == "waiting"
+    assert waiting.stage_detail == f"job #{copier.job_id} is staging the same dataset; it will be shared"
+    [message] = sent
+    monkeypatch.undo()
+    monkeypatch.setattr(celery.current_app, "send_task", lambda name, **kw: sent.append((name, kw)))
+    tasks.stage_job(job.id, message[1]["args"][1])  # the copy is done by now, or another claims it: staged
+    assert Job.objects.get(id=job.id).state == "queued"
+
+
+def test_a_pull_of_an_image_another_job_is_pulling_waits_off_the_threads(team, sent, monkeypatch):
+    beat = image_staging._Beat(ImagePull.objects.create(job=make_job(team, state="staging"), reference="r"))
+    monkeypatch.setattr(image_staging, "_try_claim", lambda **kw: (image_staging.WAIT, None))
+    with pytest.raises(cache_fill.WaitsElsewhere):
+        resolved = registry.Resolved(digest="sha256:" + "1" * 64, bytes=10)
+        image_staging._stage_digest(
+            beat.row, team.id, imageref.parse("registry.test/a:1"), resolved, None, beat
+        )
+    assert ImagePull.objects.values_list("stage_state", "stage_detail").get() == (
+        "waiting",
+        "another job is pulling the same image; it will be shared",
+    )
+
+
+def test_a_job_waiting_to_share_a_copy_is_not_held_back_by_its_teams_slots(
+    roots, team, slots, sent, monkeypatch
+):
+    """Sharing a copy, or hitting it once done, takes no slot: a job waiting for another's copy goes on to the
+    cache even while its team's other copies hold every slot it may take."""
+    copier = copying(team, 2)[0]
+    entry = DatasetCacheEntry.objects.create(key="k" * 64, uri="x", bytes=1, state=DatasetCacheEntry.FILLING,
+                                             filler="t1", filling_input=copier, created_at=timezone.now(),
+                                             updated_at=timezone.now(), last_used_at=timezone.now())  # fmt: skip
+    job = small_job(roots, team)
+    DatasetCacheEntry.objects.filter(id=entry.id).update(uri=job.inputs.get().uri)
+    tries = []
+    monkeypatch.setattr(staging, "_try_claim", lambda **kw: tries.append(kw) or (staging.WAIT, entry))
+    stage(job)
+    tasks.stage_job(job.id, sent[-1][1]["args"][1])
+    assert len(tries) == 2, "the second try was held back by the team's slots"
+
+
+def test_a_pull_waiting_to_share_an_image_keeps_the_digest_it_resolved(team, sent, monkeypatch):
+    """Each try asked the registry again what the tag names (a skopeo inspect, a second or more of a stager's
+    thread): the pull keeps the digest it found first, the image the job will run."""
+    job = make_job(team, state="submitted", name="img")
+    Job.objects.filter(id=job.id).update(image="registry.test/a:1")
+    monkeypatch.setattr(image_staging, "registry_access", lambda **kw: None)
+    monkeypatch.setattr(image_staging.team_secrets, "check_submitter", lambda **kw: None)
+    resolves = []
+    digest = "sha256:" + "1" * 64
+    monkeypatch.setattr(
+        registry, "resolve", lambda ref, access: resolves.append(ref) or registry.Resolved(digest, 10)
+    )
+    monkeypatch.setattr(image_staging, "_try_claim", lambda **kw: (image_staging.WAIT, None))
+    for _ in range(2):
+        with pytest.raises(cache_fill.SharedCopy):
+            image_staging.stage_image(job_id=job.id)
+    assert len(resolves) == 1 and ImagePull.objects.get(job=job).digest == digest
