@@ -19,12 +19,14 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from jobs import cache_fill, declaration, dependencies, dispatch, image_staging, selectors, sharing, transfers
@@ -143,9 +145,10 @@ def _resume(job_id: int, claim: datetime, now: datetime) -> bool:
     """The try after a give-back. Only the message that carries the job's claim takes it, so one chain of tries
     goes on per job; a message late past the claim's staleness finds the reconciler's stager has it.
 
-    A team still refused a slot waits again before any source or registry is asked or the cache swept: a try that
-    finds nothing changed costs about what a tick of the old wait did. A job waiting to share another's copy takes
-    no slot to share it, or to hit it once done: it goes on to the cache whatever its team holds."""
+    A try that finds nothing changed waits again before any source or registry is asked or the cache swept, at
+    about the cost of a tick of the old wait: while the team's copy it shares is still being made, or while its team
+    is refused a slot. Sharing a copy, or hitting it once done, takes no slot: a job whose team's cache now holds
+    what it reads goes on whatever its team's copies hold."""
     if not Job.objects.filter(id=job_id, state=State.STAGING, worker_seen_at=claim).update(
         worker_seen_at=now
     ):
@@ -153,33 +156,68 @@ def _resume(job_id: int, claim: datetime, now: datetime) -> bool:
             _stopped(job_id)  # cancelled between two tries
         return False
     team_id, image = Job.objects.values_list("team_id", "image").get(id=job_id)
-    if not _may_share(job_id, team_id) and (why := cache_fill.slot_refusal(now, team_id=team_id)):
+    waiting = _waiting_for(job_id, team_id)
+    if waiting.copying(now).exists():
+        dispatch.restage_job(job_id, claim=now, countdown_s=_retry_in())
+        return True
+    if not waiting.ready().exists() and (why := cache_fill.slot_refusal(now, team_id=team_id)):
         _show_wait(job_id, why, image=bool(image))
         dispatch.restage_job(job_id, claim=now, countdown_s=_retry_in())
         return True
     return _stage(job_id, now)
 
 
-def _may_share(job_id: int, team_id: int) -> bool:
-    """Whether the cache holds, or is filling, what one of the job's waiting inputs or its pull would read. Read by
-    URI (or digest) alone, so another source with that URI may answer yes: that try then asks its source."""
-    waiting = DataInput.objects.filter(job_id=job_id, stage_state="waiting").values("uri")
-    if DatasetCacheEntry.objects.filter(uri__in=waiting).exists():
-        return True
+@dataclass(frozen=True)
+class _Waiting:
+    """The team's cache entries a waiting job's input or pull would read: data by address (the source's size and
+    validator are only learned by asking it, so another version at that address counts too: that try then asks
+    its source), an image by the digest its pull resolved."""
+
+    data: QuerySet
+    images: QuerySet
+
+    def copying(self, now: datetime) -> "_Either":
+        stale = cache_fill.stale_before(now)
+        return _Either(
+            self.data.filter(state=FILLING, filling_input__stage_state="staging", filling_input__job__worker_seen_at__gte=stale),
+            self.images.filter(state=ImageCacheEntry.FILLING, updated_at__gte=stale),
+        )  # fmt: skip
+
+    def ready(self) -> "_Either":
+        return _Either(self.data.filter(state=READY), self.images.filter(state=ImageCacheEntry.READY))
+
+
+@dataclass(frozen=True)
+class _Either:
+    data: QuerySet
+    images: QuerySet
+
+    def exists(self) -> bool:
+        return self.data.exists() or self.images.exists()
+
+
+def _waiting_for(job_id: int, team_id: int) -> _Waiting:
+    addresses = DataInput.objects.filter(job_id=job_id, stage_state="waiting").values("uri")
+    team = Q(filling_input__job__team_id=team_id) | Q(inputs__job__team_id=team_id)
     pulled = (
         ImagePull.objects.filter(job_id=job_id, stage_state="waiting")
         .exclude(digest="")
         .values_list("digest")
     )
     keys = [image_staging.cache_key(team_id=team_id, digest=digest) for (digest,) in pulled]
-    return ImageCacheEntry.objects.filter(key__in=keys).exists()
+    return _Waiting(
+        data=DatasetCacheEntry.objects.filter(team, uri__in=addresses),
+        images=ImageCacheEntry.objects.filter(key__in=keys),
+    )
 
 
 def _retry_in() -> float:
     """When a waiting job tries again: RETRY_S, spread by the jobs staging per slot, so that however many wait, the
     pool's tries together stay near E31_STAGE_CONCURRENCY per RETRY_S (a team may have 2,000 jobs waiting)."""
     per_slot = Job.objects.filter(state=State.STAGING).count() / settings.E31_STAGE_CONCURRENCY
-    return min(MAX_RETRY_S, RETRY_S * max(1.0, per_slot))
+    # Well before the job's claim goes stale: else the reconciler would take the job over with a full try.
+    most = min(MAX_RETRY_S, settings.E31_RECONCILE_AFTER_S / 3)
+    return min(most, RETRY_S * max(1.0, per_slot))
 
 
 def _show_wait(job_id: int, why: str, *, image: bool) -> None:

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from jobs import cache_fill, dispatch, image_staging, imageref, reconciler, services, staging, tasks
 from jobs.models import DataInput, DatasetCacheEntry, ImagePull, Job
-from jobs.transfers import registry
+from jobs.transfers import registry, sources
 from tests.factories import JobFactory, TeamFactory
 from tests.staging.conftest import file_uri, make_job, write
 
@@ -224,7 +224,7 @@ def test_a_team_share_of_no_slot_or_more_than_the_pool_stops_the_console_at_star
     assert started.returncode != 0 and "E31_STAGE_TEAM_SLOTS is at least 1" in started.stderr
 
 
-def test_the_more_jobs_wait_the_further_apart_each_ones_tries(roots, team, slots, sent):
+def test_the_more_jobs_wait_the_further_apart_each_ones_tries(roots, team, slots, sent, settings):
     """Every waiting job tried again after RETRY_S: with E31_MAX_WAITING_PER_TEAM at 2,000 a team's waiting jobs
     would have asked for a slot some 1,300 times a second, a few queries each. Each job's tries are spread by how
     many jobs are staging, so the pool's tries together stay near E31_STAGE_CONCURRENCY per RETRY_S, each job's at
@@ -234,7 +234,7 @@ def test_the_more_jobs_wait_the_further_apart_each_ones_tries(roots, team, slots
     assert sent[-1][1]["countdown"] == pytest.approx(3 * staging.RETRY_S)
     JobFactory.create_batch(200, team=team, state="staging")
     stage(small_job(roots, team, "second"))
-    assert sent[-1][1]["countdown"] == staging.MAX_RETRY_S
+    assert sent[-1][1]["countdown"] == min(staging.MAX_RETRY_S, settings.E31_RECONCILE_AFTER_S / 3)
 
 
 def test_a_job_reading_a_dataset_another_job_is_copying_waits_off_the_threads(
@@ -286,6 +286,8 @@ def test_a_job_waiting_to_share_a_copy_is_not_held_back_by_its_teams_slots(
     tries = []
     monkeypatch.setattr(staging, "_try_claim", lambda **kw: tries.append(kw) or (staging.WAIT, entry))
     stage(job)
+    DatasetCacheEntry.objects.filter(id=entry.id).update(state=DatasetCacheEntry.READY, filling_input=None)
+    entry.inputs.add(copier)  # the copy is done: the next try hits it
     tasks.stage_job(job.id, sent[-1][1]["args"][1])
     assert len(tries) == 2, "the second try was held back by the team's slots"
 
@@ -307,3 +309,58 @@ def test_a_pull_waiting_to_share_an_image_keeps_the_digest_it_resolved(team, sen
         with pytest.raises(cache_fill.SharedCopy):
             image_staging.stage_image(job_id=job.id)
     assert len(resolves) == 1 and ImagePull.objects.get(job=job).digest == digest
+
+
+def test_another_teams_copy_of_the_same_address_does_not_make_a_waiting_job_open_its_source(
+    roots, team, other_team, slots, sent, monkeypatch
+):
+    """Cache entries are keyed by team: another team's copy of a popular public address is nothing this job can
+    share. It made every try of a job refused a slot open and probe its source, for days."""
+    copying(team, 2)
+    job = stage(small_job(roots, team))
+    uri = job.inputs.get().uri
+    for state in (DatasetCacheEntry.READY, DatasetCacheEntry.FILLING):
+        DatasetCacheEntry.objects.create(key=state[0] * 64, uri=uri, bytes=1, state=state, filling_input=None,
+                                         created_at=timezone.now(), updated_at=timezone.now(),
+                                         last_used_at=timezone.now())  # fmt: skip
+    opened = []
+    monkeypatch.setattr(sources, "open_source", lambda *a, **k: opened.append(a) or pytest.fail("opened"))
+    for _ in range(2):
+        tasks.stage_job(job.id, sent[-1][1]["args"][1])
+    assert opened == [] and Job.objects.get(id=job.id).state == "staging"
+
+
+def test_a_job_sharing_its_teams_copy_waits_without_asking_its_source_until_the_copy_ends(
+    roots, team, slots, sent, monkeypatch
+):
+    """The old wait probed its source once; a try per 1.5 s for the 69 hours of a slow copy would ask it 165,000
+    times. While the team's copy of the address is still being made, a try waits again and opens nothing."""
+    copier = copying(team, 1)[0]
+    job = small_job(roots, team)
+    entry = DatasetCacheEntry.objects.create(key="k" * 64, uri=job.inputs.get().uri, bytes=1,
+                                             state=DatasetCacheEntry.FILLING, filler="t1", filling_input=copier,
+                                             created_at=timezone.now(), updated_at=timezone.now(),
+                                             last_used_at=timezone.now())  # fmt: skip
+    with monkeypatch.context() as patched:
+        patched.setattr(staging, "_try_claim", lambda **kw: (staging.WAIT, entry))
+        stage(job)
+    opened = []
+    real = sources.open_source
+    monkeypatch.setattr(sources, "open_source", lambda *a, **k: opened.append(a) or real(*a, **k))
+    tasks.stage_job(job.id, sent[-1][1]["args"][1])
+    assert opened == [] and len(sent) == 2
+    assert job.inputs.get().stage_detail == f"job #{copier.job_id} is staging the same dataset; it will be shared"
+    DatasetCacheEntry.objects.filter(id=entry.id).delete()  # the copy failed, or ended: this job asks again
+    tasks.stage_job(job.id, sent[-1][1]["args"][1])
+    assert len(opened) == 1 and Job.objects.get(id=job.id).state == "queued"
+
+
+def test_a_waiting_jobs_next_try_comes_well_before_the_reconciler_would_call_it_stale(
+    roots, team, slots, sent, settings
+):
+    """At the cap the next try came as the claim went stale: the reconciler took the job over with a full try."""
+    settings.E31_RECONCILE_AFTER_S = 6
+    copying(team, 2)
+    JobFactory.create_batch(200, team=team, state="staging")
+    stage(small_job(roots, team))
+    assert sent[-1][1]["countdown"] <= settings.E31_RECONCILE_AFTER_S / 3
