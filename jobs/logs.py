@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q, Sum
+from django.db.models import F, Q, QuerySet, Sum
 from django.db.models.functions import Greatest, Length
 from django.utils import timezone
 
@@ -144,17 +144,6 @@ def read_log(job: Job, *, attempt: int, rank: int, offset: int) -> LogSlice:
     )  # fmt: skip
 
 
-def _up_to_files(jobs, most: int) -> list[int]:
-    """The ids of ``jobs`` ((id, files) in order) up to the one whose files reach ``most``; the first always."""
-    ids, files = [], 0
-    for job_id, sealed in jobs:
-        ids.append(job_id)
-        files += sealed
-        if files >= most:
-            break
-    return ids
-
-
 def removed_note(job: Job) -> str:
     """The sentence a page, the API and the CLI show for a log retention removed; "" while it is kept, and for a
     job that never ran (it had no log to lose; the pruner marks it all the same, so its index forgets it)."""
@@ -251,7 +240,8 @@ def follow_log(job: Job, *, attempt: int, rank: int, offset: int, wait_s: float)
 
 # Jobs per transaction: each may hold E31_LOG_CAP_BYTES per part and attempt, so a batch stays a short delete.
 PRUNE_JOBS = 100
-# And about this many rows of their lists of output files (a job may hold E31_MAX_OUTPUT_FILES per attempt).
+# Rows of their lists of output files per transaction: a job holds up to E31_MAX_OUTPUT_FILES per attempt, and a
+# preemption spends no attempt, so a batch's rows have no bound of their own.
 PRUNE_FILES = 50_000
 
 
@@ -261,22 +251,38 @@ def prune_logs(*, now: datetime, keep_days: int, batch: int = PRUNE_JOBS) -> int
     summary of them stays). A job whose outputs are still being delivered keeps both: delivery copies the log
     beside the outputs and checks them against the list."""
     cutoff, pruned = now - timedelta(days=keep_days), 0
-    while removed := _prune_batch(cutoff=cutoff, now=now, batch=batch):
+    while ids := list(_due(cutoff).values_list("id", flat=True)[:batch]):
+        # The lists first, the mark after: a pruner stopped between leaves the jobs due, never rows behind.
+        _remove_lists_of_files(ids)
+        removed = _prune_batch(ids=ids, cutoff=cutoff, now=now)
+        if not removed:  # each of them taken by a concurrent pruner meanwhile: it goes on from there
+            break
         pruned += removed
     return pruned
 
 
+def _due(cutoff: datetime) -> QuerySet[Job]:
+    due = Job.objects.filter(state__in=TERMINAL, state_changed_at__lt=cutoff, log_removed_at__isnull=True)
+    return due.exclude(delivery_state="delivering").order_by("state_changed_at", "id")
+
+
+def _remove_lists_of_files(job_ids: list[int]) -> None:
+    """Every attempt's list of output files of these jobs, PRUNE_FILES rows a transaction."""
+    while True:
+        chunk = OutputFile.objects.filter(job_id__in=job_ids).values("id")[:PRUNE_FILES]
+        removed, _ = OutputFile.objects.filter(id__in=chunk).delete()
+        if removed < PRUNE_FILES:
+            return
+
+
 @transaction.atomic
-def _prune_batch(*, cutoff: datetime, now: datetime, batch: int) -> int:
+def _prune_batch(*, ids: list[int], cutoff: datetime, now: datetime) -> int:
     # Locked (and skipped by a concurrent pruner): each log is removed, and its job marked, once. NO KEY: a row
     # naming the job (a re-run, a webhook delivery) may still be inserted while the batch's logs are deleted.
-    due = Job.objects.filter(state__in=TERMINAL, state_changed_at__lt=cutoff, log_removed_at__isnull=True)
-    due = due.exclude(delivery_state="delivering").order_by("state_changed_at", "id")
-    locked = due.select_for_update(skip_locked=True, no_key=True).values_list("id", "sealed_files")[:batch]
-    ids = _up_to_files(locked, PRUNE_FILES)
+    locked = _due(cutoff).filter(id__in=ids).select_for_update(skip_locked=True, no_key=True)
+    ids = list(locked.values_list("id", flat=True))
     if not ids:
         return 0
-    OutputFile.objects.filter(job_id__in=ids).delete()
     chunks = LogChunk.objects.filter(job_id__in=ids)
     by_team = chunks.values_list("job__team_id").annotate(size=Sum(Length("data"))).order_by("job__team_id")
     for team_id, size in by_team:  # in the teams' order, so two pruners never wait on each other's rows

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from django.db import OperationalError, connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from jobs import logs, tasks
@@ -175,7 +176,7 @@ def test_a_rerun_of_a_job_whose_log_is_being_removed_is_not_held_up(team, member
             connections.close_all()
 
     with transaction.atomic():  # the batch's transaction still open: its row locks held
-        assert logs._prune_batch(cutoff=NOW - timedelta(days=90), now=NOW, batch=10) == 1
+        assert logs._prune_batch(ids=[old.id], cutoff=NOW - timedelta(days=90), now=NOW) == 1
         thread = threading.Thread(target=rerun)
         thread.start()
         thread.join()
@@ -232,18 +233,24 @@ def test_the_list_of_an_old_jobs_output_files_goes_with_its_log(old, recent):
     assert Job.objects.values_list("sealed_files", "sealed_bytes").get(id=old.id) == (3, 30)
 
 
-def test_a_batch_stops_near_its_rows_of_output_files_so_each_delete_stays_short(team, member, monkeypatch):
-    monkeypatch.setattr(logs, "PRUNE_FILES", 5)
+def test_the_lists_of_files_go_a_bounded_number_of_rows_at_a_time_whatever_attempt_wrote_them(
+    team, member, monkeypatch
+):
+    """A batch was bounded by the current attempt's files, but every attempt's rows went in one transaction: jobs
+    whose last attempt sealed nothing after earlier ones sealed thousands each (a preemption spends no attempt)
+    were deleted in one go. Rows go PRUNE_FILES at a time, before the job is marked, so a pruner stopped between
+    leaves the job due, never rows no pruner will find."""
+    monkeypatch.setattr(logs, "PRUNE_FILES", 10)
     jobs = [_job_with_log(team, member, state="released", ended=NOW - timedelta(days=100 - n), text=b"x\n")
             for n in range(3)]  # fmt: skip
     for job in jobs:
-        _sealed(job, 3)
-    assert logs._prune_batch(cutoff=NOW - timedelta(days=90), now=NOW, batch=100) == 2  # 3 + 3 rows reach 5
-    assert logs._prune_batch(cutoff=NOW - timedelta(days=90), now=NOW, batch=100) == 1
+        _sealed(job, 20)
+        Job.objects.filter(id=job.id).update(sealed_files=0)  # its last attempt sealed nothing
+    with CaptureQueriesContext(connection) as queries:
+        assert logs.prune_logs(now=NOW, keep_days=90) == 3
+    deletes = [q["sql"] for q in queries if q["sql"].startswith('DELETE FROM "jobs_outputfile"')]
+    assert len(deletes) >= 6 and all("LIMIT 10" in sql for sql in deletes), deletes
     assert not OutputFile.objects.exists()
-    many = _job_with_log(team, member, state="released", ended=NOW - timedelta(days=99), text=b"x\n")
-    _sealed(many, 8)  # one job past the bound on its own is still taken, alone
-    assert logs._prune_batch(cutoff=NOW - timedelta(days=90), now=NOW, batch=100) == 1
 
 
 def test_the_job_page_and_a_download_say_the_list_of_files_was_removed(member_client, member_token, old):
