@@ -792,7 +792,8 @@ def _send(processes: Sequence[Found | int], sig: int) -> None:
     Between the scan and the signal a listed process may exit and, were the pids to wrap meanwhile, its pid go
     to another process: another team's attempt, the database, the agent. A pidfd pins the process holding the
     pid when it is opened (a signal through it never reaches a later one), and that process is signalled only if
-    it started when the scanned one did."""
+    it started when the scanned one did. Where pidfds are refused (a kernel before 5.3, a seccomp profile), the
+    start time is checked and the pid signalled: a window of a moment, not the scan's, and the job still ends."""
     for process in processes:
         if isinstance(process, int):
             with contextlib.suppress(ProcessLookupError):
@@ -802,6 +803,9 @@ def _send(processes: Sequence[Found | int], sig: int) -> None:
             pinned = os.pidfd_open(process.pid)
         except ProcessLookupError:
             continue
+        except OSError:
+            _send_unpinned(process, sig)
+            continue
         try:
             if start_ticks(process.pid) == process.start:
                 signal.pidfd_send_signal(pinned, sig)
@@ -809,3 +813,9 @@ def _send(processes: Sequence[Found | int], sig: int) -> None:
             pass
         finally:
             os.close(pinned)
+
+
+def _send_unpinned(process: Found, sig: int) -> None:
+    with contextlib.suppress(OSError):  # gone meanwhile: nothing to signal
+        if start_ticks(process.pid) == process.start:
+            os.kill(process.pid, sig)

@@ -1,9 +1,12 @@
 """The end of a job's process: what the agent kills once it has exited, and never kills."""
 
+import errno
 import signal
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from jobs import sandbox
 
@@ -81,3 +84,25 @@ def test_the_scan_finds_each_descendant_with_its_start_time():
     finally:
         sandbox.kill_tree(parent)
         parent.wait()
+
+
+@pytest.mark.parametrize(
+    "refusal", [OSError(errno.ENOSYS, "no pidfd_open"), PermissionError(errno.EPERM, "seccomp")]
+)
+def test_where_pidfds_are_refused_the_scanned_process_is_still_signalled_once_its_start_time_matches(
+    monkeypatch, refusal
+):
+    """A kernel before 5.3, or a seccomp profile that blocks pidfd_open: the error escaped terminate, kill_tree and
+    reap, and the job's processes were neither signalled nor reaped. The start time is checked, then the pid
+    signalled: a smaller window than none at all, and the job still ends."""
+    monkeypatch.setattr(sandbox.os, "pidfd_open", lambda pid: (_ for _ in ()).throw(refusal))
+    stranger, target = subprocess.Popen(["sleep", "30"]), subprocess.Popen(["sleep", "30"])
+    try:
+        sandbox._send([sandbox.Found(stranger.pid, sandbox.start_ticks(stranger.pid) + 1)], signal.SIGKILL)
+        sandbox._send([sandbox.Found(target.pid, sandbox.start_ticks(target.pid))], signal.SIGKILL)
+        assert target.wait(timeout=5) == -signal.SIGKILL
+        assert stranger.poll() is None
+    finally:
+        for proc in (stranger, target):
+            proc.kill()
+            proc.wait()
