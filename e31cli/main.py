@@ -8,7 +8,8 @@ Exit codes a script can rely on (``e31 --help`` lists them too):
   1 the console answered with an error not listed below
   2 the command line was wrong, or the console is plain http:// on another machine (E31_ALLOW_PLAIN_HTTP=1 in a lab)
   3 not logged in, or the token was refused
-  4 no such job (or not your team's); ``e31 logs``: its log was removed by retention
+  4 no such job (or not your team's); ``e31 logs``: its log was removed by retention; ``e31 outputs``: its
+    list of files was, with the log
   5 conflict: nothing to cancel, or an Idempotency-Key reused for another job file
   6 the job file is not valid (each error names its field)
   7 the console could not be reached, or still throttled the token (429) after the retries
@@ -384,7 +385,16 @@ def outputs(
 ) -> None:
     """List a job's sealed outputs (path, size, sha256), or download them."""
     session = api()
-    sealed = session.get(f"/jobs/{job_id}")["outputs"]["files"]
+    summary = session.get(f"/jobs/{job_id}")["outputs"]
+    sealed = summary["files"]
+    if sealed and not summary.get(
+        "files_listed", True
+    ):  # an empty list would read as a job that wrote nothing
+        err.print(
+            f"The list of job {job_id}'s {sealed} file{'s' * (sealed != 1)} was removed with its log; the files stay "
+            f"at {summary['delivered_to']}"
+        )
+        raise typer.Exit(EXIT_NOT_FOUND)
     files = list(session.pages(f"/jobs/{job_id}/outputs", limit=sealed))
     table = _table("PATH", "BYTES", "SHA256")
     for item in files:

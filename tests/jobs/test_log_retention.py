@@ -139,6 +139,19 @@ def test_e31_logs_prints_that_the_log_was_removed(monkeypatch, member_token, old
     assert REMOVED in " ".join(stderr.split())  # the terminal may wrap the sentence
 
 
+def test_e31_outputs_says_the_list_of_files_was_removed_and_where_the_files_are(
+    monkeypatch, member_token, old
+):
+    """It printed an empty table for a job that sealed files: a script downloading them got nothing, and exit 0."""
+    _sealed(old, 2)
+    logs.prune_logs(now=NOW, keep_days=90)
+    code, stdout, stderr = e31(monkeypatch, member_token, "outputs", str(old.id))
+    said = " ".join(stderr.split())
+    assert code == 4 and stdout == ""
+    assert "The list of job" in said and "2 files was removed with its log" in said
+    assert f"file:///srv/outputs/demo/run-7/{old.id}-1/" in said.replace(" ", "")
+
+
 def test_a_job_that_never_ran_is_not_said_to_have_lost_a_log(
     monkeypatch, member_client, member_token, team, member
 ):

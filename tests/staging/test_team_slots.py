@@ -349,7 +349,10 @@ def test_a_job_sharing_its_teams_copy_waits_without_asking_its_source_until_the_
     monkeypatch.setattr(sources, "open_source", lambda *a, **k: opened.append(a) or real(*a, **k))
     tasks.stage_job(job.id, sent[-1][1]["args"][1])
     assert opened == [] and len(sent) == 2
-    assert job.inputs.get().stage_detail == f"job #{copier.job_id} is staging the same dataset; it will be shared"
+    assert (
+        job.inputs.get().stage_detail
+        == f"job #{copier.job_id} is staging the same dataset; it will be shared"
+    )
     DatasetCacheEntry.objects.filter(id=entry.id).delete()  # the copy failed, or ended: this job asks again
     tasks.stage_job(job.id, sent[-1][1]["args"][1])
     assert len(opened) == 1 and Job.objects.get(id=job.id).state == "queued"
