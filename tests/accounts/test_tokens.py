@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from accounts import selectors, services
 from accounts.models import ApiToken
+from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -135,8 +136,6 @@ def test_the_tokens_page_says_why_it_made_no_token_past_the_limit(member_client,
 def test_a_read_only_token_reads_and_is_refused_every_change_saying_why(member, team, client):
     """A dashboard or a CI job that only watches needs no power to submit, cancel or re-run: a token made read-only
     lists jobs, logs and the ledger, and each change is a 403 saying what the token may do."""
-    from tests.factories import JobFactory
-
     job = JobFactory(team=team, submitted_by=member, state="queued")
     _, token = services.create_api_token(user=member, label="dashboard", read_only=True)
     auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
