@@ -10,6 +10,8 @@ from django.utils import timezone
 
 from accounts import selectors, services
 from accounts.models import ApiToken
+from jobs.models import Job
+from tests.cli.inprocess import e31
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -165,3 +167,11 @@ def test_the_command_makes_a_read_only_token(member):
     out = StringIO()
     call_command("create_api_token", "alice", "--read-only", stdout=out)
     assert ApiToken.objects.get(user=member).read_only is True
+
+
+def test_e31_with_a_read_only_token_lists_and_cannot_cancel(monkeypatch, member, team):
+    job = JobFactory(team=team, submitted_by=member, state="queued")
+    _, token = services.create_api_token(user=member, label="dashboard", read_only=True)
+    assert e31(monkeypatch, token, "ls")[0] == 0
+    assert e31(monkeypatch, token, "cancel", str(job.id))[0] == 3  # the API's 403 says why (above)
+    assert Job.objects.get(id=job.id).state == "queued"
