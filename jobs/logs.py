@@ -251,7 +251,7 @@ def prune_logs(*, now: datetime, keep_days: int, batch: int = PRUNE_JOBS) -> int
     summary of them stays). A job whose outputs are still being delivered keeps both: delivery copies the log
     beside the outputs and checks them against the list."""
     cutoff, pruned = now - timedelta(days=keep_days), 0
-    while ids := list(_due(cutoff).values_list("id", flat=True)[:batch]):
+    while ids := _next_due(cutoff, batch):
         # The lists first, the mark after: a pruner stopped between leaves the jobs due, never rows behind.
         _remove_lists_of_files(ids)
         removed = _prune_batch(ids=ids, cutoff=cutoff, now=now)
@@ -266,10 +266,18 @@ def _due(cutoff: datetime) -> QuerySet[Job]:
     return due.exclude(delivery_state="delivering").order_by("state_changed_at", "id")
 
 
+def _next_due(cutoff: datetime, batch: int) -> list[int]:
+    """Due jobs no other pruner holds now (it prunes those), so that each pruner goes on past the other's batch."""
+    with transaction.atomic():
+        return list(
+            _due(cutoff).select_for_update(skip_locked=True, no_key=True).values_list("id", flat=True)[:batch]
+        )
+
+
 def _remove_lists_of_files(job_ids: list[int]) -> None:
     """Every attempt's list of output files of these jobs, PRUNE_FILES rows a transaction."""
     while True:
-        chunk = OutputFile.objects.filter(job_id__in=job_ids).values("id")[:PRUNE_FILES]
+        chunk = OutputFile.objects.filter(job_id__in=job_ids).order_by().values("id")[:PRUNE_FILES]
         removed, _ = OutputFile.objects.filter(id__in=chunk).delete()
         if removed < PRUNE_FILES:
             return
@@ -283,6 +291,7 @@ def _prune_batch(*, ids: list[int], cutoff: datetime, now: datetime) -> int:
     ids = list(locked.values_list("id", flat=True))
     if not ids:
         return 0
+    OutputFile.objects.filter(job_id__in=ids).delete()  # what a pruner stopped meanwhile left: mostly nothing
     chunks = LogChunk.objects.filter(job_id__in=ids)
     by_team = chunks.values_list("job__team_id").annotate(size=Sum(Length("data"))).order_by("job__team_id")
     for team_id, size in by_team:  # in the teams' order, so two pruners never wait on each other's rows

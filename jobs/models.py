@@ -268,6 +268,9 @@ class DataInput(models.Model):
     stage_started_at = models.DateTimeField(null=True, blank=True)
     stage_finished_at = models.DateTimeField(null=True, blank=True)
     stage_detail = models.CharField(max_length=500, blank=True)
+    # While it waits (for a transfer slot, or to share another job's copy): the cache entry's key its last try
+    # found, so the next try asks its source nothing until that entry is filled, gone or stale.
+    waiting_key = models.CharField(max_length=64, blank=True)
 
     class Meta:
         ordering = ["position"]

@@ -809,8 +809,11 @@ def _send(processes: Sequence[Found | int], sig: int) -> None:
         try:
             if start_ticks(process.pid) == process.start:
                 signal.pidfd_send_signal(pinned, sig)
-        except OSError:  # gone meanwhile (no such process, or its /proc entry went): nothing to signal
+        except ProcessLookupError:  # gone meanwhile: nothing to signal
             pass
+        except OSError as exc:  # its /proc entry went (gone too), or the send refused where the open was not
+            if exc.errno in (errno.ENOSYS, errno.EPERM):
+                _send_unpinned(process, sig)
         finally:
             os.close(pinned)
 

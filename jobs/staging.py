@@ -19,19 +19,18 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs import cache_fill, declaration, dependencies, dispatch, image_staging, selectors, sharing, transfers
 from jobs.lifecycle import EndReason, State
-from jobs.models import DataInput, DatasetCacheEntry, ImageCacheEntry, ImagePull, Job
+from jobs.models import CacheEntry, DataInput, DatasetCacheEntry, ImageCacheEntry, ImagePull, Job
 from jobs.transfers import destinations, sources
 from jobs.transitions import transition
 
@@ -156,67 +155,47 @@ def _resume(job_id: int, claim: datetime, now: datetime) -> bool:
             _stopped(job_id)  # cancelled between two tries
         return False
     team_id, image = Job.objects.values_list("team_id", "image").get(id=job_id)
-    waiting = _waiting_for(job_id, team_id)
-    if waiting.copying(now).exists():
+    entries = _waited_on(job_id, team_id)
+    if _still_copied(entries, now):
         dispatch.restage_job(job_id, claim=now, countdown_s=_retry_in())
         return True
-    if not waiting.ready().exists() and (why := cache_fill.slot_refusal(now, team_id=team_id)):
+    if not _ready(entries) and (why := cache_fill.slot_refusal(now, team_id=team_id)):
         _show_wait(job_id, why, image=bool(image))
         dispatch.restage_job(job_id, claim=now, countdown_s=_retry_in())
         return True
     return _stage(job_id, now)
 
 
-@dataclass(frozen=True)
-class _Waiting:
-    """The team's cache entries a waiting job's input or pull would read: data by address (the source's size and
-    validator are only learned by asking it, so another version at that address counts too: that try then asks
-    its source), an image by the digest its pull resolved."""
-
-    data: QuerySet
-    images: QuerySet
-
-    def copying(self, now: datetime) -> "_Either":
-        stale = cache_fill.stale_before(now)
-        return _Either(
-            self.data.filter(state=FILLING, filling_input__stage_state="staging", filling_input__job__worker_seen_at__gte=stale),
-            self.images.filter(state=ImageCacheEntry.FILLING, updated_at__gte=stale),
-        )  # fmt: skip
-
-    def ready(self) -> "_Either":
-        return _Either(self.data.filter(state=READY), self.images.filter(state=ImageCacheEntry.READY))
+def _waited_on(job_id: int, team_id: int) -> list[QuerySet]:
+    """The cache entries a waiting job's input or pull would share, or hit once filled: each by the key its last
+    try found (a key holds the team, the source's address, size and validator, or the image's digest)."""
+    keys = DataInput.objects.filter(job_id=job_id, stage_state="waiting").exclude(waiting_key="")
+    digests = ImagePull.objects.filter(job_id=job_id, stage_state="waiting").exclude(digest="")
+    images = [
+        image_staging.cache_key(team_id=team_id, digest=d) for d in digests.values_list("digest", flat=True)
+    ]
+    return [
+        DatasetCacheEntry.objects.filter(key__in=keys.values("waiting_key")),
+        ImageCacheEntry.objects.filter(key__in=images),
+    ]
 
 
-@dataclass(frozen=True)
-class _Either:
-    data: QuerySet
-    images: QuerySet
-
-    def exists(self) -> bool:
-        return self.data.exists() or self.images.exists()
+def _still_copied(entries: list[QuerySet], now: datetime) -> bool:
+    """Whether another job's copy is still filling one of ``entries`` (its filler heard from lately)."""
+    stale = cache_fill.stale_before(now)
+    return any(e.filter(state=CacheEntry.FILLING, updated_at__gte=stale).exists() for e in entries)
 
 
-def _waiting_for(job_id: int, team_id: int) -> _Waiting:
-    addresses = DataInput.objects.filter(job_id=job_id, stage_state="waiting").values("uri")
-    team = Q(filling_input__job__team_id=team_id) | Q(inputs__job__team_id=team_id)
-    pulled = (
-        ImagePull.objects.filter(job_id=job_id, stage_state="waiting")
-        .exclude(digest="")
-        .values_list("digest")
-    )
-    keys = [image_staging.cache_key(team_id=team_id, digest=digest) for (digest,) in pulled]
-    return _Waiting(
-        data=DatasetCacheEntry.objects.filter(team, uri__in=addresses),
-        images=ImageCacheEntry.objects.filter(key__in=keys),
-    )
+def _ready(entries: list[QuerySet]) -> bool:
+    return any(e.filter(state=CacheEntry.READY).exists() for e in entries)
 
 
 def _retry_in() -> float:
     """When a waiting job tries again: RETRY_S, spread by the jobs staging per slot, so that however many wait, the
     pool's tries together stay near E31_STAGE_CONCURRENCY per RETRY_S (a team may have 2,000 jobs waiting)."""
     per_slot = Job.objects.filter(state=State.STAGING).count() / settings.E31_STAGE_CONCURRENCY
-    # Well before the job's claim goes stale: else the reconciler would take the job over with a full try.
-    most = min(MAX_RETRY_S, settings.E31_RECONCILE_AFTER_S / 3)
+    # Before the job's claim goes stale: else the reconciler would take the job over with a full try.
+    most = max(RETRY_S, min(MAX_RETRY_S, settings.E31_RECONCILE_AFTER_S / 2))
     return min(most, RETRY_S * max(1.0, per_slot))
 
 
@@ -395,7 +374,7 @@ def _claim_entry(key: str, data_input: DataInput, watch: _Watch, validator: str)
             watch.wait("retrying the cache")  # a claim made a moment ago: its entry is there at the next look
             continue
         why = f"job #{other} is staging the same dataset; it will be shared"
-        watch.update_row(stage_state="waiting", stage_detail=why)
+        watch.update_row(stage_state="waiting", stage_detail=why, waiting_key=key)
         raise cache_fill.SharedCopy(why)
 
 
@@ -542,7 +521,7 @@ def _acquire_slot(data_input: DataInput, watch: _Watch, entry: DatasetCacheEntry
             sweep_cache(now=timezone.now())  # unpinned entries make way: then look once more
     why = cache_fill.slot_refusal(timezone.now(), team_id=data_input.job.team_id, except_input=data_input.id)
     why = why or "waiting for a transfer slot"  # one freed as this looked: the next try takes it
-    watch.update_row(stage_state="waiting", stage_detail=why)
+    watch.update_row(stage_state="waiting", stage_detail=why, waiting_key=entry.key if entry else "")
     raise cache_fill.NoSlot(why)
 
 

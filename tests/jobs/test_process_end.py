@@ -86,16 +86,18 @@ def test_the_scan_finds_each_descendant_with_its_start_time():
         parent.wait()
 
 
+@pytest.mark.parametrize("refused", ["pidfd_open", "pidfd_send_signal"])
 @pytest.mark.parametrize(
-    "refusal", [OSError(errno.ENOSYS, "no pidfd_open"), PermissionError(errno.EPERM, "seccomp")]
+    "refusal", [OSError(errno.ENOSYS, "no pidfd"), PermissionError(errno.EPERM, "seccomp")]
 )
 def test_where_pidfds_are_refused_the_scanned_process_is_still_signalled_once_its_start_time_matches(
-    monkeypatch, refusal
+    monkeypatch, refusal, refused
 ):
-    """A kernel before 5.3, or a seccomp profile that blocks pidfd_open: the error escaped terminate, kill_tree and
-    reap, and the job's processes were neither signalled nor reaped. The start time is checked, then the pid
+    """A kernel before 5.3, or a seccomp profile that blocks pidfd_open (or the send): the error escaped terminate,
+    kill_tree and reap, and the job's processes were neither signalled nor reaped. The start time is checked, then the pid
     signalled: a smaller window than none at all, and the job still ends."""
-    monkeypatch.setattr(sandbox.os, "pidfd_open", lambda pid: (_ for _ in ()).throw(refusal))
+    owner = sandbox.os if refused == "pidfd_open" else sandbox.signal
+    monkeypatch.setattr(owner, refused, lambda *args: (_ for _ in ()).throw(refusal))
     stranger, target = subprocess.Popen(["sleep", "30"]), subprocess.Popen(["sleep", "30"])
     try:
         sandbox._send([sandbox.Found(stranger.pid, sandbox.start_ticks(stranger.pid) + 1)], signal.SIGKILL)

@@ -66,6 +66,12 @@ def stage(job: Job, **resume) -> Job:
     return job
 
 
+def waits_on(entry: DatasetCacheEntry, key: str) -> tuple[str, DatasetCacheEntry]:
+    """What ``_try_claim`` answers while another job copies ``entry``, the entry of the source's ``key``."""
+    DatasetCacheEntry.objects.filter(id=entry.id).update(key=key)
+    return staging.WAIT, entry
+
+
 def claim_of(message) -> datetime:
     name, options = message
     assert name == dispatch.STAGE_JOB and options["countdown"] == staging.RETRY_S
@@ -234,7 +240,7 @@ def test_the_more_jobs_wait_the_further_apart_each_ones_tries(roots, team, slots
     assert sent[-1][1]["countdown"] == pytest.approx(3 * staging.RETRY_S)
     JobFactory.create_batch(200, team=team, state="staging")
     stage(small_job(roots, team, "second"))
-    assert sent[-1][1]["countdown"] == min(staging.MAX_RETRY_S, settings.E31_RECONCILE_AFTER_S / 3)
+    assert sent[-1][1]["countdown"] == min(staging.MAX_RETRY_S, settings.E31_RECONCILE_AFTER_S / 2)
 
 
 def test_a_job_reading_a_dataset_another_job_is_copying_waits_off_the_threads(
@@ -284,7 +290,7 @@ def test_a_job_waiting_to_share_a_copy_is_not_held_back_by_its_teams_slots(
     job = small_job(roots, team)
     DatasetCacheEntry.objects.filter(id=entry.id).update(uri=job.inputs.get().uri)
     tries = []
-    monkeypatch.setattr(staging, "_try_claim", lambda **kw: tries.append(kw) or (staging.WAIT, entry))
+    monkeypatch.setattr(staging, "_try_claim", lambda **kw: tries.append(kw) or waits_on(entry, kw["key"]))
     stage(job)
     DatasetCacheEntry.objects.filter(id=entry.id).update(state=DatasetCacheEntry.READY, filling_input=None)
     entry.inputs.add(copier)  # the copy is done: the next try hits it
@@ -342,7 +348,7 @@ def test_a_job_sharing_its_teams_copy_waits_without_asking_its_source_until_the_
                                              created_at=timezone.now(), updated_at=timezone.now(),
                                              last_used_at=timezone.now())  # fmt: skip
     with monkeypatch.context() as patched:
-        patched.setattr(staging, "_try_claim", lambda **kw: (staging.WAIT, entry))
+        patched.setattr(staging, "_try_claim", lambda **kw: waits_on(entry, kw["key"]))
         stage(job)
     opened = []
     real = sources.open_source
@@ -366,4 +372,46 @@ def test_a_waiting_jobs_next_try_comes_well_before_the_reconciler_would_call_it_
     copying(team, 2)
     JobFactory.create_batch(200, team=team, state="staging")
     stage(small_job(roots, team))
-    assert sent[-1][1]["countdown"] <= settings.E31_RECONCILE_AFTER_S / 3
+    assert sent[-1][1]["countdown"] <= settings.E31_RECONCILE_AFTER_S / 2
+
+
+def _entry(
+    key: str, uri: str, state: str, *, filling_input=None, size: int = 1, filler: str = ""
+) -> DatasetCacheEntry:
+    now = timezone.now()
+    return DatasetCacheEntry.objects.create(key=key, uri=uri, bytes=size, state=state, filling_input=filling_input,
+                                            filler=filler, created_at=now, updated_at=now, last_used_at=now)  # fmt: skip
+
+
+def test_the_teams_entry_of_another_version_of_the_address_is_not_one_a_waiting_job_shares(
+    roots, team, slots, sent, monkeypatch
+):
+    """An ended job of the team read an older version of the same address (another size, another key): a job
+    refused a slot took that entry for one it would hit, and opened and probed its source at every try."""
+    copying(team, 2)
+    job = stage(small_job(roots, team))
+    uri = job.inputs.get().uri
+    old = make_job(team, {"name": "small", "uri": uri, "bytes": 7}, state="ended", name="old")
+    _entry("o" * 64, uri, DatasetCacheEntry.READY, size=7).inputs.add(old.inputs.get())
+    opened = []
+    monkeypatch.setattr(sources, "open_source", lambda *a, **k: opened.append(a) or pytest.fail("opened"))
+    for _ in range(3):
+        tasks.stage_job(job.id, sent[-1][1]["args"][1])
+    assert opened == [] and Job.objects.get(id=job.id).state == "staging"
+
+
+def test_a_copy_of_another_version_of_the_address_does_not_hold_a_waiting_job_back_once_a_slot_is_free(
+    roots, team, slots, sent
+):
+    """A job whose team was copying the same address at another size waited for that whole copy (69 hours at the
+    speed floor), though a slot was free and the copy was nothing it could share."""
+    held = copying(team, 2)
+    job = stage(small_job(roots, team))
+    uri = job.inputs.get().uri
+    DataInput.objects.filter(id=held[0].id).update(uri=uri)
+    _entry("a" * 64, uri, DatasetCacheEntry.FILLING, filling_input=held[0], size=25 * 10**9, filler="t")
+    DataInput.objects.filter(id=held[1].id).update(
+        stage_state="staged"
+    )  # the other copy ends: a slot is free
+    tasks.stage_job(job.id, sent[-1][1]["args"][1])
+    assert Job.objects.get(id=job.id).state == "queued"
