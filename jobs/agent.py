@@ -636,6 +636,11 @@ def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: 
                  exited: Callable[[], None] = lambda: None) -> tuple[str, int | None]:  # fmt: skip
     image = _image(part)
     env = _job_env(part, sandbox.seen_inside(dirs, image), image, confinement.libraries)
+    # Released (its node set down, or lost), cancelled or preempted while it was prepared: nothing of it may run, or
+    # it would run after its RELEASE, unmetered, on GPUs that may already be another team's.
+    if stop := _with_database(lambda: rental.stop_reason(allocation_id=part.allocation.id, now=clock.now())):
+        exited()
+        return stop, None
     try:
         proc = _launch(part, dirs, mode, confinement, env, secrets, image)
     except OSError as exc:  # unsandboxed and the program does not exist

@@ -169,10 +169,15 @@ def start_allocation(*, allocation_id: int, now: datetime, node_name: str | None
         if not claimed:
             return False
         allocation = Allocation.objects.select_related("node").get(id=allocation_id)
+        # The claim is the agent's sign of life: the job's heartbeat otherwise kept its staging's, long past, and
+        # the reconciler read a part still being prepared (its GPUs awaited, its space made) as a silent agent's.
         transition(
             job_id=allocation.job_id, source=State.RENTED, target=State.RUNNING, now=now,
             actor=agent_actor(allocation.node.name), reason="process started",
         )  # fmt: skip
+        Job.objects.filter(id=allocation.job_id).update(
+            worker_seen_at=now
+        )  # each part's claim, the first's too
         return True
 
 

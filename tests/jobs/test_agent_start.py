@@ -386,3 +386,25 @@ def test_an_agent_never_starts_another_nodes_part(rented):
     allocation.refresh_from_db()
     rented.refresh_from_db()
     assert allocation.started_at is None and rented.state == "rented"
+
+
+def test_a_part_released_while_it_is_prepared_never_starts_its_process(rented, monkeypatch, tmp_path):
+    """A part released from outside while its agent prepared it (its node set down, the reconciler taking a long
+    preparation for a silent agent) launched its process all the same: after its RELEASE, unmetered, on GPUs that
+    may already be another team's. Nothing of it runs now, and its claim counts as a sign of life."""
+    monkeypatch.setattr(limits, "bound_space", lambda root, job: True)
+    stamp = tmp_path / "ran"
+    Job.objects.filter(id=rented.id).update(argv=["sh", "-c", f"touch {stamp}"])
+    real_using = agent.LOCAL_GPUS.using
+
+    def released_meanwhile(*args, **kwargs):
+        assert Job.objects.get(id=rented.id).worker_seen_at is not None  # the claim: a sign of life
+        rental.release_job(job_id=rented.id, end_reason="node_lost", now=timezone.now(), actor="reconciler",
+                           detail="its node agent stopped reporting on it")  # fmt: skip
+        return real_using(*args, **kwargs)
+
+    monkeypatch.setattr(agent.LOCAL_GPUS, "using", released_meanwhile)
+    _run(rented)
+    assert not stamp.exists(), "the process started after its part was released"
+    assert (rented.state, rented.end_reason) == ("released", "node_lost")
+    assert not GpuHold.objects.filter(active=True).exists()
