@@ -4,7 +4,7 @@ The reconciliation command, the staff check page and the property tests all ask 
 function, so "correct" means the same thing everywhere.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -123,3 +123,35 @@ def _coverage_problems(held: Held, metered: Sequence[Row], *, closed_until: date
             f"held, but closed only up to {closed_to:%Y-%m-%d %H:%M} of the hours completed by {due:%Y-%m-%d %H:%M}"
         ]
     return []
+
+
+@dataclass(frozen=True)
+class Span:
+    """The GPUs an allocation held on its node, from RENT to RELEASE (None: held still)."""
+
+    id: int
+    node: str
+    gpu_indices: tuple[int, ...]
+    rented_at: datetime
+    released_at: datetime | None
+
+
+def shared_gpus(spans: Iterable[Span]) -> list[str]:
+    """Each allocation holding a GPU of a node while another held it: two ledgers metered for one GPU. ``spans`` in
+    (node, RENT) order. Each allocation's rows tile its own span, so this is the one way two teams can pay for the
+    same GPU-time and every other check still pass; RENT's one active hold per GPU keeps it from happening."""
+    found, held_until = [], {}  # (node, GPU) -> (allocation, release) of the last holder seen
+    for span in spans:
+        for gpu in span.gpu_indices:
+            before = held_until.get((span.node, gpu))
+            if before is not None and (before[1] is None or before[1] > span.rented_at):
+                until = "still" if before[1] is None else f"until {before[1]:%Y-%m-%d %H:%M:%S}"
+                found.append(
+                    f"allocation {span.id} holds GPU {gpu} of {span.node} from {span.rented_at:%Y-%m-%d %H:%M:%S} "
+                    f"while allocation {before[0]} held it ({until}): one GPU metered twice"
+                )
+            if before is None or (
+                before[1] is not None and (span.released_at is None or span.released_at > before[1])
+            ):
+                held_until[(span.node, gpu)] = (span.id, span.released_at)
+    return found

@@ -205,7 +205,7 @@ def find_violations(*, now: datetime | None = None) -> list[str]:
             for held, rows in _allocations_with_rows()
             for problem in invariants.problems(held, rows, closed_until=closed_until, now=latest)
         ]
-        return found + _summary_drift()
+        return found + invariants.shared_gpus(_spans()) + _summary_drift()
 
 
 def _summary_drift() -> list[str]:
@@ -230,6 +230,15 @@ def _snapshot() -> Iterator[None]:
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         yield
+
+
+def _spans() -> Iterator[invariants.Span]:
+    """Every allocation's GPUs and span, by node and RENT, streamed."""
+    rows = Allocation.objects.order_by("node__name", "rented_at", "id").values_list(
+        "id", "node__name", "gpu_indices", "rented_at", "released_at"
+    )
+    for id_, node, indices, rented_at, released_at in rows.iterator(chunk_size=BATCH):
+        yield invariants.Span(id_, node, tuple(indices), rented_at, released_at)
 
 
 def _allocations_with_rows() -> Iterator[tuple[invariants.Held, list[invariants.Row]]]:

@@ -13,13 +13,27 @@ from tests.factories import JobFactory, NodeFactory
 T0 = datetime(2024, 3, 10, 9, 20, 15, 123456, tzinfo=UTC)
 
 
-def rent(*, team, node: Node, at: datetime, gpus: int = 2, name: str = "train") -> Allocation:
-    """A running job holding ``gpus`` GPUs of ``node`` since ``at`` (the rows RENT would write)."""
+def rent(
+    *,
+    team,
+    node: Node,
+    at: datetime,
+    gpus: int = 2,
+    name: str = "train",
+    gpu_indices: list[int] | None = None,
+) -> Allocation:
+    """A running job holding ``gpus`` GPUs of ``node`` since ``at`` (the rows RENT would write): GPUs no other
+    allocation of these tests held, unless ``gpu_indices`` names them."""
     job = JobFactory(
         team=team, name=name, state=State.RUNNING, gpus=gpus, attempt=1, submitted_at=at, state_changed_at=at
     )
+    if gpu_indices is None:
+        first = sum(
+            len(i) for i in Allocation.objects.filter(node=node).values_list("gpu_indices", flat=True)
+        )
+        gpu_indices = list(range(first, first + gpus))
     return Allocation.objects.create(
-        job=job, attempt=1, node=node, gpu_indices=list(range(gpus)), rented_at=at, started_at=at
+        job=job, attempt=1, node=node, gpu_indices=gpu_indices, rented_at=at, started_at=at
     )
 
 

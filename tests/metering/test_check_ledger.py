@@ -64,3 +64,22 @@ def test_a_summary_that_drifted_from_its_rows_is_a_violation(team, node):
     problems = services.find_violations(now=T0 + timedelta(days=1))
     assert any("metering_ledgerday" in p and str(team.id) in p for p in problems), problems
     assert any("metering_ledgerjobmonth" in p and str(allocation.job_id) in p for p in problems), problems
+
+
+def test_one_gpu_held_by_two_allocations_at_once_is_a_violation(team, other_team, node):
+    """Each allocation's rows tiled its own span, so two allocations metered for GPU 0 of one node over the same
+    half hour, two teams paying for one GPU, read as a sound ledger. RENT cannot make such a pair (one active hold
+    per GPU); the check says so if anything else ever does. A GPU handed on at the instant it is freed is not one."""
+    first = rent(team=team, node=node, at=T0, gpus=1, gpu_indices=[0])
+    release(first, at=T0 + timedelta(hours=1))
+    handed_on = rent(
+        team=other_team, node=node, at=T0 + timedelta(hours=1), gpus=1, name="next", gpu_indices=[0]
+    )
+    release(handed_on, at=T0 + timedelta(hours=2))
+    assert services.find_violations(now=T0 + timedelta(days=1)) == []
+    overlapping = rent(team=other_team, node=node, at=T0 + timedelta(minutes=90), gpus=1, name="twice",
+                       gpu_indices=[0])  # fmt: skip
+    release(overlapping, at=T0 + timedelta(hours=3))
+    [problem] = services.find_violations(now=T0 + timedelta(days=1))
+    assert f"allocation {overlapping.id}" in problem and f"allocation {handed_on.id}" in problem
+    assert "GPU 0 of gpu-meter" in problem
