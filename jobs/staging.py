@@ -191,8 +191,9 @@ def _ready(entries: list[QuerySet]) -> bool:
 
 
 def _retry_in() -> float:
-    """When a waiting job tries again: RETRY_S, spread by the jobs staging per slot, so that however many wait, the
-    pool's tries together stay near E31_STAGE_CONCURRENCY per RETRY_S (a team may have 2,000 jobs waiting)."""
+    """When a waiting job tries again: RETRY_S, spread by the jobs staging per slot, so that the pool's tries
+    together stay near E31_STAGE_CONCURRENCY per RETRY_S (a team may have 2,000 jobs waiting), until each job's
+    come half E31_RECONCILE_AFTER_S apart."""
     per_slot = Job.objects.filter(state=State.STAGING).count() / settings.E31_STAGE_CONCURRENCY
     # Before the job's claim goes stale: else the reconciler would take the job over with a full try.
     most = max(RETRY_S, min(MAX_RETRY_S, settings.E31_RECONCILE_AFTER_S / 2))
