@@ -64,14 +64,15 @@ def test_a_postgresql_restart_while_jobs_run_is_survived_with_no_manual_step(liv
     assert_settled(jobs)
 
 
-def _running_since(node: Node, *, hours_ago: float, n: int) -> list[int]:
-    """Jobs held on ``node`` since hours ago: each accrual has whole hours to close for them."""
+def _running_since(node: Node, *, hours_ago: float, n: int, first_gpu: int = 0) -> list[int]:
+    """Jobs held on ``node`` since hours ago, on GPUs ``first_gpu``, ``first_gpu`` + 1, ... (one job a GPU, as
+    RENT holds them): each accrual has whole hours to close for them."""
     at = timezone.now() - timedelta(hours=hours_ago)
     ids = []
     for i in range(n):
         job = JobFactory(team=node_team(), name=f"held-{hours_ago}-{i}", state="running", attempt=1,
                          submitted_at=at, state_changed_at=at, worker_seen_at=timezone.now())  # fmt: skip
-        Allocation.objects.create(job=job, attempt=1, node=node, gpu_indices=[i % node.gpus], rented_at=at,
+        Allocation.objects.create(job=job, attempt=1, node=node, gpu_indices=[first_gpu + i], rented_at=at,
                                   started_at=at)  # fmt: skip
         ids.append(job.id)
     return ids
@@ -106,14 +107,14 @@ def test_two_beats_at_once_for_several_accrual_periods_write_no_period_twice(liv
                                "--schedule", str(state / f"{beat}-own-schedule")])  # fmt: skip
     for beat in ("beat", "beat2"):
         wait_for(lambda b=beat: "Starting..." in live_pool.log(b), timeout=30, what=f"{beat} to start")
-    node = NodeFactory(name=f"ledger-{live_pool.tag}", gpus=8)
+    node = NodeFactory(name=f"ledger-{live_pool.tag}", gpus=20)
     stop = threading.Event()
     beating = threading.Thread(target=_keep_alive, args=(node, stop), daemon=True)
     beating.start()
     held: list[int] = []
     try:
         for wave in range(5):  # each wave's first accrual is raced by both beats' tasks
-            held += _running_since(node, hours_ago=2.5 + wave, n=4)
+            held += _running_since(node, hours_ago=2.5 + wave, n=4, first_gpu=4 * wave)
             time.sleep(float(live_pool.env["E31_ACCRUE_EVERY_S"]))
         wait_for(lambda: MeterEntry.objects.filter(job_id__in=held).count() >= sum(range(2, 7)) * 4, timeout=20,
                  what="every completed hour accrued")  # fmt: skip
