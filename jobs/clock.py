@@ -3,23 +3,31 @@
 An agent dates what the platform judges and meters: a part's start, its end (the meter stops there), its
 last sign of life (the reconciler's). A GPU node's clock may be off by minutes or hours (no time service on
 it): hours ahead, a ten-minute job was metered for three hours and ten minutes; behind, for nothing, and a
-running job looked silent to the reconciler. The agent measures how far its clock is from the database's
-when it registers and at every heartbeat (``synchronise``), and dates its reports with ``now()``. In every
-other process the correction stays zero: platform machines keep the database's time.
+running job looked silent to the reconciler. The agent reads the database's time when it registers and at
+every heartbeat (``synchronise``), and dates its reports with ``now()``: that reading plus the time elapsed
+since on this machine's monotonic clock, which a time service or an operator's ``date -s`` never steps (a
+step between two beats moved every date until the next one). In every other process nothing is read:
+platform machines keep the database's time.
 """
 
+import time
 from datetime import datetime, timedelta
 
 from django.db import connection
 from django.utils import timezone
 
+# The database's time at the last reading and this machine's monotonic clock then; None until one is read.
 # Written by one thread (the agent's heartbeat), read by the others: a rebinding, atomic under the GIL.
-_correction = timedelta(0)
+_reading: tuple[datetime, float] | None = None
 
 
 def now() -> datetime:
-    """This machine's time, corrected to the database's as last measured."""
-    return timezone.now() + _correction
+    """The database's time as last read plus the time elapsed since; this machine's time where none was read."""
+    reading = _reading
+    if reading is None:
+        return timezone.now()
+    database, monotonic = reading
+    return database + timedelta(seconds=time.monotonic() - monotonic)
 
 
 def database_now() -> datetime:
@@ -33,13 +41,13 @@ def database_now() -> datetime:
 
 
 def synchronise() -> timedelta:
-    """Measures the database's time against this machine's, halfway through the round trip, and keeps the
-    difference; returns it. SQLite (the embedded console) has no clock of its own: its agents run beside it."""
-    global _correction
+    """Reads the database's time, taken as halfway through the round trip, and keeps it; returns how far this
+    machine's clock is from it. SQLite (the embedded console) has no clock of its own: its agents run beside it."""
+    global _reading
     if connection.vendor != "postgresql":
-        return _correction
-    before = timezone.now()
+        return timedelta(0)
+    before = time.monotonic()
     database = database_now()
-    after = timezone.now()
-    _correction = database - (before + (after - before) / 2)
-    return _correction
+    halfway = before + (time.monotonic() - before) / 2
+    _reading = (database, halfway)
+    return database - timezone.now() + timedelta(seconds=time.monotonic() - halfway)

@@ -61,7 +61,7 @@ def skewed_node(monkeypatch):
     """This process as an agent on a node whose clock is ``skew`` off (the database keeps the real time);
     the correction is undone after the test."""
     travels = []
-    monkeypatch.setattr(clock, "_correction", timedelta(0))  # restored after the test: other tests keep none
+    monkeypatch.setattr(clock, "_reading", None)  # restored after the test: other tests read none
 
     def skew(by: timedelta) -> None:
         travel = time_machine.travel(datetime.now(UTC) + by, tick=True)
@@ -114,3 +114,19 @@ def test_a_run_reported_by_an_agent_whose_clock_is_off_is_metered_for_the_time_i
     rental.note_worker_alive(job_id=job.id, attempt=allocation.attempt, now=clock.now())
     seen = Job.objects.values_list("worker_seen_at", flat=True).get(id=job.id)
     assert abs(seen - rented - timedelta(minutes=10)) < timedelta(seconds=30)
+
+
+@pytest.mark.parametrize("step_h", [3, -3], ids=["stepped_ahead", "stepped_back"])
+def test_a_node_clock_stepped_between_two_beats_does_not_move_what_its_agent_dates(skewed_node, step_h):
+    """The correction is measured at every beat, but a node's clock stepped between two beats (a time service
+    starting, an operator's ``date -s``) moved every date its agent wrote until the next one: a part ending in
+    that window was released 3 hours in the future, and its team billed for them (or its hours went unmetered).
+    Between two measures the agent counts on a clock that is never stepped."""
+    skewed_node(timedelta(0))  # measured at a beat
+    stepped = time_machine.travel(datetime.now(UTC) + timedelta(hours=step_h), tick=True)
+    stepped.start()  # no beat since
+    try:
+        assert abs(timezone.now() - _database_now() - timedelta(hours=step_h)) < timedelta(seconds=2)
+        assert abs(clock.now() - _database_now()) < timedelta(seconds=2)
+    finally:
+        stepped.stop()

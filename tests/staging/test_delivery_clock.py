@@ -1,5 +1,6 @@
 """A node's deliveries are dated, and their leases judged, by the platform's time as the agent corrects it."""
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -34,7 +35,7 @@ def test_a_dead_delivery_lease_is_taken_over_on_a_node_whose_clock_lags(pool, te
     )
     lag = timedelta(hours=2)
     monkeypatch.setattr(timezone, "now", lambda: true_now - lag)  # the node's own clock
-    monkeypatch.setattr(clock, "_correction", lag)  # as its agent measured it against the database
+    monkeypatch.setattr(clock, "_reading", (true_now, time.monotonic()))  # as its agent read the database's
     took = []
     monkeypatch.setattr(
         delivery, "_wait_for_slot", lambda transfer, node_id, watch: took.append(transfer.token)

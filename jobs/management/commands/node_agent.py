@@ -308,7 +308,7 @@ def _heartbeat(register: dict, stop: threading.Event | None = None) -> None:
                 name=register["name"], now=clock.now(), disk_free=disk_free, host_id=register["host_id"]
             ):
                 nodes.register_node(now=clock.now(), **register)
-            clock.synchronise()  # a node's clock drifts: the correction is measured again after every beat
+            clock.synchronise()  # a node's clock drifts: the database's time is read again after every beat
         except nodes.NodeNameTaken as exc:
             # Declared down while cut off, and another machine serves the name now: this agent must not serve
             # the node's queue beside it. Its running jobs were lost with the node; the worker stops warm.
