@@ -128,6 +128,9 @@ SEEN_EVERY_S = 5.0
 # hung (a disk that no longer answers), and the reconciler releases the part as it would a silent agent's, rather
 # than leave its GPUs held and metered for ever.
 AFTER_EXIT_BEATS_S = 3600.0
+# The same for its preparation, from its start until its process runs (its attempt space made and mounted, its
+# team's secrets read, its GPUs waited for, its network wired): seconds, unless a mount or the database hangs.
+PREPARATION_BEATS_S = 600.0
 MAX_PATH = 1024  # an output file's path, as the manifest row holds it
 # Stopped by its agent: its node was cut off from the database too long to be sure its GPUs are still its own.
 FENCED = "fenced"
@@ -270,12 +273,15 @@ def run_part(
         _with_database(lambda: _release_unprepared(allocation_id, detail))
         return
     dirs = _with_checkpoint(part, sandbox.attempt_dirs(part.allocation))
-    # From the process's exit until the exit is recorded, the clean-up (the output tree given back to the agent,
-    # the checkpoint settled, the attempt space flushed) can take minutes with no watcher left to say so.
-    after_exit = AfterExitBeats(part)
+    # Until its process runs, and from its exit until the exit is recorded (the output tree given back to the
+    # agent, the checkpoint settled, the attempt space flushed), minutes can pass with no watcher to say so.
+    preparing = QuietBeats(part, "preparing it", limit_s=PREPARATION_BEATS_S)
+    after_exit = QuietBeats(part, "cleaning up after its exit", limit_s=AFTER_EXIT_BEATS_S)
+    preparing.start()
     try:
-        _run_to_the_end(part, dirs, mode, uids, after_exit)
+        _run_to_the_end(part, dirs, mode, uids, preparing, after_exit)
     finally:
+        preparing.stop()
         after_exit.stop()
 
 
@@ -284,7 +290,8 @@ def _run_to_the_end(
     dirs: sandbox.AttemptDirs,
     mode: str,
     uids: sandbox.UidRange | None,
-    after_exit: "AfterExitBeats",
+    preparing: "QuietBeats",
+    after_exit: "QuietBeats",
 ) -> None:
     allocation_id = part.allocation.id
     uid, ran = None, False
@@ -298,7 +305,9 @@ def _run_to_the_end(
         with LOCAL_GPUS.using(
             part.allocation.node.name, part.allocation.gpu_indices, allocation_id, wait_s=_gpu_wait_s()
         ):
-            outcome, exit_code = _confined_run(part, dirs, mode, uid, secrets, after_exit.start)
+            outcome, exit_code = _confined_run(
+                part, dirs, mode, uid, secrets, launching=preparing.stop, exited=after_exit.start
+            )
         ran = True
     except team_secrets.SubmitterGone as exc:  # a kind of SecretsUnavailable, told in its own words
         ending = functools.partial(
@@ -483,10 +492,12 @@ def _confined_run(
     mode: str,
     uid: int,
     secrets: dict[str, str],
+    *,
+    launching: Callable[[], None] = lambda: None,
     exited: Callable[[], None] = lambda: None,
 ) -> tuple[str, int | None]:
     """The part under its own uid, with its GPUs only, in its own network; then its files are the agent's.
-    ``exited`` is called once its process is gone, before the clean-up."""
+    ``launching`` is called as its process is about to start, ``exited`` once it is gone, before the clean-up."""
     sandboxed = mode == sandbox.BUBBLEWRAP
     gpus = devices.gpu_nodes(settings.E31_DEVICE_ROOT, part.allocation.gpu_indices) if sandboxed else ()
     # Whatever fails from here (a checkpoint space the disk cannot hold too), nothing of it stays behind: each
@@ -515,7 +526,7 @@ def _confined_run(
             cgroup_procs=(*group.procs_files(), *([str(device_procs)] if device_procs else [])),
             libraries=devices.driver_libraries() if gpus else (),
         )  # fmt: skip
-        return _run_bounded(part, dirs, mode, confinement, group, secrets, exited)
+        return _run_bounded(part, dirs, mode, confinement, group, secrets, launching, exited)
 
 
 def _load_part(allocation_id: int, mode: str, gpu_uuids: Mapping[int, str] | None) -> Part:
@@ -632,7 +643,7 @@ def _ipv4_of(host: str) -> list[str] | None:
 
 
 def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: sandbox.Confinement,
-                 group: cgroups.AttemptGroup, secrets: dict[str, str],
+                 group: cgroups.AttemptGroup, secrets: dict[str, str], launching: Callable[[], None] = lambda: None,
                  exited: Callable[[], None] = lambda: None) -> tuple[str, int | None]:  # fmt: skip
     image = _image(part)
     env = _job_env(part, sandbox.seen_inside(dirs, image), image, confinement.libraries)
@@ -641,6 +652,7 @@ def _run_bounded(part: Part, dirs: sandbox.AttemptDirs, mode: str, confinement: 
     if stop := _with_database(lambda: rental.stop_reason(allocation_id=part.allocation.id, now=clock.now())):
         exited()
         return stop, None
+    launching()  # from here its watcher says it is alive
     try:
         proc = _launch(part, dirs, mode, confinement, env, secrets, image)
     except OSError as exc:  # unsandboxed and the program does not exist
@@ -836,15 +848,18 @@ class Watcher(threading.Thread):
             self.connection.dec_thread_sharing()
 
 
-class AfterExitBeats:
-    """The part's sign of life, every SEEN_EVERY_S on a thread (and a connection) of its own, from its process's
-    exit (``start``, called as the watcher finishes) until the exit is recorded (``stop``): the steps between
-    (the output tree given back to the agent, the checkpoint settled, the attempt space synced and trimmed) write
-    nothing, and a job that exited 0 must not be released as lost because they took over E31_RECONCILE_AFTER_S.
-    Nothing is said once the part's allocation is released or its attempt replaced, nor after AFTER_EXIT_BEATS_S."""
+class QuietBeats:
+    """The part's sign of life, every SEEN_EVERY_S on a thread (and a connection) of its own, while its agent
+    works on it with no watcher to say so: from its start until its process runs, and from its process's exit
+    (``start``, called as the watcher finishes) until the exit is recorded (``stop``). Those steps write nothing
+    else, and a part must not be released as lost because they took over E31_RECONCILE_AFTER_S. Nothing is said
+    once the part's allocation is released or its attempt replaced, nor after ``limit_s`` (``doing`` names the
+    steps in the log then)."""
 
-    def __init__(self, part: Part) -> None:
+    def __init__(self, part: Part, doing: str, *, limit_s: float) -> None:
         self.part = part
+        self.doing = doing
+        self.limit_s = limit_s
         self.done = threading.Event()
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
@@ -853,12 +868,12 @@ class AfterExitBeats:
         with self.lock:
             if self.thread is not None or self.done.is_set():
                 return
-            self.thread = threading.Thread(target=self._beat, name="part-after-exit", daemon=True)
+            self.thread = threading.Thread(target=self._beat, name="part-quiet-beats", daemon=True)
             self.thread.start()
 
     def stop(self) -> None:
         """Idempotent; a beat under way (a slow database) is not waited for long: it changes nothing once the
-        exit is recorded, the part's job having moved on."""
+        watcher speaks for the part, or once its exit is recorded, the part's job having moved on."""
         with self.lock:
             self.done.set()
             thread = self.thread
@@ -866,7 +881,7 @@ class AfterExitBeats:
             thread.join(timeout=2 * CHECK_EVERY_S)
 
     def _beat(self) -> None:
-        until = time.monotonic() + AFTER_EXIT_BEATS_S
+        until = time.monotonic() + self.limit_s
         try:
             while not self.done.wait(SEEN_EVERY_S) and time.monotonic() < until:
                 try:
@@ -875,12 +890,12 @@ class AfterExitBeats:
                     _forget_broken_connection()
                 except Exception:
                     log.exception(
-                        "allocation %s: a sign of life after its exit failed", self.part.allocation.id
+                        "allocation %s: a sign of life while %s failed", self.part.allocation.id, self.doing
                     )
             if not self.done.is_set():
                 log.error(
-                    "allocation %s: still cleaning up %.0f s after its exit; no longer reported alive",
-                    self.part.allocation.id, AFTER_EXIT_BEATS_S,
+                    "allocation %s: still %s after %.0f s; no longer reported alive",
+                    self.part.allocation.id, self.doing, self.limit_s,
                 )  # fmt: skip
         finally:
             connections.close_all()  # this thread's own

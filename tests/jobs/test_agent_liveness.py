@@ -1,6 +1,7 @@
-"""A part's agent says it is alive from its process's exit until the exit is recorded: the clean-up between (the
-output tree given back to the agent, the attempt space synced and trimmed) writes nothing else, and the reconciler
-releases as lost any running job it hears nothing of for E31_RECONCILE_AFTER_S. Nor does a part speak for its job
+"""A part's agent says it is alive while it prepares the part and from its process's exit until the exit is
+recorded: those steps (its attempt space made, its secrets read; its output tree given back to the agent, the
+attempt space synced and trimmed) write nothing else, and the reconciler releases as lost any running job it hears
+nothing of for E31_RECONCILE_AFTER_S. Nor does a part speak for its job
 once its own allocation is released."""
 
 import sys
@@ -71,12 +72,47 @@ def test_a_run_that_succeeded_is_not_released_as_lost_while_its_agent_cleans_up_
     assert (job.state, job.end_reason, job.lost_attempts) == (State.RELEASED, EndReason.SUCCEEDED, 0)
 
 
+@pytest.mark.parametrize(
+    "step",
+    [
+        pytest.param((limits, "bound_space"), id="its-attempt-space-made-and-mounted"),
+        pytest.param((agent, "_secrets_for"), id="its-teams-secrets-read"),
+    ],
+)
+def test_a_part_is_not_released_as_lost_while_its_agent_prepares_it(team, compressed, monkeypatch, step):
+    """From its start until its process runs, a part's agent prepared it (its bounded attempt space made and
+    mounted, its team's secrets read, its GPUs waited for, its network wired) saying nothing: a preparation over
+    E31_RECONCILE_AFTER_S had the reconciler release the job as lost before it ran (or run it again from scratch).
+    Here that step takes 4 s, twice the compressed 2 s after which the reconciler gives up."""
+    module, name = step
+    job, allocation = _rented(team, [sys.executable, "-c", "print('done')"])
+    real = getattr(module, name)
+    found: list = []
+
+    def slow(*args):
+        time.sleep(4)
+        found.append(reconciler.reconcile(now=timezone.now()))
+        return real(*args)
+
+    monkeypatch.setattr(module, name, slow)
+    agent.run_part(allocation_id=allocation.id, mode=sandbox.UNSANDBOXED, uids=None)
+
+    job.refresh_from_db()
+    assert found, "the step never ran: the test did not exercise the preparation"
+    assert job.id not in found[0].abandoned, (
+        f"released as lost while its agent prepared it: {job.end_reason} {job.end_detail!r}"
+    )
+    assert (job.state, job.end_reason, job.lost_attempts) == (State.RELEASED, EndReason.SUCCEEDED, 0)
+
+
 def test_the_beats_after_the_exit_stop_once_it_is_recorded(team, compressed):
     """Once the exit is recorded (the seal says it is alive as it goes, by its progress) no timer goes on
     speaking for the job: a seal that hangs on a disk that no longer answers is left to the reconciler."""
     job, allocation = _rented(team, [sys.executable, "-c", "pass"])
     assert rental.start_allocation(allocation_id=allocation.id, now=timezone.now())
-    beats = agent.AfterExitBeats(agent._load_part(allocation.id, sandbox.UNSANDBOXED, None))
+    beats = agent.QuietBeats(
+        agent._load_part(allocation.id, sandbox.UNSANDBOXED, None), "cleaning up", limit_s=60
+    )
     beats.start()
     time.sleep(1.2)
     beaten = Job.objects.get(id=job.id).worker_seen_at
@@ -99,7 +135,7 @@ def test_a_part_released_under_its_clean_up_does_not_speak_for_its_job(team, com
         allocation_id=allocation.id, end_reason=EndReason.NODE_LOST, now=timezone.now(), actor="reaper"
     )
     before = Job.objects.get(id=job.id).worker_seen_at
-    beats = agent.AfterExitBeats(part)
+    beats = agent.QuietBeats(part, "cleaning up", limit_s=60)
     beats.start()
     try:
         time.sleep(1.2)
