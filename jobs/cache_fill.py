@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from jobs import transfers
 from jobs.lifecycle import State
-from jobs.models import CacheEntry, DataInput, DatasetCacheEntry, ImageCacheEntry, Job
+from jobs.models import CacheEntry, DataInput, DatasetCacheEntry, ImageCacheEntry, ImagePull, Job
 
 WAIT_S = 0.5
 SLOT_LOCK = 0x0E31_57A6  # advisory lock serialising claims of the pool's transfer slots
@@ -98,6 +98,12 @@ def slot_refusal(now: datetime, *, team_id: int, except_input: int | None = None
 def slot_free(now: datetime, *, team_id: int, except_input: int | None = None) -> bool:
     """Whether a copy of the team's may take a transfer slot now (``slot_refusal``). Call it under ``lock_slots``."""
     return not slot_refusal(now, team_id=team_id, except_input=except_input)
+
+
+def cancel_inputs(job_id: int, *, states: tuple[str, ...]) -> None:
+    """A cancelled job's data inputs and image pulls in ``states`` read cancelled, with no rate left showing."""
+    for rows in (DataInput.objects, ImagePull.objects):
+        rows.filter(job_id=job_id, stage_state__in=states).update(stage_state="cancelled", rate_bytes_s=0)
 
 
 def copying_fills(now: datetime):

@@ -13,9 +13,9 @@ from django.db.models import Q, Sum
 
 from accounts import team_secrets
 from accounts.models import Team
-from jobs import declaration, dependencies, dispatch, rental, sharing, signals
+from jobs import cache_fill, declaration, dependencies, dispatch, rental, sharing, signals
 from jobs.lifecycle import ALIVE, BEFORE_RENT, HOLDS_COMPUTE, EndReason, State
-from jobs.models import DataInput, Dependency, ImagePull, Job, JobArray, JobEvent, Node
+from jobs.models import DataInput, Dependency, Job, JobArray, JobEvent, Node
 from jobs.transitions import transition
 from jobs.units import format_size
 
@@ -285,7 +285,9 @@ def cancel_job(*, job_id: int, user, now: datetime, why: str = "", sealing_too: 
             end_reason=EndReason.CANCELLED, reason=said, pending_reason="", **detail,
         )  # fmt: skip
         if ended:
-            _stop_waiting_inputs(job_id)
+            # A job waiting for a transfer slot gave its stager's thread back: none sees the cancel until its next
+            # try. Its inputs read cancelled now, and that try removes its folder (``staging.stage_job``).
+            cache_fill.cancel_inputs(job_id, states=("waiting",))
             dispatch.request_scheduler_pass()
         return ended
     # This attempt's parts only: an earlier attempt's processes started, and are gone.
@@ -305,13 +307,6 @@ def cancel_job(*, job_id: int, user, now: datetime, why: str = "", sealing_too: 
         )  # fmt: skip
         # The node agent watching this attempt polls the flag every second and stops the process group.
     return bool(marked)
-
-
-def _stop_waiting_inputs(job_id: int) -> None:
-    """A staging job waiting for a transfer slot may have no stager to see its cancel until its next try (it gave
-    its thread back): its inputs read cancelled now, and that try removes its folder (``staging.stage_job``)."""
-    for rows in (DataInput.objects, ImagePull.objects):
-        rows.filter(job_id=job_id, stage_state="waiting").update(stage_state="cancelled", rate_bytes_s=0)
 
 
 def _actor(user) -> str:

@@ -116,10 +116,7 @@ def _stage_inputs(job_id: int) -> None:
 def _stopped(job_id: int) -> None:
     """The job left STAGING (cancelled) during a try or between two: its partial files go with it."""
     remove_staged(job_id)
-    for rows in (DataInput.objects, ImagePull.objects):
-        rows.filter(job_id=job_id, stage_state__in=("staging", "waiting")).update(
-            stage_state="cancelled", rate_bytes_s=0
-        )
+    cache_fill.cancel_inputs(job_id, states=("staging", "waiting"))
 
 
 # --------------------------------------------------------------------------- waiting for a slot, off the threads
