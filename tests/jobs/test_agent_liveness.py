@@ -63,11 +63,15 @@ def test_a_run_that_succeeded_is_not_released_as_lost_while_its_agent_cleans_up_
 
     monkeypatch.setattr(module, name, slow)
     agent.run_part(allocation_id=allocation.id, mode=sandbox.UNSANDBOXED, uids=None)
+    _assert_succeeded_unabandoned(job, found, while_="cleaned up after an exit 0")
 
+
+def _assert_succeeded_unabandoned(job: Job, found: list, *, while_: str) -> None:
+    """The slow step ran and called the reconciler, which left the job alone; the job then ended as it ran."""
     job.refresh_from_db()
-    assert found, "the step never ran: the test did not exercise the clean-up"
+    assert found, f"the step never ran: the test did not exercise what its agent {while_}"
     assert job.id not in found[0].abandoned, (
-        f"released as lost while its agent cleaned up after an exit 0: {job.end_reason} {job.end_detail!r}"
+        f"released as lost while its agent {while_}: {job.end_reason} {job.end_detail!r}"
     )
     assert (job.state, job.end_reason, job.lost_attempts) == (State.RELEASED, EndReason.SUCCEEDED, 0)
 
@@ -96,13 +100,7 @@ def test_a_part_is_not_released_as_lost_while_its_agent_prepares_it(team, compre
 
     monkeypatch.setattr(module, name, slow)
     agent.run_part(allocation_id=allocation.id, mode=sandbox.UNSANDBOXED, uids=None)
-
-    job.refresh_from_db()
-    assert found, "the step never ran: the test did not exercise the preparation"
-    assert job.id not in found[0].abandoned, (
-        f"released as lost while its agent prepared it: {job.end_reason} {job.end_detail!r}"
-    )
-    assert (job.state, job.end_reason, job.lost_attempts) == (State.RELEASED, EndReason.SUCCEEDED, 0)
+    _assert_succeeded_unabandoned(job, found, while_="prepared it")
 
 
 def test_the_beats_after_the_exit_stop_once_it_is_recorded(team, compressed):
