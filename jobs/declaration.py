@@ -34,6 +34,7 @@ MAX_ENV = 128
 MAX_WORK_CHARS = 64 * 1024
 MAX_ARRAY_WORK_CHARS = 8 * 10**6
 MAX_INPUTS = 64
+MAX_ARRAY_INPUTS = 10_000  # an array's tasks' inputs together, each a row of its own
 MAX_SECRETS = 32
 MAX_UNKNOWN_KEYS = 10
 MAX_NESTING = 10  # a declaration nests four levels deep (data[0].bytes); ten leaves room, 1,500 is an attack
@@ -282,7 +283,7 @@ def validate(raw: Any, *, limits: Limits) -> Declaration:
     _check_one_node_room(min_gpus or gpus, memory, cpus, limits, errs)
     after_ok, after_any = _prerequisites(raw, errs)
     array = _array(raw.get("array"), limits, errs)
-    _check_work_size(argv, env, array, errs)
+    _check_work_size(argv, env, data, array, errs)
     if not (after_ok or after_any):  # inputs a prerequisite will write are checked when they stage
         _check_own_files(data, limits, errs)
     if errs.errors:
@@ -347,16 +348,33 @@ def _prerequisites(raw: Mapping, errs: _Collector) -> tuple[tuple[int, ...], tup
     return lists[0], lists[1]
 
 
-def _check_work_size(argv: list[str], env: dict[str, str], array: Array | None, errs: _Collector) -> None:
+def _check_work_size(
+    argv: list[str], env: dict[str, str], data: list[DataInput], array: Array | None, errs: _Collector
+) -> None:
     chars = sum(map(len, argv)) + sum(len(name) + len(value) for name, value in env.items())
     if chars > MAX_WORK_CHARS:
         errs.add("work", f"the command and its environment hold {chars:,} characters; at most {MAX_WORK_CHARS // 1024} KB together "
                          "(pass longer input as a data file)")  # fmt: skip
-    elif array and chars * len(array.indices) > MAX_ARRAY_WORK_CHARS:
-        errs.add("array", f"{len(array.indices)} tasks, each a copy of a {format_size(chars)} command and "
-                          f"environment, hold {format_size(chars * len(array.indices))}; an array's tasks hold at "
-                          f"most {format_size(MAX_ARRAY_WORK_CHARS)} together: shorten the command, or have "
-                          "each task read its parameters from a data file by its E31_ARRAY_INDEX")  # fmt: skip
+    elif array:
+        _check_array_copies(chars, data, len(array.indices), errs)
+
+
+def _check_array_copies(work_chars: int, data: list[DataInput], tasks: int, errs: _Collector) -> None:
+    """Each task stores its own copy of the command, its environment and its inputs (a row each), and a cancel
+    frees the waiting cap at once: 1,000 tasks of 64 inputs with 2,000-character addresses stored 146 MB from
+    a 130 KB request, again and again. An array's copies are bounded together."""
+    rows = tasks * len(data)
+    each = work_chars + sum(len(d.name) + len(d.uri) + len(d.sha256) for d in data)
+    if rows > MAX_ARRAY_INPUTS:
+        errs.add("array", f"{tasks} tasks of {len(data)} inputs hold {rows:,} inputs; an array's tasks hold at most "
+                          f"{MAX_ARRAY_INPUTS:,} together: have each task read what its E31_ARRAY_INDEX needs from "
+                          "fewer inputs they share")  # fmt: skip
+    elif each * tasks > MAX_ARRAY_WORK_CHARS:
+        errs.add("array", f"{tasks} tasks, each a copy of a {format_size(each)} command, environment and inputs, "
+                          f"hold {format_size(each * tasks)}; an array's tasks hold at most "
+                          f"{format_size(MAX_ARRAY_WORK_CHARS)} together: shorten the command or the inputs' "
+                          "addresses, or have each task read its parameters from a data file by its "
+                          "E31_ARRAY_INDEX")  # fmt: skip
 
 
 def _array(value: Any, limits: Limits, errs: _Collector) -> Array | None:

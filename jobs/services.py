@@ -5,7 +5,7 @@ one transaction; a second worker, or a redelivered task, finds the state already
 gets False back. Work for other processes is enqueued after commit, carrying ids only.
 """
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -84,6 +84,7 @@ def submit_job(
     # Two submissions at once each weigh the waiting cap and the budget after the other's jobs are stored.
     Team.objects.select_for_update(no_key=True).filter(id=team.id).first()
     _check_waiting_cap(team=team, tasks=tasks, prerequisites=tasks * len({*spec.after_ok, *spec.after_any}))
+    _check_hourly_submissions(team=team, tasks=tasks, now=now)
     if spec.checkpoint:
         _check_checkpoint_quota(team=team, tasks=tasks, each=spec.checkpoint.bytes)
     budget = signals.check_budget(team=team, gpu_hours=spec.gpus * spec.hours * tasks, now=now)
@@ -155,6 +156,22 @@ def _check_waiting_cap(*, team, tasks: int, prerequisites: int) -> None:
             f"have at most {cap} waiting at once (E31_MAX_WAITING_PER_TEAM), every {PREREQUISITES_PER_SLOT} "
             "prerequisites counted as one more. Wait for some to start, cancel some you no longer need, or ask an "
             "operator to raise the limit.",
+        )])  # fmt: skip
+
+
+def _check_hourly_submissions(*, team, tasks: int, now: datetime) -> None:
+    """Refuses tasks that would take the team past E31_MAX_SUBMITTED_PER_TEAM_HOUR submitted in the last hour,
+    cancelled ones too: a cancel frees the waiting cap at once, and every job stays on record (its events, its
+    inputs), so a token that submitted a 1,000-task array and cancelled it, round after round, grew the database
+    without bound. Called with the team's row locked."""
+    cap = settings.E31_MAX_SUBMITTED_PER_TEAM_HOUR
+    recent = Job.objects.filter(team=team, submitted_at__gt=now - timedelta(hours=1)).count()
+    if recent + tasks > cap:
+        raise declaration.DeclarationInvalid([(
+            "team",
+            f"{team.name} submitted {_tasks(recent)} in the last hour and this submission adds {_tasks(tasks)}: a "
+            f"team may submit at most {cap:,} an hour, cancelled ones included (E31_MAX_SUBMITTED_PER_TEAM_HOUR). "
+            "Submit again later, or ask an operator to raise the limit.",
         )])  # fmt: skip
 
 

@@ -69,6 +69,33 @@ def test_an_arrays_tasks_share_a_bound_on_what_each_copies(client, member_token,
     assert submit_api(client, {**raw, "array": "0-99"}, member_token).status_code == 201
 
 
+def _inputs(count: int, uri_chars: int) -> list[dict]:
+    return [
+        {"name": f"in{i}", "uri": f"https://data.example.com/{i:02d}/" + "x" * uri_chars, "bytes": 1}
+        for i in range(count)
+    ]
+
+
+def test_an_arrays_tasks_share_a_bound_on_the_inputs_each_copies(client, member_token, pool, raw):
+    """Each task stores its own copy of the job's inputs: 1,000 tasks of 64 inputs with 2,000-character addresses,
+    a 130 KB request, stored 64,000 rows and 146 MB, and cancelling the array let the same token do it again."""
+    raw["data"] = _inputs(64, 1960)
+    response = submit_api(client, {**raw, "array": "0-99"}, member_token)  # 6,400 inputs, 12.8 MB of copies
+    assert response.status_code == 422 and error_fields(response) == {"array"}, response.content
+    assert "inputs' addresses" in response.content.decode()
+    assert not Job.objects.exists()
+    assert submit_api(client, {**raw, "array": "0-9"}, member_token).status_code == 201
+
+
+def test_an_arrays_tasks_share_a_bound_on_how_many_inputs_they_hold(client, member_token, pool, raw):
+    raw["data"] = _inputs(64, 4)
+    response = submit_api(client, {**raw, "array": "0-999"}, member_token)
+    assert response.status_code == 422 and error_fields(response) == {"array"}, response.content
+    assert "64,000 inputs" in response.content.decode()
+    assert not Job.objects.exists()
+    assert submit_api(client, {**raw, "array": "0-99"}, member_token).status_code == 201
+
+
 def test_the_size_cap_is_e31_max_array(client, member_token, pool, raw, settings):
     settings.E31_MAX_ARRAY = 10
     response = submit_api(client, {**raw, "array": "0-10"}, member_token)

@@ -2,6 +2,7 @@
 pass reads and plans each waiting job, under the one pass lock, so one team's flood would slow every start."""
 
 import sys
+from datetime import timedelta
 
 import pytest
 import tomli_w
@@ -146,3 +147,21 @@ def test_a_waiting_jobs_prerequisites_count_toward_the_cap(good, pool, team, mem
     )
     with pytest.raises(declaration.DeclarationInvalid, match="adds 1 task and 32 prerequisites"):
         services.submit_job(team=team, user=member, spec=many, now=timezone.now())  # 3 + 1 + 1 > 4
+
+
+@pytest.mark.django_db
+def test_a_team_submits_at_most_its_hourly_tasks_however_many_it_cancels(good, pool, team, member, settings):
+    """The waiting cap is freed by a cancel: a token submitting a 1,000-task array and cancelling it, again and
+    again, stored 1,000 jobs a round (and 146 MB with 64 long inputs each) with nothing to stop it. Tasks submitted
+    in the last hour are counted too, cancelled or not; older ones are not."""
+    settings.E31_MAX_SUBMITTED_PER_TEAM_HOUR = 5
+    JobFactory(team=team, state="ended", submitted_at=timezone.now() - timedelta(minutes=61))
+    spec = declaration.validate({**good, "array": "0-2"}, limits=services.pool_limits(team=team))
+    first = services.submit_job(team=team, user=member, spec=spec, now=timezone.now())
+    services.cancel_array(array_id=first.array_id, user=member, now=timezone.now())
+    with pytest.raises(declaration.DeclarationInvalid) as refused:
+        services.submit_job(team=team, user=member, spec=spec, now=timezone.now())
+    ((field, message),) = refused.value.errors
+    assert field == "team" and "E31_MAX_SUBMITTED_PER_TEAM_HOUR" in message
+    assert "3 tasks in the last hour" in message and "at most 5" in message
+    assert Job.objects.filter(team=team).count() == 4
