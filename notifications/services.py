@@ -264,6 +264,9 @@ def _ring(task: str, object_id: int) -> None:
 # notification worker for the whole E31_WEBHOOK_TIMEOUT_S, and one team's silent receivers (10 webhooks, a 1,000-task
 # array cancelled: 10,000 deliveries) kept every other team's notifications waiting for hours.
 WEBHOOK_SILENT_TRIES = 5
+# A try answered after this share of E31_WEBHOOK_TIMEOUT_S counts as one with no answer: a receiver answering (500,
+# or even 200) just inside the timeout held a worker as long as a silent one, and was never paused.
+WEBHOOK_SLOW_SHARE = 0.5
 
 
 def deliver_webhook(*, delivery_id: int, now: datetime) -> str:
@@ -295,7 +298,7 @@ def deliver_webhook(*, delivery_id: int, now: datetime) -> str:
         )
     status, response, refused, took = _send(delivery, secret, now=now)
     if not refused:
-        _count_silence(delivery.webhook_id, answered=status is not None, now=now)
+        _count_silence(delivery.webhook_id, answered=status is not None and not _slow(took), now=now)
     return _record_try(delivery, status=status, response=response, refused=refused, took_ms=took, now=now)
 
 
@@ -316,9 +319,13 @@ def _paused_until(delivery_id: int, now: datetime, *, probe_for: timedelta) -> d
     return Webhook.objects.filter(id=webhook_id).values_list("paused_until", flat=True).first() or None
 
 
+def _slow(took_ms: int) -> bool:
+    return took_ms > WEBHOOK_SLOW_SHARE * settings.E31_WEBHOOK_TIMEOUT_S * 1000
+
+
 def _count_silence(webhook_id: int, *, answered: bool, now: datetime) -> None:
-    """An answer of any kind (a 500 is quick) resumes the webhook; a try with none counts, and the
-    WEBHOOK_SILENT_TRIES-th in a row, and each after it, pauses it. One UPDATE: tries finish concurrently."""
+    """A prompt answer of any kind (a 500 is quick) resumes the webhook; a try with none, or a late one, counts,
+    and the WEBHOOK_SILENT_TRIES-th in a row, and each after it, pauses it. One UPDATE: tries finish concurrently."""
     webhooks = Webhook.objects.filter(id=webhook_id)
     if answered:
         webhooks.exclude(silent_tries=0, paused_until=None).update(silent_tries=0, paused_until=None)

@@ -4,14 +4,15 @@ Found by review: a team with 10 webhooks on a server that accepts connections an
 1,000-task array cancelled, owed 10,000 deliveries; each try held a notification thread for the whole
 E31_WEBHOOK_TIMEOUT_S (10 s), about 3.5 hours of the README's 8 threads for the first tries alone, while every
 other team's webhooks and e-mails waited behind them on the one queue. After WEBHOOK_SILENT_TRIES tries in a
-row that got no answer, the webhook's deliveries wait E31_WEBHOOK_PAUSE_S untried (no attempt counted), then
-one more try decides: an answer of any kind resumes it.
+row that got no answer (or one after more than half the timeout), the webhook's deliveries wait
+E31_WEBHOOK_PAUSE_S untried (no attempt counted), then one more try decides: a prompt answer of any kind resumes it.
 """
 
 import socket
 import threading
 import time
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from cryptography.fernet import Fernet
@@ -101,7 +102,7 @@ def test_a_paused_webhook_resumes_once_its_receiver_answers(team, receiver, loop
 
 
 def test_a_receiver_that_answers_with_errors_is_never_paused(team, receiver, loopback_allowed):
-    """An answer, even a 500, is quick: only silence holds a worker, so only silence pauses."""
+    """A prompt answer, even a 500, holds a worker a moment: only silence, or a late answer, pauses."""
     receiver.statuses = [500]
     deliveries = _owed(team, receiver.url, notify.WEBHOOK_SILENT_TRIES + 2)
     now = timezone.now()
@@ -160,3 +161,47 @@ def test_a_secret_the_platform_cannot_open_is_no_silence_of_the_receiver(
     webhook = deliveries[0].webhook
     webhook.refresh_from_db()
     assert (webhook.silent_tries, webhook.paused_until) == (0, None)
+
+
+@pytest.fixture
+def slow_receiver():
+    """Answers 200, or 500 once ``status`` is set, 0.3 s after each request."""
+
+    class Slow(BaseHTTPRequestHandler):
+        status = 200
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            time.sleep(0.3)
+            self.send_response(Slow.status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield Slow, f"http://127.0.0.1:{server.server_address[1]}/hook"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_a_receiver_that_answers_just_before_the_timeout_is_paused_like_a_silent_one(
+    team, slow_receiver, loopback_allowed, settings, status
+):
+    """Found by review: a receiver answering (500, or even 200) just inside E31_WEBHOOK_TIMEOUT_S held a worker
+    for nearly the whole timeout each try and was never paused: an answer of any kind resumed it. A try answered
+    after more than half the timeout now counts as one with no answer."""
+    handler, url = slow_receiver
+    handler.status = status
+    settings.E31_WEBHOOK_TIMEOUT_S = 0.4
+    deliveries = _owed(team, url, notify.WEBHOOK_SILENT_TRIES + 2)
+    now = timezone.now()
+    tried = [notify.deliver_webhook(delivery_id=d.id, now=now) for d in deliveries]
+    answered = "delivered" if status == 200 else "pending"
+    assert tried == [answered] * notify.WEBHOOK_SILENT_TRIES + ["paused"] * 2
+    webhook = deliveries[0].webhook
+    webhook.refresh_from_db()
+    assert webhook.paused_until == now + timedelta(seconds=settings.E31_WEBHOOK_PAUSE_S)
