@@ -515,9 +515,10 @@ if E31_TEAM_LOG_BYTES < 1024**2:
 E31_LOG_KEEP_DAYS = env.int("E31_LOG_KEEP_DAYS", default=90)
 if E31_LOG_KEEP_DAYS < 1:
     raise ImproperlyConfigured("E31_LOG_KEEP_DAYS is at least 1")
-# Log followers (GET /api/v1/jobs/{id}/log?wait=) that may wait at once per web process; keep it under
-# gunicorn's threads, so pages always have threads left. The others are told to retry in 2 s.
-E31_LOG_WAITERS_PER_PROCESS = env.int("E31_LOG_WAITERS_PER_PROCESS", default=2)
+# Log followers (GET /api/v1/jobs/{id}/log?wait=) that may wait at once per web process; the others are told to
+# retry in 2 s. With E31_EXPORTS_PER_PROCESS it stays under gunicorn's threads (gunicorn.conf.py refuses to start
+# otherwise): 2 and 2 under 4 threads let one member of two teams hold every thread (common.web_threads).
+E31_LOG_WAITERS_PER_PROCESS = env.int("E31_LOG_WAITERS_PER_PROCESS", default=1)
 # Ledger exports and output and log downloads one web process sends at once (each holds a thread while its client
 # reads); others get a 429.
 E31_EXPORTS_PER_PROCESS = env.int("E31_EXPORTS_PER_PROCESS", default=2)
