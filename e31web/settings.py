@@ -103,6 +103,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: a client that stalls is dropped whatever the rest answers.
+    "common.stalls.ClientStallMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -522,6 +524,11 @@ E31_LOG_WAITERS_PER_PROCESS = env.int("E31_LOG_WAITERS_PER_PROCESS", default=1)
 # Ledger exports and output and log downloads one web process sends at once (each holds a thread while its client
 # reads); others get a 429.
 E31_EXPORTS_PER_PROCESS = env.int("E31_EXPORTS_PER_PROCESS", default=2)
+# Seconds a client may leave a read or a write of its connection waiting (common.stalls): then it is dropped, and
+# the thread and sending place it held are given back.
+E31_CLIENT_STALL_S = env.float("E31_CLIENT_STALL_S", default=60.0)
+if E31_CLIENT_STALL_S <= 0:
+    raise ImproperlyConfigured("E31_CLIENT_STALL_S is a number of seconds above 0")
 # Of those, what one team's (or the operators' whole-pool exports) may hold at once: no team takes every team's.
 E31_EXPORTS_PER_TEAM = env.int("E31_EXPORTS_PER_TEAM", default=1)
 if not 1 <= E31_EXPORTS_PER_TEAM <= E31_EXPORTS_PER_PROCESS:
