@@ -7,6 +7,7 @@ pages show (a DataInput, an ImagePull), heartbeats the job, and says stop once t
 """
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -14,12 +15,12 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from jobs import transfers
 from jobs.lifecycle import State
-from jobs.models import CacheEntry, DataInput, DatasetCacheEntry, ImageCacheEntry, ImagePull, Job
+from jobs.models import SLOT_LINE, CacheEntry, DataInput, DatasetCacheEntry, ImageCacheEntry, ImagePull, Job
 
 WAIT_S = 0.5
 SLOT_LOCK = 0x0E31_57A6  # advisory lock serialising claims of the pool's transfer slots
@@ -67,37 +68,72 @@ class SharedCopy(WaitsElsewhere):
     """Another job of the team is copying the same bytes into the cache: this one waits to share them."""
 
 
-def slots_held(now: datetime, *, team_id: int, except_input: int | None = None) -> tuple[int, int]:
-    """Copies into the pool holding a transfer slot, and those of them the team's: data inputs being copied and
-    images being pulled alike, each by a stager that has not gone silent. An image entry is keyed by its team, and
-    only a job of that team fills it, so the entry's team is the pulling job's."""
+def held_by_team(now: datetime, *, except_input: int | None = None) -> Counter[int]:
+    """Copies into the pool holding a transfer slot, by team: data inputs being copied and images being pulled
+    alike, each by a stager that has not gone silent. An image entry is keyed by its team, and only a job of that
+    team fills it, so the entry's team is the pulling job's."""
     inputs = DataInput.objects.filter(
         stage_state="staging", job__state=State.STAGING, job__worker_seen_at__gte=stale_before(now)
     )
     if except_input is not None:
         inputs = inputs.exclude(id=except_input)
     images = ImageCacheEntry.objects.filter(state=ImageCacheEntry.FILLING, updated_at__gte=stale_before(now))
-    data = inputs.aggregate(pool=Count("id"), team=Count("id", filter=Q(job__team_id=team_id)))
-    pulls = images.aggregate(pool=Count("id"), team=Count("id", filter=Q(team_id=team_id)))
-    return data["pool"] + pulls["pool"], data["team"] + pulls["team"]
+    held = Counter(dict(inputs.order_by().values_list("job__team_id").annotate(Count("id"))))
+    held.update(dict(images.order_by().values_list("team_id").annotate(Count("id"))))
+    return held
 
 
-def slot_refusal(now: datetime, *, team_id: int, except_input: int | None = None) -> str:
-    """Why a copy of the team's may not take a transfer slot now, as its team reads it; "" when it may. Fewer than
-    E31_STAGE_CONCURRENCY copies hold one across the pool, and fewer than E31_STAGE_TEAM_SLOTS of them the team's.
-    Call it under ``lock_slots`` to take a slot on its word."""
+def slot_refusal(now: datetime, *, team_id: int, job_id: int, except_input: int | None = None) -> str:
+    """Why a copy of the team's job may not take a transfer slot now, as its team reads it; "" when it may. Fewer
+    than E31_STAGE_CONCURRENCY copies hold one across the pool, fewer than E31_STAGE_TEAM_SLOTS of them the team's,
+    and no job that could take it has waited longer (``in_line``). Call it under ``lock_slots`` to take a slot on
+    its word."""
     pool, team = settings.E31_STAGE_CONCURRENCY, settings.E31_STAGE_TEAM_SLOTS
-    held, held_by_team = slots_held(now, team_id=team_id, except_input=except_input)
-    if held >= pool:
+    held = held_by_team(now, except_input=except_input)
+    if held.total() >= pool:
         return f"waiting for a transfer slot: {pool} cop{'ies' if pool > 1 else 'y'} at once on this pool"
-    if held_by_team >= team:
-        return f"waiting for a transfer slot: your team holds {held_by_team} of the pool's {pool}, the most one team may"
+    if held[team_id] >= team:
+        return f"waiting for a transfer slot: your team holds {held[team_id]} of the pool's {pool}, the most one team may"
+    if ahead := in_line(now, held).filter(_ahead_of(job_id)).count():
+        return f"waiting for a transfer slot: {ahead:,} job{'s have' if ahead > 1 else ' has'} waited longer"
     return ""
 
 
-def slot_free(now: datetime, *, team_id: int, except_input: int | None = None) -> bool:
-    """Whether a copy of the team's may take a transfer slot now (``slot_refusal``). Call it under ``lock_slots``."""
-    return not slot_refusal(now, team_id=team_id, except_input=except_input)
+def slot_free(now: datetime, *, team_id: int, job_id: int, except_input: int | None = None) -> bool:
+    """Whether a copy of the team's job may take a transfer slot now (``slot_refusal``). Call it under
+    ``lock_slots``."""
+    return not slot_refusal(now, team_id=team_id, job_id=job_id, except_input=except_input)
+
+
+# --------------------------------------------------------------------------- the line for a slot
+
+
+def in_line(now: datetime, held: Counter[int]) -> QuerySet[Job]:
+    """The jobs waiting for a transfer slot that could take a free one, first come first (the scheduler's order:
+    submitted, then id). A job refused one keeps its place (``Job.slot_wait``) until it takes one; one whose team
+    holds E31_STAGE_TEAM_SLOTS (``held``), or whose stager has gone silent, could not, and holds nobody back. A job
+    waiting to share another's copy takes no slot and is not in the line."""
+    capped = [team for team, count in held.items() if count >= settings.E31_STAGE_TEAM_SLOTS]
+    return (
+        Job.objects.filter(
+            state=State.STAGING, slot_wait__in=SLOT_LINE, worker_seen_at__gte=stale_before(now)
+        )
+        .exclude(team_id__in=capped)
+        .order_by("submitted_at", "id")
+    )
+
+
+def _ahead_of(job_id: int) -> Q:
+    """Submitted before the job, or at the same time with a lower id: one range of the line's index
+    (``job_slot_line``). Written as an OR of the two, the planner took the index of every job's submitted_at for
+    the first, and read every job ever submitted before this one."""
+    submitted = Subquery(Job.objects.filter(id=job_id).order_by().values("submitted_at"))
+    return Q(submitted_at__lte=submitted) & ~Q(submitted_at=submitted, id__gte=job_id)
+
+
+def out_of_line(job_id: int) -> None:
+    """The job takes a transfer slot, or waits to share a copy: the line moves on without it."""
+    Job.objects.filter(id=job_id).exclude(slot_wait="").update(slot_wait="")
 
 
 def cancel_inputs(job_id: int, *, states: tuple[str, ...]) -> None:

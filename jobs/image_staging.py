@@ -161,7 +161,7 @@ def _stage_digest(
             beat.update_row(stage_state="waiting", stage_detail=why)
             raise cache_fill.SharedCopy(why)
         if outcome == SLOT:
-            _wait_for_slot(beat, team_id)
+            _wait_for_slot(beat, team_id, pull.job_id)
         beat.update_row(stage_state="staging", stage_detail="")
         beat.entry_id, beat.token = entry.id, token
         try:
@@ -175,9 +175,9 @@ def _stage_digest(
         return
 
 
-def _wait_for_slot(beat: "_Beat", team_id: int) -> None:
+def _wait_for_slot(beat: "_Beat", team_id: int, job_id: int) -> None:
     """The pull shows why it waits, and NoSlot gives the stager's thread back (no entry is claimed yet)."""
-    why = cache_fill.slot_refusal(timezone.now(), team_id=team_id)
+    why = cache_fill.slot_refusal(timezone.now(), team_id=team_id, job_id=job_id)
     why = why or "waiting for a transfer slot"  # one freed as this looked: the next try takes it
     beat.update_row(stage_state="waiting", stage_detail=why)
     raise cache_fill.NoSlot(why)
@@ -205,8 +205,9 @@ def _try_claim(
     # is taken only here, after the entry's row: a hit never waits for it, and nothing that holds it waits
     # for an image row (data claims lock only their input).
     cache_fill.lock_slots()
-    if not cache_fill.slot_free(now, team_id=team_id):
+    if not cache_fill.slot_free(now, team_id=team_id, job_id=pull.job_id):
         return SLOT, None
+    cache_fill.out_of_line(pull.job_id)  # it takes the slot, or shares a copy begun a moment ago
     team_room = cache_fill.team_share_bytes() - team_cache_bytes(team_id, now, except_image=key)
     cap = _cap(compressed, room=min(_room(now, key=key), team_room))
     if entry is None:

@@ -36,7 +36,13 @@ class JobArray(models.Model):
         return f"array {self.pk} {self.name} [{self.spec}]"
 
 
+# Job.slot_wait of a job in the line for a transfer slot: parked off the stagers' threads, or a try going for one.
+SLOT_LINE = ("parked", "trying")
+
+
 class Job(models.Model):
+    PARKED, TRYING = SLOT_LINE
+
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
     submitted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
@@ -59,6 +65,10 @@ class Job(models.Model):
     preempt_requested_at = models.DateTimeField(null=True, blank=True)
     # Last sign of the worker handling this job (staging, agent, delivery); the reconciler re-drives stale ones.
     worker_seen_at = models.DateTimeField(null=True, blank=True)
+    # Its place in the line for a transfer slot while it stages (``cache_fill.in_line``): PARKED while it waits
+    # off the stagers' threads, refused one; TRYING while the try that took its claim goes for one; "" otherwise
+    # (never refused one, holding one, or waiting to share another job's copy, which takes none).
+    slot_wait = models.CharField(max_length=8, blank=True)
 
     # work
     argv = models.JSONField()
@@ -134,6 +144,13 @@ class Job(models.Model):
                 models.F("id").desc(),
                 name="job_team_ran_to_its_end",
                 condition=Q(state=State.RELEASED, end_reason__in=RAN_TO_ITS_END),
+            ),
+            # The line for a transfer slot, first come first: each try that would take a slot counts the jobs
+            # ahead of it here, never the other staging jobs nor the pool's history.
+            models.Index(
+                fields=["submitted_at", "id"],
+                name="job_slot_line",
+                condition=Q(state=State.STAGING, slot_wait__in=SLOT_LINE),
             ),
             # The ended jobs whose log is still kept, by end: the hourly pruner reads only these, never the
             # years of jobs whose logs are gone already.

@@ -8,7 +8,8 @@ declaration (a larger source is cut off and refused), sha256 checked when declar
 written at most every half second so the job page, the transfers page and the scheduler's
 staging ETA see it. At most E31_STAGE_CONCURRENCY copies run at once across the pool, image pulls
 included, and at most E31_STAGE_TEAM_SLOTS of them one team's (``cache_fill.slot_refusal``); a job refused one
-gives its stager's thread back and is staged again shortly (``_give_back``).
+gives its stager's thread back and is staged again shortly (``_give_back``). Jobs waiting for a slot take one first
+come first (``cache_fill.in_line``).
 """
 
 import hashlib
@@ -25,7 +26,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, transaction
-from django.db.models import QuerySet
+from django.db.models import Case, F, QuerySet, Value, When
 from django.utils import timezone
 
 from jobs import cache_fill, declaration, dependencies, dispatch, image_staging, selectors, sharing, transfers
@@ -74,8 +75,8 @@ def _stage(job_id: int, now: datetime) -> bool:
     sweep_cache(now=now)
     try:
         _stage_inputs(job_id)
-    except cache_fill.WaitsElsewhere:
-        _give_back(job_id)  # the input or pull refused shows why it waits
+    except cache_fill.WaitsElsewhere as wait:
+        _give_back(job_id, in_line=isinstance(wait, cache_fill.NoSlot))  # what is refused shows why it waits
         return True
     except (StagingStopped, image_staging.ImageStopped):
         _stopped(job_id)
@@ -122,16 +123,20 @@ def _stopped(job_id: int) -> None:
 # --------------------------------------------------------------------------- waiting for a slot, off the threads
 
 
-def _give_back(job_id: int) -> None:
-    """Returns the stager's thread while the job waits for a transfer slot, and has the job staged again in
-    RETRY_S, by the message that carries its claim.
+def _give_back(job_id: int, *, in_line: bool) -> None:
+    """Returns the stager's thread while the job waits, for a transfer slot (``in_line``) or to share another job's
+    copy, and has the job staged again in RETRY_S, by the message that carries its claim.
 
     Waiting in the thread, as it once did, a team's jobs refused a slot took every thread of the staging workers
     (E31_STAGE_CONCURRENCY + 1), so every other team's staging, cache hits included, waited behind them. The claim
     (``worker_seen_at``) stays on the job, fresh: the reconciler leaves it alone while it is, and re-drives it
-    once stale should the message be lost. Its inputs already in place stay so (``_already_in_place``)."""
+    once stale should the message be lost. Its inputs already in place stay so (``_already_in_place``).
+
+    A job refused a slot is parked in the line for one (``Job.slot_wait``), in the same update as its claim: it
+    keeps its place, first come first, until it takes one."""
     claim = timezone.now()
-    if Job.objects.filter(id=job_id, state=State.STAGING).update(worker_seen_at=claim):
+    parked = Job.PARKED if in_line else ""
+    if Job.objects.filter(id=job_id, state=State.STAGING).update(worker_seen_at=claim, slot_wait=parked):
         dispatch.restage_job(job_id, claim=claim, countdown_s=_retry_in())
     else:
         _stopped(job_id)  # cancelled as it gave its thread back
@@ -144,23 +149,38 @@ def _resume(job_id: int, claim: datetime, now: datetime) -> bool:
     A try that finds nothing changed waits again before any source or registry is asked or the cache swept, at
     about the cost of a tick of the old wait: while the team's copy it shares is still being made, or while its team
     is refused a slot. Sharing a copy, or hitting it once done, takes no slot: a job whose team's cache now holds
-    what it reads goes on whatever its team's copies hold."""
-    if not Job.objects.filter(id=job_id, state=State.STAGING, worker_seen_at=claim).update(
-        worker_seen_at=now
-    ):
+    what it reads goes on whatever its team's copies hold. The claim taken and the wait again commit as one."""
+    with transaction.atomic():
+        taken = Job.objects.filter(id=job_id, state=State.STAGING, worker_seen_at=claim).update(
+            worker_seen_at=now, slot_wait=_on_its_way()
+        )
+        waits = bool(taken) and _waits_again(job_id, now)
+    if not taken:
         if not Job.objects.filter(id=job_id, state__in=ALIVE_STATES).exists():
             _stopped(job_id)  # cancelled between two tries
         return False
+    return waits or _stage(job_id, now)
+
+
+def _waits_again(job_id: int, now: datetime) -> bool:
+    """Whether the job, its claim just taken, still waits: to share the copy its team is still making, or for a
+    slot it is refused. It then gives the thread back again, in the line for a slot or out of it."""
     team_id, image = Job.objects.values_list("team_id", "image").get(id=job_id)
     entries = _waited_on(job_id, team_id)
     if _still_copied(entries, now):
-        dispatch.restage_job(job_id, claim=now, countdown_s=_retry_in())
+        _give_back(job_id, in_line=False)
         return True
-    if not _ready(entries) and (why := cache_fill.slot_refusal(now, team_id=team_id)):
+    if not _ready(entries) and (why := cache_fill.slot_refusal(now, team_id=team_id, job_id=job_id)):
         _show_wait(job_id, why, image=bool(image))
-        dispatch.restage_job(job_id, claim=now, countdown_s=_retry_in())
+        _give_back(job_id, in_line=True)
         return True
-    return _stage(job_id, now)
+    return False
+
+
+def _on_its_way() -> Case:
+    """A try takes the claim of a job parked in the line: the job keeps its place while the try goes for a slot
+    (its source probed, its cache entry claimed), so a younger job's try meanwhile does not take it."""
+    return Case(When(slot_wait=Job.PARKED, then=Value(Job.TRYING)), default=F("slot_wait"))
 
 
 def _waited_on(job_id: int, team_id: int) -> list[QuerySet]:
@@ -227,7 +247,7 @@ def _claim(job_id: int, now: datetime) -> bool:
     return fresh or bool(
         Job.objects.filter(
             id=job_id, state=State.STAGING, worker_seen_at__lt=cache_fill.stale_before(now)
-        ).update(worker_seen_at=now)
+        ).update(worker_seen_at=now, slot_wait=_on_its_way())
     )
 
 
@@ -517,17 +537,20 @@ def _acquire_slot(data_input: DataInput, watch: _Watch, entry: DatasetCacheEntry
             if swept:
                 raise
             sweep_cache(now=timezone.now())  # unpinned entries make way: then look once more
-    why = cache_fill.slot_refusal(timezone.now(), team_id=data_input.job.team_id, except_input=data_input.id)
+    why = cache_fill.slot_refusal(
+        timezone.now(), team_id=data_input.job.team_id, job_id=data_input.job_id, except_input=data_input.id
+    )
     why = why or "waiting for a transfer slot"  # one freed as this looked: the next try takes it
     watch.update_row(stage_state="waiting", stage_detail=why, waiting_key=entry.key if entry else "")
     raise cache_fill.NoSlot(why)
 
 
 def claim_slot(*, data_input_id: int, now: datetime, entry: DatasetCacheEntry | None = None) -> bool:
-    """Marks the input staging only while a transfer slot is free to its team (``cache_fill.slot_refusal``: image
-    pulls hold them too), and while the cache has room for ``entry``, the cache entry the input fills, if given
-    (else NoRoom). The team's count is taken under the slot lock with the pool's, so two of its inputs cannot each
-    take the team's last slot.
+    """Marks the input staging only while a transfer slot is free to its team and no job that could take it has
+    waited longer (``cache_fill.slot_refusal``: image pulls hold them too), and while the cache has room for
+    ``entry``, the cache entry the input fills, if given (else NoRoom). The team's count is taken under the slot
+    lock with the pool's, so two of its inputs cannot each take the team's last slot; the job leaves the line for a
+    slot (``cache_fill.out_of_line``) in the same transaction.
 
     The room is checked under the slot lock in the same transaction as the slot is taken, so two fills
     cannot each count the room the other is about to take: what holds a slot has passed this check.
@@ -541,12 +564,13 @@ def claim_slot(*, data_input_id: int, now: datetime, entry: DatasetCacheEntry | 
     again."""
     with transaction.atomic():
         cache_fill.lock_slots()
-        team_id = DataInput.objects.values_list("job__team_id", flat=True).get(id=data_input_id)
-        if not cache_fill.slot_free(now, team_id=team_id, except_input=data_input_id):
+        job_id, team_id = DataInput.objects.values_list("job_id", "job__team_id").get(id=data_input_id)
+        if not cache_fill.slot_free(now, team_id=team_id, job_id=job_id, except_input=data_input_id):
             return False
         if entry is not None:
             _check_room(entry, now)
             _check_team_share(entry, data_input_id, now)
+        cache_fill.out_of_line(job_id)
         return bool(
             DataInput.objects.filter(id=data_input_id).update(
                 stage_state="staging", bytes_done=0, rate_bytes_s=0, stage_started_at=now, stage_detail=""

@@ -4,9 +4,11 @@ import hashlib
 from pathlib import Path
 from types import SimpleNamespace
 
+import celery
 import pytest
 from django.utils import timezone
 
+from jobs import cache_fill, dispatch
 from jobs.models import DataInput, Job
 from tests.factories import JobFactory
 from tests.staging.httpserver import DataServer
@@ -47,6 +49,21 @@ def server(tmp_path):
 def private_ok(settings):
     """The local server is on 127.0.0.1: tests that use it allow private sources, as an operator may."""
     settings.E31_ALLOW_PRIVATE_SOURCES = True
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """The stagers' retries, as they would be sent once their commits are done; a wait in a stager's thread fails
+    the test."""
+    messages = []
+    monkeypatch.setattr(celery.current_app, "send_task", lambda name, **kw: messages.append((name, kw)))
+    monkeypatch.setattr(dispatch, "after_commit", lambda send, what: send())
+
+    def no_wait_in_the_thread(watch, detail):
+        raise AssertionError(f"the stager waited in its thread: {detail}")
+
+    monkeypatch.setattr(cache_fill.FillWatch, "wait", no_wait_in_the_thread)
+    return messages
 
 
 def write(path: Path, content: bytes) -> tuple[Path, str]:

@@ -28,21 +28,6 @@ def slots(settings):
     settings.E31_STAGE_CONCURRENCY, settings.E31_STAGE_TEAM_SLOTS = 4, 2
 
 
-@pytest.fixture
-def sent(monkeypatch):
-    """The stagers' retries, as they would be sent once their commits are done; a wait in a stager's thread fails
-    the test."""
-    messages = []
-    monkeypatch.setattr(celery.current_app, "send_task", lambda name, **kw: messages.append((name, kw)))
-    monkeypatch.setattr(dispatch, "after_commit", lambda send, what: send())
-
-    def no_wait_in_the_thread(watch, detail):
-        raise AssertionError(f"the stager waited in its thread: {detail}")
-
-    monkeypatch.setattr(cache_fill.FillWatch, "wait", no_wait_in_the_thread)
-    return messages
-
-
 def copying(team, count: int) -> list[DataInput]:
     """``count`` of the team's inputs being copied now (a slow source each), every one holding a slot."""
     held = []
@@ -89,7 +74,7 @@ def test_a_team_holding_its_share_leaves_the_other_slots_to_another_team(roots, 
     Job.objects.filter(inputs__in=slow[2:]).update(worker_seen_at=timezone.now())
     now = timezone.now()
     assert [staging.claim_slot(data_input_id=d.id, now=now) for d in slow[2:]] == [False, False]
-    assert cache_fill.slot_refusal(now, team_id=team.id) == TEAM_HOLDS_ITS_SHARE
+    assert cache_fill.slot_refusal(now, team_id=team.id, job_id=slow[2].job_id) == TEAM_HOLDS_ITS_SHARE
     theirs = stage(small_job(roots, other_team))
     assert theirs.state == "queued" and theirs.inputs.get().stage_state == "staged"
 
