@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Q, QuerySet, Subquery
 from django.utils import timezone
 
-from jobs import transfers
+from jobs import dispatch, transfers
 from jobs.lifecycle import State
 from jobs.models import SLOT_LINE, CacheEntry, DataInput, DatasetCacheEntry, ImageCacheEntry, ImagePull, Job
 
@@ -134,6 +134,22 @@ def _ahead_of(job_id: int) -> Q:
 def out_of_line(job_id: int) -> None:
     """The job takes a transfer slot, or waits to share a copy: the line moves on without it."""
     Job.objects.filter(id=job_id).exclude(slot_wait="").update(slot_wait="")
+
+
+def ring_next_in_line(now: datetime) -> None:
+    """A freed transfer slot's doorbell: the first job in the line that could take it, waiting off the stagers'
+    threads, is staged again at once, by a message carrying its claim (its timed try then finds the claim taken).
+
+    Rung where a copy or a pull lets its slot go (done, failed or cancelled) and where a try ends, so the slot is
+    not left idle until the first job's next timed try (up to half E31_RECONCILE_AFTER_S away). A first job whose
+    try is on its way to the slot (TRYING) is not rung: its claim is a live stager's. A lost ring costs only the
+    wait for that timed try."""
+    held = held_by_team(now)
+    if held.total() >= settings.E31_STAGE_CONCURRENCY:
+        return
+    first = in_line(now, held).values_list("id", "slot_wait", "worker_seen_at").first()
+    if first is not None and first[1] == Job.PARKED:
+        dispatch.restage_job(first[0], claim=first[2], countdown_s=0)
 
 
 def cancel_inputs(job_id: int, *, states: tuple[str, ...]) -> None:

@@ -146,7 +146,8 @@ class Job(models.Model):
                 condition=Q(state=State.RELEASED, end_reason__in=RAN_TO_ITS_END),
             ),
             # The line for a transfer slot, first come first: each try that would take a slot counts the jobs
-            # ahead of it here, never the other staging jobs nor the pool's history.
+            # ahead of it here, and a freed slot's doorbell reads the first: never the other staging jobs nor the
+            # pool's history.
             models.Index(
                 fields=["submitted_at", "id"],
                 name="job_slot_line",

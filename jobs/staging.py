@@ -9,7 +9,7 @@ written at most every half second so the job page, the transfers page and the sc
 staging ETA see it. At most E31_STAGE_CONCURRENCY copies run at once across the pool, image pulls
 included, and at most E31_STAGE_TEAM_SLOTS of them one team's (``cache_fill.slot_refusal``); a job refused one
 gives its stager's thread back and is staged again shortly (``_give_back``). Jobs waiting for a slot take one first
-come first (``cache_fill.in_line``).
+come first (``cache_fill.in_line``), and each slot let go rings the first of them (``cache_fill.ring_next_in_line``).
 """
 
 import hashlib
@@ -72,18 +72,25 @@ def stage_job(*, job_id: int, now: datetime, resume_from: datetime | None = None
 
 
 def _stage(job_id: int, now: datetime) -> bool:
+    _stage_once(job_id, now)
+    # Whatever the try ended with, a slot its copy held or its place in the line may be free now.
+    cache_fill.ring_next_in_line(timezone.now())
+    return True
+
+
+def _stage_once(job_id: int, now: datetime) -> None:
     sweep_cache(now=now)
     try:
         _stage_inputs(job_id)
     except cache_fill.WaitsElsewhere as wait:
         _give_back(job_id, in_line=isinstance(wait, cache_fill.NoSlot))  # what is refused shows why it waits
-        return True
+        return
     except (StagingStopped, image_staging.ImageStopped):
         _stopped(job_id)
-        return True
+        return
     except (StagingFailed, image_staging.ImageFailed) as exc:
         _end_failed(job_id, str(exc))
-        return True
+        return
     except DatabaseError:
         raise  # the database, not the job: the task's retry or the reconciler stages it again
     except Exception as exc:
@@ -96,21 +103,24 @@ def _stage(job_id: int, now: datetime) -> bool:
         # Its type only: the message may name the platform's own paths or commands, which are not the team's.
         _end_failed(job_id, f"the stager met an unexpected error ({type(exc).__name__}); the operators have its "
                             "trace in the stager's log, and submitting the job again may work")  # fmt: skip
-        return True
+        return
     if transition(job_id=job_id, source=State.STAGING, target=State.QUEUED, now=timezone.now(), actor="stager",
                   reason="every input staged"):  # fmt: skip
         dispatch.request_scheduler_pass()
-    return True
 
 
 def _stage_inputs(job_id: int) -> None:
-    if Job.objects.filter(id=job_id).exclude(image="").exists():
+    image = Job.objects.filter(id=job_id).exclude(image="").exists()
+    if image:
         image_staging.stage_image(job_id=job_id)  # first: a missing image ends the job before any data moves
     slug, output_uri = Job.objects.values_list("team__slug", "output_uri").get(id=job_id)
     roots, withheld = sharing.readable_roots(slug), sharing.withheld(slug)
     s3_prefixes = sharing.s3_prefixes(slug)
     _check_s3_destination(output_uri, s3_prefixes)
-    for data_input in DataInput.objects.filter(job_id=job_id).select_related("job"):
+    for n, data_input in enumerate(DataInput.objects.filter(job_id=job_id).select_related("job")):
+        if image or n:
+            # The copy before this one may have let its slot go: the next in line need not wait for this one's.
+            cache_fill.ring_next_in_line(timezone.now())
         _stage_input(data_input, roots, s3_prefixes, withheld)
 
 
@@ -132,8 +142,8 @@ def _give_back(job_id: int, *, in_line: bool) -> None:
     (``worker_seen_at``) stays on the job, fresh: the reconciler leaves it alone while it is, and re-drives it
     once stale should the message be lost. Its inputs already in place stay so (``_already_in_place``).
 
-    A job refused a slot is parked in the line for one (``Job.slot_wait``), in the same update as its claim: it
-    keeps its place, first come first, until it takes one."""
+    A job refused a slot is parked in the line for one (``Job.slot_wait``), in the same update as its claim, so a
+    doorbell never reads the claim of a live stager: it keeps its place, first come first, until it takes one."""
     claim = timezone.now()
     parked = Job.PARKED if in_line else ""
     if Job.objects.filter(id=job_id, state=State.STAGING).update(worker_seen_at=claim, slot_wait=parked):
@@ -179,7 +189,8 @@ def _waits_again(job_id: int, now: datetime) -> bool:
 
 def _on_its_way() -> Case:
     """A try takes the claim of a job parked in the line: the job keeps its place while the try goes for a slot
-    (its source probed, its cache entry claimed), so a younger job's try meanwhile does not take it."""
+    (its source probed, its cache entry claimed), so a younger job's try meanwhile does not take it, nor a doorbell
+    hand the job to a second stager."""
     return Case(When(slot_wait=Job.PARKED, then=Value(Job.TRYING)), default=F("slot_wait"))
 
 

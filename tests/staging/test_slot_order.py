@@ -1,4 +1,4 @@
-"""Jobs waiting for a transfer slot take a freed one oldest first.
+"""Jobs waiting for a transfer slot take a freed one oldest first, and the copy that frees it rings the next at once.
 
 Whichever waiting job's retry came first took a freed slot: with many waiting, their tries up to 30 s apart, a job
 could wait behind jobs submitted long after it, without bound. The order is the scheduler's first-come one
@@ -12,11 +12,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from jobs import staging, tasks
+from jobs import cache_fill, dispatch, staging, tasks
 from jobs.models import DataInput, DatasetCacheEntry, Job
 from jobs.transfers import sources
 from tests.factories import JobFactory, TeamFactory
-from tests.staging.conftest import make_job
+from tests.staging.conftest import file_uri, make_job, write
 from tests.staging.test_team_slots import copying, small_job, stage, waits_on
 
 pytestmark = pytest.mark.django_db
@@ -55,6 +55,15 @@ def detail(job: Job) -> str:
 def ends(copies: list[DataInput]) -> None:
     """Slow copies end: their slots are free."""
     DataInput.objects.filter(id__in=[d.id for d in copies]).update(stage_state="staged")
+
+
+def rung(sent) -> list[tuple[int, str]]:
+    """The jobs staged again at once (no countdown), with the claim each message carries."""
+    return [
+        tuple(options["args"])
+        for name, options in sent
+        if name == dispatch.STAGE_JOB and len(options["args"]) == 2 and not options.get("countdown")
+    ]
 
 
 def test_the_job_that_waited_longest_takes_a_freed_slot_whoever_tries_first(
@@ -128,9 +137,12 @@ def test_jobs_that_need_no_slot_are_not_held_back_by_older_waiters(
     assert try_again(sent, mid).state == "queued"
 
 
-def test_a_job_on_its_way_to_a_slot_keeps_its_place(roots, team, other_team, one_slot, sent, monkeypatch):
+def test_a_job_on_its_way_to_a_slot_keeps_its_place_and_is_not_rung_again(
+    roots, team, other_team, one_slot, sent, monkeypatch
+):
     """Between the try that took its claim and the slot, a job asks its source what it holds (a network round
-    trip, retried): a younger job's try then must not take the slot."""
+    trip, retried): a younger job's try then must not take the slot, nor a doorbell hand the job to a second
+    stager."""
     held = copying(other_team, 1)
     old, young = waiter(roots, team, "old", 30), waiter(roots, team, "young", 10)
     ends(held)
@@ -138,12 +150,45 @@ def test_a_job_on_its_way_to_a_slot_keeps_its_place(roots, team, other_team, one
 
     def meanwhile(uri, **kw):
         if "old" in uri and not seen:
+            cache_fill.ring_next_in_line(timezone.now())
             seen["young"] = try_again(sent, young)
         return real(uri, **kw)
 
     monkeypatch.setattr(sources, "open_source", meanwhile)
     assert try_again(sent, old).state == "queued"
     assert detail(seen["young"]) == "waiting for a transfer slot: 1 job has waited longer"
+    assert old.id not in [job_id for job_id, _ in rung(sent)]
+
+
+def test_a_finished_copy_rings_the_job_that_waited_longest_at_once(roots, team, other_team, one_slot, sent):
+    held = copying(other_team, 1)
+    first, old, young = (waiter(roots, team, n, m) for n, m in (("first", 40), ("old", 30), ("young", 10)))
+    ends(held)
+    claims = {job.id: claim_sent(sent, job) for job in (first, old, young)}
+    sent.clear()
+    tasks.stage_job(first.id, claims[first.id])
+    assert Job.objects.get(id=first.id).state == "queued"
+    assert set(rung(sent)) == {(old.id, claims[old.id])}  # countdown 0: not at its timed try, seconds away
+    sent.clear()
+    tasks.stage_job(old.id, claims[old.id])  # the doorbell's message; its timed one finds the claim taken
+    assert Job.objects.get(id=old.id).state == "queued"
+    assert set(rung(sent)) == {(young.id, claims[young.id])}
+
+
+def test_a_failed_copy_rings_the_next_job_too(roots, team, other_team, one_slot, sent):
+    held = copying(other_team, 1)
+    path, _ = write(roots.datasets / "bad.bin", b"b" * 100)
+    bad = make_job(team, {"name": "bad", "uri": file_uri(path), "bytes": 100, "sha256": "0" * 64}, name="bad")
+    Job.objects.filter(id=bad.id).update(submitted_at=timezone.now() - timedelta(minutes=40))
+    stage(bad)
+    old = waiter(roots, team, "old", 30)
+    ends(held)
+    claim = claim_sent(sent, old)
+    tries = [options["args"][1] for _, options in sent if options["args"][0] == bad.id]
+    sent.clear()
+    tasks.stage_job(bad.id, tries[-1])
+    assert Job.objects.get(id=bad.id).end_reason == "staging_failed"
+    assert set(rung(sent)) == {(old.id, claim)}
 
 
 def test_a_try_asks_the_same_queries_whether_two_or_two_thousand_jobs_wait(
