@@ -86,16 +86,21 @@ def held_by_team(now: datetime, *, except_input: int | None = None) -> Counter[i
 def slot_refusal(now: datetime, *, team_id: int, job_id: int, except_input: int | None = None) -> str:
     """Why a copy of the team's job may not take a transfer slot now, as its team reads it; "" when it may. Fewer
     than E31_STAGE_CONCURRENCY copies hold one across the pool, fewer than E31_STAGE_TEAM_SLOTS of them the team's,
-    and no job that could take it has waited longer (``in_line``). Call it under ``lock_slots`` to take a slot on
-    its word."""
+    and the jobs that have waited longer (``in_line``) leave a slot free for it: of the pool's, and of its team's.
+    Call it under ``lock_slots`` to take a slot on its word."""
     pool, team = settings.E31_STAGE_CONCURRENCY, settings.E31_STAGE_TEAM_SLOTS
     held = held_by_team(now, except_input=except_input)
     if held.total() >= pool:
         return f"waiting for a transfer slot: {pool} cop{'ies' if pool > 1 else 'y'} at once on this pool"
     if held[team_id] >= team:
         return f"waiting for a transfer slot: your team holds {held[team_id]} of the pool's {pool}, the most one team may"
-    if ahead := in_line(now, held).filter(_ahead_of(job_id)).count():
-        return f"waiting for a transfer slot: {ahead:,} job{'s have' if ahead > 1 else ' has'} waited longer"
+    ahead = _ahead_by_team(now, held, job_id)
+    taking = sum(min(count, team - held[other]) for other, count in ahead.items())
+    if taking >= pool - held.total() or ahead[team_id] >= team - held[team_id]:
+        waited = ahead.total()
+        return (
+            f"waiting for a transfer slot: {waited:,} job{'s have' if waited > 1 else ' has'} waited longer"
+        )
     return ""
 
 
@@ -123,6 +128,14 @@ def in_line(now: datetime, held: Counter[int]) -> QuerySet[Job]:
     )
 
 
+def _ahead_by_team(now: datetime, held: Counter[int], job_id: int) -> Counter[int]:
+    """The jobs ahead of this one in the line, by team: each team's take no more of the free slots than its room."""
+    ahead = (
+        in_line(now, held).filter(_ahead_of(job_id)).order_by().values_list("team_id").annotate(Count("id"))
+    )
+    return Counter(dict(ahead))
+
+
 def _ahead_of(job_id: int) -> Q:
     """Submitted before the job, or at the same time with a lower id: one range of the line's index
     (``job_slot_line``). Written as an OR of the two, the planner took the index of every job's submitted_at for
@@ -136,20 +149,32 @@ def out_of_line(job_id: int) -> None:
     Job.objects.filter(id=job_id).exclude(slot_wait="").update(slot_wait="")
 
 
-def ring_next_in_line(now: datetime) -> None:
-    """A freed transfer slot's doorbell: the first job in the line that could take it, waiting off the stagers'
-    threads, is staged again at once, by a message carrying its claim (its timed try then finds the claim taken).
+# The most jobs of the line a doorbell reads: a pool has a handful of slots, and the line's first jobs of teams
+# with room take them.
+RING_READS = 200
 
-    Rung where a copy or a pull lets its slot go (done, failed or cancelled) and where a try ends, so the slot is
-    not left idle until the first job's next timed try (up to half E31_RECONCILE_AFTER_S away). A first job whose
-    try is on its way to the slot (TRYING) is not rung: its claim is a live stager's. A lost ring costs only the
-    wait for that timed try."""
+
+def ring_next_in_line(now: datetime) -> None:
+    """A freed transfer slot's doorbell: the first jobs in the line that could take the free slots, each team's no
+    more than its room, are staged again at once where they wait off the stagers' threads, by a message carrying
+    their claim (their timed try then finds the claim taken).
+
+    Rung where a copy or a pull lets its slot go (done, failed or cancelled), where a try ends and where a staging
+    job is cancelled, so no slot is left idle until a job's next timed try (up to half E31_RECONCILE_AFTER_S away).
+    A job whose try is on its way to a slot (TRYING) keeps its slot and is not rung: its claim is a live stager's.
+    A lost ring costs only the wait for that timed try."""
     held = held_by_team(now)
-    if held.total() >= settings.E31_STAGE_CONCURRENCY:
-        return
-    first = in_line(now, held).values_list("id", "slot_wait", "worker_seen_at").first()
-    if first is not None and first[1] == Job.PARKED:
-        dispatch.restage_job(first[0], claim=first[2], countdown_s=0)
+    free = settings.E31_STAGE_CONCURRENCY - held.total()
+    line = in_line(now, held).values_list("id", "team_id", "slot_wait", "worker_seen_at")
+    for job_id, team_id, slot_wait, claim in line[:RING_READS] if free > 0 else ():
+        if held[team_id] >= settings.E31_STAGE_TEAM_SLOTS:
+            continue  # its team's room goes to its jobs ahead of it
+        held[team_id] += 1
+        if slot_wait == Job.PARKED:
+            dispatch.restage_job(job_id, claim=claim, countdown_s=0)
+        free -= 1
+        if free == 0:
+            return
 
 
 def cancel_inputs(job_id: int, *, states: tuple[str, ...]) -> None:

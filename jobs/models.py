@@ -66,8 +66,9 @@ class Job(models.Model):
     # Last sign of the worker handling this job (staging, agent, delivery); the reconciler re-drives stale ones.
     worker_seen_at = models.DateTimeField(null=True, blank=True)
     # Its place in the line for a transfer slot while it stages (``cache_fill.in_line``): PARKED while it waits
-    # off the stagers' threads, refused one; TRYING while the try that took its claim goes for one; "" otherwise
-    # (never refused one, holding one, or waiting to share another job's copy, which takes none).
+    # off the stagers' threads, refused one; TRYING while the try that took its claim goes for one; "" once it
+    # holds one, waits to share another job's copy (which takes none), or was never refused one. Read only while
+    # the job stages (every reader filters on STAGING): a job that leaves STAGING keeps what it had.
     slot_wait = models.CharField(max_length=8, blank=True)
 
     # work

@@ -305,6 +305,8 @@ def cancel_job(*, job_id: int, user, now: datetime, why: str = "", sealing_too: 
             # A job waiting for a transfer slot gave its stager's thread back: none sees the cancel until its next
             # try. Its inputs read cancelled now, and that try removes its folder (``staging.stage_job``).
             cache_fill.cancel_inputs(job_id, states=("waiting",))
+            if job.state == State.STAGING:  # it held a slot, or a place in the line for one: the next may go
+                cache_fill.ring_next_in_line(now)
             dispatch.request_scheduler_pass()
         return ended
     # This attempt's parts only: an earlier attempt's processes started, and are gone.

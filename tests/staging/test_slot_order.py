@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from jobs import cache_fill, dispatch, staging, tasks
+from jobs import cache_fill, dispatch, services, staging, tasks
 from jobs.models import DataInput, DatasetCacheEntry, Job
 from jobs.transfers import sources
 from tests.factories import JobFactory, TeamFactory
@@ -210,3 +210,69 @@ def test_a_try_asks_the_same_queries_whether_two_or_two_thousand_jobs_wait(
         return len(queries)
 
     assert queries_of_a_try(2) == queries_of_a_try(2000)
+
+
+@pytest.fixture
+def four_slots(settings):
+    settings.E31_STAGE_CONCURRENCY, settings.E31_STAGE_TEAM_SLOTS = 4, 2
+
+
+def test_free_slots_go_to_as_many_waiters_as_there_are(roots, team, other_team, four_slots, sent):
+    """Found in review: a job was refused whenever any job was ahead of it in the line, however many slots were
+    free, so the pool filled one slot per timed try (up to 30 s apart) where four copies could start at once."""
+    held = copying(other_team, 2) + copying(TeamFactory(name="speech", slug="speech"), 2)
+    waiter(roots, team, "old", 30)
+    young = waiter(roots, other_team, "young", 10)
+    ends(held)  # four slots free, one job ahead of it
+    assert try_again(sent, young).state == "queued"
+
+
+def test_a_job_ahead_of_its_own_team_keeps_the_teams_last_slot(roots, team, other_team, settings, sent):
+    settings.E31_STAGE_CONCURRENCY, settings.E31_STAGE_TEAM_SLOTS = 2, 1
+    held = copying(other_team, 1) + copying(TeamFactory(name="speech", slug="speech"), 1)
+    old, young = waiter(roots, team, "old", 30), waiter(roots, team, "young", 10)
+    ends(held)
+    young = try_again(sent, young)  # two slots free, but one is its team's, and old is ahead for it
+    assert (young.state, detail(young)) == ("staging", "waiting for a transfer slot: 1 job has waited longer")
+    assert try_again(sent, old).state == "queued"
+
+
+def test_a_try_cut_short_holds_back_one_slot_only(roots, team, other_team, four_slots, sent):
+    """Found in review: a job whose try took its claim (on its way to a slot) and whose stager then died held every
+    team's staging back until its claim went stale (E31_RECONCILE_AFTER_S); it keeps only the one slot it was
+    going for."""
+    held = copying(other_team, 2) + copying(TeamFactory(name="speech", slug="speech"), 2)
+    old = waiter(roots, team, "old", 30)
+    ends(held)
+    Job.objects.filter(id=old.id).update(slot_wait=Job.TRYING, worker_seen_at=timezone.now())
+    assert stage(small_job(roots, other_team, "fresh")).state == "queued"
+
+
+def test_a_freed_slot_rings_as_many_waiters_as_slots_are_free_each_team_within_its_most(
+    roots, team, other_team, settings, sent
+):
+    settings.E31_STAGE_CONCURRENCY, settings.E31_STAGE_TEAM_SLOTS = 3, 1
+    held = copying(other_team, 1)
+    for name in ("speech", "robotics"):
+        held += copying(TeamFactory(name=name, slug=name), 1)
+    first, second = waiter(roots, team, "first", 40), waiter(roots, team, "second", 30)
+    third = waiter(roots, other_team, "third", 20)
+    ends(held)
+    claims = {job.id: claim_sent(sent, job) for job in (first, second, third)}
+    sent.clear()
+    cache_fill.ring_next_in_line(timezone.now())
+    assert set(rung(sent)) == {
+        (first.id, claims[first.id]),
+        (third.id, claims[third.id]),
+    }  # second: its team's
+
+
+def test_a_cancel_of_a_staging_job_rings_the_line(roots, team, other_team, member, one_slot, sent):
+    """Found in review: the first job in line cancelled, the next waited for its timed try (up to 30 s)."""
+    held = copying(other_team, 1)
+    old, young = waiter(roots, team, "old", 30), waiter(roots, team, "young", 10)
+    ends(held)
+    claim = claim_sent(sent, young)
+    sent.clear()
+    assert services.cancel_job(job_id=old.id, user=member, now=timezone.now())
+    assert set(rung(sent)) == {(young.id, claim)}
