@@ -545,8 +545,8 @@ E31_MAX_WAITING_PER_TEAM = env.int("E31_MAX_WAITING_PER_TEAM", default=2000)
 # Tasks one team may submit in any hour, cancelled ones too (each stays on record): a cancel frees the waiting cap,
 # so without it a token submitting and cancelling full arrays grew the database by 1,000 jobs a round.
 E31_MAX_SUBMITTED_PER_TEAM_HOUR = env.int("E31_MAX_SUBMITTED_PER_TEAM_HOUR", default=10000)
-if E31_MAX_SUBMITTED_PER_TEAM_HOUR < 1:
-    raise ImproperlyConfigured("E31_MAX_SUBMITTED_PER_TEAM_HOUR is at least 1")
+if E31_MAX_SUBMITTED_PER_TEAM_HOUR < E31_MAX_ARRAY:  # else the largest array could never be submitted
+    raise ImproperlyConfigured("E31_MAX_SUBMITTED_PER_TEAM_HOUR is at least E31_MAX_ARRAY")
 E31_ALLOW_UNSANDBOXED = env.bool("E31_ALLOW_UNSANDBOXED", default=False)
 # Per-attempt bounds beside memory and CPUs (which come from the declaration or the node's share):
 # processes and threads, and writable space on top of the declared output bytes.

@@ -1,8 +1,11 @@
 """A team may have at most E31_MAX_WAITING_PER_TEAM tasks waiting (submitted, staging or queued): every scheduler
 pass reads and plans each waiting job, under the one pass lock, so one team's flood would slow every start."""
 
+import os
+import subprocess
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import tomli_w
@@ -165,3 +168,17 @@ def test_a_team_submits_at_most_its_hourly_tasks_however_many_it_cancels(good, p
     assert field == "team" and "E31_MAX_SUBMITTED_PER_TEAM_HOUR" in message
     assert "3 tasks in the last hour" in message and "at most 5" in message
     assert Job.objects.filter(team=team).count() == 4
+
+
+@pytest.mark.django_db(False)
+def test_an_hourly_cap_below_the_largest_array_is_refused_at_start():
+    """Found in review: set below E31_MAX_ARRAY, the largest array could never be submitted, yet its refusal said
+    to submit again later."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "e31web.settings", "E31_MAX_ARRAY": "1000",
+           "E31_MAX_SUBMITTED_PER_TEAM_HOUR": "999"}  # fmt: skip
+    started = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert started.returncode != 0
+    assert "ImproperlyConfigured: E31_MAX_SUBMITTED_PER_TEAM_HOUR is at least E31_MAX_ARRAY" in started.stderr
