@@ -198,9 +198,9 @@ def handed(monkeypatch):
     seen = []
     confined_run = agent._confined_run
 
-    def watched(part, dirs, mode, uid, secrets, *args):
+    def watched(part, dirs, mode, uid, secrets, **hooks):
         seen.append(secrets)
-        return confined_run(part, dirs, mode, uid, secrets, *args)
+        return confined_run(part, dirs, mode, uid, secrets, **hooks)
 
     monkeypatch.setattr(agent, "_confined_run", watched)
     return seen
