@@ -22,6 +22,7 @@ from django.db import connection
 from django.test import Client
 
 from jobs.models import LogChunk
+from tests.e2e.embedded import free_port
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,17 +30,11 @@ ROOT = Path(__file__).resolve().parents[2]
 STALL_S = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def web(transactional_db, tmp_path):
     """gunicorn as deployed (threads), one sending place, stalls cut after STALL_S."""
     db = connection.settings_dict
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
