@@ -13,13 +13,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import OperationalError, connection, connections, transaction
-from django.db.migrations.executor import MigrationExecutor
 from django.urls import reverse
 from django.utils import timezone
 
 from jobs import logs
 from jobs.models import Allocation, Job, LogChunk, TeamLogBytes
 from tests.factories import JobFactory, NodeFactory
+from tests.schema_states import migrated_back
 
 pytestmark = pytest.mark.django_db
 
@@ -145,13 +145,13 @@ def test_the_operators_team_page_shows_the_logs_the_team_holds_against_its_budge
 
 @pytest.mark.django_db(transaction=True)
 def test_the_budget_starts_from_the_logs_already_held_when_it_is_deployed(team, other_team):
-    executor = MigrationExecutor(connection)
-    executor.migrate([("jobs", "0033_node_host_id")])
-    for owner, size in ((team, 700), (team, 300), (other_team, 50)):  # the job and chunk tables are unchanged
-        job = JobFactory(team=owner, state="released", attempt=1)
-        LogChunk.objects.create(job=job, attempt=1, rank=0, offset=0, data=b"l" * size)
-    executor.loader.build_graph()
-    executor.migrate(executor.loader.graph.leaf_nodes())
+    sizes = [(team, 700), (team, 300), (other_team, 50)]
+    jobs = [
+        JobFactory(team=owner, state="released", attempt=1) for owner, _ in sizes
+    ]  # its table has changed since
+    with migrated_back([("jobs", "0033_node_host_id")]):
+        for job, (_, size) in zip(jobs, sizes, strict=True):  # the chunk table has not
+            LogChunk.objects.create(job=job, attempt=1, rank=0, offset=0, data=b"l" * size)
     assert (_held(team), _held(other_team)) == (1000, 50)
 
     job = _running(team)

@@ -10,13 +10,13 @@ import pytest
 from cryptography.fernet import Fernet
 from django.core.management import call_command
 from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from notifications import services as notify
 from notifications import signing
 from notifications.models import Webhook, WebhookAttempt, WebhookDelivery
 from tests.factories import JobFactory, MembershipFactory, UserFactory
+from tests.schema_states import migrated_back
 
 pytestmark = pytest.mark.django_db
 
@@ -78,23 +78,16 @@ def test_a_secret_the_keys_no_longer_open_is_a_failed_try_saying_why_not_a_crash
 
 @pytest.mark.django_db(transaction=True)
 def test_secrets_stored_in_clear_before_are_sealed_when_it_is_deployed(team, secrets_key):
-    executor = MigrationExecutor(connection)
-    executor.migrate([("notifications", "0004_job_email_backoff")])
-    old = executor.loader.project_state([("notifications", "0004_job_email_backoff")]).apps
-    old.get_model("notifications", "Webhook").objects.create(
-        team_id=team.id, url="https://hooks.example/e31", secret=SECRET, created_at=timezone.now()
-    )
-    executor.loader.build_graph()
-    executor.migrate(executor.loader.graph.leaf_nodes())
+    with migrated_back([("notifications", "0004_job_email_backoff")]) as old:
+        old.get_model("notifications", "Webhook").objects.create(
+            team_id=team.id, url="https://hooks.example/e31", secret=SECRET, created_at=timezone.now()
+        )
     assert SECRET not in _stored() and Webhook.objects.get().secret == SECRET
 
-    executor.loader.build_graph()  # undone, the secret is back in its column, as it was
-    executor.migrate([("notifications", "0004_job_email_backoff")])
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT secret FROM notifications_webhook")
-        assert cursor.fetchall() == [(SECRET,)]
-    executor.loader.build_graph()
-    executor.migrate(executor.loader.graph.leaf_nodes())
+    with migrated_back([("notifications", "0004_job_email_backoff")]):  # undone, the secret is back as it was
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT secret FROM notifications_webhook")
+            assert cursor.fetchall() == [(SECRET,)]
 
 
 def test_a_rotation_names_the_webhooks_no_key_opens_and_still_rotates_the_rest(

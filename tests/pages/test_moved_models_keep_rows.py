@@ -9,7 +9,6 @@ from datetime import UTC, date, datetime
 
 import pytest
 from django.db import connection, transaction
-from django.db.migrations.executor import MigrationExecutor
 from django.db.utils import DatabaseError
 
 from public.models import (
@@ -21,6 +20,7 @@ from public.models import (
     ProblemRevision,
     WaitlistEntry,
 )
+from tests.schema_states import migrated_back
 
 LAST_OLD = ("e31web", "0003_seed_problems")  # the last migration before the models moved
 OLD_SCHEMA = [("public", None), LAST_OLD]  # unapplies the move on both sides
@@ -68,12 +68,8 @@ def _fill_old_schema(apps) -> dict[str, int]:
 
 @pytest.mark.django_db(transaction=True)
 def test_rows_written_under_the_old_schema_are_read_through_the_public_models():
-    executor = MigrationExecutor(connection)
-    executor.migrate(OLD_SCHEMA)
-    ids = _fill_old_schema(executor.loader.project_state([LAST_OLD]).apps)
-
-    executor.loader.build_graph()  # the plan is recomputed from what is now applied
-    executor.migrate(executor.loader.graph.leaf_nodes())
+    with migrated_back(OLD_SCHEMA, state_of=LAST_OLD) as old:
+        ids = _fill_old_schema(old)
 
     problem = Problem.objects.get(id=ids["problem"])
     assert (problem.slug, problem.status, problem.solution) == ("moved-problem", "solved", "done")
@@ -97,10 +93,8 @@ def test_rows_written_under_the_old_schema_are_read_through_the_public_models():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_moved_tables_keep_their_append_only_triggers():
-    executor = MigrationExecutor(connection)
-    executor.migrate(OLD_SCHEMA)
-    executor.loader.build_graph()
-    executor.migrate(executor.loader.graph.leaf_nodes())
+    with migrated_back(OLD_SCHEMA, state_of=LAST_OLD):
+        pass
     row = Measurement.objects.create(key="bench.y", title="Y", figures={"n": 1}, command="c", measured_at=AT)
     with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE e31web_measurement SET title = 'changed' WHERE id = %s", [row.id])
