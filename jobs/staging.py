@@ -9,7 +9,8 @@ written at most every half second so the job page, the transfers page and the sc
 staging ETA see it. At most E31_STAGE_CONCURRENCY copies run at once across the pool, image pulls
 included, and at most E31_STAGE_TEAM_SLOTS of them one team's (``cache_fill.slot_refusal``); a job refused one
 gives its stager's thread back and is staged again shortly (``_give_back``). Jobs waiting for a slot take one first
-come first (``cache_fill.in_line``), and each slot let go rings the first of them (``cache_fill.ring_next_in_line``).
+come first (``cache_fill.in_line``), and each slot let go rings as many of them as slots are free
+(``cache_fill.ring_next_in_line``).
 """
 
 import hashlib
@@ -557,8 +558,8 @@ def _acquire_slot(data_input: DataInput, watch: _Watch, entry: DatasetCacheEntry
 
 
 def claim_slot(*, data_input_id: int, now: datetime, entry: DatasetCacheEntry | None = None) -> bool:
-    """Marks the input staging only while a transfer slot is free to its team and no job that could take it has
-    waited longer (``cache_fill.slot_refusal``: image pulls hold them too), and while the cache has room for
+    """Marks the input staging only while a transfer slot is free to its team and the jobs that have waited longer
+    leave one for it (``cache_fill.slot_refusal``: image pulls hold them too), and while the cache has room for
     ``entry``, the cache entry the input fills, if given (else NoRoom). The team's count is taken under the slot
     lock with the pool's, so two of its inputs cannot each take the team's last slot; the job leaves the line for a
     slot (``cache_fill.out_of_line``) in the same transaction.
