@@ -1,5 +1,5 @@
-"""gunicorn reads this file from the directory it starts in, the checkout (README: "Deploying on several
-machines"): the web processes' start-up checks, as Celery's workers and beat have theirs (``common.schema``)."""
+"""gunicorn reads this file from the directory it starts in, the checkout (README: "A multi-node
+deployment"): the web processes' start-up checks, as Celery's workers and beat have theirs (``common.schema``)."""
 
 import os
 

@@ -465,8 +465,8 @@ E31_ALLOW_HARDLINKED_SOURCES = env.bool("E31_ALLOW_HARDLINKED_SOURCES", default=
 # HTTP or TLS without verification. Every other registry needs verified TLS on a public address.
 E31_POOL_REGISTRIES = env.list("E31_POOL_REGISTRIES", default=[])
 # Pulls from any other registry: off until an operator allows them. The registry's own address is
-# checked, but skopeo follows redirects and token realms the registry names, which nothing checks yet:
-# an outside registry could send the staging node to a private or metadata address.
+# checked, and so is every redirect and token realm it names: skopeo's connections go through an egress proxy
+# that connects only to checked addresses (jobs/transfers/egress.py).
 E31_OUTSIDE_REGISTRIES = env.bool("E31_OUTSIDE_REGISTRIES", default=False)
 
 
@@ -572,7 +572,8 @@ if E31_GPU_MINUTES_KEEP_DAYS < 1:
     raise ImproperlyConfigured("E31_GPU_MINUTES_KEEP_DAYS is at least 1")
 # Where the agent finds /dev/nvidia* (tests point it at fake device nodes).
 E31_DEVICE_ROOT = Path(env.str("E31_DEVICE_ROOT", default="/dev"))
-# Parts of jobs spanning nodes get addresses from here: node N owns the N-th /24 (route it to N).
+# Parts of jobs spanning nodes get addresses from here: each node owns the lowest /24 free when it registers
+# (jobs/nodes.py; route it to that node).
 E31_JOB_SUBNET = env.str("E31_JOB_SUBNET", default="100.64.0.0/10")
 try:
     if ipaddress.IPv4Network(E31_JOB_SUBNET).prefixlen > 24:
