@@ -40,6 +40,9 @@ BUBBLEWRAP = "bubblewrap"
 UNSANDBOXED = "none"
 # In a node's limits when its agent is not root: it cannot switch uids, so every job runs as the agent.
 SHARED_UID = "jobs share the agent's uid"
+# The pool page's word for an agent whose jobs can write their OOM score back down (``floors_oom_score``).
+NO_OOM_FLOOR = "no OOM score floor (agent lacks CAP_SYS_RESOURCE)"
+CAP_SYS_RESOURCE = 24
 PR_SET_PDEATHSIG = 1
 CLONE_NEWNET = 0x40000000
 # keyctl(2): the syscall's number by architecture (glibc has no wrapper), and joining a new anonymous session keyring.
@@ -541,7 +544,8 @@ def _enter(confinement: Confinement) -> None:
     cgroups.join(confinement.cgroup_procs)  # resource limits and the devices group bound all it starts
     # Killed first when memory runs out above the job's own group (the agent's, the machine's): a job of many
     # mid-sized processes is never the largest, and the kernel took the agent, and every job of the node with
-    # it. Its processes inherit the score; written by an agent with CAP_SYS_RESOURCE it is also their floor.
+    # it. Its processes inherit the score; written by an agent with CAP_SYS_RESOURCE it is also their floor
+    # (``floors_oom_score``: the pool page says where it is not).
     Path("/proc/self/oom_score_adj").write_text("1000")
     if confinement.netns:
         with open(NETNS_DIR / confinement.netns) as handle:
@@ -559,6 +563,17 @@ def _enter(confinement: Confinement) -> None:
     # a limit of 0 and runs that program as root, outside the job's groups, on the job's memory and environment;
     # 1 is its own value for "no dump to a pipe", and below the smallest core file as well.
     resource.setrlimit(resource.RLIMIT_CORE, (1, 1))
+
+
+def floors_oom_score(status: Path = Path("/proc/self/status")) -> bool:
+    """Whether the score of 1000 a job's processes start with (``_enter``) is also their floor: the kernel keeps it
+    as one only when written by a process holding CAP_SYS_RESOURCE. Without it (a container's root may lack it) a
+    job can write its score back to the agent's, and be no likelier than the agent to be killed when the node runs
+    out of memory."""
+    for line in status.read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1)
+    return False
 
 
 def _bound_open_files() -> None:

@@ -215,7 +215,8 @@ def _limits(name: str) -> str:
     uid = (
         "" if os.geteuid() == 0 else f"; {sandbox.SHARED_UID}"
     )  # before the disk part: its reason can be long
-    tail = f"{uid}; {disk or limits.DISK_BOUNDED}"
+    oom = "" if sandbox.floors_oom_score() else f"; {sandbox.NO_OOM_FLOOR}"
+    tail = f"{uid}{oom}; {disk or limits.DISK_BOUNDED}"
     # The pool keeps LIMITS_CHARS of it, and agents find the disk part in what it keeps: the cgroup reason is cut.
     return described[: max(0, nodes.LIMITS_CHARS - len(tail))] + tail
 
