@@ -8,6 +8,7 @@ def on_starting(server) -> None:
     """The master refuses to start, before any worker forks, where this code and the database's migrations
     disagree (its pages would read and write rows shaped for another schema), or where requests held long could
     take every thread of a worker."""
+    _set_up_django()
     refuse_held_threads(server)
     from django.db import connection
 
@@ -20,7 +21,7 @@ def on_starting(server) -> None:
 
 
 def refuse_held_threads(server) -> None:
-    _set_up_django()
+    """Exits where held requests could take every thread; Django is set up first (``_set_up_django``)."""
     from common import web_threads
 
     if why := web_threads.refusal(server.cfg.threads):

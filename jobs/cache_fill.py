@@ -165,8 +165,10 @@ def ring_next_in_line(now: datetime) -> None:
     A lost ring costs only the wait for that timed try."""
     held = held_by_team(now)
     free = settings.E31_STAGE_CONCURRENCY - held.total()
+    if free <= 0:
+        return
     line = in_line(now, held).values_list("id", "team_id", "slot_wait", "worker_seen_at")
-    for job_id, team_id, slot_wait, claim in line[:RING_READS] if free > 0 else ():
+    for job_id, team_id, slot_wait, claim in line[:RING_READS]:
         if held[team_id] >= settings.E31_STAGE_TEAM_SLOTS:
             continue  # its team's room goes to its jobs ahead of it
         held[team_id] += 1

@@ -111,17 +111,15 @@ def _stage_once(job_id: int, now: datetime) -> None:
 
 
 def _stage_inputs(job_id: int) -> None:
-    image = Job.objects.filter(id=job_id).exclude(image="").exists()
-    if image:
+    if Job.objects.filter(id=job_id).exclude(image="").exists():
         image_staging.stage_image(job_id=job_id)  # first: a missing image ends the job before any data moves
+        # The pull may have let its slot go: the next in line need not wait for this job's copies.
+        cache_fill.ring_next_in_line(timezone.now())
     slug, output_uri = Job.objects.values_list("team__slug", "output_uri").get(id=job_id)
     roots, withheld = sharing.readable_roots(slug), sharing.withheld(slug)
     s3_prefixes = sharing.s3_prefixes(slug)
     _check_s3_destination(output_uri, s3_prefixes)
-    for n, data_input in enumerate(DataInput.objects.filter(job_id=job_id).select_related("job")):
-        if image or n:
-            # The copy before this one may have let its slot go: the next in line need not wait for this one's.
-            cache_fill.ring_next_in_line(timezone.now())
+    for data_input in DataInput.objects.filter(job_id=job_id).select_related("job"):
         _stage_input(data_input, roots, s3_prefixes, withheld)
 
 
@@ -345,6 +343,8 @@ def _stage_from(source, data_input: DataInput, withheld: Sequence[Path] = ()) ->
             continue  # another stager took the entry over: wait for it, or hit what it filled
         _link(key, data_input)
         _mark_staged(data_input, copied, watch)
+        # Its slot is free: the next in line need not wait for this job's other inputs. A hit held none.
+        cache_fill.ring_next_in_line(timezone.now())
         return
 
 

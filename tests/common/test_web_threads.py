@@ -41,7 +41,7 @@ def test_gunicorn_is_not_started_where_they_could(tmp_path):
     """The check runs in gunicorn's master before any worker forks (gunicorn.conf.py), as the schema's does."""
     probe = (
         "import os, runpy; os.environ['E31_LOG_WAITERS_PER_PROCESS'] = '3';"
-        "conf = runpy.run_path('gunicorn.conf.py');"
+        "conf = runpy.run_path('gunicorn.conf.py'); conf['_set_up_django']();"
         "from types import SimpleNamespace as S;"
         "conf['refuse_held_threads'](S(cfg=S(threads=4)))"
     )

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -22,6 +21,7 @@ from django.db import connection
 from django.test import Client
 
 from jobs.models import LogChunk
+from tests.e2e.conftest import wait_for
 from tests.e2e.embedded import free_port
 from tests.factories import JobFactory
 
@@ -48,10 +48,12 @@ def web(transactional_db, tmp_path):
            "--timeout", "120", "--bind", f"127.0.0.1:{port}"]  # fmt: skip
     server = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while _status(port, "/healthz") != 200:
-            assert time.monotonic() < deadline, "gunicorn did not answer /healthz within 60 s"
-            time.sleep(0.3)
+        wait_for(
+            lambda: _status(port, "/healthz") == 200,
+            timeout=60,
+            every=0.3,
+            what="gunicorn to answer /healthz",
+        )
         yield port
     finally:
         server.send_signal(signal.SIGTERM)
@@ -93,12 +95,11 @@ def test_a_download_never_read_gives_its_place_back_after_the_stall_deadline(web
 
     held = _never_read(web, path, cookie)
     try:
-        time.sleep(0.5)
-        assert _status(web, path, cookie) == 429  # the one place is the stalled download's
-        began = time.monotonic()
-        while (status := _status(web, path, cookie)) != 200 and time.monotonic() - began < 5 * STALL_S:
-            time.sleep(0.5)
-        assert status == 200, f"the stalled download still held its place {5 * STALL_S} s later"
-        assert time.monotonic() - began < 5 * STALL_S
+        # The one place is the stalled download's, from the moment the server takes its request.
+        wait_for(lambda: _status(web, path, cookie) == 429, timeout=STALL_S, every=0.1, what="the 429")
+        wait_for(
+            lambda: _status(web, path, cookie) == 200, timeout=5 * STALL_S, every=0.5,
+            what=f"the stalled download to give its place back within {5 * STALL_S} s",
+        )  # fmt: skip
     finally:
         held.close()

@@ -175,6 +175,38 @@ def test_a_finished_copy_rings_the_job_that_waited_longest_at_once(roots, team, 
     assert set(rung(sent)) == {(young.id, claims[young.id])}
 
 
+def test_a_copy_done_rings_the_line_before_its_jobs_next_input_and_a_hit_rings_nobody(
+    roots, team, other_team, one_slot, sent, monkeypatch
+):
+    held = copying(other_team, 1)
+    old = waiter(roots, team, "old", 30)
+    ends(held)
+    path, _ = write(roots.datasets / "second.bin", b"s" * 200)
+    two = small_job(roots, team, "two", {"name": "second", "uri": file_uri(path), "bytes": 200})
+    Job.objects.filter(id=two.id).update(submitted_at=timezone.now() - timedelta(minutes=50))  # ahead of old
+    rung_at_each_input = []
+    stage_input = staging._stage_input
+
+    def watched(data_input, *args, **kwargs):
+        rung_at_each_input.append(set(rung(sent)))
+        stage_input(data_input, *args, **kwargs)
+
+    monkeypatch.setattr(staging, "_stage_input", watched)
+    sent.clear()
+    assert stage(two).state == "queued"
+    claim = claim_sent(sent, old)
+    # The first input's copy let the one slot go: the job that waited longest was rung before the second began.
+    assert rung_at_each_input == [set(), {(old.id, claim)}]
+    # Again, from the cache: both inputs hit, no slot is held or let go, and nobody is rung before the try's end.
+    inputs = two.inputs.order_by("position").values("name", "uri", "bytes")
+    again = make_job(team, *inputs, name="again")  # the same files, unchanged: both in the cache
+    Job.objects.filter(id=again.id).update(submitted_at=timezone.now() - timedelta(minutes=45))
+    rung_at_each_input.clear()
+    sent.clear()
+    assert stage(again).state == "queued"
+    assert rung_at_each_input == [set(), set()]
+
+
 def test_a_failed_copy_rings_the_next_job_too(roots, team, other_team, one_slot, sent):
     held = copying(other_team, 1)
     path, _ = write(roots.datasets / "bad.bin", b"b" * 100)
