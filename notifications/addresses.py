@@ -3,7 +3,8 @@
 Checked when a webhook is added and again before every send (a name may resolve elsewhere by then),
 and the connection goes to the very address that passed, so a second lookup cannot redirect it.
 The platform is the database, the broker and the cache this console uses, the jobs' subnet, the
-nodes' addresses and whatever E31_WEBHOOK_DENY lists: refused even inside an allowed network.
+nodes' addresses, the console's own (E31_CONSOLE_URL's host, and every address of the host that sends) and
+whatever E31_WEBHOOK_DENY lists: refused even inside an allowed network.
 """
 
 import ipaddress
@@ -11,6 +12,7 @@ import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -136,7 +138,8 @@ def refusal(address: str, port: int, platform: tuple[set, list]) -> str:
 
 
 def platform_endpoints(*, deadline: float | None = None) -> tuple[set, list]:
-    """(address, port) of the services this console uses, and the networks of jobs and nodes."""
+    """(address, port) of the services this console uses, and the networks of jobs, nodes and the console's hosts,
+    refused on every port: a host firewalled from outside is open to itself."""
     endpoints = set()
     for url in (_database_url(), settings.CELERY_BROKER_URL, _cache_url()):
         parts = urlsplit(url or "")
@@ -144,6 +147,7 @@ def platform_endpoints(*, deadline: float | None = None) -> tuple[set, list]:
         if parts.hostname and port:
             endpoints |= {(ip, port) for ip in _resolved(parts.hostname, port, deadline)}
     networks = [ipaddress.ip_network(settings.E31_JOB_SUBNET), *settings.E31_WEBHOOK_DENY]
+    networks += _consoles_own(deadline)
     for address in Node.objects.exclude(address="").values_list("address", flat=True):
         try:
             networks.append(ipaddress.ip_network(pinned.unwrapped(address)))
@@ -167,3 +171,33 @@ def _resolved(host: str, port: int, deadline: float | None) -> list:
         return [pinned.unwrapped(info[4][0]) for info in _lookup(host, port or None, deadline)]
     except (socket.gaierror, UnicodeError):
         return []
+
+
+def _consoles_own(deadline: float | None) -> list:
+    """The addresses of the console's hosts, but loopback: an operator who allows a loopback network can only mean
+    this host (a receiver beside the embedded console); one who allows an office network that holds the host
+    means the other machines in it."""
+    console = urlsplit(settings.E31_CONSOLE_URL).hostname
+    named = [ipaddress.ip_network(ip) for ip in _resolved(console, 0, deadline)] if console else []
+    return [net for net in [*named, *_this_host()] if not net.is_loopback]
+
+
+def _this_host(root: Path = Path("/proc/net")) -> list:
+    """Every address of the sending host's interfaces, in its network namespace (Linux's routing table and
+    interface list; elsewhere none, and E31_WEBHOOK_DENY says them)."""
+    own = []
+    try:
+        last = ""
+        for line in (root / "fib_trie").read_text().splitlines():
+            if "|--" in line:
+                last = line.split("|--")[1].strip()
+            elif line.strip() == "/32 host LOCAL":
+                own.append(ipaddress.ip_network(last))
+        own += [
+            ipaddress.ip_network(ipaddress.IPv6Address(int(line.split()[0], 16)))
+            for line in (root / "if_inet6").read_text().splitlines()
+            if line.strip()
+        ]
+    except (OSError, ValueError, IndexError):
+        return own
+    return list(dict.fromkeys(own))

@@ -110,3 +110,35 @@ def test_a_receiver_that_trickles_its_answer_cannot_hold_a_try_past_its_timeout(
     assert took < lease_s, f"one try took {took:.1f} s, past the delivery's {lease_s} s lease"
     assert took < settings.E31_WEBHOOK_TIMEOUT_S * 2.5
     assert WebhookAttempt.objects.get().response.startswith("no answer")
+
+
+def _own_outbound_address() -> str:
+    """The address this host sends from, found by routing, not by reading its interfaces: a UDP socket's
+    connect sends nothing."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("198.51.100.1", 9))
+        return probe.getsockname()[0]
+
+
+def test_the_senders_own_address_is_refused_inside_a_network_an_operator_allowed(team, settings):
+    """An operator allows the office network for the teams' internal receivers, and the console's host sits in
+    it: a team admin's webhook to the host's own address reached every service the host listens on, firewalled
+    from outside but not from itself (an admin page on 0.0.0.0, a metrics port)."""
+    own = _own_outbound_address()
+    settings.E31_WEBHOOK_PRIVATE_NETWORKS = [ipaddress.ip_network(f"{own}/16", strict=False)]
+    with pytest.raises(addresses.Refused, match="an address of this platform"):
+        notify.add_webhook(
+            team=team, user=_admin(team), url=f"http://{own}:9100/", secret="", now=timezone.now()
+        )
+
+
+def test_the_consoles_own_public_address_is_refused_on_every_port(team, settings):
+    settings.E31_CONSOLE_URL = "https://203.0.113.7"
+    settings.E31_WEBHOOK_PRIVATE_NETWORKS = [ipaddress.ip_network("203.0.113.0/24")]
+    for url in ("https://203.0.113.7/", "http://203.0.113.7:8080/admin/"):
+        with pytest.raises(addresses.Refused, match="an address of this platform"):
+            notify.add_webhook(team=team, user=_admin(team), url=url, secret="", now=timezone.now())
+    neighbour = notify.add_webhook(
+        team=team, user=_admin(team), url="https://203.0.113.8/", secret="", now=timezone.now()
+    )
+    assert neighbour.url == "https://203.0.113.8/"
