@@ -31,6 +31,14 @@ GPU_BUSY = (
 )
 # A part whose node's agent never took its start message (the reconciler gave up ringing): back to the queue, always.
 NOT_STARTED = "not_started"
+# Ends by which the platform, not the job, kept a part's process from running: the GPUs it held meanwhile are
+# metered as held and credited to its team in the same transaction, in these words
+# (metering.services.credit_never_ran).
+NEVER_RAN = {
+    GPU_BUSY: "a GPU was still in use by a process that was stopping",
+    NO_ROOM: "no room on the node for the attempt's space",
+    NOT_STARTED: "its node's agent never started it",
+}
 # What ends an attempt early, before its output, in the order one beats another when its parts report several.
 EARLY_ENDS = (
     EndReason.NODE_LOST, NO_ROOM, GPU_BUSY, NOT_STARTED, EndReason.FAILED, PREEMPTED, EndReason.CANCELLED,
@@ -384,10 +392,11 @@ def _cancel_wins(job: Job, end_reason: str, requeue_as: str, detail: str) -> tup
 
 
 def _release_parts(
-    parts: list[Allocation], *, now: datetime, end_reason: str, last_heartbeat=None, early: bool = False
-) -> datetime:
-    """Frees the parts' GPUs and closes their meters; returns when (``now``, or the latest rent among them, or the
-    end of an hour their meters closed already)."""
+    parts: list[Allocation], *, now: datetime, end_reason: str, last_heartbeat=None, early: bool = False,
+    credit: str = "",
+) -> datetime:  # fmt: skip
+    """Frees the parts' GPUs and closes their meters, crediting their held time where ``credit`` says why;
+    returns when (``now``, or the latest rent among them, or the end of an hour their meters closed already)."""
     # A caller reads ``now`` before it waits for the job's lock, and a rent may commit meanwhile
     # (a cancel racing the scheduler): a release never precedes its rent, so it happens at it. The hourly accrual
     # may have closed an hour meanwhile too (it skips a job whose row is locked, not one about to be): a release
@@ -396,7 +405,12 @@ def _release_parts(
     now = max([now, *(allocation.rented_at for allocation in parts), *([closed] if closed else [])])
     for allocation in parts:
         _release_allocation(
-            allocation, now=now, end_reason=end_reason, last_heartbeat=last_heartbeat, early=early
+            allocation,
+            now=now,
+            end_reason=end_reason,
+            last_heartbeat=last_heartbeat,
+            early=early,
+            credit=credit,
         )
     return now
 
@@ -421,16 +435,22 @@ def release_part(
         first = all(p.released_at is None for p in parts)
         if exit_code is not None:
             Allocation.objects.filter(id=part.id, exit_code__isnull=True).update(exit_code=exit_code)
+        never_ran = NEVER_RAN.get(end_reason, "")
         ended = _release_parts(
             [part],
             now=released_at or now,
             end_reason=end_reason,
             last_heartbeat=last_heartbeat,
             early=end_reason in EARLY_ENDS,
+            credit=never_ran,
         )
         now = max(now, ended)  # the job's change and its other parts: never before this part's end
         idle = [p for p in parts if p.id != part.id and p.released_at is None and _not_running(p)]
-        now = _release_parts(idle, now=now, end_reason=STOPPED)
+        now = _release_parts([p for p in idle if p.started_at], now=now, end_reason=STOPPED)
+        # Siblings the platform's end kept from starting never ran either.
+        now = _release_parts(
+            [p for p in idle if not p.started_at], now=now, end_reason=STOPPED, credit=never_ran
+        )
         ending = (
             _early_end(job, end_reason, exit_code, detail)
             if first
@@ -521,7 +541,13 @@ def _move_released(
 
 
 def _release_allocation(
-    allocation: Allocation, *, now: datetime, end_reason: str, last_heartbeat, early: bool = False
+    allocation: Allocation,
+    *,
+    now: datetime,
+    end_reason: str,
+    last_heartbeat,
+    early: bool = False,
+    credit: str = "",
 ) -> None:
     """A part keeps its own end (how its process ended), unless ``early`` and it had none or succeeded: released
     for an attempt's early end, which ``_first_early_end`` reads from the parts (a part that finished, waiting for
@@ -536,9 +562,12 @@ def _release_allocation(
     if not released:
         return
     GpuHold.objects.filter(allocation=allocation, active=True).update(active=False)
-    signals.allocation_released.send(sender=Allocation, allocation_id=allocation.id, released_at=now)
-    held_s = (now - allocation.rented_at).total_seconds() * len(allocation.gpu_indices)
-    TeamUsage.add(team_id=allocation.job.team_id, gpu_seconds=held_s, now=now)
+    signals.allocation_released.send(
+        sender=Allocation, allocation_id=allocation.id, released_at=now, credit=credit
+    )
+    if not credit:  # what the platform kept from running is not the team's use of the pool either
+        held_s = (now - allocation.rented_at).total_seconds() * len(allocation.gpu_indices)
+        TeamUsage.add(team_id=allocation.job.team_id, gpu_seconds=held_s, now=now)
 
 
 def request_preemption(*, job_id: int, now: datetime) -> bool:

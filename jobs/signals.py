@@ -10,8 +10,9 @@ from typing import Protocol
 
 from django.dispatch import Signal
 
-# Sent inside the transaction that releases an allocation, with ``allocation_id`` and
-# ``released_at``. A receiver's error rolls the release back: freed GPUs never leave a meter open.
+# Sent inside the transaction that releases an allocation, with ``allocation_id``, ``released_at`` and ``credit``
+# (why the platform credits its held time, the job's process never having run; "" for none). A receiver's error
+# rolls the release back: freed GPUs never leave a meter open.
 allocation_released = Signal()
 
 # Sent inside the releasing transaction before allocations are released, with ``allocation_ids``. A receiver

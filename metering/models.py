@@ -18,7 +18,8 @@ class MeterEntry(AppendOnlyModel):
     """Held GPU-time of one allocation in one period: ``gpus`` GPUs for ``microseconds`` each.
 
     Metered rows (accrual, final) tile RENT..RELEASE exactly, one per UTC hour; adjustment rows
-    are signed corrections with a reason and the operator who made them.
+    are signed corrections with a reason and the operator who made them, or the platform's credits (no
+    operator) of the hours of an allocation whose job's process it never ran.
     """
 
     class Kind(models.TextChoices):
@@ -77,10 +78,19 @@ class MeterEntry(AppendOnlyModel):
                 ),
                 name="meter_metered_row_within_an_hour",
             ),
+            # An operator signs each adjustment; the platform, signing none, only credits
+            # (services.credit_never_ran), once a period.
             models.CheckConstraint(
                 condition=~Q(kind="adjustment")
-                | (~Q(microseconds=0) & ~Q(reason="") & Q(created_by__isnull=False)),
-                name="meter_adjustment_has_reason_and_author",
+                | (
+                    ~Q(microseconds=0) & ~Q(reason="") & (Q(created_by__isnull=False) | Q(microseconds__lt=0))
+                ),
+                name="meter_adjustment_reasoned_charge_signed",
+            ),
+            models.UniqueConstraint(
+                fields=["allocation", "period_start"],
+                condition=Q(kind="adjustment", created_by__isnull=True),
+                name="meter_one_platform_credit_per_period",
             ),
         ]
 

@@ -8,8 +8,12 @@ from datetime import datetime
 from metering import selectors, services
 
 
-def close_meter_at_release(sender, *, allocation_id: int, released_at: datetime, **_) -> None:
+def close_meter_at_release(
+    sender, *, allocation_id: int, released_at: datetime, credit: str = "", **_
+) -> None:
     services.close_meter(allocation_id=allocation_id, released_at=released_at)
+    if credit:
+        services.credit_never_ran(allocation_id=allocation_id, why=credit)
 
 
 def meter_closed_until(sender, *, allocation_ids: list[int], **_) -> datetime | None:

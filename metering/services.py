@@ -112,6 +112,26 @@ def close_meter(*, allocation_id: int, released_at: datetime) -> int:
     return len(rows)
 
 
+@transaction.atomic
+def credit_never_ran(*, allocation_id: int, why: str) -> None:
+    """Credits every metered period of a released allocation whose job's process the platform never ran (``why``):
+    one adjustment per period, of exactly its metered time, signed by nobody; the hours net to zero. Once: a
+    second credit of a period is refused by the ledger (``meter_one_platform_credit_per_period``)."""
+    allocation = Allocation.objects.select_related("job").get(id=allocation_id, released_at__isnull=False)
+    rows = [
+        MeterEntry(
+            allocation_id=allocation.id, job_id=allocation.job_id, team_id=allocation.job.team_id,
+            period_start=start, period_end=end, gpus=allocation.gpu_count, microseconds=-micros(end - start),
+            kind=ADJUSTMENT, reason=f"credited by the platform: the job's process never ran ({why})"[:300],
+            created_at=allocation.released_at,
+        )
+        for start, end in hour_slices(allocation.rented_at, allocation.released_at)
+        if end > start
+    ]  # fmt: skip
+    lock_team_ledgers({allocation.job.team_id})
+    MeterEntry.objects.bulk_create(rows, batch_size=BATCH, ignore_conflicts=True)
+
+
 def _report_overshoot(*, allocation_id: int, released_at: datetime) -> None:
     # A RELEASE is dated no earlier than the hours its meter closed (jobs.signals.meter_closed_until), so this
     # is a guard: rows are never removed, and a period past the RELEASE could only be reported (check_ledger).
