@@ -429,6 +429,17 @@ def unknown_key(part: str, key: str) -> str:
     return f"not a field of {f'the {part} part' if part else 'a job'}: {hint}"
 
 
+def unknown_keys(raw: Mapping) -> list[tuple[str, str]]:
+    """(path, why) of the first few keys of a job file no part knows: what filling a form from it would drop."""
+    parts = {
+        "": raw,
+        **{key: raw[key] for key in ("work", "request", "output") if isinstance(raw.get(key), Mapping)},
+    }
+    errs = _Collector()
+    _unknown_keys(raw, parts, errs)
+    return errs.errors
+
+
 def _unknown_keys(raw: Mapping, parts: Mapping[str, Mapping], errs: _Collector) -> None:
     """The first few keys no part knows (a hostile job of thousands of them is not answered thousands of times)."""
     inputs = raw.get("data")

@@ -110,6 +110,9 @@ def _job_file(request: HttpRequest, teams, *, submit: bool) -> HttpResponse:
     form = JobForm.from_declaration(raw)
     if submit:
         return _submit(request, form, teams, raw=raw, job_file=text)
+    if unknown := declaration.unknown_keys(raw):  # the form has no field for them: filled, they would be lost
+        form.errors = declaration.DeclarationInvalid(unknown).as_dict()
+        return _render_form(request, form, teams, status=400, job_file=_kept_paste(text))
     messages.info(request, "Job file loaded. Check the fields, then submit.")
     return _render_form(request, form, teams)
 

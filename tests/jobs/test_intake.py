@@ -303,6 +303,26 @@ def test_loading_a_job_file_fills_the_form_without_submitting(good, pool, member
     assert Job.objects.count() == 0
 
 
+def test_loading_a_job_file_with_a_mistyped_key_says_so_instead_of_dropping_it(good, pool, member_client):
+    """A member loads a job file asking ``gpu = 2`` (for ``gpus``) into the form: "Job file loaded", the form said
+    1 GPU, and submitting ran the job on 1 GPU, while the same file submitted as it is, the CLI and the API all
+    refuse it with "did you mean gpus?"."""
+    import tomli_w
+
+    good["request"]["gpu"] = 2
+    good["data"][0]["sha"] = "0" * 64
+    text = tomli_w.dumps(good)
+    response = member_client.post(reverse("jobs:new"), {"action": "load-file", "job_file": text})
+    assert response.status_code == 400
+    form = response.context["form"]
+    assert form.errors["request.gpu"] == "not a field of the request part: did you mean gpus?"
+    assert "did you mean sha256?" in form.errors["data[0].sha"]
+    assert form.values["name"] == "retrain-q3"  # what it knows is filled in, to fix beside the file
+    assert response.context["job_file"] == text
+    html = response.content.decode()
+    assert "Job file loaded" not in html and "did you mean gpus?" in html  # in the form's list of problems
+
+
 def test_inputs_are_added_and_removed_in_place(member_client):
     response = member_client.post(
         reverse("jobs:new"), {"action": "add-input", "data[0].name": "a"}, HTTP_HX_REQUEST="true"
