@@ -46,9 +46,14 @@ EARLY_ENDS = (
 
 
 def rent_job(
-    *, job_id: int, gpus_by_node: dict[str, tuple[int, ...]], now: datetime, reason: str = ""
-) -> bool:
-    """QUEUED -> RENTED: holds the GPUs and starts the meter. False if the job or a GPU was taken."""
+    *, job_id: int, gpus_by_node: dict[str, tuple[int, ...]], now: datetime, reason: str = "",
+    after_queueing: bool = False,
+) -> bool:  # fmt: skip
+    """QUEUED -> RENTED: holds the GPUs and starts the meter. False if the job or a GPU was taken.
+
+    ``after_queueing``: dated no earlier than the job was queued. A pass reads its clock before its snapshot, and
+    a job the stager queued between the two was rented before it was queued: its history said QUEUED → RENTED
+    before STAGING → QUEUED, and its meter ran while its inputs were still being staged."""
     try:
         with transaction.atomic():
             job = Job.objects.select_for_update().filter(id=job_id, state=State.QUEUED).first()
@@ -63,7 +68,9 @@ def rent_job(
             lock_team_ledgers([job.team_id])
             gpus_by_node, reason = _within_budget(job, gpus_by_node, reason, now)
             attempt = job.attempt + 1
-            now = _rent_time(job, nodes, gpus_by_node, now)
+            now = _rent_time(
+                job, nodes, gpus_by_node, max(now, job.state_changed_at) if after_queueing else now
+            )
             allocations = [
                 _hold(job=job, attempt=attempt, node=nodes[name], rank=rank, indices=indices, now=now)
                 for rank, (name, indices) in enumerate(gpus_by_node.items())

@@ -116,7 +116,13 @@ def _pass(*, now: datetime) -> PassResult:
         usage=view.usage, shares=view.shares, config=view.config,
     )  # fmt: skip
     started = sum(
-        rental.rent_job(job_id=s.job_id, gpus_by_node=s.gpus_by_node, now=now, reason=_start_reason(s, view))
+        rental.rent_job(
+            job_id=s.job_id,
+            gpus_by_node=s.gpus_by_node,
+            now=now,
+            reason=_start_reason(s, view),
+            after_queueing=True,
+        )
         for s in plan.starts
     )
     preempted = sum(rental.request_preemption(job_id=job_id, now=now) for job_id in plan.preemptions)

@@ -9,7 +9,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from jobs import nodes, rental, scheduler, services
+from jobs import nodes, rental, scheduler, services, transitions
 from jobs.lifecycle import REQUEUED, EndReason
 from jobs.models import Allocation, GpuHold, ImagePull, Job, JobEvent
 from metering import services as metering
@@ -295,6 +295,23 @@ def test_a_gpu_is_never_rented_before_its_last_holder_released_it():
     scheduler.run_pass(now=clock)
     released = Allocation.objects.get(job=held).released_at
     assert Allocation.objects.get(job=waiting).rented_at == released == clock + timedelta(seconds=2)
+
+
+def test_a_job_queued_after_the_pass_read_its_clock_is_rented_no_earlier_than_it_was_queued():
+    """A pass reads its clock, then the stager queues the job, then the pass's snapshot sees it queued: the job's
+    history said QUEUED → RENTED before STAGING → QUEUED, its queue time -0.0 s, and its meter ran from an
+    instant its inputs were still being staged."""
+    NodeFactory(name="n1", gpus=1)
+    clock = timezone.now()
+    job = JobFactory(state="staging", state_changed_at=clock - timedelta(minutes=1))
+    queued = clock + timedelta(milliseconds=27)
+    transitions.transition(
+        job_id=job.id, source="staging", target="queued", now=queued, actor="stager", reason="staged"
+    )
+    scheduler.run_pass(now=clock)
+    assert Allocation.objects.get(job=job).rented_at == queued
+    order = list(JobEvent.objects.filter(job=job).order_by("at", "id").values_list("to_state", flat=True))
+    assert order[-2:] == ["queued", "rented"]
 
 
 def test_a_job_still_resolving_its_image_does_not_take_the_gpu_a_queued_job_could_use():
