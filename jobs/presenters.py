@@ -27,9 +27,9 @@ class Step:
     status: str  # "done", "current", "todo", "skipped"
 
 
-def count_array_tasks(page) -> None:
-    """Gives each array's row (one per array when folded) its tasks' states, one query per page."""
-    states = selectors.array_states({job.array_id for job in page if job.array_id})
+def count_array_tasks(page, *, folded: bool) -> None:
+    """Gives each array's one row, when the list folds arrays, its tasks' states, one query per page."""
+    states = selectors.array_outcomes({job.array_id for job in page if job.array_id}) if folded else {}
     for job in page:
         job.task_states = states.get(job.array_id, {}) if job.array_id else {}
 
@@ -40,7 +40,10 @@ OUTCOME_TONES = {EndReason.SUCCEEDED: "ok", EndReason.CANCELLED: "muted", EndRea
 
 def outcome(job: Job) -> tuple[str, str]:
     """The job's badge, in words, and its colour class: the state while it lives, how it ended once it
-    has ("failed exit 3", "timed out after 0.5 h", "cancelled by alice"), never a bare "released"."""
+    has ("failed exit 3", "timed out after 0.5 h", "cancelled by alice"), never a bare "released"; an array's one
+    row, its tasks' (``count_array_tasks``)."""
+    if getattr(job, "task_states", None):
+        return array_outcome(job.task_states)
     if job.is_alive:
         return ("cancelling" if job.cancel_requested_at else paused(job) or job.state), f"state-{job.state}"
     reason = job.end_reason
@@ -53,6 +56,20 @@ def outcome(job: Job) -> tuple[str, str]:
     else:
         words = (reason or job.state).replace("_", " ")
     return words, OUTCOME_TONES.get(reason, "bad")
+
+
+def array_outcome(task_states: dict[str, int]) -> tuple[str, str]:
+    """An array's badge: how many of its tasks still live, else how they ended: "succeeded" when all did alike,
+    else the count of its worst outcome ("4 of 6 cancelled", "1 of 6 failed")."""
+    total = sum(task_states.values())
+    live = {state: n for state, n in task_states.items() if state in selectors.ALIVE_STATES}
+    if live:
+        return f"{sum(live.values())} of {total} live", f"state-{next(iter(live))}"
+    tones = {words: OUTCOME_TONES.get(words.replace(" ", "_"), "bad") for words in task_states}
+    if len(tones) == 1:
+        return next(iter(tones.items()))
+    worst = max(tones, key=lambda words: ("ok", "muted", "warn", "bad").index(tones[words]))
+    return f"{task_states[worst]} of {total} {worst}", tones[worst]
 
 
 def any_alive(page) -> bool:

@@ -206,6 +206,29 @@ def array_states(array_ids) -> dict[int, dict[str, int]]:
     return out
 
 
+def array_outcomes(array_ids) -> dict[int, dict[str, int]]:
+    """Per array, how many of its tasks are in each live state, and how many ended each way ("succeeded",
+    "cancelled", "timed out"...), live states first (one query for a page of arrays): what its pages say."""
+    out: dict[int, dict[str, int]] = {}
+    rows = (
+        Job.objects.filter(array_id__in=list(array_ids))
+        .values_list("array_id", "state", "end_reason")
+        .annotate(n=Count("id"))
+    )
+    for array_id, state, end_reason, n in sorted(rows.order_by(), key=_live_first):
+        key = state if state in ALIVE_STATES else (end_reason or state).replace("_", " ")
+        tasks = out.setdefault(array_id, {})
+        tasks[key] = tasks.get(key, 0) + n
+    return out
+
+
+def _live_first(row: tuple) -> tuple:
+    _, state, end_reason, _ = row
+    if state in ALIVE_STATES:
+        return (0, ALIVE_STATES.index(state), "")
+    return (1, end_reason != "succeeded", end_reason)
+
+
 def job_list(user, filters: JobFilters) -> QuerySet[Job]:
     """The team's job list, filtered in SQL; callers slice it, so only one page is ever read."""
     return with_canceller(filtered(visible_jobs(user), filters))

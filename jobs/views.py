@@ -47,7 +47,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     filters = form.filters() if form.is_valid() else selectors.JobFilters(arrays_folded=True)
     jobs = selectors.job_list(request.user, filters).select_related("array").only(*presenters.LIST_FIELDS)
     page = paging.CappedPaginator(jobs, PAGE_SIZE).get_page(request.GET.get("page"))
-    presenters.count_array_tasks(page)
+    presenters.count_array_tasks(page, folded=filters.arrays_folded)
     context = {
         "page": page,
         "form": form,
@@ -306,7 +306,7 @@ def _array_shown(request: HttpRequest, filters: selectors.JobFilters) -> JobArra
         return None
     array = scoping.visible_to(request.user, JobArray.objects.all()).filter(id=filters.array).first()
     if array is not None:
-        array.task_states = selectors.array_states([array.id]).get(array.id, {})
+        array.task_states = selectors.array_outcomes([array.id]).get(array.id, {})
         # "Cancel every live task" is offered only while one lives.
         array.live_tasks = sum(n for state, n in array.task_states.items() if state in ALIVE)
     return array

@@ -30,4 +30,4 @@ def test_the_button_is_offered_while_a_task_lives_and_not_once_every_task_has_en
     assert BUTTON in member_client.get(f"/jobs/?array={array_id}").content.decode()
     Job.objects.filter(array_id=array_id).update(state="released", end_reason="succeeded")
     page = member_client.get(f"/jobs/?array={array_id}").content.decode()
-    assert BUTTON not in page and "3 released" in page
+    assert BUTTON not in page and "3 succeeded" in page

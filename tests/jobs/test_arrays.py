@@ -209,6 +209,25 @@ def test_the_job_list_shows_an_array_as_one_row_that_expands_to_its_tasks(
     assert tbody.count("<tr") == 25 and "single" not in tbody  # a page of its tasks
 
 
+def test_an_arrays_row_says_how_its_tasks_ended_not_its_first_tasks_outcome(
+    member_client, client, member_token, pool, raw
+):
+    """A six-task array: tasks 0 and 1 succeed, then its team cancels the rest. The jobs list's one row for it
+    wore task 0's green "succeeded" badge, and said "2 released, 4 ended"."""
+    array_id = _array_of(client, member_token, raw, "0-5")
+    tasks = list(Job.objects.filter(array_id=array_id).order_by("array_index"))
+    Job.objects.filter(id__in=[t.id for t in tasks[:2]]).update(state="released", end_reason="succeeded")
+    assert member_client.post(f"/jobs/arrays/{array_id}/cancel/").status_code == 302
+    page = member_client.get("/jobs/").content.decode()
+    row = page[page.index("<tbody>") : page.index("</tbody>")]
+    assert "6 tasks: 2 succeeded, 4 cancelled" in row
+    assert '<span class="badge muted">4 of 6 cancelled</span>' in row and ">succeeded</span>" not in row
+    head = member_client.get(f"/jobs/?array={array_id}").content.decode()
+    assert "2 succeeded, 4 cancelled" in head[head.index(f'id="array-{array_id}-head"') :]
+    tasks_rows = head[head.index("<tbody>") : head.index("</tbody>")]
+    assert tasks_rows.count(">succeeded</span>") == 2  # each task's own row keeps its own outcome
+
+
 def test_the_array_page_cancels_every_task(member_client, client, member_token, pool, raw):
     array_id = _array_of(client, member_token, raw)
     response = member_client.post(f"/jobs/arrays/{array_id}/cancel/")
