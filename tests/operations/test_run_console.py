@@ -261,3 +261,36 @@ def test_a_console_started_under_nohup_outlives_the_hangup(tmp_path):
         except ProcessLookupError:
             pass
         console.wait()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("set_by_user", "expected"), [(None, "http://127.0.0.1:{port}"), ("https://e31.example", "")]
+)
+def test_links_in_the_consoles_mail_point_at_the_port_it_serves(settings, monkeypatch, set_by_user, expected):
+    """After `PORT=8107 make run`, an invitation e-mailed by the console linked to http://127.0.0.1:8000/invite/…,
+    where nothing answers: the children were not told the port. An address the user set stays theirs."""
+    base = state_dir_job_uids_can_pass("console-url")
+    settings.STATE_DIR = base / "var"
+    settings.STATE_DIR.mkdir()
+    envs: list[dict] = []
+
+    class FakeSupervisor:
+        def __init__(self, commands, *, env, report, pass_fds=()):
+            envs.append(env)
+
+    monkeypatch.setattr(run_console.supervisor, "Supervisor", FakeSupervisor)
+    monkeypatch.setattr(run_console, "_supervise", lambda console: None)
+    monkeypatch.setattr(run_console.sandbox, "refusal", lambda **_: "")
+    if set_by_user:
+        monkeypatch.setenv("E31_CONSOLE_URL", set_by_user)
+    else:
+        monkeypatch.delenv("E31_CONSOLE_URL", raising=False)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    try:
+        call_command("run_console", "--port", str(port), stdout=StringIO())
+    finally:
+        shutil.rmtree(base)
+    assert envs[0]["E31_CONSOLE_URL"] == (expected.format(port=port) or set_by_user)

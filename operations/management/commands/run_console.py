@@ -56,7 +56,8 @@ class Command(BaseCommand):
         )
         call_command("ensure_demo_accounts")
         example = self._write_example_job()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # The address e-mailed links name (invitations, password resets, job ends): the port served, unless set.
+        env = {"E31_CONSOLE_URL": f"http://127.0.0.1:{port}", **os.environ, "PYTHONUNBUFFERED": "1"}
         agent_flags = []
         if why_not := sandbox.refusal(probe_uid=settings.E31_JOB_UID_BASE):
             self.stdout.write(self.style.WARNING(
