@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import sys
 import tempfile
 import time
@@ -265,7 +266,12 @@ def list_jobs(
     state: Annotated[str, typer.Option(help="A state, or alive / waiting / finished.")] = "",
     name: Annotated[str, typer.Option(help="Part of the name.")] = "",
     since: Annotated[str, typer.Option(help="Submitted since: 2h, 3d, 2026-11-30 or an ISO time.")] = "",
-    until: Annotated[str, typer.Option(help="Submitted before (same forms).")] = "",
+    until: Annotated[
+        str,
+        typer.Option(
+            help="Submitted before an ISO time or 2h / 3d ago, or on or before a date (2026-11-30)."
+        ),
+    ] = "",
     team: Annotated[str, typer.Option(help="Team slug.")] = "",
     array: Annotated[int | None, typer.Option(help="Only the tasks of this array.", min=1)] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
@@ -279,7 +285,7 @@ def list_jobs(
         name=name,
         team=team,
         since=_when(since),
-        until=_when(until),
+        until=_when(until, through_the_day=True),
         array=array,
     )
     if as_json:
@@ -328,7 +334,7 @@ def show(
             out.print(f"  runs after job(s) {', '.join(map(str, job[key]))} {how}")
     if job.get("dependents"):
         out.print(f"  then: job(s) {', '.join(map(str, job['dependents']))}")
-    out.print(f"  argv: {' '.join(job['work']['argv'])}")
+    out.print(f"  argv: {shlex.join(job['work']['argv'])}")  # where each argument begins and ends
     out.print(
         f"  request: {job['request']['gpus']} GPU(s) for {job['request']['hours']} h; output {job['output']['uri']}"
     )
@@ -636,20 +642,20 @@ def _exit_code(job: dict) -> int:
     return END_REASON_EXITS.get(job["end_reason"], 1)
 
 
-def _when(text: str) -> str:
-    """2h / 3d / 45m ago, or a date or ISO time, as the ISO time the API takes."""
+def _when(text: str, *, through_the_day: bool = False) -> str:
+    """2h / 3d / 45m ago, or a date or ISO time, as the ISO time the API takes; a date ``through_the_day`` as the
+    next day's start, so that `--until 2026-11-30`, like the jobs page's "to", takes in that day's jobs."""
     if not text:
         return ""
     units = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
     if text[-1:] in units and re.fullmatch(r"[0-9]+", text[:-1]):
         return (datetime.now(UTC) - timedelta(**{units[text[-1]]: int(text[:-1])})).isoformat()
     try:
-        return (
-            (date.fromisoformat(text).isoformat() + "T00:00:00+00:00")
-            if len(text) == 10
-            else datetime.fromisoformat(text).isoformat()
-        )
-    except ValueError as exc:
+        if len(text) == 10:
+            day = date.fromisoformat(text) + timedelta(days=int(through_the_day))
+            return day.isoformat() + "T00:00:00+00:00"
+        return datetime.fromisoformat(text).isoformat()
+    except (ValueError, OverflowError) as exc:
         raise typer.BadParameter(f"{text!r}: use 2h, 3d, 2026-11-30 or an ISO time") from exc
 
 

@@ -44,7 +44,7 @@ def test_on_a_terminal_a_teammates_command_line_never_drives_the_terminal(monkey
     monkeypatch.setattr(main, "_stdout_is_terminal", lambda: True)
     code, out, err = e31(monkeypatch, member_token, "show", str(job.id))
     assert code == 0, err
-    assert f"  argv: python -c {SHOWN}" in out.splitlines(), repr(out)
+    assert f"  argv: python -c '{SHOWN}'" in out.splitlines(), repr(out)
 
 
 def test_on_a_terminal_the_names_a_job_gave_its_output_files_never_drive_the_terminal(monkeypatch, tmp_path):
