@@ -1,7 +1,7 @@
 """The ledger pages: a team's GPU-hours by month, day and job, the live hour, exports, and operators' tools."""
 
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import InvalidOperation
 from functools import wraps
 
@@ -67,16 +67,18 @@ def _team_pages(view: Callable) -> Callable:
 
 
 @_team_pages
-def ledger(request: HttpRequest) -> HttpResponse:
+def ledger(request: HttpRequest, *, export_refused: dict | None = None) -> HttpResponse:
+    """The team's ledger (every team's, for operators); ``export_refused``: the export form's fields as typed,
+    with why nothing was exported, shown beside them (400)."""
     now = timezone.now()
     team, month = _scope(request), _month(request, now)
-    context = {**_live_context(team, now), **_month_context(team, month, now=now)}
+    context = {**_live_context(team, now), **_month_context(team, month, now=now), **(export_refused or {})}
     context["teams"] = list(scoping.teams_of(request.user).only("id", "name", "slug"))
     if team is None:
         context["by_team"] = _team_totals(context["teams"], month)
     elif month == month_start(utc(now)):
         context["projection"] = selectors.projection(team=team, extra_gpu_hours=0.0, now=now)
-    return render(request, "metering/ledger.html", context)
+    return render(request, "metering/ledger.html", context, status=400 if export_refused else 200)
 
 
 def _month_context(team: Team | None, month: datetime, *, now: datetime) -> dict:
@@ -130,8 +132,26 @@ def _export_scope(request: HttpRequest) -> tuple[Team | None, datetime, datetime
             request.GET.get("start"), request.GET.get("end"), today=utc(timezone.now()).date()
         )
     except ValueError as exc:
-        return HttpResponse(f"Bad date range: {exc}. Use start=YYYY-MM-DD&end=YYYY-MM-DD.\n", status=400)
+        if "text/html" not in request.headers.get("Accept", ""):  # a script's client
+            return HttpResponse(
+                f"Bad date range: {exc}. Use start=YYYY-MM-DD&end=YYYY-MM-DD.\n",
+                status=400,
+                content_type="text/plain; charset=utf-8",
+            )
+        return ledger(request, export_refused=_export_refused(request, exc))
     return team, start, end
+
+
+def _export_refused(request: HttpRequest, exc: ValueError) -> dict:
+    """The export form as the browser sent it, and why nothing was exported, in the form's words."""
+    typed = {}
+    for field in ("start", "end"):
+        try:
+            typed[f"export_{field}"] = date.fromisoformat(request.GET.get(field, ""))
+        except ValueError:
+            typed[f"export_{field}"] = None
+    why = str(exc).replace("the end date is before the start date", "the To date is before the From date")
+    return {**typed, "export_error": f"Nothing was exported: {why}."}
 
 
 def _filename(team: Team | None, start: datetime, end: datetime, ext: str) -> str:

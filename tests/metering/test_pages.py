@@ -155,6 +155,28 @@ def test_a_malformed_export_range_is_a_400(member_client, ledger):
     assert member_client.get(reverse("metering:export_csv"), {"start": "May"}).status_code == 400
 
 
+def test_a_browser_asking_for_a_reversed_range_gets_the_ledger_page_back_with_the_fields_kept(
+    member_client, ledger
+):
+    """From 2024-05-09 to 2024-05-01, then CSV: the browser left the console for a bare text page naming URL
+    parameters (start=YYYY-MM-DD&end=...), with no header and no way back."""
+    response = member_client.get(
+        reverse("metering:export_csv"),
+        {"start": "2024-05-09", "end": "2024-05-01"},
+        HTTP_ACCEPT="text/html,application/xhtml+xml,*/*;q=0.8",
+    )
+    assert response.status_code == 400 and response["Content-Type"].startswith("text/html")
+    html = response.content.decode()
+    export = html[html.index('id="ledger-export"') :]
+    assert "Nothing was exported: the To date is before the From date." in export
+    assert 'name="start" value="2024-05-09"' in export and 'name="end" value="2024-05-01"' in export
+    assert "start=YYYY-MM-DD" not in html
+    script = member_client.get(reverse("metering:export_csv"), {"start": "2024-05-09", "end": "2024-05-01"})
+    assert script.status_code == 400 and script["Content-Type"].startswith(
+        "text/plain"
+    )  # curl's answer as it was
+
+
 def test_the_exports_cost_column_adds_up_to_the_ledgers_cost(member_client, team, node, settings):
     """Each row's cost was rounded to the cent: 60 one-minute jobs at 1.00 a GPU-hour cost 1.00 on the page and
     summed to 1.20 in the export, 20 % more. A row's cost now keeps six places, from its exact microseconds."""
