@@ -172,6 +172,14 @@ def _n(hours: float) -> str:
     return f"{hours:,.1f}".removesuffix(".0")
 
 
+def ledger_version(team: Team | None) -> int:
+    """A number that changes whenever the team's ledger (every team's: ``None``) gains a row: how many rows the
+    team's day summaries count, or the latest row's id. A page compares it to redraw what it showed."""
+    if team is None:
+        return MeterEntry.objects.aggregate(latest=Max("id"))["latest"] or 0
+    return LedgerDay.objects.filter(team=team).aggregate(rows=Sum("rows"))["rows"] or 0
+
+
 def adjustments(*, allocation_id: int) -> list[MeterEntry]:
     """The allocation's adjustment rows, oldest first, with their authors."""
     rows = MeterEntry.objects.filter(allocation_id=allocation_id, kind=MeterEntry.Kind.ADJUSTMENT)

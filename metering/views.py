@@ -105,9 +105,14 @@ def _team_totals(teams: list[Team], month: datetime) -> list[tuple[Team, int]]:
 
 @_team_pages
 def ledger_live(request: HttpRequest) -> HttpResponse:
-    """The self-refreshing current hour of the team's running jobs."""
+    """The self-refreshing current hour of the team's running jobs; when the ledger gained rows since the page
+    was drawn (``seen``: a released job's last hour, an hour closed), the page redraws its statement too."""
     team = _scope(request)
-    return render(request, "metering/ledger.html#ledger-live", _live_context(team, timezone.now()))
+    context = _live_context(team, timezone.now())
+    response = render(request, "metering/ledger.html#ledger-live", context)
+    if request.GET.get("seen", str(context["ledger_version"])) != str(context["ledger_version"]):
+        response["HX-Trigger"] = "ledger-changed"
+    return response
 
 
 def _live_context(team: Team | None, now: datetime) -> dict:
@@ -115,6 +120,7 @@ def _live_context(team: Team | None, now: datetime) -> dict:
     return {
         "team": team,
         "now": now,
+        "ledger_version": selectors.ledger_version(team),
         "live_parts": parts,
         "live_this_hour": sum(p.this_hour_gpu_micros for p in parts),
         "live_unclosed": sum(p.unclosed_gpu_micros for p in parts),

@@ -63,22 +63,50 @@ def test_the_live_hour_polls_itself_with_a_plain_link_fallback(member_client, te
     page = member_client.get(reverse("metering:live"), {"team": "vision"}).content.decode()
     assert page.lstrip().startswith(f'<section id="team-{team.pk}-live"')
     assert 'hx-trigger="every 5s"' in page and 'hx-swap="outerHTML"' in page
-    assert f'hx-get="{reverse("metering:live")}?team=vision"' in page
+    assert f'hx-get="{reverse("metering:live")}?seen=' in page and '&amp;team=vision"' in page
     assert f'href="{LEDGER}?team=vision">Refresh</a>' in page
     assert "pretrain" in page and "1.000 GPU-hours" in page  # 2 GPUs x 30 min this hour
+
+
+def test_the_statement_is_redrawn_when_the_live_hour_finds_rows_the_ledger_gained_since(
+    member_client, team, ledger
+):
+    """A job released while its team watched the ledger: "Running now" dropped it, but the month's total, the
+    by-job table and the budget line kept their figures until a reload, and its last GPU-hours were nowhere."""
+    page = member_client.get(LEDGER, {"team": "vision"}).content.decode()
+    seen = re.search(r"\?seen=([0-9]+)&amp;team=vision", page).group(1)
+    figures = page[page.index('<div id="ledger-figures"') :]
+    assert (
+        'hx-trigger="ledger-changed from:body"' in figures[:300]
+        and 'hx-select="#ledger-figures"' in figures[:300]
+    )
+    assert figures.index("meter-total") < figures.index(
+        '</div>\n\n<section class="card" aria-labelledby="ledger-export"'
+    )
+    quiet = member_client.get(reverse("metering:live"), {"team": "vision", "seen": seen})
+    assert "HX-Trigger" not in quiet
+    pretrain = MeterEntry.objects.filter(job__name="pretrain").first().allocation
+    release(pretrain, at=NOW)
+    changed = member_client.get(reverse("metering:live"), {"team": "vision", "seen": seen})
+    assert changed["HX-Trigger"] == "ledger-changed"
+    again = re.search(r"\?seen=([0-9]+)&amp;team=vision", changed.content.decode()).group(1)
+    assert again != seen and "HX-Trigger" not in member_client.get(
+        reverse("metering:live"), {"team": "vision", "seen": again}
+    )
 
 
 def test_the_ledger_page_runs_the_same_few_queries_however_big_the_ledger(
     member_client, team, node, ledger, django_assert_num_queries
 ):
     # Two of them: the jobs' GPU use; two more take and let go of the team's ledger lock around the budget's reads
-    # (inside the test's transaction they are nested; a request of its own reads them in one snapshot instead).
-    with django_assert_num_queries(18):
+    # (inside the test's transaction they are nested; a request of its own reads them in one snapshot instead);
+    # one, the ledger's version "Running now" compares to redraw the statement.
+    with django_assert_num_queries(19):
         assert member_client.get(LEDGER).status_code == 200
     for i in range(12):
         job = rent(team=team, node=node, at=datetime(2024, 5, 1 + i, tzinfo=UTC), gpus=1, name=f"sweep-{i}")
         release(job, at=datetime(2024, 5, 1 + i, 5, tzinfo=UTC))
-    with django_assert_num_queries(18):
+    with django_assert_num_queries(19):
         assert member_client.get(LEDGER).status_code == 200
 
 
