@@ -264,6 +264,9 @@ def _choose_email(session: client.Api, job: dict, email: str) -> None:
 @app.command("ls")
 def list_jobs(
     state: Annotated[str, typer.Option(help="A state, or alive / waiting / finished.")] = "",
+    ended: Annotated[
+        str, typer.Option(help="Only the jobs that ended this way: succeeded, failed, cancelled, timed_out…")
+    ] = "",
     name: Annotated[str, typer.Option(help="Part of the name.")] = "",
     since: Annotated[str, typer.Option(help="Submitted since: 2h, 3d, 2026-11-30 or an ISO time.")] = "",
     until: Annotated[
@@ -282,6 +285,7 @@ def list_jobs(
         "/jobs",
         limit=limit,
         state=state,
+        ended=ended,
         name=name,
         team=team,
         since=_when(since),

@@ -32,6 +32,9 @@ class JobFilter(Schema):
     state: Literal[selectors.STATE_CHOICES] = Field(  # type: ignore[valid-type]
         "", description="A state, or a group: alive, waiting (before GPUs are held) or finished."
     )
+    ended: Literal[selectors.ENDED_CHOICES] = Field(  # type: ignore[valid-type]
+        "", description="Only the jobs that ended this way (their end_reason): succeeded, failed, cancelled…"
+    )
     # No NUL: PostgreSQL text cannot hold one, so such a filter is a 422, not a 500.
     name: str = Field(
         "",

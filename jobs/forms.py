@@ -317,6 +317,11 @@ class JobListFilterForm(forms.Form):
     state = forms.ChoiceField(
         required=False, choices=[("", "all"), *((s, s) for s in selectors.STATE_CHOICES)]
     )
+    ended = forms.ChoiceField(
+        required=False,
+        label="Ended",
+        choices=[("", "any way"), *((r, r.replace("_", " ")) for r in selectors.ENDED_CHOICES)],
+    )
     since = forms.DateField(required=False, label="Submitted from")
     until = forms.DateField(required=False, label="to")
     array = forms.IntegerField(required=False, min_value=1, max_value=2**31 - 1, widget=forms.HiddenInput)
@@ -331,13 +336,14 @@ class JobListFilterForm(forms.Form):
         data = self.cleaned_data
         return selectors.JobFilters(
             state=data["state"],
+            ended=data["ended"],
             name=data["name"].strip(),
             since=_day_start(data["since"]),
             until=_day_start(data["until"] + timedelta(days=1)) if data["until"] else None,
             array=data["array"],
             # An array is one row (its first task's), unless it is the one asked for or a state is: then
             # each task in that state is listed, so no task hides behind a first task in another state.
-            arrays_folded=data["array"] is None and not data["state"],
+            arrays_folded=data["array"] is None and not data["state"] and not data["ended"],
         )
 
     def query_string(self) -> str:

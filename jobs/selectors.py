@@ -16,7 +16,7 @@ from django.db.models.functions import Coalesce
 from accounts import scoping
 from accounts.models import Team
 from jobs import beneath, declaration, sharing, signals, transfers
-from jobs.lifecycle import AFTER_ANY, AFTER_OK, ALIVE, BEFORE_RENT, TERMINAL, State
+from jobs.lifecycle import AFTER_ANY, AFTER_OK, ALIVE, BEFORE_RENT, TERMINAL, EndReason, State
 from jobs.models import (
     Allocation,
     DataInput,
@@ -136,6 +136,7 @@ def job_datasets(job_ids: list[int]) -> dict[int, frozenset[str]]:
 # Groups of states, so a script can ask for what still waits or runs without naming each state.
 STATE_GROUPS = {"alive": ALIVE, "waiting": BEFORE_RENT, "finished": TERMINAL}
 STATE_CHOICES = (*STATE_GROUPS, *(s.value for s in State))
+ENDED_CHOICES = tuple(reason.value for reason in EndReason)  # how a job ended: what its badge says
 NAME_SEARCH_MAX = 120
 
 
@@ -144,6 +145,7 @@ class JobFilters:
     """What a list of jobs is narrowed to; every field is optional."""
 
     state: str = ""
+    ended: str = ""  # an end reason: only the jobs that ended that way
     name: str = ""
     team: str = ""
     since: datetime | None = None
@@ -169,6 +171,8 @@ def filtered(jobs: QuerySet[Job], filters: JobFilters) -> QuerySet[Job]:
         jobs = jobs.filter(state__in=STATE_GROUPS[filters.state])
     elif filters.state:
         jobs = jobs.filter(state=filters.state)
+    if filters.ended:
+        jobs = jobs.filter(state__in=TERMINAL, end_reason=filters.ended)
     if filters.name:
         jobs = jobs.filter(name__icontains=filters.name[:NAME_SEARCH_MAX])
     if filters.team:
