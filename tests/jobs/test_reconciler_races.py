@@ -102,6 +102,9 @@ def test_a_spanning_job_whose_other_part_never_starts_is_stopped_and_retried(poo
     job.refresh_from_db()
     assert (job.state, job.lost_attempts) == (State.QUEUED, 0)
     assert not GpuHold.objects.filter(allocation__job=job, active=True).exists()
+    # Rank 1's held GPU is credited by the platform (it never ran); rank 0 ran the team's code, and is the team's.
+    assert _metered_s(rank1) == 0 and _metered_s(rank1, kind__in=("accrual", "final")) == 315
+    assert _metered_s(rank0) == _metered_s(rank0, kind__in=("accrual", "final")) == 317
 
 
 def test_a_job_whose_agent_reports_its_exit_while_the_reconciler_works_is_not_released_as_lost(pool, team):

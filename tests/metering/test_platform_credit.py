@@ -10,7 +10,7 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from jobs import reconciler, rental
+from jobs import rental
 from jobs.lifecycle import State
 from jobs.models import Allocation, Job, TeamUsage
 from metering import reports, services
@@ -63,27 +63,6 @@ def test_a_part_whose_process_the_agent_could_not_start_is_credited_hour_by_hour
         team=team, gpu_seconds__gt=0
     ).exists()  # nor counted in its fair share
     assert services.find_violations(now=released + timedelta(hours=2)) == []
-
-
-def test_a_part_the_agent_never_took_is_credited_and_its_running_sibling_is_not(pool, team):
-    """Rank 0 runs the team's code, waiting for rank 1, whose node's agent never takes its start: rank 1's five
-    minutes 15 s of held GPU are credited, rank 0's run is the team's."""
-    rented = timezone.now() - timedelta(minutes=10)
-    job = JobFactory(team=team, gpus=2, hours=4)
-    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,), "gpu-02": (0,)}, now=rented)
-    rank0, rank1 = Allocation.objects.filter(job=job).order_by("rank")
-    assert rental.start_allocation(allocation_id=rank0.id, now=rented + timedelta(seconds=1))
-    gave_up = rented + timedelta(minutes=5, seconds=15)
-    rental.note_worker_alive(job_id=job.id, attempt=rank0.attempt, now=gave_up)
-    assert reconciler.reconcile(now=gave_up).unstarted_released == [rank1.id]
-    assert not rental.finish_allocation(
-        allocation_id=rank0.id, exit_code=-15, outcome=rental.STOPPED, now=gave_up + timedelta(seconds=2)
-    )
-
-    assert [us for *_, us, _ in _credits(rank1)] and sum(us for *_, us, _ in _credits(rank1)) == -315 * SECOND
-    assert "its node's agent never started it" in _credits(rank1)[0][3]
-    assert _credits(rank0) == []
-    assert metered_micros(rank0) == (gave_up + timedelta(seconds=2) - rented).total_seconds() * SECOND
 
 
 def test_a_part_cancelled_by_its_team_before_its_process_ran_is_not_credited(pool, team, member):

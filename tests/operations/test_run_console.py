@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from django.core.management import CommandError, call_command
 from accounts.models import Membership
 from jobs import dispatch
 from operations.management.commands import run_console
-from tests.e2e.embedded import state_dir_job_uids_can_pass
+from tests.e2e.embedded import free_port, state_dir_job_uids_can_pass
 
 
 def test_a_state_folder_job_uids_cannot_reach_is_refused_before_anything_starts(settings):
@@ -74,28 +75,43 @@ def test_a_restart_of_the_console_puts_back_a_demo_role_the_operator_changed(set
     assert membership.role == Membership.Role.MEMBER
 
 
+@dataclass
+class Started:
+    commands: dict
+    env: dict
+
+
+@pytest.fixture
+def recorded_children(settings, monkeypatch):
+    """``run_console`` on a state folder of its own, its children recorded instead of started (and not
+    supervised: a test sets ``run_console._supervise`` to do more); what each console started, in order."""
+    base = state_dir_job_uids_can_pass("children")
+    settings.STATE_DIR = base / "var"
+    settings.STATE_DIR.mkdir()
+    started: list[Started] = []
+
+    class RecordingSupervisor:
+        def __init__(self, commands, *, env, report, pass_fds=()):
+            started.append(Started(commands, env))
+
+    monkeypatch.setattr(run_console.supervisor, "Supervisor", RecordingSupervisor)
+    monkeypatch.setattr(run_console, "_supervise", lambda console: None)
+    monkeypatch.setattr(run_console.sandbox, "refusal", lambda **_: "")
+    yield started
+    shutil.rmtree(base)
+
+
 @pytest.mark.django_db
-def test_a_second_console_on_the_same_state_folder_is_refused(settings, monkeypatch):
+def test_a_second_console_on_the_same_state_folder_is_refused(recorded_children, monkeypatch):
     """A user runs `make run` in a second terminal while the first console still runs on the same
     E31_STATE_DIR. Nothing stops it: the second console starts another web, another worker, another
     beat on the same celerybeat-schedule file and a second agent for each of local-1 and local-2, whose
     registration loses every job the first agents are running (and both consume node.local-1). A second
     console on a folder in use should be refused before it starts anything."""
-    base = state_dir_job_uids_can_pass("rev-two")
-    settings.STATE_DIR = base / "var"
-    settings.STATE_DIR.mkdir()
-    started: list[dict] = []
     outcome: dict = {}
 
-    class FakeSupervisor:
-        def __init__(self, commands, *, env, report, pass_fds=()):
-            started.append(commands)
-
-        def start_all(self):
-            pass
-
     def supervise(console):
-        if len(started) > 1:
+        if len(recorded_children) > 1:
             return  # the second console got this far: it started its children
         try:  # while the first console runs, the user starts a second one on the same folder
             call_command("run_console", "--port", "0", stdout=StringIO())
@@ -103,43 +119,19 @@ def test_a_second_console_on_the_same_state_folder_is_refused(settings, monkeypa
         except CommandError as exc:
             outcome["second"] = f"refused: {exc}"
 
-    monkeypatch.setattr(run_console.supervisor, "Supervisor", FakeSupervisor)
     monkeypatch.setattr(run_console, "_supervise", supervise)
-    monkeypatch.setattr(run_console.sandbox, "refusal", lambda **_: "")
-    try:
-        call_command("run_console", "--port", "0", stdout=StringIO())
-    finally:
-        shutil.rmtree(base)
-    assert len(started) == 1, "a second console started its own web, worker, beat and node agents"
+    call_command("run_console", "--port", "0", stdout=StringIO())
+    assert len(recorded_children) == 1, "a second console started its own web, worker, beat and node agents"
     assert outcome["second"].startswith("refused")
 
 
 @pytest.mark.django_db
-def test_the_console_serves_every_queue_the_product_rings_on_each_by_a_worker_of_its_own(
-    settings, monkeypatch
-):
+def test_the_console_serves_every_queue_the_product_rings_on_each_by_a_worker_of_its_own(recorded_children):
     """Control, staging and notifications each have their own worker: a long copy or a webhook receiver that
     never answers holds none of the control worker's threads."""
-    base = state_dir_job_uids_can_pass("queues")
-    settings.STATE_DIR = base / "var"
-    settings.STATE_DIR.mkdir()
-    started: list[dict] = []
-
-    class FakeSupervisor:
-        def __init__(self, commands, *, env, report, pass_fds=()):
-            started.append(commands)
-
-        def start_all(self):
-            pass
-
-    monkeypatch.setattr(run_console.supervisor, "Supervisor", FakeSupervisor)
-    monkeypatch.setattr(run_console, "_supervise", lambda console: None)
-    monkeypatch.setattr(run_console.sandbox, "refusal", lambda **_: "")
-    try:
-        call_command("run_console", "--port", "0", stdout=StringIO())
-    finally:
-        shutil.rmtree(base)
-    served = [argv[argv.index("--queues") + 1] for argv in started[0].values() if "--queues" in argv]
+    call_command("run_console", "--port", "0", stdout=StringIO())
+    commands = recorded_children[0].commands
+    served = [argv[argv.index("--queues") + 1] for argv in commands.values() if "--queues" in argv]
     assert sorted(served) == sorted(
         [dispatch.control_queue(), dispatch.staging_queue(), dispatch.notify_queue()]
     )
@@ -267,30 +259,15 @@ def test_a_console_started_under_nohup_outlives_the_hangup(tmp_path):
 @pytest.mark.parametrize(
     ("set_by_user", "expected"), [(None, "http://127.0.0.1:{port}"), ("https://e31.example", "")]
 )
-def test_links_in_the_consoles_mail_point_at_the_port_it_serves(settings, monkeypatch, set_by_user, expected):
+def test_links_in_the_consoles_mail_point_at_the_port_it_serves(
+    recorded_children, monkeypatch, set_by_user, expected
+):
     """After `PORT=8107 make run`, an invitation e-mailed by the console linked to http://127.0.0.1:8000/invite/…,
     where nothing answers: the children were not told the port. An address the user set stays theirs."""
-    base = state_dir_job_uids_can_pass("console-url")
-    settings.STATE_DIR = base / "var"
-    settings.STATE_DIR.mkdir()
-    envs: list[dict] = []
-
-    class FakeSupervisor:
-        def __init__(self, commands, *, env, report, pass_fds=()):
-            envs.append(env)
-
-    monkeypatch.setattr(run_console.supervisor, "Supervisor", FakeSupervisor)
-    monkeypatch.setattr(run_console, "_supervise", lambda console: None)
-    monkeypatch.setattr(run_console.sandbox, "refusal", lambda **_: "")
     if set_by_user:
         monkeypatch.setenv("E31_CONSOLE_URL", set_by_user)
     else:
         monkeypatch.delenv("E31_CONSOLE_URL", raising=False)
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    try:
-        call_command("run_console", "--port", str(port), stdout=StringIO())
-    finally:
-        shutil.rmtree(base)
-    assert envs[0]["E31_CONSOLE_URL"] == (expected.format(port=port) or set_by_user)
+    port = free_port()
+    call_command("run_console", "--port", str(port), stdout=StringIO())
+    assert recorded_children[0].env["E31_CONSOLE_URL"] == (expected.format(port=port) or set_by_user)
