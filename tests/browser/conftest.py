@@ -11,11 +11,14 @@ import shutil
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from jobs.models import JobArray
 from tests.e2e.conftest import live_pool  # noqa: F401  (a real control worker, beat and two node agents)
+from tests.factories import JobFactory, MembershipFactory, TeamFactory, UserFactory
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "test-artifacts" / "screenshots"
@@ -123,3 +126,25 @@ def _console(audit: Audit, message) -> None:
         audit.csp_refusals.append(text)
     elif message.type == "error" and "Failed to load resource" not in text:
         audit.errors.append(text)
+
+
+@pytest.fixture
+def team(transactional_db):
+    """Team vision, read by the live server (so not in a test's transaction), with its member mia, its admin
+    adele, and olga, an operator."""
+    team = TeamFactory(name="vision", slug="vision")
+    MembershipFactory(team=team, user=UserFactory(username="mia"))
+    MembershipFactory(team=team, user=UserFactory(username="adele"), role="admin")
+    UserFactory(username="olga", is_staff=True)
+    return team
+
+
+def queued_array(team, *, size: int = 3) -> JobArray:
+    """An array of ``size`` queued tasks: the pages that show it poll while they wait."""
+    array = JobArray.objects.create(
+        team=team, name="sweep", spec=f"0-{size - 1}", size=size, max_running=None, first_index=0,
+        submitted_at=datetime.now(UTC),
+    )  # fmt: skip
+    for index in range(size):
+        JobFactory(team=team, name="sweep", state="queued", array=array, array_index=index)
+    return array

@@ -2,24 +2,16 @@
 everything as it was, accepting it does the deed. The question is the browser's own dialog, opened by
 static/js/console.js from the form's data-confirm (the CSP allows no inline handler)."""
 
-from datetime import UTC, datetime
-
 import pytest
 from playwright.sync_api import expect
 
-from jobs.models import Job, JobArray
+from jobs.models import Job
 from notifications.models import Webhook
+from tests.browser.conftest import queued_array
 from tests.browser.test_journeys import sign_in
-from tests.factories import JobFactory, MembershipFactory, TeamFactory, UserFactory, WebhookFactory
+from tests.factories import JobFactory, UserFactory, WebhookFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
-
-
-@pytest.fixture
-def team(transactional_db):
-    team = TeamFactory(name="vision", slug="vision")
-    MembershipFactory(team=team, user=UserFactory(username="adele"), role="admin")
-    return team
 
 
 def press(page, button, *, accept: bool) -> str:
@@ -74,18 +66,8 @@ def test_a_running_jobs_question_says_its_process_is_stopped_and_its_gpus_releas
 
 
 def test_cancel_every_live_task_asks_first(team, open_page, audit):
-    array = JobArray.objects.create(
-        team=team,
-        name="sweep",
-        spec="0-2",
-        size=3,
-        max_running=None,
-        first_index=0,
-        submitted_at=datetime.now(UTC),
-    )
-    tasks = [
-        JobFactory(team=team, name="sweep", state="queued", array=array, array_index=i) for i in range(3)
-    ]
+    array = queued_array(team)
+    tasks = list(Job.objects.filter(array=array))
     page = open_page()
     sign_in(page, "adele")
     page.goto(f"/jobs/?array={array.id}")

@@ -4,7 +4,7 @@ cancelled job's page reads clearly: its greyed steps still meet WCAG AA contrast
 import pytest
 
 from tests.browser.test_journeys import sign_in
-from tests.factories import JobFactory, MembershipFactory, TeamFactory, UserFactory
+from tests.factories import JobFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
@@ -15,13 +15,6 @@ DRAWS = """(href) => new Promise((done) => {
   image.onerror = () => done(0);
   image.src = href;
 })"""
-
-
-@pytest.fixture
-def team(transactional_db):
-    team = TeamFactory(name="vision", slug="vision")
-    MembershipFactory(team=team, user=UserFactory(username="mia"))
-    return team
 
 
 def test_each_page_names_an_svg_icon_that_loads(team, open_page, audit):

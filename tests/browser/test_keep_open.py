@@ -6,37 +6,19 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from playwright.sync_api import expect
 
-from jobs.models import Job, JobArray
+from jobs.models import Job
+from tests.browser.conftest import queued_array
 from tests.browser.test_journeys import sign_in
 from tests.browser.test_live_focus import wait_for_next, watch_swaps
-from tests.factories import JobFactory, MembershipFactory, TeamFactory, UserFactory
 from tests.operations.conftest import store_samples
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
 
-@pytest.fixture
-def team(transactional_db):
-    team = TeamFactory(name="vision", slug="vision")
-    MembershipFactory(team=team, user=UserFactory(username="mia"))
-    UserFactory(username="olga", is_staff=True)
-    return team
-
-
 def test_the_array_expander_of_the_jobs_list_stays_open_with_its_tasks_while_the_list_polls(
     team, open_page, audit
 ):
-    array = JobArray.objects.create(
-        team=team,
-        name="sweep",
-        spec="0-2",
-        size=3,
-        max_running=None,
-        first_index=0,
-        submitted_at=datetime.now(UTC),
-    )
-    for index in range(3):  # queued: the list polls every 3 s
-        JobFactory(team=team, name="sweep", state="queued", array=array, array_index=index)
+    array = queued_array(team)  # queued: the list polls every 3 s
     page = open_page()
     sign_in(page, "mia")
     page.goto("/jobs/")

@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser.test_journeys import sign_in
-from tests.factories import JobFactory, MembershipFactory, TeamFactory, UserFactory
+from tests.factories import JobFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
@@ -36,13 +36,6 @@ def wait_for_next(page, target_id: str, *, settled: bool = True) -> None:
 
 
 FOCUSED = "() => [document.activeElement.tagName, document.activeElement.textContent.trim()]"
-
-
-@pytest.fixture
-def team(transactional_db):
-    team = TeamFactory(name="vision", slug="vision")
-    MembershipFactory(team=team, user=UserFactory(username="mia"))
-    return team
 
 
 def test_focus_on_a_button_or_link_of_the_job_page_comes_back_after_each_refresh(team, open_page, audit):
