@@ -480,7 +480,7 @@ def _networks(name: str) -> list:
 
 
 # Webhooks reach public addresses only, plus the private networks listed here; never the platform's
-# own services (database, broker, cache), the jobs' subnet, the nodes, the console's own addresses, nor
+# own services (database, broker, cache), the jobs' subnet, the nodes, the sending host's addresses, nor
 # E31_WEBHOOK_DENY.
 E31_WEBHOOK_PRIVATE_NETWORKS = _networks("E31_WEBHOOK_PRIVATE_NETWORKS")
 E31_WEBHOOK_DENY = _networks("E31_WEBHOOK_DENY")

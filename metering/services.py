@@ -114,21 +114,25 @@ def close_meter(*, allocation_id: int, released_at: datetime) -> int:
 
 @transaction.atomic
 def credit_never_ran(*, allocation_id: int, why: str) -> None:
-    """Credits every metered period of a released allocation whose job's process the platform never ran (``why``):
-    one adjustment per period, of exactly its metered time, signed by nobody; the hours net to zero. Once: a
-    second credit of a period is refused by the ledger (``meter_one_platform_credit_per_period``)."""
+    """Credits a released allocation whose job's process the platform never ran (``why``): what is left of its
+    metered time after any credit an operator booked already, signed by nobody, over its hours as metered rows
+    are cut (each hour to zero, when nothing was credited before). Once: a second credit of an hour is refused
+    by the ledger (``meter_one_platform_credit_per_period``)."""
+    # The one lock order (common.ledger_locks): the job's row (the release holds it), then the team's ledger.
     allocation = Allocation.objects.select_related("job").get(id=allocation_id, released_at__isnull=False)
+    lock_team_ledgers({allocation.job.team_id})
+    left = sum(MeterEntry.objects.filter(allocation_id=allocation.id).values_list("microseconds", flat=True))
+    if left <= 0:
+        return
     rows = [
         MeterEntry(
             allocation_id=allocation.id, job_id=allocation.job_id, team_id=allocation.job.team_id,
-            period_start=start, period_end=end, gpus=allocation.gpu_count, microseconds=-micros(end - start),
+            period_start=begin, period_end=stop, gpus=allocation.gpu_count, microseconds=share,
             kind=ADJUSTMENT, reason=f"credited by the platform: the job's process never ran ({why})"[:300],
             created_at=allocation.released_at,
         )
-        for start, end in hour_slices(allocation.rented_at, allocation.released_at)
-        if end > start
+        for begin, stop, share in spread_over_hours(allocation.rented_at, allocation.released_at, -left)
     ]  # fmt: skip
-    lock_team_ledgers({allocation.job.team_id})
     MeterEntry.objects.bulk_create(rows, batch_size=BATCH, ignore_conflicts=True)
 
 

@@ -3,11 +3,12 @@
 Checked when a webhook is added and again before every send (a name may resolve elsewhere by then),
 and the connection goes to the very address that passed, so a second lookup cannot redirect it.
 The platform is the database, the broker and the cache this console uses, the jobs' subnet, the
-nodes' addresses, the console's own (E31_CONSOLE_URL's host, and every address of the host that sends) and
-whatever E31_WEBHOOK_DENY lists: refused even inside an allowed network.
+nodes' addresses, every address of the host that sends (but loopback) and whatever E31_WEBHOOK_DENY lists:
+refused even inside an allowed network.
 """
 
 import ipaddress
+import re
 import socket
 import threading
 import time
@@ -21,6 +22,7 @@ from common import pinned
 from jobs.models import Node
 
 MAX_URL = 2000
+LOCAL_ROUTE = re.compile(r"/([0-9]{1,2}) host LOCAL")  # the kernel's routing table: an address of this host
 DEFAULT_PORTS = {"db": 5432, "redis": 6379, "rediss": 6379, "amqp": 5672, "amqps": 5671}
 
 
@@ -147,7 +149,7 @@ def platform_endpoints(*, deadline: float | None = None) -> tuple[set, list]:
         if parts.hostname and port:
             endpoints |= {(ip, port) for ip in _resolved(parts.hostname, port, deadline)}
     networks = [ipaddress.ip_network(settings.E31_JOB_SUBNET), *settings.E31_WEBHOOK_DENY]
-    networks += _consoles_own(deadline)
+    networks += _own_addresses()
     for address in Node.objects.exclude(address="").values_list("address", flat=True):
         try:
             networks.append(ipaddress.ip_network(pinned.unwrapped(address)))
@@ -173,13 +175,12 @@ def _resolved(host: str, port: int, deadline: float | None) -> list:
         return []
 
 
-def _consoles_own(deadline: float | None) -> list:
-    """The addresses of the console's hosts, but loopback: an operator who allows a loopback network can only mean
-    this host (a receiver beside the embedded console); one who allows an office network that holds the host
-    means the other machines in it."""
-    console = urlsplit(settings.E31_CONSOLE_URL).hostname
-    named = [ipaddress.ip_network(ip) for ip in _resolved(console, 0, deadline)] if console else []
-    return [net for net in [*named, *_this_host()] if not net.is_loopback]
+def _own_addresses() -> list:
+    """The sending host's own addresses, but loopback: an operator who allows a loopback network can only mean this
+    host (a receiver beside the embedded console); one who allows an office network that holds the host means the
+    other machines in it. (E31_CONSOLE_URL's public address is not among them: reached from here it is reached as
+    from anywhere, and behind a shared load balancer or CDN it is other sites' too.)"""
+    return [net for net in _this_host() if not net.is_loopback]
 
 
 def _this_host(root: Path = Path("/proc/net")) -> list:
@@ -191,8 +192,10 @@ def _this_host(root: Path = Path("/proc/net")) -> list:
         for line in (root / "fib_trie").read_text().splitlines():
             if "|--" in line:
                 last = line.split("|--")[1].strip()
-            elif line.strip() == "/32 host LOCAL":
-                own.append(ipaddress.ip_network(last))
+            elif (
+                local := LOCAL_ROUTE.fullmatch(line.strip())
+            ) is not None:  # /24 host LOCAL: a whole AnyIP range
+                own.append(ipaddress.ip_network(f"{last}/{local[1]}", strict=False))
         own += [
             ipaddress.ip_network(ipaddress.IPv6Address(int(line.split()[0], 16)))
             for line in (root / "if_inet6").read_text().splitlines()

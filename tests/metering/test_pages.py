@@ -199,6 +199,11 @@ def test_a_browser_asking_for_a_reversed_range_gets_the_ledger_page_back_with_th
     assert "Nothing was exported: the To date is before the From date." in export
     assert 'name="start" value="2024-05-09"' in export and 'name="end" value="2024-05-01"' in export
     assert "start=YYYY-MM-DD" not in html
+    # Drawn at the export's address: its month form, pager and refresh still name the ledger's, not the export's.
+    assert f'action="{LEDGER}"' in html and f'hx-get="{LEDGER}?team=vision&amp;month=' in html
+    assert 'href="?' not in html and "export.csv?" not in html.replace(
+        f'action="{reverse("metering:export_csv")}"', ""
+    )
     script = member_client.get(reverse("metering:export_csv"), {"start": "2024-05-09", "end": "2024-05-01"})
     assert script.status_code == 400 and script["Content-Type"].startswith(
         "text/plain"

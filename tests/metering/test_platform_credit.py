@@ -86,3 +86,25 @@ def test_the_ledger_refuses_a_charge_nobody_signed_and_a_second_platform_credit_
     MeterEntry.objects.create(microseconds=-5 * SECOND, **row)
     with pytest.raises(IntegrityError), transaction.atomic():
         MeterEntry.objects.create(microseconds=-5 * SECOND, **row)
+
+
+def test_what_an_operator_credited_already_is_not_credited_again(pool, team, operator):
+    """A part held with nothing running: an operator credits its first hour, then the reconciler gives up on it.
+    The platform credited the whole held time again: the allocation's total went to -1 GPU-hour and
+    check_ledger reported "adjustments credit more GPU-time than was metered"."""
+    rented = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+    job = JobFactory(team=team)
+    assert rental.rent_job(job_id=job.id, gpus_by_node={"gpu-01": (0,)}, now=rented)
+    allocation = Allocation.objects.get(job=job)
+    services.accrue_meter(now=rented + timedelta(hours=2, minutes=5))
+    services.adjust_meter(
+        allocation_id=allocation.id, microseconds=-3600 * SECOND, reason="held with nothing running",
+        author=operator, now=rented + timedelta(hours=2, minutes=6),
+    )  # fmt: skip
+    released = rented + timedelta(hours=2, minutes=10)
+    assert rental.release_unstarted(allocation_id=allocation.id, now=released, detail="deaf agent")
+
+    total = sum(MeterEntry.objects.filter(allocation=allocation).values_list("microseconds", flat=True))
+    assert total == 0
+    assert sum(us for *_, us, _ in _credits(allocation)) == -70 * 60 * SECOND  # what was left, no more
+    assert services.find_violations(now=released + timedelta(hours=1)) == []

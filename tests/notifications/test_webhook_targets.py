@@ -132,13 +132,28 @@ def test_the_senders_own_address_is_refused_inside_a_network_an_operator_allowed
         )
 
 
-def test_the_consoles_own_public_address_is_refused_on_every_port(team, settings):
-    settings.E31_CONSOLE_URL = "https://203.0.113.7"
-    settings.E31_WEBHOOK_PRIVATE_NETWORKS = [ipaddress.ip_network("203.0.113.0/24")]
-    for url in ("https://203.0.113.7/", "http://203.0.113.7:8080/admin/"):
-        with pytest.raises(addresses.Refused, match="an address of this platform"):
-            notify.add_webhook(team=team, user=_admin(team), url=url, secret="", now=timezone.now())
-    neighbour = notify.add_webhook(
-        team=team, user=_admin(team), url="https://203.0.113.8/", secret="", now=timezone.now()
-    )
-    assert neighbour.url == "https://203.0.113.8/"
+FIB_TRIE = """Main:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 0.0.0.0
+        /0 universe UNICAST
+     |-- 10.8.0.7
+        /32 host LOCAL
+     +-- 10.9.0.0/24 2 0 2
+        |-- 10.9.0.0
+           /24 host LOCAL
+     |-- 127.0.0.1
+        /32 host LOCAL
+"""
+
+
+def test_every_local_route_of_the_host_is_its_own_an_anyip_range_too(tmp_path):
+    """The kernel's routing table names each address of the host "host LOCAL": one address (/32), or a whole range
+    the host answers for (AnyIP, /24), which reading the /32 entries alone let through."""
+    (tmp_path / "fib_trie").write_text(FIB_TRIE)
+    (tmp_path / "if_inet6").write_text("fd000000000000000000000000000002 04 40 00 82     eth0\n")
+    assert addresses._this_host(tmp_path) == [
+        ipaddress.ip_network("10.8.0.7/32"),
+        ipaddress.ip_network("10.9.0.0/24"),
+        ipaddress.ip_network("127.0.0.1/32"),
+        ipaddress.ip_network("fd00::2/128"),
+    ]
