@@ -3,6 +3,23 @@
 from django.conf import settings
 from django.db import migrations, models
 
+from common import append_only
+from metering import summaries
+
+TABLE = "metering_meterentry"
+
+
+def reinstall_on_sqlite(apps, schema_editor) -> None:
+    """SQLite alters a constraint by rebuilding the table, which drops its triggers (0002's note): the ledger's
+    append-only and summary triggers are made again. PostgreSQL alters it in place."""
+    if schema_editor.connection.vendor != "sqlite":
+        return
+    refusals = append_only._statements(
+        "sqlite", table=TABLE, what="the meter ledger", events=("UPDATE", "DELETE"), forward=True
+    )
+    for sql in [*refusals, *summaries.install_sql("sqlite")]:
+        schema_editor.execute(sql, params=None)
+
 
 class Migration(migrations.Migration):
 
@@ -14,6 +31,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.RunPython(migrations.RunPython.noop, reinstall_on_sqlite),  # reversed last
         migrations.RemoveConstraint(
             model_name='meterentry',
             name='meter_adjustment_has_reason_and_author',
@@ -26,4 +44,5 @@ class Migration(migrations.Migration):
             model_name='meterentry',
             constraint=models.UniqueConstraint(condition=models.Q(('created_by__isnull', True), ('kind', 'adjustment')), fields=('allocation', 'period_start'), name='meter_one_platform_credit_per_period'),
         ),
+        migrations.RunPython(reinstall_on_sqlite, migrations.RunPython.noop),
     ]
