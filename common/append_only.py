@@ -127,6 +127,14 @@ def refuse_truncate(table: str, *, what: str) -> migrations.RunPython:
     return migrations.RunPython(run(True), run(False))
 
 
+def refusal_sql(
+    vendor: str, *, table: str, what: str, events: tuple[str, ...] = ("UPDATE", "DELETE")
+) -> list[str]:
+    """The statements installing the trigger: for a migration that must make it again (SQLite drops a table's
+    triggers when it rebuilds the table to alter it)."""
+    return _statements(vendor, table=table, what=what, events=events, forward=True)
+
+
 def refuse_changes(
     table: str, *, what: str, events: tuple[str, ...] = ("UPDATE", "DELETE")
 ) -> migrations.RunPython:

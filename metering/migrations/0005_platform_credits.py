@@ -14,9 +14,7 @@ def reinstall_on_sqlite(apps, schema_editor) -> None:
     append-only and summary triggers are made again. PostgreSQL alters it in place."""
     if schema_editor.connection.vendor != "sqlite":
         return
-    refusals = append_only._statements(
-        "sqlite", table=TABLE, what="the meter ledger", events=("UPDATE", "DELETE"), forward=True
-    )
+    refusals = append_only.refusal_sql("sqlite", table=TABLE, what="the meter ledger")
     for sql in [*refusals, *summaries.install_sql("sqlite")]:
         schema_editor.execute(sql, params=None)
 
