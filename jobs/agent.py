@@ -12,7 +12,6 @@ import functools
 import hashlib
 import logging
 import os
-import re
 import signal
 import socket
 import stat
@@ -37,6 +36,7 @@ from django.db import (
 )
 
 from accounts import team_secrets
+from common import platform_services
 from jobs import (
     attempt_space,
     cgroups,
@@ -599,16 +599,9 @@ def _platform_networks() -> list[str]:
     the pool's registries and every node not down resolve to. PlatformUnresolved when a service's host does not
     resolve; a node's that does not is left out (its agent registered a name only its own machine knows, or it
     is gone), as are IPv6 addresses: a part's namespace has no IPv6."""
-    cache = settings.CACHES["default"].get("LOCATION", "")
-    urls = [
-        *settings.CELERY_BROKER_URL.split(";"),  # kombu's failover list
-        # Django's Redis cache splits a string on ; and , into servers; a table name (the embedded default) has no host.
-        *(re.split(r"[;,]", cache) if isinstance(cache, str) else cache),
-        settings.E31_CONSOLE_URL,
-    ]
     services = {
-        *(settings.DATABASES["default"].get("HOST") or "").split(","),  # libpq's multi-host form
-        *(urlsplit(url.strip()).hostname or "" for url in urls if "://" in url),
+        *(host for host, _ in platform_services.locations()),
+        urlsplit(settings.E31_CONSOLE_URL).hostname or "",
         *(urlsplit(f"//{address}").hostname or "" for address in settings.E31_POOL_REGISTRIES),
     }
     live_nodes = Node.objects.exclude(address="").exclude(state=Node.NodeState.DOWN)

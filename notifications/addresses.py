@@ -2,9 +2,9 @@
 
 Checked when a webhook is added and again before every send (a name may resolve elsewhere by then),
 and the connection goes to the very address that passed, so a second lookup cannot redirect it.
-The platform is the database, the broker and the cache this console uses, the jobs' subnet, the
-nodes' addresses, every address of the host that sends (but loopback) and whatever E31_WEBHOOK_DENY lists:
-refused even inside an allowed network.
+The platform is the database, the broker and the cache this console uses (every host of each), the cloud
+metadata services, the jobs' subnet, the nodes' addresses, every address of the host that sends (but loopback)
+and whatever E31_WEBHOOK_DENY lists: refused even inside an allowed network.
 """
 
 import ipaddress
@@ -18,12 +18,11 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from common import pinned
+from common import pinned, platform_services
 from jobs.models import Node
 
 MAX_URL = 2000
 LOCAL_ROUTE = re.compile(r"/([0-9]{1,2}) host LOCAL")  # the kernel's routing table: an address of this host
-DEFAULT_PORTS = {"db": 5432, "redis": 6379, "rediss": 6379, "amqp": 5672, "amqps": 5671}
 
 
 class Refused(Exception):
@@ -140,16 +139,14 @@ def refusal(address: str, port: int, platform: tuple[set, list]) -> str:
 
 
 def platform_endpoints(*, deadline: float | None = None) -> tuple[set, list]:
-    """(address, port) of the services this console uses, and the networks of jobs, nodes and the console's hosts,
-    refused on every port: a host firewalled from outside is open to itself."""
+    """(address, port) of the services this console uses, and the networks of jobs, nodes, cloud metadata and the
+    console's hosts, refused on every port: a host firewalled from outside is open to itself. Unresolved while a
+    service's host does not resolve: its address could be the receiver's."""
     endpoints = set()
-    for url in (_database_url(), settings.CELERY_BROKER_URL, _cache_url()):
-        parts = urlsplit(url or "")
-        port = parts.port or DEFAULT_PORTS.get(parts.scheme)
-        if parts.hostname and port:
-            endpoints |= {(ip, port) for ip in _resolved(parts.hostname, port, deadline)}
-    networks = [ipaddress.ip_network(settings.E31_JOB_SUBNET), *settings.E31_WEBHOOK_DENY]
-    networks += _own_addresses()
+    for host, port in platform_services.locations():
+        endpoints |= {(ip, port) for ip in _service_addresses(host, port, deadline)}
+    networks = [ipaddress.ip_network(settings.E31_JOB_SUBNET), *platform_services.METADATA]
+    networks += [*settings.E31_WEBHOOK_DENY, *_own_addresses()]
     for address in Node.objects.exclude(address="").values_list("address", flat=True):
         try:
             networks.append(ipaddress.ip_network(pinned.unwrapped(address)))
@@ -158,14 +155,14 @@ def platform_endpoints(*, deadline: float | None = None) -> tuple[set, list]:
     return endpoints, networks
 
 
-def _database_url() -> str:
-    db = settings.DATABASES["default"]
-    return f"db://{db.get('HOST') or ''}:{db.get('PORT') or 5432}" if db.get("HOST") else ""
-
-
-def _cache_url() -> str:
-    location = settings.CACHES["default"].get("LOCATION", "")
-    return location if isinstance(location, str) and "://" in location else ""
+def _service_addresses(host: str, port: int, deadline: float | None) -> list:
+    try:
+        return [pinned.unwrapped(info[4][0]) for info in _lookup(host, port, deadline)]
+    except (socket.gaierror, UnicodeError, Unresolved) as exc:
+        # Which host it was is the operators' (the worker's log), not the team's.
+        raise Unresolved(
+            "a host of this platform did not resolve, so the receiver's address could not be told apart from it"
+        ) from exc
 
 
 def _resolved(host: str, port: int, deadline: float | None) -> list:

@@ -23,7 +23,7 @@ from urllib.parse import SplitResult, quote, unquote, urljoin, urlsplit
 
 import fsspec
 
-from common import pinned
+from common import pinned, platform_services
 from jobs import declaration, transfers
 
 # --------------------------------------------------------------------------- readers
@@ -395,15 +395,28 @@ def checked_addresses(host: str, port: int, *, allow_private: bool) -> list[str]
         # UnicodeError (a label empty or over 63 characters) or a NUL byte: no resolver will ever take
         # the name, and an error the stager does not expect would leave the job in STAGING for ever.
         raise transfers.TransferFailed(f"invalid host name {host[:80]!r}: {exc}") from exc
-    addresses = [info[4][0] for info in infos]
-    if not allow_private:
-        for address in addresses:
-            if not pinned.is_public(address):
-                raise transfers.TransferFailed(
-                    f"{host} resolves to {address}, a loopback, link-local or private address: "
-                    "refused (an operator may allow private sources)"
-                )
-    return list(dict.fromkeys(addresses))
+    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    for address in addresses:
+        if platform_services.is_metadata(address):
+            raise transfers.TransferFailed(f"{host} resolves to {address}, a cloud metadata service: refused")
+        if not allow_private and not pinned.is_public(address):
+            raise transfers.TransferFailed(
+                f"{host} resolves to {address}, a loopback, link-local or private address: "
+                "refused (an operator may allow private sources)"
+            )
+    if _platform_service(addresses, port):
+        raise transfers.TransferFailed(f"{host}:{port} is a service of this platform: refused")
+    return addresses
+
+
+def _platform_service(addresses: list[str], port: int) -> bool:
+    """Whether one of ``addresses`` on ``port`` is the database, the broker or the cache. A platform host that
+    does not resolve now is a Transient: it cannot be told apart, and it is tried again."""
+    try:
+        platform = platform_services.endpoints()
+    except platform_services.Unresolved as exc:
+        raise transfers.Transient(str(exc)) from exc
+    return any((pinned.unwrapped(address), port) in platform for address in addresses)
 
 
 class FsspecSource:
