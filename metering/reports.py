@@ -279,13 +279,22 @@ def _gpu_hours(gpu_us: int) -> str:
 
 def parse_range(start: str | None, end: str | None, *, today: date) -> tuple[datetime, datetime]:
     """YYYY-MM-DD..YYYY-MM-DD, both days included, as [start, end) instants; defaults to this month."""
-    first = date.fromisoformat(start) if start else today.replace(day=1)
-    last = date.fromisoformat(end) if end else (next_month(day_start(first)) - timedelta(days=1)).date()
+    first = _day(start, "start") if start else today.replace(day=1)
+    last = _day(end, "end") if end else (next_month(day_start(first)) - timedelta(days=1)).date()
     if last < first:
         raise ValueError("the end date is before the start date")
     if last == date.max:  # the range ends at the next day's start, past what a date holds
         raise ValueError(f"the end date must be before {date.max.isoformat()}")
     return day_start(first), day_start(last) + timedelta(days=1)
+
+
+def _day(text: str, which: str) -> date:
+    """The day ``text`` names; the error names the field, never repeats what was typed (a crafted link's words
+    would be drawn on the console's page)."""
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"the {which} date is not a date: write YYYY-MM-DD") from None
 
 
 # --- rates: display only, never stored

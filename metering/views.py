@@ -156,7 +156,7 @@ def _export_refused(request: HttpRequest, exc: ValueError) -> dict:
             typed[f"export_{field}"] = date.fromisoformat(request.GET.get(field, ""))
         except ValueError:
             typed[f"export_{field}"] = None
-    why = str(exc).replace("the end date is before the start date", "the To date is before the From date")
+    why = str(exc).replace("the start date", "the From date").replace("the end date", "the To date")
     return {**typed, "export_error": f"Nothing was exported: {why}."}
 
 

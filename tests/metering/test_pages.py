@@ -210,6 +210,25 @@ def test_a_browser_asking_for_a_reversed_range_gets_the_ledger_page_back_with_th
     )  # curl's answer as it was
 
 
+@pytest.mark.parametrize("accept", ["text/html", "*/*"])
+def test_a_malformed_export_date_is_named_not_repeated(member_client, ledger, accept):
+    """Reproduction: ?start=Your session expired - call +1 555 0100&end=2026-01-01 drew "Nothing was exported:
+    Invalid isoformat string: 'Your session expired - call +1 555 0100'" on the console's own page: a crafted
+    link put its words there."""
+    words = "Your session expired - call +1 555 0100 to restore access"
+    response = member_client.get(
+        reverse("metering:export_csv"), {"start": words, "end": "2026-01-01"}, HTTP_ACCEPT=accept
+    )
+    assert response.status_code == 400
+    text = response.content.decode()
+    assert "555" not in text and "session expired" not in text
+    assert (
+        "the From date is not a date: write YYYY-MM-DD"
+        if accept == "text/html"
+        else "the start date is not a date"
+    ) in text
+
+
 def test_the_exports_cost_column_adds_up_to_the_ledgers_cost(member_client, team, node, settings):
     """Each row's cost was rounded to the cent: 60 one-minute jobs at 1.00 a GPU-hour cost 1.00 on the page and
     summed to 1.20 in the export, 20 % more. A row's cost now keeps six places, from its exact microseconds."""
