@@ -32,7 +32,7 @@ import uuid
 from calendar import monthrange
 from collections import Counter
 from datetime import UTC, date, datetime, timedelta
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Annotated
 
 import requests
@@ -392,6 +392,10 @@ def outputs(
     download: Annotated[
         Path | None, typer.Option(help="Fetch every file into this folder.", file_okay=False)
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Replace files already in the folder that differ from the outputs."),
+    ] = False,
 ) -> None:
     """List a job's sealed outputs (path, size, sha256), or download them."""
     session = api()
@@ -412,15 +416,20 @@ def outputs(
     if download is None:
         out.print(table)
         return
+    targets = _targets(files, download)
+    if (differing := [item["path"] for item, target in targets if _differs(target, item)]) and not force:
+        err.print(
+            f"Nothing was downloaded: {len(differing)} file{'s' * (len(differing) != 1)} already in {download} "
+            f"differ{'s' * (len(differing) == 1)} from the job's outputs: {', '.join(differing)}. Use --force to "
+            "replace them, or download into another folder.",
+            style="red",
+        )
+        raise typer.Exit(EXIT_CONFLICT)
     not_saved = 0
-    for item in files:
-        parts = PurePosixPath(item["path"]).parts
-        if (
-            not parts or parts[0] == "/" or ".." in parts
-        ):  # never written outside the folder, whatever the server says
-            err.print(f"{item['path']}: skipped, not a path inside the output folder")
+    for item, target in targets:
+        if target.is_file() and not _differs(target, item):
+            err.print(f"{item['path']}: already there, the same {item['bytes']} bytes")
             continue
-        target = download.joinpath(*parts)
         target.parent.mkdir(parents=True, exist_ok=True)
         if problem := _download_checked(session, job_id, item, target):
             err.print(f"{item['path']}: not saved: {problem}", style="red")
@@ -429,6 +438,35 @@ def outputs(
             err.print(f"{item['path']}: {item['bytes']} bytes")
     if not_saved:
         raise typer.Exit(EXIT_API)
+
+
+LocalPath = PurePath  # how this machine reads a path: Windows splits on \\ and knows drives, POSIX does not
+
+
+def _targets(files: list[dict], folder: Path) -> list[tuple[dict, Path]]:
+    """Each listed file with where it is saved; one whose path would leave ``folder``, by the server's rules or
+    this machine's (``..``, an absolute path, a drive, a separator of its own), is skipped, whatever the server
+    says."""
+    targets = []
+    for item in files:
+        parts = PurePosixPath(item["path"]).parts
+        if not parts or not all(_one_name(part) for part in parts):
+            err.print(f"{item['path']}: skipped, not a path inside the output folder")
+            continue
+        targets.append((item, folder.joinpath(*parts)))
+    return targets
+
+
+def _one_name(part: str) -> bool:
+    local = LocalPath(part)
+    return part not in ("/", ".", "..") and not local.anchor and not local.drive and local.parts == (part,)
+
+
+def _differs(target: Path, item: dict) -> bool:
+    """Whether something other than the listed file lies at ``target``."""
+    if not target.exists() and not target.is_symlink():
+        return False
+    return not target.is_file() or target.is_symlink() or bool(_differs_from_listed(target, item))
 
 
 def _download_checked(session: client.Api, job_id: int, item: dict, target: Path) -> str:

@@ -104,3 +104,54 @@ def test_a_saved_file_gets_the_mode_the_umask_gives_not_the_temporary_files_0600
         os.umask(old)
     assert result.exit_code == 0, result.output
     assert stat.S_IMODE((tmp_path / "model.bin").stat().st_mode) == 0o644
+
+
+def test_a_file_already_in_the_folder_is_not_replaced_and_nothing_is_downloaded(monkeypatch, tmp_path):
+    """Reproduction: a job sealed `.ssh/authorized_keys` and `.bashrc`; a teammate's `e31 outputs 7 --download ~`
+    replaced both, silently, and exited 0."""
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh/authorized_keys").write_text("ssh-ed25519 AAAA-mine\n")
+    (tmp_path / ".bashrc").write_text("# mine\n")
+    fake = FakeApi([".ssh/authorized_keys", ".bashrc", "model.bin"], listed=b"ssh-ed25519 AAAA-theirs\n")
+    result = download(monkeypatch, fake, tmp_path)
+    assert result.exit_code == main.EXIT_CONFLICT, result.output
+    assert fake.fetched == []
+    assert (tmp_path / ".ssh/authorized_keys").read_text() == "ssh-ed25519 AAAA-mine\n"
+    assert (tmp_path / ".bashrc").read_text() == "# mine\n"
+    assert not (tmp_path / "model.bin").exists()
+    assert (
+        ".ssh/authorized_keys" in result.stderr and ".bashrc" in result.stderr and "--force" in result.stderr
+    )
+
+
+def test_force_replaces_them(monkeypatch, tmp_path):
+    (tmp_path / "model.bin").write_bytes(b"old")
+    fake = FakeApi(["model.bin"], listed=b"new")
+    monkeypatch.setattr(main, "api", lambda: fake)
+    result = CliRunner().invoke(main.app, ["outputs", "7", "--download", str(tmp_path), "--force"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "model.bin").read_bytes() == b"new"
+
+
+def test_a_file_already_there_with_the_listed_bytes_is_kept_without_downloading_it_again(
+    monkeypatch, tmp_path
+):
+    """A download cut halfway and started again: what already arrived whole is not fetched twice."""
+    (tmp_path / "a.bin").write_bytes(b"x")
+    fake = FakeApi(["a.bin", "b.bin"])
+    result = download(monkeypatch, fake, tmp_path)
+    assert result.exit_code == 0, result.output
+    assert fake.fetched == ["b.bin"]
+    assert "a.bin: already there" in result.stderr
+
+
+def test_a_path_this_systems_paths_would_read_otherwise_is_skipped(monkeypatch, tmp_path):
+    """On Windows `..\\..\\x.bat` and `C:\\Users\\x.bat` passed the check made with POSIX rules."""
+    from pathlib import PureWindowsPath
+
+    monkeypatch.setattr(main, "LocalPath", PureWindowsPath)
+    fake = FakeApi(["ok.txt", "..\\..\\Startup\\x.bat", "C:\\Users\\Public\\x.bat", "dir/c:x.bat"])
+    result = download(monkeypatch, fake, tmp_path)
+    assert result.exit_code == 0, result.output
+    assert fake.fetched == ["ok.txt"]
+    assert result.stderr.count("not a path inside the output folder") == 3, result.stderr
