@@ -114,8 +114,9 @@ def _gpu_wait_s() -> float:
 TAIL_BYTES = 8 * 1024
 # Past its log's cap a job's output is only kept for the tail, read at this pace: the pipe then holds the job's
 # writes back. Read at full speed, a job printing 1.4 GB/s cost its agent 6.5 s of CPU every 10 s, taken from
-# every other part of the node. 22 GB a day is still far more than any job prints on purpose.
-POST_CAP_BYTES_PER_S = 256 * 1024
+# every other part of the node; at 8 MiB/s, 3.5 % of a core (90 MB printed with a secret masked, 10.7 s). At
+# 256 KB/s a job printing 26 MB in 0.16 s was held back 37 s, metered, and timed out.
+POST_CAP_BYTES_PER_S = 8 * 1024 * 1024
 POLL_S = 0.2
 CHECK_EVERY_S = 1.0
 # The most of a part's log one shipment carries: on a slow link a whole capped log (10 MB) took seconds, and

@@ -103,7 +103,7 @@ def test_children_that_outlive_the_job_are_killed_with_it(live_pool, member, tmp
 def test_a_flood_of_output_is_capped_with_a_note(live_pool, member, settings):
     code = "import sys\nfor _ in range(3000): sys.stdout.write('x' * 1000 + '\\n')"
     # 3 MB: the cap's 1 MB through the log shipper and the attempt's disk, then 2 MB read at the agent's pace past
-    # the cap (agent.POST_CAP_BYTES_PER_S: 8 s)
+    # the cap (agent.POST_CAP_BYTES_PER_S: a quarter of a second)
     job = wait_for_state(submit(member, py(code)).id, "released", timeout=120)
     assert job.end_reason == "succeeded"
     assert job.log_tail.startswith("[log capped at 1000000 bytes")

@@ -114,6 +114,22 @@ def test_past_the_cap_the_agent_reads_a_jobs_output_no_faster_than_its_pace(tmp_
     assert capture.text().endswith("x" * 100)  # the tail still shows the latest output
 
 
+def test_a_job_printing_past_the_cap_is_not_held_back_for_long_at_the_default_pace(tmp_path):
+    """Reproduction: a job printing 26 MB (0.16 s of work) past a 10 MB cap was held back by its own writes at
+    256 KB/s, ran 37 s of metered GPU time and timed out. 16 MiB past the cap now take about 2 s."""
+    read_fd, write_fd = os.pipe()
+    capture = agent.LogCapture(os.fdopen(read_fd, "rb"), tmp_path / "job.log", cap=4096)
+    capture.start()
+    began = time.monotonic()
+    with os.fdopen(write_fd, "wb") as job_stdout:
+        for _ in range(256):
+            job_stdout.write(b"y" * 65535 + b"\n")
+    capture.join(timeout=60)
+    assert not capture.is_alive() and capture.capped
+    assert time.monotonic() - began < 6
+    assert capture.text().endswith("y" * 100 + "\n")
+
+
 def test_a_last_shipment_does_not_wait_for_ever_behind_one_the_network_swallowed(tmp_path):
     """A late check of the watcher can hang in its shipment for as long as TCP waits: the part's last shipment,
     and so its release, waited behind it. It gives up after ``wait_s`` and keeps the bytes."""
