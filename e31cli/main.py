@@ -12,7 +12,8 @@ Exit codes a script can rely on (``e31 --help`` lists them too):
     list of files was, with the log
   5 conflict: nothing to cancel, or an Idempotency-Key reused for another job file
   6 the job file is not valid (each error names its field)
-  7 the console could not be reached, or still throttled the token (429) after the retries
+  7 the console could not be reached, or still throttled the token (429) after the retries (while --wait or
+    --follow polls: after 5 minutes of trying again)
 With --wait, the job's own exit code when it ran and failed (128 + N when signal N killed it), else
 one code per end reason: timed_out 124, cancelled 130, node_lost 75, staging_failed 66,
 output_failed 74 (also a success whose outputs could not be delivered), rejected 65,
@@ -20,7 +21,9 @@ dependency_failed 67, any other failure 1. An array waits for every task and exi
 of its tasks' codes.
 """
 
+import functools
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -31,9 +34,10 @@ import time
 import uuid
 from calendar import monthrange
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path, PurePath, PurePosixPath
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import requests
 import typer
@@ -127,6 +131,12 @@ QUEUE_ROWS = (
     4000  # e31 queue reads this many waiting jobs at most (two teams at E31_MAX_WAITING_PER_TEAM's default)
 )
 LOG_WAIT_S = 15
+# While --wait or --follow polls, a console that cannot be reached (a restart, a deploy) is asked again for this
+# long from the first failure, with backoff: the job runs on meanwhile, and giving up after the client's few
+# seconds of retries ended a day-long wait with exit 7 over a restart.
+UNREACHABLE_PATIENCE_S = 300
+UNREACHABLE_BACKOFF_S = (1, 2, 4, 8, 16, 30)  # then every 30 s
+_T = TypeVar("_T")
 
 
 def run() -> None:
@@ -585,10 +595,11 @@ def _print_log(session: client.Api, job_id: int, *, follow: bool, attempt: int =
     far), with it until the console says the attempt's log is complete. False if retention removed it."""
     offset = 0
     while True:
-        chunk = session.get(
-            f"/jobs/{job_id}/log", attempt=attempt or None, rank=rank, offset=offset,
+        read = functools.partial(
+            session.get, f"/jobs/{job_id}/log", attempt=attempt or None, rank=rank, offset=offset,
             wait=LOG_WAIT_S if follow else 0, timeout_s=LOG_WAIT_S + 30,
         )  # fmt: skip
+        chunk = _patiently(read) if follow else read()
         if chunk.get("removed"):  # retention removed it: say so on stderr, not an empty log on stdout
             err.print(chunk["removed"])
             return False
@@ -606,13 +617,59 @@ def _print_log(session: client.Api, job_id: int, *, follow: bool, attempt: int =
 def _wait(session: client.Api, job_id: int) -> dict:
     """Polls until the job has ended and its outputs are no longer being delivered."""
     while True:
-        job = session.get(f"/jobs/{job_id}")
+        job = _patiently(lambda: session.get(f"/jobs/{job_id}"))
         if _delivered(job):
             err.print(f"Job {job_id} {job['state']}: {job['end_reason']}"
                       + (f", exit {job['exit_code']}" if job["exit_code"] is not None else "")
                       + (", outputs not delivered" if job["delivery_state"] == "failed" else ""))  # fmt: skip
             return job
         time.sleep(WAIT_POLL_S)
+
+
+def _patiently(read: Callable[[], _T]) -> _T:
+    """``read()``, asked again with backoff while the console cannot be reached, for UNREACHABLE_PATIENCE_S from
+    the first failure; said once on stderr, and again when it answers. For the reads that poll only: a request
+    that changes state is never sent again this way, and what the console refused (a token, a job) is raised."""
+    down_since = None
+    backoffs = itertools.chain(UNREACHABLE_BACKOFF_S, itertools.repeat(UNREACHABLE_BACKOFF_S[-1]))
+    while True:
+        try:
+            answer = read()
+        except (requests.RequestException, client.ApiError) as exc:
+            if not _unreachable(exc):
+                raise
+            now = time.monotonic()
+            if down_since is None:
+                down_since = now
+                err.print(f"Cannot reach the console ({_why(exc)}): trying again for up to "
+                          f"{UNREACHABLE_PATIENCE_S // 60} minutes.", style="yellow")  # fmt: skip
+            left = down_since + UNREACHABLE_PATIENCE_S - now
+            if left <= 0:
+                raise
+            time.sleep(min(next(backoffs), left))
+        else:
+            if down_since is not None:
+                err.print("The console answers again.")
+            return answer
+
+
+def _unreachable(exc: Exception) -> bool:
+    """What exits 7: no connection, no answer in time, a gateway's page or a throttle. A TLS failure is no
+    restart (a certificate does not mend itself in five minutes)."""
+    if isinstance(exc, client.ApiError):
+        return _exit_for(exc) == EXIT_UNREACHABLE
+    transient = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+    return isinstance(exc, transient) and not isinstance(exc, requests.exceptions.SSLError)
+
+
+def _why(exc: Exception) -> str:
+    """A few words for the outage: "Connection refused", not urllib3's paragraph (the last error gives that)."""
+    if isinstance(exc, client.ApiError):
+        return f"error {exc.status}"
+    if isinstance(exc, requests.Timeout):
+        return "no answer in time"
+    errno_text = re.search(r"\[Errno -?[0-9]+\] ([^'\")\]]+)", str(exc))
+    return errno_text.group(1).strip() if errno_text else "the connection failed"
 
 
 def _delivered(job: dict) -> bool:
@@ -624,13 +681,13 @@ def _wait_array(session: client.Api, array_id: int) -> list[dict]:
     the count moves; then one line of how they ended, naming each task that did not succeed."""
     said = -1
     while True:
-        array = session.get(f"/arrays/{array_id}")
+        array = _patiently(lambda: session.get(f"/arrays/{array_id}"))
         ended = sum(n for state, n in array["states"].items() if state in TERMINAL)
         if ended != said and ended < array["size"]:
             err.print(f"Array {array_id}: {ended} of {array['size']} tasks ended")
             said = ended
         if ended == array["size"]:
-            tasks = _array_tasks(session, array_id)
+            tasks = _patiently(lambda: _array_tasks(session, array_id))
             if len(tasks) == array["size"] and all(map(_delivered, tasks)):
                 err.print(f"Array {array_id}: {_array_outcome(tasks)}", soft_wrap=True)  # one line for logs
                 return tasks
