@@ -237,13 +237,14 @@ def submit(
     err.print(f"Submitted job {job['id']} {job['name']}{source}{again}: {job['state']}")
     if notify:
         _choose_email(session, job, notify)
-    if job.get("array"):
-        array = job["array"]
-        err.print(
-            f"  array {array['id']}: {array['size']} tasks [{array['spec']}]; e31 ls --array {array['id']}"
-        )
+    if array := job.get("array"):
+        size = f"{array['size']} task{'s' * (array['size'] != 1)}"
+        err.print(f"  array {array['id']}: {size} [{array['spec']}]; e31 ls --array {array['id']}")
     if not (wait or follow):
-        out.print(job["id"])  # alone on stdout, for JOB=$(e31 submit job.toml)
+        # Alone on stdout, for JOB=$(e31 submit job.toml), and an array's id for A=$(e31 submit array.toml) and
+        # `e31 cancel --array $A` (its first task's id named a job, or another array). A task run again on its own
+        # is kept as a one-task array (``limit_of``: it counts against its array's limit), but it is one job.
+        out.print(array["id"] if array and not array.get("limit_of") else job["id"])
     if job.get("budget_note"):
         err.print(job["budget_note"], style="yellow")
     if follow:

@@ -83,9 +83,9 @@ def test_an_array_from_the_terminal_runs_each_index_at_most_n_at_once_and_cancel
     path.write_text('array = "0-5%2"\n' + path.read_text())
     run = e31(env, "submit", str(path))
     assert run.returncode == 0, run.stderr
-    first = Job.objects.get(id=int(run.stdout))
+    first_array = int(run.stdout)  # an array's submit prints the array's id
     tasks = wait_for(
-        lambda: (ts := list(Job.objects.filter(array_id=first.array_id))) and all(t.state == "released" for t in ts) and ts,
+        lambda: (ts := list(Job.objects.filter(array_id=first_array))) and all(t.state == "released" for t in ts) and ts,
         timeout=180, what="every task of the array to end",
     )  # fmt: skip
     assert sorted(t.array_index for t in tasks) == [0, 1, 2, 3, 4, 5]
@@ -94,7 +94,7 @@ def test_an_array_from_the_terminal_runs_each_index_at_most_n_at_once_and_cancel
         assert f"task {t.array_index}" in t.log_tail
     held = [(a.rented_at, a.released_at) for t in tasks for a in t.allocations.all()]
     assert len(held) == 6 and _overlap(held) <= 2
-    listed = e31(env, "ls", "--array", str(first.array_id), "--json")
+    listed = e31(env, "ls", "--array", str(first_array), "--json")
     assert sorted(json.loads(line)["array"]["index"] for line in listed.stdout.splitlines()) == [
         0,
         1,
@@ -106,16 +106,16 @@ def test_an_array_from_the_terminal_runs_each_index_at_most_n_at_once_and_cancel
 
     slow = job_file(tmp_path / "slow.toml", outputs, "slow", "import time; time.sleep(120)")
     slow.write_text('array = "0-9%1"\n' + slow.read_text())
-    second = Job.objects.get(id=int(e31(env, "submit", str(slow)).stdout))
+    second_array = int(e31(env, "submit", str(slow)).stdout)
     # Any one task: the limit lets one run at a time, and which starts first is the scheduler's choice, not the test's.
     wait_for(
-        lambda: Job.objects.filter(array_id=second.array_id, state="running").exists(),
+        lambda: Job.objects.filter(array_id=second_array, state="running").exists(),
         timeout=90, what="a task of the slow array to run",
     )  # fmt: skip
-    cancelled = e31(env, "cancel", "--array", str(second.array_id))
+    cancelled = e31(env, "cancel", "--array", str(second_array))
     assert cancelled.returncode == 0, cancelled.stderr
     ends = wait_for(
-        lambda: (ts := list(Job.objects.filter(array_id=second.array_id))) and all(not t.is_alive for t in ts) and ts,
+        lambda: (ts := list(Job.objects.filter(array_id=second_array))) and all(not t.is_alive for t in ts) and ts,
         timeout=60, what="the cancelled array to end",
     )  # fmt: skip
     assert {t.end_reason for t in ends} == {"cancelled"}
