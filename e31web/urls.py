@@ -13,7 +13,7 @@ urlpatterns = [
     path("", public_views.home, name="home"),
     path("healthz", health.healthz, name="healthz"),
     # Pages without the layout (a raw log, the API's JSON) name no icon, so browsers ask for this one.
-    path("favicon.ico", RedirectView.as_view(url=lazy(static, str)("favicon.svg"))),
+    path("favicon.ico", RedirectView.as_view(url=lazy(static, str)("favicon.svg")), name="favicon"),
     path("metrics", metrics.metrics_view, name="metrics"),  # Prometheus: the token or an operator
     # The public pages (unsolved problems, design partners), invitations and their operator pages.
     path("", include("public.urls")),

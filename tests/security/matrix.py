@@ -70,6 +70,7 @@ RANGE = "start=2020-01-01&end=2030-12-31"
 EXPECTATIONS: dict[str, list[Case]] = {
     "home": [C(P)],
     "healthz": [C(P)],
+    "favicon": [C(P, 302)],
     # Prometheus' endpoint: the world configures a token, as it is off (404 for all) without one.
     "metrics": [C(Policy.METRICS)],
     "unsolved": [C(P)],
