@@ -78,7 +78,7 @@ def job_queryset():
 
 def job_json(job: Job) -> dict:
     return {
-        "id": job.id, "name": job.name, "team": job.team.name, "state": job.state,
+        "id": job.id, "name": job.name, "team": job.team.name, "team_slug": job.team.slug, "state": job.state,
         "end_reason": job.end_reason, "exit_code": job.exit_code, "end_detail": job.end_detail,
         "submitted_at": job.submitted_at, "attempt": job.attempt,
         "work": {"argv": job.argv, "env": job.env, "image": job.image, "secrets": job.secrets, "workdir": job.workdir},
@@ -266,6 +266,9 @@ def _submit_once(
 @router.get("/jobs", response={200: list[JobOut], **ERRORS}, summary="List your team's jobs, newest first")
 @paginate(JobPages)
 def list_jobs(request: HttpRequest, filters: Query[JobFilter]):
+    # A slug mistyped, or a team one is not in, is not a team with no jobs.
+    if filters.team and not scoping.teams_of(request.user).filter(slug=filters.team).exists():
+        raise HttpError(404, "No such team")
     try:
         listed = selectors.job_list(request.user, selectors.JobFilters(**filters.dict()))
     except selectors.UnknownCursor as exc:

@@ -250,7 +250,8 @@ class ArrayOut(Schema):
 class JobOut(BuiltOut):
     id: int
     name: str
-    team: str
+    team: str = Field(..., description="The team's name, as pages show it.")
+    team_slug: str = Field(..., description="The team's slug: what team=, --team and the URLs take.")
     state: str
     end_reason: str
     exit_code: int | None

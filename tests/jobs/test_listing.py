@@ -149,3 +149,23 @@ def test_times_with_any_offset_are_read_in_utc(api, team):
     assert api.get("/api/v1/jobs", {"since": "2026-11-01T02:30:00+01:00"}).json()["count"] == 1
     assert api.get("/api/v1/jobs", {"since": "0309-04-06T07:49:56-17:50"}).json()["count"] == 3
     assert api.get("/api/v1/jobs", {"until": "0001-01-01T00:00:00+05:00"}).status_code == 422
+
+
+@pytest.mark.parametrize("slug", ["audio", "visoin"])
+def test_a_team_filter_naming_no_team_of_the_member_is_a_404_not_an_empty_list(api, team, other_team, slug):
+    """Reproduction: `e31 ls --team demoo` (a typo) and `e31 queue --team vision` (not a member) listed nothing and
+    exited 0, as if the team had no jobs; the ledger and the secrets answer "No such team"."""
+    make_jobs(team, 1)
+    response = api.get("/api/v1/jobs", {"team": slug})
+    assert response.status_code == 404 and response.json()["detail"] == "No such team"
+    assert api.get("/api/v1/jobs", {"team": "vision"}).json()["count"] == 1
+
+
+def test_a_job_names_its_team_by_the_slug_every_input_takes_too(api, team):
+    """The job's "team" was the display name ("Vision Lab"), which no --team, team= or URL accepts."""
+    team.name = "Vision Lab"
+    team.save()
+    make_jobs(team, 1)
+    listed = api.get("/api/v1/jobs").json()["items"][0]
+    assert (listed["team"], listed["team_slug"]) == ("Vision Lab", "vision")
+    assert api.get("/api/v1/jobs", {"team": listed["team_slug"]}).json()["count"] == 1
