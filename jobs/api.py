@@ -209,8 +209,8 @@ def submit_job(request: HttpRequest, payload: JobIn):
 def submit_job_file(request: HttpRequest, team: str = ""):
     try:
         raw = declaration.parse_job_file(request.body.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise HttpError(400, "A job file is UTF-8 text.") from exc
+    except UnicodeDecodeError as exc:  # an invalid job file (the CLI's exit 6), not a malformed request
+        raise declaration.DeclarationInvalid([("file", declaration.NOT_UTF8)]) from exc
     return _submit(request, raw, team or str(raw.get("team", "")))
 
 

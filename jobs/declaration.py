@@ -26,6 +26,7 @@ from jobs.scheduling.types import serves
 from jobs.units import format_size, parse_size
 
 MAX_JOB_FILE_BYTES = 256 * 1024
+NOT_UTF8 = "a job file is UTF-8 text: save it as UTF-8 (this one is in another encoding, such as UTF-16)"
 MAX_ARGS = 256
 MAX_ARG_CHARS = 4096
 MAX_ENV = 128
@@ -171,6 +172,7 @@ class _Collector:
 
 def parse_job_file(text: str) -> dict[str, Any]:
     """TOML text -> the declaration mapping; DeclarationInvalid with path ``file`` if it is not TOML."""
+    text = text.removeprefix("\ufeff")  # "UTF-8 with BOM", as Windows editors save: TOML itself has no BOM
     if len(text.encode("utf-8", "replace")) > MAX_JOB_FILE_BYTES:
         raise DeclarationInvalid([("file", f"a job file is at most {MAX_JOB_FILE_BYTES // 1024} KB")])
     if _has_deep_dotted_key(text):

@@ -101,7 +101,7 @@ def _job_file(request: HttpRequest, teams, *, submit: bool) -> HttpResponse:
             text = upload.read().decode("utf-8")
         raw = declaration.parse_job_file(text)
     except UnicodeDecodeError:
-        form = JobForm(errors={"file": "a job file is UTF-8 text"})
+        form = JobForm(errors={"file": declaration.NOT_UTF8})
         return _render_form(request, form, teams, status=400)
     except declaration.DeclarationInvalid as exc:
         form = JobForm.blank()

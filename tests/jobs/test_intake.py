@@ -599,3 +599,29 @@ def test_a_multi_line_string_ending_in_quotes_neither_hides_a_deep_key_nor_refus
     name = ".".join(f"part{i}" for i in range(14))
     good = f'name = "n"\n[work]\nargv = ["""echo "hi"""", \'\'\'it\'s\'\'\'\', "{name}"]\n'
     assert declaration.parse_job_file(good)["work"]["argv"] == ['echo "hi"', "it's'", name]
+
+
+def test_a_job_file_saved_with_a_byte_order_mark_is_read_as_its_text(member_client, member_token):
+    """Reproduction: a file a Windows editor saved as "UTF-8 with BOM" was refused as "not valid TOML: Invalid
+    statement (at line 1, column 1)", naming nothing the user could see in the file."""
+    raw = declaration.parse_job_file('\ufeffname = "bom"\n[work]\nargv = ["true"]\n')
+    assert raw["name"] == "bom"
+    api = member_client.post(
+        "/api/v1/jobs/file",
+        data=b'\xef\xbb\xbfname = "bom"\n',
+        content_type="application/toml",
+        HTTP_AUTHORIZATION=f"Bearer {member_token}",
+    )
+    assert api.status_code == 422 and all("TOML" not in e["message"] for e in api.json()["errors"])
+
+
+def test_a_job_file_in_another_encoding_is_an_invalid_job_file_a_422(member_client, member_token):
+    """A UTF-16 file was a 400, which the CLI reads as an API error (exit 1), not an invalid job file (exit 6)."""
+    api = member_client.post(
+        "/api/v1/jobs/file",
+        data='name = "x"\n'.encode("utf-16"),
+        content_type="application/toml",
+        HTTP_AUTHORIZATION=f"Bearer {member_token}",
+    )
+    assert api.status_code == 422
+    assert api.json()["errors"][0]["field"] == "file" and "UTF-8" in api.json()["errors"][0]["message"]
