@@ -14,6 +14,7 @@ Exit codes a script can rely on (``e31 --help`` lists them too):
   6 the job file is not valid (each error names its field)
   7 the console could not be reached, or still throttled the token (429) after the retries (while --wait or
     --follow polls: after 5 minutes of trying again)
+  141 what stdout was piped into stopped reading (`e31 logs 7 | head`): nothing more is printed
 With --wait, the job's own exit code when it ran and failed (128 + N when signal N killed it), else
 one code per end reason: timed_out 124, cancelled 130, node_lost 75, staging_failed 66,
 output_failed 74 (also a success whose outputs could not be delivered), rejected 65,
@@ -111,6 +112,8 @@ err = _Screen(lambda: _stderr_is_terminal(), stderr=True, width=None if sys.stde
 
 EXIT_API, EXIT_AUTH, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_INVALID, EXIT_UNREACHABLE = 1, 3, 4, 5, 6, 7
 EXIT_USAGE = 2  # the code click gives a wrong command line
+# A reader of stdout gone (`| head`): the code of a program that SIGPIPE ended, as `cat` gives.
+EXIT_PIPE_CLOSED = 128 + 13
 # A 429 still answered after the client's retries, or a gateway's 502/503/504 page (a console restarting behind
 # its load balancer), says nothing of the job: it exits as an unreachable console, never 1, which under --wait
 # reads as "the job failed". The console's own 503 (it cannot read an output's store) keeps 1.
@@ -140,7 +143,18 @@ _T = TypeVar("_T")
 
 
 def run() -> None:
-    """Entry point: API and connection failures become a message and a documented exit code."""
+    """Entry point: API and connection failures become a message and a documented exit code; a reader of stdout
+    that went away (`e31 logs 24 | head -2`) ends the command quietly, with 141."""
+    try:
+        _run_app()
+    except SystemExit as exc:
+        if not _reader_gone(exc):
+            raise
+        _silence_closed_pipes()
+        sys.exit(EXIT_PIPE_CLOSED)
+
+
+def _run_app() -> None:
     try:
         app()
     except config.NotLoggedIn as exc:
@@ -165,6 +179,30 @@ def run() -> None:
     except requests.RequestException as exc:
         err.print(f"Cannot reach the console: {exc}", style="red")
         sys.exit(EXIT_UNREACHABLE)
+
+
+def _reader_gone(exc: SystemExit) -> bool:
+    """click, typer and rich each answer EPIPE with exit 1 (a message-less SystemExit raised as they handle it,
+    help output included); a command that ended with output still buffered meets it only now, as it is flushed."""
+    if isinstance(exc.__context__, BrokenPipeError):
+        return True
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return True
+    return False
+
+
+def _silence_closed_pipes() -> None:
+    """Nothing more reaches the reader: what is still buffered for it goes to /dev/null, not to one more EPIPE as
+    Python flushes at exit ("Exception ignored" on stderr, and exit 120). As the Python docs' note on SIGPIPE does."""
+    for stream in (sys.stdout, sys.stderr):  # `e31 logs 7 2>&1 | head`: stderr's reader is gone too
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
 
 
 def _exit_for(exc: client.ApiError) -> int:
