@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path, PurePath, PurePosixPath
-from typing import Annotated, TypeVar
+from typing import Annotated, NoReturn, TypeVar
 
 import requests
 import typer
@@ -122,6 +122,11 @@ STATUS_EXITS = {
     429: EXIT_UNREACHABLE,
 }  # fmt: skip
 GATEWAY_STATUSES = {502, 503, 504}
+# The console's limit on a job file (jobs.declaration.MAX_JOB_FILE_BYTES; a test holds the two equal: importing the
+# console's Django modules would slow every command), checked before sending: a bigger file was sent whole and
+# refused with a 413 naming Django's upload limit, exit 1.
+MAX_JOB_FILE_BYTES = 256 * 1024
+UTF8_BOM = b"\xef\xbb\xbf"
 # The console's rule for an Idempotency-Key (jobs.idempotency.VALID_KEY), checked before anything is sent.
 VALID_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 END_REASON_EXITS = {
@@ -267,7 +272,7 @@ def submit(
         job = session.post(f"/jobs/{from_job}/rerun", retry=True, headers=headers)
     else:
         job = session.post(
-            "/jobs/file", retry=True, params={"team": team} if team else None, data=job_file.read_bytes(),
+            "/jobs/file", retry=True, params={"team": team} if team else None, data=_job_file_body(job_file),
             headers={**headers, "Content-Type": "application/toml"},
         )  # fmt: skip
     again = " (already submitted with this key)" if session.last_status == 200 else ""
@@ -292,6 +297,39 @@ def submit(
         raise typer.Exit(max(map(_exit_code, tasks)))
     if wait or follow:
         raise typer.Exit(_exit_code(_wait(session, job["id"])))
+
+
+def _job_file_body(path: Path) -> bytes:
+    """The job file as the console reads it: UTF-8 TOML, read as utf-8-sig, so without the byte-order mark Windows
+    editors write (TOML has none: a console sent one read it as the file's first character and refused the file).
+    Too large or not UTF-8, it is an invalid job file, said before anything is sent."""
+    with path.open("rb") as handle:
+        raw = handle.read(len(UTF8_BOM) + MAX_JOB_FILE_BYTES + 1)  # no more, of a 30 MB file given by mistake
+    if len(raw.removeprefix(UTF8_BOM)) > MAX_JOB_FILE_BYTES:
+        _invalid_job_file(
+            f"{path}: a job file is at most {MAX_JOB_FILE_BYTES // 1024} KB (the console's limit)"
+        )
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or "\0" in text:  # UTF-16 without its mark decodes, NULs and all: no TOML file holds one
+        hint = " (it looks like UTF-16)" if _looks_like_utf16(raw) else ""
+        _invalid_job_file(f"{path} is not UTF-8 text{hint}: save it as UTF-8")
+    return text.encode()
+
+
+def _looks_like_utf16(raw: bytes) -> bool:
+    """With its mark, or without: then text in the Latin alphabet has a NUL in every other byte."""
+    head = raw[:200]
+    return head[:2] in (b"\xff\xfe", b"\xfe\xff") or (
+        len(head) > 1 and not (any(head[0::2]) and any(head[1::2]))
+    )
+
+
+def _invalid_job_file(message: str) -> NoReturn:
+    err.print(message, style="red")
+    raise typer.Exit(EXIT_INVALID)
 
 
 def _choose_email(session: client.Api, job: dict, email: str) -> None:
