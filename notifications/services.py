@@ -70,7 +70,14 @@ def set_job_email(*, job: Job, user, email: str) -> None:
         raise NotAllowed(f"e-mail is one of {', '.join(EmailChoice.values)}")
     if job.submitted_by_id != user.id:
         raise NotAllowed("only the job's submitter chooses its e-mail")
+    _addressed(user, email)
     JobEmail.objects.update_or_create(job=job, defaults={"email": email})
+
+
+def _addressed(user, email: str) -> None:
+    """A choice to be mailed needs an address to mail: taken silently, nothing would ever be sent."""
+    if email != EmailChoice.NEVER and not user.email:
+        raise NotAllowed("your account has no e-mail address, so none can be sent: an operator sets it")
 
 
 def set_array_email(*, array: JobArray, user, email: str) -> int:
@@ -81,6 +88,7 @@ def set_array_email(*, array: JobArray, user, email: str) -> int:
     tasks = list(Job.objects.filter(array=array).values_list("id", "submitted_by_id"))
     if not tasks or any(submitter != user.id for _, submitter in tasks):
         raise NotAllowed("only the array's submitter chooses its e-mail")
+    _addressed(user, email)
     JobEmail.objects.bulk_create(
         [JobEmail(job_id=job_id, email=email) for job_id, _ in tasks],
         update_conflicts=True, unique_fields=["job"], update_fields=["email"],

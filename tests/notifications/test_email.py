@@ -176,7 +176,9 @@ def test_e31_submit_reports_the_job_when_its_email_choice_is_refused(
     assert not JobEmail.objects.filter(job_id=job_id).exists()
 
 
-def test_the_api_sets_a_jobs_choice_for_its_submitter_only(client, team, member, member_token, team_admin):
+def test_the_api_sets_a_jobs_choice_for_its_submitter_only(
+    client, team, member, member_token, team_admin, mailed
+):
     from accounts import services as accounts
 
     job = JobFactory(team=team, submitted_by=member)
@@ -407,3 +409,14 @@ def test_a_refusal_of_the_platforms_own_sending_is_tried_again(team, member, mai
     monkeypatch.undo()
     assert notify.send_job_email(job_id=job.id, now=t0 + timedelta(seconds=61))  # the operator fixed it
     assert len(mailed) == 1
+
+
+@pytest.mark.parametrize("email", ["end", "failure"])
+def test_a_job_or_array_e_mail_for_an_account_without_an_address_is_refused_saying_why(team, member, email):
+    """Reproduction: `e31 submit --notify end` as the demo account (no e-mail address) said nothing, and nothing
+    was ever sent; the refusal is the CLI's warning."""
+    job = JobFactory(team=team, submitted_by=member, state="running")
+    with pytest.raises(notify.NotAllowed, match="no e-mail address"):
+        notify.set_job_email(job=job, user=member, email=email)
+    notify.set_job_email(job=job, user=member, email="never")  # saying no needs no address
+    assert JobEmail.objects.get(job=job).email == "never"
