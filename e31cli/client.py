@@ -55,6 +55,9 @@ class ApiError(Exception):
     errors: list[dict] = field(default_factory=list)
     retry_after_s: float = 0.0
     from_console: bool = True  # the console's own JSON answer, not a gateway's or proxy's page in front of it
+    # An answer to a submitted declaration (a job file, a re-run's): its 422 is an invalid job file, another
+    # command's 422 a refused filter or argument.
+    of_job_file: bool = False
 
     def __str__(self) -> str:
         lines = [self.detail] + [f"  {e.get('field') or '(job)'}: {e.get('message')}" for e in self.errors]

@@ -6,7 +6,8 @@ its signature, and it brings rich for the tables; the API calls go through reque
 Exit codes a script can rely on (``e31 --help`` lists them too):
   0 done; with --wait, the job succeeded and its outputs were delivered (an array: every task)
   1 the console answered with an error not listed below
-  2 the command line was wrong, or the console is plain http:// on another machine (E31_ALLOW_PLAIN_HTTP=1 in a lab)
+  2 the command line was wrong (the console refused a filter or an argument: a 422 to any command but submit), or
+    the console is plain http:// on another machine (E31_ALLOW_PLAIN_HTTP=1 in a lab)
   3 not logged in, or the token was refused
   4 no such job (or not your team's); ``e31 logs``: its log was removed by retention; ``e31 outputs``: its
     list of files was, with the log
@@ -117,6 +118,8 @@ EXIT_PIPE_CLOSED = 128 + 13
 # A 429 still answered after the client's retries, or a gateway's 502/503/504 page (a console restarting behind
 # its load balancer), says nothing of the job: it exits as an unreachable console, never 1, which under --wait
 # reads as "the job failed". The console's own 503 (it cannot read an output's store) keeps 1.
+# A 422 is the job file's only as the answer to a submission (ApiError.of_job_file); to any other command, the
+# console refused a filter or an argument (`e31 ls --state runnning`): the command line's, EXIT_USAGE.
 STATUS_EXITS = {
     401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_NOT_FOUND, 409: EXIT_CONFLICT, 422: EXIT_INVALID,
     429: EXIT_UNREACHABLE,
@@ -213,6 +216,8 @@ def _silence_closed_pipes() -> None:
 def _exit_for(exc: client.ApiError) -> int:
     if exc.status in GATEWAY_STATUSES and not exc.from_console:
         return EXIT_UNREACHABLE
+    if exc.status == 422 and not exc.of_job_file:
+        return EXIT_USAGE
     return STATUS_EXITS.get(exc.status, EXIT_API)
 
 
@@ -268,13 +273,17 @@ def submit(
     key = key or f"e31-cli-{uuid.uuid4()}"
     session = api()
     headers = {"Idempotency-Key": key}
-    if from_job is not None:
-        job = session.post(f"/jobs/{from_job}/rerun", retry=True, headers=headers)
-    else:
-        job = session.post(
-            "/jobs/file", retry=True, params={"team": team} if team else None, data=_job_file_body(job_file),
-            headers={**headers, "Content-Type": "application/toml"},
-        )  # fmt: skip
+    try:
+        if from_job is not None:
+            job = session.post(f"/jobs/{from_job}/rerun", retry=True, headers=headers)
+        else:
+            job = session.post(
+                "/jobs/file", retry=True, params={"team": team} if team else None, data=_job_file_body(job_file),
+                headers={**headers, "Content-Type": "application/toml"},
+            )  # fmt: skip
+    except client.ApiError as exc:
+        exc.of_job_file = True  # what the console refused is the declaration: exit 6 for a 422
+        raise
     again = " (already submitted with this key)" if session.last_status == 200 else ""
     source = f" (re-run of {job['rerun_of']})" if job.get("rerun_of") else ""
     err.print(f"Submitted job {job['id']} {job['name']}{source}{again}: {job['state']}")

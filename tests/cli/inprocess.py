@@ -61,7 +61,7 @@ def e31(monkeypatch, token: str, *args: str):
     result = CliRunner().invoke(main.app, list(args))
     code = result.exit_code
     if isinstance(result.exception, client.ApiError):  # what main.run() turns into an exit code
-        code = main.STATUS_EXITS.get(result.exception.status, main.EXIT_API)
+        code = main._exit_for(result.exception)
     return code, result.stdout, result.stderr
 
 

@@ -170,6 +170,6 @@ def test_submit_wait_does_not_exit_as_a_failed_job_when_one_poll_is_throttled(
     result = CliRunner().invoke(main.app, ["submit", str(job_file), "--wait"])
     code = result.exit_code
     if isinstance(result.exception, client.ApiError):  # what main.run() turns into an exit code
-        code = main.STATUS_EXITS.get(result.exception.status, main.EXIT_API)
+        code = main._exit_for(result.exception)
     assert code == 0, f"exit {code}: {result.exception or result.stderr}"
     assert len(gets) >= 2

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from e31cli import main
-from tests.cli.inprocess import e31
+from tests.cli.inprocess import e31, use_console
 
 
 def run_e31(monkeypatch, capsys, answer, *args: str) -> tuple[int, str]:
@@ -226,3 +226,33 @@ def test_the_consoles_own_503_keeps_exit_1(monkeypatch, capsys):
 
     code, stderr = run_e31(monkeypatch, capsys, cannot_read, "show", "1")
     assert code == main.EXIT_API and "cannot read this output" in stderr
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["ls", "--state", "runnning"], "state"),
+        (["logs", "1", "--attempt", "-1"], "attempt"),
+    ],
+)
+def test_an_argument_the_console_refuses_is_a_command_line_error_not_an_invalid_job_file(
+    monkeypatch, capsys, member_token, args, said
+):
+    """Every 422 exited 6, "the job file is not valid", from commands that send no job file."""
+    use_console(monkeypatch, member_token)
+    code, stderr = exit_of(monkeypatch, capsys, *args)
+    assert code == main.EXIT_USAGE, stderr
+    assert "Error 422" in stderr and said in stderr, stderr
+
+
+@pytest.mark.django_db
+def test_a_job_file_the_console_refuses_is_still_an_invalid_job_file(
+    monkeypatch, capsys, member_token, tmp_path
+):
+    job_file = tmp_path / "train.toml"
+    job_file.write_text('name = "train"\n[request]\ngpus = "many"\n')
+    use_console(monkeypatch, member_token)
+    code, stderr = exit_of(monkeypatch, capsys, "submit", str(job_file))
+    assert code == main.EXIT_INVALID, stderr
+    assert "Error 422" in stderr and "request.gpus" in stderr, stderr
