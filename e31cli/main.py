@@ -40,6 +40,7 @@ from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Annotated, NoReturn, TypeVar
+from urllib.parse import urlsplit
 
 import requests
 import typer
@@ -231,15 +232,38 @@ def login(
     token: Annotated[str, typer.Option(help="An API token; asked for (hidden) when left out.")] = "",
 ) -> None:
     """Store the console's address and an API token (from its API tokens page) for later commands."""
-    url = url.rstrip("/")
+    url = _console_url(url)
     client.refuse_plain_http(url)  # before a token is asked for, let alone sent
     if not token:
         err.print(f"Create a token at {url}/accounts/tokens/ and paste it here.")
         token = typer.prompt("API token", hide_input=True) if sys.stdin.isatty() else sys.stdin.readline()
-    login_ = config.Login(url=url, token=config.usable_token(token, source="the token given"))
+    token = config.usable_token(token, source="the token given")
+    if not token:  # an empty stdin (`e31 login URL < /dev/null`): the console would only answer 401
+        raise typer.BadParameter(
+            "no API token was given: pass --token, or paste one from the console's API tokens page",
+            param_hint="'--token'",
+        )
+    login_ = config.Login(url=url, token=token)
     client.Api(login_).get("/jobs", limit=1)  # refused tokens stop here, before anything is stored
     path = config.save(login_)
     out.print(f"Logged in to {url}; token stored in {path} (readable by you only).")
+
+
+def _console_url(url: str) -> str:
+    """The console's address as the commands build on it: http(s)://host[:port][/prefix], without a trailing "/" or
+    the API's own "/api/v1" (copied from the API docs, it made every request /api/v1/api/v1/…: 404)."""
+    url = url.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):  # requests said "No connection adapters were found", exit 7
+        example = "https://" + url.split("://", 1)[-1]
+        raise typer.BadParameter(
+            f"{url!r}: the console's address starts with https:// (or http:// for a console on this machine), "
+            f"e.g. {example}",
+            param_hint="URL",
+        )
+    if not parts.hostname:
+        raise typer.BadParameter(f"{url!r} names no host, e.g. https://console.example", param_hint="URL")
+    return url.rstrip("/").removesuffix("/api/v1").rstrip("/")
 
 
 @app.command()
