@@ -187,8 +187,13 @@ def on_body_too_large(request: HttpRequest, exc: RequestDataTooBig):
 
 @api.exception_handler(AuthenticationError)
 def on_unauthenticated(request: HttpRequest, exc: AuthenticationError):
-    detail = getattr(request, "api_auth_problem", "") or "Authentication required: send a Bearer token."
-    return api.create_response(request, {"detail": detail}, status=401)
+    problem = getattr(request, "api_auth_problem", "")
+    response = api.create_response(
+        request, {"detail": problem or "Authentication required: send a Bearer token."}, status=401
+    )
+    # RFC 6750: how to authenticate, and whether the token sent was the trouble.
+    response["WWW-Authenticate"] = 'Bearer realm="E31"' + (', error="invalid_token"' if problem else "")
+    return response
 
 
 @api.exception_handler(HttpError)

@@ -1,6 +1,7 @@
 """/api/v1/jobs: submit, list, read and cancel jobs, and read their logs."""
 
 import dataclasses
+import difflib
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -266,6 +267,7 @@ def _submit_once(
 @router.get("/jobs", response={200: list[JobOut], **ERRORS}, summary="List your team's jobs, newest first")
 @paginate(JobPages)
 def list_jobs(request: HttpRequest, filters: Query[JobFilter]):
+    _known_parameters(request, {*JobFilter.model_fields, *JobPages.Input.model_fields})
     # A slug mistyped, or a team one is not in, is not a team with no jobs.
     if filters.team and not scoping.teams_of(request.user).filter(slug=filters.team).exists():
         raise HttpError(404, "No such team")
@@ -274,6 +276,16 @@ def list_jobs(request: HttpRequest, filters: Query[JobFilter]):
     except selectors.UnknownCursor as exc:
         raise HttpError(422, str(exc)) from exc
     return selectors.with_details(listed.select_related("array"))
+
+
+def _known_parameters(request: HttpRequest, known: set[str]) -> None:
+    """A parameter the list does not take is a 422: ignored, a mistyped filter (stat=running) listed every job."""
+    for name in request.GET:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            raise HttpError(
+                422, f"Unknown parameter {name[:40]}" + (f" (did you mean {close[0]}?)." if close else ".")
+            )
 
 
 @router.get("/jobs/{job_id}", response={200: JobOut, **ERRORS}, summary="One job with its events")

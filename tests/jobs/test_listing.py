@@ -169,3 +169,20 @@ def test_a_job_names_its_team_by_the_slug_every_input_takes_too(api, team):
     listed = api.get("/api/v1/jobs").json()["items"][0]
     assert (listed["team"], listed["team_slug"]) == ("Vision Lab", "vision")
     assert api.get("/api/v1/jobs", {"team": listed["team_slug"]}).json()["count"] == 1
+
+
+def test_a_mistyped_filter_is_a_422_naming_it_not_every_job(api, team):
+    """Reproduction: `GET /api/v1/jobs?stat=running` listed every job, as if filtered: a script cancelling what it
+    lists would have cancelled them all."""
+    make_jobs(team, 2)
+    response = api.get("/api/v1/jobs", {"stat": "running"})
+    assert response.status_code == 422
+    assert response.json()["detail"] == "Unknown parameter stat (did you mean state?)."
+    assert api.get("/api/v1/jobs", {"state": "queued", "limit": 5, "offset": 0}).status_code == 200
+
+
+def test_a_401_says_how_to_authenticate(client):
+    response = client.get("/api/v1/jobs")
+    assert response.status_code == 401 and response["WWW-Authenticate"].startswith("Bearer")
+    refused = client.get("/api/v1/jobs", HTTP_AUTHORIZATION="Bearer e31_not-a-token")
+    assert refused.status_code == 401 and 'error="invalid_token"' in refused["WWW-Authenticate"]
