@@ -382,7 +382,9 @@ def download_output(request: HttpRequest, job_id: int, path: str = Query(..., ma
 def cancel_job(request: HttpRequest, job_id: int):
     job = _get_job(request, job_id)
     if not services.cancel_job(job_id=job.id, user=request.user, now=timezone.now()):
-        job.refresh_from_db(fields=["state"])
+        job.refresh_from_db(fields=["state", "cancel_requested_at"])
+        if job.is_alive and job.cancel_requested_at:  # its agent is stopping it: the same request, answered alike
+            return job_json(_get_job(request, job_id))
         if job.is_alive and not job.cancellable:
             raise HttpError(
                 409, f"Job {job.id} has finished running and is sealing its outputs: nothing to cancel"

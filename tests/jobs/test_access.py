@@ -108,6 +108,22 @@ def test_cancel_pressed_while_a_cancel_is_pending_says_so_not_that_the_job_ended
     assert len(said) == 1 and "cancel already requested at" in said[0] and "already ended" not in said[0]
 
 
+def test_cancel_through_the_api_while_a_cancel_is_pending_answers_as_the_first_did(
+    team, member_client, member_token, pool
+):
+    """Reproduction: `e31 cancel 18` twice while its node agent was still stopping it said "Job 18 is running:
+    nothing to cancel" (409, exit 5): a retried cancel read as a failed one. It is the same request: 200, the job."""
+    now = timezone.now()
+    job = JobFactory(team=team, state="running", attempt=1, cancel_requested_at=now)
+    Allocation.objects.create(
+        job=job, node=pool[0], attempt=1, rank=0, gpu_indices=[0],
+        rented_at=now - timedelta(minutes=5), started_at=now - timedelta(minutes=4),
+    )  # fmt: skip
+    answer = member_client.post(f"/api/v1/jobs/{job.id}/cancel", HTTP_AUTHORIZATION=f"Bearer {member_token}")
+    assert answer.status_code == 200 and answer.json()["state"] == "running"
+    assert Job.objects.get(id=job.id).cancel_requested_at == now
+
+
 def test_cancel_pressed_on_an_ended_job_says_it_has_ended(team, member_client):
     """A member presses Cancel job on a job that has ended meanwhile: the page says it has already ended."""
     job = JobFactory(team=team, state="ended", end_reason="succeeded")
