@@ -416,10 +416,16 @@ def list_jobs(
         for job in jobs:
             _print_json(job, indent=None)
         return
-    table = _table("ID", "NAME", "TASK", "STATE", "END", "EXIT", "GPUS", "HOURS", "SUBMITTED (UTC)")
+    jobs = list(jobs)
+    # Several teams' jobs (a member of several, an operator) are told apart by their team's slug, as --team takes.
+    teams = len({job.get("team_slug") for job in jobs}) > 1
+    table = _table(
+        "ID", "NAME", "TASK", "STATE", "END", "EXIT", "GPUS", "HOURS", "SUBMITTED (UTC)", *["TEAM"] * teams
+    )
     for job in jobs:
         table.add_row(str(job["id"]), job["name"], _task(job), job.get("paused") or job["state"], job["end_reason"], _text(job["exit_code"]),
-                      str(job["request"]["gpus"]), str(job["request"]["hours"]), _short_time(job["submitted_at"]))  # fmt: skip
+                      str(job["request"]["gpus"]), str(job["request"]["hours"]), _short_time(job["submitted_at"]),
+                      *[job.get("team_slug", "")] * teams)  # fmt: skip
     out.print(table)
 
 

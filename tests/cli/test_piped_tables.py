@@ -82,3 +82,22 @@ def test_json_output_writes_no_c1_control_and_reads_back_the_same(monkeypatch, t
     assert not [c for c in out if "\x80" <= c <= "\x9f"], repr(out)
     assert (json.loads(out)["name"], json.loads(out)["end_detail"]) == (name, C1_ESCAPES)
     assert "Überprüfung" in out
+
+
+def test_a_list_of_several_teams_jobs_names_each_ones_team(
+    monkeypatch, team, other_team, member, member_token
+):
+    """A member of two teams (or an operator) read `e31 ls` with both teams' jobs mixed and nothing telling them
+    apart; one team's list stays as it was."""
+    from accounts.models import Membership
+
+    Membership.objects.create(team=other_team, user=member)
+    mine, theirs = JobFactory(team=team, name="vision-job"), JobFactory(team=other_team, name="audio-job")
+    code, out, err = e31(monkeypatch, member_token, "ls")
+    assert code == 0, err
+    head, *rows = out.splitlines()
+    assert "TEAM" in head.split()
+    assert any(r.startswith(str(mine.id)) and "vision" in r.split() for r in rows), out
+    assert any(r.startswith(str(theirs.id)) and "audio" in r.split() for r in rows), out
+    code, out, err = e31(monkeypatch, member_token, "ls", "--team", "vision")
+    assert code == 0 and "TEAM" not in out.splitlines()[0].split(), out
