@@ -445,6 +445,8 @@ def show(
               + (f", exit {job['exit_code']}" if job["exit_code"] is not None else ""))  # fmt: skip
     if job["end_detail"]:
         out.print(f"  {job['end_detail']}")
+    if job.get("rerun_of"):
+        out.print(f"  re-run of job {job['rerun_of']}")
     if job.get("array"):
         a = job["array"]
         limit = f"at most {a['max_running']} running at once" if a["max_running"] else ""
@@ -719,6 +721,9 @@ def _print_log(session: client.Api, job_id: int, *, follow: bool, attempt: int =
         if chunk.get("removed"):  # retention removed it: say so on stderr, not an empty log on stdout
             err.print(chunk["removed"])
             return False
+        if offset == 0 and chunk.get("ranks", 1) > 1:  # each node's part writes a log of its own
+            others = ", ".join(f"--rank {r}" for r in range(chunk["ranks"]) if r != rank)
+            err.print(f"The log of node rank {rank} of {chunk['ranks']}; the others': {others}")
         # Piped, the log as the job wrote it; on a terminal, nothing the job wrote drives the terminal.
         sys.stdout.write(_for_terminal(chunk["text"]) if _stdout_is_terminal() else chunk["text"])
         sys.stdout.flush()
