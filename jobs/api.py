@@ -41,7 +41,7 @@ class JobFilter(Schema):
         "",
         max_length=selectors.NAME_SEARCH_MAX,
         pattern=r"^[^\x00]*$",
-        description="Part of the name, any case.",
+        description="Part of the name, any case (on the embedded SQLite default: any case of ASCII letters only).",
     )
     team: str = Field("", max_length=80, pattern=r"^[^\x00]*$", description="Team slug.")
     since: datetime | None = Field(None, description="Submitted at or after (ISO 8601; UTC if no offset).")
@@ -383,7 +383,8 @@ def cancel_job(request: HttpRequest, job_id: int):
     job = _get_job(request, job_id)
     if not services.cancel_job(job_id=job.id, user=request.user, now=timezone.now()):
         job.refresh_from_db(fields=["state", "cancel_requested_at"])
-        if job.is_alive and job.cancel_requested_at:  # its agent is stopping it: the same request, answered alike
+        # Its agent is stopping it: the same request again, answered alike.
+        if job.is_alive and job.cancel_requested_at:
             return job_json(_get_job(request, job_id))
         if job.is_alive and not job.cancellable:
             raise HttpError(
