@@ -601,7 +601,7 @@ def _platform_networks() -> list[str]:
     resolve; a node's that does not is left out (its agent registered a name only its own machine knows, or it
     is gone), as are IPv6 addresses: a part's namespace has no IPv6."""
     services = {
-        *(host for host, _ in platform_services.locations()),
+        *platform_services.hosts(),
         urlsplit(settings.E31_CONSOLE_URL).hostname or "",
         *(urlsplit(f"//{address}").hostname or "" for address in settings.E31_POOL_REGISTRIES),
     }

@@ -8,12 +8,11 @@ and whatever E31_WEBHOOK_DENY lists: refused even inside an allowed network.
 """
 
 import ipaddress
-import re
+import logging
 import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -21,8 +20,9 @@ from django.conf import settings
 from common import pinned, platform_services
 from jobs.models import Node
 
+log = logging.getLogger(__name__)
+
 MAX_URL = 2000
-LOCAL_ROUTE = re.compile(r"/([0-9]{1,2}) host LOCAL")  # the kernel's routing table: an address of this host
 
 
 class Refused(Exception):
@@ -124,11 +124,11 @@ def checked_addresses(host: str, port: int, *, deadline: float | None = None) ->
     return addresses
 
 
-def refusal(address: str, port: int, platform: tuple[set, list]) -> str:
+def refusal(address: str, port: int, platform: tuple[platform_services.Platform, list]) -> str:
     """Why ``address:port`` may not receive a webhook, or ""."""
     ip = pinned.unwrapped(address)
-    endpoints, networks = platform
-    if (ip, port) in endpoints or any(ip in net for net in networks if net.version == ip.version):
+    services, networks = platform
+    if services.refuses(address, port) or any(ip in net for net in networks if net.version == ip.version):
         return "an address of this platform, refused"
     if pinned.is_public(address):
         return ""
@@ -138,28 +138,27 @@ def refusal(address: str, port: int, platform: tuple[set, list]) -> str:
     return "a loopback, link-local or private address, refused (an operator may allow a network)"
 
 
-def platform_endpoints(*, deadline: float | None = None) -> tuple[set, list]:
-    """(address, port) of the services this console uses, and the networks of jobs, nodes, cloud metadata and the
-    console's hosts, refused on every port: a host firewalled from outside is open to itself. Unresolved while a
-    service's host does not resolve: its address could be the receiver's."""
-    endpoints = set()
-    for host, port in platform_services.locations():
-        endpoints |= {(ip, port) for ip in _service_addresses(host, port, deadline)}
+def platform_endpoints(*, deadline: float | None = None) -> tuple[platform_services.Platform, list]:
+    """The services this console uses, and the networks of jobs, nodes, cloud metadata and the console's hosts,
+    refused on every port: a host firewalled from outside is open to itself. Unresolved while a service's host
+    does not resolve: its address could be the receiver's."""
+    services = platform_services.resolved(lambda host, port: _service_addresses(host, port, deadline))
     networks = [ipaddress.ip_network(settings.E31_JOB_SUBNET), *platform_services.METADATA]
-    networks += [*settings.E31_WEBHOOK_DENY, *_own_addresses()]
+    networks += [*settings.E31_WEBHOOK_DENY, *_own_addresses(services)]
     for address in Node.objects.exclude(address="").values_list("address", flat=True):
         try:
             networks.append(ipaddress.ip_network(pinned.unwrapped(address)))
         except ValueError:
             networks += [ipaddress.ip_network(ip) for ip in _resolved(address, 0, deadline)]
-    return endpoints, networks
+    return services, networks
 
 
-def _service_addresses(host: str, port: int, deadline: float | None) -> list:
+def _service_addresses(host: str, port: int | None, deadline: float | None) -> list[str]:
     try:
-        return [pinned.unwrapped(info[4][0]) for info in _lookup(host, port, deadline)]
+        return [info[4][0] for info in _lookup(host, port, deadline)]
     except (socket.gaierror, UnicodeError, Unresolved) as exc:
         # Which host it was is the operators' (the worker's log), not the team's.
+        log.warning("the platform's host %s did not resolve: %s", host, exc)
         raise Unresolved(
             "a host of this platform did not resolve, so the receiver's address could not be told apart from it"
         ) from exc
@@ -172,32 +171,10 @@ def _resolved(host: str, port: int, deadline: float | None) -> list:
         return []
 
 
-def _own_addresses() -> list:
+def _own_addresses(services: platform_services.Platform) -> list:
     """The sending host's own addresses, but loopback: an operator who allows a loopback network can only mean this
     host (a receiver beside the embedded console); one who allows an office network that holds the host means the
     other machines in it. (E31_CONSOLE_URL's public address is not among them: reached from here it is reached as
-    from anywhere, and behind a shared load balancer or CDN it is other sites' too.)"""
-    return [net for net in _this_host() if not net.is_loopback]
-
-
-def _this_host(root: Path = Path("/proc/net")) -> list:
-    """Every address of the sending host's interfaces, in its network namespace (Linux's routing table and
-    interface list; elsewhere none, and E31_WEBHOOK_DENY says them)."""
-    own = []
-    try:
-        last = ""
-        for line in (root / "fib_trie").read_text().splitlines():
-            if "|--" in line:
-                last = line.split("|--")[1].strip()
-            elif (
-                local := LOCAL_ROUTE.fullmatch(line.strip())
-            ) is not None:  # /24 host LOCAL: a whole AnyIP range
-                own.append(ipaddress.ip_network(f"{last}/{local[1]}", strict=False))
-        own += [
-            ipaddress.ip_network(ipaddress.IPv6Address(int(line.split()[0], 16)))
-            for line in (root / "if_inet6").read_text().splitlines()
-            if line.strip()
-        ]
-    except (OSError, ValueError, IndexError):
-        return own
-    return list(dict.fromkeys(own))
+    from anywhere, and behind a shared load balancer or CDN it is other sites' too.) A service of the platform on
+    this host stays refused through loopback too (``Platform.refuses``)."""
+    return [net for net in services.host_networks if not net.is_loopback]

@@ -399,6 +399,8 @@ def checked_addresses(host: str, port: int, *, allow_private: bool) -> list[str]
     for address in addresses:
         if platform_services.is_metadata(address):
             raise transfers.TransferFailed(f"{host} resolves to {address}, a cloud metadata service: refused")
+        if platform_services.is_unspecified(address):  # 0.0.0.0 and :: reach this host itself
+            raise transfers.TransferFailed(f"{host} resolves to {address}, this host's own: refused")
         if not allow_private and not pinned.is_public(address):
             raise transfers.TransferFailed(
                 f"{host} resolves to {address}, a loopback, link-local or private address: "
@@ -410,13 +412,13 @@ def checked_addresses(host: str, port: int, *, allow_private: bool) -> list[str]
 
 
 def _platform_service(addresses: list[str], port: int) -> bool:
-    """Whether one of ``addresses`` on ``port`` is the database, the broker or the cache. A platform host that
-    does not resolve now is a Transient: it cannot be told apart, and it is tried again."""
+    """Whether one of ``addresses`` on ``port`` is the database, the broker, the cache or the mail server. A
+    platform host that does not resolve now is a Transient: it cannot be told apart, and it is tried again."""
     try:
-        platform = platform_services.endpoints()
+        platform = platform_services.cached()
     except platform_services.Unresolved as exc:
         raise transfers.Transient(str(exc)) from exc
-    return any((pinned.unwrapped(address), port) in platform for address in addresses)
+    return any(platform.refuses(address, port) for address in addresses)
 
 
 class FsspecSource:

@@ -8,7 +8,7 @@ import time
 import pytest
 from django.utils import timezone
 
-from common import pinned
+from common import pinned, platform_services
 from jobs import transitions
 from jobs.lifecycle import EndReason, State
 from notifications import addresses
@@ -151,7 +151,7 @@ def test_every_local_route_of_the_host_is_its_own_an_anyip_range_too(tmp_path):
     the host answers for (AnyIP, /24), which reading the /32 entries alone let through."""
     (tmp_path / "fib_trie").write_text(FIB_TRIE)
     (tmp_path / "if_inet6").write_text("fd000000000000000000000000000002 04 40 00 82     eth0\n")
-    assert addresses._this_host(tmp_path) == [
+    assert platform_services.host_networks(tmp_path) == [
         ipaddress.ip_network("10.8.0.7/32"),
         ipaddress.ip_network("10.9.0.0/24"),
         ipaddress.ip_network("127.0.0.1/32"),

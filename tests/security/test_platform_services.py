@@ -27,11 +27,12 @@ def failover_platform(settings):
     settings.DATABASES = {**settings.DATABASES, "default": db}  # a copy: the test database keeps its own
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
                                    "LOCATION": ["redis://10.9.9.5:6379/1", "redis://10.9.9.6:6379/1"]}}  # fmt: skip
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "10.9.9.7", 587
 
 
 EVERY_SERVICE = [
     ("10.9.9.1", 6379), ("10.9.9.2", 6380), ("10.9.9.3", 5432), ("10.9.9.4", 5433), ("10.9.9.5", 6379),
-    ("10.9.9.6", 6379),
+    ("10.9.9.6", 6379), ("10.9.9.7", 587),
 ]  # fmt: skip
 
 
@@ -48,6 +49,7 @@ def test_one_database_port_serves_every_database_host(settings):
     settings.CACHES = {
         "default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "cache"}
     }
+    settings.EMAIL_HOST = ""
     assert platform_services.locations() == [("a", 5432), ("b", 5432)]
 
 
@@ -61,11 +63,63 @@ def test_no_webhook_reaches_any_of_them_inside_an_allowed_network(failover_platf
 
 def test_a_platform_host_that_does_not_resolve_refuses_until_it_does(settings):
     """Its address cannot be told apart from the receiver's: the send is tried again later, as for a name of the
-    receiver's own that did not resolve."""
+    receiver's own that did not resolve; the team is not told the platform's host names."""
     settings.E31_WEBHOOK_PRIVATE_NETWORKS = [ipaddress.ip_network("10.0.0.0/8")]
     settings.CELERY_BROKER_URL = "redis://broker.invalid:6379/0"
-    with pytest.raises(addresses.Unresolved, match="platform"):
+    with pytest.raises(addresses.Unresolved, match="platform") as refused:
         addresses.checked_addresses("10.9.9.9", 6379)
+    assert "broker.invalid" not in str(refused.value)
+    settings.CELERY_BROKER_URL = "redis://10.9.9.1:6379/0"  # resolves again
+    assert addresses.checked_addresses("10.9.9.9", 6379) == ["10.9.9.9"]
+
+
+def test_a_source_waits_while_a_platform_host_does_not_resolve_and_is_not_told_its_name(settings):
+    settings.CELERY_BROKER_URL = "redis://broker.invalid:6379/0"
+    with pytest.raises(transfers.Transient, match="platform") as waited:
+        sources.checked_addresses("10.9.9.9", 80, allow_private=True)
+    assert "broker.invalid" not in str(waited.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "port"),
+    [
+        ("pyamqp://guest@10.9.9.8//", 5672),
+        ("sentinel://10.9.9.8", 26379),
+        ("redis://10.9.9.8:notaport/0", 1234),
+    ],
+)
+def test_a_broker_of_any_scheme_is_refused_and_one_whose_port_is_no_number_on_every_port(settings, url, port):
+    """Celery's own pyamqp:// and sentinel:// implied no port here, and a port that is not a number was dropped:
+    the broker was left out of the list, reachable by a webhook, a source and a job allowed the internet."""
+    settings.CELERY_BROKER_URL = url
+    settings.E31_WEBHOOK_PRIVATE_NETWORKS = [ipaddress.ip_network("10.0.0.0/8")]
+    with pytest.raises(transfers.TransferFailed, match="platform"):
+        sources.checked_addresses("10.9.9.8", port, allow_private=True)
+    with pytest.raises(addresses.Refused, match="platform"):
+        addresses.checked_addresses("10.9.9.8", port)
+    assert "10.9.9.8" in platform_services.hosts()
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "0.1.2.3", "::"])
+@pytest.mark.parametrize("allow_private", [False, True])
+def test_no_source_is_this_hosts_unspecified_address(address, allow_private):
+    """Reproduction: with private sources allowed, http://0.0.0.0:PORT/ read a service listening on this host's
+    loopback, the platform's broker among them (Linux connects 0.0.0.0 to the host itself)."""
+    with pytest.raises(transfers.TransferFailed, match="this host's own"):
+        sources.checked_addresses(address, 6379, allow_private=allow_private)
+
+
+def test_a_service_on_this_host_is_refused_through_every_loopback_address(settings):
+    """127.0.0.2 reaches a service listening on 127.0.0.1 (or on all of this host's addresses): refused on that
+    service's port, whichever of this host's addresses names it."""
+    settings.CELERY_BROKER_URL = "redis://127.0.0.1:16379/0"
+    settings.E31_WEBHOOK_PRIVATE_NETWORKS = [ipaddress.ip_network("127.0.0.0/8")]
+    for address in ("127.0.0.1", "127.0.0.2", "127.8.9.10"):
+        with pytest.raises(transfers.TransferFailed, match="platform"):
+            sources.checked_addresses(address, 16379, allow_private=True)
+        with pytest.raises(addresses.Refused, match="platform"):
+            addresses.checked_addresses(address, 16379)
+    assert sources.checked_addresses("127.0.0.2", 8080, allow_private=True) == ["127.0.0.2"]  # another port
 
 
 @pytest.mark.parametrize(

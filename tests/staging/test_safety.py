@@ -106,13 +106,13 @@ def test_a_local_http_source_is_refused_by_default(roots, team, server):
 @pytest.mark.parametrize(
     "address",
     ["127.0.0.1", "127.8.9.10", "::1", "10.0.0.5", "172.16.3.4", "192.168.1.1", "169.254.1.1", "fe80::1",
-     "fc00::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "2002:7f00:1::1", "0.0.0.0", "100.64.0.1", "224.0.0.1",
+     "fc00::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "2002:7f00:1::1", "100.64.0.1", "224.0.0.1",
      "64:ff9b::a9fe:101", "64:ff9b::a00:5", "::a00:5", "64:ff9b:1::a00:5", "fec0::1"],
 )  # fmt: skip
 def test_loopback_link_local_private_and_special_addresses_are_refused(address, monkeypatch):
     """An IPv4 address carried in IPv6 is judged as itself: on an IPv6-only pool with NAT64, a data host
-    whose AAAA record is 64:ff9b::a9fe:101 would otherwise reach 169.254.1.1 (the cloud metadata service, refused
-    even where private sources are allowed: tests/security/test_platform_services.py)."""
+    whose AAAA record is 64:ff9b::a9fe:101 would otherwise reach 169.254.1.1, a link-local address (the cloud
+    metadata service's are refused even where private sources are allowed: tests/security/test_platform_services.py)."""
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [(0, 0, 0, "", (address, 80))])
     with pytest.raises(transfers.TransferFailed, match="refused"):
         sources.checked_addresses("data.example", 80, allow_private=False)
