@@ -545,7 +545,13 @@ def outputs(
         out.print(table)
         return
     targets = _targets(files, download)
-    if (differing := [item["path"] for item, target in targets if _differs(target, item)]) and not force:
+    # Each file already there is read once: whether it differs decides both the refusal and what is skipped.
+    there = {
+        item["path"]: _differs(target, item)
+        for item, target in targets
+        if target.exists() or target.is_symlink()
+    }
+    if (differing := [path for path, differs in there.items() if differs]) and not force:
         err.print(
             f"Nothing was downloaded: {len(differing)} file{'s' * (len(differing) != 1)} already in {download} "
             f"differ{'s' * (len(differing) == 1)} from the job's outputs: {', '.join(differing)}. Use --force to "
@@ -555,11 +561,16 @@ def outputs(
         raise typer.Exit(EXIT_CONFLICT)
     not_saved = 0
     for item, target in targets:
-        if target.is_file() and not _differs(target, item):
+        if there.get(item["path"]) is False:
             err.print(f"{item['path']}: already there, the same {item['bytes']} bytes")
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if problem := _download_checked(session, job_id, item, target):
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file of the folder stands where the output's folder goes
+            problem = f"its folder cannot be made: {exc.strerror or exc}"
+        else:
+            problem = _download_checked(session, job_id, item, target)
+        if problem:
             err.print(f"{item['path']}: not saved: {problem}", style="red")
             not_saved += 1
         else:
@@ -591,9 +602,7 @@ def _one_name(part: str) -> bool:
 
 
 def _differs(target: Path, item: dict) -> bool:
-    """Whether something other than the listed file lies at ``target``."""
-    if not target.exists() and not target.is_symlink():
-        return False
+    """Whether something other than the listed file lies at ``target`` (which exists, or is a link)."""
     return not target.is_file() or target.is_symlink() or bool(_differs_from_listed(target, item))
 
 

@@ -155,3 +155,13 @@ def test_a_path_this_systems_paths_would_read_otherwise_is_skipped(monkeypatch, 
     assert result.exit_code == 0, result.output
     assert fake.fetched == ["ok.txt"]
     assert result.stderr.count("not a path inside the output folder") == 3, result.stderr
+
+
+def test_an_output_whose_folder_is_a_file_here_is_not_saved_and_the_rest_is(monkeypatch, tmp_path):
+    """A traceback ended the command when a file of the folder stood where an output's folder goes."""
+    (tmp_path / "logs").write_text("mine")
+    fake = FakeApi(["logs/run.txt", "model.bin"])
+    result = download(monkeypatch, fake, tmp_path)
+    assert result.exit_code == main.EXIT_API, result.output
+    assert fake.fetched == ["model.bin"] and (tmp_path / "logs").read_text() == "mine"
+    assert "logs/run.txt: not saved: its folder cannot be made" in result.stderr, result.stderr
