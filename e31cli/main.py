@@ -263,6 +263,10 @@ def _console_url(url: str) -> str:
         )
     if not parts.hostname:
         raise typer.BadParameter(f"{url!r} names no host, e.g. https://console.example", param_hint="URL")
+    try:
+        parts.port  # noqa: B018 -- raises for a port that is no number or past 65535
+    except ValueError as exc:
+        raise typer.BadParameter(f"{url!r}: {exc}", param_hint="URL") from exc
     return url.rstrip("/").removesuffix("/api/v1").rstrip("/")
 
 

@@ -36,6 +36,15 @@ def test_an_address_without_http_or_https_is_a_usage_error_saying_to_add_it(
     assert not config.login_file().exists()
 
 
+@pytest.mark.parametrize("url", ["https://console.example:abc", "http://127.0.0.1:99999"])
+def test_an_address_whose_port_is_no_port_is_a_usage_error(monkeypatch, capsys, config_home, url):
+    """`e31 login https://host:abc` said "Cannot reach the console" (exit 7)."""
+    sent = answered_by_adapter(monkeypatch, 200, NO_JOBS)
+    code, stderr = exit_of(monkeypatch, capsys, "login", url, "--token", "e31_x")
+    assert (code, sent) == (main.EXIT_USAGE, []), stderr
+    assert "Cannot reach" not in stderr and "port" in stderr.lower(), stderr
+
+
 @pytest.mark.parametrize("suffix", ["/api/v1", "/api/v1/"])
 def test_the_apis_own_address_is_taken_for_the_consoles(monkeypatch, capsys, config_home, suffix):
     """Copied from the API docs, `http://host:8000/api/v1` was stored as it was, and every command asked
