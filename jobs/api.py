@@ -422,5 +422,7 @@ def get_array(request: HttpRequest, array_id: int):
 def cancel_array(request: HttpRequest, array_id: int):
     array = _visible_array(request, array_id)
     if not services.cancel_array(array_id=array.id, user=request.user, now=timezone.now()):
-        raise HttpError(409, f"Array {array.id} has no live task: nothing to cancel")
+        # Tasks still stopping from a cancel asked before: the same request again, answered alike.
+        if not selectors.array_stopping(array.id):
+            raise HttpError(409, f"Array {array.id} has no live task: nothing to cancel")
     return _array_json(array)

@@ -233,6 +233,12 @@ def _live_first(row: tuple) -> tuple:
     return (1, end_reason != "succeeded", end_reason)
 
 
+def array_stopping(array_id: int) -> bool:
+    """Whether a task of the array (its tasks run again on their own included) is live with a cancel asked for."""
+    tasks = Job.objects.filter(Q(array_id=array_id) | Q(array__limit_of_id=array_id))
+    return tasks.filter(state__in=ALIVE, cancel_requested_at__isnull=False).exists()
+
+
 def job_list(user, filters: JobFilters) -> QuerySet[Job]:
     """The team's job list, filtered in SQL; callers slice it, so only one page is ever read."""
     return with_canceller(filtered(visible_jobs(user), filters))

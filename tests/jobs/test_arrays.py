@@ -178,6 +178,19 @@ def test_cancel_one_task_or_every_live_task_of_the_array(client, member_token, p
     assert client.post(f"/api/v1/arrays/{array_id}/cancel", **auth).status_code == 409
 
 
+def test_cancel_of_an_array_whose_tasks_are_still_stopping_answers_as_the_first_did(
+    client, member_token, pool, raw
+):
+    """`e31 cancel --array A` sent again while its running tasks' agents stopped them said "has no live task:
+    nothing to cancel" (409, exit 5): false, and a retried cancel read as a failed one."""
+    array_id = _array_of(client, member_token, raw)
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {member_token}"}
+    Job.objects.filter(array_id=array_id).update(state="running", cancel_requested_at=timezone.now())
+    response = client.post(f"/api/v1/arrays/{array_id}/cancel", **auth)
+    assert response.status_code == 200, response.content
+    assert response.json()["states"] == {"running": 4}
+
+
 def test_another_team_neither_sees_nor_cancels_an_array(client, member_token, outsider, pool, raw):
     from accounts import services as accounts
 
