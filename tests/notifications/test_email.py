@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from jobs import transitions
 from jobs.lifecycle import EndReason, State
-from jobs.models import Job
+from jobs.models import Job, JobArray
 from notifications import services as notify
 from notifications.models import JobEmail
 from tests.factories import JobFactory
@@ -420,3 +420,9 @@ def test_a_job_or_array_e_mail_for_an_account_without_an_address_is_refused_sayi
         notify.set_job_email(job=job, user=member, email=email)
     notify.set_job_email(job=job, user=member, email="never")  # saying no needs no address
     assert JobEmail.objects.get(job=job).email == "never"
+    array = JobArray.objects.create(
+        team=team, name="sweep", spec="0-1", size=2, first_index=0, submitted_at=timezone.now()
+    )
+    JobFactory(team=team, submitted_by=member, array=array, array_index=0)
+    with pytest.raises(notify.NotAllowed, match="no e-mail address"):
+        notify.set_array_email(array=array, user=member, email=email)
