@@ -275,7 +275,7 @@ def hostile(naming_realm, redirecting):
 @pytest.mark.parametrize("how", ["realm", "redirect"])
 @pytest.mark.parametrize(
     "url, named",
-    [("https://169.254.169.254/token", "169.254.169.254, a loopback, link-local or private address: refused"),
+    [("https://169.254.169.254/token", "169.254.169.254, a cloud metadata service: refused"),
      ("https://10.0.0.5/token", "10.0.0.5, a loopback, link-local or private address: refused"),
      ("https://{address}:8443/token", "port 8443 refused"),
      ("http://{address}/token", "a plain HTTP request to http://{address}/token")],
