@@ -310,6 +310,7 @@ def partners_review(request: HttpRequest) -> HttpResponse:
             request.GET.get("waitlist_page")
         ),
         "waitlist_told": WaitlistEntry.objects.exclude(told_at=None).count(),
+        "waitlist_untold": WaitlistEntry.objects.filter(told_at=None).count(),  # whom opening intake e-mails
     }
     return render(request, "pages/partners_review.html", context)
 
