@@ -90,17 +90,26 @@ def database() -> Check:
 
 
 def agents(*, now: datetime) -> Check:
-    """Live nodes whose agent beat within the reaper's timeout, against every live node."""
+    """Live nodes whose agent beat within the reaper's timeout, against every live node; and the nodes the platform
+    declared down (silent past the timeout), which no operator marked down nor retired: red until each is back
+    or retired, or the lost node leaves the count and the page reads green."""
     cutoff = now - timedelta(seconds=settings.E31_NODE_TIMEOUT_S)
-    live = Node.objects.exclude(state=Node.NodeState.DOWN)
-    fresh = Q(last_heartbeat__gte=cutoff)
-    counts = live.aggregate(total=Count("id"), fresh=Count("id", filter=fresh))
-    total, ok = counts["total"], counts["fresh"]
+    live, fresh = ~Q(state=Node.NodeState.DOWN), Q(last_heartbeat__gte=cutoff)
+    lost = Q(state=Node.NodeState.DOWN, held_down_by="", retired_at__isnull=True)
+    counts = Node.objects.aggregate(
+        total=Count("id", filter=live), fresh=Count("id", filter=live & fresh), lost=Count("id", filter=lost)
+    )
+    total, ok, lost_count = counts["total"], counts["fresh"], counts["lost"]
     if total == 0:
         return _no_live_node()
     summary = f"{ok} of {total} live nodes beat within {settings.E31_NODE_TIMEOUT_S:g} s"
-    silent = list(live.exclude(fresh).order_by("name").values_list("name", flat=True)[:SHOWN_IDS])
-    return Check("agents", "Agents reporting", ok == total, summary, [f"silent: {n}" for n in silent])
+    names = Node.objects.order_by("name").values_list("name", flat=True)
+    silent = list(names.filter(live).exclude(fresh)[:SHOWN_IDS]) if ok < total else []
+    gone = list(names.filter(lost)[:SHOWN_IDS]) if lost_count else []
+    if lost_count:
+        summary += f"; {lost_count} lost (declared down when it fell silent: bring it back, or retire it)"
+    detail = [f"silent: {n}" for n in silent] + [f"lost: {n}" for n in gone]
+    return Check("agents", "Agents reporting", ok == total and not lost_count, summary, detail)
 
 
 def _no_live_node() -> Check:

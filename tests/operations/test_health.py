@@ -48,6 +48,25 @@ def test_silent_agents_are_red_and_named(pool, now):
     assert not check.ok and "2 of 3 live nodes" in check.summary and check.detail == ["silent: gpu-quiet"]
 
 
+def test_a_node_the_platform_declared_lost_keeps_the_check_red_until_it_returns_or_is_retired(pool, now):
+    """An operator walk: local-1's agent froze, the reconciler declared it down, and Health read green, "1 of 1
+    live nodes beat within 30 s": the lost node had left the count. One an operator marked down, or retired, is
+    no alarm."""
+    lost = NodeFactory(name="gpu-lost", state=Node.NodeState.DOWN, last_heartbeat=now - timedelta(minutes=3))
+    NodeFactory(name="gpu-held", state=Node.NodeState.DOWN, held_down_by="olga", last_heartbeat=now)
+    NodeFactory(
+        name="gpu-gone", state=Node.NodeState.DOWN, retired_at=now, last_heartbeat=now - timedelta(days=1)
+    )
+    check = checks(now)["agents"]
+    assert not check.ok and "1 lost" in check.summary, check.summary
+    assert [line for line in check.detail if "gpu-" in line and "lost" in line] == ["lost: gpu-lost"], (
+        check.detail
+    )
+    lost.state, lost.last_heartbeat = Node.NodeState.UP, now
+    lost.save()
+    assert checks(now)["agents"].ok
+
+
 def test_health_does_not_say_no_agent_registered_when_every_node_is_down(now):
     """Both nodes of the pool went silent and were declared down (a power cut). The health page's agents
     check says "no agent has registered", which sends the operator looking for a setup problem instead
