@@ -26,7 +26,7 @@ from jobs import clock, nodes
 from jobs.models import Allocation, Job
 from metering import invariants, signals, summaries
 from metering.models import MeterEntry
-from metering.periods import floor_hour, hour_slices, micros, spread_over_hours
+from metering.periods import floor_hour, gpu_hours, hour_slices, micros, spread_over_hours
 
 log = logging.getLogger(__name__)
 
@@ -175,9 +175,17 @@ def adjust_meter(
             "another adjustment was recorded on this allocation since this page was shown (listed above): "
             "look again before you record this one"
         )
-    if _gpu_micros(allocation_id) + allocation.gpu_count * microseconds < 0:
+    total = _gpu_micros(allocation_id) + allocation.gpu_count * microseconds
+    if total < 0:
         raise ValueError("this credit is larger than the GPU-time the allocation was metered")
     end = allocation.released_at or now
+    held = allocation.gpu_count * micros(end - allocation.rented_at)
+    if microseconds > 0 and total > held:  # a typo (hours as seconds) charged 4,000 GPU-hours for 137 s held
+        raise ValueError(
+            f"this charge would bring the allocation to more than the allocation held: its {allocation.gpu_count} "
+            f"GPU(s) from RENT to {'RELEASE' if allocation.released_at else 'now'}, "
+            f"{gpu_hours(held):.3f} GPU-hours"
+        )
     lock_team_ledgers({allocation.job.team_id})
     # The correction covers the last |microseconds| of the meter (no earlier than RENT), cut at the
     # hours the metered rows are cut at: a credit across a month's end is booked in both months.

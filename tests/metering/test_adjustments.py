@@ -44,21 +44,24 @@ def test_a_gap_credit_across_the_year_end_is_booked_in_the_months_it_covers(team
     assert (december.gpu_micros, january.gpu_micros) == (0, 0)
 
 
-def test_a_credit_clamped_at_rent_is_shared_over_its_hours_and_adds_up_exactly(team, node, operator):
-    """An operator credits more than the window the meter covers (an odd amount, clamped at RENT).
-    The credit is spread over the hours from RENT to RELEASE in proportion, no hour gets nothing,
-    and the rows add up to the amount asked for to the microsecond."""
+def test_a_credit_of_nearly_all_the_held_time_is_shared_over_its_hours_and_adds_up_exactly(
+    team, node, operator
+):
+    """An operator credits an odd amount, all but a microsecond of the window the meter covers. The credit is
+    spread over the hours from RENT to RELEASE in proportion, no hour gets nothing, and the rows add up to the
+    amount asked for to the microsecond. (No adjustment reaches past RENT: a credit is at most what was metered,
+    a charge at most what the allocation held.)"""
     rented = datetime(2024, 5, 3, 10, 30, tzinfo=UTC)
     allocation = rent(team=team, node=node, at=rented, gpus=1)
     rental.release_job(
         job_id=allocation.job_id, end_reason="succeeded", now=rented + timedelta(hours=2), actor="t"
     )
     rows = services.adjust_meter(
-        allocation_id=allocation.id, microseconds=7_200_000_001, reason="charged twice",
+        allocation_id=allocation.id, microseconds=-7_199_999_999, reason="charged twice",
         author=operator, now=rented + timedelta(days=1),
     )  # fmt: skip
     assert [r.period_start.hour for r in rows] == [10, 11, 12]
-    assert sum(r.microseconds for r in rows) == 7_200_000_001 and all(r.microseconds > 0 for r in rows)
+    assert sum(r.microseconds for r in rows) == -7_199_999_999 and all(r.microseconds < 0 for r in rows)
     assert services.find_violations(now=rented + timedelta(days=1)) == []
 
 

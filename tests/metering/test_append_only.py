@@ -120,6 +120,28 @@ def test_a_credit_larger_than_the_metered_time_is_refused(entry):
         )  # fmt: skip
 
 
+def test_a_charge_past_the_time_the_allocation_held_is_refused(entry):
+    """An operator walk: 3,600,000 typed in "seconds per GPU" (hours typed as seconds) charged a job that held its
+    GPUs 137 s for 4,000 GPU-hours, blowing its team's enforced budget. No allocation is charged more than it held:
+    RENT to RELEASE, on each of its GPUs."""
+    operator = UserFactory(username="ops", is_staff=True)
+    hour = 3_600_000_000
+    with pytest.raises(ValueError, match="more than the allocation held"):
+        services.adjust_meter(
+            allocation_id=entry.allocation_id, microseconds=1_000 * hour, reason="typo", author=operator, now=T0
+        )  # fmt: skip
+    services.adjust_meter(
+        allocation_id=entry.allocation_id, microseconds=-hour, reason="skew", author=operator, now=T0
+    )
+    services.adjust_meter(
+        allocation_id=entry.allocation_id, microseconds=hour, reason="undo", author=operator, now=T0
+    )
+    with pytest.raises(ValueError, match="more than the allocation held"):
+        services.adjust_meter(
+            allocation_id=entry.allocation_id, microseconds=1, reason="past it", author=operator, now=T0
+        )  # fmt: skip
+
+
 def test_the_sqlite_triggers_refuse_update_and_delete_too():
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE metering_meterentry (id INTEGER PRIMARY KEY, microseconds INTEGER)")
