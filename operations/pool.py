@@ -315,9 +315,11 @@ def _actions(node: NodeInfo, ctx: _Context) -> str:
         said = f'<small class="muted">marked down by {escape(node.held_down_by)}</small><br>'
     if "retire" in actions:
         said += '<small class="muted">retire: decommissioned, off the pool until its agent registers again</small><br>'
-    href = quote(node.name)
+    href, name = quote(node.name), escape(node.name)
+    # Named with its node: a screen reader lists the page's links out of their rows ("drain", "drain", …).
     return said + " ".join(
-        f'<a class="button small" href="{ctx.action_href.format(href, a)}">{a}</a>' for a in actions
+        f'<a class="button small" href="{ctx.action_href.format(href, a)}" aria-label="{a} {name}">{a}</a>'
+        for a in actions
     )
 
 

@@ -18,6 +18,7 @@ from accounts.models import Team
 from common import paging
 from common.operators import operator_only
 from jobs import selectors as jobs_selectors
+from jobs.lifecycle import State
 from jobs.models import Job, Node
 from operations import health, pages, pool, selectors, services, utilisation
 from operations.models import AuditEntry
@@ -181,7 +182,13 @@ def _do_job_action(request: HttpRequest, job: Job, action: str) -> HttpResponse:
     now = timezone.now()
     if action == "cancel":
         if services.cancel_job(job_id=job.id, actor=request.user, now=now):
-            messages.success(request, f"Job #{job.id}: cancelled (a job holding GPUs stops and is released).")
+            job.refresh_from_db(fields=["state"])
+            said = (
+                "it ended without running, unmetered"  # it held no GPUs: ENDED, never RELEASED
+                if job.state == State.ENDED
+                else "its process, if it started, stops and its GPUs are released"
+            )
+            messages.success(request, f"Job #{job.id}: cancelled ({said}).")
         else:
             messages.warning(request, f"Job #{job.id} had already ended or was already cancelling.")
         return redirect("operations:jobs")

@@ -85,9 +85,11 @@ def test_cancel_from_the_list_is_confirmed_recorded_and_ends_a_waiting_job(opera
     job.refresh_from_db()
     assert job.state == State.QUEUED
 
-    operator_client.post(job_action(job, "cancel"), {"confirm": "yes"})
+    answer = operator_client.post(job_action(job, "cancel"), {"confirm": "yes"}, follow=True)
     job.refresh_from_db()
     assert (job.state, job.end_reason) == (State.ENDED, EndReason.CANCELLED)
+    # It held no GPUs: the page said "a job holding GPUs stops and is released" all the same.
+    assert f"Job #{job.id}: cancelled (it ended without running, unmetered)." in answer.content.decode()
     entry = AuditEntry.objects.get(action="job.cancel")
     assert (
         entry.target == f"job:{job.id}"
@@ -98,9 +100,10 @@ def test_cancel_from_the_list_is_confirmed_recorded_and_ends_a_waiting_job(opera
 
 def test_cancelling_a_running_job_asks_its_agent_to_stop_it(operator_client, team, pool, now):
     job = running_job(team=team, node=pool[0], now=now)
-    operator_client.post(job_action(job, "cancel"), {"confirm": "yes"})
+    answer = operator_client.post(job_action(job, "cancel"), {"confirm": "yes"}, follow=True)
     job.refresh_from_db()
     assert job.state == State.RUNNING and job.cancel_requested_at is not None
+    assert "its process, if it started, stops and its GPUs are released" in answer.content.decode()
     assert AuditEntry.objects.get(action="job.cancel").after["cancel_requested_at"]
 
 

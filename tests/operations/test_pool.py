@@ -60,6 +60,8 @@ def test_the_pool_fragment_polls_itself_and_offers_actions_by_state(operator_cli
     assert "<html" not in fragment
     assert action_url("gpu-01", "drain") in fragment and action_url("gpu-01", "mark-down") in fragment
     assert action_url("gpu-02", "resume") in fragment and action_url("gpu-02", "drain") not in fragment
+    # Each named with its node: a screen reader listing the links heard "drain", "drain", …
+    assert 'aria-label="drain gpu-01"' in fragment and 'aria-label="resume gpu-02"' in fragment
 
 
 def test_drain_asks_for_confirmation_first_and_does_nothing_unconfirmed(operator_client, pool):
