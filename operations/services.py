@@ -163,7 +163,10 @@ def _submit_copy(job: Job, *, actor, now: datetime) -> Job:
         )
     except declaration.DeclarationInvalid as exc:
         # Raising out of requeue_job's transaction also undoes the cancel of a waiting job.
-        raise RequeueRefused(f"job {job.id} cannot be requeued: {exc}") from exc
+        # In the operator's words: the messages, without the declaration's field paths ("request.hours: …").
+        raise RequeueRefused(
+            f"job {job.id} cannot be requeued: {'; '.join(message for _, message in exc.errors)}"
+        ) from exc
 
 
 # --------------------------------------------------------------------------- teams

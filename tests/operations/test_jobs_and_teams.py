@@ -170,6 +170,7 @@ def test_requeue_refused_by_the_teams_enforced_budget_is_shown_and_changes_nothi
     response = operator_client.post(job_action(job, "requeue"), {"confirm": "yes"}, follow=True)
 
     assert response.status_code == 200 and "cannot be requeued" in _said(response)
+    assert "request.hours" not in _said(response)  # the operator's words, not the declaration's field path
     assert Job.objects.count() == 1 and not AuditEntry.objects.exists()
 
 
