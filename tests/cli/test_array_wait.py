@@ -3,27 +3,18 @@ must not start while tasks still run. It exits with the highest of the tasks' ex
 task succeeded), as `sbatch --wait` does for an array, and says which tasks did not succeed."""
 
 import pytest
-import tomli_w
 
 from e31cli import main
 from jobs.models import Job
 from tests.cli.inprocess import e31
+from tests.cli.test_array_submit import array_file as sweep_file
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def array_file(tmp_path, roots, pool):
-    _, out_root = roots
-    raw = {
-        "name": "sweep", "array": "0-3",
-        "work": {"argv": ["python3", "sweep.py"]},
-        "request": {"gpus": 1, "hours": 1.0},
-        "output": {"uri": f"file://{out_root}/sweep", "bytes": 100},
-    }  # fmt: skip
-    path = tmp_path / "sweep.toml"
-    path.write_text(tomli_w.dumps(raw))
-    return path
+    return sweep_file(tmp_path, roots, "0-3")
 
 
 def _end(index: int, *, exit_code: int = 0, delivery: str = "delivered") -> None:

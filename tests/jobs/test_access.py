@@ -93,15 +93,20 @@ def test_cancel_from_the_page_ends_a_queued_job_unmetered(job, member_client):
     assert (job.state, job.end_reason) == ("ended", "cancelled") and not job.allocations.exists()
 
 
+def _stopping(team, node, now) -> Job:
+    """A running job a teammate asked to cancel a moment ago: its node agent is still stopping it."""
+    job = JobFactory(team=team, state="running", attempt=1, cancel_requested_at=now)
+    Allocation.objects.create(
+        job=job, node=node, attempt=1, rank=0, gpu_indices=[0],
+        rented_at=now - timedelta(minutes=5), started_at=now - timedelta(minutes=4),
+    )  # fmt: skip
+    return job
+
+
 def test_cancel_pressed_while_a_cancel_is_pending_says_so_not_that_the_job_ended(team, member_client, pool):
     """A teammate asked to cancel a running job a moment ago and its node agent is still stopping it; a
     member presses Cancel job: the page says the cancel is already requested, and the job lives on."""
-    now = timezone.now()
-    job = JobFactory(team=team, state="running", attempt=1, cancel_requested_at=now)
-    Allocation.objects.create(
-        job=job, node=pool[0], attempt=1, rank=0, gpu_indices=[0],
-        rented_at=now - timedelta(minutes=5), started_at=now - timedelta(minutes=4),
-    )  # fmt: skip
+    job = _stopping(team, pool[0], timezone.now())
     answer = member_client.post(reverse("jobs:cancel", args=[job.id]))
     assert answer.status_code == 302 and Job.objects.get(id=job.id).is_alive
     said = [str(m) for m in get_messages(answer.wsgi_request)]
@@ -114,11 +119,7 @@ def test_cancel_through_the_api_while_a_cancel_is_pending_answers_as_the_first_d
     """Reproduction: `e31 cancel 18` twice while its node agent was still stopping it said "Job 18 is running:
     nothing to cancel" (409, exit 5): a retried cancel read as a failed one. It is the same request: 200, the job."""
     now = timezone.now()
-    job = JobFactory(team=team, state="running", attempt=1, cancel_requested_at=now)
-    Allocation.objects.create(
-        job=job, node=pool[0], attempt=1, rank=0, gpu_indices=[0],
-        rented_at=now - timedelta(minutes=5), started_at=now - timedelta(minutes=4),
-    )  # fmt: skip
+    job = _stopping(team, pool[0], now)
     answer = member_client.post(f"/api/v1/jobs/{job.id}/cancel", HTTP_AUTHORIZATION=f"Bearer {member_token}")
     assert answer.status_code == 200 and answer.json()["state"] == "running"
     assert Job.objects.get(id=job.id).cancel_requested_at == now
