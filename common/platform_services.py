@@ -57,12 +57,25 @@ def locations() -> list[tuple[str, int | None]]:
     broker of kombu's failover list (``url1;url2``), every cache server (a list, or a string split on ; and , as
     Django's Redis cache splits it) and the mail server. Port None: every port (a scheme that implies none, or a
     port that is not a number). A Unix socket (a host starting with /) and a table name have none."""
-    found = _database()
+    return list(dict.fromkeys([*_required(), *_best_effort()]))
+
+
+def _required() -> list[tuple[str, int | None]]:
+    """What every process of the platform, a node's too, must reach: a host of these that does not resolve fails
+    closed."""
+    return _database() + _from_urls(settings.CELERY_BROKER_URL.split(";"))
+
+
+def _best_effort() -> list[tuple[str, int | None]]:
+    """What the console's processes use and a node's may never resolve (the cache, the mail relay): refused where
+    they resolve, skipped (logged) where they do not, or every http(s) input of the pool would wait on them."""
     cache = settings.CACHES["default"].get("LOCATION", "")
-    urls = [
-        *settings.CELERY_BROKER_URL.split(";"),
-        *(re.split(r"[;,]", cache) if isinstance(cache, str) else cache),
-    ]
+    found = _from_urls(re.split(r"[;,]", cache) if isinstance(cache, str) else cache)
+    return found + ([(settings.EMAIL_HOST, settings.EMAIL_PORT)] if settings.EMAIL_HOST else [])
+
+
+def _from_urls(urls) -> list[tuple[str, int | None]]:
+    found = []
     for url in urls:
         if "://" not in url:
             continue
@@ -73,13 +86,12 @@ def locations() -> list[tuple[str, int | None]]:
             port = None
         if parts.hostname:
             found.append((parts.hostname, port))
-    if settings.EMAIL_HOST:
-        found.append((settings.EMAIL_HOST, settings.EMAIL_PORT))
-    return list(dict.fromkeys(found))
+    return found
 
 
-def hosts() -> list[str]:
-    return list(dict.fromkeys(host for host, _ in locations()))
+def hosts(*, required: bool) -> list[str]:
+    """The names of the services every process must reach (``required``), or of the others."""
+    return list(dict.fromkeys(host for host, _ in (_required() if required else _best_effort())))
 
 
 def _database() -> list[tuple[str, int | None]]:
@@ -124,9 +136,15 @@ class Platform:
 
 def resolved(resolve: Callable[[str, int | None], list[str]] | None = None) -> Platform:
     """The platform as its names resolve now (``resolve(host, port)``: addresses; Unresolved if it cannot)."""
+    resolve = resolve or _resolve
     endpoints = set()
-    for host, port in locations():
-        endpoints |= {(pinned.unwrapped(address), port) for address in (resolve or _resolve)(host, port)}
+    for host, port in _required():
+        endpoints |= {(pinned.unwrapped(address), port) for address in resolve(host, port)}
+    for host, port in _best_effort():
+        try:
+            endpoints |= {(pinned.unwrapped(address), port) for address in resolve(host, port)}
+        except Unresolved:
+            log.warning("the platform's host %s did not resolve here: not refused by address", host)
     return Platform(frozenset(endpoints), tuple(host_networks()))
 
 

@@ -596,19 +596,20 @@ class PlatformUnresolved(OSError):
 
 def _platform_networks() -> list[str]:
     """The platform's own addresses a job with egress never reaches, even public ones: E31_EGRESS_DENY,
-    and where the database (each host of a multi-host setting), every broker and cache location, the console,
-    the pool's registries and every node not down resolve to. PlatformUnresolved when a service's host does not
-    resolve; a node's that does not is left out (its agent registered a name only its own machine knows, or it
-    is gone), as are IPv6 addresses: a part's namespace has no IPv6."""
+    and where the database (each host of a multi-host setting), every broker, cache location and the mail relay,
+    the console, the pool's registries and every node not down resolve to. PlatformUnresolved when the host of a
+    service every node uses does not resolve; a node's, the cache's or the mail relay's that does not is left out
+    (a name only its own machine, or only the console's, knows), as are IPv6 addresses: a part's namespace has no
+    IPv6."""
     services = {
-        *platform_services.hosts(),
+        *platform_services.hosts(required=True),
         urlsplit(settings.E31_CONSOLE_URL).hostname or "",
         *(urlsplit(f"//{address}").hostname or "" for address in settings.E31_POOL_REGISTRIES),
     }
     live_nodes = Node.objects.exclude(address="").exclude(state=Node.NodeState.DOWN)
     nodes = {
         urlsplit(f"//{address}").hostname or "" for address in live_nodes.values_list("address", flat=True)
-    }
+    } | set(platform_services.hosts(required=False))
     found = list(settings.E31_EGRESS_DENY)
     for host in _hosts(services):
         if (addresses := _ipv4_of(host)) is None:
@@ -616,7 +617,7 @@ def _platform_networks() -> list[str]:
         found += addresses
     for host in _hosts(nodes - services):
         if (addresses := _ipv4_of(host)) is None:
-            log.warning("node address %s did not resolve: not denied to parts with internet access", host)
+            log.warning("%s did not resolve: not denied to parts with internet access", host)
         found += addresses or []
     return found
 

@@ -142,7 +142,12 @@ def platform_endpoints(*, deadline: float | None = None) -> tuple[platform_servi
     """The services this console uses, and the networks of jobs, nodes, cloud metadata and the console's hosts,
     refused on every port: a host firewalled from outside is open to itself. Unresolved while a service's host
     does not resolve: its address could be the receiver's."""
-    services = platform_services.resolved(lambda host, port: _service_addresses(host, port, deadline))
+    try:
+        services = platform_services.resolved(lambda host, port: _service_addresses(host, port, deadline))
+    except (
+        platform_services.Unresolved
+    ) as exc:  # tried again later, as a receiver's own name that did not resolve
+        raise Unresolved(str(exc)) from exc
     networks = [ipaddress.ip_network(settings.E31_JOB_SUBNET), *platform_services.METADATA]
     networks += [*settings.E31_WEBHOOK_DENY, *_own_addresses(services)]
     for address in Node.objects.exclude(address="").values_list("address", flat=True):
@@ -159,7 +164,7 @@ def _service_addresses(host: str, port: int | None, deadline: float | None) -> l
     except (socket.gaierror, UnicodeError, Unresolved) as exc:
         # Which host it was is the operators' (the worker's log), not the team's.
         log.warning("the platform's host %s did not resolve: %s", host, exc)
-        raise Unresolved(
+        raise platform_services.Unresolved(
             "a host of this platform did not resolve, so the receiver's address could not be told apart from it"
         ) from exc
 

@@ -46,6 +46,13 @@ def test_the_console_the_pool_registries_and_every_failover_broker_and_cache_are
     assert {"203.0.113.17/32", "203.0.113.18/32"} <= set(agent._platform_networks())
 
 
+@pytest.mark.parametrize("url", ["pyamqp://guest@203.0.113.30//", "redis://203.0.113.30:notaport/0"])
+def test_a_broker_of_any_scheme_is_denied(settings, url):
+    """Celery's own pyamqp:// (no port implied here) and a port that is not a number left the broker out."""
+    settings.CELERY_BROKER_URL = url
+    assert "203.0.113.30/32" in agent._platform_networks()
+
+
 def test_a_one_node_job_is_not_told_its_nodes_platform_address(pool, team):
     """Rank, node count and coordinator are for a job spanning nodes (README); the agent's --address is the
     platform's, not the job's."""

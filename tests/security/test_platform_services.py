@@ -97,7 +97,7 @@ def test_a_broker_of_any_scheme_is_refused_and_one_whose_port_is_no_number_on_ev
         sources.checked_addresses("10.9.9.8", port, allow_private=True)
     with pytest.raises(addresses.Refused, match="platform"):
         addresses.checked_addresses("10.9.9.8", port)
-    assert "10.9.9.8" in platform_services.hosts()
+    assert "10.9.9.8" in platform_services.hosts(required=True)
 
 
 @pytest.mark.parametrize("address", ["0.0.0.0", "0.1.2.3", "::"])
@@ -144,3 +144,11 @@ def test_no_source_is_a_platform_service_even_with_private_sources_allowed(failo
     with pytest.raises(transfers.TransferFailed, match="platform"):
         sources.checked_addresses(address, port, allow_private=True)
     assert sources.checked_addresses("10.9.9.9", port, allow_private=True) == ["10.9.9.9"]
+
+
+def test_a_cache_or_mail_relay_that_does_not_resolve_here_holds_no_input_back(settings):
+    """A node may never resolve the console's cache or mail relay: every http(s) input of the pool waited on them."""
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                   "LOCATION": "redis://cache.invalid:6379/1"}}  # fmt: skip
+    settings.EMAIL_HOST = "mail.invalid"
+    assert sources.checked_addresses("10.9.9.9", 80, allow_private=True) == ["10.9.9.9"]
