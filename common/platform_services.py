@@ -134,8 +134,12 @@ class Platform:
         return bool(local) and (port in local or None in local) and self.on_this_host(ip)
 
 
-def resolved(resolve: Callable[[str, int | None], list[str]] | None = None) -> Platform:
-    """The platform as its names resolve now (``resolve(host, port)``: addresses; Unresolved if it cannot)."""
+def resolved(
+    resolve: Callable[[str, int | None], list[str]] | None = None, *, skip_unresolved: bool = True
+) -> Platform:
+    """The platform as its names resolve now (``resolve(host, port)``: addresses; Unresolved if it cannot).
+    ``skip_unresolved``: a cache or mail relay that does not resolve is left out (a node's view), else Unresolved
+    (the console's processes use them, and a lookup given up at a deadline is no proof the name is gone)."""
     resolve = resolve or _resolve
     endpoints = set()
     for host, port in _required():
@@ -144,6 +148,8 @@ def resolved(resolve: Callable[[str, int | None], list[str]] | None = None) -> P
         try:
             endpoints |= {(pinned.unwrapped(address), port) for address in resolve(host, port)}
         except Unresolved:
+            if not skip_unresolved:
+                raise
             log.warning("the platform's host %s did not resolve here: not refused by address", host)
     return Platform(frozenset(endpoints), tuple(host_networks()))
 

@@ -2,7 +2,7 @@
 
 Checked when a webhook is added and again before every send (a name may resolve elsewhere by then),
 and the connection goes to the very address that passed, so a second lookup cannot redirect it.
-The platform is the database, the broker and the cache this console uses (every host of each), the cloud
+The platform is the database, the broker, the cache and the mail relay this console uses (every host of each), the cloud
 metadata services, the jobs' subnet, the nodes' addresses, every address of the host that sends (but loopback)
 and whatever E31_WEBHOOK_DENY lists: refused even inside an allowed network.
 """
@@ -143,7 +143,9 @@ def platform_endpoints(*, deadline: float | None = None) -> tuple[platform_servi
     refused on every port: a host firewalled from outside is open to itself. Unresolved while a service's host
     does not resolve: its address could be the receiver's."""
     try:
-        services = platform_services.resolved(lambda host, port: _service_addresses(host, port, deadline))
+        services = platform_services.resolved(
+            lambda host, port: _service_addresses(host, port, deadline), skip_unresolved=False
+        )
     except (
         platform_services.Unresolved
     ) as exc:  # tried again later, as a receiver's own name that did not resolve

@@ -8,6 +8,7 @@ office network or an internal data server):
 """
 
 import ipaddress
+import time
 
 import pytest
 
@@ -152,3 +153,16 @@ def test_a_cache_or_mail_relay_that_does_not_resolve_here_holds_no_input_back(se
                                    "LOCATION": "redis://cache.invalid:6379/1"}}  # fmt: skip
     settings.EMAIL_HOST = "mail.invalid"
     assert sources.checked_addresses("10.9.9.9", 80, allow_private=True) == ["10.9.9.9"]
+
+
+def test_a_webhook_waits_while_the_cache_or_mail_relay_does_not_resolve_in_time(settings):
+    """A review: a team's own slow DNS answered just before the deadline, the platform's lookups of the cache and
+    the mail relay then had no time left, and were skipped as "not resolvable here": a webhook to the cache's
+    port on an allowed loopback network was sent. The console's processes use both: the send waits."""
+    settings.E31_WEBHOOK_PRIVATE_NETWORKS = [ipaddress.ip_network("127.0.0.0/8")]
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                   "LOCATION": "redis://localhost:6390/1"}}  # fmt: skip
+    with pytest.raises(addresses.Unresolved, match="platform"):
+        addresses.checked_addresses("127.0.0.1", 6390, deadline=time.monotonic())
+    with pytest.raises(addresses.Refused, match="platform"):
+        addresses.checked_addresses("127.0.0.1", 6390)
